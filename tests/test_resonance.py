@@ -1,0 +1,164 @@
+"End-to-end tests of the ResonanceNet language model: causality, sizes, precision, checkpointing, save/load, generation."
+import json, math, subprocess, sys
+
+import pytest
+import torch
+
+from legalnb.sources import LegalnbError
+from legalnb.resonance import (MODEL_SIZES, ResonanceConfig, ResonanceLanguageModel, causal_fft_conv,
+                               causality_violation, config_for, fft_size)
+
+TINY = dict(vocab_size=97, dim=24, num_layers=2, num_frequencies=6, max_seq_len=600)
+
+
+def tiny(**kw) -> ResonanceLanguageModel:
+    torch.manual_seed(kw.pop('seed', 0))
+    return ResonanceLanguageModel(ResonanceConfig(**{**TINY, **kw}))
+
+
+@pytest.mark.parametrize('L,t', [(2, 0), (5, 2), (63, 31), (64, 10), (65, 64), (211, 100), (513, 1)])
+def test_causality_float64(L, t):
+    change, grad = causality_violation(tiny().double().eval(), L, t, seed=L)
+    assert change < 1e-10 and grad < 1e-10, (change, grad)
+
+
+def test_causality_float32_and_future_does_change():
+    m = tiny().eval()
+    change, grad = causality_violation(m, 300, 149)
+    assert change < 1e-5 and grad < 1e-6
+    # the test can fail: positions after t do react to tokens after t
+    a = torch.randint(0, 97, (1, 300)); b = a.clone(); b[:, 200] = (b[:, 200] + 1) % 97
+    with torch.no_grad(): d = (m(a) - m(b)).abs().amax(-1)[0]
+    assert d[:200].max() < 1e-6 and d[200] > 1e-2 and d[200:].min() > 1e-6, 'the change is felt from position 200 on, also far after'
+
+
+def test_circular_fft_would_fail_the_test():
+    "A non-causal variant (single FFT at length L) must be caught by causality_violation."
+    import legalnb.resonance as R
+    orig = R.causal_fft_conv
+    def circular(u, h):
+        L = u.shape[1]
+        return torch.fft.irfft(torch.fft.rfft(u.to(h.dtype), dim=1) * torch.fft.rfft(h, dim=0), n=L, dim=1)
+    R.causal_fft_conv = circular
+    try:
+        change, grad = causality_violation(tiny().double().eval(), 50, 20)
+    finally: R.causal_fft_conv = orig
+    assert change > 1e-6 and grad > 1e-6
+
+
+def test_fft_conv_matches_direct_sum_odd_lengths():
+    torch.manual_seed(1)
+    for L in (1, 3, 100, 257):
+        u, h = torch.randn(2, L, 3, dtype=torch.float64), torch.randn(L, 3, dtype=torch.float64)
+        ref = torch.stack([(h[:t + 1].flip(0)[None] * u[:, :t + 1]).sum(1) for t in range(L)], 1)
+        assert torch.allclose(causal_fft_conv(u, h), ref, atol=1e-10)
+        assert fft_size(L) >= 2 * L and fft_size(L) & (fft_size(L) - 1) == 0
+
+
+def test_shapes_loss_and_ignore_index():
+    m = tiny()
+    ids, tg = torch.randint(0, 97, (2, 3, 40))
+    assert m(ids).shape == (3, 40, 97)
+    logits, loss = m(ids, tg)
+    tg2 = tg.clone(); tg2[:, :20] = -100
+    _, loss2 = m(ids, tg2)
+    ref = torch.nn.functional.cross_entropy(logits[:, 20:].reshape(-1, 97), tg[:, 20:].reshape(-1))
+    assert torch.allclose(loss2, ref, atol=1e-6) and not torch.allclose(loss, loss2)
+    with pytest.raises(LegalnbError, match='exceeds max_seq_len=600'): m(torch.zeros(1, 601, dtype=torch.long))
+
+
+def test_sizes_param_counts_on_meta():
+    counts = {}
+    for name, shape in MODEL_SIZES.items():
+        c = config_for(name, 32768)
+        with torch.device('meta'): m = ResonanceLanguageModel(c)
+        D, K, n = c.dim, c.num_frequencies, c.num_layers
+        per_block = 12 * D * D + 4 * K * D + 3 * D * c.short_conv + 3 * D + D + 4 * D
+        assert m.num_params(non_embedding=True) == n * per_block + 2 * D
+        assert m.num_params() == m.num_params(non_embedding=True) + (32768 + c.max_seq_len) * D
+        assert c.flops_per_token(32768) > c.matmul_flops_per_token() == 6 * (n * 12 * D * D + 32768 * D)
+        counts[name] = m.num_params(non_embedding=True)
+    assert counts['small'] < counts['medium'] < counts['large'] < counts['xlarge']
+    assert (MODEL_SIZES['medium']['dim'], MODEL_SIZES['medium']['num_frequencies'], MODEL_SIZES['medium']['num_layers']) == (1024, 128, 12)
+    with pytest.raises(LegalnbError, match='unknown model size'): config_for('tiny', 100)
+
+
+def test_config_validation_names_field():
+    with pytest.raises(LegalnbError, match='num_frequencies must be an integer >= 1, got 0'):
+        ResonanceConfig(vocab_size=10, num_frequencies=0)
+    with pytest.raises(LegalnbError, match='dropout'): ResonanceConfig(vocab_size=10, dropout=1.5)
+
+
+def test_tied_weights_and_save_load(tmp_path):
+    m = tiny()
+    assert m.lm_head.weight is m.tok_emb.weight
+    with torch.no_grad(): m.tok_emb.weight[0, 0] = 3.25  # a change in the embedding is a change in the head
+    assert m.lm_head.weight[0, 0].item() == 3.25
+    m.save(tmp_path / 'ck')
+    assert json.loads((tmp_path / 'ck' / 'config.json').read_text())['dim'] == 24
+    back = ResonanceLanguageModel.load(tmp_path / 'ck')
+    assert back.lm_head.weight is back.tok_emb.weight and back.lm_head.weight[0, 0].item() == 3.25
+    ids = torch.randint(0, 97, (2, 30))
+    with torch.no_grad(): assert torch.equal(m.eval()(ids), back.eval()(ids))
+    assert back.num_params() == m.num_params()
+    untied = tiny(tie_embeddings=False); untied.save(tmp_path / 'u')
+    back = ResonanceLanguageModel.load(tmp_path / 'u')
+    assert back.lm_head.weight is not back.tok_emb.weight
+    assert torch.equal(back.lm_head.weight, untied.lm_head.weight)
+    with pytest.raises(LegalnbError, match='missing'): ResonanceLanguageModel.load(tmp_path / 'nowhere')
+
+
+def test_generation_length_determinism_and_crop():
+    m = tiny(max_seq_len=16)
+    p = torch.randint(0, 97, (2, 5))
+    a = m.generate(p, 30, temperature=0.8, top_k=5, generator=123)
+    b = m.generate(p, 30, temperature=0.8, top_k=5, generator=123)
+    c = m.generate(p, 30, temperature=0.8, top_k=5, generator=124)
+    assert a.shape == (2, 35) and torch.equal(a, b) and not torch.equal(a, c) and torch.equal(a[:, :5], p)
+    g = m.generate(p, 4, temperature=0)
+    with torch.no_grad(): first = m(p)[:, -1].argmax(-1)
+    assert torch.equal(g[:, 5], first), 'greedy = argmax'
+    # top_k=1 sampling is greedy whatever the temperature
+    assert torch.equal(m.generate(p, 4, temperature=2.0, top_k=1, generator=0), g)
+
+
+def test_fft_island_float32_under_bf16_autocast():
+    m = tiny().eval()
+    seen = []
+    import legalnb.resonance as R
+    orig = R.causal_fft_conv
+    def spy(u, h):
+        y = orig(u, h); seen.append((u.dtype, h.dtype, y.dtype)); return y
+    R.causal_fft_conv = spy
+    ids = torch.randint(0, 97, (2, 100))
+    try:
+        with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16): lb = m(ids)
+    finally: R.causal_fft_conv = orig
+    assert seen and all(hd == torch.float32 and yd == torch.float32 for _, hd, yd in seen)
+    assert any(ud == torch.bfloat16 for ud, _, _ in seen), 'the matmuls around the island do run in bf16'
+    with torch.no_grad(): lf = m(ids)
+    assert lb.dtype == torch.bfloat16 and (lb.float() - lf).abs().max() < 0.05 * lf.abs().max()
+
+
+def test_checkpointing_same_gradients():
+    ids, tg = torch.randint(0, 97, (2, 2, 50))
+    grads = []
+    for ck in (False, True):
+        m = tiny(checkpointing=ck, dropout=0.1, seed=3)
+        torch.manual_seed(11)
+        m(ids, tg)[1].backward()
+        grads.append({k: p.grad.clone() for k, p in m.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for k in grads[0]: assert torch.allclose(grads[0][k], grads[1][k], atol=1e-6, rtol=1e-5), k
+
+
+def test_training_step_reduces_loss():
+    m = tiny()
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+    x = torch.randint(0, 97, (4, 33)); ids, tg = x[:, :-1], x[:, 1:]
+    first = None
+    for _ in range(30):
+        loss = m(ids, tg)[1]; opt.zero_grad(); loss.backward(); opt.step()
+        first = first or loss.item()
+    assert loss.item() < 0.7 * first, (first, loss.item())
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters())
