@@ -272,3 +272,25 @@ def test_split_refuses_bad_input(tmp_path, capsys):
     with pytest.raises(LegalnbError, match='val_ratio'): split(tmp_path/'two.npy', tmp_path/'s2', val_ratio=1.5)
     assert not (tmp_path/'s1').exists() and not (tmp_path/'s2').exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith('.')], 'no temporary folder left behind'
+
+
+# ---- end to end with the corpus stage ----------------------------------------------------------------------------
+
+def test_corpus_to_validate_split_and_batches(tmp_path):
+    corpus = pytest.importorskip('legalnb.corpus', reason='the corpus stage is not installed')
+    from legalnb.sources import Document, write_jsonl
+    words = 'the commission shall adopt implementing acts member states regulation article data processing controller'.split()
+    rng = np.random.default_rng(0)
+    docs = [Document(f'3201{i % 10}R{i:04d}', f'Act {i}', ' '.join(rng.choice(words, 120)) + '.', 'en').to_json() for i in range(40)]
+    write_jsonl(docs, tmp_path/'selected.jsonl')
+    m = corpus.build_corpus(tmp_path/'selected.jsonl', tmp_path/'corpus', seq_len=32, shards=4, vocab_size=300, progress=False)
+    rep = validate(tmp_path/'corpus')
+    assert rep.ok, rep.problems
+    assert (rep.rows, rep.row_len, rep.vocab_size, rep.vocab_source) == (m['rows'], 33, m['vocab_size'], 'manifest.json')
+    assert rep.tokens == m['rows'] * 33 and 0 < rep.unique_tokens <= m['vocab_size']
+    assert cli(['split', str(tmp_path/'corpus'), '--out', str(tmp_path/'split'), '--val-ratio', '0.25']) == 0
+    train, val = PretokenizedDataset(tmp_path/'split'/'train'), PretokenizedDataset(tmp_path/'split'/'val')
+    assert len(train) + len(val) == m['rows'] and train.vocab_size == m['vocab_size'] and train.seq_len == 32
+    assert os.path.realpath(tmp_path/'split'/'tokenizer.json') == str((tmp_path/'corpus'/'tokenizer.json').resolve())
+    x, y = next(iter(make_loader(train, StepSampler(len(train), 2, seed=0), num_workers=0)))
+    assert x.shape == y.shape == (2, 32) and torch.equal(x[:, 1:], y[:, :-1]) and int(x.max()) < m['vocab_size']
