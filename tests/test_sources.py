@@ -1,0 +1,198 @@
+"End-to-end tests of the sources stage: real Formex fixtures, the sample generator, `legalnb sample` / `legalnb parse`, bad input."
+import hashlib, json, re, subprocess, sys
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from legalnb.cli import main
+from legalnb.sources import read_documents, read_formex, write_sample, _Writer, sample_publications
+
+FIXTURES = Path(__file__).resolve().parents[2]/'shared'/'fixtures'/'formex'
+needs_fixtures = pytest.mark.skipif(not FIXTURES.exists(), reason=f'real Formex fixtures not found at {FIXTURES} (../shared beside the repo)')
+OJ_REF = re.compile(r'\b(OJ|ABl\.|JO|DO|GU) [CL] \d+')
+
+
+def legalnb(*args) -> subprocess.CompletedProcess:
+    "Run the `legalnb` command in a fresh interpreter, as a user would."
+    return subprocess.run([sys.executable, '-m', 'legalnb.cli', *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+def tree_digest(folder: Path) -> str:
+    "One hash over the names and bytes of every file under `folder`."
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob('*')):
+        if p.is_file(): h.update(str(p.relative_to(folder)).encode() + b'\0' + p.read_bytes())
+    return h.hexdigest()
+
+
+# --- real Formex ------------------------------------------------------------------------------------------
+
+@needs_fixtures
+def test_real_formex_metadata():
+    docs = {d.celex: d for d in read_formex(FIXTURES)}
+    assert sorted(docs) == ['32008R1137', '32024R0903']          # built from NO.DOC: the files carry no CELEX
+    new, old = docs['32024R0903'], docs['32008R1137']
+    assert (new.doc_type, new.lang, new.date) == ('regulation', 'en', date(2024, 3, 13))
+    assert (old.doc_type, old.lang, old.date) == ('regulation', 'en', date(2008, 10, 22))   # the act's date, not the OJ issue's (21.11.2008)
+    assert new.title == ('Regulation (EU) 2024/903 of the European Parliament and of the Council of 13 March 2024 laying down measures '
+                         'for a high level of public sector interoperability across the Union (Interoperable Europe Act)')
+    assert old.title.startswith('Regulation (EC) No 1137/2008 of the European Parliament and of the Council of 22 October 2008 adapting')
+
+
+@needs_fixtures
+def test_real_formex_text_is_clean():
+    docs = {d.celex: d for d in read_formex(FIXTURES)}
+    new, old = docs['32024R0903'].text, docs['32008R1137'].text
+    for text in (new, old):
+        assert not OJ_REF.search(text), 'footnote references must not leak into the text'
+        assert not re.search(r'\(\d+\)[A-Za-z]', text), 'recital numbers are separated from their text'
+        assert not re.search(r'^\d+\.$', text, re.M), 'a paragraph number stays on the line of its paragraph'
+    # the footnote sat between "Committee" and ","; the sentence must read on
+    assert 'Having regard to the opinion of the European Economic and Social Committee,\n' in new
+    assert '(3) The Union and Member States have been working for more than two decades' in new
+    assert 'entitled ‘2030 Digital Compass: the European way for the Digital Decade’, the Commission' in new
+    assert '\n1. This Regulation lays down measures that promote the cross-border interoperability' in new
+    assert new.index('HAVE ADOPTED THIS REGULATION:') < new.index('\nArticle 1\n') < new.index('Done at Strasbourg, 13 March 2024.') < new.index('\nANNEX\n')
+    # Formex 4: preamble, articles, final part, then both annexes in order; a closing quote inside a footnote is kept
+    assert old.startswith('THE EUROPEAN PARLIAMENT AND THE COUNCIL OF THE EUROPEAN UNION,\nHaving regard to the Treaty establishing')
+    assert 'set up by Article 58 of Regulation (EC) No 178/2002 of the European Parliament and of the Council’' in old
+    assert old.index('Done at Strasbourg, 22 October 2008.') < old.index('\nANNEX\n') < old.index('\nChronological Index\n')
+    assert '<' not in new + old and '  ' not in new + old
+
+
+@needs_fixtures
+def test_real_formex_through_cli(tmp_path):
+    r = legalnb('parse', FIXTURES, '--out', tmp_path/'parsed.jsonl')
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(l) for l in (tmp_path/'parsed.jsonl').read_text(encoding='utf-8').splitlines()]
+    assert sorted((x['celex'], x['doc_type'], x['date'], x['lang']) for x in recs) == [
+        ('32008R1137', 'regulation', '2008-10-22', 'en'), ('32024R0903', 'regulation', '2024-03-13', 'en')]
+    assert 'parsed 2 documents' in r.stdout
+
+
+# --- the sample generator ------------------------------------------------------------------------------------
+
+def test_sample_is_deterministic(tmp_path):
+    write_sample(tmp_path/'a', docs=40, seed=3); write_sample(tmp_path/'b', docs=40, seed=3); write_sample(tmp_path/'c', docs=40, seed=4)
+    assert tree_digest(tmp_path/'a') == tree_digest(tmp_path/'b') != tree_digest(tmp_path/'c')
+    assert (tmp_path/'a'/'sample.json').read_bytes() == (tmp_path/'b'/'sample.json').read_bytes()
+
+
+def test_sample_shapes(tmp_path):
+    manifest = write_sample(tmp_path/'s', docs=200, seed=0)
+    docs = list(read_documents(tmp_path/'s'))
+    assert len(docs) == 200
+    assert {d.lang for d in docs} >= {'en', 'de', 'fr', 'es', 'pt', 'it'}
+    assert {d.doc_type for d in docs} == {'regulation', 'directive', 'decision', 'recommendation'}
+    years = [d.date.year for d in docs]
+    assert min(years) >= 1990 and max(years) <= 2025 and max(years) - min(years) >= 30
+    lengths = sorted(len(d.text) for d in docs)
+    assert lengths[0] < 1_000 and lengths[-1] > 20_000
+    priority = {'data protection', 'GDPR', 'privacy', 'consumer rights', 'environment', 'climate', 'digital', 'cyber', 'competition', 'financial', 'health', 'employment'}
+    assert 40 < sum(bool(priority & set(d.subjects)) for d in docs) < 160, 'both priority and non-priority subjects'
+    # every document matches what the manifest says was written
+    want = {(p['celex'], p['lang']): p for p in manifest['publications']}
+    for d in docs:
+        p = want[(d.celex, d.lang)]
+        assert (d.doc_type, d.date.isoformat(), d.subjects) == (p['doc_type'], p['date'], p['subjects'])
+        assert not OJ_REF.search(d.text) and '<' not in d.text
+    assert {p['formex'] for p in manifest['publications']} == {4, 6}
+    assert any('Whereas:' in d.text for d in docs) and any(' | ' in d.text for d in docs), 'recitals and tables'
+
+
+def test_sample_replaces_only_a_sample(tmp_path):
+    write_sample(tmp_path/'s', docs=5, seed=0); write_sample(tmp_path/'s', docs=7, seed=1)
+    assert len(json.loads((tmp_path/'s'/'sample.json').read_text())['publications']) == 7
+    (tmp_path/'mine').mkdir(); (tmp_path/'mine'/'thesis.txt').write_text('keep')
+    assert main(['sample', str(tmp_path/'mine'), '--docs', '3']) == 2
+    assert [p.name for p in (tmp_path/'mine').iterdir()] == ['thesis.txt']
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['mine', 's'], 'no temporary folder left behind'
+
+
+def test_several_publications_in_one_folder(tmp_path):
+    "Acts and annexes in one flat folder are matched to their wrapper by DOCUMENT.REF/@FILE."
+    pubs = [p for p in sample_publications(60, seed=5) if p[2] == 6 and p[0].annex][:3]
+    assert len(pubs) == 3
+    for act, lang, fmx, uid in pubs:
+        for rel, xml in _Writer(act, lang, fmx).publication(uid): (tmp_path/Path(rel).name).write_text(xml, encoding='utf-8')
+    docs = sorted(read_formex(tmp_path), key=lambda d: d.celex)
+    assert [(d.celex, d.lang) for d in docs] == sorted((a.celex, l) for a, l, _, _ in pubs)
+    annex_word = {'en': 'ANNEX', 'de': 'ANHANG', 'fr': 'ANNEXE', 'es': 'ANEXO', 'pt': 'ANEXO', 'it': 'ALLEGATO'}
+    assert all(d.text.count(f'\n{annex_word[d.lang]}\n') == 1 for d in docs), 'each act gets its own annex, once'
+
+
+# --- legalnb sample -> legalnb parse ----------------------------------------------------------------------------
+
+def test_sample_parse_round_trip(tmp_path):
+    r = legalnb('sample', tmp_path/'corpus', '--docs', 60, '--seed', 8)   # seed 8: three publications delivered twice
+    assert r.returncode == 0 and 'wrote 60 Formex publications' in r.stdout, r.stderr
+    (tmp_path/'extra.jsonl').write_text(json.dumps({'text': 'Artículo 1. Texto.', 'lang': 'es', 'celex': '32020R0001'}) + '\n'
+                                        + json.dumps({'text': 'Article 1', 'lang': 'en', 'date': None}) + '\n', encoding='utf-8')
+    r = legalnb('parse', tmp_path/'corpus', tmp_path/'extra.jsonl', '--out', tmp_path/'parsed.jsonl')
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(l) for l in (tmp_path/'parsed.jsonl').read_text(encoding='utf-8').splitlines()]
+    manifest = json.loads((tmp_path/'corpus'/'sample.json').read_text())
+    unique = {(p['celex'], p['lang']) for p in manifest['publications']}
+    dups = len(manifest['publications']) - len(unique)
+    assert dups == 3
+    assert len(recs) == len(unique) + 2 and len({(x['celex'], x['lang']) for x in recs if x['celex']}) == len(unique) + 1
+    assert all(set(x) == {'celex', 'title', 'text', 'lang', 'date', 'doc_type', 'subjects', 'source'} for x in recs)
+    assert f'dropped {dups} duplicates' in r.stdout and '2 without a date, 1 of unknown type' in r.stdout
+    # parsing the parsed file again changes nothing: the JSONL contract round-trips
+    r = legalnb('parse', tmp_path/'parsed.jsonl', '--out', tmp_path/'again.jsonl')
+    assert r.returncode == 0 and (tmp_path/'again.jsonl').read_text(encoding='utf-8') == (tmp_path/'parsed.jsonl').read_text(encoding='utf-8')
+
+
+def test_parse_skips_its_own_output(tmp_path):
+    write_sample(tmp_path/'corpus', docs=10, seed=2)
+    assert main(['parse', str(tmp_path/'corpus'), '--out', str(tmp_path/'corpus'/'parsed.jsonl')]) == 0
+    first = (tmp_path/'corpus'/'parsed.jsonl').read_text(encoding='utf-8')
+    assert main(['parse', str(tmp_path/'corpus'), '--out', str(tmp_path/'corpus'/'parsed.jsonl')]) == 0
+    assert (tmp_path/'corpus'/'parsed.jsonl').read_text(encoding='utf-8') == first
+
+
+# --- bad input: exit 2, one line on stderr naming the file and the position, no output file ----------------------
+
+def bad_parse(tmp_path, *inputs) -> str:
+    r = legalnb('parse', *inputs, '--out', tmp_path/'out.jsonl')
+    assert r.returncode == 2 and r.stdout == ''
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and 'Traceback' not in r.stderr, r.stderr
+    assert not (tmp_path/'out.jsonl').exists() and not list(tmp_path.glob('.out.jsonl*'))
+    return lines[0]
+
+
+def test_malformed_xml(tmp_path):
+    write_sample(tmp_path/'corpus', docs=3, seed=0)
+    act = sorted((tmp_path/'corpus').rglob('*.xml'))[1]
+    lines = act.read_text(encoding='utf-8').splitlines()
+    lines[1] = lines[1].replace('</TITLE>', '</TITEL>', 1)
+    act.write_text('\n'.join(lines), encoding='utf-8')
+    msg = bad_parse(tmp_path, tmp_path/'corpus')
+    assert str(act) in msg and 'line 2, column' in msg and 'malformed XML' in msg
+
+
+@pytest.mark.parametrize('content, want', [
+    (b'{"text": "ok", "lang": "en"}\n{"text": "cut', 'line 2: not JSON'),
+    (b'{"text": "ok", "lang": "en"}\n\n{"lang": "en", "title": "no text"}\n', 'line 3: missing or empty "text"'),
+    (b'{"text": "caf\xe9", "lang": "fr"}\n', 'line 1: byte 14 is not UTF-8'),
+    (b'{"text": "ok", "lang": "en", "date": "31/12/2020"}\n', "line 1: date '31/12/2020' is not a valid yyyy-mm-dd date"),
+])
+def test_bad_jsonl(tmp_path, content, want):
+    (tmp_path/'in.jsonl').write_bytes(content)
+    msg = bad_parse(tmp_path, tmp_path/'in.jsonl')
+    assert f'{tmp_path/"in.jsonl"}, {want}' in msg
+
+
+def test_empty_and_missing_input(tmp_path):
+    (tmp_path/'empty').mkdir(); (tmp_path/'blank.jsonl').write_text('\n\n')
+    assert 'no documents found' in bad_parse(tmp_path, tmp_path/'empty')
+    assert 'no documents found' in bad_parse(tmp_path, tmp_path/'blank.jsonl')
+    assert f'{tmp_path/"nope"}: no such file or folder' in bad_parse(tmp_path, tmp_path/'empty', tmp_path/'nope')
+
+
+def test_bad_sample_arguments(tmp_path):
+    r = legalnb('sample', tmp_path/'s', '--docs', 0)
+    assert r.returncode == 2 and r.stderr.strip() == 'legalnb sample: error: --docs must be at least 1, got 0'
+    assert not (tmp_path/'s').exists()
