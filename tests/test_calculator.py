@@ -1,0 +1,163 @@
+"The calculator: the issue's example, rounding, LR scaling, hardware checks, memory by hand, calibration, the CLI."
+import json, math, statistics, subprocess, sys, time
+import pytest
+from legalnb.sources import LegalnbError
+from legalnb.calculator import (GIB, Plan, calibrate, compare, count_steps, estimate, estimate_main, estimate_memory,
+                                plan_for, scale_lr)
+from legalnb.cli import main
+
+
+def test_issue_example_to_the_step_and_tenth_of_an_hour():
+    slow = estimate(Plan(examples=63_000, micro_batch=1, grad_accum=16, sec_per_step=30))
+    assert slow.steps == 3938 and round(slow.hours, 1) == 32.8
+    fast = estimate(Plan(examples=63_000, micro_batch=1, grad_accum=32, sec_per_step=30 / 1.3))
+    assert fast.steps == 1969 and round(fast.hours, 1) == 12.6
+    assert slow.lines[1] == 'time = 3,938 steps × 30 s = 118,140 s = 32.8 h'
+
+
+def test_partial_steps_round_up():
+    assert count_steps(63_000, 1, 16) == 3938          # 3,937.5: the half batch is one more step
+    assert count_steps(64_000, 1, 32) == 2000          # exact: no extra step
+    assert count_steps(129, 2, 128) == 3               # 2.016 -> 3
+    assert count_steps(30, 0.1, 1) == 3                # float noise (3.0000000004) is not a partial step
+    e = estimate(Plan(examples=63_000, grad_accum=16))
+    assert 'ceil(3,937.5) = 3,938: a partial last batch is one more step' in e.lines[0]
+    assert 'partial' not in estimate(Plan(examples=64_000, grad_accum=32)).lines[0]
+    # epochs from packed corpus tokens: sequences = tokens // seq_len
+    e = estimate(Plan(tokens=10_000, seq_len=100, micro_batch=8, epochs=2))
+    assert (e.steps, e.sequences, e.tokens) == (25, 200, 20_000)
+
+
+def test_lr_scaling_both_ways():
+    assert math.isclose(scale_lr(2e-4, 16, 64), 4e-4) and math.isclose(scale_lr(2e-4, 16, 64, 'linear'), 8e-4)
+    assert math.isclose(scale_lr(4e-4, 64, 16), 2e-4) and math.isclose(scale_lr(8e-4, 64, 16, 'linear'), 2e-4)
+    assert math.isclose(scale_lr(scale_lr(3e-5, 128, 256), 256, 128), 3e-5)
+    with pytest.raises(LegalnbError, match="'sqrt' or 'linear'"): scale_lr(1e-3, 1, 2, 'cubic')
+
+
+def test_mfu_above_100_percent_is_rejected_with_the_arithmetic():
+    with pytest.raises(LegalnbError) as e:
+        estimate(Plan(tokens=1e9, seq_len=4096, params=7e9, tokens_per_sec=50_000, gpu='h100-sxm'))
+    msg = str(e.value)
+    assert msg.startswith('impossible plan: MFU = 4.2e19 FLOPs ÷ (20,000 s × 1 × 989 TFLOP/s) = 212.2%')
+    assert 'at most 23,557 tokens/s' in msg
+    with pytest.raises(LegalnbError, match='impossible plan'):   # the same check from seconds per step
+        estimate(Plan(steps=1000, seq_len=2048, micro_batch=8, params=1e9, sec_per_step=0.05, gpu='a100-80gb'))
+    ok = estimate(Plan(tokens=1e9, seq_len=4096, params=7e9, tokens_per_sec=5_000, gpu='h100-sxm'))
+    assert math.isclose(ok.implied_mfu, 6 * 7e9 * ok.tokens / (ok.seconds * 989.4e12))
+    assert math.isclose(ok.implied_mfu, 6 * 7e9 * 5000 / 989.4e12)
+    with pytest.raises(LegalnbError, match='mfu is a fraction'): Plan(mfu=1.5)
+
+
+def test_claimed_hours_flagged_with_the_figure_that_would_make_them_true():
+    e = estimate(Plan(examples=63_000, grad_accum=16, sec_per_step=30, claimed_hours=13))
+    assert e.warnings == ['claimed 13.0 h but the arithmetic gives 32.8 h (2.52× the claim); the claim needs 11.9 s per step']
+    assert 13 * 3600 / 3938 == pytest.approx(11.88, abs=0.01)
+    assert estimate(Plan(examples=63_000, grad_accum=16, sec_per_step=30, claimed_hours=30)).warnings == []  # 8.6% off
+    assert len(estimate(Plan(examples=63_000, grad_accum=16, sec_per_step=30, claimed_hours=26)).warnings) == 1  # 21% off
+    e = estimate(Plan(steps=12_000, micro_batch=2, grad_accum=16, gpus=4, seq_len=3072, params=7e9, gpu='h100-sxm',
+                      mfu=0.4, claimed_hours=10))
+    need = e.warnings[0]
+    assert 'the arithmetic gives 34.8 h' in need and '131,072 tokens/s' in need and '139% MFU (impossible: over 100%)' in need
+
+
+def test_memory_against_hand_computed_figures():
+    # 125M params, 12 layers × 768, 8 × 1,024 tokens, 32,000 vocab, 16-bit activations, one 11 GiB card
+    p = dict(params=125e6, layers=12, d_model=768, seq_len=1024, micro_batch=8, vocab=32_000, gpu='rtx-2080-ti')
+    m = estimate_memory(Plan(**p))
+    assert (m.weights, m.grads, m.optimizer) == (4 * 125e6, 4 * 125e6, 8 * 125e6)
+    assert m.activations == 12 * 34 * 8 * 1024 * 768 == 2_566_914_048
+    assert m.logits == 4 * 8 * 1024 * 32_000 == 1_048_576_000
+    assert m.total == 5_615_490_048 and m.capacity == 0.9 * 11 * GIB and m.fits
+    ck = estimate_memory(Plan(**p, checkpointing=True))
+    assert ck.activations == (12 * 2 + 34) * 8 * 1024 * 768
+    assert estimate_memory(Plan(**p, precision='fp32')).activations == 12 * 68 * 8 * 1024 * 768
+    assert not estimate_memory(Plan(**(p | dict(micro_batch=32)))).fits
+    assert estimate_memory(Plan(params=7e9, lora_params=16e6, gpu='h100-sxm')).total == 2 * 7e9 + 16 * 16e6
+    assert estimate_memory(Plan(params=7e9, gpu='h100-sxm')).fits is False
+    z3 = estimate_memory(Plan(params=7e9, gpu='h100-sxm', gpus=4, strategy='deepspeed-zero3'))
+    assert z3.total == 16 * 7e9 / 4 and z3.fits
+    e = estimate(Plan(**(p | dict(micro_batch=32)), steps=10))
+    assert any(w.startswith('does not fit: 15.3 GiB per GPU > 9.9 GiB usable') for w in e.warnings)
+
+
+def test_preset_plan_and_cost():
+    e = estimate(plan_for('cpt', 'full', params=7e9, gpu='h100-sxm', mfu=0.4, price_per_hour=3.0))
+    assert e.steps == 40_000 and e.tokens == 40_000 * 128 * 4096 and round(e.epochs, 2) == 4.19
+    assert e.seconds == pytest.approx(6 * 7e9 * e.tokens / (4 * 989.4e12 * 0.4))
+    assert e.cost == pytest.approx(e.hours * 4 * 3.0)
+    assert 'FLOPs = 6·N·D = 6 × 7B × 21B = 8.8e20 → at 40% of 4 × 989 TFLOP/s: 154.6 h' in e.lines[-2]
+
+
+def test_calibration_predicts_the_rest_of_a_real_cpu_run_within_15_percent():
+    torch = pytest.importorskip('torch')
+    from legalnb.resonance import ResonanceConfig, ResonanceLanguageModel
+    threads = torch.get_num_threads(); torch.set_num_threads(1); torch.manual_seed(0)
+    try:
+        model = ResonanceLanguageModel(ResonanceConfig(vocab_size=256, dim=48, num_layers=2, num_frequencies=8, max_seq_len=64))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ids = torch.randint(0, 256, (8, 65))
+        losses = []
+        def step():
+            _, loss = model(ids[:, :-1], ids[:, 1:]); loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        errors = []
+        for _ in range(3):  # three short runs; CPU seconds of this process, since neighbours share the machine's cores
+            cal = calibrate(step, n_steps=30, warmup=5, clock=time.process_time)
+            t = time.process_time()
+            for _ in range(120): step()
+            errors.append(compare(cal.predict(120), time.process_time() - t).error)
+    finally: torch.set_num_threads(threads)
+    assert cal.warmup == 5 and len(cal.times) == 30 and cal.sec_per_step == pytest.approx(sum(cal.times) / 30)
+    assert losses[-1] < losses[0], 'the model trains'
+    assert statistics.median(abs(e) for e in errors) <= 0.15, errors
+    assert max(abs(e) for e in errors) < 0.5, errors
+
+
+def test_compare_and_calibrated_plan():
+    c = compare(estimate(Plan(examples=63_000, grad_accum=16, sec_per_step=30)), 35 * 3600)
+    assert str(c) == 'predicted 32.8 h, measured 35.0 h: 6.2% under'
+    ticks = iter(range(100))
+    cal = calibrate(lambda: None, n_steps=4, warmup=2, clock=lambda: next(ticks) * 0.5)  # each step spans 0.5 s
+    assert cal.times == [0.5] * 4 and estimate(cal.plan(Plan(examples=100, micro_batch=10, mfu=0.5, params=1e6,
+                                                            gpu='l40s', seq_len=8))).seconds == 5.0
+    with pytest.raises(LegalnbError): compare(10.0, 0)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, '-m', 'legalnb.cli', 'estimate', *args], capture_output=True, text=True)
+
+
+def test_cli_json_and_table():
+    r = _cli('--examples', '63,000', '--batch-size', '1', '--grad-accum', '16', '--sec-per-step', '30',
+             '--price-per-hour', '2', '--claimed-hours', '13', '--json')
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert (j['steps'], round(j['hours'], 1), round(j['cost'], 2), j['implied_mfu'], j['tokens']) == (3938, 32.8, 65.63, None, None)
+    assert len(j['warnings']) == 1 and '11.9 s per step' in j['warnings'][0]
+    r = _cli('--preset', 'cpt/fast', '--params', '7B', '--gpu', 'NVIDIA H100 80GB HBM3', '--mfu', '40', '--json')
+    j = json.loads(r.stdout)
+    assert j['steps'] == 12_000 and j['tokens'] == 12_000 * 128 * 3072 and round(j['implied_mfu'], 3) == 0.4 and j['gpus'] == 4
+    r = _cli('--steps', '1000', '--batch-size', '8', '--seq-len', '1024', '--tokens-per-sec', '20k', '--params', '125M',
+             '--gpu', 'a100-80gb')
+    assert r.returncode == 0 and 'implied MFU  4.8%' in r.stdout and 'time = 8.19M tokens ÷ 20,000 tokens/s' in r.stdout
+
+
+@pytest.mark.parametrize('args,expect', [
+    (['--steps', '10', '--gpu', 'tpu-v5'], "unknown GPU 'tpu-v5'"),
+    (['--steps', '-5', '--sec-per-step', '1'], 'steps must be > 0, got -5'),
+    (['--mfu', '0.4', '--steps', '1'], '--mfu is a percent'),
+    (['--sec-per-step', '1', '--mfu', '40'], 'not allowed with argument'),
+    (['--preset', 'cpt/turbo'], 'unknown preset cpt/turbo'),
+    (['--params', 'lots', '--steps', '1'], 'expected a number'),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(args, expect):
+    r = _cli(*args)
+    assert r.returncode == 2 and r.stdout == ''
+    assert r.stderr.count('\n') == 1 and r.stderr.startswith('legalnb estimate: error:') and expect in r.stderr, r.stderr
+
+
+def test_cli_in_process(capsys):
+    assert main(['estimate', '--examples', '63000', '--grad-accum', '32', '--sec-per-step', str(30 / 1.3)]) == 0
+    out = capsys.readouterr().out
+    assert 'steps        1,969' in out and 'hours        12.6' in out
