@@ -196,3 +196,18 @@ def test_bad_sample_arguments(tmp_path):
     r = legalnb('sample', tmp_path/'s', '--docs', 0)
     assert r.returncode == 2 and r.stderr.strip() == 'legalnb sample: error: --docs must be at least 1, got 0'
     assert not (tmp_path/'s').exists()
+
+
+# --- several processes at once -------------------------------------------------------------------------------
+
+def test_concurrent_writers(tmp_path):
+    "Two `legalnb sample` and two `legalnb parse` writing the same paths at once: complete results, no leftovers."
+    reference = tmp_path/'ref'; write_sample(reference, docs=25, seed=9)
+    cmd = lambda *a: subprocess.Popen([sys.executable, '-m', 'legalnb.cli', *map(str, a)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [cmd('sample', tmp_path/'s', '--docs', 25, '--seed', 9) for _ in range(2)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0], [p.stderr.read() for p in procs]
+    assert tree_digest(tmp_path/'s') == tree_digest(reference)
+    procs = [cmd('parse', tmp_path/'s', '--out', tmp_path/'parsed.jsonl') for _ in range(2)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0], [p.stderr.read() for p in procs]
+    assert len((tmp_path/'parsed.jsonl').read_text(encoding='utf-8').splitlines()) == len(list(read_documents(reference)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['parsed.jsonl', 'ref', 's'], 'no temporary files or folders left'
