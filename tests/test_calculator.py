@@ -160,4 +160,14 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, expect):
 def test_cli_in_process(capsys):
     assert main(['estimate', '--examples', '63000', '--grad-accum', '32', '--sec-per-step', str(30 / 1.3)]) == 0
     out = capsys.readouterr().out
-    assert 'steps        1,969' in out and 'hours        12.6' in out
+    assert 'steps        1,969' in out and 'time         12.6 h' in out
+
+
+def test_cli_model_size_fills_the_model_and_the_batch():
+    r = _cli('--preset', 'scratch/full', '--model-size', 'xlarge', '--gpu', 'h100-sxm', '--mfu', '35', '--json')
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j['steps'] == 20_000 and j['global_batch'] == 32 and j['tokens'] == 20_000 * 32 * 1024
+    assert j['flops'] > 6 * 1e9 * j['tokens'] and j['memory_gib'] > 0   # xlarge: billions of matmul weights
+    r = _cli('--model-size', 'small', '--steps', '10')
+    assert r.returncode == 2 and '--model-size needs --seq-len' in r.stderr
