@@ -1,0 +1,56 @@
+"""Widgets, headless: the preset picker driven by setting values and clicking, the live plot fed by a real run."""
+import io, math
+
+import numpy as np
+import pytest
+
+from legalnb.presets import get_preset
+from legalnb.widgets import LiveLossPlot, PresetPicker, plot_metrics
+
+
+def test_picker_estimate_follows_every_widget():
+    p = PresetPicker(task='lora', preset='full', gpu='h100-sxm', examples=63_000, seq_len=1536, mfu_pct=40)
+    # LoRA full: accumulation 16, one GPU, micro-batch 1 -> ceil(63,000 / 16) optimizer steps
+    assert p.estimate.steps == math.ceil(63_000 / 16) == 3938
+    p.preset.value = 'fast'
+    assert p.estimate.steps == math.ceil(63_000 / 32) == 1969
+    hours = p.estimate.hours
+    p.mfu.value = 20                      # half the utilisation: twice the time
+    assert p.estimate.hours == pytest.approx(2 * hours, rel=1e-9)
+    p.gpus.value = 2                      # twice the GPUs: half the steps
+    assert p.estimate.steps == math.ceil(63_000 / 64)
+
+
+def test_picker_task_change_brings_the_preset_gpus():
+    p = PresetPicker(task='lora', preset='fast')
+    assert p.gpus.value == 1
+    p.task.value = 'cpt'
+    assert p.gpus.value == get_preset('cpt', 'fast').gpus == 4 and p.estimate.steps == 12_000
+
+
+def test_picker_button_hands_back_training_arguments(tmp_path):
+    p = PresetPicker(task='cpt', preset='fast', out=str(tmp_path/'run'))
+    p.button.click()
+    args = p.result
+    assert type(args).__name__ == 'TrainingArguments'
+    assert args.learning_rate == get_preset('cpt', 'fast').lr and args.max_steps == 12_000
+
+
+def test_live_plot_on_a_real_training_run(tmp_path):
+    from legalnb.train import TrainConfig, train
+    data = tmp_path/'split'
+    rng = np.random.default_rng(0)
+    for side, rows in (('train', 64), ('val', 8)):
+        (data/side).mkdir(parents=True)
+        np.save(data/side/'shard_00000.npy', rng.integers(0, 50, size=(rows, 17)).astype(np.uint16))
+    cfg = TrainConfig(data=str(data), out=str(tmp_path/'run'), dim=16, num_layers=1, num_frequencies=4, vocab_size=50,
+                      batch_size=4, max_steps=6, log_every=1, eval_every=3, eval_batches=1, save_every=100,
+                      warmup_steps=1, num_workers=0, progress=False, device='cpu')
+    out = io.StringIO()
+    plot = LiveLossPlot(max_steps=6, mode='text', file=out)
+    train(cfg, callbacks=[plot])
+    lines = out.getvalue().splitlines()
+    assert plot.steps == [1, 2, 3, 4, 5, 6] and all(math.isfinite(l) for l in plot.losses)
+    assert len(plot.val_losses) >= 2 and sum(l.startswith('step ') and '/6' in l for l in lines) == 6
+    replay = plot_metrics(tmp_path/'run'/'metrics.jsonl')   # the run's own metrics file draws the same curve
+    assert replay.steps == plot.steps and replay.losses == pytest.approx(plot.losses)
