@@ -211,3 +211,14 @@ def test_concurrent_writers(tmp_path):
     assert [p.wait(timeout=120) for p in procs] == [0, 0], [p.stderr.read() for p in procs]
     assert len((tmp_path/'parsed.jsonl').read_text(encoding='utf-8').splitlines()) == len(list(read_documents(reference)))
     assert sorted(p.name for p in tmp_path.iterdir()) == ['parsed.jsonl', 'ref', 's'], 'no temporary files or folders left'
+
+
+def test_renamed_publications_in_one_folder(tmp_path):
+    "Formex 4 files renamed after download (their DOCUMENT.REF no longer names the wrapper): matched by number and language."
+    pubs = [p for p in sample_publications(80, seed=5) if p[2] == 4 and p[0].annex][:3]
+    assert len(pubs) == 3
+    for i, (act, lang, fmx, uid) in enumerate(pubs):
+        for rel, xml in _Writer(act, lang, fmx).publication(uid): (tmp_path/f'{i}_{Path(rel).name}').write_text(xml, encoding='utf-8')
+    docs = list(read_formex(tmp_path))
+    assert sorted((d.celex, d.lang, d.date, tuple(d.subjects)) for d in docs) == sorted((a.celex, l, a.day, tuple(a.subjects)) for a, l, _, _ in pubs)
+    assert all(d.text.count('\n\n') == 1 for d in docs), 'each act with exactly its own annex'
