@@ -243,7 +243,7 @@ def read_formex_file(path: str | Path) -> ET.Element:
     try: return ET.parse(path).getroot()
     except ET.ParseError as e:
         line, col = e.position
-        raise LegalnbError(f'{path}, line {line}, column {col + 1}: malformed XML ({str(e).split(":")[0]}); expected a well-formed Formex file') from None
+        raise LegalnbError(f'{path}, line {line}, column {col + 1}: malformed XML: {str(e).split(":")[0]}; expected a well-formed Formex file') from None
 
 # %% ../nbs/00_sources.ipynb #cc542b91
 def _first(roots: list, *paths: str) -> ET.Element | None:

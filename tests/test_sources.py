@@ -170,7 +170,7 @@ def test_malformed_xml(tmp_path):
     lines[1] = lines[1].replace('</TITLE>', '</TITEL>', 1)
     act.write_text('\n'.join(lines), encoding='utf-8')
     msg = bad_parse(tmp_path, tmp_path/'corpus')
-    assert str(act) in msg and 'line 2, column' in msg and 'malformed XML' in msg
+    assert str(act) in msg and 'line 2, column' in msg and 'malformed XML: mismatched tag' in msg
 
 
 @pytest.mark.parametrize('content, want', [
@@ -222,3 +222,13 @@ def test_renamed_publications_in_one_folder(tmp_path):
     docs = list(read_formex(tmp_path))
     assert sorted((d.celex, d.lang, d.date, tuple(d.subjects)) for d in docs) == sorted((a.celex, l, a.day, tuple(a.subjects)) for a, l, _, _ in pubs)
     assert all(d.text.count('\n\n') == 1 for d in docs), 'each act with exactly its own annex'
+
+
+def test_non_utf8_xml(tmp_path):
+    write_sample(tmp_path/'corpus', docs=2, seed=0)
+    act = sorted((tmp_path/'corpus').rglob('*.xml'))[1]
+    data = act.read_bytes().split(b'\n')
+    data[1] = data[1].replace('é'.encode(), b'\xe9', 1).replace(b'<TITLE>', b'<TITLE>\xff', 1)
+    act.write_bytes(b'\n'.join(data))
+    msg = bad_parse(tmp_path, tmp_path/'corpus')
+    assert f'{act}, line 2, column' in msg and 'malformed XML: not well-formed (invalid token)' in msg
