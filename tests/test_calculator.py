@@ -19,7 +19,7 @@ def test_partial_steps_round_up():
     assert count_steps(63_000, 1, 16) == 3938          # 3,937.5: the half batch is one more step
     assert count_steps(64_000, 1, 32) == 2000          # exact: no extra step
     assert count_steps(129, 2, 128) == 3               # 2.016 -> 3
-    assert count_steps(30, 0.1, 1) == 3                # float noise (3.0000000004) is not a partial step
+    assert count_steps(30, 0.1, 1) == 3                # float noise (0.1 × 30 = 3.0000000000000004) is not a partial step
     e = estimate(Plan(examples=63_000, grad_accum=16))
     assert 'ceil(3,937.5) = 3,938: a partial last batch is one more step' in e.lines[0]
     assert 'partial' not in estimate(Plan(examples=64_000, grad_accum=32)).lines[0]
@@ -171,3 +171,9 @@ def test_cli_model_size_fills_the_model_and_the_batch():
     assert j['flops'] > 6 * 1e9 * j['tokens'] and j['memory_gib'] > 0   # xlarge: billions of matmul weights
     r = _cli('--model-size', 'small', '--steps', '10')
     assert r.returncode == 2 and '--model-size needs --seq-len' in r.stderr
+
+
+def test_calculator_imports_without_torch():
+    out = subprocess.run([sys.executable, '-c', 'import sys, legalnb.calculator; print("torch" in sys.modules)'],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == 'False'
