@@ -177,3 +177,16 @@ def test_calculator_imports_without_torch():
     out = subprocess.run([sys.executable, '-c', 'import sys, legalnb.calculator; print("torch" in sys.modules)'],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == 'False'
+
+
+def test_calibration_from_trainer_metrics_records():
+    from legalnb.calculator import calibration_from_metrics
+    recs = [dict(step=10, step_ms=900.0, mfu=0.21), dict(step=20, step_ms=400.0, mfu=0.40),
+            dict(step=30, step_ms=420.0, mfu=0.38), dict(step=35, step_ms=380.0, mfu=0.42)]
+    cal = calibration_from_metrics(recs)
+    assert cal.warmup == 10 and cal.sec_per_step == pytest.approx((10 * 0.4 + 10 * 0.42 + 5 * 0.38) / 25)
+    assert cal.mfu == pytest.approx((10 * 0.40 + 10 * 0.38 + 5 * 0.42) / 25)
+    assert cal.predict(1000) == pytest.approx(1000 * cal.sec_per_step)
+    assert calibration_from_metrics([dict(step=5, step_ms=10.0), dict(step=10, step_ms=12.0)]).mfu is None  # CPU: no MFU
+    with pytest.raises(LegalnbError, match='must increase'): calibration_from_metrics([recs[1], recs[0], recs[2]])
+    with pytest.raises(LegalnbError, match='need more than skip=1'): calibration_from_metrics(recs[:1])
