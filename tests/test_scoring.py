@@ -1,0 +1,164 @@
+"End to end, CLI, failure and memory tests of the scoring stage (`legalnb select`)."
+from __future__ import annotations
+import json, random, subprocess, sys, tracemalloc
+from dataclasses import replace
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from legalnb.cli import main
+from legalnb.scoring import (ScoringRules, estimate_tokens, score_document, select_documents, synthetic_documents,
+                             tokenizer_counter)
+from legalnb.sources import Document, write_jsonl
+
+def write_docs(path: Path, docs) -> Path:
+    write_jsonl((d.to_json() for d in docs), path)
+    return path
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(l) for l in path.read_text(encoding='utf-8').splitlines()]
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, '-m', 'legalnb.cli', *map(str, args)], capture_output=True, text=True, timeout=120)
+
+def test_sample_parse_select_end_to_end(tmp_path):
+    "The README's main job so far: a Formex sample, parsed, then selected, through the real command line."
+    assert run_cli('sample', tmp_path/'sample', '--docs', 60, '--seed', 3).returncode == 0
+    r = run_cli('parse', tmp_path/'sample', '--out', tmp_path/'parsed.jsonl')
+    assert r.returncode == 0, r.stderr
+    parsed = lines(tmp_path/'parsed.jsonl')
+    target = sum(estimate_tokens(d['text']) for d in parsed) * 2 // 5
+    r = run_cli('select', tmp_path/'parsed.jsonl', '--out', tmp_path/'selected.jsonl', '--target-tokens', target,
+                '--report', tmp_path/'report.json')
+    assert r.returncode == 0, r.stderr
+    selected, report = lines(tmp_path/'selected.jsonl'), json.loads((tmp_path/'report.json').read_text())
+    c = report['counters']
+    assert 0 < len(selected) == c['documents.selected'] < len(parsed) == c['documents.read']
+    assert all(d['score'] >= 70 and d['tokens'] == estimate_tokens(d['text']) for d in selected)
+    assert {d['celex'] for d in selected} <= {d['celex'] for d in parsed}
+    by_key = {(d['celex'], d['lang']): d for d in parsed}
+    for d in selected:   # the selected line is the parsed document plus score and tokens, nothing else changed
+        assert {k: v for k, v in d.items() if k not in ('score', 'tokens')} == by_key[d['celex'], d['lang']]
+    assert c['documents.unique'] == c['documents.selected'] + c['dropped.below_threshold'] + c['dropped.budget_reached'] + c['dropped.language_quota']
+    assert sum(d['tokens'] for d in selected) == c['tokens.selected'] >= target * 0.9
+    assert 'language balance' in r.stdout and 'average score' in r.stdout and f'{c["documents.selected"]:,}' in r.stdout
+
+@pytest.mark.parametrize('fraction', [0.1, 0.3, 0.6])
+def test_language_shares_stay_within_tolerance(tmp_path, fraction):
+    docs = list(synthetic_documents(2_500, seed=11))
+    src = write_docs(tmp_path/'in.jsonl', docs)
+    total = sum(estimate_tokens(d.text) for d in docs)
+    report = select_documents(src, tmp_path/'out.jsonl', int(total * fraction))
+    assert report['balance']['ok'] and not report['shortfalls']
+    for lang, row in report['languages'].items():
+        assert abs(row['selected_share'] - row['input_share']) <= 0.02, (lang, row['selected_share'], row['input_share'])
+    assert abs(report['target_fill'] - 1) < 0.02
+
+def test_short_language_is_reported_and_the_others_keep_their_proportions(tmp_path):
+    def dull(d): return replace(d, date=None, doc_type='recommendation', subjects=['customs'], title='Act')
+    docs = [dull(d) if d.lang == 'es' else d for d in synthetic_documents(2_500, seed=12)]
+    src = write_docs(tmp_path/'in.jsonl', docs)
+    report = select_documents(src, tmp_path/'out.jsonl', sum(estimate_tokens(d.text) for d in docs) // 4)
+    L = report['languages']
+    assert [s['lang'] for s in report['shortfalls']] == ['es'] and L['es']['tokens_selected'] == 0
+    assert L['es']['short'] and report['shortfalls'][0]['wanted_tokens'] > report['shortfalls'][0]['eligible_tokens'] == 0
+    rest = 1 - L['es']['input_share']
+    for lang, row in L.items():
+        if lang != 'es': assert abs(row['selected_share'] - row['input_share'] / rest) <= 0.02, lang
+    assert abs(report['target_fill'] - 1) < 0.02    # the other languages filled the gap
+
+def test_tie_break_is_deterministic_and_ignores_input_order(tmp_path):
+    # 20 documents with the same score and size: the target takes exactly 5, always the 5 lowest CELEX numbers
+    docs = [Document(f'32020R{n:04d}', 'Regulation on data protection', 'x' * 4_000, 'en', date(2020, 1, 1), 'regulation') for n in range(20)]
+    assert len({score_document(d).total for d in docs}) == 1
+    outs = []
+    for seed in range(3):
+        shuffled = random.Random(seed).sample(docs, len(docs))
+        select_documents(write_docs(tmp_path/f'in{seed}.jsonl', shuffled), tmp_path/f'out{seed}.jsonl', 5_000)
+        outs.append(sorted(d['celex'] for d in lines(tmp_path/f'out{seed}.jsonl')))
+    assert outs[0] == outs[1] == outs[2] == [f'32020R{n:04d}' for n in range(5)]
+
+def test_duplicates_and_defaults_are_counted(tmp_path):
+    docs = list(synthetic_documents(100, seed=13))
+    undated = Document('52099PC0001', 'No date', 'y' * 3_000, 'en', None, 'other')
+    src = write_docs(tmp_path/'in.jsonl', docs + docs[:7] + [undated])
+    c = select_documents(src, tmp_path/'out.jsonl', 10**9)['counters']
+    assert c['documents.read'] == 108 and c['dropped.duplicate'] == 7 and c['documents.unique'] == 101
+    assert c['kept.no_date'] == sum(d.date is None for d in docs) + 1
+    assert c['kept.unknown_type'] == sum(d.doc_type == 'other' for d in docs) + 1
+
+def test_rules_file_and_threshold_flag(tmp_path, capsys):
+    src = write_docs(tmp_path/'in.jsonl', synthetic_documents(300, seed=14))
+    (tmp_path/'rules.yaml').write_text('threshold: 150\npriority_points: 0\n')
+    assert main(['select', str(src), '--out', str(tmp_path/'a.jsonl'), '--target-tokens', '1B', '--rules', str(tmp_path/'rules.yaml')]) == 0
+    a = lines(tmp_path/'a.jsonl')
+    assert a and min(d['score'] for d in a) >= 150
+    assert main(['select', str(src), '--out', str(tmp_path/'b.jsonl'), '--target-tokens', '1B', '--rules', str(tmp_path/'rules.yaml'), '--threshold', '0']) == 0
+    assert len(lines(tmp_path/'b.jsonl')) == 300
+    assert 'with score >= 0' in capsys.readouterr().out
+
+def test_real_tokenizer_counts(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    docs = list(synthetic_documents(60, seed=15))
+    tok = Tokenizer(models.BPE(unk_token='[UNK]')); tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator((d.text for d in docs), trainers.BpeTrainer(vocab_size=300, special_tokens=['[UNK]']))
+    tok.save(str(tmp_path/'tokenizer.json'))
+    src = write_docs(tmp_path/'in.jsonl', docs)
+    assert main(['select', str(src), '--out', str(tmp_path/'out.jsonl'), '--target-tokens', '1B', '--tokenizer', str(tmp_path/'tokenizer.json'),
+                 '--threshold', '0', '--report', str(tmp_path/'r.json')]) == 0
+    out = lines(tmp_path/'out.jsonl')
+    assert len(out) == 60 and all(d['tokens'] == len(tok.encode(d['text']).ids) for d in out[:10])
+    assert json.loads((tmp_path/'r.json').read_text())['token_counter'].startswith('tokenizer ')
+    assert tokenizer_counter(tmp_path/'tokenizer.json')('\n'.join([docs[0].text] * 5)) == 5 * len(tok.encode(docs[0].text).ids)
+
+BAD = {  # name: (file bytes or None for a missing file, extra args, expected words in the one error line)
+    'missing':      (None, [], 'no such file'),
+    'empty':        (b'\n\n', [], 'no documents (the file is empty)'),
+    'not json':     (b'{"celex": "a", "lang": "en", "text": "ok"}\n{oops}\n', [], 'line 2: not JSON'),
+    'no text':      (b'{"celex": "a", "lang": "en", "text": "ok"}\n{"celex": "b", "lang": "en"}\n', [], 'line 2: missing or empty "text"'),
+    'not utf-8':    (b'{"celex": "a", "lang": "en", "text": "caf\xe9"}\n', [], 'line 1: byte 42 is not UTF-8'),
+    'not object':   (b'[1, 2]\n', [], 'line 1: expected a JSON object'),
+    'bad date':     (b'{"celex": "a", "lang": "en", "text": "ok", "date": "someday"}\n', [], 'line 1: date'),
+    'zero target':  (b'{"celex": "a", "lang": "en", "text": "ok"}\n', ['--target-tokens', '0'], '--target-tokens must be a positive number'),
+    'minus target': (b'{"celex": "a", "lang": "en", "text": "ok"}\n', ['--target-tokens', '-5'], '--target-tokens must be a positive number'),
+    'no tokenizer': (b'{"celex": "a", "lang": "en", "text": "ok"}\n', ['--tokenizer', 'nope.json'], 'no such tokenizer file'),
+    'bad rules':    (b'{"celex": "a", "lang": "en", "text": "ok"}\n', ['--rules', 'RULES'], "unknown rule 'treshold'"),
+}
+
+@pytest.mark.parametrize('name', BAD)
+def test_bad_input_is_one_line_and_leaves_no_output(tmp_path, capsys, name):
+    content, extra, expected = BAD[name]
+    src = tmp_path/'in.jsonl'
+    if content is not None: src.write_bytes(content)
+    (tmp_path/'rules.yaml').write_text('treshold: 50\n')
+    extra = [str(tmp_path/'rules.yaml') if x == 'RULES' else x for x in extra]
+    args = ['select', str(src), '--out', str(tmp_path/'out.jsonl'), '--report', str(tmp_path/'r.json')]
+    args += extra if '--target-tokens' in extra else ['--target-tokens', '1000'] + extra
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and err.startswith('legalnb select: error: ') and expected in err, err
+    if name not in ('zero target', 'minus target', 'no tokenizer', 'bad rules'): assert 'in.jsonl' in err   # names the file
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(['rules.yaml'] + (['in.jsonl'] if content is not None else []))
+
+def test_failure_keeps_an_earlier_output(tmp_path):
+    good = write_docs(tmp_path/'good.jsonl', synthetic_documents(50, seed=16))
+    assert main(['select', str(good), '--out', str(tmp_path/'out.jsonl'), '--target-tokens', '1M']) == 0
+    before = (tmp_path/'out.jsonl').read_bytes()
+    bad = tmp_path/'bad.jsonl'
+    bad.write_bytes(good.read_bytes() + b'{"celex": "z", "lang": "en"}\n')
+    assert main(['select', str(bad), '--out', str(tmp_path/'out.jsonl'), '--target-tokens', '1M']) == 2
+    assert (tmp_path/'out.jsonl').read_bytes() == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith('.')]   # no temporary file left behind
+
+def test_selection_does_not_hold_the_texts(tmp_path):
+    "Peak Python memory while selecting stays a small fraction of the input: texts are never kept."
+    src = write_docs(tmp_path/'in.jsonl', synthetic_documents(1_500, seed=17, chars=(20_000, 40_000)))
+    size = src.stat().st_size
+    tracemalloc.start()
+    try:
+        report = select_documents(src, tmp_path/'out.jsonl', 10**6)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally: tracemalloc.stop()
+    assert report['counters']['documents.read'] == 1_500 and size > 40e6
+    assert peak < size / 10, (peak, size)
