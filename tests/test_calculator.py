@@ -51,14 +51,15 @@ def test_mfu_above_100_percent_is_rejected_with_the_arithmetic():
 
 def test_claimed_hours_flagged_with_the_figure_that_would_make_them_true():
     e = estimate(Plan(examples=63_000, grad_accum=16, sec_per_step=30, claimed_hours=13))
-    assert e.warnings == ['claimed 13.0 h but the arithmetic gives 32.8 h (2.52× the claim); the claim needs 11.9 s per step']
+    assert e.warnings == ['claimed 13.0 h, but time = 3,938 steps × 30 s = 118,140 s = 32.8 h (2.52× the claim); '
+                          'the claim needs 11.9 s per step']
     assert 13 * 3600 / 3938 == pytest.approx(11.88, abs=0.01)
     assert estimate(Plan(examples=63_000, grad_accum=16, sec_per_step=30, claimed_hours=30)).warnings == []  # 8.6% off
     assert len(estimate(Plan(examples=63_000, grad_accum=16, sec_per_step=30, claimed_hours=26)).warnings) == 1  # 21% off
     e = estimate(Plan(steps=12_000, micro_batch=2, grad_accum=16, gpus=4, seq_len=3072, params=7e9, gpu='h100-sxm',
                       mfu=0.4, claimed_hours=10))
     need = e.warnings[0]
-    assert 'the arithmetic gives 34.8 h' in need and '131,072 tokens/s' in need and '139% MFU (impossible: over 100%)' in need
+    assert 'but time: FLOPs = 6·N·D = 6 × 7B × 4.72B = 2e20 → at 40% of 4 × 989 TFLOP/s: 34.8 h (3.48× the claim)' in need and '131,072 tokens/s' in need and '139% MFU (impossible: over 100%)' in need
 
 
 def test_memory_against_hand_computed_figures():
