@@ -198,6 +198,8 @@ def test_validate_names_each_bad_file(bad_folder):
     assert set(found) == set(EXPECTED)
     for name, what in EXPECTED.items(): assert found[name][0].startswith(what), (name, found[name])
     assert rep.rows == 6 and rep.files[[Path(f.file).name for f in rep.files].index('good.npy')].problems == []
+    good = np.load(bad_folder/'good.npy')
+    assert rep.unique_tokens == len(np.unique(good)), 'statistics come from the good file only'
 
 
 def test_validate_cli_exit_codes_and_json(bad_folder, tmp_path, capsys):
