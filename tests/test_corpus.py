@@ -1,0 +1,223 @@
+"End-to-end, CLI, failure and multi-process tests of `legalnb build-corpus` (legalnb.corpus)."
+import json, os, random, signal, subprocess, sys, textwrap, time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from legalnb.cli import main
+from legalnb.corpus import build_corpus, iter_selected, load_tokenizer, split_text
+from legalnb.sources import LegalnbError, write_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def word_tokenizer(dest: Path, words: list[str]) -> Path:
+    "A word-level tokenizer: <|endoftext|> = 0, then each word in order, so ids are known by hand."
+    vocab = {'<|endoftext|>': 0, **{w: i + 1 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token='<|endoftext|>'))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(['<|endoftext|>'])
+    tok.save(str(dest))
+    return dest
+
+
+def docs(path: Path, texts: list[str], langs=None) -> Path:
+    "A selected.jsonl with these texts."
+    langs = langs or ['en'] * len(texts)
+    write_jsonl([dict(celex=f'3202{i}R0001', title=f't{i}', text=t, lang=l, date=None, doc_type='regulation', subjects=[], source='x')
+                 for i, (t, l) in enumerate(zip(texts, langs))], path)
+    return path
+
+
+def synthetic(path: Path, n: int, seed: int = 0) -> Path:
+    "`n` documents of random legal-ish words in three languages."
+    rng = random.Random(seed)
+    words = 'the member states shall ensure that commission data protection authority article paragraph annex regulation'.split()
+    texts = ['\n\n'.join(' '.join(rng.choice(words) for _ in range(rng.randint(5, 80))) for _ in range(rng.randint(1, 5))) for _ in range(n)]
+    return docs(path, texts, ['en', 'de', 'fr'] * (n // 3) + ['en'] * (n % 3))
+
+
+def tree_bytes(d: Path) -> dict:
+    "Every file of a corpus folder and its bytes."
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob('*')) if p.is_file()}
+
+
+@pytest.fixture
+def tok10(tmp_path):
+    return word_tokenizer(tmp_path/'tok.json', [f'w{i}' for i in range(1, 20)])
+
+
+def test_exact_packing_by_hand(tmp_path, tok10):
+    # docs: [1 2 3] [4 5] [6 7 8 9 10] -> stream 1 2 3 0 | 4 5 0 6 | 7 8 9 10 | 0 (row_len 4: seq_len 3)
+    sel = docs(tmp_path/'s.jsonl', ['w1 w2 w3', 'w4 w5', 'w6 w7 w8 w9 w10'], ['en', 'de', 'en'])
+    m = build_corpus(sel, tmp_path/'c', seq_len=3, shards=1, tokenizer=tok10, progress=False)
+    rows = np.load(tmp_path/'c'/'shard_00000.npy')
+    assert rows.dtype == np.uint16 and rows.tolist() == [[1, 2, 3, 0], [4, 5, 0, 6], [7, 8, 9, 10]]
+    assert np.load(tmp_path/'c'/'doc_starts'/'shard_00000.npy').tolist() == [0, 4, 7]
+    assert (m['rows'], m['tokens'], m['dropped_tail_tokens'], m['eos_id'], m['documents']) == (3, 12, 1, 0, 3)
+    assert m['tokens_per_lang'] == {'de': 3, 'en': 9} and m['row_len'] == 4 and m['seq_len'] == 3
+    assert m['format'] == 'legalnb.corpus/1' and m['tokenizer'] == 'tokenizer.json' and m['special_ids'] == {'<|endoftext|>': 0}
+    assert load_tokenizer(tmp_path/'c').encode('w1 w9').ids == [1, 9]
+
+
+def test_rows_continue_across_shards(tmp_path, tok10):
+    # 12 one-word documents -> 24 tokens -> 6 rows of 4; 3 shards split the input bytes, the stream stays continuous
+    sel = docs(tmp_path/'s.jsonl', [f'w{i % 9 + 1}' for i in range(12)])
+    m = build_corpus(sel, tmp_path/'c', seq_len=3, shards=3, tokenizer=tok10, progress=False)
+    flat = np.concatenate([np.load(tmp_path/'c'/s['file']).reshape(-1) for s in m['shards']])
+    assert flat.tolist() == [t for i in range(12) for t in (i % 9 + 1, 0)] and m['dropped_tail_tokens'] == 0
+    assert [s['rows'] for s in m['shards']] == [2, 2, 2] and sum(s['documents'] for s in m['shards']) == 12
+    for s in m['shards']:  # every recorded start is right after an EOS (or at the shard's first token after one)
+        starts, rows = np.load(tmp_path/'c'/s['doc_starts']), np.load(tmp_path/'c'/s['file']).reshape(-1)
+        assert all(st == 0 or rows[st - 1] == 0 for st in starts) and len(starts) == s['documents']
+
+
+@pytest.mark.parametrize('vocab,dtype', [(65_536, np.uint16), (65_537, np.uint32)])
+def test_dtype_at_the_uint16_boundary(tmp_path, vocab, dtype):
+    tok = word_tokenizer(tmp_path/'tok.json', [f'w{i}' for i in range(1, vocab)])
+    top = f'w{vocab - 1}'  # the largest id: 65535 fits uint16, 65536 would wrap to 0
+    m = build_corpus(docs(tmp_path/'s.jsonl', [f'w1 {top} w2']), tmp_path/'c', seq_len=3, shards=1, tokenizer=tok, progress=False)
+    rows = np.load(tmp_path/'c'/'shard_00000.npy', mmap_mode='r')
+    assert rows.dtype == dtype and m['dtype'] == np.dtype(dtype).name and m['vocab_size'] == vocab
+    assert rows.tolist() == [[1, vocab - 1, 2, 0]]
+
+
+def test_determinism_and_num_proc(tmp_path):
+    sel = synthetic(tmp_path/'s.jsonl', 400)
+    a = build_corpus(sel, tmp_path/'a', seq_len=31, shards=4, vocab_size=300, progress=False)
+    b = build_corpus(sel, tmp_path/'b', seq_len=31, shards=4, vocab_size=300, num_proc=2, batch_chars=3000, progress=False)
+    assert tree_bytes(tmp_path/'a') == tree_bytes(tmp_path/'b') and a == b
+    assert a['rows'] > 40 and all(s['rows'] > 0 for s in a['shards'])
+    # the packed stream is the selection encoded document by document, one EOS after each
+    tok = load_tokenizer(tmp_path/'a')
+    expected = np.concatenate([np.append(tok.encode(r['text']).ids, a['eos_id']) for *_, r in iter_selected(sel)])
+    got = np.concatenate([np.load(tmp_path/'a'/s['file']).reshape(-1) for s in a['shards']])
+    assert (got == expected[:len(got)]).all() and len(expected) - len(got) == a['dropped_tail_tokens'] < 32
+
+
+def test_rerun_is_up_to_date(tmp_path, tok10):
+    sel = synthetic(tmp_path/'s.jsonl', 60)
+    m = build_corpus(sel, tmp_path/'c', seq_len=15, shards=2, vocab_size=300, progress=False)
+    seen = []
+    assert build_corpus(sel, tmp_path/'c', seq_len=15, shards=2, vocab_size=300, progress=False, on_shard=seen.append) == m and seen == []
+    (tmp_path/'c'/'shard_00001.npy').write_bytes(b'broken')  # a damaged shard is rebuilt, not trusted
+    assert build_corpus(sel, tmp_path/'c', seq_len=15, shards=2, vocab_size=300, progress=False) == m
+    assert np.load(tmp_path/'c'/'shard_00001.npy').shape[1] == 16
+
+
+def test_resume_after_exception(tmp_path):
+    sel = synthetic(tmp_path/'s.jsonl', 300)
+    ref = build_corpus(sel, tmp_path/'ref', seq_len=15, shards=5, vocab_size=300, progress=False)
+
+    def crash(rec):
+        if rec['file'] == 'shard_00002.npy': raise RuntimeError('crash')
+    with pytest.raises(RuntimeError): build_corpus(sel, tmp_path/'c', seq_len=15, shards=5, vocab_size=300, progress=False, on_shard=crash)
+    partial = json.loads((tmp_path/'c'/'manifest.partial.json').read_text())
+    assert [s['file'] for s in partial['shards']] == ['shard_00000.npy', 'shard_00001.npy', 'shard_00002.npy']
+    (tmp_path/'c'/'shard_00002.npy').write_bytes(b'corrupt')  # a shard that fails its checksum is redone
+    seen = []
+    m = build_corpus(sel, tmp_path/'c', seq_len=15, shards=5, vocab_size=300, progress=False, on_shard=lambda r: seen.append(r['file']))
+    assert seen == ['shard_00002.npy', 'shard_00003.npy', 'shard_00004.npy'] and m == ref
+    assert tree_bytes(tmp_path/'c') == tree_bytes(tmp_path/'ref') and not (tmp_path/'c'/'manifest.partial.json').exists()
+
+
+KILLER = '''
+import os, signal, sys
+from legalnb.corpus import build_corpus
+def kill(rec):
+    if rec['file'] == 'shard_00001.npy': os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no finally
+build_corpus(sys.argv[1], sys.argv[2], seq_len=15, shards=4, vocab_size=300, num_proc=2, batch_chars=2000, progress=False, on_shard=kill)
+'''
+
+
+def test_resume_after_sigkill(tmp_path):
+    sel = synthetic(tmp_path/'s.jsonl', 300)
+    ref = build_corpus(sel, tmp_path/'ref', seq_len=15, shards=4, vocab_size=300, progress=False)
+    r = subprocess.run([sys.executable, '-c', KILLER, str(sel), str(tmp_path/'c')], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert not (tmp_path/'c'/'manifest.json').exists() and (tmp_path/'c'/'shard_00001.npy').exists()
+    seen = []
+    m = build_corpus(sel, tmp_path/'c', seq_len=15, shards=4, vocab_size=300, progress=False, on_shard=lambda r: seen.append(r['file']))
+    assert seen == ['shard_00002.npy', 'shard_00003.npy'] and m == ref and tree_bytes(tmp_path/'c') == tree_bytes(tmp_path/'ref')
+
+
+def test_resume_after_kill_at_any_moment(tmp_path):
+    "Kill the CLI at an arbitrary moment (maybe mid-shard, maybe mid-document); the rerun gives the same bytes."
+    sel = synthetic(tmp_path/'s.jsonl', 3000, seed=1)
+    cmd = [sys.executable, '-m', 'legalnb.cli', 'build-corpus', str(sel), '--seq-len', '15', '--shards', '8', '--train-tokenizer', '300', '--no-progress']
+    p = subprocess.Popen(cmd + ['--out', str(tmp_path/'c')], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while not (tmp_path/'c'/'manifest.partial.json').exists() and p.poll() is None and time.time() < deadline: time.sleep(0.02)
+    p.kill(); p.wait()
+    assert subprocess.run(cmd + ['--out', str(tmp_path/'c')], capture_output=True).returncode == 0
+    assert subprocess.run(cmd + ['--out', str(tmp_path/'ref')], capture_output=True).returncode == 0
+    assert tree_bytes(tmp_path/'c') == tree_bytes(tmp_path/'ref')
+    assert not [p for p in (tmp_path/'c').rglob('.*tmp')], 'no temporary file left behind'
+
+
+def test_long_documents_split_and_no_whitespace(tmp_path, tok10):
+    # a 3 MB document with no paragraph breaks is split at spaces; ids equal encoding it whole
+    text = ' '.join(f'w{i % 19 + 1}' for i in range(1_000_000))
+    assert max(map(len, split_text(text, 100_000))) <= 100_000
+    m = build_corpus(docs(tmp_path/'s.jsonl', [text, 'w1 w2']), tmp_path/'c', seq_len=999, shards=2, tokenizer=tok10, progress=False)
+    got = np.concatenate([np.load(tmp_path/'c'/s['file']).reshape(-1) for s in m['shards']])
+    want = np.array([i % 19 + 1 for i in range(1_000_000)] + [0, 1, 2, 0])
+    assert (got == want[:len(got)]).all() and m['documents_read'] == 2
+    # no whitespace at all: cut at max_chars
+    assert split_text('x' * 250_000, 100_000) == ['x' * 100_000] * 2 + ['x' * 50_000]
+
+
+def test_50_mb_document(tmp_path):
+    "A 50 MB document is split at its paragraph breaks and packed like any other (long words keep the token count small)."
+    words = [f'{w}{"x" * 36}' for w in ('member', 'states', 'shall', 'ensure')]
+    tok = word_tokenizer(tmp_path/'tok.json', words + ['Article'])
+    para = ' '.join(words * 25) + '\n\n'  # 100 words, one paragraph
+    big = para * (50_000_000 // len(para))
+    sel = docs(tmp_path/'s.jsonl', ['Article', big, 'Article'])
+    assert sel.stat().st_size > 50_000_000
+    m = build_corpus(sel, tmp_path/'c', seq_len=4095, shards=4, tokenizer=tok, num_proc=2, progress=False)
+    n = 1 + 1 + big.count(' ') + big.count('\n\n') + 1 + 2  # Article EOS, the big one's words and EOS, Article EOS
+    assert m['documents_read'] == 3 and m['tokens'] + m['dropped_tail_tokens'] == n and all(s['rows'] > 0 for s in m['shards'])
+    row = np.load(tmp_path/'c'/'shard_00000.npy', mmap_mode='r')[0]
+    assert row[:6].tolist() == [5, 0, 1, 2, 3, 4]
+
+
+def error(capsys, *argv) -> str:
+    "Run the CLI, expect exit code 2 and one line on stderr; return it."
+    assert main(['build-corpus', *map(str, argv), '--no-progress']) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith('legalnb build-corpus: error: ')
+    return err
+
+
+def test_bad_input(tmp_path, tok10, capsys):
+    sel = synthetic(tmp_path/'s.jsonl', 30)
+    (tmp_path/'empty.jsonl').write_text('\n')
+    assert 'empty.jsonl: empty selection' in error(capsys, tmp_path/'empty.jsonl', '--out', tmp_path/'o1', '--train-tokenizer', 300)
+    assert 'nope: no tokenizer there' in error(capsys, sel, '--out', tmp_path/'o2', '--tokenizer', tmp_path/'nope')
+    assert 'seq_len must be at least 2' in error(capsys, sel, '--out', tmp_path/'o3', '--seq-len', 1, '--tokenizer', tok10)
+    err = error(capsys, sel, '--out', tmp_path/'o4', '--seq-len', 4000, '--shards', 8, '--tokenizer', tok10)
+    assert 'no rows for this shard' in err and 'shard_00000.npy' in err
+    bad = tmp_path/'bad.jsonl'
+    bad.write_text(sel.read_text() + '{"text": "w1 w2"\n')
+    assert 'bad.jsonl: line 31: not valid JSON' in error(capsys, bad, '--out', tmp_path/'o5', '--seq-len', 3, '--shards', 1, '--tokenizer', tok10)
+    bad.write_text('{"celex": "x", "text": 5}\n')
+    assert 'bad.jsonl: line 1: expected a JSON object with a string "text" field' in error(capsys, bad, '--out', tmp_path/'o6', '--tokenizer', tok10)
+    (tmp_path/'garbage.json').write_text('{"model": 1}')
+    assert 'garbage.json: not a Hugging Face tokenizer.json' in error(capsys, sel, '--out', tmp_path/'o7', '--tokenizer', tmp_path/'garbage.json')
+    for i in range(1, 8):  # no shard, partial or temporary file anywhere
+        assert not list((tmp_path/f'o{i}').glob('shard_*')) and not list((tmp_path/f'o{i}').rglob('.*tmp'))
+    with pytest.raises(LegalnbError, match='either a tokenizer'): build_corpus(sel, tmp_path/'o8')
+
+
+def test_cli_subprocess_summary(tmp_path, tok10):
+    sel = docs(tmp_path/'s.jsonl', ['w1 w2 w3', 'w4 w5', 'w6 w7 w8 w9 w10'])
+    r = subprocess.run([sys.executable, '-m', 'legalnb.cli', 'build-corpus', str(sel), '--out', str(tmp_path/'c'), '--seq-len', '3',
+                        '--shards', '1', '--tokenizer', str(tok10), '--num-proc', '2'], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert 'wrote 1 shards: 3 rows x 4 tokens (uint16), 12 tokens from 3 documents' in r.stdout and 'dropped tail 1 tokens' in r.stdout
+    r = subprocess.run([sys.executable, '-m', 'legalnb.cli', 'build-corpus', str(sel), '--out', str(tmp_path/'d'), '--seq-len', '0',
+                        '--tokenizer', str(tok10)], capture_output=True, text=True)
+    assert r.returncode == 2 and 'Traceback' not in r.stderr and len(r.stderr.strip().splitlines()) == 1
