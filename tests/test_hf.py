@@ -1,0 +1,217 @@
+"""End-to-end, CLI, failure and multi-process tests of the transformers + peft path (legalnb.hf), on tiny models."""
+import json, os, subprocess, sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from legalnb.cli import main as cli
+from legalnb.hf import (LoraSettings, PackedCollator, TINY_ARCHS, add_lora, build_tiny_model, demo_examples, encode_example,
+                        encode_examples, load_model, lora_target_modules, merge_adapter, pack_examples, packs_without_leakage,
+                        right_size_length, sft_dataset, tiny_config, training_args_from_preset, write_demo_shards,
+                        write_launch_configs)
+from legalnb.sources import LegalnbError, write_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope='module')
+def work(tmp_path_factory):
+    "A tiny Llama-style model with a locally trained tokenizer, an SFT JSONL file and a shard folder."
+    d = tmp_path_factory.mktemp('hf')
+    model_dir = build_tiny_model(d/'model', 'llama')
+    _, tok = load_model(model_dir)
+    write_jsonl(demo_examples(40), d/'sft.jsonl')
+    write_demo_shards(d/'corpus', tok)
+    return d
+
+
+def _losses(run: Path) -> list[float]:
+    return json.loads((run/'finetune.json').read_text())['losses']
+
+
+def test_prompt_tokens_carry_label_minus_100(work):
+    _, tok = load_model(work/'model')
+    enc = encode_example(tok, {'prompt': 'Who acts under Article 9?', 'response': 'The Council.'})
+    trained = [t for t in enc['labels'] if t != -100]
+    k = len(enc['input_ids']) - len(trained)
+    assert k > 5 and enc['labels'][:k] == [-100] * k and enc['labels'][k:] == enc['input_ids'][k:]
+    assert tok.decode(trained) == 'The Council.\n</s>'
+    chat = {'messages': [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'Article 9?'},
+                         {'role': 'assistant', 'content': 'The Council.'}, {'role': 'user', 'content': 'And 10?'},
+                         {'role': 'assistant', 'content': 'The Agency.'}]}
+    trained = tok.decode([t for t in encode_example(tok, chat)['labels'] if t != -100])
+    assert trained == 'The Council.\nThe Agency.\n</s>', 'only assistant replies are trained on'
+
+
+def test_right_sized_length_on_a_hand_made_set():
+    assert (right_size_length([12, 700, 1481, 64]).max_length, right_size_length([1481]).truncated) == (1536, 0)
+    choice = right_size_length([100] * 95 + [300, 400, 500, 900, 1481], percentile=95)
+    assert (choice.max_length, choice.truncated, choice.longest) == (128, 5, 1481)
+    assert right_size_length([1481, 3000], cap=2048).max_length == 2048
+
+
+def test_truncated_examples_are_reported_and_cut(work):
+    _, tok = load_model(work/'model')
+    exs = demo_examples(6) + [{'prompt': 'word ' * 300, 'response': 'ok'}]
+    items, choice = encode_examples(tok, exs, percentile=50)
+    assert choice.truncated >= 1 and max(len(i['input_ids']) for i in items) == choice.max_length
+
+
+def test_packed_batches_hold_no_padding_and_keep_examples_apart(work):
+    model, tok = load_model(work/'model')
+    items, choice = encode_examples(tok, demo_examples(12))
+    rows, collate, how = sft_dataset(items, choice.max_length, tok, model)
+    assert how == 'padding-free' and len(rows) < len(items)
+    batch = collate(rows[:2])
+    assert batch['input_ids'].shape[0] == 1 and (batch['input_ids'] != tok.pad_token_id).all()
+    assert sum(len(r['input_ids']) for r in rows) == sum(len(i['input_ids']) for i in items)
+    # each packed example sees only itself: its logits equal those of the example alone
+    model.eval()
+    row = pack_examples(items[:3], 512)[0]
+    b = PackedCollator()([row])
+    with torch.no_grad():
+        packed = model(input_ids=b['input_ids'], position_ids=b['position_ids'], use_cache=False).logits[0]
+        start = 0
+        for ex in sorted(items[:3], key=lambda e: -len(e['input_ids'])):   # pack order: longest first
+            n = len(ex['input_ids'])
+            alone = model(input_ids=torch.tensor([ex['input_ids']]), use_cache=False).logits[0]
+            assert torch.allclose(packed[start:start + n], alone, atol=1e-4)
+            start += n
+    assert packs_without_leakage(model)
+
+
+def test_packing_refuses_an_example_longer_than_the_row(work):
+    with pytest.raises(LegalnbError, match='example 1: 10 tokens, longer than max_length 8'):
+        pack_examples([{'input_ids': [1] * 3, 'labels': [1] * 3}, {'input_ids': [1] * 10, 'labels': [1] * 10}], 8)
+
+
+def test_padded_fallback_pads_with_minus_100(work):
+    model, tok = load_model(work/'model')
+    items, choice = encode_examples(tok, demo_examples(6))
+    data, collate, how = sft_dataset(items, choice.max_length, tok, model, packing=False)
+    b = collate(data[:3])
+    assert how == 'length-grouped' and b['input_ids'].shape[1] % 8 == 0
+    assert (b['labels'][b['attention_mask'] == 0] == -100).all()
+
+
+@pytest.mark.parametrize('arch,attention,all_', [
+    ('llama', ['k_proj', 'o_proj', 'q_proj', 'v_proj'], ['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj']),
+    ('mistral', ['k_proj', 'o_proj', 'q_proj', 'v_proj'], ['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj']),
+    ('qwen2', ['k_proj', 'o_proj', 'q_proj', 'v_proj'], ['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj']),
+    ('gpt2', ['c_attn', 'c_proj'], ['c_attn', 'c_fc', 'c_proj'])])
+def test_lora_targets_per_family(arch, attention, all_):
+    from transformers import AutoModelForCausalLM
+    m = AutoModelForCausalLM.from_config(tiny_config(arch, 64))
+    assert lora_target_modules(m, 'attention') == attention and lora_target_modules(m) == all_
+    peft = add_lora(m, LoraSettings(r=2, alpha=4))
+    assert any('lora_A' in n for n, _ in peft.named_parameters())
+    assert arch in TINY_ARCHS
+
+
+def test_lora_adapter_saves_reloads_and_merges_to_the_same_outputs(work, tmp_path):
+    from peft import PeftModel
+    model, tok = load_model(work/'model')
+    peft = add_lora(model, LoraSettings(r=4, alpha=8, dropout=0.0))
+    with torch.no_grad():
+        for n, p in peft.named_parameters():
+            if 'lora_B' in n: p.normal_(0, 0.3)
+    peft.save_pretrained(tmp_path/'adapter')
+    x = torch.tensor([tok('Article 3: the Agency shall notify the decision.').input_ids])
+    peft.eval()
+    with torch.no_grad():
+        want = peft(x).logits
+        base = load_model(work/'model')[0]
+        reloaded = PeftModel.from_pretrained(base, tmp_path/'adapter').eval()(x).logits
+        merged = merge_adapter(work/'model', tmp_path/'adapter', tmp_path/'merged')(x).logits
+        from_disk = load_model(tmp_path/'merged')[0](x).logits
+    assert torch.allclose(reloaded, want, atol=1e-5) and torch.allclose(merged, want, atol=1e-4)
+    assert torch.allclose(from_disk, merged, atol=1e-5)
+    assert not torch.allclose(load_model(work/'model')[0](x).logits, want, atol=1e-3)
+    with pytest.raises(LegalnbError, match='no adapter_config.json'): merge_adapter(work/'model', tmp_path)
+
+
+def test_each_accelerate_config_parses(tmp_path):
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import launch_command_parser
+    paths = write_launch_configs(tmp_path, gpus_per_node=4, nodes=2, layer_cls='Qwen2DecoderLayer')
+    known = vars(launch_command_parser().parse_args(['train.py']))
+    want = {'ddp': 'MULTI_GPU', 'fsdp': 'FSDP', 'deepspeed-zero3': 'DEEPSPEED'}
+    for strategy, kind in want.items():
+        cfg = load_config_from_file(str(paths[strategy]))
+        assert cfg.distributed_type.value == kind and cfg.num_processes == 8 and cfg.num_machines == 2
+        for key in {**cfg.fsdp_config, **cfg.deepspeed_config}:
+            assert key in known, f'{strategy}: {key} is not an accelerate launch setting'
+    ds = json.loads(paths['ds_zero3.json'].read_text())
+    assert ds['zero_optimization']['stage'] == 3 and ds['train_micro_batch_size_per_gpu'] == 'auto'
+    cfg = load_config_from_file(str(paths['deepspeed-zero3']))
+    assert Path(cfg.deepspeed_config['deepspeed_config_file']) == paths['ds_zero3.json'].resolve()
+
+
+def test_training_args_from_preset_say_why(capsys, tmp_path):
+    from dataclasses import replace
+    from legalnb.presets import get_preset
+    p = get_preset('cpt', 'full')
+    args = training_args_from_preset(p, tmp_path, dataloader_num_workers=0)
+    out = capsys.readouterr().out
+    assert 'save_total_limit' in out and 'accumulation' in out and '#' in out
+    assert args.gradient_accumulation_steps == 64 and args.max_steps == 40_000 and args.save_steps == 8000
+    args = training_args_from_preset(p, tmp_path, verbose=False)
+    assert args.dataloader_num_workers == 4 and args.dataloader_prefetch_factor == 4
+    assert args.bf16 == (torch.cuda.is_available() and torch.cuda.get_device_capability(0) >= (8, 0))
+    assert training_args_from_preset(replace(p, precision='fp32'), tmp_path, verbose=False).bf16 is False
+
+
+def test_cli_continued_pretraining_end_to_end(work, tmp_path, capsys):
+    rc = cli(['finetune', '--model', str(work/'model'), '--data', str(work/'corpus'), '--preset', 'fast', '--out', str(tmp_path/'run'),
+              '--max-steps', '10', '--lr', '1e-2', '--batch-size', '4', '--grad-accum', '1', '--warmup-steps', '1',
+              '--workers', '0', '--logging-steps', '1', '--save-steps', '5'])
+    assert rc == 0
+    s = json.loads((tmp_path/'run'/'finetune.json').read_text())
+    assert (s['task'], s['mode'], s['steps'], s['tokens']) == ('continued pretraining', 'full', 10, 10 * 4 * 64)
+    l = s['losses']
+    assert np.mean(l[-3:]) < np.mean(l[:3]) - 0.5, l
+    assert (tmp_path/'run'/'final'/'model.safetensors').is_file() and (tmp_path/'run'/'checkpoint-10').is_dir()
+    assert 'legalnb finetune: continued pretraining (full' in capsys.readouterr().out
+    model, _ = load_model(tmp_path/'run'/'final')
+    assert type(model).__name__ == 'LlamaForCausalLM'
+
+
+def test_cli_lora_sft_end_to_end(work, tmp_path):
+    run = tmp_path/'sft'
+    rc = cli(['finetune', '--model', str(work/'model'), '--data', str(work/'sft.jsonl'), '--preset', 'aggressive', '--lora',
+              '--out', str(run), '--max-steps', '12', '--lr', '1e-2', '--batch-size', '4', '--grad-accum', '1',
+              '--warmup-steps', '1', '--workers', '0', '--logging-steps', '1', '--lora-r', '8', '--lora-alpha', '16'])
+    assert rc == 0
+    s = json.loads((run/'finetune.json').read_text())
+    assert (s['mode'], s['preset'], s['batches'], s['steps']) == ('lora', 'lora/aggressive', 'padding-free', 12)
+    assert s['length']['max_length'] % 64 == 0 and s['length']['truncated'] == 0
+    l = s['losses']
+    assert np.mean(l[-3:]) < np.mean(l[:3]) - 0.2, l
+    cfg = json.loads((run/'final'/'adapter_config.json').read_text())
+    assert cfg['r'] == 8 and cfg['lora_alpha'] == 16
+    merged = merge_adapter(work/'model', run/'final')
+    assert type(merged).__name__ == 'LlamaForCausalLM'
+
+
+def test_cli_bad_jsonl_is_one_line_and_exit_2(work, tmp_path, capsys):
+    bad = tmp_path/'bad.jsonl'
+    bad.write_text('{"prompt": "a", "response": "b"}\n{"prompt": "a", "answer": "b"}\n')
+    rc = cli(['finetune', '--model', str(work/'model'), '--data', str(bad), '--out', str(tmp_path/'x'), '--workers', '0'])
+    err = capsys.readouterr().err
+    assert rc == 2 and 'bad.jsonl: line 2' in err and len(err.strip().splitlines()) == 1
+    rc = cli(['finetune', '--model', str(tmp_path), '--data', str(work/'sft.jsonl'), '--out', str(tmp_path/'x')])
+    assert rc == 2 and 'no config.json' in capsys.readouterr().err
+
+
+def test_two_cpu_processes_with_gloo(work, tmp_path):
+    run = tmp_path/'ddp'
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': str(ROOT)}
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', '-m', 'legalnb.cli', 'finetune',
+           '--model', str(work/'model'), '--data', str(work/'sft.jsonl'), '--out', str(run), '--max-steps', '3',
+           '--batch-size', '2', '--grad-accum', '1', '--workers', '0', '--logging-steps', '1', '--lr', '1e-2']
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads((run/'finetune.json').read_text())
+    assert s['world_size'] == 2 and s['steps'] == 3 and (run/'final'/'adapter_model.safetensors').is_file()
