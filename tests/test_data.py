@@ -175,11 +175,11 @@ def test_validate_counts_in_chunks(tmp_path, monkeypatch):
 @pytest.fixture
 def bad_folder(tmp_path):
     d = tmp_path/'bad'; d.mkdir()
-    rows_file(d, 'good.npy', 6, 17, vocab=100)
+    rows_file(d, 'good.npy', 6, 17, vocab=50)
     (d/'truncated.npy').write_bytes((d/'good.npy').read_bytes()[:-5])
     np.save(d/'wrong_shape.npy', np.zeros(17, np.uint16))
     np.save(d/'floats.npy', np.zeros((3, 17), np.float32))
-    np.save(d/'out_of_range.npy', np.full((3, 17), 100, np.uint16))
+    np.save(d/'out_of_range.npy', np.concatenate([np.full((1, 17), 77, np.uint16), np.full((2, 17), 100, np.uint16)]))
     rows_file(d, 'mixed.npy', 3, 65, vocab=100)
     torch.save({'input_ids': torch.zeros(2, 17, dtype=torch.long)}, d/'dict.pt')
     torch.save(torch.zeros(2, 17), d/'float_tensor.pt')
