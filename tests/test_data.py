@@ -145,6 +145,8 @@ def test_loader_with_workers_matches_in_process_reads(shards):
         got = list(make_loader(ds, sampler, num_workers=workers, prefetch_factor=2))
         assert len(got) == 10
         assert all(torch.equal(x, ex) and torch.equal(y, ey) and x.shape == (3, 16) for (x, y), (ex, ey) in zip(got, expect))
+    plain = torch.utils.data.DataLoader(ds, batch_sampler=sampler)  # also a standard batch_sampler, item by item
+    assert all(torch.equal(x, ex) and torch.equal(y, ey) for (x, y), (ex, ey) in zip(plain, expect))
 
 
 # ---- validate ----------------------------------------------------------------------------------------------------
