@@ -64,8 +64,13 @@ def test_packed_batches_hold_no_padding_and_keep_examples_apart(work):
     items, choice = encode_examples(tok, demo_examples(12))
     rows, collate, how = sft_dataset(items, choice.max_length, tok, model)
     assert how == 'padding-free' and len(rows) < len(items)
-    batch = collate(rows[:2])
-    assert batch['input_ids'].shape[0] == 1 and (batch['input_ids'] != tok.pad_token_id).all()
+    flat = PackedCollator(tok.pad_token_id, flatten=True)(rows[:2])   # the flash-attention layout: one row, no padding
+    assert flat['input_ids'].shape == (1, sum(len(r['input_ids']) for r in rows[:2])) and (flat['input_ids'] != tok.pad_token_id).all()
+    batch = collate(rows[:2])   # sdpa here: rows stacked, pad only after the last example of a row
+    for r, ids in zip(rows[:2], batch['input_ids']):
+        n = len(r['input_ids'])
+        assert (ids[:n] != tok.pad_token_id).all() and (ids[n:] == tok.pad_token_id).all()
+    assert (batch['labels'][batch['input_ids'] == tok.pad_token_id] == -100).all()
     assert sum(len(r['input_ids']) for r in rows) == sum(len(i['input_ids']) for i in items)
     # each packed example sees only itself: its logits equal those of the example alone
     model.eval()

@@ -1,0 +1,87 @@
+"""Useful (non-padding) tokens/s of SFT with packing against the default padded collator at max_length 2048.
+
+A generated long-tailed set (most examples short, a few near 1500 tokens) trains a tiny Llama-style model for a few
+optimizer steps with each layout; the table shows the tokens that carry a label per second and the ratio.
+GPU rows (a small Llama-shaped model in bf16) when CUDA is present, else "not measured".
+Run: python bench/hf.py [--steps N]"""
+import os, sys
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or '.') != os.path.dirname(os.path.abspath(__file__))]  # bench/select.py would shadow the stdlib
+import argparse, datetime, platform, time
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, DataCollatorForSeq2Seq, PreTrainedTokenizerFast
+
+from legalnb.hf import pack_examples, PackedCollator, tiny_config, train_tiny_tokenizer
+
+
+def long_tailed_examples(n: int, vocab: int, seed: int = 0) -> list[dict]:
+    "n examples of random ids: lengths log-normal around 150 tokens, every 16th near 1500; prompt half masked."
+    rng = np.random.default_rng(seed)
+    lens = np.clip(rng.lognormal(np.log(150), 0.6, n), 16, 1200).astype(int)
+    lens[::16] = rng.integers(1400, 1500, len(lens[::16]))
+    out = []
+    for L in lens:
+        ids = rng.integers(3, vocab, L).tolist()
+        out.append({'input_ids': ids, 'labels': [-100] * (L // 2) + ids[L // 2:]})
+    return out
+
+
+def run(model, batches, device, dtype) -> tuple[float, int]:
+    "Seconds and useful (non-padding) tokens of training on `batches` (the first batch is warm-up)."
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    useful, t0 = 0, None
+    for i, b in enumerate(batches):
+        if i == 1:
+            if device == 'cuda': torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        b = {k: v.to(device) for k, v in b.items()}
+        with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
+            loss = model(**b, use_cache=False).loss
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        if i >= 1: useful += int((b['input_ids'] != 0).sum())   # real tokens (ids start at 3; 0 is padding)
+    if device == 'cuda': torch.cuda.synchronize()
+    return time.perf_counter() - t0, useful
+
+
+def measure(device: str, hidden: int, layers: int, steps: int, micro: int, dtype) -> dict:
+    "Useful tokens/s of the padded collator (max_length 2048) and of packed rows, on the same examples."
+    cfg = tiny_config('llama', 512, hidden=hidden, layers=layers)
+    if device == 'cuda': cfg.num_attention_heads, cfg.num_key_value_heads = hidden // 64, hidden // 64
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).to(device)
+    examples = long_tailed_examples(micro * (steps + 1) * 12, 512)
+    tok = train_tiny_tokenizer(['a b c'] * 10)   # only its pad id (0) is used
+    padded = DataCollatorForSeq2Seq(tok, padding='max_length', max_length=2048, label_pad_token_id=-100)
+    pad_batches = [padded([{**e} for e in examples[i * micro:(i + 1) * micro]]) for i in range(steps + 1)]
+    rows = pack_examples(examples, 2048)
+    packer = PackedCollator(0, flatten=False)
+    pack_batches = [packer(rows[i * micro:(i + 1) * micro]) for i in range(min(steps + 1, len(rows) // micro))]
+    res = {}
+    for name, batches in (('padded to 2048', pad_batches), ('packed (padding-free)', pack_batches)):
+        secs, useful = run(model, batches, device, dtype)
+        computed = sum(b['input_ids'].numel() for b in batches[1:])
+        res[name] = (useful / secs, useful / computed, len(batches) - 1)
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--steps', type=int, default=4, help='timed optimizer steps per layout (after one warm-up)')
+    a = ap.parse_args()
+    print(f'# bench/hf.py  {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC')
+    print(f'# host: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}'
+          + (f', GPU {torch.cuda.get_device_name(0)}' if torch.cuda.is_available() else ', no GPU'))
+    print('| device | model | layout | useful tokens/s | useful share of computed tokens | steps | ratio |')
+    print('|---|---|---|---|---|---|---|')
+    setups = [('cpu', 64, 2, 2, torch.float32, 'tiny llama 64x2, fp32')]
+    if torch.cuda.is_available(): setups.append(('cuda', 1024, 8, 8, torch.bfloat16, 'llama 1024x8 (~0.1B), bf16'))
+    for device, hidden, layers, micro, dtype, label in setups:
+        res = measure(device, hidden, layers, a.steps if device == 'cpu' else 4 * a.steps, micro, dtype)
+        base = res['padded to 2048'][0]
+        for name, (tps, share, n) in res.items():
+            print(f'| {device} | {label} | {name} | {tps:,.0f} | {share:.0%} | {n} | {tps / base:.1f}x |')
+    if not torch.cuda.is_available(): print('| cuda | llama 1024x8, bf16 | - | not measured (no GPU here) | | | |')
+
+
+if __name__ == '__main__': main()
