@@ -37,8 +37,8 @@ def test_circular_fft_would_fail_the_test():
     import legalnb.resonance as R
     orig = R.causal_fft_conv
     def circular(u, h):
-        L = u.shape[1]
-        return torch.fft.irfft(torch.fft.rfft(u.to(h.dtype), dim=1) * torch.fft.rfft(h, dim=0), n=L, dim=1)
+        L = u.shape[-1]
+        return torch.fft.irfft(torch.fft.rfft(u.to(h.dtype)) * torch.fft.rfft(h), n=L)
     R.causal_fft_conv = circular
     try:
         change, grad = causality_violation(tiny().double().eval(), 50, 20)
@@ -49,8 +49,8 @@ def test_circular_fft_would_fail_the_test():
 def test_fft_conv_matches_direct_sum_odd_lengths():
     torch.manual_seed(1)
     for L in (1, 3, 100, 257):
-        u, h = torch.randn(2, L, 3, dtype=torch.float64), torch.randn(L, 3, dtype=torch.float64)
-        ref = torch.stack([(h[:t + 1].flip(0)[None] * u[:, :t + 1]).sum(1) for t in range(L)], 1)
+        u, h = torch.randn(2, 3, L, dtype=torch.float64), torch.randn(3, L, dtype=torch.float64)
+        ref = torch.stack([(h[:, :t + 1].flip(-1) * u[..., :t + 1]).sum(-1) for t in range(L)], -1)
         assert torch.allclose(causal_fft_conv(u, h), ref, atol=1e-10)
         assert fft_size(L) >= 2 * L and fft_size(L) & (fft_size(L) - 1) == 0
 
