@@ -1,0 +1,102 @@
+"""Crash safety of the trainer: a training process killed with SIGKILL at a random step and resumed ends with
+exactly the weights of a run that never stopped (CPU), and a crash in the middle of writing a checkpoint leaves
+the previous checkpoint loadable."""
+import json, os, random, signal, subprocess, sys, time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from legalnb.data import split
+from legalnb.train import find_checkpoint, list_checkpoints, load_checkpoint, checkpoint_step, read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': str(ROOT)}
+STEPS = 12
+
+def make_split(root: Path, rows=96, seq_len=16, vocab=32, seed=0) -> Path:
+    "A corpus of counting rows in two shards, split into train/ and val/ by the data stage."
+    rng = np.random.default_rng(seed)
+    ids = ((rng.integers(0, vocab, (rows, 1)) + np.arange(seq_len + 1)) % vocab).astype(np.uint16)
+    corpus = root/'corpus'; corpus.mkdir(parents=True)
+    np.save(corpus/'shard_00000.npy', ids[:rows // 2]); np.save(corpus/'shard_00001.npy', ids[rows // 2:])
+    (corpus/'manifest.json').write_text(json.dumps({'vocab_size': vocab}))
+    split(corpus, root/'split', val_ratio=0.25, seed=0, by='rows')
+    return root/'split'
+
+def train_cmd(split_dir: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, '-m', 'legalnb.cli', 'train', '--data', str(split_dir), '--out', str(out),
+            '--dim', '16', '--num-layers', '1', '--num-frequencies', '4', '--batch-size', '4', '--grad-accum', '2',
+            '--max-steps', str(STEPS), '--warmup-steps', '2', '--lr', '3e-3', '--save-every', '3', '--keep', '2',
+            '--eval-every', '6', '--eval-batches', '2', '--log-every', '1', '--num-workers', '0', '--seed', '7', *extra]
+
+def final_weights(out: Path) -> dict:
+    return torch.load(out/'checkpoints'/f'step-{STEPS:08d}'/'model.pt')
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+    "A split and the final weights of an uninterrupted run on it."
+    root = tmp_path_factory.mktemp('resume')
+    split_dir = make_split(root)
+    subprocess.run(train_cmd(split_dir, root/'straight'), check=True, env=ENV, capture_output=True)
+    return split_dir, final_weights(root/'straight'), read_metrics(root/'straight'/'metrics.jsonl')
+
+def wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout=120):
+    "Block until the metrics file records `step` (or the process ends)."
+    t0 = time.time()
+    while time.time() - t0 < timeout and proc.poll() is None:
+        if metrics.exists() and any(r['step'] >= step for r in read_metrics(metrics)): return
+        time.sleep(0.02)
+
+def test_kill_9_at_a_random_step_then_resume_is_bit_exact(reference, tmp_path):
+    split_dir, want, want_metrics = reference
+    kill_at = random.Random().randint(4, STEPS - 2)
+    out = tmp_path/'killed'
+    proc = subprocess.Popen(train_cmd(split_dir, out), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for_step(out/'metrics.jsonl', kill_at, proc)
+    proc.send_signal(signal.SIGKILL); proc.wait()
+    assert proc.returncode == -signal.SIGKILL, f'the run ended before the kill at step {kill_at}'
+    resumed_from = checkpoint_step(find_checkpoint(out))
+    assert 3 <= resumed_from < STEPS, f'killed at step {kill_at}: expected a checkpoint before the end'
+    subprocess.run(train_cmd(split_dir, out, '--resume'), check=True, env=ENV, capture_output=True)
+    got = final_weights(out)
+    assert got.keys() == want.keys()
+    for k in want: assert torch.equal(got[k], want[k]), f'{k} differs after kill at step {kill_at}, resume from {resumed_from}'
+    # the metrics file reads like one run: every step once, the same losses
+    steps = read_metrics(out/'metrics.jsonl')
+    assert [r['step'] for r in steps] == list(range(1, STEPS + 1))
+    assert [r['loss'] for r in steps] == [r['loss'] for r in want_metrics]
+    summary = json.loads((out/'summary.json').read_text())
+    assert summary['resumed_from'] == resumed_from and summary['steps'] == STEPS - resumed_from
+
+CRASH_IN_SAVE = '''
+import os, signal, sys
+import legalnb.train as T
+real = T._save_file
+def dying(obj, path):
+    if path.name == 'trainer.pt' and '-00000006-' in path.parent.name:
+        path.write_bytes(b'half a checkpoint'); os.kill(os.getpid(), signal.SIGKILL)
+    real(obj, path)
+T._save_file = dying
+from legalnb.cli import main
+sys.exit(main(sys.argv[1:]))
+'''
+
+def test_crash_while_writing_a_checkpoint_leaves_the_previous_one(reference, tmp_path):
+    split_dir, want, _ = reference
+    out = tmp_path/'crash'
+    cmd = train_cmd(split_dir, out)
+    proc = subprocess.run([sys.executable, '-c', CRASH_IN_SAVE, *cmd[3:]], env=ENV, capture_output=True)
+    assert proc.returncode == -signal.SIGKILL
+    leftovers = [p.name for p in (out/'checkpoints').iterdir() if p.name.startswith('.tmp-step-00000006')]
+    assert leftovers, 'the crash happened inside the save of step 6'
+    assert [checkpoint_step(p) for p in list_checkpoints(out)] == [3]
+    ck = load_checkpoint(find_checkpoint(out))
+    assert ck['step'] == 3 and set(ck) >= {'model', 'optimizer', 'scheduler', 'scaler', 'rng', 'data', 'elapsed', 'config', 'model_config'}
+    # resuming from it cleans the leftover and still ends where the uninterrupted run ended
+    subprocess.run(train_cmd(split_dir, out, '--resume'), check=True, env=ENV, capture_output=True)
+    assert not [p for p in (out/'checkpoints').iterdir() if p.name.startswith('.tmp')]
+    assert [checkpoint_step(p) for p in list_checkpoints(out)] == [9, 12], 'keep 2'
+    got = final_weights(out)
+    assert all(torch.equal(got[k], want[k]) for k in want)
