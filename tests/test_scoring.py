@@ -110,7 +110,20 @@ def test_real_tokenizer_counts(tmp_path):
     out = lines(tmp_path/'out.jsonl')
     assert len(out) == 60 and all(d['tokens'] == len(tok.encode(d['text']).ids) for d in out[:10])
     assert json.loads((tmp_path/'r.json').read_text())['token_counter'].startswith('tokenizer ')
-    assert tokenizer_counter(tmp_path/'tokenizer.json')('\n'.join([docs[0].text] * 5)) == 5 * len(tok.encode(docs[0].text).ids)
+    count = tokenizer_counter(tmp_path/'tokenizer.json')
+    assert count('\n'.join([docs[0].text] * 5)) == 5 * len(tok.encode(docs[0].text).ids)
+    long = '\n'.join(d.text for d in docs)          # ~500k characters: counted in pieces, count unchanged
+    assert len(long) > 100_000 and count(long) == len(tok.encode(long).ids)
+
+@pytest.mark.parametrize('prefix_space', [True, False])
+def test_byte_level_counts_do_not_change_when_split(tmp_path, prefix_space):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    docs = list(synthetic_documents(40, seed=18))
+    tok = Tokenizer(models.BPE()); tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix_space)
+    tok.train_from_iterator((d.text for d in docs), trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tmp_path/'tokenizer.json'))
+    text = '\n'.join(d.text for d in docs)
+    assert len(text) > 100_000 and tokenizer_counter(tmp_path/'tokenizer.json')(text) == len(tok.encode(text).ids)
 
 BAD = {  # name: (file bytes or None for a missing file, extra args, expected words in the one error line)
     'missing':      (None, [], 'no such file'),
