@@ -1,0 +1,127 @@
+"""The `legalnb train` command: bad inputs end in one clear line, a non-finite loss stops the run without touching
+the last good checkpoint, YAML and flags stack, and checkpoint rotation keeps the newest."""
+import hashlib, json, os, subprocess, sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from legalnb.cli import main
+from legalnb.data import split
+from legalnb.train import (TrainConfig, lr_at, config_from_args, save_checkpoint, list_checkpoints, checkpoint_step,
+                           find_checkpoint, read_metrics, format_log_line)
+from legalnb.sources import LegalnbError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+def make_split(root: Path, rows=64, seq_len=16, vocab=32, seed=0) -> Path:
+    "A corpus of counting rows split into train/ and val/ by the data stage."
+    rng = np.random.default_rng(seed)
+    ids = ((rng.integers(0, vocab, (rows, 1)) + np.arange(seq_len + 1)) % vocab).astype(np.uint16)
+    corpus = root/'corpus'; corpus.mkdir(parents=True)
+    np.save(corpus/'shard_00000.npy', ids)
+    (corpus/'manifest.json').write_text(json.dumps({'vocab_size': vocab}))
+    split(corpus, root/'split', val_ratio=0.25, seed=0, by='rows')
+    return root/'split'
+
+TINY = ['--dim', '16', '--num-layers', '1', '--num-frequencies', '4', '--batch-size', '4', '--warmup-steps', '1',
+        '--eval-batches', '1', '--num-workers', '0', '--log-every', '1', '--lr', '3e-3']
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    rc = main(['train', *map(str, argv)])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+@pytest.fixture(scope='module')
+def split_dir(tmp_path_factory): return make_split(tmp_path_factory.mktemp('train'))
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('legalnb train: error: '), err
+    return lines[0]
+
+def test_data_folder_with_no_files(tmp_path, capsys):
+    (tmp_path/'split'/'train').mkdir(parents=True); (tmp_path/'split'/'val').mkdir()
+    rc, _, err = run(capsys, '--data', tmp_path/'split', '--out', tmp_path/'run', *TINY)
+    assert rc == 2 and 'split/train: no .npy or .pt files' in one_line(err)
+
+def test_val_split_missing(split_dir, tmp_path, capsys):
+    (tmp_path/'noval').mkdir(); os.symlink(split_dir/'train', tmp_path/'noval'/'train')
+    rc, _, err = run(capsys, '--data', tmp_path/'noval', '--out', tmp_path/'run', *TINY)
+    assert rc == 2 and 'noval/val: missing' in one_line(err) and 'legalnb split' in err
+
+def test_checkpoint_from_another_model_size(split_dir, tmp_path, capsys):
+    assert run(capsys, '--data', split_dir, '--out', tmp_path/'run', '--max-steps', 2, *TINY)[0] == 0
+    rc, _, err = run(capsys, '--data', split_dir, '--out', tmp_path/'run', '--max-steps', 4, *TINY, '--dim', '32', '--resume')
+    assert rc == 2 and 'checkpoint is from another model (dim 16 != 32)' in one_line(err)
+    rc, _, err = run(capsys, '--data', split_dir, '--out', tmp_path/'run2', '--max-steps', 2, '--size', 'small',
+                     '--num-workers', '0', '--resume', tmp_path/'run'/'checkpoints'/'step-00000002')
+    assert rc == 2 and 'dim 16 != 768' in one_line(err) and 'num_layers 1 != 6' in err  # the 'small' size's own shape
+
+def test_unknown_preset(split_dir, tmp_path, capsys):
+    rc, _, err = run(capsys, '--data', split_dir, '--out', tmp_path/'run', '--preset', 'fastest')
+    assert rc == 2 and 'unknown preset scratch/fastest' in one_line(err)
+
+def test_resume_without_a_checkpoint(split_dir, tmp_path, capsys):
+    rc, _, err = run(capsys, '--data', split_dir, '--out', tmp_path/'fresh', *TINY, '--resume')
+    assert rc == 2 and 'no checkpoint to resume from' in one_line(err)
+
+def test_bad_input_from_a_real_process_has_no_traceback(tmp_path):
+    p = subprocess.run([sys.executable, '-m', 'legalnb.cli', 'train', '--data', str(tmp_path/'nowhere'), '--out', str(tmp_path/'r')],
+                       capture_output=True, text=True, env={**os.environ, 'PYTHONPATH': str(ROOT)})
+    assert p.returncode == 2 and 'Traceback' not in p.stderr and 'nowhere: no such folder' in one_line(p.stderr)
+
+def digest(folder: Path) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+def test_nan_loss_stops_and_leaves_the_last_good_checkpoint(split_dir, tmp_path, capsys):
+    out = tmp_path/'run'
+    assert run(capsys, '--data', split_dir, '--out', out, '--max-steps', 4, '--save-every', 2, *TINY)[0] == 0
+    good = find_checkpoint(out); before = digest(good)
+    rc, _, err = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 40, '--save-every', 2, *TINY,
+                     '--lr', '1e7', '--grad-clip', '0', '--resume')
+    msg = one_line(err)
+    assert rc == 2 and 'training stopped' in msg and 'step-00000004 is untouched' in msg, msg
+    assert find_checkpoint(out) == good and digest(good) == before
+    assert all(np.isfinite(r['loss']) for r in read_metrics(out/'metrics.jsonl'))
+
+def test_yaml_then_flags(tmp_path, split_dir, capsys):
+    (tmp_path/'run.yaml').write_text(f'data: {split_dir}\npreset: fast\nmax_steps: 3\nlr: 0.002\n')
+    c = config_from_args(['--config', str(tmp_path/'run.yaml'), '--lr', '0.001', '--batch-size', '2'])
+    assert (c.preset, c.max_steps, c.lr, c.batch_size, c.grad_accum, c.warmup_steps) == ('fast', 3, 0.001, 2, 8, 250)
+    rc, out, _ = run(capsys, '--config', tmp_path/'run.yaml', '--out', tmp_path/'r', *TINY, '--grad-accum', '1', '--eval-every', '0')
+    assert rc == 0 and "(preset 'fast')" in out and 'done: 3 steps' in out
+    assert [r['step'] for r in read_metrics(tmp_path/'r'/'metrics.jsonl')] == [1, 2, 3]
+    assert [r['step'] for r in read_metrics(tmp_path/'r'/'metrics.jsonl', 'eval')] == [3], 'eval at the end only'
+
+def test_every_field_is_a_flag():
+    from dataclasses import fields
+    from legalnb.train import train_parser
+    text = train_parser().format_help()
+    for f in fields(TrainConfig): assert '--' + f.name.replace('_', '-') in text, f.name
+    assert '--no-tf32' in text and 'peak learning rate' in text
+
+def test_lr_schedule():
+    c = TrainConfig(lr=1e-3, warmup_steps=10, max_steps=110, min_lr_ratio=0.1)
+    assert [round(lr_at(s, c), 6) for s in (0, 9, 10, 60, 110)] == [1e-4, 1e-3, 1e-3, 5.5e-4, 1e-4]
+    r = TrainConfig(lr=1e-3, warmup_steps=0, schedule='restarts', restart_steps=20)
+    assert lr_at(0, r) == lr_at(20, r) == lr_at(40, r) == 1e-3 and lr_at(19, r) < lr_at(1, r)
+
+def test_config_validation_names_the_field():
+    for kw, msg in [(dict(grad_accum=0), 'grad_accum must be > 0'), (dict(beta2=1.0), 'beta2 must be in [0, 1)'),
+                    (dict(schedule='linear'), 'schedule must be one of'), (dict(epochs=-1), 'epochs must be > 0')]:
+        with pytest.raises(LegalnbError, match=msg.replace('[', r'\[').replace(')', r'\)')): TrainConfig(**kw)
+
+def test_rotation_never_deletes_the_newest(tmp_path):
+    lin = torch.nn.Linear(2, 2)
+    for step in (5, 10, 15):
+        save_checkpoint(tmp_path, dict(step=step, model=lin.state_dict(), config={}, model_config={}), keep=1)
+        assert [checkpoint_step(p) for p in list_checkpoints(tmp_path)] == [step]
+    save_checkpoint(tmp_path, dict(step=10, model=lin.state_dict(), config={}, model_config={}), keep=1)  # an older branch
+    assert [checkpoint_step(p) for p in list_checkpoints(tmp_path)] == [10, 15]
+
+def test_log_line_is_fixed_width():
+    r = dict(step=1, loss=10.5, lr=1e-4, step_ms=5.0, tokens_per_sec=12.0, mfu=None, eta_s=1e5)
+    a, b = format_log_line(r, 99999), format_log_line({**r, 'step': 99999, 'mfu': 0.5, 'tokens_per_sec': 1e6, 'eta_s': 3}, 99999)
+    assert len(a) == len(b) and 'eta 27.8 h' in a and 'MFU  50%' in b
