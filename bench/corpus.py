@@ -1,0 +1,141 @@
+"""Benchmark `legalnb build-corpus`: throughput against the tokenizer alone and a `datasets.map` baseline, and peak memory
+for a corpus and one ten times larger. One run prints one table.  Usage: python bench/corpus.py [--mb 3] [--vocab 8192]
+
+- encode_batch: the tokenizer's own batch encoding of the same texts, already in memory (the ceiling).
+- build-corpus: the whole stage (read JSONL, split, encode, pack, write shards, checksums), each in a fresh process.
+- datasets.map: Dataset.from_list(records).map(tokenize, batched=True) through transformers' fast tokenizer, then
+  concatenation with EOS into rows of seq_len + 1 (the plain way to do it).
+Peak RSS is each build process's own high-water mark (VmHWM), beside its RSS after imports; workers' ru_maxrss apart.
+"""
+import os, sys
+# this folder is sys.path[0] when run as a script; a sibling bench/select.py would shadow the standard `select` module
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or '.') != os.path.dirname(os.path.abspath(__file__))]
+import argparse, datetime, json, platform, random, resource, subprocess, tempfile, time
+from pathlib import Path
+
+import numpy as np
+
+from legalnb.corpus import iter_selected, load_tokenizer, train_tokenizer
+from legalnb.sources import write_jsonl
+
+SYLLABLES = 'ar be ca de el fi go he in jo ka le mi no or pa qu re si te un ve wa xe yo ze tion ment ung keit ité'.split()
+
+
+def make_selection(path: Path, mb: float, seed: int = 0) -> Path:
+    "Legal-looking documents (Zipf-distributed pseudo-words, numbered articles, paragraphs) totalling about `mb` MB."
+    rng = random.Random(seed)
+    words = sorted({''.join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 4))) for _ in range(6000)})
+    weights = [1 / (i + 1) for i in range(len(words))]
+    recs, size, i = [], 0, 0
+    while size < mb * 1e6:
+        n_articles = rng.choice([2, 5, 10, 40, 150])  # most acts are short, a few are very long
+        body = []
+        for a in range(1, n_articles + 1):
+            paras = [' '.join(rng.choices(words, weights, k=rng.randint(20, 90))).capitalize() + f', {rng.randint(1, 2030)}.' for _ in range(rng.randint(1, 4))]
+            body.append(f'Article {a}\n\n' + '\n\n'.join(paras))
+        text = '\n\n'.join(body)
+        recs.append(dict(celex=f'3{2000 + i % 25}R{i:04d}', title=f'Act {i}', text=text, lang=['en', 'de', 'fr'][i % 3], date=None,
+                         doc_type='regulation', subjects=[], source='bench', score=1.0, tokens=0))
+        size += len(text.encode()); i += 1
+    write_jsonl(recs, path)
+    return path
+
+
+CHILD = '''
+import json, resource, sys, time
+from legalnb.corpus import build_corpus
+def status(key):  # from /proc: VmHWM is this process's own peak (ru_maxrss would keep the forking parent's peak across exec)
+    return next(int(l.split()[1]) / 1024 for l in open('/proc/self/status') if l.startswith(key + ':'))
+sel, out, tok, num_proc, seq_len, shards = sys.argv[1:7]
+base = status('VmRSS')
+t = time.perf_counter()
+m = build_corpus(sel, out, int(seq_len), int(shards), tokenizer=tok, num_proc=int(num_proc), progress=False)
+dt = time.perf_counter() - t
+print(json.dumps(dict(seconds=dt, tokens=m['tokens'] + m['dropped_tail_tokens'], docs=m['documents_read'],
+                      rss_mb=status('VmHWM'), base_mb=base,
+                      workers_rss_mb=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)))
+'''
+
+
+def build_in_subprocess(sel: Path, out: Path, tok: Path, num_proc: int, seq_len: int, shards: int) -> dict:
+    "Run one build in a fresh Python process; its own timing, token count and peak RSS."
+    r = subprocess.run([sys.executable, '-c', CHILD, str(sel), str(out), str(tok), str(num_proc), str(seq_len), str(shards)],
+                       capture_output=True, text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def encode_batch_rate(tok, texts: list[str], fast: bool = False) -> tuple[float, int]:
+    "Tokens/s of the tokenizer's own batch encoding over the texts (1000 texts per call)."
+    enc = tok.encode_batch_fast if fast else tok.encode_batch
+    t, n = time.perf_counter(), 0
+    for i in range(0, len(texts), 1000): n += sum(len(e.ids) for e in enc(texts[i:i + 1000], add_special_tokens=False))
+    return n / (time.perf_counter() - t), n
+
+
+def datasets_rate(tok_path: Path, sel: Path, seq_len: int) -> tuple[float, int]:
+    "Tokens/s of the plain baseline: datasets.map with a fast tokenizer, then concatenation into rows."
+    import datasets
+    from transformers import PreTrainedTokenizerFast
+    datasets.disable_progress_bars()
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(tok_path), eos_token='<|endoftext|>')
+    t = time.perf_counter()
+    records = [json.loads(line) for line in open(sel, encoding='utf-8')]
+    ds = datasets.Dataset.from_list(records).map(lambda b: {'ids': [x + [hf.eos_token_id] for x in hf(b['text'], add_special_tokens=False)['input_ids']]},
+                                                 batched=True, remove_columns=list(records[0]))
+    flat = np.concatenate([np.asarray(x, np.uint32) for x in ds['ids']])
+    rows = flat[:len(flat) // (seq_len + 1) * (seq_len + 1)].reshape(-1, seq_len + 1).astype(np.uint16)
+    dt = time.perf_counter() - t
+    return len(flat) / dt, len(flat)
+
+
+def hardware() -> str:
+    "CPU model, cores, memory and load, for the record."
+    cpu = next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), platform.processor())
+    mem = next((int(l.split()[1]) / 2**20 for l in open('/proc/meminfo') if l.startswith('MemTotal')), 0)
+    import tokenizers
+    return (f'{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, load {os.getloadavg()[0]:.1f}; Python {platform.python_version()}, '
+            f'tokenizers {tokenizers.__version__}, numpy {np.__version__}')
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--mb', type=float, default=3, help='size of the small selection in MB (the large one is 10x)')
+    ap.add_argument('--vocab', type=int, default=8192)
+    ap.add_argument('--seq-len', type=int, default=3072)
+    a = ap.parse_args()
+    print(f'# bench/corpus.py  {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC')
+    print(f'# {hardware()}')
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        small, large = make_selection(d/'small.jsonl', a.mb), make_selection(d/'large.jsonl', a.mb * 10, seed=1)
+        tok_path = d/'tokenizer.json'
+        tok = train_tokenizer(small, a.vocab, tok_path, sample_chars=3_000_000)
+        texts = [r['text'] for *_, r in iter_selected(small)]
+        rows = []
+        ceiling, n = max(encode_batch_rate(tok, texts) for _ in range(2))  # best of two: the machine may be shared
+        rows.append(('encode_batch (tokenizer alone, texts in memory)', 'small', ceiling, n, None, None))
+        fast, _ = max(encode_batch_rate(tok, texts, fast=True) for _ in range(2))
+        rows.append(('encode_batch_fast (tokenizer alone, texts in memory)', 'small', fast, n, None, None))
+        base, nb = datasets_rate(tok_path, small, a.seq_len)
+        rows.append(('datasets.map + concatenate (baseline)', 'small', base, nb, None, None))
+        res = {}
+        for name, sel in (('small', small), ('large', large)):
+            for num_proc in (1, 2):
+                r = res[name, num_proc] = build_in_subprocess(sel, d/f'{name}{num_proc}', tok_path, num_proc, a.seq_len, 16)
+                rows.append((f'build-corpus --num-proc {num_proc}', name, r['tokens'] / r['seconds'], r['tokens'], f"{r['rss_mb']:,.0f} ({r['base_mb']:,.0f})",
+                             f"{r['workers_rss_mb']:,.0f}" if num_proc > 1 else None))
+        print(f'# small = {small.stat().st_size / 1e6:.1f} MB, {len(texts):,} documents; large = {large.stat().st_size / 1e6:.1f} MB; '
+              f'vocab {len(tok.get_vocab()):,}, seq_len {a.seq_len}, 16 shards')
+        print(f"| {'what':<54} | corpus | {'tokens/s':>10} | {'tokens':>11} | peak RSS MB (after imports) | workers' peak MB |")
+        print(f"|{'-' * 56}|--------|{'-' * 12}|{'-' * 13}|-----------------------------|------------------|")
+        for what, name, rate, n, rss, wrss in rows:
+            print(f"| {what:<54} | {name:<6} | {rate:>10,.0f} | {n:>11,} | {rss or '':>27} | {wrss or '':>16} |")
+        best = max(res['small', 1]['tokens'] / res['small', 1]['seconds'], res['small', 2]['tokens'] / res['small', 2]['seconds'])
+        print(f'build-corpus / encode_batch = {best / ceiling:.2f} (target >= 0.8); / encode_batch_fast (what build-corpus calls) = {best / fast:.2f}; '
+              f'/ datasets.map = {best / base:.2f}')
+        for p in (1, 2):
+            print(f"peak RSS large / small, --num-proc {p}: {res['large', p]['rss_mb']:.0f} / {res['small', p]['rss_mb']:.0f} MB = "
+                  f"{res['large', p]['rss_mb'] / res['small', p]['rss_mb']:.2f} (target <= 1.2)")
+
+
+if __name__ == '__main__': main()
