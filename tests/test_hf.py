@@ -220,3 +220,28 @@ def test_two_cpu_processes_with_gloo(work, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     s = json.loads((run/'finetune.json').read_text())
     assert s['world_size'] == 2 and s['steps'] == 3 and (run/'final'/'adapter_model.safetensors').is_file()
+
+
+def test_corpus_stage_to_continued_pretraining(work, tmp_path, capsys):
+    "sample -> parse -> select -> build-corpus with the model's tokenizer -> finetune: the stages fit together."
+    d, m = tmp_path, str(work/'model')
+    assert cli(['sample', '--docs', '12', str(d/'raw')]) == 0
+    assert cli(['parse', str(d/'raw'), '--out', str(d/'parsed.jsonl')]) == 0
+    assert cli(['select', str(d/'parsed.jsonl'), '--out', str(d/'selected.jsonl'), '--target-tokens', '100000']) == 0
+    assert cli(['build-corpus', str(d/'selected.jsonl'), '--out', str(d/'corpus'), '--tokenizer', m, '--seq-len', '64',
+                '--shards', '2', '--no-progress']) == 0
+    capsys.readouterr()
+    assert cli(['finetune', '--model', m, '--data', str(d/'corpus'), '--out', str(d/'run'), '--max-steps', '2',
+                '--batch-size', '2', '--grad-accum', '1', '--workers', '0']) == 0
+    out = capsys.readouterr().out
+    assert 'warning: the corpus' not in out and 'continued pretraining (full' in out
+    assert json.loads((d/'run'/'finetune.json').read_text())['tokens'] == 2 * 2 * 64
+
+
+def test_corpus_with_a_bigger_vocabulary_is_refused(work, tmp_path, capsys):
+    import shutil
+    shutil.copytree(work/'corpus', tmp_path/'corpus')
+    man = json.loads((tmp_path/'corpus'/'manifest.json').read_text())
+    (tmp_path/'corpus'/'manifest.json').write_text(json.dumps({**man, 'vocab_size': 32000}))
+    rc = cli(['finetune', '--model', str(work/'model'), '--data', str(tmp_path/'corpus'), '--out', str(tmp_path/'run'), '--workers', '0'])
+    assert rc == 2 and '32000 token ids' in capsys.readouterr().err
