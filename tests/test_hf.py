@@ -178,7 +178,10 @@ def test_cli_continued_pretraining_end_to_end(work, tmp_path, capsys):
     l = s['losses']
     assert np.mean(l[-3:]) < np.mean(l[:3]) - 0.5, l
     assert (tmp_path/'run'/'final'/'model.safetensors').is_file() and (tmp_path/'run'/'checkpoint-10').is_dir()
-    assert 'legalnb finetune: continued pretraining (full' in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert 'legalnb finetune: continued pretraining (full' in out
+    assert 'sized for 4 GPUs (deepspeed-zero3)' in out and 'accelerate launch --config_file' in out
+    assert (tmp_path/'run'/'launch'/'deepspeed-zero3.yaml').is_file() and (tmp_path/'run'/'launch'/'ds_zero3.json').is_file()
     model, _ = load_model(tmp_path/'run'/'final')
     assert type(model).__name__ == 'LlamaForCausalLM'
 
