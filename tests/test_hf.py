@@ -148,6 +148,13 @@ def test_each_accelerate_config_parses(tmp_path):
         assert cfg.distributed_type.value == kind and cfg.num_processes == 8 and cfg.num_machines == 2
         for key in {**cfg.fsdp_config, **cfg.deepspeed_config}:
             assert key in known, f'{strategy}: {key} is not an accelerate launch setting'
+    # accelerate launch's own validation merges each file into its launch arguments
+    from accelerate.commands.launch import _validate_launch_command
+    for strategy, flag in (('ddp', 'multi_gpu'), ('fsdp', 'use_fsdp'), ('deepspeed-zero3', 'use_deepspeed')):
+        args = _validate_launch_command(launch_command_parser().parse_args(['--config_file', str(paths[strategy]), 'train.py']))[0]
+        assert getattr(args, flag) and args.num_processes == 8 and args.mixed_precision == 'bf16'
+        if strategy == 'fsdp': assert int(args.fsdp_version) == 2 and args.fsdp_transformer_layer_cls_to_wrap == 'Qwen2DecoderLayer'
+        if strategy == 'deepspeed-zero3': assert Path(args.deepspeed_config_file) == paths['ds_zero3.json'].resolve()
     ds = json.loads(paths['ds_zero3.json'].read_text())
     assert ds['zero_optimization']['stage'] == 3 and ds['train_micro_batch_size_per_gpu'] == 'auto'
     cfg = load_config_from_file(str(paths['deepspeed-zero3']))
@@ -248,3 +255,12 @@ def test_corpus_with_a_bigger_vocabulary_is_refused(work, tmp_path, capsys):
     (tmp_path/'corpus'/'manifest.json').write_text(json.dumps({**man, 'vocab_size': 32000}))
     rc = cli(['finetune', '--model', str(work/'model'), '--data', str(tmp_path/'corpus'), '--out', str(tmp_path/'run'), '--workers', '0'])
     assert rc == 2 and '32000 token ids' in capsys.readouterr().err
+
+
+def test_padded_fallback_trains_with_length_grouped_batches(work, tmp_path):
+    from legalnb.hf import finetune
+    from dataclasses import replace
+    from legalnb.presets import get_preset
+    p = replace(get_preset('lora', 'fast'), steps=2, micro_batch=4, grad_accum=1, global_batch=4, warmup_steps=0)
+    s = finetune(work/'model', work/'sft.jsonl', tmp_path/'run', p, packing=False, dataloader_num_workers=0)
+    assert s['batches'] == 'length-grouped' and s['steps'] == 2 and len(s['losses']) >= 1
