@@ -62,6 +62,17 @@ def test_exact_packing_by_hand(tmp_path, tok10):
     assert load_tokenizer(tmp_path/'c').encode('w1 w9').ids == [1, 9]
 
 
+def test_saved_tokenizer_folder_and_its_eos(tmp_path, tok10):
+    from transformers import PreTrainedTokenizerFast
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(tok10), eos_token='w19')  # the folder's config names its EOS
+    hf.save_pretrained(tmp_path/'hf')
+    m = build_corpus(docs(tmp_path/'s.jsonl', ['w1 w2 w3', 'w4 w5 w6 w7']), tmp_path/'c', seq_len=4, shards=1, tokenizer=tmp_path/'hf', progress=False)
+    assert m['eos_id'] == 19 and np.load(tmp_path/'c'/'shard_00000.npy').tolist() == [[1, 2, 3, 19, 4]]
+    assert m['dropped_tail_tokens'] == 4 and (tmp_path/'c'/'tokenizer.json').is_file()
+    m = build_corpus(tmp_path/'s.jsonl', tmp_path/'d', seq_len=4, shards=1, tokenizer=tmp_path/'hf', eos='<|endoftext|>', progress=False)
+    assert m['eos_id'] == 0 and m['args']['eos'] == '<|endoftext|>'
+
+
 def test_rows_continue_across_shards(tmp_path, tok10):
     # 12 one-word documents -> 24 tokens -> 6 rows of 4; 3 shards split the input bytes, the stream stays continuous
     sel = docs(tmp_path/'s.jsonl', [f'w{i % 9 + 1}' for i in range(12)])
