@@ -95,6 +95,15 @@ def test_dtype_at_the_uint16_boundary(tmp_path, vocab, dtype):
     assert rows.tolist() == [[1, vocab - 1, 2, 0]]
 
 
+def test_vocabulary_with_gaps_sizes_by_largest_id(tmp_path):
+    tok = Tokenizer(models.WordLevel({'<|endoftext|>': 0, 'a': 1, 'b': 70_000}, unk_token='<|endoftext|>'))  # 3 tokens, largest id 70000
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(tmp_path/'tok.json'))
+    m = build_corpus(docs(tmp_path/'s.jsonl', ['a b a']), tmp_path/'c', seq_len=3, shards=1, tokenizer=tmp_path/'tok.json', progress=False)
+    assert m['vocab_size'] == 70_001 and m['dtype'] == 'uint32'
+    assert np.load(tmp_path/'c'/'shard_00000.npy').tolist() == [[1, 70_000, 1, 0]]
+
+
 def test_determinism_and_num_proc(tmp_path):
     sel = synthetic(tmp_path/'s.jsonl', 400)
     a = build_corpus(sel, tmp_path/'a', seq_len=31, shards=4, vocab_size=300, progress=False)
