@@ -1,0 +1,33 @@
+"""`legalnb quickstart` end to end at a tiny size: every stage runs, the model learns (val loss below the uniform
+ln V), and report.md and loss.png land in the workdir; a folder it did not write is refused."""
+import json, math
+from pathlib import Path
+
+from legalnb.cli import main
+
+TINY = ['--docs', '40', '--steps', '12', '--vocab-size', '300', '--seq-len', '32', '--device', 'cpu']
+
+def test_quickstart_end_to_end(tmp_path, capsys):
+    wd = tmp_path/'qs'
+    assert main(['quickstart', '--workdir', str(wd), *TINY]) == 0
+    out = capsys.readouterr().out
+    assert all(f'[{i}/8]' in out for i in range(1, 9)) and f'everything is in {wd}/' in out
+    summary = json.loads((wd/'run'/'summary.json').read_text())
+    assert math.isfinite(summary['val_loss']) and summary['val_loss'] < math.log(300), summary['val_loss']
+    assert summary['steps'] == 12 and summary['device'] == 'cpu'
+    assert (wd/'loss.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    report = (wd/'report.md').read_text()
+    for part in ('## What each stage made', f"val loss {summary['val_loss']:.3f}", '![loss](loss.png)',
+                 '## A generated continuation', 'H100 SXM', 'steps        5,000', '## Where everything is'):
+        assert part in report, part
+    assert (wd/'run'/'model'/'model.safetensors').exists() and (wd/'corpus'/'tokenizer.json').exists()
+    # the same workdir again: the earlier outputs are replaced, not an error
+    assert main(['quickstart', '--workdir', str(wd), *TINY, '--steps', '3']) == 0
+    assert json.loads((wd/'run'/'summary.json').read_text())['steps'] == 3
+
+def test_quickstart_refuses_a_folder_it_did_not_write(tmp_path, capsys):
+    (tmp_path/'thesis').mkdir(); (tmp_path/'thesis'/'chapter1.tex').write_text('...')
+    assert main(['quickstart', '--workdir', str(tmp_path/'thesis'), *TINY]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'not written by the quickstart' in err[0]
+    assert [p.name for p in (tmp_path/'thesis').iterdir()] == ['chapter1.tex']
