@@ -225,11 +225,14 @@ def test_bad_input(tmp_path, tok10, capsys):
     assert 'bad.jsonl: line 31: not valid JSON' in error(capsys, bad, '--out', tmp_path/'o5', '--seq-len', 3, '--shards', 1, '--tokenizer', tok10)
     bad.write_text('{"celex": "x", "text": 5}\n')
     assert 'bad.jsonl: line 1: expected a JSON object with a string "text" field' in error(capsys, bad, '--out', tmp_path/'o6', '--tokenizer', tok10)
+    bad.write_text(sel.read_text() * 3 + 'oops\n')  # broken after two shards were finished: they are removed too
+    assert 'bad.jsonl: line 91: not valid JSON' in error(capsys, bad, '--out', tmp_path/'o7', '--seq-len', 3, '--shards', 4, '--tokenizer', tok10)
+    assert not (tmp_path/'o7'/'manifest.partial.json').exists()
     (tmp_path/'garbage.json').write_text('{"model": 1}')
-    assert 'garbage.json: not a Hugging Face tokenizer.json' in error(capsys, sel, '--out', tmp_path/'o7', '--tokenizer', tmp_path/'garbage.json')
-    for i in range(1, 8):  # no shard, partial or temporary file anywhere
+    assert 'garbage.json: not a Hugging Face tokenizer.json' in error(capsys, sel, '--out', tmp_path/'o8', '--tokenizer', tmp_path/'garbage.json')
+    for i in range(1, 9):  # no shard, partial or temporary file anywhere
         assert not list((tmp_path/f'o{i}').glob('shard_*')) and not list((tmp_path/f'o{i}').rglob('.*tmp'))
-    with pytest.raises(LegalnbError, match='either a tokenizer'): build_corpus(sel, tmp_path/'o8')
+    with pytest.raises(LegalnbError, match='either a tokenizer'): build_corpus(sel, tmp_path/'o9')
 
 
 def test_cli_subprocess_summary(tmp_path, tok10):
