@@ -175,3 +175,25 @@ def test_selection_does_not_hold_the_texts(tmp_path):
     finally: tracemalloc.stop()
     assert report['counters']['documents.read'] == 1_500 and size > 40e6
     assert peak < size / 10, (peak, size)
+
+BENCH = Path(__file__).resolve().parents[1]/'bench'
+
+@pytest.mark.parametrize('script', sorted(p.name for p in BENCH.glob('*.py')))
+def test_bench_scripts_drop_their_folder_before_importing(script):
+    "bench/select.py shadows the standard `select` (subprocess imports it): each script drops bench/ from sys.path first."
+    import ast
+    body = ast.parse((BENCH/script).read_text(encoding='utf-8')).body
+    def plain(s):   # the docstring, `from __future__`, `import os, sys` (pathlib too: it imports nothing named like a script)
+        return (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) or isinstance(s, ast.ImportFrom) and s.module in ('__future__', 'pathlib')
+                or isinstance(s, ast.Import) and {a.name for a in s.names} <= {'os', 'sys', 'pathlib'})
+    fix = next(i for i, s in enumerate(body) if not plain(s))
+    assert 'sys.path' in ast.unparse(body[fix]), f'{script}: first statement after the imports of os and sys: {ast.unparse(body[fix])[:80]}'
+
+def test_bench_select_prints_its_table(tmp_path):
+    "A tiny run of bench/select.py through a symbolic link (Python puts the resolved folder on sys.path): both corpora, the ratios."
+    (tmp_path/'bench').symlink_to(BENCH, target_is_directory=True)
+    r = subprocess.run([sys.executable, str(tmp_path/'bench'/'select.py'), '--docs', '300', '--realistic-docs', '6', '--repeat', '1'],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert 'realistic documents: select / read+parse = ' in r.stdout and 'short documents: select / read+parse = ' in r.stdout
+    assert 'kB per document' in r.stdout and 'production corpus' in r.stdout
