@@ -9,7 +9,7 @@ Peak RSS is each build process's own high-water mark (VmHWM), beside its RSS aft
 """
 import os, sys
 # this folder is sys.path[0] when run as a script; a sibling bench/select.py would shadow the standard `select` module
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or '.') != os.path.dirname(os.path.abspath(__file__))]
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or '.') != os.path.dirname(os.path.realpath(__file__))]
 import argparse, datetime, json, platform, random, resource, subprocess, tempfile, time
 from pathlib import Path
 

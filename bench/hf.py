@@ -5,7 +5,7 @@ optimizer steps with each layout; the table shows the tokens that carry a label 
 GPU rows (a small Llama-shaped model in bf16) when CUDA is present, else "not measured".
 Run: python bench/hf.py [--steps N]"""
 import os, sys
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or '.') != os.path.dirname(os.path.abspath(__file__))]  # bench/select.py would shadow the stdlib
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or '.') != os.path.dirname(os.path.realpath(__file__))]  # bench/select.py would shadow the stdlib
 import argparse, datetime, platform, time
 
 import numpy as np
