@@ -30,7 +30,7 @@ from legalnb.sources import read_jsonl_documents, write_jsonl
 def read_parse(path: Path) -> int:
     "Read and parse every line; return the number of documents."
     n = 0
-    with open(path, 'rb', buffering=1 << 20) as f:   # the same 1 MB buffer as `jsonl_records`: this stays the floor
+    with open(path, 'rb', buffering=1 << 20) as f:   # a buffer at least as large as `jsonl_records`' (256 kB): this stays the floor
         for line in f: json.loads(line); n += 1
     return n
 
