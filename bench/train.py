@@ -6,10 +6,14 @@
 2. Checkpoint save time against step time: what one save costs, and its share of a run that saves every 2000 steps.
 3. On a GPU: tokens/s and MFU of the 'small' model at 3072 and 32768 tokens per sequence.
 
-Each timing is the median of per-step times after warm-up; the two loops alternate over several rounds and the
-best round of each is kept, so a noisy shared machine biases neither side.
+How the step time is measured: on a CPU shared with other work, wall-clock time mostly measures the other work.
+So on the CPU the benchmark runs torch on one thread and reads the process's CPU time (`time.process_time`), which
+counts this process's work only; on a GPU it reads wall-clock time after a synchronize. Each side runs a short
+and a long run from scratch, and the step time is the difference divided by the difference in steps, which
+cancels every fixed cost (building the model, the final evaluation and checkpoint, start-up of the loader) and
+leaves the steady-state step. The rounds alternate the two sides; the median round is reported.
 
-    python bench/train.py [--steps 30] [--rounds 3] [--dim 128] [--seq-len 256] [--batch-size 8]
+    python bench/train.py [--steps 5 25] [--rounds 5] [--dim 128] [--seq-len 256] [--batch-size 8]
 """
 import sys
 from pathlib import Path
@@ -34,27 +38,34 @@ def random_split(folder: Path, rows: int, seq_len: int, vocab: int, seed: int = 
     split(corpus, folder, val_ratio=1/16, seed=0, by='rows')
     return folder
 
-def bare_loop(cfg: TrainConfig, vocab: int, seq_len: int, steps: int, device: torch.device) -> list[float]:
-    "Seconds per step of a hand-written loop: the same model, optimizer, precision and batch, nothing else."
+def clock(device: torch.device) -> float:
+    "CPU time of this process on the CPU; wall-clock time after the queued GPU work on a GPU."
+    if device.type == 'cuda': torch.cuda.synchronize(); return time.perf_counter()
+    return time.process_time()
+
+def bare_seconds(cfg: TrainConfig, vocab: int, seq_len: int, device: torch.device) -> float:
+    "Seconds of `cfg.max_steps` steps of a hand-written loop: the same model, optimizer, precision and batch shape."
     torch.manual_seed(cfg.seed)
     model = ResonanceLanguageModel(model_config(cfg, vocab, seq_len)).to(device)
     opt, prec = make_optimizer(model, cfg, device), device_precision(cfg.precision, device)
     x = torch.randint(0, vocab, (cfg.batch_size, seq_len), device=device); y = torch.roll(x, -1, 1)
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
+    t = clock(device)
+    for _ in range(cfg.max_steps):
         with autocast_for(prec, device): _, loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step(); opt.zero_grad(set_to_none=True)
-        if device.type == 'cuda': torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return times
+    loss.item()
+    return clock(device) - t
 
-def trainer_loop(cfg: TrainConfig) -> tuple[list[float], dict]:
-    "Seconds per step of `train(cfg)` logged every step (each log is a host sync, as the bare loop's step end)."
-    summary = train(cfg)
-    return [r['step_ms'] / 1000 for r in read_metrics(Path(cfg.out)/'metrics.jsonl')], summary
+def trainer_seconds(cfg: TrainConfig, device: torch.device) -> tuple[float, dict]:
+    "Seconds of `train(cfg)` from the call to the summary, and the summary."
+    t = clock(device); summary = train(cfg)
+    return clock(device) - t, summary
+
+def per_step(run, short: int, long: int) -> float:
+    "Steady-state seconds per step: (time of `long` steps - time of `short` steps) / (long - short)."
+    return (run(long) - run(short)) / (long - short)
 
 def save_seconds(cfg: TrainConfig, vocab: int, seq_len: int, out: Path, repeats: int = 3) -> float:
     "Median seconds of one full checkpoint save (model, AdamW state, RNG) of this model."
@@ -80,7 +91,7 @@ def gpu_rows(tmp: Path, steps: int) -> list[str]:
         cfg = TrainConfig(data=str(split), out=str(tmp/f'gpu-run{seq_len}'), size='small', batch_size=batch, max_steps=steps,
                           warmup_steps=1, eval_every=0, eval_batches=1, save_every=10**6, log_every=5, num_workers=4,
                           progress=False, activation_checkpointing=seq_len > 8192)
-        _, s = trainer_loop(cfg)
+        _, s = trainer_seconds(cfg, torch.device('cuda'))
         recs = read_metrics(Path(cfg.out)/'metrics.jsonl')[1:]  # the first interval pays for warm-up
         tps = statistics.median(r['tokens_per_sec'] for r in recs)
         mfu = statistics.median(r['mfu'] for r in recs) if recs[0]['mfu'] is not None else float('nan')
@@ -89,35 +100,40 @@ def gpu_rows(tmp: Path, steps: int) -> list[str]:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument('--steps', type=int, default=30); ap.add_argument('--rounds', type=int, default=3)
+    ap.add_argument('--steps', type=int, nargs=2, default=(5, 25), metavar=('SHORT', 'LONG'))
+    ap.add_argument('--rounds', type=int, default=5)
     ap.add_argument('--dim', type=int, default=128); ap.add_argument('--num-layers', type=int, default=2)
     ap.add_argument('--seq-len', type=int, default=256); ap.add_argument('--batch-size', type=int, default=8)
     ap.add_argument('--vocab', type=int, default=4096); ap.add_argument('--gpu-steps', type=int, default=30)
     a = ap.parse_args()
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-    warm = max(3, a.steps // 5)
+    if device.type == 'cpu': torch.set_num_threads(1)  # CPU time then counts work, not threads spinning for a core
+    short, long = a.steps
     print(f'# legalnb trainer benchmark, {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}\n# {hardware()}')
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        split = random_split(tmp/'split', rows=a.batch_size * (a.steps + 4) * 16 // 15 + 16, seq_len=a.seq_len, vocab=a.vocab)
+        split = random_split(tmp/'split', rows=a.batch_size * (long + 4) * 16 // 15 + 16, seq_len=a.seq_len, vocab=a.vocab)
         base = dict(data=str(split), dim=a.dim, num_layers=a.num_layers, num_frequencies=16, batch_size=a.batch_size,
-                    max_steps=a.steps, warmup_steps=2, eval_every=0, eval_batches=1, save_every=10**6, log_every=1,
-                    num_workers=0 if device.type == 'cpu' else 4, progress=False, seed=0)
-        bare, trainer = [], []
-        for r in range(a.rounds):  # alternate, keep each side's best round
-            bare.append(statistics.median(bare_loop(TrainConfig(**base), a.vocab, a.seq_len, a.steps, device)[warm:]))
-            times, summary = trainer_loop(TrainConfig(**base, out=str(tmp/f'run{r}')))
-            trainer.append(statistics.median(times[warm:]))
-        b, t = min(bare), min(trainer)
+                    warmup_steps=2, eval_every=0, eval_batches=1, save_every=10**6, num_workers=0 if device.type == 'cpu' else 4,
+                    progress=False, seed=0)
+        bare, trainer, summary = [], [], {}
+        for r in range(a.rounds):  # alternate the two sides
+            bare.append(per_step(lambda n: bare_seconds(TrainConfig(**base, max_steps=n), a.vocab, a.seq_len, device), short, long))
+            def run(n):
+                secs, summary['last'] = trainer_seconds(TrainConfig(**base, max_steps=n, out=str(tmp/f'run{r}-{n}')), device)
+                return secs
+            trainer.append(per_step(run, short, long))
+        b, t = statistics.median(bare), statistics.median(trainer)
         save = save_seconds(TrainConfig(**base), a.vocab, a.seq_len, tmp/'ckpt')
-    params = summary['params']
-    print(f'\nmodel: dim {a.dim}, {a.num_layers} layers, {params:,} parameters; batch {a.batch_size} x {a.seq_len} tokens; '
-          f'{a.steps} steps, median after {warm} warm-up steps, best of {a.rounds} rounds, on {device}\n')
+    what = 'CPU time, 1 thread' if device.type == 'cpu' else 'wall-clock time'
+    print(f"\nmodel: dim {a.dim}, {a.num_layers} layers, {summary['last']['params']:,} parameters; batch {a.batch_size} x {a.seq_len} tokens; "
+          f'step = (time of {long} steps - time of {short}) / {long - short}, {what}, median of {a.rounds} rounds on {device}\n')
     print('| measure | time | ratio |\n|---|---|---|')
     print(f'| bare loop step | {1000 * b:.1f} ms | 1.000 |')
     print(f'| trainer step | {1000 * t:.1f} ms | {t / b:.3f} ({100 * (t / b - 1):+.1f}% overhead; target <= 3%) |')
-    print(f'| checkpoint save (model + AdamW + RNG) | {1000 * save:.1f} ms | {save / t:.2f} steps |')
+    print(f'| checkpoint save (model + AdamW + RNG, wall clock) | {1000 * save:.1f} ms | {save / t:.2f} trainer steps |')
     print(f'| save every 2000 steps | {1000 * save / 2000:.3f} ms per step | {100 * save / (2000 * t):.3f}% of step time |')
+    print(f"\nrounds (ms): bare {', '.join(f'{1000 * x:.1f}' for x in bare)}; trainer {', '.join(f'{1000 * x:.1f}' for x in trainer)}")
     if device.type == 'cuda':
         with tempfile.TemporaryDirectory() as tmp:
             print('\n| GPU run | throughput | MFU |\n|---|---|---|'); print('\n'.join(gpu_rows(Path(tmp), a.gpu_steps)))

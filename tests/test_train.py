@@ -125,3 +125,9 @@ def test_log_line_is_fixed_width():
     r = dict(step=1, loss=10.5, lr=1e-4, step_ms=5.0, tokens_per_sec=12.0, mfu=None, eta_s=1e5)
     a, b = format_log_line(r, 99999), format_log_line({**r, 'step': 99999, 'mfu': 0.5, 'tokens_per_sec': 1e6, 'eta_s': 3}, 99999)
     assert len(a) == len(b) and 'eta 27.8 h' in a and 'MFU  50%' in b
+
+@pytest.mark.parametrize('flag,package', [('--tensorboard', 'tensorboard'), ('--wandb', 'wandb')])
+def test_optional_loggers_say_what_to_install(flag, package, split_dir, tmp_path, capsys):
+    pytest.importorskip('importlib').util.find_spec(package) is None or pytest.skip(f'{package} is installed')
+    rc, _, err = run(capsys, '--data', split_dir, '--out', tmp_path/'run', '--max-steps', 1, *TINY, flag)
+    assert rc == 2 and f'needs the {package} package: pip install {package}' in one_line(err)
