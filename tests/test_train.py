@@ -63,6 +63,13 @@ def test_unknown_preset(split_dir, tmp_path, capsys):
     rc, _, err = run(capsys, '--data', split_dir, '--out', tmp_path/'run', '--preset', 'fastest')
     assert rc == 2 and 'unknown preset scratch/fastest' in one_line(err)
 
+def test_resume_a_finished_run(split_dir, tmp_path, capsys):
+    assert run(capsys, '--data', split_dir, '--out', tmp_path/'run', '--max-steps', 2, *TINY)[0] == 0
+    rc, _, err = run(capsys, '--data', split_dir, '--out', tmp_path/'run', '--max-steps', 2, *TINY, '--resume')
+    assert rc == 2 and 'already at step 2 of 2; raise --max-steps' in one_line(err)
+    rc, out, _ = run(capsys, '--data', split_dir, '--out', tmp_path/'run', '--max-steps', 3, *TINY, '--resume')
+    assert rc == 0 and 'done: 1 steps' in out
+
 def test_resume_without_a_checkpoint(split_dir, tmp_path, capsys):
     rc, _, err = run(capsys, '--data', split_dir, '--out', tmp_path/'fresh', *TINY, '--resume')
     assert rc == 2 and 'no checkpoint to resume from' in one_line(err)
