@@ -162,3 +162,34 @@ def test_training_step_reduces_loss():
         first = first or loss.item()
     assert loss.item() < 0.7 * first, (first, loss.item())
     assert all(torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+def test_recall_task_rows():
+    from legalnb.resonance import recall_task
+    g = torch.Generator().manual_seed(0)
+    x, y = recall_task(6, 40, n_keys=5, n_noise=3, key_pos=7, generator=g)
+    assert torch.equal(y[:, -1], x[:, 7]) and ((x[:, 7] >= 1) & (x[:, 7] <= 5)).all()
+    assert (x[:, -1] == 0).all() and (y[:, :-1] == -100).all()
+    x, y = recall_task(200, 40, key_pos=None, generator=g)
+    pos = ((x >= 1) & (x <= 8)).float().argmax(1)
+    assert pos.max() < 10 and pos.min() == 0 and len(set(pos.tolist())) > 5, 'anywhere in the first quarter'
+
+
+def test_bench_worker_and_table():
+    "bench/model.py: one in-process measurement per model, equal non-embedding sizes, and the table."
+    import argparse, importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location('bench_model', Path(__file__).resolve().parents[1] / 'bench' / 'model.py')
+    bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench)
+    args = argparse.Namespace(model=None, size=None, vocab=64, dim=32, layers=1, frequencies=4, max_seq_len=128,
+                              seq_len=64, batch=1, device='cpu', compile=False, checkpointing=False, warmup=1,
+                              reps=2, max_time=10.0, threads=1)
+    rows = []
+    for m in ('resonance', 'gpt'):
+        args.model = m; rows.append(bench.worker(args))
+    r, g = rows
+    assert r['tokens_per_s'] > 0 and g['tokens_per_s'] > 0 and r['reps'] == 2
+    assert abs(r['non_embedding'] - g['non_embedding']) < 0.1 * g['non_embedding']
+    assert math.isfinite(r['loss']) and abs(g['loss'] - math.log(64)) < 1.0
+    table = bench.fmt_table(rows, peak=None)
+    assert '| 64 |' in table and 'ratio R/GPT' in table
