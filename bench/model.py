@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     p.add_argument('--dim', type=int, default=128, help='CPU: model width')
     p.add_argument('--layers', type=int, default=2, help='CPU: blocks')
     p.add_argument('--frequencies', type=int, default=16, help='CPU: resonances per channel')
-    p.add_argument('--vocab', type=int, default=256, help='vocabulary (bytes by default: the head stays small)')
+    p.add_argument('--vocab', type=int, default=None, help='vocabulary (default: 256 bytes on the CPU, 32768 on a GPU)')
     p.add_argument('--max-seq-len', type=int, default=32768)
     p.add_argument('--batch', type=int, default=1)
     p.add_argument('--reps', type=int, default=3, help='timed steps per measurement (CPU at 32k: 1, no warm-up)')
@@ -197,6 +197,7 @@ def main(argv=None) -> int:
     p.add_argument('--seq-len', type=int, help=argparse.SUPPRESS)
     p.add_argument('--size', help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.vocab is None: args.vocab = 256 if args.device == 'cpu' else 32768
     if args.worker: print(json.dumps(worker(args))); return 0
 
     common = ['--vocab', str(args.vocab), '--max-seq-len', str(args.max_seq_len), '--batch', str(args.batch),
