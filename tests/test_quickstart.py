@@ -3,7 +3,15 @@ ln V), and report.md and loss.png land in the workdir; a folder it did not write
 import json, math
 from pathlib import Path
 
+import pytest
+import torch
+
 from legalnb.cli import main
+
+@pytest.fixture(autouse=True)
+def restore_threads():
+    "train(cpu_threads=1) sets torch's threads for the process: give the next test file back what it had."
+    n = torch.get_num_threads(); yield; torch.set_num_threads(n)
 
 TINY = ['--docs', '40', '--steps', '12', '--vocab-size', '300', '--seq-len', '32', '--device', 'cpu']
 

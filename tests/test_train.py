@@ -15,6 +15,11 @@ from legalnb.sources import LegalnbError
 
 ROOT = Path(__file__).resolve().parents[1]
 
+@pytest.fixture(autouse=True)
+def restore_threads():
+    "train(cpu_threads=1) sets torch's threads for the process: give the next test file back what it had."
+    n = torch.get_num_threads(); yield; torch.set_num_threads(n)
+
 def make_split(root: Path, rows=64, seq_len=16, vocab=32, seed=0) -> Path:
     "A corpus of counting rows split into train/ and val/ by the data stage."
     rng = np.random.default_rng(seed)
@@ -26,7 +31,7 @@ def make_split(root: Path, rows=64, seq_len=16, vocab=32, seed=0) -> Path:
     return root/'split'
 
 TINY = ['--dim', '16', '--num-layers', '1', '--num-frequencies', '4', '--batch-size', '4', '--warmup-steps', '1',
-        '--eval-batches', '1', '--num-workers', '0', '--log-every', '1', '--lr', '3e-3']
+        '--eval-batches', '1', '--num-workers', '0', '--log-every', '1', '--lr', '3e-3', '--cpu-threads', '1']
 
 def run(capsys, *argv) -> tuple[int, str, str]:
     rc = main(['train', *map(str, argv)])
