@@ -143,3 +143,10 @@ def test_optional_loggers_say_what_to_install(flag, package, split_dir, tmp_path
     pytest.importorskip('importlib').util.find_spec(package) is None or pytest.skip(f'{package} is installed')
     rc, _, err = run(capsys, '--data', split_dir, '--out', tmp_path/'run', '--max-steps', 1, *TINY, flag)
     assert rc == 2 and f'needs the {package} package: pip install {package}' in one_line(err)
+
+def test_epochs_set_the_step_count(split_dir, tmp_path, capsys):
+    from legalnb.data import PretokenizedDataset
+    rows = len(PretokenizedDataset(split_dir/'train'))
+    rc, out, _ = run(capsys, '--data', split_dir, '--out', tmp_path/'run', *TINY, '--epochs', '0.5', '--eval-every', '0')
+    steps = -(-rows // 2 // 4)
+    assert rc == 0 and f'done: {steps} steps' in out and (tmp_path/'run'/'checkpoints'/f'step-{steps:08d}').is_dir()
