@@ -7,22 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from legalnb.data import split, StepSampler
+from legalnb.data import StepSampler
+from conftest import ENV, make_split
 from legalnb.train import read_metrics, list_checkpoints, checkpoint_step
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': str(ROOT)}
 STEPS = 6
-
-def make_split(root: Path, rows=96, seq_len=16, vocab=32, seed=0) -> Path:
-    "A corpus of counting rows in two shards, split into train/ and val/ by the data stage."
-    rng = np.random.default_rng(seed)
-    ids = ((rng.integers(0, vocab, (rows, 1)) + np.arange(seq_len + 1)) % vocab).astype(np.uint16)
-    corpus = root/'corpus'; corpus.mkdir(parents=True)
-    np.save(corpus/'shard_00000.npy', ids[:rows // 2]); np.save(corpus/'shard_00001.npy', ids[rows // 2:])
-    (corpus/'manifest.json').write_text(json.dumps({'vocab_size': vocab}))
-    split(corpus, root/'split', val_ratio=0.25, seed=0, by='rows')
-    return root/'split'
 
 def args(split_dir: Path, out: Path, grad_accum: int) -> list[str]:
     return ['train', '--data', str(split_dir), '--out', str(out), '--dim', '16', '--num-layers', '1',
