@@ -7,6 +7,7 @@ GPU torch.cuda.max_memory_allocated. A step is forward + backward + AdamW step a
     python bench/model.py                 # CPU: narrow models (dim 128, 2 layers), L = 512 .. 32768, ~3 minutes
     python bench/model.py --device cuda   # GPU: small and medium sizes in bf16, with MFU
     python bench/model.py --lengths 512 2048 --dim 64   # a quicker look
+    python bench/model.py --default-malloc   # CPU: glibc's default allocator settings (slower at 32k, see CPU_MALLOC_ENV)
 
 MFU counts matrix-product FLOPs only (the tensor cores' peak is for matrix products): for ResonanceNet
 6 * N_matmul per token (config.matmul_flops_per_token, Kaplan et al. 2020); for the GPT 6 * N_matmul plus the
@@ -133,6 +134,14 @@ def gpu_peak_flops() -> float | None:
     except Exception: return None
 
 
+# glibc malloc serves every block over 32 MiB with a fresh mmap and unmaps it on free, so at 32k tokens each
+# large activation or FFT buffer pays page faults and kernel zero-filling on first touch, every step: a cost
+# that exists only at long lengths (measured: ResonanceNet 7.8k -> 11.8k tok/s at 32k, unchanged at 2k). Keeping
+# freed memory in the heap (what jemalloc or tcmalloc do, as PyTorch's CPU tuning guide recommends) removes it.
+# Both models get the same setting; --default-malloc measures without it.
+CPU_MALLOC_ENV = {'MALLOC_MMAP_MAX_': '0', 'MALLOC_TRIM_THRESHOLD_': str(1 << 34)}
+
+
 def run_one(model: str, L: int, args, extra: list[str]) -> dict:
     "Run one measurement in a fresh subprocess and return its JSON line."
     cmd = [sys.executable, __file__, '--worker', '--model', model, '--seq-len', str(L), '--device', args.device,
@@ -141,7 +150,9 @@ def run_one(model: str, L: int, args, extra: list[str]) -> dict:
         # first-step overhead, about a second, is ~1% of that step); ResonanceNet's ~10 s step gets its warm-up
         cmd += ['--reps', '1', '--warmup', '1' if model == 'resonance' else '0']
     else: cmd += ['--reps', str(args.reps), '--warmup', str(args.warmup)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    env = dict(os.environ)
+    if args.device == 'cpu' and not args.default_malloc: env.update(CPU_MALLOC_ENV)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0: return dict(model=model, seq_len=L, error=(r.stderr.strip().splitlines() or ['failed'])[-1][:120])
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -191,6 +202,8 @@ def main(argv=None) -> int:
     p.add_argument('--max-time', type=float, default=60.0, help='stop timing a measurement after this many seconds')
     p.add_argument('--compile', action='store_true', help='torch.compile the model (GPU)')
     p.add_argument('--checkpointing', action='store_true')
+    p.add_argument('--default-malloc', action='store_true',
+                   help="CPU: glibc malloc's default settings (fresh mmap per block over 32 MiB; see CPU_MALLOC_ENV)")
     p.add_argument('--models', nargs='+', default=['resonance', 'gpt'])
     p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
     p.add_argument('--model', help=argparse.SUPPRESS)
@@ -207,7 +220,8 @@ def main(argv=None) -> int:
         cpu = platform.processor() or platform.machine()
         print(f'# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, CPU: {cpu}, {os.cpu_count()} cores, '
               f'torch {torch.__version__}, {args.threads} thread(s); fp32, batch {args.batch}, fused AdamW; '
-              f'load average {os.getloadavg()[0]:.1f} at start (a shared machine: timings vary)')
+              f'load average {os.getloadavg()[0]:.1f} at start (a shared machine: timings vary); malloc: '
+              + ('glibc defaults' if args.default_malloc else ' '.join(f'{k}={v}' for k, v in CPU_MALLOC_ENV.items())))
         print('GPU: not measured (no GPU available)' if not torch.cuda.is_available() else 'GPU: run with --device cuda')
         setups = [('dim %d, %d layers, K %d' % (args.dim, args.layers, args.frequencies),
                    ['--dim', str(args.dim), '--layers', str(args.layers), '--frequencies', str(args.frequencies)])]
