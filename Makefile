@@ -22,6 +22,9 @@ quickstart: $(STAMP)
 	$(BIN)/legalnb quickstart --workdir $(WORKDIR)
 
 # Notebooks clean and exported, README in step with index.ipynb, notebook tests, then tests/.
+# One torch thread per process: nbdev_test runs two notebooks at once, and oversubscribed torch threads
+# made a tiny CPU model ten times slower on a 2-core machine.
+test: export OMP_NUM_THREADS := 1
 test: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python .ci/check_sync.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/nbdev_test --n_workers 2 --timing
