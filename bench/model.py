@@ -4,7 +4,7 @@ Each measurement (model, sequence length) runs in its own subprocess, so that pe
 on the CPU the peak resident set (resource.getrusage maxrss; tracemalloc does not see torch's allocator), on a
 GPU torch.cuda.max_memory_allocated. A step is forward + backward + AdamW step at batch 1.
 
-    python bench/model.py                 # CPU: narrow models (dim 128, 2 layers), L = 512 .. 32768, ~3 minutes
+    python bench/model.py                 # CPU: narrow models (dim 128, 2 layers), L = 512 .. 32768, ~2-4 minutes
     python bench/model.py --device cuda   # GPU: small and medium sizes in bf16, with MFU
     python bench/model.py --lengths 512 2048 --dim 64   # a quicker look
     python bench/model.py --default-malloc   # CPU: glibc's default allocator settings (slower at 32k, see CPU_MALLOC_ENV)
