@@ -6,7 +6,8 @@
 from __future__ import annotations
 import argparse, importlib, json, math, os, shutil, sys, time
 from pathlib import Path
-from .sources import LegalnbError, atomic_write
+from typing import Literal
+from .core import LegalnbError, atomic_write, command_parser, format_duration
 
 # %% auto #0
 __all__ = ['COMMANDS', 'QUICKSTART_PROMPT', 'H100_PRICE', 'usage', 'main', 'prepare_workdir', 'continuation', 'h100_estimate',
@@ -46,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f'legalnb: unknown command {cmd!r}; choose from {", ".join(COMMANDS)}', file=sys.stderr); return 2
     module, func, _ = COMMANDS[cmd]
     try: return getattr(importlib.import_module(module), func)(rest) or 0
-    except (LegalnbError, OSError) as e:
-        print(f'legalnb {cmd}: error: {e}', file=sys.stderr); return 2
+    except LegalnbError as e: print(f'legalnb {cmd}: error: {e}', file=sys.stderr); return 2
+    except OSError as e:
+        where = f'{e.filename}: ' if e.filename else ''
+        print(f'legalnb {cmd}: error: {where}{e.strerror or e}', file=sys.stderr); return 2
     except KeyboardInterrupt:
         print(f'legalnb {cmd}: interrupted', file=sys.stderr); return 130
 
@@ -116,7 +119,7 @@ def write_report(wd: Path, summary: dict, sample: str, vocab_size: int, stage_s:
             f'| build-corpus | `corpus/` | {rows:,} rows of {m.get("seq_len", "?")} tokens, trained BPE of {m["vocab_size"]:,} tokens |',
             f'| split | `split/` | train/ and val/ |',
             f'| train | `run/` | {s["steps"]} steps, {s["tokens"]:,} tokens, {s["params"]:,} parameters |', '',
-            f'Data stages {stage_s:.1f} s, training {train_s:.1f} s.', '', '## Training', '',
+            f'Data stages {format_duration(stage_s)}, training {format_duration(train_s)}.', '', '## Training', '',
             f'- final train loss {s["loss"]:.3f}; **val loss {s["val_loss"]:.3f}, perplexity {s["val_ppl"]:.1f}** '
             f'(a model that knows nothing scores ln {vocab_size} = {math.log(vocab_size):.2f}, perplexity {vocab_size})',
             f'- {s["tokens_per_sec"]:,.0f} tokens/s on {s["device"]} ({s["precision"]})' + (f', MFU {s["mfu"]:.0%}' if s.get('mfu') else ''),
@@ -124,9 +127,11 @@ def write_report(wd: Path, summary: dict, sample: str, vocab_size: int, stage_s:
             '```', sample.strip(), '```', '', '(a tiny model after minutes of training: expect legal-sounding words, not law)', '',
             '## What a real run would take', '']
     text += h100_estimate(wd/'run'/'metrics.jsonl', s['steps'], train_s)
-    text += ['', '## Where everything is', '', f'- model: `{s["model_dir"]}` (`ResonanceLanguageModel.load`)',
-             f'- checkpoint: `{s["checkpoint"]}` (`legalnb train --resume`)', f'- metrics: `{wd/"run"/"metrics.jsonl"}`',
-             f'- tokenizer: `{wd/"corpus"/"tokenizer.json"}`', f'- selection report: `{wd/"selection.json"}`']
+    rel = lambda p: Path(os.path.relpath(p, wd)).as_posix()   # paths as seen from the report's own folder
+    text += ['', '## Where everything is (relative to this folder)', '',
+             f'- model: `{rel(s["model_dir"])}` (`ResonanceLanguageModel.load`)',
+             f'- checkpoint: `{rel(s["checkpoint"])}` (`legalnb train --resume`)', '- metrics: `run/metrics.jsonl`',
+             '- tokenizer: `corpus/tokenizer.json`', '- selection report: `selection.json`']
     with atomic_write(wd/'report.md') as tmp: tmp.write_text('\n'.join(text) + '\n', encoding='utf-8')
     return wd/'report.md'
 
@@ -138,8 +143,10 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
                steps: int = 400,         # optimizer steps
                dim: int = 64,            # model width (2 blocks, 16 resonances per channel)
                batch_size: int = 16,     # sequences per step
-               device: str = 'auto') -> dict:  # 'auto': the GPU when there is one
+               device: Literal['auto', 'cuda', 'cpu'] = 'auto') -> dict:  # 'auto': the GPU when there is one
     "Run every stage on a sample corpus, train a tiny model, write report.md and loss.png; return the training summary."
+    for name, value in dict(docs=docs, vocab_size=vocab_size, seq_len=seq_len, steps=steps, dim=dim, batch_size=batch_size).items():
+        if value < 1: raise LegalnbError(f'--{name.replace("_", "-")} must be at least 1, got {value}')
     from legalnb.sources import sample_main, parse_main
     from legalnb.scoring import select_main
     from legalnb.corpus import build_corpus_main
@@ -176,20 +183,10 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
 # %% ../nbs/10_cli.ipynb #885f9161
 def quickstart_main(argv: list[str]) -> int:
     "`legalnb quickstart [--workdir DIR]`: the whole pipeline on a sample corpus, a tiny model, a report."
-    p = argparse.ArgumentParser(prog='legalnb quickstart', description='sample -> parse -> select -> corpus -> split -> train a tiny model -> report')
-    p.add_argument('--workdir', default='quickstart', help='folder for every output (default: quickstart)')
-    p.add_argument('--docs', type=int, default=200, help='sample publications (default 200)')
-    p.add_argument('--vocab-size', type=int, default=1024, help='BPE vocabulary to train (default 1024)')
-    p.add_argument('--seq-len', type=int, default=128, help='tokens per training row (default 128)')
-    p.add_argument('--steps', type=int, default=400, help='optimizer steps (default 400)')
-    p.add_argument('--dim', type=int, default=64, help='model width (default 64)')
-    p.add_argument('--batch-size', type=int, default=16, help='sequences per step (default 16)')
-    p.add_argument('--device', choices=('auto', 'cuda', 'cpu'), default='auto', help='auto: the GPU when there is one')
-    a = p.parse_args(argv)
+    a = command_parser(quickstart, 'legalnb quickstart').parse_args(list(map(str, argv)))
     t0 = time.perf_counter()
-    quickstart(a.workdir, a.docs, a.vocab_size, a.seq_len, a.steps, a.dim, a.batch_size, a.device)
-    wd = Path(a.workdir)
-    print(f'quickstart done in {time.perf_counter() - t0:.0f} s; everything is in {wd}/:\n'
+    quickstart(**vars(a))
+    print(f'quickstart done in {format_duration(time.perf_counter() - t0)}; everything is in {a.workdir}/:\n'
           f'  report.md     what each stage made, the training numbers, a generated text, the H100 estimate\n'
           f'  loss.png      train and val loss\n'
           f'  run/          the trained model (run/model), checkpoints (--resume), metrics.jsonl\n'

@@ -54,3 +54,29 @@ def test_links_between_pages_resolve(nb):
 def test_readme_says_how_to_render_the_site():
     readme = (ROOT/'README.md').read_text(encoding='utf-8')
     assert 'nbdev_docs' in readme and 'quarto' in readme.lower()
+
+def code_cells(nb_path):
+    return [c for c in json.loads(nb_path.read_text(encoding='utf-8'))['cells'] if c['cell_type'] == 'code']
+
+# an `assert` inside `except` passes silently when nothing is raised: checks use fastcore's test_fail instead
+EXCEPT_ASSERT = re.compile(r'except[^\n]*:[^\n]*\bassert\b|except[^\n]*:[ \t]*\n[ \t]+[^\n]*\bassert\b')
+
+@pytest.mark.parametrize('nb', notebooks(), ids=lambda p: p.name)
+def test_error_checks_can_fail(nb):
+    weak = [i for i, c in enumerate(code_cells(nb)) if EXCEPT_ASSERT.search(''.join(c['source']))]
+    assert not weak, f'{nb.name}: code cells {weak} check an error with an assert inside except; use test_fail'
+
+@pytest.mark.parametrize('nb', notebooks(), ids=lambda p: p.name)
+def test_outputs_hold_no_temporary_paths(nb):
+    bad = [i for i, c in enumerate(code_cells(nb)) if '/tmp/' in json.dumps(c.get('outputs', []))]
+    assert not bad, f'{nb.name}: code cells {bad} store /tmp/ paths in their outputs (they change on every run)'
+
+@pytest.mark.parametrize('nb', notebooks(), ids=lambda p: p.name)
+def test_notebooks_name_their_kernel(nb):
+    spec = json.loads(nb.read_text(encoding='utf-8'))['metadata'].get('kernelspec', {})
+    assert spec.get('name') == 'python3', f'{nb.name}: no python3 kernelspec (Jupyter would ask which kernel to use)'
+
+def test_exported_code_fits_in_120_columns():
+    long = [f'{p.name}:{i}' for p in sorted((ROOT/'legalnb').glob('*.py')) if p.name != '_modidx.py'
+            for i, line in enumerate(p.read_text(encoding='utf-8').splitlines(), 1) if len(line) > 120]
+    assert not long, f'{len(long)} exported lines are over 120 characters: {long[:10]}'
