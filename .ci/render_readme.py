@@ -24,10 +24,14 @@ def render(nb_path=root/'nbs'/'index.ipynb') -> str:
             continue
         if cell['cell_type'] != 'code' or not body: continue
         parts.append(f'```python\n{body}\n```')
-        out = ''.join(''.join(o.get('text', '')) if o.get('output_type') == 'stream'
-                      else ''.join(o.get('data', {}).get('text/plain', ''))
-                      for o in cell.get('outputs', []))
-        if out.strip(): parts.append(f'```\n{out.rstrip()}\n```')
+        text, rich = '', []
+        for o in cell.get('outputs', []):   # text as a code block; Markdown displays as Markdown; images are left out
+            data = o.get('data', {})
+            if o.get('output_type') == 'stream': text += ''.join(o.get('text', ''))
+            elif 'text/markdown' in data: rich.append(''.join(data['text/markdown']).strip())
+            elif not any(k.startswith('image/') for k in data): text += ''.join(data.get('text/plain', ''))
+        if text.strip(): parts.append(f'```\n{text.rstrip()}\n```')
+        parts += rich
     body = '\n\n'.join(parts)
     # the notebook's front matter title (first H1) leads the README
     return '<!-- Generated from nbs/index.ipynb by .ci/render_readme.py: edit the notebook, not this file. -->\n\n' + body + '\n'
