@@ -7,15 +7,14 @@ for a corpus and one ten times larger. One run prints one table.  Usage: python 
   concatenation with EOS into rows of seq_len + 1 (the plain way to do it).
 Peak RSS is each build process's own high-water mark (VmHWM), beside its RSS after imports; workers' ru_maxrss apart.
 """
-import os, sys
-# this folder is sys.path[0] when run as a script; a sibling bench/select.py would shadow the standard `select` module
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or '.') != os.path.dirname(os.path.realpath(__file__))]
-import argparse, datetime, json, platform, random, resource, subprocess, tempfile, time
+import json, random, subprocess, sys, tempfile, time
 from pathlib import Path
 
 import numpy as np
 
-from legalnb.corpus import iter_selected, load_tokenizer, train_tokenizer
+from common import header, markdown_table, run
+from legalnb.core import LegalnbError
+from legalnb.corpus import iter_selected, train_tokenizer
 from legalnb.sources import write_jsonl
 
 SYLLABLES = 'ar be ca de el fi go he in jo ka le mi no or pa qu re si te un ve wa xe yo ze tion ment ung keit ité'.split()
@@ -60,7 +59,8 @@ print(json.dumps(dict(seconds=dt, tokens=m['tokens'] + m['dropped_tail_tokens'],
 def build_in_subprocess(sel: Path, out: Path, tok: Path, num_proc: int, seq_len: int, shards: int) -> dict:
     "Run one build in a fresh Python process; its own timing, token count and peak RSS."
     r = subprocess.run([sys.executable, '-c', CHILD, str(sel), str(out), str(tok), str(num_proc), str(seq_len), str(shards)],
-                       capture_output=True, text=True, check=True)
+                       capture_output=True, text=True)
+    if r.returncode: raise LegalnbError(f'build-corpus of {sel.name} failed: {(r.stderr.strip().splitlines() or ["?"])[-1]}')
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -88,28 +88,16 @@ def datasets_rate(tok_path: Path, sel: Path, seq_len: int) -> tuple[float, int]:
     return len(flat) / dt, len(flat)
 
 
-def hardware() -> str:
-    "CPU model, cores, memory and load, for the record."
-    cpu = next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), platform.processor())
-    mem = next((int(l.split()[1]) / 2**20 for l in open('/proc/meminfo') if l.startswith('MemTotal')), 0)
-    import tokenizers
-    return (f'{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, load {os.getloadavg()[0]:.1f}; Python {platform.python_version()}, '
-            f'tokenizers {tokenizers.__version__}, numpy {np.__version__}')
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument('--mb', type=float, default=2, help='size of the small selection in MB; the large one (10x) is the one timed')
-    ap.add_argument('--vocab', type=int, default=8192)
-    ap.add_argument('--seq-len', type=int, default=3072)
-    a = ap.parse_args()
-    print(f'# bench/corpus.py  {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC')
-    print(f'# {hardware()}')
+def main(mb: float = 2,         # size of the small selection in MB; the large one (10x) is the one timed
+         vocab: int = 8192,     # vocabulary of the tokenizer trained on the small selection
+         seq_len: int = 3072):  # tokens per packed row
+    "Throughput of build-corpus against the tokenizer alone and datasets.map, and its peak memory, small and 10x larger."
+    header(__file__, 'tokenizers', 'numpy', 'datasets', 'transformers')
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
-        small, large = make_selection(d/'small.jsonl', a.mb), make_selection(d/'large.jsonl', a.mb * 10, seed=1)
+        small, large = make_selection(d/'small.jsonl', mb), make_selection(d/'large.jsonl', mb * 10, seed=1)
         tok_path = d/'tokenizer.json'
-        tok = train_tokenizer(small, a.vocab, tok_path, sample_chars=3_000_000)
+        tok = train_tokenizer(small, vocab, tok_path, sample_chars=3_000_000)
         # throughput on the large selection (start-up costs and the tokenizer's word cache amortised), each measured once
         texts = [r['text'] for *_, r in iter_selected(large)]
         rows, res = [], {}
@@ -118,19 +106,17 @@ def main():
         fast, _ = encode_batch_rate(tok, texts, fast=True)
         rows.append(('encode_batch_fast (tokenizer alone, texts in memory)', 'large', fast, n, None, None))
         del texts
-        base, nb = datasets_rate(tok_path, large, a.seq_len)
+        base, nb = datasets_rate(tok_path, large, seq_len)
         rows.append(('datasets.map + concatenate (baseline)', 'large', base, nb, None, None))
         for name, sel in (('large', large), ('small', small)):
             for num_proc in (1, 2):
-                r = res[name, num_proc] = build_in_subprocess(sel, d/f'{name}{num_proc}', tok_path, num_proc, a.seq_len, 16)
-                rows.append((f'build-corpus --num-proc {num_proc}', name, r['tokens'] / r['seconds'], r['tokens'], f"{r['rss_mb']:,.0f} ({r['base_mb']:,.0f})",
-                             f"{r['workers_rss_mb']:,.0f}" if num_proc > 1 else None))
-        print(f'# small = {small.stat().st_size / 1e6:.1f} MB, large = {large.stat().st_size / 1e6:.1f} MB ({res["large", 1]["docs"]:,} documents); '
-              f'vocab {len(tok.get_vocab()):,}, seq_len {a.seq_len}, 16 shards')
-        print(f"| {'what':<54} | corpus | {'tokens/s':>10} | {'tokens':>11} | peak RSS MB (after imports) | workers' peak MB |")
-        print(f"|{'-' * 56}|--------|{'-' * 12}|{'-' * 13}|-----------------------------|------------------|")
-        for what, name, rate, n, rss, wrss in rows:
-            print(f"| {what:<54} | {name:<6} | {rate:>10,.0f} | {n:>11,} | {rss or '':>27} | {wrss or '':>16} |")
+                r = res[name, num_proc] = build_in_subprocess(sel, d/f'{name}{num_proc}', tok_path, num_proc, seq_len, 16)
+                rows.append((f'build-corpus --num-proc {num_proc}', name, r['tokens'] / r['seconds'], r['tokens'],
+                             f"{r['rss_mb']:,.0f} ({r['base_mb']:,.0f})", f"{r['workers_rss_mb']:,.0f}" if num_proc > 1 else None))
+        print(f'# small = {small.stat().st_size / 1e6:.1f} MB, large = {large.stat().st_size / 1e6:.1f} MB '
+              f'({res["large", 1]["docs"]:,} documents); vocab {len(tok.get_vocab()):,}, seq_len {seq_len}, 16 shards')
+        print(markdown_table(['what', 'corpus', 'tokens/s', 'tokens', 'peak RSS MB (after imports)', "workers' peak MB"],
+                             [[what, name, f'{rate:,.0f}', f'{n:,}', rss, wrss] for what, name, rate, n, rss, wrss in rows], 'llrrrr'))
         rate = {p: res['large', p]['tokens'] / res['large', p]['seconds'] for p in (1, 2)}
         print(f'build-corpus (large, --num-proc 1 / 2) / encode_batch = {rate[1] / ceiling:.2f} / {rate[2] / ceiling:.2f} (target >= 0.8); '
               f'/ encode_batch_fast (what build-corpus calls) = {rate[1] / fast:.2f} / {rate[2] / fast:.2f}; / datasets.map = {rate[1] / base:.2f} / {rate[2] / base:.2f}')
@@ -139,4 +125,4 @@ def main():
                   f"{res['large', p]['rss_mb'] / res['small', p]['rss_mb']:.2f} (target <= 1.2)")
 
 
-if __name__ == '__main__': main()
+if __name__ == '__main__': sys.exit(run(main))

@@ -1,4 +1,4 @@
-"""Selection speed next to merely reading the same JSONL: `python bench/select.py [--docs 20000] [--realistic-docs 1500]`.
+"""Selection speed next to merely reading the same JSONL: `python bench/selection.py [--docs 20000] [--realistic-docs 1500]`.
 
 Writes synthetic documents (in-process, not Formex) to a temporary folder, then times, in one run and for two
 corpora:
@@ -16,14 +16,12 @@ wall seconds are printed beside them. Each step runs `--repeat` times, interleav
 Target: documents/s of select / documents/s of read+parse >= 0.5 (the ratio column; vs read-docs printed after).
 """
 from __future__ import annotations
-import os, sys
-# This file is named select.py: drop its folder from the import path so `import select` (stdlib) is not this file.
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or '.') != os.path.dirname(os.path.realpath(__file__))]
-import argparse, json, platform, resource, tempfile, time
+import json, resource, sys, tempfile, time
 from dataclasses import replace
-from datetime import datetime, timezone
 from pathlib import Path
 
+from common import header, markdown_table, run
+from legalnb.core import format_duration
 from legalnb.scoring import ScoringRules, estimate_tokens, select_documents, synthetic_documents
 from legalnb.sources import read_jsonl_documents, write_jsonl
 
@@ -54,7 +52,7 @@ def measure(d: Path, name: str, docs: int, chars: tuple[int, int], seed: int, re
     src, out = d/f'{name}.jsonl', d/f'{name}-selected.jsonl'
     t0 = time.perf_counter(); tokens = generate(src, docs, seed, chars); size = src.stat().st_size
     print(f'{name}: {docs:,} documents of {chars[0]:,} to {chars[1]:,} characters, {size / 1e6:,.0f} MB ({size / docs / 1e3:,.1f} kB '
-          f'per document), {tokens:,} tokens (estimated), written in {time.perf_counter() - t0:.1f} s; target 40% of the tokens')
+          f'per document), {tokens:,} tokens (estimated), written in {format_duration(time.perf_counter() - t0)}; target 40% of the tokens')
     steps = {'read+parse': lambda: read_parse(src), 'read-docs': lambda: sum(1 for _ in read_jsonl_documents(src)),
              'select': lambda: select_documents(src, out, int(tokens * 0.4))}
     if full: steps['select-full'] = lambda: select_documents(src, out, int(tokens * 0.4), replace(ScoringRules(), subject_scan_chars=None))
@@ -65,30 +63,28 @@ def measure(d: Path, name: str, docs: int, chars: tuple[int, int], seed: int, re
             out.unlink(missing_ok=True)   # each run writes a new file, as a first run does (replacing one frees its pages)
     return [(name, k, cpu, wall, docs, size / 1e6) for k, (cpu, wall) in best.items()]
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument('--realistic-docs', type=int, default=1_500, help='documents of the realistic corpus (3k to 700k characters, ~130 kB each)')
-    p.add_argument('--docs', type=int, default=20_000, help='documents of the short corpus (300 to 30k characters)')
-    p.add_argument('--seed', type=int, default=0)
-    p.add_argument('--repeat', type=int, default=3, help='runs of each step (the fastest is kept)')
-    a = p.parse_args(argv)
-    print(f'# bench/select.py  {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  {platform.platform()}  '
-          f'{platform.processor() or platform.machine()}  {os.cpu_count()} CPUs  Python {platform.python_version()}')
+def main(realistic_docs: int = 1_500,  # documents of the realistic corpus (3k to 700k characters, ~130 kB each)
+         docs: int = 20_000,           # documents of the short corpus (300 to 30k characters)
+         seed: int = 0,                # seed of the synthetic documents
+         repeat: int = 3):             # runs of each step (the fastest is kept)
+    "Selection speed next to merely reading the same JSONL, for a realistic and a short-document corpus."
+    header(__file__)
     print('corpora: realistic = documents the size of the production corpus\'s (25 GB over 150-200k documents, ~125 kB each); '
           'short = 300 to 30k characters, the hard case (the fixed cost per document weighs most)')
     with tempfile.TemporaryDirectory() as d:
-        rows = measure(Path(d), 'realistic', a.realistic_docs, (3_000, 700_000), a.seed, a.repeat, full=False)
-        rows += measure(Path(d), 'short', a.docs, (300, 30_000), a.seed, a.repeat, full=True)
-    print(f'{"corpus":<10}{"step":<13}{"cpu s":>7}{"wall s":>8}{"docs/s":>10}{"MB/s":>7}{"ratio":>7}')
-    ratios = {}
-    for name, step, cpu, wall, docs, mb in rows:
+        rows = measure(Path(d), 'realistic', realistic_docs, (3_000, 700_000), seed, repeat, full=False)
+        rows += measure(Path(d), 'short', docs, (300, 30_000), seed, repeat, full=True)
+    ratios, table = {}, []
+    for name, step, cpu, wall, n, mb in rows:
         base = next(r[2] for r in rows if r[0] == name and r[1] == 'read+parse')
         ratios[name, step] = base / cpu
-        print(f'{name:<10}{step:<13}{cpu:>7.2f}{wall:>8.2f}{docs / cpu:>10,.0f}{mb / cpu:>7.0f}{base / cpu:>7.2f}')
+        table.append([name, step, f'{cpu:.2f}', f'{wall:.2f}', f'{n / cpu:,.0f}', f'{mb / cpu:.0f}', f'{base / cpu:.2f}'])
+    print(markdown_table(['corpus', 'step', 'cpu s', 'wall s', 'docs/s', 'MB/s', 'ratio'], table, 'llrrrrr'))
     print(f'peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB (no text is kept: both passes stream)')
     for name in ('realistic', 'short'):
-        r, docs = ratios[name, 'select'], ratios[name, 'select'] / ratios[name, 'read-docs']
-        print(f'{name} documents: select / read+parse = {r:.2f} ({"meets" if r >= 0.5 else "misses"} the 0.5 target); select / read-docs = {docs:.2f}')
-    return 0
+        r, vs_docs = ratios[name, 'select'], ratios[name, 'select'] / ratios[name, 'read-docs']
+        print(f'{name} documents: select / read+parse = {r:.2f} ({"meets" if r >= 0.5 else "misses"} the 0.5 target); '
+              f'select / read-docs = {vs_docs:.2f}')
 
-if __name__ == '__main__': sys.exit(main())
+
+if __name__ == '__main__': sys.exit(run(main))
