@@ -12,28 +12,19 @@ page cache emptied of the files (fsync, then posix_fadvise(DONTNEED); on a VM th
   floor        a DataLoader with 2 workers over a dataset of zeros: what moving batches between processes costs alone
 and compares tokens/s with what an H100 consumes training a 1B-parameter model (≈ 100k tokens/s, arithmetic printed).
 """
-import sys
-if sys.path and sys.path[0] == str(__import__('pathlib').Path(__file__).resolve().parent):
-    sys.path.pop(0)  # bench/ holds scripts whose names (select.py, data.py) would shadow modules of the same name
-import argparse, datetime, os, platform, tempfile, time
+import os, sys, tempfile, time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from common import header, markdown_table, run
 from legalnb.data import PretokenizedDataset, StepSampler, make_loader
 
 H100_BF16 = 989e12   # dense bf16 tensor-core FLOP/s, H100 SXM datasheet
 MFU = 0.6            # a good training run
 PARAMS = 1e9         # a 1B-parameter model
 H100_TOKENS_PER_S = MFU * H100_BF16 / (6 * PARAMS)  # 6·N FLOPs per trained token (Kaplan et al. 2020)
-
-
-def hardware() -> str:
-    "One line: CPU, cores, memory, torch and numpy versions."
-    cpu = next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), platform.processor())
-    mem = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30
-    return f'{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, {platform.system()} {platform.release()}, torch {torch.__version__}, numpy {np.__version__}'
 
 
 def write_shards(folder: Path, row_len: int, mb: int, shards: int = 8) -> int:
@@ -115,33 +106,30 @@ def bench_length(row_len: int, batch: int, mb: int, seconds: float, root: Path) 
     return out
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument('--mb', type=int, default=192, help='MB of rows per row length (default 192)')
-    p.add_argument('--seconds', type=float, default=3.0, help='seconds per random-access measurement (default 3)')
-    p.add_argument('--dir', default=None, help='where to write the temporary shards (default: the system temp dir)')
-    a = p.parse_args()
-    print(f'bench/data.py  {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}')
-    print(f'hardware: {hardware()}')
-    print(f'H100 demand, 1B model: {MFU:.0%} MFU x {H100_BF16:.3g} FLOP/s / (6 x {PARAMS:.0e} FLOP per token) = {H100_TOKENS_PER_S:,.0f} tokens/s')
-    print(f'data: {a.mb} MB of random uint16 ids per row length in 8 .npy shards; each measurement starts with the files dropped')
+def main(mb: int = 192,          # MB of rows per row length
+         seconds: float = 3.0,   # seconds per random-access measurement
+         dir: str | None = None):  # where to write the temporary shards (default: the system temp dir)
+    "Random-access batches from PretokenizedDataset against sequential reads, at rows of 3,073 and 32,768 tokens."
+    header(__file__, 'numpy')
+    print(f'H100 demand, 1B model: {MFU:.0%} MFU x {H100_BF16:.3g} FLOP/s / (6 x {PARAMS:.0e} FLOP per token) = '
+          f'{H100_TOKENS_PER_S:,.0f} tokens/s')
+    print(f'data: {mb} MB of random uint16 ids per row length in 8 .npy shards; each measurement starts with the files dropped')
     print('from the page cache (posix_fadvise DONTNEED; a VM host may still cache them)\n')
     rows = []
-    with tempfile.TemporaryDirectory(dir=a.dir) as d:
-        rows += bench_length(3073, 8, a.mb, a.seconds, Path(d))
-        rows += bench_length(32768, 1, a.mb, a.seconds, Path(d))
-    head = f'{"row length":>10} {"batch":>5}  {"how":<20} {"batches/s":>10} {"tokens/s":>12} {"MB/s":>8} {"vs seq.":>8} {"vs H100":>8} {"RssAnon":>8}'
-    print(head); print('-' * len(head))
+    with tempfile.TemporaryDirectory(dir=dir) as d:
+        rows += bench_length(3073, 8, mb, seconds, Path(d))
+        rows += bench_length(32768, 1, mb, seconds, Path(d))
+    table = []
     for r in rows:
         seq = next(x['tok_s'] for x in rows if x['row_len'] == r['row_len'] and x['how'] == 'sequential read')
-        bps = '' if r['batches'] is None else f'{r["batches"]:,.1f}'
-        rss = '' if r['rss'] is None else f'{r["rss"]:+.0f} MB'
-        mbs = '' if r['mb_s'] is None else f'{r["mb_s"]:,.0f}'
-        print(f'{r["row_len"]:>10,} {r["batch"]:>5}  {r["how"]:<20} {bps:>10} {r["tok_s"]:>12,.0f} {mbs:>8} '
-              f'{r["tok_s"] / seq:>7.2f}x {r["tok_s"] / H100_TOKENS_PER_S:>7.1f}x {rss:>8}')
+        table.append([f'{r["row_len"]:,}', r['batch'], r['how'], None if r['batches'] is None else f'{r["batches"]:,.1f}',
+                      f'{r["tok_s"]:,.0f}', None if r['mb_s'] is None else f'{r["mb_s"]:,.0f}', f'{r["tok_s"] / seq:.2f}x',
+                      f'{r["tok_s"] / H100_TOKENS_PER_S:.1f}x', None if r['rss'] is None else f'{r["rss"]:+.0f} MB'])
+    print(markdown_table(['row length', 'batch', 'how', 'batches/s', 'tokens/s', 'MB/s', 'vs seq.', 'vs H100', 'RssAnon'],
+                         table, 'rrlrrrrrr'))
     print('\ntokens/s counts trained tokens (batch x (row length - 1)); "vs seq." is against the sequential read of the same files;')
     print('"vs H100" is against the demand above; RssAnon is the growth of anonymous (non-file) memory while reading in process;')
     print('"floor" is a DataLoader with 2 workers whose dataset reads nothing: the cost of moving batches between processes here.')
 
 
-if __name__ == '__main__': main()
+if __name__ == '__main__': sys.exit(run(main))

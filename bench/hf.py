@@ -4,14 +4,13 @@ A generated long-tailed set (most examples short, a few near 1500 tokens) trains
 optimizer steps with each layout; the table shows the tokens that carry a label per second and the ratio.
 GPU rows (a small Llama-shaped model in bf16) when CUDA is present, else "not measured".
 Run: python bench/hf.py [--steps N]"""
-import os, sys
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or '.') != os.path.dirname(os.path.realpath(__file__))]  # bench/select.py would shadow the stdlib
-import argparse, datetime, platform, time
+import sys, time
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, DataCollatorForSeq2Seq, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, DataCollatorForSeq2Seq
 
+from common import header, markdown_table, run
 from legalnb.hf import pack_examples, PackedCollator, tiny_config, train_tiny_tokenizer
 
 
@@ -27,7 +26,7 @@ def long_tailed_examples(n: int, vocab: int, seed: int = 0) -> list[dict]:
     return out
 
 
-def run(model, batches, device, dtype) -> tuple[float, int]:
+def train_steps(model, batches, device, dtype) -> tuple[float, int]:
     "Seconds and useful (non-padding) tokens of training on `batches` (the first batch is warm-up)."
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     useful, t0 = 0, None
@@ -59,29 +58,26 @@ def measure(device: str, hidden: int, layers: int, steps: int, micro: int, dtype
     pack_batches = [packer(rows[i * micro:(i + 1) * micro]) for i in range(min(steps + 1, len(rows) // micro))]
     res = {}
     for name, batches in (('padded to 2048', pad_batches), ('packed (padding-free)', pack_batches)):
-        secs, useful = run(model, batches, device, dtype)
+        secs, useful = train_steps(model, batches, device, dtype)
         computed = sum(b['input_ids'].numel() for b in batches[1:])
         res[name] = (useful / secs, useful / computed, len(batches) - 1)
     return res
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument('--steps', type=int, default=4, help='timed optimizer steps per layout (after one warm-up)')
-    a = ap.parse_args()
-    print(f'# bench/hf.py  {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC')
-    print(f'# host: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}'
-          + (f', GPU {torch.cuda.get_device_name(0)}' if torch.cuda.is_available() else ', no GPU'))
-    print('| device | model | layout | useful tokens/s | useful share of computed tokens | steps | ratio |')
-    print('|---|---|---|---|---|---|---|')
+def main(steps: int = 4):  # timed optimizer steps per layout (after one warm-up); 4x as many on a GPU
+    "Useful (non-padding) tokens/s of SFT with packing against the padded collator at max_length 2048."
+    header(__file__, 'transformers')
     setups = [('cpu', 64, 2, 2, torch.float32, 'tiny llama 64x2, fp32')]
     if torch.cuda.is_available(): setups.append(('cuda', 1024, 8, 8, torch.bfloat16, 'llama 1024x8 (~0.1B), bf16'))
+    rows = []
     for device, hidden, layers, micro, dtype, label in setups:
-        res = measure(device, hidden, layers, a.steps if device == 'cpu' else 4 * a.steps, micro, dtype)
+        res = measure(device, hidden, layers, steps if device == 'cpu' else 4 * steps, micro, dtype)
         base = res['padded to 2048'][0]
         for name, (tps, share, n) in res.items():
-            print(f'| {device} | {label} | {name} | {tps:,.0f} | {share:.0%} | {n} | {tps / base:.1f}x |')
-    if not torch.cuda.is_available(): print('| cuda | llama 1024x8, bf16 | - | not measured (no GPU here) | | | |')
+            rows.append([device, label, name, f'{tps:,.0f}', f'{share:.0%}', n, f'{tps / base:.1f}x'])
+    if not torch.cuda.is_available(): rows.append(['cuda', 'llama 1024x8, bf16', '-', 'not measured (no GPU here)', None, None, None])
+    print(markdown_table(['device', 'model', 'layout', 'useful tokens/s', 'useful share of computed tokens', 'steps', 'ratio'],
+                         rows, 'lllrrrr'))
 
 
-if __name__ == '__main__': main()
+if __name__ == '__main__': sys.exit(run(main))

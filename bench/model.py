@@ -15,17 +15,14 @@ attention products QK^T and AV, 2 * 2 * L * D per layer per token forward counte
 times 3 for training: 6 * L * D per layer per token.
 """
 from __future__ import annotations
-import os, sys
-# run as a script, this folder comes first on sys.path: keep sibling benchmarks (bench/select.py) from
-# shadowing standard modules of the same name
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or '.') != os.path.dirname(os.path.realpath(__file__))]
-import argparse, json, math, os, platform, resource, subprocess, sys, time
-from datetime import datetime, timezone
+import json, math, os, resource, subprocess, sys, time
+from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from common import header, markdown_table, run
 from legalnb.resonance import ResonanceConfig, ResonanceLanguageModel, config_for
 
 
@@ -142,39 +139,29 @@ def gpu_peak_flops() -> float | None:
 CPU_MALLOC_ENV = {'MALLOC_MMAP_MAX_': '0', 'MALLOC_TRIM_THRESHOLD_': str(1 << 34)}
 
 
-def run_one(model: str, L: int, args, extra: list[str]) -> dict:
-    "Run one measurement in a fresh subprocess and return its JSON line."
-    cmd = [sys.executable, __file__, '--worker', '--model', model, '--seq-len', str(L), '--device', args.device,
-           '--threads', str(args.threads)] + extra
-    if args.device == 'cpu' and L >= 32768:  # one GPT step there takes 1-2 minutes: no warm-up step for it (its
-        # first-step overhead, about a second, is ~1% of that step); ResonanceNet's ~10 s step gets its warm-up
-        cmd += ['--reps', '1', '--warmup', '1' if model == 'resonance' else '0']
-    else: cmd += ['--reps', str(args.reps), '--warmup', str(args.warmup)]
-    env = dict(os.environ)
-    if args.device == 'cpu' and not args.default_malloc: env.update(CPU_MALLOC_ENV)
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if r.returncode != 0: return dict(model=model, seq_len=L, error=(r.stderr.strip().splitlines() or ['failed'])[-1][:120])
+def run_one(spec: dict, env_extra: dict) -> dict:
+    "Run one measurement (`worker`'s arguments as a dict) in a fresh subprocess and return its JSON line."
+    r = subprocess.run([sys.executable, __file__, WORKER, json.dumps(spec)], capture_output=True, text=True,
+                       env={**os.environ, **env_extra})
+    if r.returncode != 0:
+        return dict(model=spec['model'], seq_len=spec['seq_len'], error=(r.stderr.strip().splitlines() or ['failed'])[-1][:120])
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def fmt_table(rows: list[dict], peak: float | None) -> str:
     "The comparison table: one line per length, ResonanceNet vs GPT, ratio of tokens/s."
     by = {(r['model'], r['seq_len']): r for r in rows}
-    lengths = sorted({r['seq_len'] for r in rows})
-    head = f"| L | Resonance tok/s | GPT tok/s | ratio R/GPT | Resonance peak MiB | GPT peak MiB |"
-    if peak: head += ' Resonance MFU | GPT MFU |'
-    lines = [head, '|' + '---|' * (head.count('|') - 1)]
-    for L in lengths:
+    def tps(x): return f"{x['tokens_per_s']:,.0f}" if 'tokens_per_s' in x else x.get('error', '-')
+    def mem(x): return f"{x['peak_mib']:,.0f}" + (f" (+{x['step_mib']:,.0f})" if 'step_mib' in x else '') if 'peak_mib' in x else '-'
+    def mfu(x): return f"{100 * x['tokens_per_s'] * x['matmul_flops_per_token'] / peak:.1f}%" if 'tokens_per_s' in x else '-'
+    columns = ['L', 'Resonance tok/s', 'GPT tok/s', 'ratio R/GPT', 'Resonance peak MiB', 'GPT peak MiB']
+    if peak: columns += ['Resonance MFU', 'GPT MFU']
+    lines = []
+    for L in sorted({r['seq_len'] for r in rows}):
         r, g = by.get(('resonance', L), {}), by.get(('gpt', L), {})
-        def tps(x): return f"{x['tokens_per_s']:,.0f}" if 'tokens_per_s' in x else x.get('error', '-')
-        def mem(x): return f"{x['peak_mib']:,.0f}" + (f" (+{x['step_mib']:,.0f})" if 'step_mib' in x else '') if 'peak_mib' in x else '-'
         ratio = f"{r['tokens_per_s'] / g['tokens_per_s']:.2f}" if 'tokens_per_s' in r and 'tokens_per_s' in g else '-'
-        line = f"| {L:,} | {tps(r)} | {tps(g)} | {ratio} | {mem(r)} | {mem(g)} |"
-        if peak:
-            mfu = lambda x: f"{100 * x['tokens_per_s'] * x['matmul_flops_per_token'] / peak:.1f}%" if 'tokens_per_s' in x else '-'
-            line += f" {mfu(r)} | {mfu(g)} |"
-        lines.append(line)
-    return '\n'.join(lines)
+        lines.append([f'{L:,}', tps(r), tps(g), ratio, mem(r), mem(g)] + ([mfu(r), mfu(g)] if peak else []))
+    return markdown_table(columns, lines, 'r' * len(columns))
 
 
 def growth(rows: list[dict], model: str, a: int = 2048, b: int = 32768) -> str:
@@ -185,58 +172,53 @@ def growth(rows: list[dict], model: str, a: int = 2048, b: int = 32768) -> str:
     return f"{rb['us_per_token'] / ra['us_per_token']:.2f}x ({ra['us_per_token']:.1f} -> {rb['us_per_token']:.1f} us/token)"
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog='bench/model.py', description=__doc__.split('\n')[0])
-    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    p.add_argument('--lengths', type=int, nargs='+', default=[512, 2048, 8192, 32768])
-    p.add_argument('--sizes', nargs='+', default=['small', 'medium'], help='GPU: model sizes to measure')
-    p.add_argument('--dim', type=int, default=128, help='CPU: model width')
-    p.add_argument('--layers', type=int, default=2, help='CPU: blocks')
-    p.add_argument('--frequencies', type=int, default=16, help='CPU: resonances per channel')
-    p.add_argument('--vocab', type=int, default=None, help='vocabulary (default: 256 bytes on the CPU, 32768 on a GPU)')
-    p.add_argument('--max-seq-len', type=int, default=32768)
-    p.add_argument('--batch', type=int, default=1)
-    p.add_argument('--reps', type=int, default=3, help='timed steps per measurement (CPU at 32k: 1, no warm-up)')
-    p.add_argument('--threads', type=int, default=1, help='CPU threads (1: steadier timings on a shared machine)')
-    p.add_argument('--warmup', type=int, default=1)
-    p.add_argument('--max-time', type=float, default=60.0, help='stop timing a measurement after this many seconds')
-    p.add_argument('--compile', action='store_true', help='torch.compile the model (GPU)')
-    p.add_argument('--checkpointing', action='store_true')
-    p.add_argument('--default-malloc', action='store_true',
-                   help="CPU: glibc malloc's default settings (fresh mmap per block over 32 MiB; see CPU_MALLOC_ENV)")
-    p.add_argument('--models', nargs='+', default=['resonance', 'gpt'])
-    p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
-    p.add_argument('--model', help=argparse.SUPPRESS)
-    p.add_argument('--seq-len', type=int, help=argparse.SUPPRESS)
-    p.add_argument('--size', help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.vocab is None: args.vocab = 256 if args.device == 'cpu' else 32768
-    if args.worker: print(json.dumps(worker(args))); return 0
+WORKER = '--worker'   # `bench/model.py --worker '{json}'`: one measurement, in the subprocess that `run_one` starts
 
-    common = ['--vocab', str(args.vocab), '--max-seq-len', str(args.max_seq_len), '--batch', str(args.batch),
-              '--max-time', str(args.max_time)]
-    common += ['--compile'] * args.compile + ['--checkpointing'] * args.checkpointing
-    if args.device == 'cpu':
-        cpu = platform.processor() or platform.machine()
-        print(f'# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, CPU: {cpu}, {os.cpu_count()} cores, '
-              f'torch {torch.__version__}, {args.threads} thread(s); fp32, batch {args.batch}, fused AdamW; '
-              f'load average {os.getloadavg()[0]:.1f} at start (a shared machine: timings vary); malloc: '
-              + ('glibc defaults' if args.default_malloc else ' '.join(f'{k}={v}' for k, v in CPU_MALLOC_ENV.items())))
+
+def main(device: str = 'cuda' if torch.cuda.is_available() else 'cpu',  # cpu or cuda
+         lengths: list[int] = (512, 2048, 8192, 32768),  # sequence lengths to measure
+         sizes: list[str] = ('small', 'medium'),         # GPU: model sizes to measure
+         dim: int = 128,                                  # CPU: model width
+         layers: int = 2,                                 # CPU: blocks
+         frequencies: int = 16,                           # CPU: resonances per channel
+         vocab: int | None = None,                        # vocabulary (default: 256 bytes on the CPU, 32768 on a GPU)
+         max_seq_len: int = 32768,                        # the models' position table
+         batch: int = 1,                                  # sequences per step
+         reps: int = 3,                                   # timed steps per measurement (CPU at 32k: 1, no warm-up)
+         threads: int = 1,                                # CPU threads (1: steadier timings on a shared machine)
+         warmup: int = 1,                                 # untimed steps before the timed ones
+         max_time: float = 60.0,                          # stop timing a measurement after this many seconds
+         compile: bool = False,                           # torch.compile the model (GPU)
+         checkpointing: bool = False,                     # activation checkpointing
+         default_malloc: bool = False,  # CPU: glibc malloc's default settings (fresh mmap per block over 32 MiB; see CPU_MALLOC_ENV)
+         models: list[str] = ('resonance', 'gpt')):      # which models to measure
+    "Training-step speed and peak memory: ResonanceLanguageModel against a GPT of the same non-embedding size."
+    if vocab is None: vocab = 256 if device == 'cpu' else 32768
+    common = dict(device=device, threads=threads, vocab=vocab, max_seq_len=max_seq_len, batch=batch, max_time=max_time,
+                  compile=compile, checkpointing=checkpointing, size=None, dim=dim, layers=layers, frequencies=frequencies)
+    if device == 'cpu': torch.set_num_threads(threads)   # as the workers do, so that the header says what they use
+    header(__file__)
+    if device == 'cpu':
+        print(f'fp32, batch {batch}, fused AdamW, {threads} thread(s); a shared machine: timings vary; malloc: '
+              + ('glibc defaults' if default_malloc else ' '.join(f'{k}={v}' for k, v in CPU_MALLOC_ENV.items())))
         print('GPU: not measured (no GPU available)' if not torch.cuda.is_available() else 'GPU: run with --device cuda')
-        setups = [('dim %d, %d layers, K %d' % (args.dim, args.layers, args.frequencies),
-                   ['--dim', str(args.dim), '--layers', str(args.layers), '--frequencies', str(args.frequencies)])]
+        setups = [('dim %d, %d layers, K %d' % (dim, layers, frequencies), {})]
         peak = None
     else:
-        print(f'# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, GPU: {torch.cuda.get_device_name()}, '
-              f'torch {torch.__version__}; bf16 autocast (FFT island fp32), batch {args.batch}, compile={args.compile}')
-        setups = [(s, ['--size', s]) for s in args.sizes]
+        print(f'bf16 autocast (FFT island fp32), batch {batch}, compile={compile}')
+        setups = [(s, dict(size=s)) for s in sizes]
         peak = gpu_peak_flops()
         print(f'dense bf16 peak: {peak / 1e12:.0f} TFLOP/s' if peak else 'dense bf16 peak: unknown GPU, no MFU')
+    env = CPU_MALLOC_ENV if device == 'cpu' and not default_malloc else {}
     for name, extra in setups:
         rows = []
-        for L in args.lengths:
-            for m in args.models:
-                rows.append(run_one(m, L, args, common + extra))
+        for L in lengths:
+            for m in models:
+                if device == 'cpu' and L >= 32768:  # one GPT step there takes 1-2 minutes: no warm-up step for it (its
+                    # first-step overhead, about a second, is ~1% of that step); ResonanceNet's ~10 s step gets its warm-up
+                    steps = dict(reps=1, warmup=1 if m == 'resonance' else 0)
+                else: steps = dict(reps=reps, warmup=warmup)
+                rows.append(run_one({**common, **extra, **steps, 'model': m, 'seq_len': L}, env))
                 r = rows[-1]
                 print(f"  {m:>9} L={L:>6}: " + (f"{r['tokens_per_s']:,.0f} tok/s, peak {r['peak_mib']:,.0f} MiB, {r['reps']} reps"
                                                 if 'tokens_per_s' in r else r['error']), file=sys.stderr, flush=True)
@@ -244,8 +226,8 @@ def main(argv=None) -> int:
         print(f"\n## {name}: non-embedding parameters " + ', '.join(f'{k} {v:,}' for k, v in nonemb.items()))
         print(fmt_table(rows, peak))
         print(f"time per token 2k -> 32k: ResonanceNet {growth(rows, 'resonance')}, GPT {growth(rows, 'gpt')}")
-    return 0
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    if sys.argv[1:2] == [WORKER]: print(json.dumps(worker(SimpleNamespace(**json.loads(sys.argv[2])))))
+    else: sys.exit(run(main))

@@ -15,18 +15,17 @@ leaves the steady-state step. The rounds alternate the two sides; the median rou
 
     python bench/train.py [--steps 5 25] [--rounds 5] [--dim 128] [--seq-len 256] [--batch-size 8]
 """
-import sys
+import json, statistics, sys, tempfile, time
 from pathlib import Path
-# python puts this script's folder first on sys.path, where bench/select.py would shadow the standard library's select
-sys.path = [p for p in sys.path if Path(p or '.').resolve() != Path(__file__).resolve().parent]
-import argparse, json, math, os, platform, statistics, tempfile, time
 
 import numpy as np
 import torch
 
+from common import header, markdown_table, run
+from legalnb.core import LegalnbError, cuda_capability, resolve_precision
 from legalnb.resonance import ResonanceLanguageModel
 from legalnb.train import (TrainConfig, train, model_config, make_optimizer, save_checkpoint, rng_state, read_metrics,
-                           device_precision, autocast_for, peak_flops)
+                           autocast_for)
 
 def random_split(folder: Path, rows: int, seq_len: int, vocab: int, seed: int = 0) -> Path:
     "A corpus of random token rows (speed does not depend on the ids), split by the data stage."
@@ -47,7 +46,8 @@ def bare_seconds(cfg: TrainConfig, vocab: int, seq_len: int, device: torch.devic
     "Seconds of `cfg.max_steps` steps of a hand-written loop: the same model, optimizer, precision and batch shape."
     torch.manual_seed(cfg.seed)
     model = ResonanceLanguageModel(model_config(cfg, vocab, seq_len)).to(device)
-    opt, prec = make_optimizer(model, cfg, device), device_precision(cfg.precision, device)
+    opt = make_optimizer(model, cfg, device)
+    prec = resolve_precision(cfg.precision, cuda_capability(device) if device.type == 'cuda' else None)
     x = torch.randint(0, vocab, (cfg.batch_size, seq_len), device=device); y = torch.roll(x, -1, 1)
     t = clock(device)
     for _ in range(cfg.max_steps):
@@ -79,11 +79,7 @@ def save_seconds(cfg: TrainConfig, vocab: int, seq_len: int, out: Path, repeats:
         t = time.perf_counter(); save_checkpoint(out, state, keep=1); times.append(time.perf_counter() - t)
     return statistics.median(times)
 
-def hardware() -> str:
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'
-    return f'{platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), {gpu}'
-
-def gpu_rows(tmp: Path, steps: int) -> list[str]:
+def gpu_rows(tmp: Path, steps: int) -> list[list[str]]:
     "tokens/s and MFU of the 'small' model at 3072 and 32768 tokens per sequence, on this GPU."
     rows = []
     for seq_len, batch in ((3072, 8), (32768, 1)):
@@ -95,48 +91,51 @@ def gpu_rows(tmp: Path, steps: int) -> list[str]:
         recs = read_metrics(Path(cfg.out)/'metrics.jsonl')[1:]  # the first interval pays for warm-up
         tps = statistics.median(r['tokens_per_sec'] for r in recs)
         mfu = statistics.median(r['mfu'] for r in recs) if recs[0]['mfu'] is not None else float('nan')
-        rows.append(f'| small, {seq_len:,} tokens x {batch} ({s["precision"]}) | {tps:,.0f} tok/s | MFU {mfu:.1%} |')
+        rows.append([f'small, {seq_len:,} tokens x {batch} ({s["precision"]})', f'{tps:,.0f} tok/s', f'MFU {mfu:.1%}'])
     return rows
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument('--steps', type=int, nargs=2, default=(5, 25), metavar=('SHORT', 'LONG'))
-    ap.add_argument('--rounds', type=int, default=5)
-    ap.add_argument('--dim', type=int, default=128); ap.add_argument('--num-layers', type=int, default=2)
-    ap.add_argument('--seq-len', type=int, default=256); ap.add_argument('--batch-size', type=int, default=8)
-    ap.add_argument('--vocab', type=int, default=4096); ap.add_argument('--gpu-steps', type=int, default=30)
-    a = ap.parse_args()
+def main(steps: list[int] = (5, 25),  # SHORT LONG: the two run lengths whose difference gives the step time
+         rounds: int = 5,                # rounds of both sides (the median is reported)
+         dim: int = 128,                 # model width
+         num_layers: int = 2,            # blocks
+         seq_len: int = 256,             # tokens per row
+         batch_size: int = 8,            # rows per step
+         vocab: int = 4096,              # vocabulary of the random token rows
+         gpu_steps: int = 30):           # steps of each GPU throughput run
+    "Trainer step time against a bare loop, checkpoint cost, and on a GPU tokens/s and MFU of the 'small' model."
+    if len(steps) != 2 or not 0 < steps[0] < steps[1]:
+        raise LegalnbError(f'--steps takes two run lengths SHORT LONG with 0 < SHORT < LONG, got {" ".join(map(str, steps))}')
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     if device.type == 'cpu': torch.set_num_threads(1)  # CPU time then counts work, not threads spinning for a core
-    short, long = a.steps
-    print(f'# legalnb trainer benchmark, {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}\n# {hardware()}')
+    short, long = steps
+    header(__file__, 'numpy')
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        split = random_split(tmp/'split', rows=a.batch_size * (long + 4) * 16 // 15 + 16, seq_len=a.seq_len, vocab=a.vocab)
-        base = dict(data=str(split), dim=a.dim, num_layers=a.num_layers, num_frequencies=16, batch_size=a.batch_size,
+        split = random_split(tmp/'split', rows=batch_size * (long + 4) * 16 // 15 + 16, seq_len=seq_len, vocab=vocab)
+        base = dict(data=str(split), dim=dim, num_layers=num_layers, num_frequencies=16, batch_size=batch_size,
                     warmup_steps=2, eval_every=0, eval_batches=1, save_every=10**6, num_workers=0 if device.type == 'cpu' else 4,
                     progress=False, seed=0)
         bare, trainer, summary = [], [], {}
-        for r in range(a.rounds):  # alternate the two sides
-            bare.append(per_step(lambda n: bare_seconds(TrainConfig(**base, max_steps=n), a.vocab, a.seq_len, device), short, long))
-            def run(n):
+        for r in range(rounds):  # alternate the two sides
+            bare.append(per_step(lambda n: bare_seconds(TrainConfig(**base, max_steps=n), vocab, seq_len, device), short, long))
+            def trainer_run(n):
                 secs, summary['last'] = trainer_seconds(TrainConfig(**base, max_steps=n, out=str(tmp/f'run{r}-{n}')), device)
                 return secs
-            trainer.append(per_step(run, short, long))
+            trainer.append(per_step(trainer_run, short, long))
         b, t = statistics.median(bare), statistics.median(trainer)
-        save = save_seconds(TrainConfig(**base), a.vocab, a.seq_len, tmp/'ckpt')
+        save = save_seconds(TrainConfig(**base), vocab, seq_len, tmp/'ckpt')
     what = 'CPU time, 1 thread' if device.type == 'cpu' else 'wall-clock time'
-    print(f"\nmodel: dim {a.dim}, {a.num_layers} layers, {summary['last']['params']:,} parameters; batch {a.batch_size} x {a.seq_len} tokens; "
-          f'step = (time of {long} steps - time of {short}) / {long - short}, {what}, median of {a.rounds} rounds on {device}\n')
-    print('| measure | time | ratio |\n|---|---|---|')
-    print(f'| bare loop step | {1000 * b:.1f} ms | 1.000 |')
-    print(f'| trainer step | {1000 * t:.1f} ms | {t / b:.3f} ({100 * (t / b - 1):+.1f}% overhead; target <= 3%) |')
-    print(f'| checkpoint save (model + AdamW + RNG, wall clock) | {1000 * save:.1f} ms | {save / t:.2f} trainer steps |')
-    print(f'| save every 2000 steps | {1000 * save / 2000:.3f} ms per step | {100 * save / (2000 * t):.3f}% of step time |')
+    print(f"\nmodel: dim {dim}, {num_layers} layers, {summary['last']['params']:,} parameters; "
+          f'batch {batch_size} x {seq_len} tokens; step = (time of {long} steps - time of {short}) / {long - short}, {what}, median of {rounds} rounds on {device}\n')
+    print(markdown_table(['measure', 'time', 'ratio'], [
+        ['bare loop step', f'{1000 * b:.1f} ms', '1.000'],
+        ['trainer step', f'{1000 * t:.1f} ms', f'{t / b:.3f} ({100 * (t / b - 1):+.1f}% overhead; target <= 3%)'],
+        ['checkpoint save (model + AdamW + RNG, wall clock)', f'{1000 * save:.1f} ms', f'{save / t:.2f} trainer steps'],
+        ['save every 2000 steps', f'{1000 * save / 2000:.3f} ms per step', f'{100 * save / (2000 * t):.3f}% of step time']]))
     print(f"\nrounds (ms): bare {', '.join(f'{1000 * x:.1f}' for x in bare)}; trainer {', '.join(f'{1000 * x:.1f}' for x in trainer)}")
     if device.type == 'cuda':
         with tempfile.TemporaryDirectory() as tmp:
-            print('\n| GPU run | throughput | MFU |\n|---|---|---|'); print('\n'.join(gpu_rows(Path(tmp), a.gpu_steps)))
+            print('\n' + markdown_table(['GPU run', 'throughput', 'MFU'], gpu_rows(Path(tmp), gpu_steps)))
     else: print('\nGPU rows (tokens/s and MFU of the small model at 3072 and 32768 tokens): not measured, no CUDA device here.')
 
-if __name__ == '__main__': main()
+if __name__ == '__main__': sys.exit(run(main))
