@@ -7,11 +7,11 @@ from __future__ import annotations
 import math, re, sys
 from dataclasses import dataclass, replace
 from fastcore.basics import patch
-from .sources import LegalnbError
+from .core import LegalnbError, PRECISIONS, resolve_precision
 
 # %% auto #0
-__all__ = ['GPUS', 'PRECISIONS', 'TASKS', 'PRESET_NAMES', 'STRATEGIES', 'PRESETS', 'SIZE_BATCHES', 'GPU', 'find_gpu',
-           'resolve_precision', 'peak_tflops', 'Preset', 'human', 'get_preset']
+__all__ = ['GPUS', 'TASKS', 'PRESET_NAMES', 'STRATEGIES', 'PRESETS', 'SIZE_BATCHES', 'GPU', 'find_gpu', 'gpu_precision',
+           'peak_tflops', 'Preset', 'human', 'get_preset']
 
 # %% ../nbs/07_presets.ipynb #04acae05
 @dataclass(frozen=True)
@@ -36,9 +36,11 @@ GPUS: dict[str, GPU] = {
     'l40s':        GPU('NVIDIA L40S', 362.05, 362.05, 91.6, 48, (8, 9),
                        'NVIDIA L40S datasheet (733 TF bf16 is with sparsity)'),
     'rtx-4090':    GPU('NVIDIA GeForce RTX 4090', 165.2, 165.2, 82.6, 24, (8, 9),
-                       'NVIDIA Ada GPU architecture whitepaper, appendix table (fp16/bf16 with fp32 accumulate; 330.3 TF is fp16 accumulate)'),
+                       'NVIDIA Ada GPU architecture whitepaper, appendix table '
+                       '(fp16/bf16 with fp32 accumulate; 330.3 TF is fp16 accumulate)'),
     'rtx-2080-ti': GPU('NVIDIA GeForce RTX 2080 Ti', None, 53.8, 13.4, 11, (7, 5),
-                       'NVIDIA Turing GPU architecture whitepaper, table 1 (fp16 with fp32 accumulate at reference boost; no bf16)'),
+                       'NVIDIA Turing GPU architecture whitepaper, table 1 '
+                       '(fp16 with fp32 accumulate at reference boost; no bf16)'),
 }
 
 # %% ../nbs/07_presets.ipynb #b86e5209
@@ -61,25 +63,22 @@ def find_gpu(name: str) -> GPU:
                        f'or a device name such as {GPUS["h100-sxm"].name!r}')
 
 # %% ../nbs/07_presets.ipynb #73098eb5
-PRECISIONS = ('auto', 'bf16', 'fp16', 'fp32')
-
-def resolve_precision(precision: str, gpu: GPU | None) -> str:
-    "'bf16', 'fp16' or 'fp32' for `precision` on `gpu` ('auto': bf16 with bf16 tensor cores, else fp16; CPU: fp32)."
-    if precision not in PRECISIONS: raise LegalnbError(f'precision must be one of {PRECISIONS}, got {precision!r}')
-    if precision != 'auto': return precision
-    if gpu is None: return 'fp32'
-    return 'bf16' if gpu.bf16_tflops and gpu.compute_capability >= (8, 0) else 'fp16'
+def gpu_precision(precision: str,       # 'auto', 'bf16', 'fp16' or 'fp32'
+                  gpu: GPU | None       # the card the run is sized for; None: no GPU
+                 ) -> str:
+    "`core.resolve_precision` for a card of the table: 'bf16', 'fp16' or 'fp32'."
+    return resolve_precision(precision, gpu.compute_capability if gpu else None)
 
 def peak_tflops(gpu: GPU, precision: str = 'auto') -> float:
     "Dense peak TFLOP/s of `gpu` for the resolved `precision`; refuses bf16 on a card without it."
-    p = resolve_precision(precision, gpu)
+    p = gpu_precision(precision, gpu)
     if p == 'bf16' and not gpu.bf16_tflops:
         raise LegalnbError(f'{gpu.name} has no bf16 tensor cores (compute capability '
                            f'{gpu.compute_capability[0]}.{gpu.compute_capability[1]}): use fp16 or precision auto')
     return {'bf16': gpu.bf16_tflops, 'fp16': gpu.fp16_tflops, 'fp32': gpu.fp32_tflops}[p]
 
 # %% ../nbs/07_presets.ipynb #8dffd052
-TASKS = ('cpt', 'lora', 'scratch')                        # continued pretraining, LoRA fine-tuning, ResonanceNet from scratch
+TASKS = ('cpt', 'lora', 'scratch')   # continued pretraining, LoRA fine-tuning, ResonanceNet from scratch
 PRESET_NAMES = ('fast', 'full', 'aggressive')
 STRATEGIES = ('single', 'ddp', 'deepspeed-zero3', 'fsdp')
 
@@ -110,8 +109,8 @@ class Preset:
         if self.warmup_steps < 0: raise LegalnbError(f'warmup_steps must be ≥ 0, got {self.warmup_steps!r}')
         made = self.micro_batch * self.grad_accum * self.gpus
         if self.global_batch is not None and self.global_batch != made:
-            raise LegalnbError(f'global_batch must equal micro_batch × grad_accum × gpus = '
-                               f'{self.micro_batch} × {self.grad_accum} × {self.gpus} = {made}, got {self.global_batch}')
+            raise LegalnbError(f'global_batch must equal micro_batch × grad_accum × gpus = {self.micro_batch} × '
+                               f'{self.grad_accum} × {self.gpus} = {made}, got {self.global_batch}')
 
 # %% ../nbs/07_presets.ipynb #e8d3b1a8
 @patch(as_prop=True)
@@ -160,51 +159,57 @@ def describe(self: Preset, file=None) -> str:
 
 # %% ../nbs/07_presets.ipynb #3c0be97f
 _CPT = dict(task='cpt', precision='auto', gpus=4, strategy='deepspeed-zero3', micro_batch=2)
-_LORA = dict(task='lora', steps=None, seq_len=None, micro_batch=1, warmup_steps=0.03, gpus=1, corpus_tokens=None, strategy='single')
-_SCRATCH = dict(task='scratch', seq_len=1024, micro_batch=4, precision='auto', gpus=1, corpus_tokens=None, strategy='single')
+_LORA = dict(task='lora', steps=None, seq_len=None, micro_batch=1, warmup_steps=0.03, gpus=1, corpus_tokens=None,
+             strategy='single')
+_SCRATCH = dict(task='scratch', seq_len=1024, micro_batch=4, precision='auto', gpus=1, corpus_tokens=None,
+                strategy='single')
 
 PRESETS: dict[tuple[str, str], Preset] = {(p.task, p.name): p for p in (
     Preset(**_CPT, name='full', lr=2e-5, steps=40_000, seq_len=4096, global_batch=128, grad_accum=16, warmup_steps=1000,
            corpus_tokens=5_000_000_000,
-           why='The quality baseline: 40,000 × 128 × 4,096 = 21B tokens, about 4.2 passes over the 5B-token corpus, at a '
-               'small LR (2e-5) that limits forgetting of the base model; ZeRO-3 shards weights, gradients and AdamW '
-               'state over the 4 GPUs so a 7B-class model fits in 80 GB.'),
+           why='The quality baseline: 40,000 × 128 × 4,096 = 21B tokens, about 4.2 passes over the '
+               '5B-token corpus, at a small LR (2e-5) that limits forgetting of the base model; ZeRO-3 '
+               'shards weights, gradients and AdamW state over the 4 GPUs so a 7B-class model fits in 80 '
+               'GB.'),
     Preset(**_CPT, name='fast', lr=3e-5, steps=12_000, seq_len=3072, global_batch=128, grad_accum=16, warmup_steps=300,
            corpus_tokens=2_000_000_000,
-           why='About a fifth of the compute of full: 12,000 × 128 × 3,072 = 4.7B tokens, 2.4 passes over the 2B-token filtered '
-               'corpus, with a slightly higher LR for the shorter horizon; trades long-context (4,096) exposure, the '
-               '3B tokens the filter dropped and some final loss for 4.4× fewer tokens.'),
+           why='About a fifth of the compute of full: 12,000 × 128 × 3,072 = 4.7B tokens, 2.4 passes over'
+               ' the 2B-token filtered corpus, with a slightly higher LR for the shorter horizon; trades '
+               'long-context (4,096) exposure, the 3B tokens the filter dropped and some final loss for '
+               '4.4× fewer tokens.'),
     Preset(**_CPT, name='aggressive', lr=3e-5 * math.sqrt(256 / 128), steps=6_000, seq_len=3072, global_batch=256,
            grad_accum=32, warmup_steps=300, corpus_tokens=2_000_000_000,
            why="fast's 4.7B tokens in half the optimizer steps: batch 256 with the square-root-scaled LR "
-               '(3e-5 × √2 ≈ 4.2e-5); saves time only where optimizer steps and all-reduces cost (ZeRO-3 on 4 GPUs), '
-               'and trades half the updates, so more loss per token beyond the critical batch size, and a higher '
-               'risk of spikes and forgetting.'),
+               '(3e-5 × √2 ≈ 4.2e-5); saves time only where optimizer steps and all-reduces cost (ZeRO-3 '
+               'on 4 GPUs), and trades half the updates, so more loss per token beyond the critical batch'
+               ' size, and a higher risk of spikes and forgetting.'),
     Preset(**_LORA, name='full', lr=2e-4, global_batch=16, grad_accum=16, precision='fp32',
-           why='The quality baseline: float32 throughout, effective batch 16 and LR 2e-4 (the LoRA rate QLoRA, Dettmers '
-               'et al. 2023, used for 7B/13B models); the slowest, since fp32 matrix products skip the tensor cores.'),
+           why='The quality baseline: float32 throughout, effective batch 16 and LR 2e-4 (the LoRA rate '
+               'QLoRA, Dettmers et al. 2023, used for 7B/13B models); the slowest, since fp32 matrix '
+               'products skip the tensor cores.'),
     Preset(**_LORA, name='fast', lr=2.5e-4, global_batch=32, grad_accum=32, precision='auto',
-           why='Half the optimizer steps of full and bf16/fp16 tensor cores (the time saved comes from the precision; '
-               'accumulation only halves the optimizer steps); LR 1.25× full, below the √2 of the square-root rule '
-               'to stay conservative; trades a little quality for roughly 2.6× less time.'),
+           why='Half the optimizer steps of full and bf16/fp16 tensor cores (the time saved comes from '
+               'the precision; accumulation only halves the optimizer steps); LR 1.25× full, below the √2'
+               ' of the square-root rule to stay conservative; trades a little quality for roughly 2.6× '
+               'less time.'),
     Preset(**_LORA, name='aggressive', lr=3e-4, global_batch=64, grad_accum=64, precision='auto',
-           why="A quarter of full's optimizer steps; LR 1.5× full, below the square-root rule's 2× because LoRA "
-               'diverges at high LR; little faster than fast (same work per example) and risks too few updates '
-               'on small data sets: check the step count the calculator prints.'),
+           why="A quarter of full's optimizer steps; LR 1.5× full, below the square-root rule's 2× "
+               'because LoRA diverges at high LR; little faster than fast (same work per example) and '
+               'risks too few updates on small data sets: check the step count the calculator prints.'),
     Preset(**_SCRATCH, name='full', lr=6e-4, steps=20_000, global_batch=32, grad_accum=8, warmup_steps=1000,
-           why="GPT-3's LR for its 125M model (6e-4, Brown et al. 2020, table 2.1) with a 1,000-step warm-up: "
-               '20,000 × 32 × 1,024 = 655M tokens, about 10 per matmul weight of the small size (compute-optimal is ~20, '
-               'Hoffmann et al. 2022); '
-               'micro-batch × accumulation per model size come from SIZE_BATCHES at the same global batch.'),
+           why="GPT-3's LR for its 125M model (6e-4, Brown et al. 2020, table 2.1) with a 1,000-step "
+               'warm-up: 20,000 × 32 × 1,024 = 655M tokens, about 10 per matmul weight of the small size '
+               '(compute-optimal is ~20, Hoffmann et al. 2022); micro-batch × accumulation per model size'
+               ' come from SIZE_BATCHES at the same global batch.'),
     Preset(**_SCRATCH, name='fast', lr=8e-4, steps=5_000, global_batch=32, grad_accum=8, warmup_steps=250,
-           why="A quarter of full's tokens (164M) for a first model in a quarter of the time; a shorter run tolerates "
-               'a higher peak LR (the best LR falls as the token horizon grows, Bjorck et al. 2024), so 8e-4; '
-               'trades final loss.'),
+           why="A quarter of full's tokens (164M) for a first model in a quarter of the time; a shorter "
+               'run tolerates a higher peak LR (the best LR falls as the token horizon grows, Bjorck et '
+               'al. 2024), so 8e-4; trades final loss.'),
     Preset(**_SCRATCH, name='aggressive', lr=8e-4 * math.sqrt(64 / 32), steps=2_500, global_batch=64, grad_accum=16,
            warmup_steps=250,
-           why="fast's tokens in half the optimizer steps: batch 64 and the square-root-scaled LR (8e-4 × √2 ≈ 1.1e-3) "
-               'with the same warm-up; trades stability (loss spikes at high LR) and per-token efficiency for fewer '
-               'optimizer steps, which pays on many GPUs more than on one.'),
+           why="fast's tokens in half the optimizer steps: batch 64 and the square-root-scaled LR (8e-4 ×"
+               ' √2 ≈ 1.1e-3) with the same warm-up; trades stability (loss spikes at high LR) and '
+               'per-token efficiency for fewer optimizer steps, which pays on many GPUs more than on one.'),
 )}
 
 # %% ../nbs/07_presets.ipynb #fea42afa
@@ -215,7 +220,8 @@ SIZE_BATCHES: dict[str, tuple[int, int]] = {  # size: (micro-batch per GPU, grad
 def get_preset(task: str, name: str, size: str | None = None) -> Preset:
     "The preset `name` for `task`; for 'scratch', `size` sets micro-batch/accumulation from SIZE_BATCHES."
     if (task, name) not in PRESETS:
-        raise LegalnbError(f'unknown preset {task}/{name}: tasks are {", ".join(TASKS)}, names {", ".join(PRESET_NAMES)}')
+        raise LegalnbError(f'unknown preset {task}/{name}: tasks are {", ".join(TASKS)}, '
+                           f'names {", ".join(PRESET_NAMES)}')
     p = PRESETS[task, name]
     if size is None: return p
     if task != 'scratch' or size not in SIZE_BATCHES:

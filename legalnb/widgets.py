@@ -9,7 +9,7 @@ import html
 import ipywidgets as W
 from fastcore.basics import patch
 from matplotlib.figure import Figure
-from .sources import LegalnbError
+from .core import LegalnbError, format_duration
 from .presets import GPUS, PRESET_NAMES, TASKS, get_preset
 from .resonance import MODEL_SIZES, config_for
 from .calculator import Estimate, estimate, plan_for
@@ -30,10 +30,11 @@ def in_jupyter() -> bool:
 class LiveLossPlot:
     "Trainer callback: one figure of train/val loss and tokens/s, redrawn in place in Jupyter; text lines elsewhere."
     def __init__(self, max_steps: int | None = None,  # steps of the run, for the log line's progress
-                 mode: str = 'auto',                    # 'auto' (plot in Jupyter, else text), 'plot', 'text', or 'quiet' (history only)
-                 every: int = 1,                        # redraw at most every `every` steps
-                 file=None):                            # where text lines go (default stdout)
-        if mode not in ('auto', 'plot', 'text', 'quiet'): raise ValueError(f"mode must be 'auto', 'plot', 'text' or 'quiet', got {mode!r}")
+                 mode: str = 'auto',     # 'auto' (plot in Jupyter, else text), 'plot', 'text', 'quiet' (history only)
+                 every: int = 1,         # redraw at most every `every` steps
+                 file=None):             # where text lines go (default stdout)
+        if mode not in ('auto', 'plot', 'text', 'quiet'):
+            raise LegalnbError(f"mode must be 'auto', 'plot', 'text' or 'quiet', got {mode!r}")
         self.mode = ('plot' if in_jupyter() else 'text') if mode == 'auto' else mode
         self.max_steps, self.every, self.file = max_steps, max(1, every), file
         self.steps, self.losses, self.tokens_per_sec, self.val_steps, self.val_losses = [], [], [], [], []
@@ -41,13 +42,15 @@ class LiveLossPlot:
 
     def on_step(self, r: dict):
         self.steps.append(r['step']); self.losses.append(r['loss']); self.tokens_per_sec.append(r.get('tokens_per_sec'))
-        if self.mode == 'text': print(format_log_line(r, self.max_steps or r['step']), file=self.file or sys.stdout, flush=True)
+        if self.mode == 'text':
+            print(format_log_line(r, self.max_steps or r['step']), file=self.file or sys.stdout, flush=True)
         elif self.mode == 'plot' and len(self.steps) % self.every == 0: self.show()
 
     def on_eval(self, r: dict):
         self.val_steps.append(r['step']); self.val_losses.append(r['val_loss'])
         if self.mode == 'text':
-            print(f"step {r['step']}: val loss {r['val_loss']:.4f}, perplexity {r['val_ppl']:.2f}", file=self.file or sys.stdout, flush=True)
+            print(f"step {r['step']}: val loss {r['val_loss']:.4f}, perplexity {r['val_ppl']:.2f}",
+                  file=self.file or sys.stdout, flush=True)
         elif self.mode == 'plot': self.show()
 
     def on_end(self, r: dict):
@@ -127,11 +130,13 @@ class PresetPicker:
         self.button = W.Button(description='Use this preset', button_style='primary')
         self.out, self.result, self.estimate, self.error = out, None, None, None
         self.task.observe(self._task_changed, names='value')
-        for w in (self.preset, self.gpu, self.gpus, self.price, self.params, self.mfu, self.examples, self.seq_len, self.size):
+        for w in (self.preset, self.gpu, self.gpus, self.price, self.params, self.mfu, self.examples, self.seq_len,
+                  self.size):
             w.observe(self.refresh, names='value')
         self.button.on_click(self.use)
         self.widget = W.VBox([W.HBox([self.task, self.preset, self.size]), W.HBox([self.gpu, self.gpus, self.price]),
-                              W.HBox([self.params, self.mfu]), W.HBox([self.examples, self.seq_len]), self.button, self.output])
+                              W.HBox([self.params, self.mfu]), W.HBox([self.examples, self.seq_len]), self.button,
+                              self.output])
         self.refresh()
 
     def _ipython_display_(self):
@@ -142,7 +147,8 @@ class PresetPicker:
 @patch
 def plan(self: PresetPicker):
     "The calculator `Plan` for the current widget values."
-    task, kw = self.task.value, dict(gpu=self.gpu.value, gpus=self.gpus.value, price_per_hour=self.price.value, mfu=self.mfu.value / 100)
+    task = self.task.value
+    kw = dict(gpu=self.gpu.value, gpus=self.gpus.value, price_per_hour=self.price.value, mfu=self.mfu.value / 100)
     if task == 'scratch':
         p = get_preset('scratch', self.preset.value)
         cfg = config_for(self.size.value, vocab_size=32768)
@@ -150,7 +156,9 @@ def plan(self: PresetPicker):
                    mixing_flops_per_token=cfg.flops_per_token(p.seq_len) - cfg.matmul_flops_per_token())
     else:
         kw |= dict(params=self.params.value * 1e9)
-        if task == 'lora': kw |= dict(examples=self.examples.value, seq_len=self.seq_len.value, lora_params=self.params.value * 1e9 * LORA_SHARE)
+        if task == 'lora':
+            kw |= dict(examples=self.examples.value, seq_len=self.seq_len.value,
+                       lora_params=self.params.value * 1e9 * LORA_SHARE)
     return plan_for(task, self.preset.value, **kw)
 
 @patch
@@ -159,7 +167,7 @@ def refresh(self: PresetPicker, change=None):
     try:
         self.estimate, self.error = estimate(self.plan()), None
         head = (f'<b>{self.task.value}/{self.preset.value}</b>: {self.estimate.steps:,} steps, '
-                f'{self.estimate.hours:,.1f} h, ${self.estimate.cost:,.0f}')
+                f'{format_duration(self.estimate.seconds)}, ${self.estimate.cost:,.0f}')
         self.output.value = f'{head}<pre>{html.escape(self.estimate.table())}</pre>'
     except LegalnbError as e:
         self.estimate, self.error = None, str(e)

@@ -1,7 +1,8 @@
 "The calculator: the issue's example, rounding, LR scaling, hardware checks, memory by hand, calibration, the CLI."
 import json, math, statistics, subprocess, sys, time
 import pytest
-from legalnb.sources import LegalnbError
+from legalnb import calculator, core
+from legalnb.core import LegalnbError
 from legalnb.calculator import (GIB, Plan, calibrate, compare, count_steps, estimate, estimate_main, estimate_memory,
                                 plan_for, scale_lr)
 from legalnb.cli import main
@@ -87,7 +88,8 @@ def test_preset_plan_and_cost():
     assert e.steps == 40_000 and e.tokens == 40_000 * 128 * 4096 and round(e.epochs, 2) == 4.19
     assert e.seconds == pytest.approx(6 * 7e9 * e.tokens / (4 * 989.4e12 * 0.4))
     assert e.cost == pytest.approx(e.hours * 4 * 3.0)
-    assert 'FLOPs = 6·N·D = 6 × 7B × 21B = 8.8e20 → at 40% of 4 × 989 TFLOP/s: 154.6 h' in e.lines[-2]
+    assert 'FLOPs = 6·N·D = 6 × 7B × 21B = 8.8e20 → at 40% of 4 × 989 TFLOP/s: 6.4 d' in e.lines[-2]
+    assert e.lines[-1] == f'cost = 4 GPU × 6.4 d at 3.00/GPU-h = {e.cost:,.2f}'
 
 
 def test_calibration_predicts_the_rest_of_a_real_cpu_run_within_15_percent():
@@ -146,11 +148,24 @@ def test_cli_json_and_table():
 
 @pytest.mark.parametrize('args,expect', [
     (['--steps', '10', '--gpu', 'tpu-v5'], "unknown GPU 'tpu-v5'"),
-    (['--steps', '-5', '--sec-per-step', '1'], 'steps must be > 0, got -5'),
+    (['--steps', '-5', '--sec-per-step', '1'], "--steps: expected a count of 0 or more, got '-5'"),
     (['--mfu', '0.4', '--steps', '1'], '--mfu is a percent'),
-    (['--sec-per-step', '1', '--mfu', '40'], 'not allowed with argument'),
-    (['--preset', 'cpt/turbo'], 'unknown preset cpt/turbo'),
-    (['--params', 'lots', '--steps', '1'], 'expected a number'),
+    (['--sec-per-step', '1', '--mfu', '40'], 'give one speed: --sec-per-step, --tokens-per-sec or --mfu'),
+    (['--preset', 'cpt/turbo'], '--preset cpt/turbo: unknown'),
+    (['--params', 'lots', '--steps', '1'], "--params: expected a number such as"),
+    (['--tokens', 'inf', '--seq-len', '8', '--sec-per-step', '1'], "--tokens: expected a finite number"),
+    (['--steps', '1e400', '--sec-per-step', '1'], "--steps: expected a finite number"),
+    (['--params', 'inf', '--steps', '10', '--seq-len', '8', '--gpu', 'h100-sxm', '--mfu', '40'], "--params: expected a finite"),
+    (['--params', 'nan', '--steps', '10'], "--params: expected a finite number"),
+    (['--examples', '-100', '--sec-per-step', '1'], "--examples: expected a count of 0 or more"),
+    (['--steps', '10', '--mfu', '-5'], '--mfu is a percent of the dense peak (40 for 40%), above 1 and at most 100, got -5'),
+    (['--steps', '10', '--sec-per-step', '-1'], '--sec-per-step must be more than 0, got -1'),
+    (['--steps', '10', '--batch-size', 'eight'], "--batch-size: expected a whole number, got 'eight'"),
+    (['--steps', '10', '--gpus', '0'], '--gpus must be more than 0, got 0'),
+    (['--steps', '10', '--epochs', '2'], 'give --epochs or --steps, not both'),
+    (['--steps', '10', '--gpu', 'tpu-v5'], "--gpu: unknown GPU 'tpu-v5'"),
+    (['--preset', 'nope', '--params', '7B'], '--preset nope: unknown; expected TASK/NAME'),
+    (['--steps', '1e300', '--seq-len', '1e9', '--params', '1e200', '--gpu', 'h100-sxm', '--mfu', '40'], 'figures overflow'),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args, expect):
     r = _cli(*args)
@@ -191,3 +206,40 @@ def test_calibration_from_trainer_metrics_records():
     assert calibration_from_metrics([dict(step=5, step_ms=10.0), dict(step=10, step_ms=12.0)]).mfu is None  # CPU: no MFU
     with pytest.raises(LegalnbError, match='must increase'): calibration_from_metrics([recs[1], recs[0], recs[2]])
     with pytest.raises(LegalnbError, match='need more than skip=1'): calibration_from_metrics(recs[:1])
+
+
+def test_estimate_of_inf_params_is_refused_not_printed():
+    "Today `--params inf` printed 'inf h, MFU nan%' and exited 0."
+    r = _cli('--steps', '100', '--seq-len', '1024', '--params', 'inf', '--gpu', 'h100-sxm', '--tokens-per-sec', '1000')
+    assert r.returncode == 2 and r.stdout == '' and 'inf' in r.stderr and 'nan' not in r.stderr
+    with pytest.raises(LegalnbError, match='params must be a number > 0, got inf'): Plan(params=float('inf'))
+    with pytest.raises(LegalnbError, match='overflow'): estimate(Plan(examples=10**400, sec_per_step=1))
+
+
+def test_help_lists_every_flag_it_had():
+    flags = json.load(open(__import__('pathlib').Path(__file__).parent/'fixtures'/'cli_flags.json'))['estimate']
+    r = _cli('--help')
+    assert r.returncode == 0 and all(f in r.stdout for f in flags), r.stdout
+
+
+def test_one_home_for_numbers_durations_and_precision():
+    "The calculator's own parse_count, duration and resolve_precision are gone: core's are the only ones."
+    for gone in ('duration', '_int_count', 'estimate_parser', 'plan_from_args', '_SUFFIX'):
+        assert not hasattr(calculator, gone), gone
+    assert calculator.parse_count is core.parse_count and calculator.format_duration is core.format_duration
+    assert 'parse_count' not in calculator.__all__
+
+
+def test_durations_below_an_hour_print_in_minutes_or_seconds():
+    e = estimate(Plan(examples=1000, micro_batch=8, sec_per_step=3.4, price_per_hour=2.5, claimed_hours=1))
+    table = e.table()
+    assert 'time         7.1 min' in table and '0.1 h' not in table and '0.0 h' not in table
+    assert e.lines[-1] == 'cost = 1 GPU × 7.1 min at 2.50/GPU-h = 0.30'
+    assert e.warnings[0].startswith('claimed 60.0 min, but time = 125 steps × 3.4 s = 425 s = 7.1 min')
+    assert str(compare(42.0, 50.0)) == 'predicted 42 s, measured 50 s: 16.0% under'
+
+
+def test_epochs_replace_a_presets_steps():
+    r = _cli('--preset', 'lora/fast', '--examples', '6400', '--epochs', '2', '--json')
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)['steps'] == 400

@@ -1,8 +1,9 @@
 "Presets and the GPU table: the issue's values, lookups by device name, refusals that name the valid choices."
 import math, subprocess, sys
 import pytest
-from legalnb.sources import LegalnbError
-from legalnb.presets import GPUS, PRESETS, SIZE_BATCHES, Preset, find_gpu, get_preset, peak_tflops, resolve_precision
+from legalnb import core, presets
+from legalnb.core import LegalnbError
+from legalnb.presets import GPUS, PRESETS, SIZE_BATCHES, Preset, find_gpu, get_preset, gpu_precision, peak_tflops
 
 
 def test_presets_import_without_torch():
@@ -21,7 +22,7 @@ def test_find_gpu_by_device_name(device, key):
 
 def test_dense_peaks_and_precision():
     assert (GPUS['h100-sxm'].bf16_tflops, GPUS['a100-80gb'].bf16_tflops, GPUS['l40s'].bf16_tflops) == (989.4, 312.0, 362.05)
-    assert GPUS['rtx-2080-ti'].bf16_tflops is None and resolve_precision('auto', GPUS['rtx-2080-ti']) == 'fp16'
+    assert GPUS['rtx-2080-ti'].bf16_tflops is None and gpu_precision('auto', GPUS['rtx-2080-ti']) == 'fp16'
     assert peak_tflops(GPUS['rtx-2080-ti']) == 53.8
     with pytest.raises(LegalnbError, match='no bf16'): peak_tflops(GPUS['rtx-2080-ti'], 'bf16')
 
@@ -64,3 +65,14 @@ def test_refusals_name_the_choices():
     with pytest.raises(LegalnbError, match='small, medium, large, xlarge'): get_preset('scratch', 'fast', 'huge')
     with pytest.raises(LegalnbError, match=r'2 × 16 × 4 = 128, got 64'):
         Preset('cpt', 'full', 2e-5, 40_000, 4096, 64, 2, 16, 'auto', 1000, 4, None, 'deepspeed-zero3', '')
+
+
+def test_one_precision_rule_from_core():
+    "presets keeps the GPU table; the precision rule and PRECISIONS are core's (no second copy)."
+    assert presets.PRECISIONS is core.PRECISIONS and presets.resolve_precision is core.resolve_precision
+    assert 'PRECISIONS' not in presets.__all__ and 'resolve_precision' not in presets.__all__
+    for key, gpu in GPUS.items():
+        assert gpu_precision('auto', gpu) == core.resolve_precision('auto', gpu.compute_capability), key
+    assert gpu_precision('auto', None) == 'fp32'
+    with pytest.raises(LegalnbError, match="precision must be one of auto, bf16, fp16, fp32, got 'int8'"):
+        peak_tflops(GPUS['h100-sxm'], 'int8')

@@ -4,6 +4,7 @@ import io, math
 import numpy as np
 import pytest
 
+from legalnb.core import LegalnbError, format_duration
 from legalnb.presets import get_preset
 from legalnb.widgets import LiveLossPlot, PresetPicker, plot_metrics
 
@@ -54,3 +55,16 @@ def test_live_plot_on_a_real_training_run(tmp_path):
     assert len(plot.val_losses) >= 2 and sum(l.startswith('step ') and '/6' in l for l in lines) == 6
     replay = plot_metrics(tmp_path/'run'/'metrics.jsonl')   # the run's own metrics file draws the same curve
     assert replay.steps == plot.steps and replay.losses == pytest.approx(plot.losses)
+
+
+def test_picker_prints_a_short_run_in_minutes_not_hours():
+    "Today a run of minutes showed as '0.1 h' in the picker's headline."
+    p = PresetPicker(task='lora', preset='fast', params_b=1.0, examples=63_000, seq_len=512)
+    head = p.output.value.split('<pre>')[0]
+    assert p.estimate.seconds < 3600 and format_duration(p.estimate.seconds) in head and ' h,' not in head
+    assert ('min' in head or ' s,' in head) and '0.0 h' not in p.output.value
+
+
+def test_live_plot_refuses_an_unknown_mode():
+    with pytest.raises(LegalnbError, match="mode must be 'auto', 'plot', 'text' or 'quiet', got 'bogus'"):
+        LiveLossPlot(mode='bogus')
