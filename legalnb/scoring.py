@@ -16,14 +16,16 @@ import yaml
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 
-from .sources import LegalnbError, Document, DOC_TYPES, atomic_write, write_jsonl, document_from_record, jsonl_records, record_fields
+from .core import LegalnbError, atomic_write, jsonl_records, parse_count, refuse_overwriting_inputs, run_command
+from .sources import Document, DOC_TYPES, write_jsonl, record_fields
 
 # %% auto #0
 __all__ = ['PRIORITY_TOPICS', 'CHARS_PER_TOKEN', 'ScoringRules', 'recency_points', 'type_points', 'length_points', 'topic_flags',
            'subject_points', 'language_points', 'Score', 'score_document', 'estimate_tokens', 'split_long_text',
            'tokenizer_counter', 'Candidate', 'year_band', 'gc_paused', 'scan_documents', 'language_quotas', 'rank',
-           'choose_documents', 'with_score', 'write_selected', 'synthetic_documents', 'select_documents',
-           'selection_report', 'report_table', 'write_report', 'plot_report', 'parse_token_count', 'select_main']
+           'choose_documents', 'with_score', 'copy_selected', 'write_selected', 'synthetic_documents',
+           'select_documents', 'selection_report', 'report_table', 'write_report', 'plot_report', 'token_target',
+           'select_command', 'select_main']
 
 # %% ../nbs/01_scoring.ipynb #718167de
 PRIORITY_TOPICS = ('data protection', 'gdpr', 'privacy', 'consumer rights', 'environment', 'climate',
@@ -287,13 +289,17 @@ def with_score(line: bytes, score: int, tokens: int, rewrite: bool = False) -> b
     rec = json.loads(line); rec.update(score=score, tokens=tokens)
     return json.dumps(rec, ensure_ascii=False).encode() + b'\n'
 
-def write_selected(src: Path, out: str | Path, chosen: Iterable[Candidate], rewrite: bool = False) -> int:
-    "Copy the chosen documents' lines from `src` to `out` in input order, adding score and tokens; atomic."
+def copy_selected(src: Path, dest: Path, chosen: Iterable[Candidate], rewrite: bool = False) -> int:
+    "Copy the chosen documents' lines from `src` to the file `dest` in input order, adding score and tokens."
     n = 0
-    with open(src, 'rb') as f, atomic_write(out) as tmp, open(tmp, 'wb', buffering=1 << 20) as w:   # 1 MB: most lines outgrow the default 8 KB
+    with open(src, 'rb') as f, open(dest, 'wb', buffering=1 << 20) as w:   # 1 MB: most lines outgrow the default 8 KB
         for c in sorted(chosen, key=lambda c: c.offset):   # in input order: the reads move forward through the file
             w.write(with_score(os.pread(f.fileno(), c.size, c.offset), c.score, c.tokens, rewrite)); n += 1
     return n
+
+def write_selected(src: Path, out: str | Path, chosen: Iterable[Candidate], rewrite: bool = False) -> int:
+    "`copy_selected` to `out`, atomically."
+    with atomic_write(out) as tmp: return copy_selected(src, tmp, chosen, rewrite)
 
 # %% ../nbs/01_scoring.ipynb #6d07e05a
 _WORDS = {'en': 'the member states shall ensure that commission measures article paragraph council annex market',
@@ -321,15 +327,29 @@ def synthetic_documents(n: int, seed: int = 0, langs: dict[str, float] | None = 
                        [rng.choice(_TOPICS)], f'synthetic/{i}')
 
 # %% ../nbs/01_scoring.ipynb #aac98d6a
+def _refuse_outputs(inputs: list, out, report):
+    "Raise if `out` or `report` is one of the `inputs`, or if they are the same file."
+    inputs = [p for p in inputs if p]
+    refuse_overwriting_inputs(inputs, [out], '--out')
+    if report:
+        refuse_overwriting_inputs(inputs, [report], '--report')
+        if Path(report).resolve() == Path(out).resolve():
+            raise LegalnbError(f'--report {report} is the same file as --out; choose another --report')
+
 def select_documents(src: str | Path, out: str | Path, target_tokens: int, rules: ScoringRules | None = None,
                      tokenizer: str | Path | None = None,  # tokenizer.json to count tokens with; None: characters / 4
-                     tolerance: float = 0.02,                # allowed gap between a language's selected and target share
+                     tolerance: float = 0.02,   # allowed gap between a language's selected and target share
+                     report: str | Path | None = None,     # where to write the report too (JSON); None: not written
                      ) -> dict:
     "Score every document of the JSONL `src`, write the best up to `target_tokens` to `out`, and return the report."
     src, rules, t0 = Path(src), rules or ScoringRules(), time.perf_counter()
-    if not isinstance(target_tokens, int) or target_tokens <= 0: raise LegalnbError(f'target tokens must be a positive integer, got {target_tokens!r}')
-    if not 0 < tolerance < 1: raise LegalnbError(f'tolerance must be a fraction between 0 and 1 (0.02 = 2 percentage points), got {tolerance!r}')
-    if not src.is_file(): raise LegalnbError(f'{src}: no such file; expected a JSONL file of documents (the output of legalnb parse)')
+    if not isinstance(target_tokens, int) or target_tokens <= 0:
+        raise LegalnbError(f'target tokens must be a positive integer, got {target_tokens!r}')
+    if not 0 < tolerance < 1:
+        raise LegalnbError(f'tolerance must be a fraction between 0 and 1 (0.02 = 2 percentage points), got {tolerance!r}')
+    _refuse_outputs([src, tokenizer], out, report)
+    if not src.is_file():
+        raise LegalnbError(f'{src}: no such file; expected a JSONL file of documents (the output of legalnb parse)')
     found, counters = scan_documents(src, rules, tokenizer_counter(tokenizer) if tokenizer else estimate_tokens)
     input_tokens, eligible_tokens = Counter(), Counter()
     for c in found:
@@ -337,11 +357,14 @@ def select_documents(src: str | Path, out: str | Path, target_tokens: int, rules
         if c.score >= rules.threshold: eligible_tokens[c.lang] += c.tokens
     quotas = language_quotas(input_tokens, eligible_tokens, target_tokens)
     chosen, why = choose_documents(found, quotas, target_tokens, rules.threshold)
-    write_selected(src, out, chosen, rewrite=counters['kept.rescored'] > 0)
     token_source = f'tokenizer {tokenizer}' if tokenizer else f'estimate: characters / {CHARS_PER_TOKEN}'
     counters.update(why)
-    return selection_report(found, chosen, counters, quotas, rules, target_tokens, tolerance, token_source,
-                            dict(input=str(src), output=str(out), seconds=round(time.perf_counter() - t0, 3)))
+    with atomic_write(out) as tmp:   # the report is written inside: if it fails, the selection is not replaced either
+        copy_selected(src, tmp, chosen, rewrite=counters['kept.rescored'] > 0)
+        result = selection_report(found, chosen, counters, quotas, rules, target_tokens, tolerance, token_source,
+                                  dict(input=str(src), output=str(out), seconds=round(time.perf_counter() - t0, 3)))
+        if report: write_report(result, report)
+    return result
 
 # %% ../nbs/01_scoring.ipynb #d97402b9
 def _groups(found: Iterable[Candidate], picked: set, threshold: int) -> dict:
@@ -471,31 +494,28 @@ def plot_report(report: dict):
     return fig
 
 # %% ../nbs/01_scoring.ipynb #8825a288
-def parse_token_count(text: str) -> int:
-    "A positive token count from '2000000', '2e9', '500M' or '2B'."
-    scale = {'K': 10**3, 'M': 10**6, 'B': 10**9, 'G': 10**9, 'T': 10**12}.get(text.strip()[-1:].upper(), 1)
-    try: n = float(text.strip()[:-1] if scale > 1 else text) * scale
-    except ValueError: n = None
-    if n is None or n != n or n < 1 or n == float('inf'):
-        raise LegalnbError(f'--target-tokens must be a positive number of tokens (e.g. 2000000, 2e9, 500M, 2B), got {text!r}')
-    return int(n)
+def token_target(text: str) -> int:
+    "A token budget of at least 1 from '2,000,000', '2e9', '500M' or '2B' (an argparse type: the parser names the flag)."
+    try: n = parse_count(text)
+    except LegalnbError as e: raise argparse.ArgumentTypeError(str(e)) from None
+    if n < 1: raise argparse.ArgumentTypeError(f'expected at least 1 token, such as 2,000,000, 2e9, 500M or 2B, got {text!r}')
+    return n
 
-def select_main(argv: list[str]) -> int:
-    "`legalnb select`: score, select up to a token target, write the selection and the report, print the table."
-    p = argparse.ArgumentParser(prog='legalnb select', description='Score documents and select the best up to a token target, keeping the language mix.')
-    p.add_argument('input', help='JSONL of documents (the output of legalnb parse)')
-    p.add_argument('--out', default='selected.jsonl', help='where to write the selected documents: JSONL, each with score and tokens (default: selected.jsonl)')
-    p.add_argument('--target-tokens', required=True, help='token budget: 2000000, 2e9, 500M, 2B')
-    p.add_argument('--threshold', type=int, help='minimum score to be eligible (default: the rules, 70)')
-    p.add_argument('--report', help='also write the selection report here (JSON)')
-    p.add_argument('--rules', help='YAML or JSON file overriding scoring rules (see nbs/01_scoring.ipynb)')
-    p.add_argument('--tokenizer', help=f'tokenizer.json to count tokens with (default: characters / {CHARS_PER_TOKEN})')
-    p.add_argument('--tolerance', type=float, default=0.02, help='allowed gap between a language\'s selected and target share (default 0.02)')
-    a = p.parse_args(argv)
-    target = parse_token_count(a.target_tokens)
-    rules = ScoringRules.load(a.rules) if a.rules else ScoringRules()
-    if a.threshold is not None: rules = replace(rules, threshold=a.threshold)
-    report = select_documents(a.input, a.out, target, rules, a.tokenizer, a.tolerance)
-    if a.report: write_report(report, a.report)
-    print(report_table(report)); print(f'\nwrote {a.out}' + (f' and {a.report}' if a.report else ''))
-    return 0
+def select_command(input: str,                         # JSONL of documents (the output of legalnb parse)
+                   out: str = 'selected.jsonl',        # where to write the selected documents: JSONL with score and tokens
+                   target_tokens: token_target = None, # token budget (required): 2,000,000, 2e9, 500M, 2B
+                   threshold: int | None = None,       # minimum score to be eligible; without it, the rules' threshold
+                   report: str | None = None,          # also write the selection report here (JSON)
+                   rules: str | None = None,           # YAML or JSON file overriding scoring rules (see nbs/01_scoring.ipynb)
+                   tokenizer: str | None = None,       # tokenizer.json to count tokens with; without it, characters / 4
+                   tolerance: float = 0.02):           # allowed gap between a language's selected and target share
+    "Score documents and select the best up to a token target, keeping the language mix."
+    if target_tokens is None:
+        raise LegalnbError('--target-tokens is required: a token budget such as 2M; see legalnb select --help')
+    _refuse_outputs([input, rules, tokenizer], out, report)
+    chosen_rules = ScoringRules.load(rules) if rules else ScoringRules()
+    if threshold is not None: chosen_rules = replace(chosen_rules, threshold=threshold)
+    result = select_documents(input, out, target_tokens, chosen_rules, tokenizer, tolerance, report)
+    print(report_table(result)); print(f'\nwrote {out}' + (f' and {report}' if report else ''))
+
+def select_main(argv: list[str]) -> int: return run_command(select_command, argv, 'legalnb select')

@@ -4,10 +4,9 @@
 
 # %% ../nbs/00_sources.ipynb #7dc9bb63
 from __future__ import annotations
-import argparse, json, math, os, random, re, shutil, tempfile, time, uuid
+import json, math, os, random, re, shutil, tempfile, uuid
 import xml.etree.ElementTree as ET
 from collections import Counter, defaultdict
-from contextlib import contextmanager
 from dataclasses import dataclass, field, asdict
 from datetime import date, timedelta
 from pathlib import Path
@@ -16,32 +15,16 @@ from xml.sax.saxutils import escape
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 
+from .core import LegalnbError, atomic_write, jsonl_records, refuse_overwriting_inputs, run_command
+
 # %% auto #0
-__all__ = ['DOC_TYPES', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORDS', 'FORMEX_BLOCKS', 'FORMEX_SKIP', 'FORMEX_LABELS',
-           'SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS', 'LegalnbError', 'atomic_write', 'Document',
+__all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORDS', 'EU_LANGUAGES', 'FORMEX_BLOCKS',
+           'FORMEX_SKIP', 'FORMEX_LABELS', 'SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS', 'Document',
            'write_jsonl', 'parse_date', 'Celex', 'parse_celex', 'doc_type_from_celex', 'celex_from_number',
-           'doc_type_from_legal_value', 'doc_type_from_title', 'record_fields', 'document_from_record', 'jsonl_records',
-           'read_jsonl_documents', 'formex_text', 'read_formex_file', 'formex_document', 'read_formex',
-           'read_documents', 'parse_documents', 'format_parse_summary', 'SampleAct', 'plan_act', 'sample_publications',
-           'write_sample', 'sample_main', 'parse_main']
-
-# %% ../nbs/00_sources.ipynb #b2aa242d
-class LegalnbError(Exception):
-    "Bad input or a failed stage: the message names the file, the position and what was expected."
-
-# %% ../nbs/00_sources.ipynb #52b90f99
-@contextmanager
-def atomic_write(dest: str | Path, suffix: str = '') -> Iterator[Path]:
-    "Yield a temporary path beside `dest`; rename it to `dest` if the block succeeds, delete it otherwise."
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f'.{dest.name}.', suffix=suffix + '.tmp', dir=dest.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp): os.unlink(tmp)
+           'doc_type_from_legal_value', 'doc_type_from_title', 'check_language', 'record_fields',
+           'document_from_record', 'read_jsonl_documents', 'formex_text', 'read_formex_file', 'formex_document',
+           'read_formex', 'read_documents', 'parse_documents', 'format_parse_summary', 'SampleAct', 'plan_act',
+           'sample_publications', 'write_sample', 'sample_command', 'parse_command', 'sample_main', 'parse_main']
 
 # %% ../nbs/00_sources.ipynb #9cdec564
 DOC_TYPES = ('regulation', 'directive', 'decision', 'recommendation', 'other')
@@ -75,16 +58,24 @@ def write_jsonl(records: Iterable[dict], dest: str | Path) -> int:
 
 # %% ../nbs/00_sources.ipynb #c139c514
 _DATE = re.compile(r'(\d{4})-?(\d{2})-?(\d{2})(?:[T ][\d:.+\-Z]*)?')
+FIRST_YEAR = 1950   # the oldest acts in EUR-Lex are from 1951 (ECSC); the last year allowed is next year
+
+def _in_range(d: date, value, where: str) -> date:
+    "`d`, or an error naming `where` when its year is before `FIRST_YEAR` or after next year."
+    if FIRST_YEAR <= d.year <= date.today().year + 1: return d
+    raise LegalnbError(f'{where}: date {value!r} is outside {FIRST_YEAR}-{date.today().year + 1}, the years an EU act can '
+                       'have; give the date of the act, or leave "date" empty (9999-12-31 means "no end date" in EUR-Lex)')
 
 def parse_date(value, where: str = '') -> date | None:
     "An ISO date (`2016-04-27`, `20160427`) or None when empty; anything else raises, naming `where`."
     if type(value) is str and len(value) == 10 and value[4] == value[7] == '-':   # the usual form: parsed in C
-        try: return date.fromisoformat(value)
+        try: return _in_range(date.fromisoformat(value), value, where)
         except ValueError: pass                                                  # the general rule below says what is wrong
     if value is None or str(value).strip() == '': return None
     m = _DATE.fullmatch(str(value).strip())
-    try: return date(int(m[1]), int(m[2]), int(m[3]))
+    try: d = date(int(m[1]), int(m[2]), int(m[3]))
     except (TypeError, ValueError): raise LegalnbError(f'{where}: date {value!r} is not a valid yyyy-mm-dd date') from None
+    return _in_range(d, value, where)
 
 # %% ../nbs/00_sources.ipynb #1ba4b530
 _CELEX = re.compile(r'(?P<sector>[0-9CE])(?P<year>\d{4})(?P<type>[A-Z]{1,3})(?P<number>\d{1,4})'
@@ -147,7 +138,9 @@ def doc_type_from_title(title: str) -> str:
 
 # %% ../nbs/00_sources.ipynb #d76f4444
 _TYPE_NAMES = frozenset(DOC_TYPES) - {'other'}
-_LANG_CODE = re.compile('[a-z]{2,3}')
+EU_LANGUAGES = ('bg', 'cs', 'da', 'de', 'el', 'en', 'es', 'et', 'fi', 'fr', 'ga', 'hr',
+                'hu', 'it', 'lt', 'lv', 'mt', 'nl', 'pl', 'pt', 'ro', 'sk', 'sl', 'sv')   # the 24 official languages
+_EU_LANGUAGES = frozenset(EU_LANGUAGES)
 
 def _doc_type(value, celex: str) -> str:
     "A `DOC_TYPES` entry from a type name or legal value, else from the CELEX number, else 'other'."
@@ -158,43 +151,48 @@ def _doc_type(value, celex: str) -> str:
     try: return doc_type_from_celex(celex) if celex else 'other'
     except LegalnbError: return 'other'
 
-def _subjects(value) -> list[str]:
+def _json_kind(value) -> str:
+    "What a JSON value is, in JSON's words: 'a number 42', 'a list', 'true'."
+    if isinstance(value, bool): return str(value).lower()
+    if isinstance(value, (int, float)): return f'a number ({value!r})' if value == value else 'NaN'
+    return {list: 'a list', dict: 'an object'}.get(type(value), type(value).__name__)
+
+def _subjects(value, where: str = '') -> list[str]:
     "Subjects as a list of strings: from a list, or from one string separated by `;`."
     items = value.split(';') if isinstance(value, str) else (value or [])
-    return [str(s).strip() for s in items if str(s).strip()]
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise LegalnbError(f'{where}: "subjects" must be a list of strings or one string separated by ";", '
+                           f'got {_json_kind(value)}')
+    return [s.strip() for s in items if s.strip()]
+
+def check_language(lang, where: str = '') -> str:
+    "`lang` in lower case if it is one of `EU_LANGUAGES`, else an error that names `where` and lists them."
+    code = lang.strip().lower() if isinstance(lang, str) else lang
+    if code in _EU_LANGUAGES: return code
+    raise LegalnbError(f'{where}: "lang" {lang!r} is not one of the 24 official EU languages; '
+                       f'write its ISO 639-1 code: {", ".join(EU_LANGUAGES)}')
 
 # %% ../nbs/00_sources.ipynb #b9845dc0
 def record_fields(rec: dict, where: str = '') -> tuple[str, str, str, str, date | None, str, list[str]]:
-    "The checked (celex, title, text, lang, date, doc_type, subjects) of one JSON record, with the defaults above; `where` names it in errors."
+    "The checked (celex, title, text, lang, date, doc_type, subjects) of one JSON record; `where` names it in errors."
     text = rec.get('text')
-    if not isinstance(text, str) or not text or text.isspace(): raise LegalnbError(f'{where}: missing or empty "text"; every record needs the document text')
-    lang = str(rec.get('lang') or rec.get('language') or '').strip().lower()
-    if not _LANG_CODE.fullmatch(lang): raise LegalnbError(f'{where}: "lang" {lang!r} is not a language code such as "en"')
+    if type(text) is not str:
+        if text is not None: raise LegalnbError(f'{where}: "text" must be a string, got {_json_kind(text)}; '
+                                                'put the document text in quotes')
+        text = ''
+    if not text or text.isspace():
+        raise LegalnbError(f'{where}: missing or empty "text"; every record needs the document text')
+    title = rec.get('title') or ''
+    if type(title) is not str:
+        raise LegalnbError(f'{where}: "title" must be a string, got {_json_kind(title)}; quote it, or leave it out')
+    lang = check_language(rec.get('lang') or rec.get('language') or '', where)
     celex = str(rec.get('celex') or '').strip().upper()
-    return (celex, ' '.join(str(rec.get('title') or '').split()), text, lang, parse_date(rec.get('date'), where),
-            _doc_type(rec.get('doc_type'), celex), _subjects(rec.get('subjects')))
+    return (celex, ' '.join(title.split()), text, lang, parse_date(rec.get('date'), where),
+            _doc_type(rec.get('doc_type'), celex), _subjects(rec.get('subjects'), where))
 
 def document_from_record(rec: dict, where: str = '', source: str = '') -> Document:
     "A `Document` from one JSON record, with the defaults above; `where` names the record in errors."
     return Document(*record_fields(rec, where), str(rec.get('source') or source))
-
-# %% ../nbs/00_sources.ipynb #55882e79
-_decode_json = json.JSONDecoder().decode
-
-def jsonl_records(path: str | Path) -> Iterator[tuple[int, int, int, dict]]:
-    "Yield (line number, byte offset, bytes, record) for each non-blank line of a JSON-lines file; a bad line raises with its number."
-    offset = 0
-    with open(path, 'rb', buffering=1 << 18) as f:   # 256 kB: lines of a few kB each cost a read with the default 8 kB
-        for n, raw in enumerate(f, 1):
-            start, offset = offset, offset + len(raw)
-            try: line = raw.decode('utf-8-sig' if n == 1 else 'utf-8')   # a byte-order mark may open the file
-            except UnicodeDecodeError as e: raise LegalnbError(f'{path}, line {n}: byte {e.start + 1} is not UTF-8; save the file as UTF-8') from None
-            if not line or line.isspace(): continue
-            try: rec = _decode_json(line)
-            except json.JSONDecodeError as e:
-                raise LegalnbError(f'{path}, line {n}: not JSON ({e.msg} at character {e.pos + 1}); expected one JSON object (a document) per line') from None
-            if type(rec) is not dict: raise LegalnbError(f'{path}, line {n}: expected a JSON object (a document), got {type(rec).__name__}')
-            yield n, start, len(raw), rec
 
 # %% ../nbs/00_sources.ipynb #ad715cce
 def read_jsonl_documents(path: str | Path) -> Iterator[Document]:
@@ -309,16 +307,27 @@ def _formex_subjects(wrapper: ET.Element | None) -> list[str]:
     return [' '.join(e.text.split()) for e in (wrapper.iter() if wrapper is not None else []) if e.tag in ('KEYWORD', 'SUBJECT') and e.text]
 
 # %% ../nbs/00_sources.ipynb #00f70d50
-def formex_document(act_path: Path, act: ET.Element, wrapper: ET.Element | None = None, annexes: Iterable[ET.Element] = ()) -> Document:
+def _formex_text(act_path: Path, act: ET.Element, annexes: Iterable[ET.Element]) -> str:
+    "The act's text, then its annexes'; XML nested too deeply for a recursive walk is an error naming the file."
+    try: return '\n\n'.join(p for p in [formex_text(act, skip=['TITLE'])] + [formex_text(a) for a in annexes] if p)
+    except RecursionError:
+        raise LegalnbError(f'{act_path}: elements nested too deeply (hundreds of levels; Formex acts nest a few dozen): '
+                           'is this a Formex file? Remove it from the input or fix its structure') from None
+
+def formex_document(act_path: Path, act: ET.Element, wrapper: ET.Element | None = None,
+                    annexes: Iterable[ET.Element] = ()) -> Document:
     "One `Document` from a parsed act, its wrapper (optional) and its annexes."
     roots = [r for r in (wrapper, act) if r is not None]
-    lang = _first_text(roots, './/LG.DOC', './/LG.OJ').lower()
+    lang = _first_text(roots, './/LG.DOC', './/LG.OJ')
     if not lang: raise LegalnbError(f'{act_path}: no LG.DOC or LG.OJ element, so the language is unknown')
-    day, title = _first(roots, './FMX/DOC.MAIN.PUB/DATE', './BIB.INSTANCE/DATE'), _formex_title(wrapper, act)
-    doc_type = _formex_type(roots, title)
-    text = '\n\n'.join(p for p in [formex_text(act, skip=['TITLE'])] + [formex_text(a) for a in annexes] if p)
+    lang = check_language(lang, f'{act_path}: LG.DOC')
+    text = _formex_text(act_path, act, annexes)
     if not text: raise LegalnbError(f'{act_path}: the {act.tag} has no text (expected PREAMBLE, ENACTING.TERMS or FINAL)')
-    return Document(_formex_celex(roots, doc_type, act_path), title, text, lang, parse_date(day.get('ISO') if day is not None else None, str(act_path)),
+    try: title = _formex_title(wrapper, act)
+    except RecursionError: raise LegalnbError(f'{act_path}: the TITLE is nested too deeply; is this a Formex file?') from None
+    day, doc_type = _first(roots, './FMX/DOC.MAIN.PUB/DATE', './BIB.INSTANCE/DATE'), _formex_type(roots, title)
+    return Document(_formex_celex(roots, doc_type, act_path), title, text, lang,
+                    parse_date(day.get('ISO') if day is not None else None, str(act_path)),
                     doc_type, _formex_subjects(wrapper), str(act_path))
 
 # %% ../nbs/00_sources.ipynb #89418d59
@@ -401,9 +410,12 @@ def _count(counts: Counter, doc: Document):
 
 def parse_documents(inputs: Iterable[str | Path], out: str | Path, progress: bool | None = None) -> Counter:
     "Read `inputs`, drop duplicates, write `out` as JSON lines atomically; return the counters."
+    inputs = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
+    refuse_overwriting_inputs(inputs, [out])
     counts, seen = Counter(), set()
     def kept():
-        for doc in tqdm(read_documents(inputs, skip=[out]), desc='parse', unit=' docs', disable=None if progress is None else not progress):
+        docs = read_documents(inputs, skip=[out])
+        for doc in tqdm(docs, desc='parse', unit=' docs', disable=None if progress is None else not progress):
             if doc.celex and (doc.celex, doc.lang) in seen: counts['dropped.duplicate'] += 1; continue
             seen.add((doc.celex, doc.lang)); _count(counts, doc)
             yield doc.to_json()
@@ -873,47 +885,56 @@ def _replace_folder(new: Path, dest: Path):
         finally: shutil.rmtree(old, ignore_errors=True)
     else: raise LegalnbError(f'{dest}: could not replace it; is another process writing it?')
 
+def _write_publications(tmp: Path, docs: int, seed: int) -> dict:
+    "Write the sample's publications and its `sample.json` into the folder `tmp`; return the manifest."
+    manifest = dict(seed=seed, docs=docs, publications=[])
+    for act, lang, fmx, uid in sample_publications(docs, seed):
+        files = _Writer(act, lang, fmx).publication(uid)
+        for rel, xml in files:
+            (tmp/rel).parent.mkdir(parents=True, exist_ok=True); (tmp/rel).write_text(xml, encoding='utf-8')
+        manifest['publications'].append(dict(folder=files[0][0].split('/')[0], celex=act.celex, lang=lang,
+                                             doc_type=act.doc_type, date=act.day.isoformat(), subjects=act.subjects,
+                                             formex=fmx))
+    (tmp/'sample.json').write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + '\n', encoding='utf-8')
+    return manifest
+
 def write_sample(out: str | Path, docs: int = 200, seed: int = 0) -> dict:
     "Write a deterministic synthetic Formex corpus of `docs` publications to folder `out`; return its manifest."
     out = Path(out)
     if docs < 1: raise LegalnbError(f'--docs must be at least 1, got {docs}')
     if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out/'sample.json').exists()):
         raise LegalnbError(f'{out}: exists and is not a legalnb sample; choose a new folder')
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f'.{out.name}.', dir=out.parent))
+    made = [p for p in reversed([out.parent, *out.parent.parents]) if not p.exists()]   # folders we create, outermost first
+    tmp = None
     try:
-        manifest = dict(seed=seed, docs=docs, publications=[])
-        for act, lang, fmx, uid in sample_publications(docs, seed):
-            files = _Writer(act, lang, fmx).publication(uid)
-            for rel, xml in files:
-                (tmp/rel).parent.mkdir(parents=True, exist_ok=True); (tmp/rel).write_text(xml, encoding='utf-8')
-            manifest['publications'].append(dict(folder=files[0][0].split('/')[0], celex=act.celex, lang=lang, doc_type=act.doc_type,
-                                                 date=act.day.isoformat(), subjects=act.subjects, formex=fmx))
-        (tmp/'sample.json').write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + '\n', encoding='utf-8')
-        os.chmod(tmp, 0o755); _replace_folder(tmp, out)
-    finally: shutil.rmtree(tmp, ignore_errors=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f'.{out.name}.', dir=out.parent))
+        manifest = _write_publications(tmp, docs, seed)
+        umask = os.umask(0o22); os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)   # mkdtemp makes 0700; a plain mkdir gives 0777 less the umask
+        _replace_folder(tmp, out)
+    except OSError as e:
+        raise LegalnbError(f'{out}: could not be written ({e.strerror}); nothing was changed') from None
+    finally:
+        if tmp is not None: shutil.rmtree(tmp, ignore_errors=True)
+        if not out.exists():
+            for p in reversed(made): shutil.rmtree(p, ignore_errors=True)
     return manifest
 
 # %% ../nbs/00_sources.ipynb #ee069f88
-def sample_main(argv: list[str]) -> int:
-    "`legalnb sample OUT --docs N --seed S`: write a synthetic Formex corpus."
-    p = argparse.ArgumentParser(prog='legalnb sample', description='Write a deterministic synthetic corpus of Formex publications.')
-    p.add_argument('out', help='folder to write (an earlier sample there is replaced)')
-    p.add_argument('--docs', type=int, default=200, help='number of publications (default: 200)')
-    p.add_argument('--seed', type=int, default=0, help='random seed: the same seed writes the same bytes (default: 0)')
-    a = p.parse_args(argv)
-    t0 = time.perf_counter()
-    pubs = write_sample(a.out, a.docs, a.seed)['publications']
+def sample_command(out: str,       # folder to write (an earlier sample there is replaced)
+                   docs: int = 200, # number of publications
+                   seed: int = 0):  # random seed: the same seed writes the same bytes
+    "Write a deterministic synthetic corpus of Formex publications."
+    pubs = write_sample(out, docs, seed)['publications']
     langs = Counter(x['lang'] for x in pubs)
-    print(f'wrote {len(pubs):,} Formex publications ({len({x["celex"] for x in pubs}):,} acts) to {a.out} in {time.perf_counter() - t0:.1f} s; '
+    print(f'wrote {len(pubs):,} Formex publications ({len({x["celex"] for x in pubs}):,} acts) to {out}: '
           + ', '.join(f'{l} {n}' for l, n in langs.most_common()))
-    return 0
 
-def parse_main(argv: list[str]) -> int:
-    "`legalnb parse INPUT... --out parsed.jsonl`: Formex and JSONL inputs to one normalised JSONL file."
-    p = argparse.ArgumentParser(prog='legalnb parse', description='Read Formex publications and JSONL files into one JSONL file of documents.')
-    p.add_argument('inputs', nargs='+', help='folders, .jsonl files or Formex .xml files')
-    p.add_argument('--out', default='parsed.jsonl', help='output JSONL, one Document per line (default: parsed.jsonl)')
-    a = p.parse_args(argv)
-    print(format_parse_summary(parse_documents(a.inputs, a.out), a.out))
-    return 0
+def parse_command(inputs: list[str],          # folders, .jsonl files or Formex .xml files
+                  out: str = 'parsed.jsonl'):  # output JSONL, one Document per line; never one of the inputs
+    "Read Formex publications and JSONL files into one JSONL file of documents."
+    print(format_parse_summary(parse_documents(inputs, out), out))
+
+def sample_main(argv: list[str]) -> int: return run_command(sample_command, argv, 'legalnb sample')
+def parse_main(argv: list[str]) -> int: return run_command(parse_command, argv, 'legalnb parse')

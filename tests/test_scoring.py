@@ -130,14 +130,25 @@ BAD = {  # name: (file bytes or None for a missing file, extra args, expected wo
     'empty':        (b'\n\n', [], 'no documents (the file is empty)'),
     'not json':     (b'{"celex": "a", "lang": "en", "text": "ok"}\n{oops}\n', [], 'line 2: not JSON'),
     'no text':      (b'{"celex": "a", "lang": "en", "text": "ok"}\n{"celex": "b", "lang": "en"}\n', [], 'line 2: missing or empty "text"'),
+    'numeric text': (b'{"celex": "a", "lang": "en", "text": 42}\n', [], 'line 1: "text" must be a string, got a number (42)'),
+    'NaN title':    (b'{"celex": "a", "lang": "en", "text": "ok", "title": NaN}\n', [], 'line 1: "title" must be a string, got NaN'),
+    'number title': (b'{"celex": "a", "lang": "en", "text": "ok", "title": 1.5}\n', [], '"title" must be a string, got a number (1.5)'),
+    'lang zz':      (b'{"celex": "a", "lang": "zz", "text": "ok"}\n', [], "line 1: \"lang\" 'zz' is not one of the 24 official EU"),
+    'year 9999':    (b'{"celex": "a", "lang": "en", "text": "ok", "date": "9999-12-31"}\n', [], "date '9999-12-31' is outside 1950-"),
+    'year 1949':    (b'{"celex": "a", "lang": "en", "text": "ok", "date": "1949-01-01"}\n', [], "date '1949-01-01' is outside 1950-"),
+    'duplicate key': (b'{"celex": "a", "lang": "en", "text": "ok", "lang": "de"}\n', [], "line 1: duplicate key 'lang'"),
     'not utf-8':    (b'{"celex": "a", "lang": "en", "text": "caf\xe9"}\n', [], 'line 1: byte 42 is not UTF-8'),
     'not object':   (b'[1, 2]\n', [], 'line 1: expected a JSON object'),
     'bad date':     (b'{"celex": "a", "lang": "en", "text": "ok", "date": "someday"}\n', [], 'line 1: date'),
-    'zero target':  (b'{"celex": "a", "lang": "en", "text": "ok"}\n', ['--target-tokens', '0'], '--target-tokens must be a positive number'),
-    'minus target': (b'{"celex": "a", "lang": "en", "text": "ok"}\n', ['--target-tokens', '-5'], '--target-tokens must be a positive number'),
+    'zero target':  (b'{"celex": "a", "lang": "en", "text": "ok"}\n', ['--target-tokens', '0'], '--target-tokens: expected at least 1 token'),
+    'minus target': (b'{"celex": "a", "lang": "en", "text": "ok"}\n', ['--target-tokens', '-5'], '--target-tokens: expected a count of 0 or more'),
+    'inf target':   (b'{"celex": "a", "lang": "en", "text": "ok"}\n', ['--target-tokens', 'inf'], '--target-tokens: expected a finite number'),
+    'word target':  (b'{"celex": "a", "lang": "en", "text": "ok"}\n', ['--target-tokens', 'eight'], '--target-tokens: expected a number'),
+    'no target':    (b'{"celex": "a", "lang": "en", "text": "ok"}\n', ['--target-tokens'], '--target-tokens: expected one argument'),
     'no tokenizer': (b'{"celex": "a", "lang": "en", "text": "ok"}\n', ['--tokenizer', 'nope.json'], 'no such tokenizer file'),
     'bad rules':    (b'{"celex": "a", "lang": "en", "text": "ok"}\n', ['--rules', 'RULES'], "unknown rule 'treshold'"),
 }
+NAMES_NO_FILE = ('zero target', 'minus target', 'inf target', 'word target', 'no target', 'no tokenizer', 'bad rules')
 
 @pytest.mark.parametrize('name', BAD)
 def test_bad_input_is_one_line_and_leaves_no_output(tmp_path, capsys, name):
@@ -151,7 +162,7 @@ def test_bad_input_is_one_line_and_leaves_no_output(tmp_path, capsys, name):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.count('\n') == 1 and err.startswith('legalnb select: error: ') and expected in err, err
-    if name not in ('zero target', 'minus target', 'no tokenizer', 'bad rules'): assert 'in.jsonl' in err   # names the file
+    if name not in NAMES_NO_FILE: assert 'in.jsonl' in err   # names the file
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(['rules.yaml'] + (['in.jsonl'] if content is not None else []))
 
 def test_failure_keeps_an_earlier_output(tmp_path):
@@ -178,22 +189,65 @@ def test_selection_does_not_hold_the_texts(tmp_path):
 
 BENCH = Path(__file__).resolve().parents[1]/'bench'
 
-@pytest.mark.parametrize('script', sorted(p.name for p in BENCH.glob('*.py')))
-def test_bench_scripts_drop_their_folder_before_importing(script):
-    "bench/select.py shadows the standard `select` (subprocess imports it): each script drops bench/ from sys.path first."
-    import ast
-    body = ast.parse((BENCH/script).read_text(encoding='utf-8')).body
-    def plain(s):   # the docstring, `from __future__`, `import os, sys` (pathlib too: it imports nothing named like a script)
-        return (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) or isinstance(s, ast.ImportFrom) and s.module in ('__future__', 'pathlib')
-                or isinstance(s, ast.Import) and {a.name for a in s.names} <= {'os', 'sys', 'pathlib'})
-    fix = next(i for i, s in enumerate(body) if not plain(s))
-    assert 'sys.path' in ast.unparse(body[fix]), f'{script}: first statement after the imports of os and sys: {ast.unparse(body[fix])[:80]}'
-
-def test_bench_select_prints_its_table(tmp_path):
-    "A tiny run of bench/select.py through a symbolic link (Python puts the resolved folder on sys.path): both corpora, the ratios."
+def test_bench_selection_prints_its_table(tmp_path):
+    "A tiny run of bench/selection.py through a symbolic link: both corpora, the ratios."
     (tmp_path/'bench').symlink_to(BENCH, target_is_directory=True)
-    r = subprocess.run([sys.executable, str(tmp_path/'bench'/'select.py'), '--docs', '300', '--realistic-docs', '6', '--repeat', '1'],
+    r = subprocess.run([sys.executable, str(tmp_path/'bench'/'selection.py'), '--docs', '300', '--realistic-docs', '6', '--repeat', '1'],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert 'realistic documents: select / read+parse = ' in r.stdout and 'short documents: select / read+parse = ' in r.stdout
     assert 'kB per document' in r.stdout and 'production corpus' in r.stdout
+
+
+# --- issue 11: outputs that are inputs, failures that leave nothing, targets as people write them ---------------
+
+def test_target_tokens_with_thousands_separators(tmp_path, capsys):
+    src = write_docs(tmp_path/'in.jsonl', synthetic_documents(40, seed=20))
+    assert main(['select', str(src), '--out', str(tmp_path/'out.jsonl'), '--target-tokens', '2,000,000', '--report', str(tmp_path/'r.json')]) == 0
+    assert json.loads((tmp_path/'r.json').read_text())['target_tokens'] == 2_000_000
+
+@pytest.mark.parametrize('flag', ['--out', '--report'])
+def test_an_output_that_is_the_input_is_refused(tmp_path, capsys, flag):
+    "`select p.jsonl --out p.jsonl` once truncated its own input (100 documents became 5)."
+    src = write_docs(tmp_path/'p.jsonl', synthetic_documents(100, seed=21))
+    before = src.read_bytes()
+    args = ['select', str(src), '--target-tokens', '20K', '--out', str(tmp_path/'s.jsonl')]
+    assert main(args + [flag, str(src)]) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and f'{flag} {src} is also an input' in err, err
+    assert src.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ['p.jsonl']
+
+def test_rules_and_tokenizer_are_inputs_too(tmp_path, capsys):
+    src = write_docs(tmp_path/'p.jsonl', synthetic_documents(20, seed=22))
+    (tmp_path/'rules.yaml').write_text('threshold: 10\n')
+    assert main(['select', str(src), '--target-tokens', '1M', '--rules', str(tmp_path/'rules.yaml'),
+                 '--report', str(tmp_path/'rules.yaml'), '--out', str(tmp_path/'s.jsonl')]) == 2
+    assert '--report' in capsys.readouterr().err and (tmp_path/'rules.yaml').read_text() == 'threshold: 10\n'
+    assert main(['select', str(src), '--target-tokens', '1M', '--report', str(tmp_path/'s.jsonl'), '--out', str(tmp_path/'s.jsonl')]) == 2
+    assert 'is the same file as --out' in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['p.jsonl', 'rules.yaml']
+
+def test_a_report_that_cannot_be_written_keeps_the_earlier_selection(tmp_path, capsys):
+    src = write_docs(tmp_path/'p.jsonl', synthetic_documents(50, seed=23))
+    assert main(['select', str(src), '--target-tokens', '10K', '--out', str(tmp_path/'s.jsonl')]) == 0
+    before = (tmp_path/'s.jsonl').read_bytes()
+    (tmp_path/'file').write_text('')
+    assert main(['select', str(src), '--target-tokens', '20K', '--out', str(tmp_path/'s.jsonl'), '--report', str(tmp_path/'file'/'r.json')]) == 2
+    assert 'file/r.json' in capsys.readouterr().err
+    assert (tmp_path/'s.jsonl').read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['file', 'p.jsonl', 's.jsonl']
+
+def test_a_failed_select_into_a_new_folder_leaves_no_folder(tmp_path, capsys):
+    (tmp_path/'bad.jsonl').write_bytes(b'{"celex": "a", "lang": "en", "text": "ok"}\n{"celex": "b", "lang": "en", "text": 7}\n')
+    assert main(['select', str(tmp_path/'bad.jsonl'), '--target-tokens', '1M', '--out', str(tmp_path/'new'/'deeper'/'s.jsonl'),
+                 '--report', str(tmp_path/'new2'/'r.json')]) == 2
+    assert 'line 2: "text" must be a string' in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['bad.jsonl']
+
+def test_select_flags_are_kept():
+    "Every flag `legalnb select` had before it was declared as a function is still there."
+    from legalnb.core import command_parser
+    from legalnb.scoring import select_command
+    want = set(json.loads((Path(__file__).parent/'fixtures'/'cli_flags.json').read_text())['select'])
+    have = {o for a in command_parser(select_command, 'legalnb select')._actions for o in a.option_strings}
+    assert want <= have, want - have

@@ -178,6 +178,16 @@ def test_malformed_xml(tmp_path):
     (b'{"text": "ok", "lang": "en"}\n\n{"lang": "en", "title": "no text"}\n', 'line 3: missing or empty "text"'),
     (b'{"text": "caf\xe9", "lang": "fr"}\n', 'line 1: byte 14 is not UTF-8'),
     (b'{"text": "ok", "lang": "en", "date": "31/12/2020"}\n', "line 1: date '31/12/2020' is not a valid yyyy-mm-dd date"),
+    # issue 11: numeric text is not "missing", and what used to be silently accepted
+    (b'{"text": 42, "lang": "en"}\n', 'line 1: "text" must be a string, got a number (42); put the document text in quotes'),
+    (b'{"text": "ok", "lang": "en", "title": NaN}\n', 'line 1: "title" must be a string, got NaN'),
+    (b'{"text": "ok", "lang": "en", "title": 1.5}\n', 'line 1: "title" must be a string, got a number (1.5)'),
+    (b'{"text": "ok", "lang": "zz"}\n', "line 1: \"lang\" 'zz' is not one of the 24 official EU languages; write its ISO 639-1 code: bg, cs"),
+    (b'{"text": "ok", "lang": "eng"}\n', "line 1: \"lang\" 'eng' is not one of the 24 official EU languages"),
+    (b'{"text": "ok", "lang": "en", "date": "9999-12-31"}\n', "line 1: date '9999-12-31' is outside 1950-"),
+    (b'{"text": "ok", "lang": "en", "date": "19491231"}\n', "line 1: date '19491231' is outside 1950-"),
+    (b'{"text": "ok", "lang": "en", "text": "twice"}\n', "line 1: duplicate key 'text'; a record names each field once"),
+    (b'{"text": "ok", "lang": "en", "subjects": 3}\n', 'line 1: "subjects" must be a list of strings'),
 ])
 def test_bad_jsonl(tmp_path, content, want):
     (tmp_path/'in.jsonl').write_bytes(content)
@@ -192,10 +202,13 @@ def test_empty_and_missing_input(tmp_path):
     assert f'{tmp_path/"nope"}: no such file or folder' in bad_parse(tmp_path, tmp_path/'empty', tmp_path/'nope')
 
 
-def test_bad_sample_arguments(tmp_path):
-    r = legalnb('sample', tmp_path/'s', '--docs', 0)
-    assert r.returncode == 2 and r.stderr.strip() == 'legalnb sample: error: --docs must be at least 1, got 0'
-    assert not (tmp_path/'s').exists()
+@pytest.mark.parametrize('docs, want', [('0', '--docs must be at least 1, got 0'), ('-3', '--docs must be at least 1, got -3'),
+                                         ('many', "--docs: expected a whole number, got 'many'; see legalnb sample --help"),
+                                         ('1e400', "--docs: expected a whole number, got '1e400'")])
+def test_bad_sample_arguments(tmp_path, docs, want):
+    r = legalnb('sample', tmp_path/'new'/'s', '--docs', docs)
+    assert r.returncode == 2 and r.stderr.strip().startswith(f'legalnb sample: error: {want}'), r.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 # --- several processes at once -------------------------------------------------------------------------------
@@ -232,3 +245,75 @@ def test_non_utf8_xml(tmp_path):
     act.write_bytes(b'\n'.join(data))
     msg = bad_parse(tmp_path, tmp_path/'corpus')
     assert f'{act}, line 2, column' in msg and 'malformed XML: not well-formed (invalid token)' in msg
+
+
+# --- issue 11: outputs that are inputs, deep XML, failures that leave nothing new ----------------------------------
+
+def test_parse_refuses_an_output_that_is_an_input(tmp_path):
+    (tmp_path/'in.jsonl').write_text('{"text": "ok", "lang": "en"}\n')
+    r = legalnb('parse', tmp_path/'in.jsonl', '--out', tmp_path/'in.jsonl')
+    assert r.returncode == 2 and f'--out {tmp_path/"in.jsonl"} is also an input' in r.stderr and len(r.stderr.splitlines()) == 1
+    assert (tmp_path/'in.jsonl').read_text() == '{"text": "ok", "lang": "en"}\n' and len(list(tmp_path.iterdir())) == 1
+
+
+def test_deeply_nested_xml_is_one_line(tmp_path):
+    "XML nested ~1000 levels deep once ended in a RecursionError traceback."
+    act = tmp_path/'act.xml'
+    act.write_text('<ACT><BIB.INSTANCE><LG.DOC>EN</LG.DOC></BIB.INSTANCE><ENACTING.TERMS>' + '<P>' * 1000 + 'x' + '</P>' * 1000
+                   + '</ENACTING.TERMS></ACT>')
+    msg = bad_parse(tmp_path, act)
+    assert msg.startswith(f'legalnb parse: error: {act}: elements nested too deeply'), msg
+
+
+def test_formex_language_must_be_an_eu_one(tmp_path):
+    write_sample(tmp_path/'corpus', docs=1, seed=0)
+    for p in (tmp_path/'corpus').rglob('*.xml'):
+        p.write_text(p.read_text(encoding='utf-8').replace('<LG.DOC>', '<LG.DOC>X').replace('<LG.OJ>', '<LG.OJ>X'), encoding='utf-8')
+    assert "is not one of the 24 official EU languages" in bad_parse(tmp_path, tmp_path/'corpus')
+
+
+def test_failed_parse_into_a_new_folder_leaves_no_folder(tmp_path):
+    (tmp_path/'in.jsonl').write_text('{"text": "ok", "lang": "en"}\n{"text": 42, "lang": "en"}\n')
+    r = legalnb('parse', tmp_path/'in.jsonl', '--out', tmp_path/'new'/'deeper'/'parsed.jsonl')
+    assert r.returncode == 2 and 'line 2: "text" must be a string' in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['in.jsonl']
+
+
+def test_failed_sample_into_a_new_folder_leaves_nothing(tmp_path):
+    "A sample that fails halfway (here: a file-size limit, as a full disk would) leaves no folder, temporary or made for it."
+    import resource, signal
+    def small_files():   # in the child: files may not grow past 20 kB, and going past is an error, not a signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN); resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+    r = subprocess.run([sys.executable, '-m', 'legalnb.cli', 'sample', str(tmp_path/'new'/'deeper'/'s'), '--docs', '50'],
+                       capture_output=True, text=True, timeout=120, preexec_fn=small_files)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and 'Traceback' not in r.stderr, r.stderr
+    assert f'{tmp_path/"new"/"deeper"/"s"}: could not be written (File too large)' in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_sample_keeps_the_earlier_sample(tmp_path):
+    import resource, signal
+    write_sample(tmp_path/'s', docs=5, seed=0)
+    before = tree_digest(tmp_path/'s')
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN); resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+    r = subprocess.run([sys.executable, '-m', 'legalnb.cli', 'sample', str(tmp_path/'s'), '--docs', '50'],
+                       capture_output=True, text=True, timeout=120, preexec_fn=small_files)
+    assert r.returncode == 2 and tree_digest(tmp_path/'s') == before and sorted(p.name for p in tmp_path.iterdir()) == ['s']
+
+
+def test_sample_folder_mode_follows_the_umask(tmp_path):
+    import os, stat
+    write_sample(tmp_path/'s', docs=2, seed=0)
+    umask = os.umask(0o22); os.umask(umask)
+    assert stat.S_IMODE((tmp_path/'s').stat().st_mode) == 0o777 & ~umask
+
+
+def test_sample_and_parse_flags_are_kept():
+    "Every flag the commands had before they were declared as functions is still there."
+    from legalnb.core import command_parser
+    from legalnb.sources import sample_command, parse_command
+    want = json.loads((Path(__file__).parent/'fixtures'/'cli_flags.json').read_text())
+    for name, func in (('sample', sample_command), ('parse', parse_command)):
+        have = {o for a in command_parser(func, f'legalnb {name}')._actions for o in a.option_strings}
+        assert set(want[name]) <= have, (name, set(want[name]) - have)
