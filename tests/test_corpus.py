@@ -8,7 +8,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from legalnb.cli import main
 from legalnb.corpus import build_corpus, iter_selected, load_tokenizer, split_text
-from legalnb.sources import LegalnbError, write_jsonl
+from legalnb.core import LegalnbError
+from legalnb.sources import write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -217,21 +218,22 @@ def test_bad_input(tmp_path, tok10, capsys):
     (tmp_path/'empty.jsonl').write_text('\n')
     assert 'empty.jsonl: empty selection' in error(capsys, tmp_path/'empty.jsonl', '--out', tmp_path/'o1', '--train-tokenizer', 300)
     assert 'nope: no tokenizer there' in error(capsys, sel, '--out', tmp_path/'o2', '--tokenizer', tmp_path/'nope')
-    assert 'seq_len must be at least 2' in error(capsys, sel, '--out', tmp_path/'o3', '--seq-len', 1, '--tokenizer', tok10)
+    assert '--seq-len must be at least 2' in error(capsys, sel, '--out', tmp_path/'o3', '--seq-len', 1, '--tokenizer', tok10)
     err = error(capsys, sel, '--out', tmp_path/'o4', '--seq-len', 4000, '--shards', 8, '--tokenizer', tok10)
     assert 'no rows for this shard' in err and 'shard_00000.npy' in err
     bad = tmp_path/'bad.jsonl'
     bad.write_text(sel.read_text() + '{"text": "w1 w2"\n')
-    assert 'bad.jsonl: line 31: not valid JSON' in error(capsys, bad, '--out', tmp_path/'o5', '--seq-len', 3, '--shards', 1, '--tokenizer', tok10)
+    assert 'bad.jsonl, line 31: not JSON' in error(capsys, bad, '--out', tmp_path/'o5', '--seq-len', 3, '--shards', 1, '--tokenizer', tok10)
     bad.write_text('{"celex": "x", "text": 5}\n')
-    assert 'bad.jsonl: line 1: expected a JSON object with a string "text" field' in error(capsys, bad, '--out', tmp_path/'o6', '--tokenizer', tok10)
+    assert 'bad.jsonl, line 1: the document has "text": 5; expected a string' in error(capsys, bad, '--out', tmp_path/'o6', '--tokenizer', tok10)
     bad.write_text(sel.read_text() * 3 + 'oops\n')  # broken after two shards were finished: they are removed too
-    assert 'bad.jsonl: line 91: not valid JSON' in error(capsys, bad, '--out', tmp_path/'o7', '--seq-len', 3, '--shards', 4, '--tokenizer', tok10)
-    assert not (tmp_path/'o7'/'manifest.partial.json').exists()
+    assert 'bad.jsonl, line 91: not JSON' in error(capsys, bad, '--out', tmp_path/'o7', '--seq-len', 3, '--shards', 4, '--tokenizer', tok10)
+    assert not (tmp_path/'o7').exists(), 'a folder the failed build created is removed'
     (tmp_path/'garbage.json').write_text('{"model": 1}')
     assert 'garbage.json: not a Hugging Face tokenizer.json' in error(capsys, sel, '--out', tmp_path/'o8', '--tokenizer', tmp_path/'garbage.json')
-    for i in range(1, 9):  # no shard, partial or temporary file anywhere
-        assert not list((tmp_path/f'o{i}').glob('shard_*')) and not list((tmp_path/f'o{i}').rglob('.*tmp'))
+    for i in range(1, 9):  # nothing new: no folder, no shard, partial or temporary file anywhere
+        assert not (tmp_path/f'o{i}').exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith('.')], 'no hidden sibling or temporary file'
     with pytest.raises(LegalnbError, match='either a tokenizer'): build_corpus(sel, tmp_path/'o9')
 
 
@@ -244,3 +246,114 @@ def test_cli_subprocess_summary(tmp_path, tok10):
     r = subprocess.run([sys.executable, '-m', 'legalnb.cli', 'build-corpus', str(sel), '--out', str(tmp_path/'d'), '--seq-len', '0',
                         '--tokenizer', str(tok10)], capture_output=True, text=True)
     assert r.returncode == 2 and 'Traceback' not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+# ---- nothing lost (issue 11): rebuilds, folders of the user, outputs that are inputs ------------------------------
+
+def snapshot(d: Path) -> dict:
+    "Every path under `d` with its bytes and mode."
+    return {str(p.relative_to(d)): (p.read_bytes() if p.is_file() else None, p.stat().st_mode) for p in sorted(d.rglob('*'))}
+
+
+@pytest.fixture
+def good(tmp_path):
+    "A selection and a finished corpus built from it (seq_len 15, 3 shards, trained tokenizer)."
+    sel = synthetic(tmp_path/'s.jsonl', 120)
+    build_corpus(sel, tmp_path/'C', seq_len=15, shards=3, vocab_size=300, progress=False)
+    return sel, tmp_path/'C'
+
+
+def test_failed_rebuild_leaves_the_old_corpus_byte_identical(tmp_path, good, capsys):
+    sel, c = good
+    before = snapshot(c)
+    err = error(capsys, sel, '--out', c, '--seq-len', 15, '--shards', 5000, '--train-tokenizer', 300)
+    assert f'{c}/shard_' in err and 'no rows for this shard' in err and '.rebuild' not in err
+    assert snapshot(c) == before
+    bad = tmp_path/'bad.jsonl'
+    bad.write_text(sel.read_text() + '{"text": "broken\n')
+    assert 'bad.jsonl, line 121: not JSON' in error(capsys, bad, '--out', c, '--seq-len', 15, '--shards', 3, '--tokenizer', c)
+    write_jsonl([dict(celex='x', text='', lang='en')] * 4, tmp_path/'blank.jsonl')
+    assert 'blank.jsonl: no text to tokenize' in error(capsys, tmp_path/'blank.jsonl', '--out', c, '--train-tokenizer', 300)
+    assert snapshot(c) == before and sorted(p.name for p in tmp_path.iterdir()) == ['C', 'bad.jsonl', 'blank.jsonl', 's.jsonl']
+
+
+def test_rebuild_replaces_the_corpus_only_when_finished(tmp_path, good):
+    sel, c = good
+    ref = build_corpus(sel, tmp_path/'ref', seq_len=7, shards=3, vocab_size=300, progress=False)
+    m = build_corpus(sel, c, seq_len=7, shards=3, vocab_size=300, progress=False)
+    assert m == ref and tree_bytes(c) == tree_bytes(tmp_path/'ref') and not (tmp_path/'.C.rebuild').exists()
+
+
+REBUILD_KILLER = KILLER.replace('seq_len=15, shards=4', 'seq_len=7, shards=4')
+
+
+def test_killed_rebuild_keeps_the_old_corpus_and_resumes(tmp_path, good):
+    sel, c = good
+    before = snapshot(c)
+    r = subprocess.run([sys.executable, '-c', REBUILD_KILLER, str(sel), str(c)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert snapshot(c) == before and (tmp_path/'.C.rebuild'/'manifest.partial.json').is_file()
+    seen = []
+    m = build_corpus(sel, c, seq_len=7, shards=4, vocab_size=300, progress=False, on_shard=lambda r: seen.append(r['file']))
+    ref = build_corpus(sel, tmp_path/'ref', seq_len=7, shards=4, vocab_size=300, progress=False)
+    assert seen == ['shard_00002.npy', 'shard_00003.npy'] and m == ref and tree_bytes(c) == tree_bytes(tmp_path/'ref')
+    assert not (tmp_path/'.C.rebuild').exists()
+
+
+@pytest.mark.parametrize('name,data', [('shard_00007.npy', b'mine'), ('manifest.json', b'{"mine": 1}'),
+                                       ('notes/readme.txt', b'my notes'), ('doc_starts/shard_00000.npy', b'x')])
+def test_folder_of_the_user_is_refused(tmp_path, capsys, name, data):
+    sel = synthetic(tmp_path/'s.jsonl', 30)
+    (tmp_path/'mine'/name).parent.mkdir(parents=True, exist_ok=True); (tmp_path/'mine'/name).write_bytes(data)
+    before = snapshot(tmp_path/'mine')
+    err = error(capsys, sel, '--out', tmp_path/'mine', '--train-tokenizer', 300)
+    assert f'--out {tmp_path/"mine"} holds files legalnb did not write ({name})' in err
+    assert snapshot(tmp_path/'mine') == before
+
+
+def test_files_added_to_a_corpus_are_refused(tmp_path, good, capsys):
+    sel, c = good
+    (c/'split').mkdir(); (c/'split'/'split.json').write_text('{}')
+    before = snapshot(c)
+    assert 'holds files legalnb did not write (split/split.json)' in error(capsys, sel, '--out', c, '--seq-len', 7, '--train-tokenizer', 300)
+    assert snapshot(c) == before
+
+
+def test_output_that_is_an_input_is_refused(tmp_path, capsys):
+    sel = synthetic(tmp_path/'s.jsonl', 30)
+    before = sel.read_bytes()
+    assert f'--out {sel} is also an input' in error(capsys, sel, '--out', sel, '--train-tokenizer', 300)
+    assert 'holds files legalnb did not write (s.jsonl)' in error(capsys, sel, '--out', tmp_path, '--train-tokenizer', 300)
+    (tmp_path/'f.txt').write_text('x')
+    assert 'is a file; expected a folder' in error(capsys, sel, '--out', tmp_path/'f.txt', '--train-tokenizer', 300)
+    assert sel.read_bytes() == before and (tmp_path/'f.txt').read_text() == 'x'
+
+
+def test_killed_before_the_first_shard_is_resumed(tmp_path):
+    "A build killed in its first second (only its partial manifest and tokenizer exist) is the build's own folder."
+    sel = synthetic(tmp_path/'s.jsonl', 60)
+    ref = build_corpus(sel, tmp_path/'ref', seq_len=15, shards=2, vocab_size=300, progress=False)
+    def crash(rec): raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt): build_corpus(sel, tmp_path/'c', seq_len=15, shards=2, vocab_size=300, progress=False, on_shard=crash)
+    partial = json.loads((tmp_path/'c'/'manifest.partial.json').read_text())
+    assert partial['command'] == f'legalnb build-corpus {sel} --out {tmp_path/"c"} --seq-len 15 --shards 2 --train-tokenizer 300 --max-chars 100000'
+    (tmp_path/'c'/'manifest.partial.json').write_text(json.dumps({**partial, 'shards': []}))  # as if killed before shard 0
+    assert build_corpus(sel, tmp_path/'c', seq_len=15, shards=2, vocab_size=300, progress=False) == ref
+    assert tree_bytes(tmp_path/'c') == tree_bytes(tmp_path/'ref')
+
+
+@pytest.mark.parametrize('umask', [0o022, 0o002])
+def test_files_get_the_mode_of_a_plain_open(tmp_path, umask):
+    old = os.umask(umask)
+    try: build_corpus(synthetic(tmp_path/'s.jsonl', 30), tmp_path/'c', seq_len=15, shards=2, vocab_size=300, progress=False)
+    finally: os.umask(old)
+    modes = {str(p.relative_to(tmp_path/'c')): p.stat().st_mode & 0o777 for p in (tmp_path/'c').rglob('*')}
+    assert modes == {**{k: 0o666 & ~umask for k in modes}, 'doc_starts': 0o777 & ~umask}, modes
+
+
+def test_command_flags_are_declared_once(capsys, monkeypatch):
+    monkeypatch.setenv('COLUMNS', '200')  # one line per flag
+    with pytest.raises(SystemExit): main(['build-corpus', '--help'])
+    out = capsys.readouterr().out
+    assert '--seq-len SEQ_LEN' in out and '(default: 3072)' in out and out.count('3072') == 1
+    assert '--tokenizer TOKENIZER' in out and '--train-tokenizer TRAIN_TOKENIZER' in out and '--no-progress' in out
