@@ -88,3 +88,31 @@ def test_crash_while_writing_a_checkpoint_leaves_the_previous_one(reference, tmp
     assert [checkpoint_step(p) for p in list_checkpoints(out)] == [9, 12], 'keep 2'
     got = final_weights(out)
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+DISK_FULL = '''
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG instead of killing us
+resource.setrlimit(resource.RLIMIT_FSIZE, (16_000, 16_000))  # metrics and config.json fit; model.pt (24 kB) does not
+from legalnb.cli import main
+sys.exit(main(sys.argv[1:]))
+'''
+
+def tree(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob('*')) if p.is_file()}
+
+def test_a_full_disk_during_a_save_loses_no_checkpoint(reference, tmp_path):
+    split_dir, want, _ = reference
+    out = tmp_path/'full'
+    subprocess.run(train_cmd(split_dir, out, '--max-steps', '6'), check=True, env=ENV, capture_output=True)
+    before = tree(out/'checkpoints')
+    proc = subprocess.run([sys.executable, '-c', DISK_FULL, *train_cmd(split_dir, out, '--resume')[3:]], env=ENV,
+                          capture_output=True, text=True)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and 'Traceback' not in proc.stderr, proc.stderr
+    assert 'step-00000009: could not be written' in lines[0] and 'the previous checkpoint' in lines[0], lines[0]
+    assert 'step-00000006 is kept' in lines[0]
+    assert tree(out/'checkpoints') == before, 'the checkpoints before the failed save are all there, unchanged'
+    # with room again, the run continues from step 6 (a 6-step run resumed to 12: another schedule than `reference`)
+    subprocess.run(train_cmd(split_dir, out, '--resume'), check=True, env=ENV, capture_output=True)
+    summary = json.loads((out/'summary.json').read_text())
+    assert summary['resumed_from'] == 6 and [checkpoint_step(p) for p in list_checkpoints(out)] == [9, 12]

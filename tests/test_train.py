@@ -7,28 +7,16 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import ROOT, make_split
 from legalnb.cli import main
-from legalnb.data import split
+from legalnb.core import LegalnbError
 from legalnb.train import (TrainConfig, lr_at, config_from_args, save_checkpoint, list_checkpoints, checkpoint_step,
-                           find_checkpoint, read_metrics, format_log_line)
-from legalnb.sources import LegalnbError
-
-ROOT = Path(__file__).resolve().parents[1]
+                           find_checkpoint, read_metrics, format_log_line, train_parser)
 
 @pytest.fixture(autouse=True)
 def restore_threads():
     "train(cpu_threads=1) sets torch's threads for the process: give the next test file back what it had."
     n = torch.get_num_threads(); yield; torch.set_num_threads(n)
-
-def make_split(root: Path, rows=64, seq_len=16, vocab=32, seed=0) -> Path:
-    "A corpus of counting rows split into train/ and val/ by the data stage."
-    rng = np.random.default_rng(seed)
-    ids = ((rng.integers(0, vocab, (rows, 1)) + np.arange(seq_len + 1)) % vocab).astype(np.uint16)
-    corpus = root/'corpus'; corpus.mkdir(parents=True)
-    np.save(corpus/'shard_00000.npy', ids)
-    (corpus/'manifest.json').write_text(json.dumps({'vocab_size': vocab}))
-    split(corpus, root/'split', val_ratio=0.25, seed=0, by='rows')
-    return root/'split'
 
 TINY = ['--dim', '16', '--num-layers', '1', '--num-frequencies', '4', '--batch-size', '4', '--warmup-steps', '1',
         '--eval-batches', '1', '--num-workers', '0', '--log-every', '1', '--lr', '3e-3', '--cpu-threads', '1']
@@ -80,7 +68,8 @@ def test_resume_without_a_checkpoint(split_dir, tmp_path, capsys):
     assert rc == 2 and 'no checkpoint to resume from' in one_line(err)
 
 def test_bad_input_from_a_real_process_has_no_traceback(tmp_path):
-    p = subprocess.run([sys.executable, '-m', 'legalnb.cli', 'train', '--data', str(tmp_path/'nowhere'), '--out', str(tmp_path/'r')],
+    p = subprocess.run([sys.executable, '-m', 'legalnb.cli', 'train', '--data', str(tmp_path/'nowhere'),
+                        '--out', str(tmp_path/'r')],
                        capture_output=True, text=True, env={**os.environ, 'PYTHONPATH': str(ROOT)})
     assert p.returncode == 2 and 'Traceback' not in p.stderr and 'nowhere: no such folder' in one_line(p.stderr)
 
@@ -88,13 +77,13 @@ def digest(folder: Path) -> dict:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
 
 def test_nan_loss_stops_and_leaves_the_last_good_checkpoint(split_dir, tmp_path, capsys):
-    out = tmp_path/'run'
-    assert run(capsys, '--data', split_dir, '--out', out, '--max-steps', 4, '--save-every', 2, *TINY)[0] == 0
+    # lr 1e3 with a 50-step warm-up: steps 1 and 2 are finite, step 3 is not (the same run, resumed, gets there)
+    out, wild = tmp_path/'run', ('--lr', '1e3', '--warmup-steps', '50', '--grad-clip', '0', '--save-every', '2')
+    assert run(capsys, '--data', split_dir, '--out', out, '--max-steps', 2, *TINY, *wild)[0] == 0
     good = find_checkpoint(out); before = digest(good)
-    rc, _, err = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 40, '--save-every', 2, *TINY,
-                     '--lr', '1e7', '--grad-clip', '0', '--resume')
+    rc, _, err = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 40, *TINY, *wild, '--resume')
     msg = one_line(err)
-    assert rc == 2 and 'training stopped' in msg and 'step-00000004 is untouched' in msg, msg
+    assert rc == 2 and 'training stopped' in msg and 'step-00000002 is untouched' in msg, msg
     assert find_checkpoint(out) == good and digest(good) == before
     assert all(np.isfinite(r['loss']) for r in read_metrics(out/'metrics.jsonl'))
 
@@ -109,7 +98,6 @@ def test_yaml_then_flags(tmp_path, split_dir, capsys):
 
 def test_every_field_is_a_flag():
     from dataclasses import fields
-    from legalnb.train import train_parser
     text = train_parser().format_help()
     for f in fields(TrainConfig): assert '--' + f.name.replace('_', '-') in text, f.name
     assert '--no-tf32' in text and 'peak learning rate' in text
@@ -136,7 +124,7 @@ def test_rotation_never_deletes_the_newest(tmp_path):
 def test_log_line_is_fixed_width():
     r = dict(step=1, loss=10.5, lr=1e-4, step_ms=5.0, tokens_per_sec=12.0, mfu=None, eta_s=1e5)
     a, b = format_log_line(r, 99999), format_log_line({**r, 'step': 99999, 'mfu': 0.5, 'tokens_per_sec': 1e6, 'eta_s': 3}, 99999)
-    assert len(a) == len(b) and 'eta 27.8 h' in a and 'MFU  50%' in b
+    assert len(a) == len(b) and 'eta  27.8 h' in a and 'eta   3.0 s' in b and 'MFU  50%' in b
 
 @pytest.mark.parametrize('flag,package', [('--tensorboard', 'tensorboard'), ('--wandb', 'wandb')])
 def test_optional_loggers_say_what_to_install(flag, package, split_dir, tmp_path, capsys):
@@ -150,3 +138,104 @@ def test_epochs_set_the_step_count(split_dir, tmp_path, capsys):
     rc, out, _ = run(capsys, '--data', split_dir, '--out', tmp_path/'run', *TINY, '--epochs', '0.5', '--eval-every', '0')
     steps = -(-rows // 2 // 4)
     assert rc == 0 and f'done: {steps} steps' in out and (tmp_path/'run'/'checkpoints'/f'step-{steps:08d}').is_dir()
+
+# ---------------------------------------------------------------- the run folder: nothing lost, nothing executed
+def finished_run(capsys, split_dir, out, *extra):
+    assert run(capsys, '--data', split_dir, '--out', out, '--max-steps', 2, '--save-every', 1, *TINY, *extra)[0] == 0
+    return out
+
+def snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob('*')) if p.is_file()}
+
+def test_a_new_run_into_a_finished_run_is_refused(split_dir, tmp_path, capsys):
+    out = finished_run(capsys, split_dir, tmp_path/'run'); before = snapshot(out)
+    rc, _, err = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 3, *TINY)
+    assert rc == 2 and 'holds an earlier run (checkpoints/step-00000002)' in one_line(err) and '--overwrite' in err
+    assert snapshot(out) == before, 'nothing deleted, nothing trimmed'
+    rc, out_text, _ = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 3, *TINY, '--overwrite')
+    assert rc == 0 and [checkpoint_step(p) for p in list_checkpoints(out)] == [3], 'the old checkpoints went, as asked'
+    assert [r['step'] for r in read_metrics(out/'metrics.jsonl')] == [1, 2, 3]
+    rc, _, err = run(capsys, '--data', split_dir, '--out', out, *TINY, '--overwrite', '--resume')
+    assert rc == 2 and 'pass one of them' in one_line(err)
+
+def test_resume_refuses_a_run_with_other_settings(split_dir, tmp_path, capsys):
+    out = finished_run(capsys, split_dir, tmp_path/'run'); before = snapshot(out)
+    rc, _, err = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 4, *TINY, '--lr', '1e-3', '--seed', '2', '--resume')
+    msg = one_line(err)
+    assert rc == 2 and 'step-00000002: checkpoint of a run with other settings (lr 0.003 != 0.001, seed 1337 != 2)' in msg
+    assert snapshot(out) == before
+    rc, out_text, _ = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 4, *TINY, '--save-every', '3',
+                          '--log-every', '2', '--no-progress', '--resume')
+    assert rc == 0 and 'done: 2 steps' in out_text, 'run length and cadence may change'
+
+class Payload:
+    "Unpickling this creates a file: the code a hostile checkpoint would run."
+    def __init__(self, path): self.path = str(path)
+    def __reduce__(self): return (Path.touch, (Path(self.path),))
+
+def test_a_pickled_payload_in_trainer_pt_never_runs(split_dir, tmp_path, capsys):
+    out = finished_run(capsys, split_dir, tmp_path/'run')
+    newest = out/'checkpoints'/'step-00000002'
+    state = torch.load(newest/'trainer.pt', weights_only=True)
+    torch.save({**state, 'rng': Payload(tmp_path/'pwned')}, newest/'trainer.pt')
+    before = snapshot(out)
+    rc, _, err = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 4, *TINY, '--resume')
+    msg = one_line(err)
+    assert rc == 2 and 'step-00000002/trainer.pt: holds Python objects besides tensors' in msg
+    assert not (tmp_path/'pwned').exists(), 'the payload ran'
+    assert '--resume ' + str(out/'checkpoints'/'step-00000001') in msg, 'the newest checkpoint that loads is offered'
+    assert snapshot(out) == before
+    rc, _, _ = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 4, *TINY, '--save-every', 1,
+                   '--resume', out/'checkpoints'/'step-00000001')
+    assert rc == 0 and not (tmp_path/'pwned').exists()
+    assert torch.load(out/'checkpoints'/'step-00000002'/'trainer.pt', weights_only=True)['step'] == 2, 'rewritten by legalnb'
+
+def test_a_corrupt_latest_checkpoint_offers_the_previous_one(split_dir, tmp_path, capsys):
+    out = finished_run(capsys, split_dir, tmp_path/'run')
+    (out/'checkpoints'/'step-00000002'/'model.pt').write_bytes(b'half a checkpoint')
+    rc, _, err = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 4, *TINY, '--resume')
+    msg = one_line(err)
+    assert rc == 2 and 'step-00000002/model.pt: truncated or damaged' in msg
+    assert f'the newest checkpoint that loads is {out/"checkpoints"/"step-00000001"}' in msg
+
+def test_stray_checkpoint_folder_and_damaged_metrics(split_dir, tmp_path, capsys):
+    out = finished_run(capsys, split_dir, tmp_path/'run')
+    (out/'checkpoints'/'step-final').mkdir()
+    rc, _, err = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 4, *TINY, '--resume')
+    assert rc == 2 and 'checkpoints/step-final: not a checkpoint legalnb wrote' in one_line(err)
+    (out/'checkpoints'/'step-final').rmdir()
+    lines = (out/'metrics.jsonl').read_text().splitlines(keepends=True)
+    (out/'metrics.jsonl').write_text(lines[0] + '{"event": "st\n' + ''.join(lines[1:]))
+    rc, _, err = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 4, *TINY, '--resume')
+    assert rc == 2 and "metrics.jsonl, line 2: not a JSON record; the run's metrics are damaged" in one_line(err)
+
+def test_a_torn_last_metrics_line_is_tolerated(split_dir, tmp_path, capsys):
+    out = finished_run(capsys, split_dir, tmp_path/'run')
+    with open(out/'metrics.jsonl', 'a') as f: f.write('{"event": "step", "step": 3, "lo')  # killed in mid-write
+    assert [r['step'] for r in read_metrics(out/'metrics.jsonl')] == [1, 2]
+    rc, _, _ = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 3, *TINY, '--resume')
+    assert rc == 0 and [r['step'] for r in read_metrics(out/'metrics.jsonl')] == [1, 2, 3]
+    assert (out/'metrics.jsonl').read_text().endswith('\n')
+
+def test_yaml_numbers_as_text_and_bad_values(tmp_path, split_dir):
+    (tmp_path/'run.yaml').write_text(f'data: {split_dir}\nlr: 1e-3\nmax_steps: 2e3\n')
+    c = config_from_args(['--config', tmp_path/'run.yaml'])
+    assert (c.lr, c.max_steps) == (0.001, 2000), "YAML reads 1e-3 as text: taken as the number it spells"
+    (tmp_path/'run.yaml').write_text('batch_size: eight\n')
+    with pytest.raises(LegalnbError, match=r"run.yaml: batch_size: expected a number, got 'eight'"):
+        config_from_args(['--config', tmp_path/'run.yaml'])
+    (tmp_path/'run.yaml').write_text('batch_size: 2.5\n')
+    with pytest.raises(LegalnbError, match=r'run.yaml: batch_size: expected a whole number, got 2.5'):
+        config_from_args(['--config', tmp_path/'run.yaml'])
+    (tmp_path/'run.yaml').write_text('lr: -1.0\n')
+    with pytest.raises(LegalnbError, match=r'run.yaml: lr must be > 0, got -1.0'):
+        config_from_args(['--config', tmp_path/'run.yaml'])
+    with pytest.raises(LegalnbError, match=r'--lr must be > 0, got -1.0'):  # the flag overrides the file, and is named
+        config_from_args(['--config', tmp_path/'run.yaml', '--lr', '-1'])
+
+def test_a_failed_run_leaves_no_new_folder(split_dir, tmp_path, capsys):
+    rc, _, err = run(capsys, '--data', tmp_path/'nowhere', '--out', tmp_path/'r1', *TINY)
+    assert rc == 2 and not (tmp_path/'r1').exists()
+    rc, _, err = run(capsys, '--data', split_dir, '--out', tmp_path/'r2', '--max-steps', 4, *TINY, '--lr', '1e4',
+                     '--warmup-steps', '100', '--grad-clip', '0')
+    assert rc == 2 and 'No checkpoint was written yet' in one_line(err) and not (tmp_path/'r2').exists()
