@@ -62,7 +62,8 @@ def markdown_table(columns: list[str],       # the header cells
     align = align or 'l' + 'r' * (len(columns) - 1)
     cells = [[str(c) for c in columns]] + [['' if c is None else str(c) for c in r] for r in rows]
     width = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-    def line(r): return '| ' + ' | '.join(c.ljust(w) if a == 'l' else c.rjust(w) for c, w, a in zip(r, width, align)) + ' |'
+    def line(r):
+        return '| ' + ' | '.join(c.ljust(w) if a == 'l' else c.rjust(w) for c, w, a in zip(r, width, align)) + ' |'
     rule = '|' + '|'.join('-' * (w + 1) + ':' if a == 'r' else '-' * (w + 2) for w, a in zip(width, align)) + '|'
     return '\n'.join([line(cells[0]), rule] + [line(r) for r in cells[1:]])
 

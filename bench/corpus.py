@@ -1,5 +1,6 @@
-"""Benchmark `legalnb build-corpus`: throughput against the tokenizer alone and a `datasets.map` baseline, and peak memory
-for a corpus and one ten times larger. One run prints one table.  Usage: python bench/corpus.py [--mb 2] [--vocab 8192]
+"""Benchmark `legalnb build-corpus`: throughput against the tokenizer alone and a `datasets.map` baseline, and peak
+memory for a corpus and one ten times larger. One run prints one table.
+Usage: python bench/corpus.py [--mb 2] [--vocab 8192] [--seq-len 3072]
 
 - encode_batch: the tokenizer's own batch encoding of the same texts, already in memory (the ceiling).
 - build-corpus: the whole stage (read JSONL, split, encode, pack, write shards, checksums), each in a fresh process.
@@ -17,7 +18,8 @@ from legalnb.core import LegalnbError
 from legalnb.corpus import iter_selected, train_tokenizer
 from legalnb.sources import write_jsonl
 
-SYLLABLES = 'ar be ca de el fi go he in jo ka le mi no or pa qu re si te un ve wa xe yo ze tion ment ung keit ité'.split()
+SYLLABLES = ('ar be ca de el fi go he in jo ka le mi no or pa qu re si te un ve wa xe yo ze '
+             'tion ment ung keit ité').split()
 
 
 def make_selection(path: Path, mb: float, seed: int = 0) -> Path:
@@ -30,11 +32,12 @@ def make_selection(path: Path, mb: float, seed: int = 0) -> Path:
         n_articles = rng.choice([2, 5, 10, 40, 150])  # most acts are short, a few are very long
         body = []
         for a in range(1, n_articles + 1):
-            paras = [' '.join(rng.choices(words, weights, k=rng.randint(20, 90))).capitalize() + f', {rng.randint(1, 2030)}.' for _ in range(rng.randint(1, 4))]
+            paras = [' '.join(rng.choices(words, weights, k=rng.randint(20, 90))).capitalize()
+                     + f', {rng.randint(1, 2030)}.' for _ in range(rng.randint(1, 4))]
             body.append(f'Article {a}\n\n' + '\n\n'.join(paras))
         text = '\n\n'.join(body)
-        recs.append(dict(celex=f'3{2000 + i % 25}R{i:04d}', title=f'Act {i}', text=text, lang=['en', 'de', 'fr'][i % 3], date=None,
-                         doc_type='regulation', subjects=[], source='bench', score=1.0, tokens=0))
+        recs.append(dict(celex=f'3{2000 + i % 25}R{i:04d}', title=f'Act {i}', text=text, lang=['en', 'de', 'fr'][i % 3],
+                         date=None, doc_type='regulation', subjects=[], source='bench', score=1.0, tokens=0))
         size += len(text.encode()); i += 1
     write_jsonl(recs, path)
     return path
@@ -43,7 +46,7 @@ def make_selection(path: Path, mb: float, seed: int = 0) -> Path:
 CHILD = '''
 import json, resource, sys, time
 from legalnb.corpus import build_corpus
-def status(key):  # from /proc: VmHWM is this process's own peak (ru_maxrss would keep the forking parent's peak across exec)
+def status(key):  # from /proc: VmHWM is this process's own peak (ru_maxrss keeps the forking parent's peak across exec)
     return next(int(l.split()[1]) / 1024 for l in open('/proc/self/status') if l.startswith(key + ':'))
 sel, out, tok, num_proc, seq_len, shards = sys.argv[1:7]
 base = status('VmRSS')
@@ -58,9 +61,10 @@ print(json.dumps(dict(seconds=dt, tokens=m['tokens'] + m['dropped_tail_tokens'],
 
 def build_in_subprocess(sel: Path, out: Path, tok: Path, num_proc: int, seq_len: int, shards: int) -> dict:
     "Run one build in a fresh Python process; its own timing, token count and peak RSS."
-    r = subprocess.run([sys.executable, '-c', CHILD, str(sel), str(out), str(tok), str(num_proc), str(seq_len), str(shards)],
-                       capture_output=True, text=True)
-    if r.returncode: raise LegalnbError(f'build-corpus of {sel.name} failed: {(r.stderr.strip().splitlines() or ["?"])[-1]}')
+    args = [sel, out, tok, num_proc, seq_len, shards]
+    r = subprocess.run([sys.executable, '-c', CHILD, *map(str, args)], capture_output=True, text=True)
+    if r.returncode:
+        raise LegalnbError(f'build-corpus of {sel.name} failed: {(r.stderr.strip().splitlines() or ["?"])[-1]}')
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -80,8 +84,9 @@ def datasets_rate(tok_path: Path, sel: Path, seq_len: int) -> tuple[float, int]:
     hf = PreTrainedTokenizerFast(tokenizer_file=str(tok_path), eos_token='<|endoftext|>')
     t = time.perf_counter()
     records = [json.loads(line) for line in open(sel, encoding='utf-8')]
-    ds = datasets.Dataset.from_list(records).map(lambda b: {'ids': [x + [hf.eos_token_id] for x in hf(b['text'], add_special_tokens=False)['input_ids']]},
-                                                 batched=True, remove_columns=list(records[0]))
+    def tokenize(b):
+        return {'ids': [x + [hf.eos_token_id] for x in hf(b['text'], add_special_tokens=False)['input_ids']]}
+    ds = datasets.Dataset.from_list(records).map(tokenize, batched=True, remove_columns=list(records[0]))
     flat = np.concatenate([np.asarray(x, np.uint32) for x in ds['ids']])
     rows = flat[:len(flat) // (seq_len + 1) * (seq_len + 1)].reshape(-1, seq_len + 1).astype(np.uint16)
     dt = time.perf_counter() - t
@@ -91,14 +96,14 @@ def datasets_rate(tok_path: Path, sel: Path, seq_len: int) -> tuple[float, int]:
 def main(mb: float = 2,         # size of the small selection in MB; the large one (10x) is the one timed
          vocab: int = 8192,     # vocabulary of the tokenizer trained on the small selection
          seq_len: int = 3072):  # tokens per packed row
-    "Throughput of build-corpus against the tokenizer alone and datasets.map, and its peak memory, small and 10x larger."
+    "Throughput of build-corpus against the tokenizer alone and datasets.map; its peak memory, small and 10x larger."
     header(__file__, 'tokenizers', 'numpy', 'datasets', 'transformers')
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         small, large = make_selection(d/'small.jsonl', mb), make_selection(d/'large.jsonl', mb * 10, seed=1)
         tok_path = d/'tokenizer.json'
         tok = train_tokenizer(small, vocab, tok_path, sample_chars=3_000_000)
-        # throughput on the large selection (start-up costs and the tokenizer's word cache amortised), each measured once
+        # throughput on the large selection (start-up costs and the tokenizer's word cache amortised), measured once
         texts = [r['text'] for *_, r in iter_selected(large)]
         rows, res = [], {}
         ceiling, n = encode_batch_rate(tok, texts)
@@ -110,19 +115,24 @@ def main(mb: float = 2,         # size of the small selection in MB; the large o
         rows.append(('datasets.map + concatenate (baseline)', 'large', base, nb, None, None))
         for name, sel in (('large', large), ('small', small)):
             for num_proc in (1, 2):
-                r = res[name, num_proc] = build_in_subprocess(sel, d/f'{name}{num_proc}', tok_path, num_proc, seq_len, 16)
+                r = res[name, num_proc] = build_in_subprocess(sel, d/f'{name}{num_proc}', tok_path, num_proc, seq_len,
+                                                              16)
                 rows.append((f'build-corpus --num-proc {num_proc}', name, r['tokens'] / r['seconds'], r['tokens'],
-                             f"{r['rss_mb']:,.0f} ({r['base_mb']:,.0f})", f"{r['workers_rss_mb']:,.0f}" if num_proc > 1 else None))
+                             f"{r['rss_mb']:,.0f} ({r['base_mb']:,.0f})",
+                             f"{r['workers_rss_mb']:,.0f}" if num_proc > 1 else None))
         print(f'# small = {small.stat().st_size / 1e6:.1f} MB, large = {large.stat().st_size / 1e6:.1f} MB '
               f'({res["large", 1]["docs"]:,} documents); vocab {len(tok.get_vocab()):,}, seq_len {seq_len}, 16 shards')
-        print(markdown_table(['what', 'corpus', 'tokens/s', 'tokens', 'peak RSS MB (after imports)', "workers' peak MB"],
-                             [[what, name, f'{rate:,.0f}', f'{n:,}', rss, wrss] for what, name, rate, n, rss, wrss in rows], 'llrrrr'))
+        table = [[what, name, f'{rate:,.0f}', f'{n:,}', rss, wrss] for what, name, rate, n, rss, wrss in rows]
+        columns = ['what', 'corpus', 'tokens/s', 'tokens', 'peak RSS MB (after imports)', "workers' peak MB"]
+        print(markdown_table(columns, table, 'llrrrr'))
         rate = {p: res['large', p]['tokens'] / res['large', p]['seconds'] for p in (1, 2)}
-        print(f'build-corpus (large, --num-proc 1 / 2) / encode_batch = {rate[1] / ceiling:.2f} / {rate[2] / ceiling:.2f} (target >= 0.8); '
-              f'/ encode_batch_fast (what build-corpus calls) = {rate[1] / fast:.2f} / {rate[2] / fast:.2f}; / datasets.map = {rate[1] / base:.2f} / {rate[2] / base:.2f}')
+        def vs(x): return f'{rate[1] / x:.2f} / {rate[2] / x:.2f}'
+        print(f'build-corpus (large, --num-proc 1 / 2) / encode_batch = {vs(ceiling)} (target >= 0.8); '
+              f'/ encode_batch_fast (what build-corpus calls) = {vs(fast)}; / datasets.map = {vs(base)}')
         for p in (1, 2):
-            print(f"peak RSS large / small, --num-proc {p}: {res['large', p]['rss_mb']:.0f} / {res['small', p]['rss_mb']:.0f} MB = "
-                  f"{res['large', p]['rss_mb'] / res['small', p]['rss_mb']:.2f} (target <= 1.2)")
+            big, little = res['large', p]['rss_mb'], res['small', p]['rss_mb']
+            print(f'peak RSS large / small, --num-proc {p}: {big:.0f} / {little:.0f} MB = {big / little:.2f} '
+                  '(target <= 1.2)')
 
 
 if __name__ == '__main__': sys.exit(run(main))

@@ -78,7 +78,8 @@ class Zeros(torch.utils.data.Dataset):
     def __init__(self, n: int, seq_len: int): self.n, self.seq_len = n, seq_len
     def __len__(self): return self.n
     def __getitem__(self, rows):
-        return torch.zeros(len(rows), self.seq_len, dtype=torch.int64), torch.zeros(len(rows), self.seq_len, dtype=torch.int64)
+        zeros = lambda: torch.zeros(len(rows), self.seq_len, dtype=torch.int64)
+        return zeros(), zeros()
 
 
 def bench_length(row_len: int, batch: int, mb: int, seconds: float, root: Path) -> list[dict]:
@@ -89,17 +90,19 @@ def bench_length(row_len: int, batch: int, mb: int, seconds: float, root: Path) 
     drop_cache(folder)
     s, nbytes = sequential(folder)
     out.append(dict(how='sequential read', batches=None, tok_s=nbytes / 2 / s, mb_s=nbytes / s / 2**20, rss=None))
-    for name, workers, start in (('sampler, in process', None, 0), ('loader, 0 workers', 0, 10**5), ('loader, 2 workers', 2, 2 * 10**5)):
+    sides = (('sampler, in process', None, 0), ('loader, 0 workers', 0, 10**5), ('loader, 2 workers', 2, 2 * 10**5))
+    for name, workers, start in sides:
         drop_cache(folder)
         ds = PretokenizedDataset(folder)
         sampler = StepSampler(len(ds), batch, seed=0, start_step=start)
         rss0 = rss_anon_mb()
         if workers is None: n, t = timed((ds[b] for b in sampler), seconds)
-        else: n, t = timed(make_loader(ds, sampler, num_workers=workers, prefetch_factor=4, pin_memory=False), seconds, skip=1 if workers else 0)
+        else: n, t = timed(make_loader(ds, sampler, num_workers=workers, prefetch_factor=4, pin_memory=False), seconds,
+                           skip=1 if workers else 0)
         out.append(dict(how=name, batches=n / t, tok_s=n * tok_per_batch / t, mb_s=n * batch * row_len * 2 / t / 2**20,
                         rss=rss_anon_mb() - rss0 if workers is None or workers == 0 else None))
-    floor = torch.utils.data.DataLoader(Zeros(len(ds), row_len - 1), sampler=StepSampler(len(ds), batch), batch_size=None,
-                                        num_workers=2, prefetch_factor=4)
+    floor = torch.utils.data.DataLoader(Zeros(len(ds), row_len - 1), sampler=StepSampler(len(ds), batch),
+                                        batch_size=None, num_workers=2, prefetch_factor=4)
     n, t = timed(floor, seconds, skip=1)
     out.append(dict(how='floor: zeros, 2 wkrs', batches=n / t, tok_s=n * tok_per_batch / t, mb_s=None, rss=None))
     for r in out: r.update(row_len=row_len, batch=batch, rows=rows)
@@ -113,8 +116,8 @@ def main(mb: int = 192,          # MB of rows per row length
     header(__file__, 'numpy')
     print(f'H100 demand, 1B model: {MFU:.0%} MFU x {H100_BF16:.3g} FLOP/s / (6 x {PARAMS:.0e} FLOP per token) = '
           f'{H100_TOKENS_PER_S:,.0f} tokens/s')
-    print(f'data: {mb} MB of random uint16 ids per row length in 8 .npy shards; each measurement starts with the files dropped')
-    print('from the page cache (posix_fadvise DONTNEED; a VM host may still cache them)\n')
+    print(f'data: {mb} MB of random uint16 ids per row length in 8 .npy shards; each measurement starts with the files')
+    print('dropped from the page cache (posix_fadvise DONTNEED; a VM host may still cache them)\n')
     rows = []
     with tempfile.TemporaryDirectory(dir=dir) as d:
         rows += bench_length(3073, 8, mb, seconds, Path(d))
@@ -122,14 +125,18 @@ def main(mb: int = 192,          # MB of rows per row length
     table = []
     for r in rows:
         seq = next(x['tok_s'] for x in rows if x['row_len'] == r['row_len'] and x['how'] == 'sequential read')
-        table.append([f'{r["row_len"]:,}', r['batch'], r['how'], None if r['batches'] is None else f'{r["batches"]:,.1f}',
-                      f'{r["tok_s"]:,.0f}', None if r['mb_s'] is None else f'{r["mb_s"]:,.0f}', f'{r["tok_s"] / seq:.2f}x',
+        table.append([f'{r["row_len"]:,}', r['batch'], r['how'],
+                      None if r['batches'] is None else f'{r["batches"]:,.1f}', f'{r["tok_s"]:,.0f}',
+                      None if r['mb_s'] is None else f'{r["mb_s"]:,.0f}', f'{r["tok_s"] / seq:.2f}x',
                       f'{r["tok_s"] / H100_TOKENS_PER_S:.1f}x', None if r['rss'] is None else f'{r["rss"]:+.0f} MB'])
-    print(markdown_table(['row length', 'batch', 'how', 'batches/s', 'tokens/s', 'MB/s', 'vs seq.', 'vs H100', 'RssAnon'],
-                         table, 'rrlrrrrrr'))
-    print('\ntokens/s counts trained tokens (batch x (row length - 1)); "vs seq." is against the sequential read of the same files;')
-    print('"vs H100" is against the demand above; RssAnon is the growth of anonymous (non-file) memory while reading in process;')
-    print('"floor" is a DataLoader with 2 workers whose dataset reads nothing: the cost of moving batches between processes here.')
+    columns = ['row length', 'batch', 'how', 'batches/s', 'tokens/s', 'MB/s', 'vs seq.', 'vs H100', 'RssAnon']
+    print(markdown_table(columns, table, 'rrlrrrrrr'))
+    print('\ntokens/s counts trained tokens (batch x (row length - 1)); '
+          '"vs seq." is against the sequential read of the same files;\n'
+          '"vs H100" is against the demand above; '
+          'RssAnon is the growth of anonymous (non-file) memory while reading in process;\n'
+          '"floor" is a DataLoader with 2 workers whose dataset reads nothing: '
+          'the cost of moving batches between processes here.')
 
 
 if __name__ == '__main__': sys.exit(run(main))

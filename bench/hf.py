@@ -75,9 +75,10 @@ def main(steps: int = 4):  # timed optimizer steps per layout (after one warm-up
         base = res['padded to 2048'][0]
         for name, (tps, share, n) in res.items():
             rows.append([device, label, name, f'{tps:,.0f}', f'{share:.0%}', n, f'{tps / base:.1f}x'])
-    if not torch.cuda.is_available(): rows.append(['cuda', 'llama 1024x8, bf16', '-', 'not measured (no GPU here)', None, None, None])
-    print(markdown_table(['device', 'model', 'layout', 'useful tokens/s', 'useful share of computed tokens', 'steps', 'ratio'],
-                         rows, 'lllrrrr'))
+    if not torch.cuda.is_available():
+        rows.append(['cuda', 'llama 1024x8, bf16', '-', 'not measured (no GPU here)', None, None, None])
+    columns = ['device', 'model', 'layout', 'useful tokens/s', 'useful share of computed tokens', 'steps', 'ratio']
+    print(markdown_table(columns, rows, 'lllrrrr'))
 
 
 if __name__ == '__main__': sys.exit(run(main))

@@ -7,7 +7,7 @@ GPU torch.cuda.max_memory_allocated. A step is forward + backward + AdamW step a
     python bench/model.py                 # CPU: narrow models (dim 128, 2 layers), L = 512 .. 32768, ~2-4 minutes
     python bench/model.py --device cuda   # GPU: small and medium sizes in bf16, with MFU
     python bench/model.py --lengths 512 2048 --dim 64   # a quicker look
-    python bench/model.py --default-malloc   # CPU: glibc's default allocator settings (slower at 32k, see CPU_MALLOC_ENV)
+    python bench/model.py --default-malloc   # CPU: glibc's default allocator (slower at 32k, see CPU_MALLOC_ENV)
 
 MFU counts matrix-product FLOPs only (the tensor cores' peak is for matrix products): for ResonanceNet
 6 * N_matmul per token (config.matmul_flops_per_token, Kaplan et al. 2020); for the GPT 6 * N_matmul plus the
@@ -31,13 +31,16 @@ class GPTBlock(nn.Module):
     def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0):
         super().__init__()
         self.heads = heads
-        self.norm1, self.qkv, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim, bias=False), nn.Linear(dim, dim, bias=False)
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim, bias=False), nn.Linear(dim, dim, bias=False)
         self.norm2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, int(mlp_ratio * dim), bias=False), nn.GELU(), nn.Linear(int(mlp_ratio * dim), dim, bias=False))
+        hidden = int(mlp_ratio * dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden, bias=False), nn.GELU(), nn.Linear(hidden, dim, bias=False))
 
     def forward(self, x):
         B, L, D = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(B, L, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)  # (B, H, L, D/H) each
+        # (B, H, L, D/H) each
+        q, k, v = self.qkv(self.norm1(x)).view(B, L, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, L, D)
         x = x + self.proj(a)
         return x + self.mlp(self.norm2(x))
@@ -45,7 +48,8 @@ class GPTBlock(nn.Module):
 
 class GPT(nn.Module):
     "The baseline: token + learned position embeddings, pre-norm blocks, final LayerNorm, head tied to the embedding."
-    def __init__(self, vocab_size: int, dim: int, num_layers: int, heads: int, max_seq_len: int, mlp_ratio: float = 4.0):
+    def __init__(self, vocab_size: int, dim: int, num_layers: int, heads: int, max_seq_len: int,
+                 mlp_ratio: float = 4.0):
         super().__init__()
         self.tok_emb, self.pos_emb = nn.Embedding(vocab_size, dim), nn.Embedding(max_seq_len, dim)
         self.blocks = nn.ModuleList(GPTBlock(dim, heads, mlp_ratio) for _ in range(num_layers))
@@ -53,7 +57,8 @@ class GPT(nn.Module):
         self.lm_head.weight = self.tok_emb.weight
         self.dim, self.num_layers, self.vocab_size = dim, num_layers, vocab_size
         for n, p in self.named_parameters():
-            if p.ndim == 2: nn.init.normal_(p, 0, 0.02 / math.sqrt(2 * num_layers) if n.endswith(('proj.weight', 'mlp.2.weight')) else 0.02)
+            residual = n.endswith(('proj.weight', 'mlp.2.weight'))
+            if p.ndim == 2: nn.init.normal_(p, 0, 0.02 / math.sqrt(2 * num_layers) if residual else 0.02)
 
     def forward(self, ids, targets):
         x = self.tok_emb(ids) + self.pos_emb.weight[:ids.shape[1]]
@@ -89,7 +94,7 @@ def worker(args) -> dict:
     if dev.type == 'cpu': torch.set_num_threads(args.threads)
     model, mm_flops, n_nonemb = build(args.model, args)
     model.to(dev).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # fused: 8x faster on the 32k position table on CPU
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # fused: 8x faster on the 32k position table (CPU)
     if args.compile: model = torch.compile(model)
     ids = torch.randint(0, args.vocab, (args.batch, args.seq_len + 1), device=dev)
     x, y = ids[:, :-1], ids[:, 1:]
@@ -115,7 +120,8 @@ def worker(args) -> dict:
     dt = sorted(times)[len(times) // 2]  # median step time
     tok = args.batch * args.seq_len
     out = dict(model=args.model, seq_len=args.seq_len, reps=len(times), step_s=dt, tokens_per_s=tok / dt,
-               us_per_token=1e6 * dt / tok, non_embedding=n_nonemb, loss=float(loss.detach()), matmul_flops_per_token=mm_flops)
+               us_per_token=1e6 * dt / tok, non_embedding=n_nonemb, loss=float(loss.detach()),
+               matmul_flops_per_token=mm_flops)
     if dev.type == 'cuda': out['peak_mib'] = torch.cuda.max_memory_allocated() / 2 ** 20
     else:
         out['peak_mib'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -144,7 +150,8 @@ def run_one(spec: dict, env_extra: dict) -> dict:
     r = subprocess.run([sys.executable, __file__, WORKER, json.dumps(spec)], capture_output=True, text=True,
                        env={**os.environ, **env_extra})
     if r.returncode != 0:
-        return dict(model=spec['model'], seq_len=spec['seq_len'], error=(r.stderr.strip().splitlines() or ['failed'])[-1][:120])
+        last = (r.stderr.strip().splitlines() or ['failed'])[-1][:120]
+        return dict(model=spec['model'], seq_len=spec['seq_len'], error=last)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -152,8 +159,12 @@ def fmt_table(rows: list[dict], peak: float | None) -> str:
     "The comparison table: one line per length, ResonanceNet vs GPT, ratio of tokens/s."
     by = {(r['model'], r['seq_len']): r for r in rows}
     def tps(x): return f"{x['tokens_per_s']:,.0f}" if 'tokens_per_s' in x else x.get('error', '-')
-    def mem(x): return f"{x['peak_mib']:,.0f}" + (f" (+{x['step_mib']:,.0f})" if 'step_mib' in x else '') if 'peak_mib' in x else '-'
-    def mfu(x): return f"{100 * x['tokens_per_s'] * x['matmul_flops_per_token'] / peak:.1f}%" if 'tokens_per_s' in x else '-'
+    def mem(x):
+        if 'peak_mib' not in x: return '-'
+        return f"{x['peak_mib']:,.0f}" + (f" (+{x['step_mib']:,.0f})" if 'step_mib' in x else '')
+    def mfu(x):
+        if 'tokens_per_s' not in x: return '-'
+        return f"{100 * x['tokens_per_s'] * x['matmul_flops_per_token'] / peak:.1f}%"
     columns = ['L', 'Resonance tok/s', 'GPT tok/s', 'ratio R/GPT', 'Resonance peak MiB', 'GPT peak MiB']
     if peak: columns += ['Resonance MFU', 'GPT MFU']
     lines = []
@@ -169,7 +180,8 @@ def growth(rows: list[dict], model: str, a: int = 2048, b: int = 32768) -> str:
     by = {(r['model'], r['seq_len']): r for r in rows}
     ra, rb = by.get((model, a), {}), by.get((model, b), {})
     if 'us_per_token' not in ra or 'us_per_token' not in rb: return 'n/a'
-    return f"{rb['us_per_token'] / ra['us_per_token']:.2f}x ({ra['us_per_token']:.1f} -> {rb['us_per_token']:.1f} us/token)"
+    ua, ub = ra['us_per_token'], rb['us_per_token']
+    return f'{ub / ua:.2f}x ({ua:.1f} -> {ub:.1f} us/token)'
 
 
 WORKER = '--worker'   # `bench/model.py --worker '{json}'`: one measurement, in the subprocess that `run_one` starts
@@ -190,18 +202,19 @@ def main(device: str = 'cuda' if torch.cuda.is_available() else 'cpu',  # cpu or
          max_time: float = 60.0,                          # stop timing a measurement after this many seconds
          compile: bool = False,                           # torch.compile the model (GPU)
          checkpointing: bool = False,                     # activation checkpointing
-         default_malloc: bool = False,  # CPU: glibc malloc's default settings (fresh mmap per block over 32 MiB; see CPU_MALLOC_ENV)
+         default_malloc: bool = False,                    # CPU: glibc malloc's defaults (slower at 32k; CPU_MALLOC_ENV)
          models: list[str] = ('resonance', 'gpt')):      # which models to measure
     "Training-step speed and peak memory: ResonanceLanguageModel against a GPT of the same non-embedding size."
     if vocab is None: vocab = 256 if device == 'cpu' else 32768
     common = dict(device=device, threads=threads, vocab=vocab, max_seq_len=max_seq_len, batch=batch, max_time=max_time,
-                  compile=compile, checkpointing=checkpointing, size=None, dim=dim, layers=layers, frequencies=frequencies)
+                  compile=compile, checkpointing=checkpointing, size=None, dim=dim, layers=layers,
+                  frequencies=frequencies)
     if device == 'cpu': torch.set_num_threads(threads)   # as the workers do, so that the header says what they use
     header(__file__)
     if device == 'cpu':
         print(f'fp32, batch {batch}, fused AdamW, {threads} thread(s); a shared machine: timings vary; malloc: '
               + ('glibc defaults' if default_malloc else ' '.join(f'{k}={v}' for k, v in CPU_MALLOC_ENV.items())))
-        print('GPU: not measured (no GPU available)' if not torch.cuda.is_available() else 'GPU: run with --device cuda')
+        print('GPU: run with --device cuda' if torch.cuda.is_available() else 'GPU: not measured (no GPU available)')
         setups = [('dim %d, %d layers, K %d' % (dim, layers, frequencies), {})]
         peak = None
     else:
@@ -214,14 +227,16 @@ def main(device: str = 'cuda' if torch.cuda.is_available() else 'cpu',  # cpu or
         rows = []
         for L in lengths:
             for m in models:
-                if device == 'cpu' and L >= 32768:  # one GPT step there takes 1-2 minutes: no warm-up step for it (its
-                    # first-step overhead, about a second, is ~1% of that step); ResonanceNet's ~10 s step gets its warm-up
+                # on the CPU one GPT step at 32k takes 1-2 minutes: no warm-up step for it (its first-step overhead,
+                # about a second, is ~1% of that step); ResonanceNet's ~10 s step gets its warm-up
+                if device == 'cpu' and L >= 32768:
                     steps = dict(reps=1, warmup=1 if m == 'resonance' else 0)
                 else: steps = dict(reps=reps, warmup=warmup)
                 rows.append(run_one({**common, **extra, **steps, 'model': m, 'seq_len': L}, env))
                 r = rows[-1]
-                print(f"  {m:>9} L={L:>6}: " + (f"{r['tokens_per_s']:,.0f} tok/s, peak {r['peak_mib']:,.0f} MiB, {r['reps']} reps"
-                                                if 'tokens_per_s' in r else r['error']), file=sys.stderr, flush=True)
+                done = (f"{r['tokens_per_s']:,.0f} tok/s, peak {r['peak_mib']:,.0f} MiB, {r['reps']} reps"
+                        if 'tokens_per_s' in r else r['error'])
+                print(f'  {m:>9} L={L:>6}: {done}', file=sys.stderr, flush=True)
         nonemb = {r['model']: r['non_embedding'] for r in rows if 'non_embedding' in r}
         print(f"\n## {name}: non-embedding parameters " + ', '.join(f'{k} {v:,}' for k, v in nonemb.items()))
         print(fmt_table(rows, peak))

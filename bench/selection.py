@@ -1,4 +1,7 @@
-"""Selection speed next to merely reading the same JSONL: `python bench/selection.py [--docs 20000] [--realistic-docs 1500]`.
+"""Selection speed next to merely reading the same JSONL.
+
+    python bench/selection.py [--docs 20000] [--realistic-docs 1500] [--repeat 3]
+
 
 Writes synthetic documents (in-process, not Formex) to a temporary folder, then times, in one run and for two
 corpora:
@@ -28,7 +31,8 @@ from legalnb.sources import read_jsonl_documents, write_jsonl
 def read_parse(path: Path) -> int:
     "Read and parse every line; return the number of documents."
     n = 0
-    with open(path, 'rb', buffering=1 << 20) as f:   # a buffer at least as large as `jsonl_records`' (256 kB): this stays the floor
+    # a buffer at least as large as `jsonl_records`' (256 kB): this stays the floor
+    with open(path, 'rb', buffering=1 << 20) as f:
         for line in f: json.loads(line); n += 1
     return n
 
@@ -51,16 +55,19 @@ def measure(d: Path, name: str, docs: int, chars: tuple[int, int], seed: int, re
     "Rows (corpus, step, cpu s, wall s, docs, MB) for one corpus."
     src, out = d/f'{name}.jsonl', d/f'{name}-selected.jsonl'
     t0 = time.perf_counter(); tokens = generate(src, docs, seed, chars); size = src.stat().st_size
-    print(f'{name}: {docs:,} documents of {chars[0]:,} to {chars[1]:,} characters, {size / 1e6:,.0f} MB ({size / docs / 1e3:,.1f} kB '
-          f'per document), {tokens:,} tokens (estimated), written in {format_duration(time.perf_counter() - t0)}; target 40% of the tokens')
+    print(f'{name}: {docs:,} documents of {chars[0]:,} to {chars[1]:,} characters, {size / 1e6:,.0f} MB '
+          f'({size / docs / 1e3:,.1f} kB per document), {tokens:,} tokens (estimated), '
+          f'written in {format_duration(time.perf_counter() - t0)}; target 40% of the tokens')
     steps = {'read+parse': lambda: read_parse(src), 'read-docs': lambda: sum(1 for _ in read_jsonl_documents(src)),
              'select': lambda: select_documents(src, out, int(tokens * 0.4))}
-    if full: steps['select-full'] = lambda: select_documents(src, out, int(tokens * 0.4), replace(ScoringRules(), subject_scan_chars=None))
+    if full:
+        whole_texts = replace(ScoringRules(), subject_scan_chars=None)
+        steps['select-full'] = lambda: select_documents(src, out, int(tokens * 0.4), whole_texts)
     best = {k: (float('inf'), float('inf')) for k in steps}
     for _ in range(repeat):   # interleaved, fastest kept
         for k, f in steps.items():
             cpu, wall, _ = timed(f); best[k] = (min(best[k][0], cpu), min(best[k][1], wall))
-            out.unlink(missing_ok=True)   # each run writes a new file, as a first run does (replacing one frees its pages)
+            out.unlink(missing_ok=True)   # each run writes a new file, as a first run does (replacing frees pages)
     return [(name, k, cpu, wall, docs, size / 1e6) for k, (cpu, wall) in best.items()]
 
 def main(realistic_docs: int = 1_500,  # documents of the realistic corpus (3k to 700k characters, ~130 kB each)
@@ -69,7 +76,8 @@ def main(realistic_docs: int = 1_500,  # documents of the realistic corpus (3k t
          repeat: int = 3):             # runs of each step (the fastest is kept)
     "Selection speed next to merely reading the same JSONL, for a realistic and a short-document corpus."
     header(__file__)
-    print('corpora: realistic = documents the size of the production corpus\'s (25 GB over 150-200k documents, ~125 kB each); '
+    print("corpora: realistic = documents the size of the production corpus's "
+          '(25 GB over 150-200k documents, ~125 kB each); '
           'short = 300 to 30k characters, the hard case (the fixed cost per document weighs most)')
     with tempfile.TemporaryDirectory() as d:
         rows = measure(Path(d), 'realistic', realistic_docs, (3_000, 700_000), seed, repeat, full=False)
@@ -78,9 +86,11 @@ def main(realistic_docs: int = 1_500,  # documents of the realistic corpus (3k t
     for name, step, cpu, wall, n, mb in rows:
         base = next(r[2] for r in rows if r[0] == name and r[1] == 'read+parse')
         ratios[name, step] = base / cpu
-        table.append([name, step, f'{cpu:.2f}', f'{wall:.2f}', f'{n / cpu:,.0f}', f'{mb / cpu:.0f}', f'{base / cpu:.2f}'])
+        table.append([name, step, f'{cpu:.2f}', f'{wall:.2f}', f'{n / cpu:,.0f}', f'{mb / cpu:.0f}',
+                      f'{base / cpu:.2f}'])
     print(markdown_table(['corpus', 'step', 'cpu s', 'wall s', 'docs/s', 'MB/s', 'ratio'], table, 'llrrrrr'))
-    print(f'peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB (no text is kept: both passes stream)')
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f'peak RSS {peak:,.0f} MB (no text is kept: both passes stream)')
     for name in ('realistic', 'short'):
         r, vs_docs = ratios[name, 'select'], ratios[name, 'select'] / ratios[name, 'read-docs']
         print(f'{name} documents: select / read+parse = {r:.2f} ({"meets" if r >= 0.5 else "misses"} the 0.5 target); '

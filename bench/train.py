@@ -71,7 +71,8 @@ def save_seconds(cfg: TrainConfig, vocab: int, seq_len: int, out: Path, repeats:
     "Median seconds of one full checkpoint save (model, AdamW state, RNG) of this model."
     model = ResonanceLanguageModel(model_config(cfg, vocab, seq_len))
     opt = make_optimizer(model, cfg, torch.device('cpu'))
-    model(torch.zeros(1, seq_len, dtype=torch.long), torch.zeros(1, seq_len, dtype=torch.long))[1].backward(); opt.step()
+    zeros = torch.zeros(1, seq_len, dtype=torch.long)
+    model(zeros, zeros)[1].backward(); opt.step()
     times = []
     for i in range(repeats):
         state = dict(model=model.state_dict(), optimizer=opt.state_dict(), scaler={}, scheduler={}, rng=rng_state(),
@@ -83,8 +84,10 @@ def gpu_rows(tmp: Path, steps: int) -> list[list[str]]:
     "tokens/s and MFU of the 'small' model at 3072 and 32768 tokens per sequence, on this GPU."
     rows = []
     for seq_len, batch in ((3072, 8), (32768, 1)):
-        split = random_split(tmp/f'gpu{seq_len}', rows=batch * (steps + 2) * 16 // 15 + 16, seq_len=seq_len, vocab=32768)
-        cfg = TrainConfig(data=str(split), out=str(tmp/f'gpu-run{seq_len}'), size='small', batch_size=batch, max_steps=steps,
+        split = random_split(tmp/f'gpu{seq_len}', rows=batch * (steps + 2) * 16 // 15 + 16, seq_len=seq_len,
+                             vocab=32768)
+        cfg = TrainConfig(data=str(split), out=str(tmp/f'gpu-run{seq_len}'), size='small', batch_size=batch,
+                          max_steps=steps,
                           warmup_steps=1, eval_every=0, eval_batches=1, save_every=10**6, log_every=5, num_workers=4,
                           progress=False, activation_checkpointing=seq_len > 8192)
         _, s = trainer_seconds(cfg, torch.device('cuda'))
@@ -104,7 +107,8 @@ def main(steps: list[int] = (5, 25),  # SHORT LONG: the two run lengths whose di
          gpu_steps: int = 30):           # steps of each GPU throughput run
     "Trainer step time against a bare loop, checkpoint cost, and on a GPU tokens/s and MFU of the 'small' model."
     if len(steps) != 2 or not 0 < steps[0] < steps[1]:
-        raise LegalnbError(f'--steps takes two run lengths SHORT LONG with 0 < SHORT < LONG, got {" ".join(map(str, steps))}')
+        got = ' '.join(map(str, steps))
+        raise LegalnbError(f'--steps takes two run lengths SHORT LONG with 0 < SHORT < LONG, got {got}')
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     if device.type == 'cpu': torch.set_num_threads(1)  # CPU time then counts work, not threads spinning for a core
     short, long = steps
@@ -113,29 +117,36 @@ def main(steps: list[int] = (5, 25),  # SHORT LONG: the two run lengths whose di
         tmp = Path(tmp)
         split = random_split(tmp/'split', rows=batch_size * (long + 4) * 16 // 15 + 16, seq_len=seq_len, vocab=vocab)
         base = dict(data=str(split), dim=dim, num_layers=num_layers, num_frequencies=16, batch_size=batch_size,
-                    warmup_steps=2, eval_every=0, eval_batches=1, save_every=10**6, num_workers=0 if device.type == 'cpu' else 4,
-                    progress=False, seed=0)
+                    warmup_steps=2, eval_every=0, eval_batches=1, save_every=10**6,
+                    num_workers=0 if device.type == 'cpu' else 4, progress=False, seed=0)
         bare, trainer, summary = [], [], {}
         for r in range(rounds):  # alternate the two sides
-            bare.append(per_step(lambda n: bare_seconds(TrainConfig(**base, max_steps=n), vocab, seq_len, device), short, long))
+            def bare_run(n): return bare_seconds(TrainConfig(**base, max_steps=n), vocab, seq_len, device)
+            bare.append(per_step(bare_run, short, long))
             def trainer_run(n):
-                secs, summary['last'] = trainer_seconds(TrainConfig(**base, max_steps=n, out=str(tmp/f'run{r}-{n}')), device)
+                cfg = TrainConfig(**base, max_steps=n, out=str(tmp/f'run{r}-{n}'))
+                secs, summary['last'] = trainer_seconds(cfg, device)
                 return secs
             trainer.append(per_step(trainer_run, short, long))
         b, t = statistics.median(bare), statistics.median(trainer)
         save = save_seconds(TrainConfig(**base), vocab, seq_len, tmp/'ckpt')
     what = 'CPU time, 1 thread' if device.type == 'cpu' else 'wall-clock time'
     print(f"\nmodel: dim {dim}, {num_layers} layers, {summary['last']['params']:,} parameters; "
-          f'batch {batch_size} x {seq_len} tokens; step = (time of {long} steps - time of {short}) / {long - short}, {what}, median of {rounds} rounds on {device}\n')
+          f'batch {batch_size} x {seq_len} tokens; step = (time of {long} steps - time of {short}) / {long - short}, '
+          f'{what}, median of {rounds} rounds on {device}\n')
     print(markdown_table(['measure', 'time', 'ratio'], [
         ['bare loop step', f'{1000 * b:.1f} ms', '1.000'],
         ['trainer step', f'{1000 * t:.1f} ms', f'{t / b:.3f} ({100 * (t / b - 1):+.1f}% overhead; target <= 3%)'],
         ['checkpoint save (model + AdamW + RNG, wall clock)', f'{1000 * save:.1f} ms', f'{save / t:.2f} trainer steps'],
-        ['save every 2000 steps', f'{1000 * save / 2000:.3f} ms per step', f'{100 * save / (2000 * t):.3f}% of step time']]))
-    print(f"\nrounds (ms): bare {', '.join(f'{1000 * x:.1f}' for x in bare)}; trainer {', '.join(f'{1000 * x:.1f}' for x in trainer)}")
+        ['save every 2000 steps', f'{1000 * save / 2000:.3f} ms per step',
+         f'{100 * save / (2000 * t):.3f}% of step time']]))
+    def ms(xs): return ', '.join(f'{1000 * x:.1f}' for x in xs)
+    print(f'\nrounds (ms): bare {ms(bare)}; trainer {ms(trainer)}')
     if device.type == 'cuda':
         with tempfile.TemporaryDirectory() as tmp:
             print('\n' + markdown_table(['GPU run', 'throughput', 'MFU'], gpu_rows(Path(tmp), gpu_steps)))
-    else: print('\nGPU rows (tokens/s and MFU of the small model at 3072 and 32768 tokens): not measured, no CUDA device here.')
+    else:
+        print('\nGPU rows (tokens/s and MFU of the small model at 3072 and 32768 tokens): not measured, no CUDA device '
+              'here.')
 
 if __name__ == '__main__': sys.exit(run(main))
