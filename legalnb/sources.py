@@ -63,18 +63,20 @@ FIRST_YEAR = 1950   # the oldest acts in EUR-Lex are from 1951 (ECSC); the last 
 def _in_range(d: date, value, where: str) -> date:
     "`d`, or an error naming `where` when its year is before `FIRST_YEAR` or after next year."
     if FIRST_YEAR <= d.year <= date.today().year + 1: return d
-    raise LegalnbError(f'{where}: date {value!r} is outside {FIRST_YEAR}-{date.today().year + 1}, the years an EU act can '
-                       'have; give the date of the act, or leave "date" empty (9999-12-31 means "no end date" in EUR-Lex)')
+    raise LegalnbError(f'{where}: date {value!r} is outside {FIRST_YEAR}-{date.today().year + 1}, the years an EU '
+                       'act can have; give the date of the act, or leave "date" empty (9999-12-31 means "no end date" '
+                       'in EUR-Lex)')
 
 def parse_date(value, where: str = '') -> date | None:
     "An ISO date (`2016-04-27`, `20160427`) or None when empty; anything else raises, naming `where`."
     if type(value) is str and len(value) == 10 and value[4] == value[7] == '-':   # the usual form: parsed in C
         try: return _in_range(date.fromisoformat(value), value, where)
-        except ValueError: pass                                                  # the general rule below says what is wrong
+        except ValueError: pass                                        # the general rule below says what is wrong
     if value is None or str(value).strip() == '': return None
     m = _DATE.fullmatch(str(value).strip())
     try: d = date(int(m[1]), int(m[2]), int(m[3]))
-    except (TypeError, ValueError): raise LegalnbError(f'{where}: date {value!r} is not a valid yyyy-mm-dd date') from None
+    except (TypeError, ValueError):
+        raise LegalnbError(f'{where}: date {value!r} is not a valid yyyy-mm-dd date') from None
     return _in_range(d, value, where)
 
 # %% ../nbs/00_sources.ipynb #1ba4b530
@@ -99,7 +101,9 @@ class Celex:
 def parse_celex(s: str) -> Celex:
     "Split a CELEX number such as `32016R0679` or `02009R1223-20191218` into its parts."
     m = _CELEX.fullmatch(str(s).strip().upper())
-    if not m: raise LegalnbError(f'{s!r} is not a CELEX number (expected e.g. 32016R0679: sector, year, type letters, number)')
+    if not m:
+        raise LegalnbError(f'{s!r} is not a CELEX number (expected e.g. 32016R0679: sector, year, type letters, '
+                           'number)')
     corr, cons = m['corrigendum'], m['consolidated']
     return Celex(m['sector'], int(m['year']), m['type'], m['number'], int(corr) if corr else None,
                  parse_date(cons, f'CELEX {s}') if cons else None)
@@ -118,7 +122,8 @@ def celex_from_number(year: int | str, number: int | str, doc_type: str) -> str:
     return f'3{int(year)}{letter}{int(number):04d}' if letter else ''
 
 # %% ../nbs/00_sources.ipynb #15512d3b
-LEGAL_VALUES = {'REG': 'regulation', 'DIR': 'directive', 'DEC': 'decision', 'REC': 'recommendation', 'RECO': 'recommendation'}
+LEGAL_VALUES = {'REG': 'regulation', 'DIR': 'directive', 'DEC': 'decision', 'REC': 'recommendation',
+                'RECO': 'recommendation'}
 
 def doc_type_from_legal_value(value: str | None) -> str:
     "`REG`, `REG_IMPL`, `DIR_DEL`, `DEC`, ... -> regulation, directive, decision; unknown -> 'other'."
@@ -129,7 +134,8 @@ TITLE_WORDS = {  # the word for each type in the titles of acts, by language (en
     'regulation': 'regulation verordnung règlement reglamento regulamento regolamento verordening',
     'directive': 'directive richtlinie directiva diretiva direttiva richtlijn',
     'decision': 'decision beschluss entscheidung décision decisión decisão decisione besluit beschikking',
-    'recommendation': 'recommendation empfehlung recommandation recomendación recomendação raccomandazione aanbeveling'}
+    'recommendation': 'recommendation empfehlung recommandation recomendación recomendação raccomandazione '
+                      'aanbeveling'}
 _TITLE_TYPE = {w: t for t, words in TITLE_WORDS.items() for w in words.split()}
 
 def doc_type_from_title(title: str) -> str:
@@ -200,9 +206,10 @@ def read_jsonl_documents(path: str | Path) -> Iterator[Document]:
     for n, _, _, rec in jsonl_records(path): yield document_from_record(rec, f'{path}, line {n}', str(path))
 
 # %% ../nbs/00_sources.ipynb #e811fc47
-FORMEX_BLOCKS = frozenset('''P ALINEA PARAG ARTICLE TI.ART STI.ART VISA CONSID NP ITEM LIST TITLE TI STI GR.SEQ DIVISION
-    PREAMBLE PREAMBLE.INIT PREAMBLE.FINAL GR.VISA GR.CONSID GR.CONSID.INIT ENACTING.TERMS FINAL SIGNATURE SIGNATORY PL.DATE
-    CONTENTS QUOT.S TBL CORPUS ROW GR.NOTES DLIST DLIST.ITEM FORMULA ANNEX ACT GR.TBL BLK GR.ANNOTATION ANNOTATION'''.split())
+FORMEX_BLOCKS = frozenset('''P ALINEA PARAG ARTICLE TI.ART STI.ART VISA CONSID NP ITEM LIST TITLE TI STI GR.SEQ
+    DIVISION PREAMBLE PREAMBLE.INIT PREAMBLE.FINAL GR.VISA GR.CONSID GR.CONSID.INIT ENACTING.TERMS FINAL SIGNATURE
+    SIGNATORY PL.DATE CONTENTS QUOT.S TBL CORPUS ROW GR.NOTES DLIST DLIST.ITEM FORMULA ANNEX ACT GR.TBL BLK
+    GR.ANNOTATION ANNOTATION'''.split())
 FORMEX_SKIP = frozenset('BIB.INSTANCE BIB.DOC BIB.DATA NOTE PAGE.HEADER CURR.TITLE REF.PHYS'.split())
 FORMEX_LABELS = frozenset('NO.P NO.PARAG'.split())  # numbers printed before a paragraph: a space follows
 
@@ -227,7 +234,8 @@ def _unpaired_quotes(note: ET.Element) -> str:
     "Quotation marks inside a footnote whose partner lies outside it (they belong to the main text)."
     marks = [q for q in note.iter() if q.tag in ('QUOT.START', 'QUOT.END')]
     ids = {q.get('ID') for q in marks}
-    return ''.join(_quote_mark(q) for q in marks if q.get('REF.END' if q.tag == 'QUOT.START' else 'REF.START') not in ids)
+    partner = lambda q: q.get('REF.END' if q.tag == 'QUOT.START' else 'REF.START')
+    return ''.join(_quote_mark(q) for q in marks if partner(q) not in ids)
 
 # %% ../nbs/00_sources.ipynb #513b7b71
 def _walk(el: ET.Element, out: _Blocks, flat: bool = False):
@@ -247,7 +255,7 @@ def _walk(el: ET.Element, out: _Blocks, flat: bool = False):
     out.add(el.tail)
 
 def formex_text(el: ET.Element, flat: bool = False, skip: Iterable[str] = ()) -> str:
-    "The clean text of a Formex element: blocks on their own lines (one line when `flat`), children tagged `skip` left out."
+    "The clean text of a Formex element: blocks on their own lines (one line when `flat`), without children `skip`."
     out = _Blocks()
     out.add(el.text)
     for child in el:
@@ -261,7 +269,8 @@ def read_formex_file(path: str | Path) -> ET.Element:
     try: return ET.parse(path).getroot()
     except ET.ParseError as e:
         line, col = e.position
-        raise LegalnbError(f'{path}, line {line}, column {col + 1}: malformed XML: {str(e).split(":")[0]}; expected a well-formed Formex file') from None
+        raise LegalnbError(f'{path}, line {line}, column {col + 1}: malformed XML: {str(e).split(":")[0]}; expected a '
+                           f'well-formed Formex file') from None
 
 # %% ../nbs/00_sources.ipynb #def89a7a
 def _first(roots: list, *paths: str) -> ET.Element | None:
@@ -304,15 +313,16 @@ def _formex_type(roots: list, title: str) -> str:
 
 def _formex_subjects(wrapper: ET.Element | None) -> list[str]:
     "Subjects named by `KEYWORD` or `SUBJECT` elements in the wrapper."
-    return [' '.join(e.text.split()) for e in (wrapper.iter() if wrapper is not None else []) if e.tag in ('KEYWORD', 'SUBJECT') and e.text]
+    elements = wrapper.iter() if wrapper is not None else []
+    return [' '.join(e.text.split()) for e in elements if e.tag in ('KEYWORD', 'SUBJECT') and e.text]
 
 # %% ../nbs/00_sources.ipynb #00f70d50
 def _formex_text(act_path: Path, act: ET.Element, annexes: Iterable[ET.Element]) -> str:
     "The act's text, then its annexes'; XML nested too deeply for a recursive walk is an error naming the file."
     try: return '\n\n'.join(p for p in [formex_text(act, skip=['TITLE'])] + [formex_text(a) for a in annexes] if p)
     except RecursionError:
-        raise LegalnbError(f'{act_path}: elements nested too deeply (hundreds of levels; Formex acts nest a few dozen): '
-                           'is this a Formex file? Remove it from the input or fix its structure') from None
+        raise LegalnbError(f'{act_path}: elements nested too deeply (hundreds of levels; Formex acts nest a few dozen):'
+                           ' is this a Formex file? Remove it from the input or fix its structure') from None
 
 def formex_document(act_path: Path, act: ET.Element, wrapper: ET.Element | None = None,
                     annexes: Iterable[ET.Element] = ()) -> Document:
@@ -322,9 +332,11 @@ def formex_document(act_path: Path, act: ET.Element, wrapper: ET.Element | None 
     if not lang: raise LegalnbError(f'{act_path}: no LG.DOC or LG.OJ element, so the language is unknown')
     lang = check_language(lang, f'{act_path}: LG.DOC')
     text = _formex_text(act_path, act, annexes)
-    if not text: raise LegalnbError(f'{act_path}: the {act.tag} has no text (expected PREAMBLE, ENACTING.TERMS or FINAL)')
+    if not text:
+        raise LegalnbError(f'{act_path}: the {act.tag} has no text (expected PREAMBLE, ENACTING.TERMS or FINAL)')
     try: title = _formex_title(wrapper, act)
-    except RecursionError: raise LegalnbError(f'{act_path}: the TITLE is nested too deeply; is this a Formex file?') from None
+    except RecursionError:
+        raise LegalnbError(f'{act_path}: the TITLE is nested too deeply; is this a Formex file?') from None
     day, doc_type = _first(roots, './FMX/DOC.MAIN.PUB/DATE', './BIB.INSTANCE/DATE'), _formex_type(roots, title)
     return Document(_formex_celex(roots, doc_type, act_path), title, text, lang,
                     parse_date(day.get('ISO') if day is not None else None, str(act_path)),
@@ -339,19 +351,23 @@ def _wrapper_name(p: Path, root: ET.Element) -> str:
 def _number_key(root: ET.Element, bib: str) -> tuple | None:
     "(year, number, language) of a wrapper (`bib='BIB.DOC'`) or an act (`'BIB.INSTANCE'`)."
     no = root.find(f'{bib}/NO.DOC')
-    return None if no is None else (no.findtext('YEAR', '').strip(), no.findtext('NO.CURRENT', '').strip(), root.findtext('.//LG.DOC', '').strip())
+    return None if no is None else (no.findtext('YEAR', '').strip(), no.findtext('NO.CURRENT', '').strip(),
+                                    root.findtext('.//LG.DOC', '').strip())
 
-def _publication(group: list, wrapper: ET.Element | None) -> tuple[Path, ET.Element, ET.Element | None, list[ET.Element]]:
+def _publication(group: list, wrapper: ET.Element | None
+                 ) -> tuple[Path, ET.Element, ET.Element | None, list[ET.Element]]:
     "(act path, act, wrapper, annexes in order) from the parsed files of one publication."
     acts = [x for x in group if x[1].tag not in ('DOC', 'ANNEX')]
-    if len(acts) != 1: raise LegalnbError(f'{group[0][0]}: expected one act (ACT) for this publication in {group[0][0].parent}, found {len(acts)}')
-    annexes = sorted((x for x in group if x[1].tag == 'ANNEX'), key=lambda x: (x[1].findtext('BIB.INSTANCE/NO.SEQ') or '', x[0].name))
+    if len(acts) != 1: raise LegalnbError(f'{group[0][0]}: expected one act (ACT) for this publication in '
+                                          f'{group[0][0].parent}, found {len(acts)}')
+    annexes = sorted((x for x in group if x[1].tag == 'ANNEX'),
+                     key=lambda x: (x[1].findtext('BIB.INSTANCE/NO.SEQ') or '', x[0].name))
     return acts[0][0], acts[0][1], wrapper, [r for _, r in annexes]
 
 # %% ../nbs/00_sources.ipynb #5d7450b8
 def _publications(files: list[Path]) -> Iterator[tuple[Path, ET.Element, ET.Element | None, list[ET.Element]]]:
     "Group the Formex files of one folder into (act path, act, wrapper, annexes) publications."
-    parts = [(p, r) for p in files if (r := read_formex_file(p)).tag != 'PUBLICATION']    # tables of contents are skipped
+    parts = [(p, r) for p in files if (r := read_formex_file(p)).tag != 'PUBLICATION']   # tables of contents: skipped
     wrappers, others = [x for x in parts if x[1].tag == 'DOC'], [x for x in parts if x[1].tag != 'DOC']
     if len(wrappers) <= 1 and sum(r.tag != 'ANNEX' for _, r in others) <= 1:
         if parts: yield _publication(others or wrappers, wrappers[0][1] if wrappers else None)
@@ -361,7 +377,8 @@ def _publications(files: list[Path]) -> Iterator[tuple[Path, ET.Element, ET.Elem
     for p, r in others: groups[_wrapper_name(p, r)].append((p, r))
     for name, group in groups.items():
         act = next((r for _, r in group if r.tag != 'ANNEX'), None)
-        yield _publication(group, by_name.get(name) or (by_number.get(_number_key(act, 'BIB.INSTANCE')) if act is not None else None))
+        by_act = by_number.get(_number_key(act, 'BIB.INSTANCE')) if act is not None else None
+        yield _publication(group, by_name.get(name) or by_act)
 
 # %% ../nbs/00_sources.ipynb #34b19edb
 def _visible(p: Path, root: Path) -> bool:
@@ -379,7 +396,8 @@ def read_formex(path: str | Path) -> Iterator[Document]:
         for p in sorted(path.rglob('*.xml')):
             if _visible(p, path): files[p.parent].append(p)
     for folder in sorted(files):
-        for act_path, act, wrapper, annexes in _publications(files[folder]): yield formex_document(act_path, act, wrapper, annexes)
+        for act_path, act, wrapper, annexes in _publications(files[folder]):
+            yield formex_document(act_path, act, wrapper, annexes)
 
 # %% ../nbs/00_sources.ipynb #6efc4f1b
 def _read_one(path: Path, skip: set) -> Iterator[Document]:
@@ -399,7 +417,8 @@ def read_documents(paths: str | Path | Iterable[str | Path], skip: Iterable[str 
     skip, n = {Path(p).resolve() for p in skip}, 0
     for path in paths:
         for doc in _read_one(Path(path), skip): n += 1; yield doc
-    if n == 0: raise LegalnbError(f'{", ".join(map(str, paths)) or "(no input)"}: no documents found; expected Formex publications (.xml) or JSON lines (.jsonl)')
+    if n == 0: raise LegalnbError(f'{", ".join(map(str, paths)) or "(no input)"}: no documents found; expected Formex '
+                                  f'publications (.xml) or JSON lines (.jsonl)')
 
 # %% ../nbs/00_sources.ipynb #c79008f8
 def _count(counts: Counter, doc: Document):
@@ -430,31 +449,129 @@ def format_parse_summary(counts: Counter, out: str | Path = '') -> str:
              f'  dropped {counts["dropped.duplicate"]:,} duplicates (same CELEX and language); kept with defaults: '
              f'{counts["default.no_date"]:,} without a date, {counts["default.other_type"]:,} of unknown type (other)',
              '  ' + f'{"lang":<6}' + ''.join(f'{t:>16}' for t in DOC_TYPES) + f'{"total":>10}']
-    for l in langs: lines.append('  ' + f'{l:<6}' + ''.join(f'{counts[f"lang_type.{l}.{t}"]:>16,}' for t in DOC_TYPES) + f'{counts[f"lang.{l}"]:>10,}')
+    for l in langs:
+        cells = ''.join(f'{counts[f"lang_type.{l}.{t}"]:>16,}' for t in DOC_TYPES)
+        lines.append('  ' + f'{l:<6}' + cells + f'{counts[f"lang.{l}"]:>10,}')
     return '\n'.join(lines)
 
 # %% ../nbs/00_sources.ipynb #54d15e83
 SAMPLE_SUBJECTS = {  # subject (as a descriptor in the wrapper): is it a priority topic, and the topic in each language
-    'data protection': (True, {'en': 'the protection of personal data', 'de': 'den Schutz personenbezogener Daten', 'fr': 'la protection des données à caractère personnel', 'es': 'la protección de los datos personales', 'pt': 'proteção de dados pessoais', 'it': 'protezione dei dati personali'}),
-    'GDPR': (True, {'en': 'the application of the General Data Protection Regulation (GDPR)', 'de': 'die Anwendung der Datenschutz-Grundverordnung (DSGVO)', 'fr': "l'application du règlement général sur la protection des données (RGPD)", 'es': 'la aplicación del Reglamento General de Protección de Datos (RGPD)', 'pt': 'aplicação do Regulamento Geral sobre a Proteção de Dados (RGPD)', 'it': 'applicazione del regolamento generale sulla protezione dei dati (GDPR)'}),
-    'privacy': (True, {'en': 'privacy in electronic communications', 'de': 'die Privatsphäre in der elektronischen Kommunikation', 'fr': 'la vie privée dans les communications électroniques', 'es': 'la intimidad en las comunicaciones electrónicas', 'pt': 'privacidade nas comunicações eletrónicas', 'it': 'tutela della vita privata nelle comunicazioni elettroniche'}),
-    'consumer rights': (True, {'en': 'consumer rights in distance contracts', 'de': 'die Rechte der Verbraucher bei Fernabsatzverträgen', 'fr': 'les droits des consommateurs dans les contrats à distance', 'es': 'los derechos de los consumidores en los contratos a distancia', 'pt': 'direitos dos consumidores nos contratos à distância', 'it': 'diritti dei consumatori nei contratti a distanza'}),
-    'environment': (True, {'en': 'the assessment of the effects of projects on the environment', 'de': 'die Umweltverträglichkeitsprüfung bei Projekten', 'fr': "l'évaluation des incidences des projets sur l'environnement", 'es': 'la evaluación de las repercusiones de los proyectos sobre el medio ambiente', 'pt': 'avaliação dos efeitos de projetos no ambiente', 'it': "valutazione dell'impatto ambientale dei progetti"}),
-    'climate': (True, {'en': 'the monitoring and reporting of greenhouse gas emissions', 'de': 'die Überwachung von und die Berichterstattung über Treibhausgasemissionen', 'fr': 'la surveillance et la déclaration des émissions de gaz à effet de serre', 'es': 'el seguimiento y la notificación de las emisiones de gases de efecto invernadero', 'pt': 'monitorização e comunicação de emissões de gases com efeito de estufa', 'it': 'monitoraggio e comunicazione delle emissioni di gas a effetto serra'}),
-    'digital': (True, {'en': 'a single market for digital services', 'de': 'einen Binnenmarkt für digitale Dienste', 'fr': 'un marché unique des services numériques', 'es': 'un mercado único de servicios digitales', 'pt': 'mercado único de serviços digitais', 'it': 'mercato unico dei servizi digitali'}),
-    'cyber': (True, {'en': 'measures for a high common level of cybersecurity', 'de': 'Maßnahmen für ein hohes gemeinsames Cybersicherheitsniveau', 'fr': 'des mesures destinées à assurer un niveau élevé commun de cybersécurité', 'es': 'medidas para un elevado nivel común de ciberseguridad', 'pt': 'medidas destinadas a garantir um elevado nível comum de cibersegurança', 'it': 'misure per un livello comune elevato di cibersicurezza'}),
-    'competition': (True, {'en': 'the implementation of the rules on competition', 'de': 'die Durchführung der Wettbewerbsregeln', 'fr': 'la mise en œuvre des règles de concurrence', 'es': 'la aplicación de las normas sobre competencia', 'pt': 'execução das regras de concorrência', 'it': 'applicazione delle regole di concorrenza'}),
-    'financial': (True, {'en': 'prudential requirements for credit institutions', 'de': 'Aufsichtsanforderungen an Kreditinstitute', 'fr': 'les exigences prudentielles applicables aux établissements de crédit', 'es': 'los requisitos prudenciales de las entidades de crédito', 'pt': 'requisitos prudenciais para as instituições de crédito', 'it': 'requisiti prudenziali per gli enti creditizi'}),
-    'health': (True, {'en': 'serious cross-border threats to health', 'de': 'schwerwiegende grenzüberschreitende Gesundheitsgefahren', 'fr': 'les menaces transfrontières graves pour la santé', 'es': 'las amenazas transfronterizas graves para la salud', 'pt': 'ameaças transfronteiriças graves para a saúde', 'it': 'gravi minacce per la salute a carattere transfrontaliero'}),
-    'employment': (True, {'en': 'transparent and predictable working conditions', 'de': 'transparente und vorhersehbare Arbeitsbedingungen', 'fr': 'des conditions de travail transparentes et prévisibles', 'es': 'unas condiciones laborales transparentes y previsibles', 'pt': 'condições de trabalho transparentes e previsíveis', 'it': 'condizioni di lavoro trasparenti e prevedibili'}),
-    'agriculture': (False, {'en': 'the common organisation of the markets in agricultural products', 'de': 'eine gemeinsame Marktorganisation für landwirtschaftliche Erzeugnisse', 'fr': "l'organisation commune des marchés des produits agricoles", 'es': 'la organización común de mercados de los productos agrarios', 'pt': 'organização comum dos mercados dos produtos agrícolas', 'it': 'organizzazione comune dei mercati dei prodotti agricoli'}),
-    'fisheries': (False, {'en': 'fishing opportunities for certain fish stocks', 'de': 'die Fangmöglichkeiten für bestimmte Fischbestände', 'fr': 'les possibilités de pêche pour certains stocks halieutiques', 'es': 'las posibilidades de pesca para determinadas poblaciones de peces', 'pt': 'possibilidades de pesca para determinadas unidades populacionais de peixes', 'it': 'possibilità di pesca per alcuni stock ittici'}),
-    'customs': (False, {'en': 'the tariff and statistical nomenclature and the Common Customs Tariff', 'de': 'die zolltarifliche und statistische Nomenklatur sowie den Gemeinsamen Zolltarif', 'fr': 'la nomenclature tarifaire et statistique et le tarif douanier commun', 'es': 'la nomenclatura arancelaria y estadística y el arancel aduanero común', 'pt': 'nomenclatura pautal e estatística e pauta aduaneira comum', 'it': 'nomenclatura tariffaria e statistica e tariffa doganale comune'}),
-    'transport': (False, {'en': 'the type-approval of motor vehicles and their trailers', 'de': 'die Typgenehmigung von Kraftfahrzeugen und Kraftfahrzeuganhängern', 'fr': 'la réception des véhicules à moteur et de leurs remorques', 'es': 'la homologación de los vehículos de motor y de sus remolques', 'pt': 'homologação dos veículos a motor e seus reboques', 'it': 'omologazione dei veicoli a motore e dei loro rimorchi'}),
-    'statistics': (False, {'en': 'European statistics on population and housing', 'de': 'europäische Statistiken über Bevölkerung und Wohnungen', 'fr': 'les statistiques européennes sur la population et le logement', 'es': 'las estadísticas europeas sobre población y vivienda', 'pt': 'estatísticas europeias sobre a população e a habitação', 'it': 'statistiche europee sulla popolazione e sulle abitazioni'}),
-    'veterinary': (False, {'en': 'the conditions for movements of animals between Member States', 'de': 'die Bedingungen für die Verbringung von Tieren zwischen Mitgliedstaaten', 'fr': "les conditions applicables aux mouvements d'animaux entre États membres", 'es': 'las condiciones aplicables a los desplazamientos de animales entre Estados miembros', 'pt': 'condições aplicáveis às movimentações de animais entre Estados-Membros', 'it': 'condizioni applicabili ai movimenti di animali tra Stati membri'}),
-    'energy labelling': (False, {'en': 'the energy labelling of household appliances', 'de': 'die Energieverbrauchskennzeichnung von Haushaltsgeräten', 'fr': "l'étiquetage énergétique des appareils ménagers", 'es': 'el etiquetado energético de los aparatos domésticos', 'pt': 'rotulagem energética dos aparelhos domésticos', 'it': 'etichettatura energetica degli apparecchi domestici'}),
-    'public procurement': (False, {'en': 'the coordination of procedures for the award of public contracts', 'de': 'die Koordinierung der Verfahren zur Vergabe öffentlicher Aufträge', 'fr': 'la coordination des procédures de passation des marchés publics', 'es': 'la coordinación de los procedimientos de adjudicación de contratos públicos', 'pt': 'coordenação dos processos de adjudicação dos contratos públicos', 'it': 'coordinamento delle procedure di aggiudicazione degli appalti pubblici'}),
+    'data protection': (True, {'en': 'the protection of personal data', 'de': 'den Schutz personenbezogener Daten',
+                               'fr': 'la protection des données à caractère personnel',
+                               'es': 'la protección de los datos personales', 'pt': 'proteção de dados pessoais',
+                               'it': 'protezione dei dati personali'}),
+    'GDPR': (True, {'en': 'the application of the General Data Protection Regulation (GDPR)',
+                    'de': 'die Anwendung der Datenschutz-Grundverordnung (DSGVO)',
+                    'fr': "l'application du règlement général sur la protection des données (RGPD)",
+                    'es': 'la aplicación del Reglamento General de Protección de Datos (RGPD)',
+                    'pt': 'aplicação do Regulamento Geral sobre a Proteção de Dados (RGPD)',
+                    'it': 'applicazione del regolamento generale sulla protezione dei dati (GDPR)'}),
+    'privacy': (True, {'en': 'privacy in electronic communications',
+                       'de': 'die Privatsphäre in der elektronischen Kommunikation',
+                       'fr': 'la vie privée dans les communications électroniques',
+                       'es': 'la intimidad en las comunicaciones electrónicas',
+                       'pt': 'privacidade nas comunicações eletrónicas',
+                       'it': 'tutela della vita privata nelle comunicazioni elettroniche'}),
+    'consumer rights': (True, {'en': 'consumer rights in distance contracts',
+                               'de': 'die Rechte der Verbraucher bei Fernabsatzverträgen',
+                               'fr': 'les droits des consommateurs dans les contrats à distance',
+                               'es': 'los derechos de los consumidores en los contratos a distancia',
+                               'pt': 'direitos dos consumidores nos contratos à distância',
+                               'it': 'diritti dei consumatori nei contratti a distanza'}),
+    'environment': (True, {'en': 'the assessment of the effects of projects on the environment',
+                           'de': 'die Umweltverträglichkeitsprüfung bei Projekten',
+                           'fr': "l'évaluation des incidences des projets sur l'environnement",
+                           'es': 'la evaluación de las repercusiones de los proyectos sobre el medio ambiente',
+                           'pt': 'avaliação dos efeitos de projetos no ambiente',
+                           'it': "valutazione dell'impatto ambientale dei progetti"}),
+    'climate': (True, {'en': 'the monitoring and reporting of greenhouse gas emissions',
+                       'de': 'die Überwachung von und die Berichterstattung über Treibhausgasemissionen',
+                       'fr': 'la surveillance et la déclaration des émissions de gaz à effet de serre',
+                       'es': 'el seguimiento y la notificación de las emisiones de gases de efecto invernadero',
+                       'pt': 'monitorização e comunicação de emissões de gases com efeito de estufa',
+                       'it': 'monitoraggio e comunicazione delle emissioni di gas a effetto serra'}),
+    'digital': (True, {'en': 'a single market for digital services', 'de': 'einen Binnenmarkt für digitale Dienste',
+                       'fr': 'un marché unique des services numériques',
+                       'es': 'un mercado único de servicios digitales', 'pt': 'mercado único de serviços digitais',
+                       'it': 'mercato unico dei servizi digitali'}),
+    'cyber': (True, {'en': 'measures for a high common level of cybersecurity',
+                     'de': 'Maßnahmen für ein hohes gemeinsames Cybersicherheitsniveau',
+                     'fr': 'des mesures destinées à assurer un niveau élevé commun de cybersécurité',
+                     'es': 'medidas para un elevado nivel común de ciberseguridad',
+                     'pt': 'medidas destinadas a garantir um elevado nível comum de cibersegurança',
+                     'it': 'misure per un livello comune elevato di cibersicurezza'}),
+    'competition': (True, {'en': 'the implementation of the rules on competition',
+                           'de': 'die Durchführung der Wettbewerbsregeln',
+                           'fr': 'la mise en œuvre des règles de concurrence',
+                           'es': 'la aplicación de las normas sobre competencia',
+                           'pt': 'execução das regras de concorrência',
+                           'it': 'applicazione delle regole di concorrenza'}),
+    'financial': (True, {'en': 'prudential requirements for credit institutions',
+                         'de': 'Aufsichtsanforderungen an Kreditinstitute',
+                         'fr': 'les exigences prudentielles applicables aux établissements de crédit',
+                         'es': 'los requisitos prudenciales de las entidades de crédito',
+                         'pt': 'requisitos prudenciais para as instituições de crédito',
+                         'it': 'requisiti prudenziali per gli enti creditizi'}),
+    'health': (True, {'en': 'serious cross-border threats to health',
+                      'de': 'schwerwiegende grenzüberschreitende Gesundheitsgefahren',
+                      'fr': 'les menaces transfrontières graves pour la santé',
+                      'es': 'las amenazas transfronterizas graves para la salud',
+                      'pt': 'ameaças transfronteiriças graves para a saúde',
+                      'it': 'gravi minacce per la salute a carattere transfrontaliero'}),
+    'employment': (True, {'en': 'transparent and predictable working conditions',
+                          'de': 'transparente und vorhersehbare Arbeitsbedingungen',
+                          'fr': 'des conditions de travail transparentes et prévisibles',
+                          'es': 'unas condiciones laborales transparentes y previsibles',
+                          'pt': 'condições de trabalho transparentes e previsíveis',
+                          'it': 'condizioni di lavoro trasparenti e prevedibili'}),
+    'agriculture': (False, {'en': 'the common organisation of the markets in agricultural products',
+                            'de': 'eine gemeinsame Marktorganisation für landwirtschaftliche Erzeugnisse',
+                            'fr': "l'organisation commune des marchés des produits agricoles",
+                            'es': 'la organización común de mercados de los productos agrarios',
+                            'pt': 'organização comum dos mercados dos produtos agrícolas',
+                            'it': 'organizzazione comune dei mercati dei prodotti agricoli'}),
+    'fisheries': (False, {'en': 'fishing opportunities for certain fish stocks',
+                          'de': 'die Fangmöglichkeiten für bestimmte Fischbestände',
+                          'fr': 'les possibilités de pêche pour certains stocks halieutiques',
+                          'es': 'las posibilidades de pesca para determinadas poblaciones de peces',
+                          'pt': 'possibilidades de pesca para determinadas unidades populacionais de peixes',
+                          'it': 'possibilità di pesca per alcuni stock ittici'}),
+    'customs': (False, {'en': 'the tariff and statistical nomenclature and the Common Customs Tariff',
+                        'de': 'die zolltarifliche und statistische Nomenklatur sowie den Gemeinsamen Zolltarif',
+                        'fr': 'la nomenclature tarifaire et statistique et le tarif douanier commun',
+                        'es': 'la nomenclatura arancelaria y estadística y el arancel aduanero común',
+                        'pt': 'nomenclatura pautal e estatística e pauta aduaneira comum',
+                        'it': 'nomenclatura tariffaria e statistica e tariffa doganale comune'}),
+    'transport': (False, {'en': 'the type-approval of motor vehicles and their trailers',
+                          'de': 'die Typgenehmigung von Kraftfahrzeugen und Kraftfahrzeuganhängern',
+                          'fr': 'la réception des véhicules à moteur et de leurs remorques',
+                          'es': 'la homologación de los vehículos de motor y de sus remolques',
+                          'pt': 'homologação dos veículos a motor e seus reboques',
+                          'it': 'omologazione dei veicoli a motore e dei loro rimorchi'}),
+    'statistics': (False, {'en': 'European statistics on population and housing',
+                           'de': 'europäische Statistiken über Bevölkerung und Wohnungen',
+                           'fr': 'les statistiques européennes sur la population et le logement',
+                           'es': 'las estadísticas europeas sobre población y vivienda',
+                           'pt': 'estatísticas europeias sobre a população e a habitação',
+                           'it': 'statistiche europee sulla popolazione e sulle abitazioni'}),
+    'veterinary': (False, {'en': 'the conditions for movements of animals between Member States',
+                           'de': 'die Bedingungen für die Verbringung von Tieren zwischen Mitgliedstaaten',
+                           'fr': "les conditions applicables aux mouvements d'animaux entre États membres",
+                           'es': 'las condiciones aplicables a los desplazamientos de animales entre Estados miembros',
+                           'pt': 'condições aplicáveis às movimentações de animais entre Estados-Membros',
+                           'it': 'condizioni applicabili ai movimenti di animali tra Stati membri'}),
+    'energy labelling': (False, {'en': 'the energy labelling of household appliances',
+                                 'de': 'die Energieverbrauchskennzeichnung von Haushaltsgeräten',
+                                 'fr': "l'étiquetage énergétique des appareils ménagers",
+                                 'es': 'el etiquetado energético de los aparatos domésticos',
+                                 'pt': 'rotulagem energética dos aparelhos domésticos',
+                                 'it': 'etichettatura energetica degli apparecchi domestici'}),
+    'public procurement': (False, {'en': 'the coordination of procedures for the award of public contracts',
+                                   'de': 'die Koordinierung der Verfahren zur Vergabe öffentlicher Aufträge',
+                                   'fr': 'la coordination des procédures de passation des marchés publics',
+                                   'es': 'la coordinación de los procedimientos de adjudicación de contratos públicos',
+                                   'pt': 'coordenação dos processos de adjudicação dos contratos públicos',
+                                   'it': 'coordinamento delle procedure di aggiudicazione degli appalti pubblici'}),
 }
 
 # %% ../nbs/00_sources.ipynb #8aff8166
@@ -463,199 +580,343 @@ def _by_type(*names): return dict(zip(_TYPES4, names))
 
 SAMPLE_LANGUAGES = {
 'en': dict(
-    months='January February March April May June July August September October November December', date='{d} {month} {y}',
+    months='January February March April May June July August September October November December',
+           date='{d} {month} {y}',
     types=_by_type('Regulation', 'Directive', 'Decision', 'Recommendation'), no='No', com=('EEC', 'EC', 'EU'),
     This=_by_type('This Regulation', 'This Directive', 'This Decision', 'This Recommendation'),
     of_this=_by_type('of this Regulation', 'of this Directive', 'of this Decision', 'of this Recommendation'),
-    authors=('of the European Parliament and of the Council', 'of the Commission'), title='{ref} {author}|of {date}|on {topic}',
+    authors=('of the European Parliament and of the Council', 'of the Commission'),
+           title='{ref} {author}|of {date}|on {topic}',
     init=('THE EUROPEAN PARLIAMENT AND THE COUNCIL OF THE EUROPEAN UNION,', 'THE EUROPEAN COMMISSION,'),
-    visas=('Having regard to the Treaty on the Functioning of the European Union, and in particular Article {n} thereof,', 'Having regard to the proposal from the European Commission,', 'Having regard to the opinion of the European Economic and Social Committee{note},'),
+    visas=('Having regard to the Treaty on the Functioning of the European Union, and in particular Article {n} '
+           'thereof,', 'Having regard to the proposal from the European Commission,',
+           'Having regard to the opinion of the European Economic and Social Committee{note},'),
     whereas='Whereas:',
-    recitals=('It is necessary to lay down harmonised rules on {topic} in order to ensure the proper functioning of the internal market and a high level of protection for the persons concerned.',
-              'Divergences between the national rules of the Member States on {topic} create obstacles to the free movement of goods and services within the Union.',
-              'Since the objectives {of_this} cannot be sufficiently achieved by the Member States but can rather be better achieved at Union level, the Union may adopt measures in accordance with the principle of subsidiarity as set out in Article 5 of the Treaty on European Union.',
-              'In order to ensure uniform conditions for the implementation {of_this}, implementing powers should be conferred on the Commission. Those powers should be exercised in accordance with Regulation (EU) No 182/2011 of the European Parliament and of the Council{note}.',
-              'In the interest of legal certainty, operators should be given a transitional period of {months} months to adapt to the new rules.',
-              'The provisions {of_this} respect the fundamental rights and observe the principles recognised in particular by the Charter of Fundamental Rights of the European Union.'),
-    adopted=_by_type('HAVE ADOPTED THIS REGULATION:', 'HAVE ADOPTED THIS DIRECTIVE:', 'HAS ADOPTED THIS DECISION:', 'HAS ADOPTED THIS RECOMMENDATION:'),
+    recitals=('It is necessary to lay down harmonised rules on {topic} in order to ensure the proper functioning of '
+              'the internal market and a high level of protection for the persons concerned.',
+              'Divergences between the national rules of the Member States on {topic} create obstacles to the free '
+              'movement of goods and services within the Union.',
+              'Since the objectives {of_this} cannot be sufficiently achieved by the Member States but can rather be '
+              'better achieved at Union level, the Union may adopt measures in accordance with the principle of '
+              'subsidiarity as set out in Article 5 of the Treaty on European Union.',
+              'In order to ensure uniform conditions for the implementation {of_this}, implementing powers should be '
+              'conferred on the Commission. Those powers should be exercised in accordance with Regulation (EU) No '
+              '182/2011 of the European Parliament and of the Council{note}.',
+              'In the interest of legal certainty, operators should be given a transitional period of {months} months '
+              'to adapt to the new rules.',
+              'The provisions {of_this} respect the fundamental rights and observe the principles recognised in '
+              'particular by the Charter of Fundamental Rights of the European Union.'),
+    adopted=_by_type('HAVE ADOPTED THIS REGULATION:', 'HAVE ADOPTED THIS DIRECTIVE:', 'HAS ADOPTED THIS DECISION:',
+                     'HAS ADOPTED THIS RECOMMENDATION:'),
     article='Article {n}',
     sentences=('{This} lays down rules on {topic}.',
-               'Member States shall designate one or more competent authorities responsible for the application {of_this} and shall notify the Commission thereof by {date}.',
-               'The competent authorities shall cooperate closely and exchange all information necessary for the performance of their tasks for the purposes {of_this}.',
-               'Operators shall keep records of the measures taken for a period of at least {years} years and shall make them available to the competent authorities on request.',
-               'By {date}, and every {years} years thereafter, the Commission shall submit a report on the application {of_this} to the European Parliament and to the Council.',
-               'For the purposes {of_this}, [[operator]] means any natural or legal person carrying out an activity within the scope {of_this}.',
-               'Member States shall lay down the rules on penalties applicable to infringements {of_this} and shall take all measures necessary to ensure that they are implemented. The penalties provided for shall be effective, proportionate and dissuasive.'),
-    entry='{This} shall enter into force on the twentieth day following that of its publication in the Official Journal of the European Union.',
-    binding='This Regulation shall be binding in its entirety and directly applicable in all Member States.', addressed='{This} is addressed to the Member States.',
+               'Member States shall designate one or more competent authorities responsible for the application '
+               '{of_this} and shall notify the Commission thereof by {date}.',
+               'The competent authorities shall cooperate closely and exchange all information necessary for the '
+               'performance of their tasks for the purposes {of_this}.',
+               'Operators shall keep records of the measures taken for a period of at least {years} years and shall '
+               'make them available to the competent authorities on request.',
+               'By {date}, and every {years} years thereafter, the Commission shall submit a report on the '
+               'application {of_this} to the European Parliament and to the Council.',
+               'For the purposes {of_this}, [[operator]] means any natural or legal person carrying out an activity '
+               'within the scope {of_this}.',
+               'Member States shall lay down the rules on penalties applicable to infringements {of_this} and shall '
+               'take all measures necessary to ensure that they are implemented. The penalties provided for shall be '
+               'effective, proportionate and dissuasive.'),
+    entry='{This} shall enter into force on the twentieth day following that of its publication in the Official '
+          'Journal of the European Union.',
+    binding='This Regulation shall be binding in its entirety and directly applicable in all Member States.',
+           addressed='{This} is addressed to the Member States.',
     done='Done at {place}, {date}.', places=('Brussels', 'Strasbourg', 'Luxembourg'),
     signatories=('For the European Parliament', 'For the Council', 'For the Commission'), president='The President',
     annex='ANNEX', annex_title='Information to be provided under Article {n}', quotes=('2018', '2019'),
     table=('Item', 'Information required', 'Deadline'),
-    rows=('Name and address of the operator', 'Description of the activity concerned', 'Measures taken to ensure compliance', 'Contact point for the competent authorities'),
+    rows=('Name and address of the operator', 'Description of the activity concerned',
+          'Measures taken to ensure compliance', 'Contact point for the competent authorities'),
     note='OJ C {no}, {day}.{mon}.{y}, p. {page}.'),
 'de': dict(
-    months='Januar Februar März April Mai Juni Juli August September Oktober November Dezember', date='{d}. {month} {y}',
+    months='Januar Februar März April Mai Juni Juli August September Oktober November Dezember',
+           date='{d}. {month} {y}',
     types=_by_type('Verordnung', 'Richtlinie', 'Beschluss', 'Empfehlung'), no='Nr.', com=('EWG', 'EG', 'EU'),
     This=_by_type('Diese Verordnung', 'Diese Richtlinie', 'Dieser Beschluss', 'Diese Empfehlung'),
     of_this=_by_type('dieser Verordnung', 'dieser Richtlinie', 'dieses Beschlusses', 'dieser Empfehlung'),
-    authors=('des Europäischen Parlaments und des Rates', 'der Kommission'), title='{ref} {author}|vom {date}|über {topic}',
+    authors=('des Europäischen Parlaments und des Rates', 'der Kommission'),
+           title='{ref} {author}|vom {date}|über {topic}',
     init=('DAS EUROPÄISCHE PARLAMENT UND DER RAT DER EUROPÄISCHEN UNION —', 'DIE EUROPÄISCHE KOMMISSION —'),
-    visas=('gestützt auf den Vertrag über die Arbeitsweise der Europäischen Union, insbesondere auf Artikel {n},', 'auf Vorschlag der Europäischen Kommission,', 'nach Stellungnahme des Europäischen Wirtschafts- und Sozialausschusses{note},'),
+    visas=('gestützt auf den Vertrag über die Arbeitsweise der Europäischen Union, insbesondere auf Artikel {n},',
+           'auf Vorschlag der Europäischen Kommission,',
+           'nach Stellungnahme des Europäischen Wirtschafts- und Sozialausschusses{note},'),
     whereas='in Erwägung nachstehender Gründe:',
-    recitals=('Es ist notwendig, harmonisierte Vorschriften über {topic} festzulegen, um das reibungslose Funktionieren des Binnenmarkts und ein hohes Schutzniveau für die betroffenen Personen zu gewährleisten.',
-              'Unterschiede zwischen den nationalen Vorschriften der Mitgliedstaaten über {topic} behindern den freien Waren- und Dienstleistungsverkehr in der Union.',
-              'Da die Ziele {of_this} von den Mitgliedstaaten nicht ausreichend verwirklicht werden können, sondern vielmehr auf Unionsebene besser zu verwirklichen sind, kann die Union im Einklang mit dem in Artikel 5 des Vertrags über die Europäische Union verankerten Subsidiaritätsprinzip tätig werden.',
-              'Zur Gewährleistung einheitlicher Bedingungen für die Durchführung {of_this} sollten der Kommission Durchführungsbefugnisse übertragen werden. Diese Befugnisse sollten im Einklang mit der Verordnung (EU) Nr. 182/2011 des Europäischen Parlaments und des Rates{note} ausgeübt werden.',
-              'Im Interesse der Rechtssicherheit sollte den Wirtschaftsakteuren ein Übergangszeitraum von {months} Monaten eingeräumt werden, um sich an die neuen Vorschriften anzupassen.',
-              'Die Bestimmungen {of_this} stehen im Einklang mit den Grundrechten und den Grundsätzen, die insbesondere mit der Charta der Grundrechte der Europäischen Union anerkannt wurden.'),
-    adopted=_by_type('HABEN FOLGENDE VERORDNUNG ERLASSEN:', 'HABEN FOLGENDE RICHTLINIE ERLASSEN:', 'HAT FOLGENDEN BESCHLUSS ERLASSEN:', 'HAT FOLGENDE EMPFEHLUNG ABGEGEBEN:'),
+    recitals=('Es ist notwendig, harmonisierte Vorschriften über {topic} festzulegen, um das reibungslose '
+              'Funktionieren des Binnenmarkts und ein hohes Schutzniveau für die betroffenen Personen zu '
+              'gewährleisten.',
+              'Unterschiede zwischen den nationalen Vorschriften der Mitgliedstaaten über {topic} behindern den '
+              'freien Waren- und Dienstleistungsverkehr in der Union.',
+              'Da die Ziele {of_this} von den Mitgliedstaaten nicht ausreichend verwirklicht werden können, sondern '
+              'vielmehr auf Unionsebene besser zu verwirklichen sind, kann die Union im Einklang mit dem in Artikel 5 '
+              'des Vertrags über die Europäische Union verankerten Subsidiaritätsprinzip tätig werden.',
+              'Zur Gewährleistung einheitlicher Bedingungen für die Durchführung {of_this} sollten der Kommission '
+              'Durchführungsbefugnisse übertragen werden. Diese Befugnisse sollten im Einklang mit der Verordnung '
+              '(EU) Nr. 182/2011 des Europäischen Parlaments und des Rates{note} ausgeübt werden.',
+              'Im Interesse der Rechtssicherheit sollte den Wirtschaftsakteuren ein Übergangszeitraum von {months} '
+              'Monaten eingeräumt werden, um sich an die neuen Vorschriften anzupassen.',
+              'Die Bestimmungen {of_this} stehen im Einklang mit den Grundrechten und den Grundsätzen, die '
+              'insbesondere mit der Charta der Grundrechte der Europäischen Union anerkannt wurden.'),
+    adopted=_by_type('HABEN FOLGENDE VERORDNUNG ERLASSEN:', 'HABEN FOLGENDE RICHTLINIE ERLASSEN:',
+                     'HAT FOLGENDEN BESCHLUSS ERLASSEN:', 'HAT FOLGENDE EMPFEHLUNG ABGEGEBEN:'),
     article='Artikel {n}',
     sentences=('{This} enthält Vorschriften über {topic}.',
-               'Die Mitgliedstaaten benennen eine oder mehrere zuständige Behörden, die für die Anwendung {of_this} verantwortlich sind, und teilen dies der Kommission bis zum {date} mit.',
-               'Die zuständigen Behörden arbeiten eng zusammen und tauschen alle Informationen aus, die für die Erfüllung ihrer Aufgaben für die Zwecke {of_this} erforderlich sind.',
-               'Die Wirtschaftsakteure bewahren Aufzeichnungen über die getroffenen Maßnahmen mindestens {years} Jahre lang auf und stellen sie den zuständigen Behörden auf Anfrage zur Verfügung.',
-               'Bis zum {date} und danach alle {years} Jahre legt die Kommission dem Europäischen Parlament und dem Rat einen Bericht über die Anwendung {of_this} vor.',
-               'Für die Zwecke {of_this} bezeichnet der Ausdruck [[Wirtschaftsakteur]] jede natürliche oder juristische Person, die eine Tätigkeit im Anwendungsbereich {of_this} ausübt.',
-               'Die Mitgliedstaaten erlassen Vorschriften über Sanktionen, die bei Verstößen gegen Bestimmungen {of_this} zu verhängen sind, und treffen alle für ihre Anwendung erforderlichen Maßnahmen. Die vorgesehenen Sanktionen müssen wirksam, verhältnismäßig und abschreckend sein.'),
+               'Die Mitgliedstaaten benennen eine oder mehrere zuständige Behörden, die für die Anwendung {of_this} '
+               'verantwortlich sind, und teilen dies der Kommission bis zum {date} mit.',
+               'Die zuständigen Behörden arbeiten eng zusammen und tauschen alle Informationen aus, die für die '
+               'Erfüllung ihrer Aufgaben für die Zwecke {of_this} erforderlich sind.',
+               'Die Wirtschaftsakteure bewahren Aufzeichnungen über die getroffenen Maßnahmen mindestens {years} '
+               'Jahre lang auf und stellen sie den zuständigen Behörden auf Anfrage zur Verfügung.',
+               'Bis zum {date} und danach alle {years} Jahre legt die Kommission dem Europäischen Parlament und dem '
+               'Rat einen Bericht über die Anwendung {of_this} vor.',
+               'Für die Zwecke {of_this} bezeichnet der Ausdruck [[Wirtschaftsakteur]] jede natürliche oder '
+               'juristische Person, die eine Tätigkeit im Anwendungsbereich {of_this} ausübt.',
+               'Die Mitgliedstaaten erlassen Vorschriften über Sanktionen, die bei Verstößen gegen Bestimmungen '
+               '{of_this} zu verhängen sind, und treffen alle für ihre Anwendung erforderlichen Maßnahmen. Die '
+               'vorgesehenen Sanktionen müssen wirksam, verhältnismäßig und abschreckend sein.'),
     entry='{This} tritt am zwanzigsten Tag nach der Veröffentlichung im Amtsblatt der Europäischen Union in Kraft.',
-    binding='Diese Verordnung ist in allen ihren Teilen verbindlich und gilt unmittelbar in jedem Mitgliedstaat.', addressed='{This} ist an die Mitgliedstaaten gerichtet.',
+    binding='Diese Verordnung ist in allen ihren Teilen verbindlich und gilt unmittelbar in jedem Mitgliedstaat.',
+           addressed='{This} ist an die Mitgliedstaaten gerichtet.',
     done='Geschehen zu {place} am {date}.', places=('Brüssel', 'Straßburg', 'Luxemburg'),
-    signatories=('Im Namen des Europäischen Parlaments', 'Im Namen des Rates', 'Für die Kommission'), president='Der Präsident',
+    signatories=('Im Namen des Europäischen Parlaments', 'Im Namen des Rates', 'Für die Kommission'),
+           president='Der Präsident',
     annex='ANHANG', annex_title='Gemäß Artikel {n} zu übermittelnde Angaben', quotes=('201E', '201C'),
     table=('Nummer', 'Erforderliche Angaben', 'Frist'),
-    rows=('Name und Anschrift des Wirtschaftsakteurs', 'Beschreibung der betreffenden Tätigkeit', 'Getroffene Maßnahmen zur Einhaltung der Vorschriften', 'Kontaktstelle für die zuständigen Behörden'),
+    rows=('Name und Anschrift des Wirtschaftsakteurs', 'Beschreibung der betreffenden Tätigkeit',
+          'Getroffene Maßnahmen zur Einhaltung der Vorschriften', 'Kontaktstelle für die zuständigen Behörden'),
     note='ABl. C {no} vom {day}.{mon}.{y}, S. {page}.'),
 'fr': dict(
-    months='janvier février mars avril mai juin juillet août septembre octobre novembre décembre', date='{d} {month} {y}',
+    months='janvier février mars avril mai juin juillet août septembre octobre novembre décembre',
+           date='{d} {month} {y}',
     types=_by_type('Règlement', 'Directive', 'Décision', 'Recommandation'), no='no', com=('CEE', 'CE', 'UE'),
-    This=_by_type('Le présent règlement', 'La présente directive', 'La présente décision', 'La présente recommandation'),
-    of_this=_by_type('du présent règlement', 'de la présente directive', 'de la présente décision', 'de la présente recommandation'),
-    authors=('du Parlement européen et du Conseil', 'de la Commission'), title='{ref} {author}|du {date}|concernant {topic}',
+    This=_by_type('Le présent règlement', 'La présente directive', 'La présente décision',
+                  'La présente recommandation'),
+    of_this=_by_type('du présent règlement', 'de la présente directive', 'de la présente décision',
+                     'de la présente recommandation'),
+    authors=('du Parlement européen et du Conseil', 'de la Commission'),
+           title='{ref} {author}|du {date}|concernant {topic}',
     init=("LE PARLEMENT EUROPÉEN ET LE CONSEIL DE L'UNION EUROPÉENNE,", 'LA COMMISSION EUROPÉENNE,'),
-    visas=("vu le traité sur le fonctionnement de l'Union européenne, et notamment son article {n},", 'vu la proposition de la Commission européenne,', "vu l'avis du Comité économique et social européen{note},"),
+    visas=("vu le traité sur le fonctionnement de l'Union européenne, et notamment son article {n},",
+           'vu la proposition de la Commission européenne,',
+           "vu l'avis du Comité économique et social européen{note},"),
     whereas='considérant ce qui suit:',
-    recitals=("Il est nécessaire d'établir des règles harmonisées concernant {topic} afin d'assurer le bon fonctionnement du marché intérieur et un niveau élevé de protection des personnes concernées.",
-              "Les divergences entre les règles nationales des États membres concernant {topic} entravent la libre circulation des marchandises et des services dans l'Union.",
-              "Étant donné que les objectifs {of_this} ne peuvent pas être atteints de manière suffisante par les États membres mais peuvent l'être mieux au niveau de l'Union, celle-ci peut prendre des mesures conformément au principe de subsidiarité consacré à l'article 5 du traité sur l'Union européenne.",
-              "Afin d'assurer des conditions uniformes d'exécution {of_this}, il convient de conférer des compétences d'exécution à la Commission. Ces compétences devraient être exercées en conformité avec le règlement (UE) no 182/2011 du Parlement européen et du Conseil{note}.",
-              "Dans un souci de sécurité juridique, il convient d'accorder aux opérateurs une période transitoire de {months} mois pour s'adapter aux nouvelles règles.",
-              "Les dispositions {of_this} respectent les droits fondamentaux et observent les principes reconnus notamment par la charte des droits fondamentaux de l'Union européenne."),
-    adopted=_by_type('ONT ADOPTÉ LE PRÉSENT RÈGLEMENT:', 'ONT ADOPTÉ LA PRÉSENTE DIRECTIVE:', 'A ADOPTÉ LA PRÉSENTE DÉCISION:', 'A ADOPTÉ LA PRÉSENTE RECOMMANDATION:'),
+    recitals=("Il est nécessaire d'établir des règles harmonisées concernant {topic} afin d'assurer le bon "
+              "fonctionnement du marché intérieur et un niveau élevé de protection des personnes concernées.",
+              "Les divergences entre les règles nationales des États membres concernant {topic} entravent la libre "
+              "circulation des marchandises et des services dans l'Union.",
+              "Étant donné que les objectifs {of_this} ne peuvent pas être atteints de manière suffisante par les "
+              "États membres mais peuvent l'être mieux au niveau de l'Union, celle-ci peut prendre des mesures "
+              "conformément au principe de subsidiarité consacré à l'article 5 du traité sur l'Union européenne.",
+              "Afin d'assurer des conditions uniformes d'exécution {of_this}, il convient de conférer des compétences "
+              "d'exécution à la Commission. Ces compétences devraient être exercées en conformité avec le règlement "
+              "(UE) no 182/2011 du Parlement européen et du Conseil{note}.",
+              "Dans un souci de sécurité juridique, il convient d'accorder aux opérateurs une période transitoire de "
+              "{months} mois pour s'adapter aux nouvelles règles.",
+              "Les dispositions {of_this} respectent les droits fondamentaux et observent les principes reconnus "
+              "notamment par la charte des droits fondamentaux de l'Union européenne."),
+    adopted=_by_type('ONT ADOPTÉ LE PRÉSENT RÈGLEMENT:', 'ONT ADOPTÉ LA PRÉSENTE DIRECTIVE:',
+                     'A ADOPTÉ LA PRÉSENTE DÉCISION:', 'A ADOPTÉ LA PRÉSENTE RECOMMANDATION:'),
     article='Article {n}',
     sentences=('{This} établit des règles concernant {topic}.',
-               "Les États membres désignent une ou plusieurs autorités compétentes chargées de l'application {of_this} et en informent la Commission au plus tard le {date}.",
-               "Les autorités compétentes coopèrent étroitement et échangent toutes les informations nécessaires à l'exécution de leurs tâches aux fins {of_this}.",
-               "Les opérateurs conservent un relevé des mesures prises pendant une période d'au moins {years} ans et le mettent à la disposition des autorités compétentes sur demande.",
-               "Au plus tard le {date}, puis tous les {years} ans, la Commission présente au Parlement européen et au Conseil un rapport sur l'application {of_this}.",
-               "Aux fins {of_this}, on entend par [[opérateur]] toute personne physique ou morale exerçant une activité relevant du champ d'application {of_this}.",
-               'Les États membres déterminent le régime des sanctions applicables aux violations {of_this} et prennent toute mesure nécessaire pour assurer sa mise en œuvre. Les sanctions ainsi prévues sont effectives, proportionnées et dissuasives.'),
-    entry="{This} entre en vigueur le vingtième jour suivant celui de sa publication au Journal officiel de l'Union européenne.",
-    binding='Le présent règlement est obligatoire dans tous ses éléments et directement applicable dans tout État membre.', addressed='{This} est destinée aux États membres.',
+               "Les États membres désignent une ou plusieurs autorités compétentes chargées de l'application "
+               "{of_this} et en informent la Commission au plus tard le {date}.",
+               "Les autorités compétentes coopèrent étroitement et échangent toutes les informations nécessaires à "
+               "l'exécution de leurs tâches aux fins {of_this}.",
+               "Les opérateurs conservent un relevé des mesures prises pendant une période d'au moins {years} ans et "
+               "le mettent à la disposition des autorités compétentes sur demande.",
+               "Au plus tard le {date}, puis tous les {years} ans, la Commission présente au Parlement européen et au "
+               "Conseil un rapport sur l'application {of_this}.",
+               "Aux fins {of_this}, on entend par [[opérateur]] toute personne physique ou morale exerçant une "
+               "activité relevant du champ d'application {of_this}.",
+               'Les États membres déterminent le régime des sanctions applicables aux violations {of_this} et '
+               'prennent toute mesure nécessaire pour assurer sa mise en œuvre. Les sanctions ainsi prévues sont '
+               'effectives, proportionnées et dissuasives.'),
+    entry="{This} entre en vigueur le vingtième jour suivant celui de sa publication au Journal officiel de l'Union "
+          "européenne.",
+    binding='Le présent règlement est obligatoire dans tous ses éléments et directement applicable dans tout État '
+            'membre.', addressed='{This} est destinée aux États membres.',
     done='Fait à {place}, le {date}.', places=('Bruxelles', 'Strasbourg', 'Luxembourg'),
     signatories=('Par le Parlement européen', 'Par le Conseil', 'Par la Commission'), president='Le président',
     annex='ANNEXE', annex_title="Informations à fournir en vertu de l'article {n}", quotes=('00AB', '00BB'),
     table=('Point', 'Informations requises', 'Délai'),
-    rows=("Nom et adresse de l'opérateur", "Description de l'activité concernée", 'Mesures prises pour assurer la conformité', 'Point de contact pour les autorités compétentes'),
+    rows=("Nom et adresse de l'opérateur", "Description de l'activité concernée",
+          'Mesures prises pour assurer la conformité', 'Point de contact pour les autorités compétentes'),
     note='JO C {no} du {day}.{mon}.{y}, p. {page}.'),
 'es': dict(
-    months='enero febrero marzo abril mayo junio julio agosto septiembre octubre noviembre diciembre', date='{d} de {month} de {y}',
+    months='enero febrero marzo abril mayo junio julio agosto septiembre octubre noviembre diciembre',
+           date='{d} de {month} de {y}',
     types=_by_type('Reglamento', 'Directiva', 'Decisión', 'Recomendación'), no='n.o', com=('CEE', 'CE', 'UE'),
-    This=_by_type('El presente Reglamento', 'La presente Directiva', 'La presente Decisión', 'La presente Recomendación'),
-    of_this=_by_type('del presente Reglamento', 'de la presente Directiva', 'de la presente Decisión', 'de la presente Recomendación'),
+    This=_by_type('El presente Reglamento', 'La presente Directiva', 'La presente Decisión',
+                  'La presente Recomendación'),
+    of_this=_by_type('del presente Reglamento', 'de la presente Directiva', 'de la presente Decisión',
+                     'de la presente Recomendación'),
     authors=('del Parlamento Europeo y del Consejo', 'de la Comisión'), title='{ref} {author}|de {date}|sobre {topic}',
     init=('EL PARLAMENTO EUROPEO Y EL CONSEJO DE LA UNIÓN EUROPEA,', 'LA COMISIÓN EUROPEA,'),
-    visas=('Visto el Tratado de Funcionamiento de la Unión Europea, y en particular su artículo {n},', 'Vista la propuesta de la Comisión Europea,', 'Visto el dictamen del Comité Económico y Social Europeo{note},'),
+    visas=('Visto el Tratado de Funcionamiento de la Unión Europea, y en particular su artículo {n},',
+           'Vista la propuesta de la Comisión Europea,',
+           'Visto el dictamen del Comité Económico y Social Europeo{note},'),
     whereas='Considerando lo siguiente:',
-    recitals=('Es necesario establecer normas armonizadas sobre {topic} a fin de garantizar el buen funcionamiento del mercado interior y un elevado nivel de protección de las personas afectadas.',
-              'Las divergencias entre las normas nacionales de los Estados miembros sobre {topic} obstaculizan la libre circulación de mercancías y servicios en la Unión.',
-              'Dado que los objetivos {of_this} no pueden ser alcanzados de manera suficiente por los Estados miembros, sino que pueden lograrse mejor a escala de la Unión, esta puede adoptar medidas de acuerdo con el principio de subsidiariedad establecido en el artículo 5 del Tratado de la Unión Europea.',
-              'A fin de garantizar condiciones uniformes de ejecución {of_this}, deben conferirse a la Comisión competencias de ejecución. Dichas competencias deben ejercerse de conformidad con el Reglamento (UE) n.o 182/2011 del Parlamento Europeo y del Consejo{note}.',
-              'En aras de la seguridad jurídica, debe concederse a los operadores un período transitorio de {months} meses para adaptarse a las nuevas normas.',
-              'Las disposiciones {of_this} respetan los derechos fundamentales y observan los principios reconocidos, en particular, en la Carta de los Derechos Fundamentales de la Unión Europea.'),
-    adopted=_by_type('HAN ADOPTADO EL PRESENTE REGLAMENTO:', 'HAN ADOPTADO LA PRESENTE DIRECTIVA:', 'HA ADOPTADO LA PRESENTE DECISIÓN:', 'HA ADOPTADO LA PRESENTE RECOMENDACIÓN:'),
+    recitals=('Es necesario establecer normas armonizadas sobre {topic} a fin de garantizar el buen funcionamiento '
+              'del mercado interior y un elevado nivel de protección de las personas afectadas.',
+              'Las divergencias entre las normas nacionales de los Estados miembros sobre {topic} obstaculizan la '
+              'libre circulación de mercancías y servicios en la Unión.',
+              'Dado que los objetivos {of_this} no pueden ser alcanzados de manera suficiente por los Estados '
+              'miembros, sino que pueden lograrse mejor a escala de la Unión, esta puede adoptar medidas de acuerdo '
+              'con el principio de subsidiariedad establecido en el artículo 5 del Tratado de la Unión Europea.',
+              'A fin de garantizar condiciones uniformes de ejecución {of_this}, deben conferirse a la Comisión '
+              'competencias de ejecución. Dichas competencias deben ejercerse de conformidad con el Reglamento (UE) '
+              'n.o 182/2011 del Parlamento Europeo y del Consejo{note}.',
+              'En aras de la seguridad jurídica, debe concederse a los operadores un período transitorio de {months} '
+              'meses para adaptarse a las nuevas normas.',
+              'Las disposiciones {of_this} respetan los derechos fundamentales y observan los principios reconocidos, '
+              'en particular, en la Carta de los Derechos Fundamentales de la Unión Europea.'),
+    adopted=_by_type('HAN ADOPTADO EL PRESENTE REGLAMENTO:', 'HAN ADOPTADO LA PRESENTE DIRECTIVA:',
+                     'HA ADOPTADO LA PRESENTE DECISIÓN:', 'HA ADOPTADO LA PRESENTE RECOMENDACIÓN:'),
     article='Artículo {n}',
     sentences=('{This} establece normas sobre {topic}.',
-               'Los Estados miembros designarán una o varias autoridades competentes responsables de la aplicación {of_this} y lo notificarán a la Comisión a más tardar el {date}.',
-               'Las autoridades competentes cooperarán estrechamente e intercambiarán toda la información necesaria para el desempeño de sus funciones a efectos {of_this}.',
-               'Los operadores conservarán un registro de las medidas adoptadas durante un período mínimo de {years} años y lo pondrán a disposición de las autoridades competentes cuando estas lo soliciten.',
-               'A más tardar el {date}, y posteriormente cada {years} años, la Comisión presentará al Parlamento Europeo y al Consejo un informe sobre la aplicación {of_this}.',
-               'A efectos {of_this}, se entenderá por [[operador]] toda persona física o jurídica que ejerza una actividad incluida en el ámbito de aplicación {of_this}.',
-               'Los Estados miembros establecerán el régimen de sanciones aplicable a cualquier infracción {of_this} y adoptarán todas las medidas necesarias para garantizar su ejecución. Tales sanciones serán efectivas, proporcionadas y disuasorias.'),
+               'Los Estados miembros designarán una o varias autoridades competentes responsables de la aplicación '
+               '{of_this} y lo notificarán a la Comisión a más tardar el {date}.',
+               'Las autoridades competentes cooperarán estrechamente e intercambiarán toda la información necesaria '
+               'para el desempeño de sus funciones a efectos {of_this}.',
+               'Los operadores conservarán un registro de las medidas adoptadas durante un período mínimo de {years} '
+               'años y lo pondrán a disposición de las autoridades competentes cuando estas lo soliciten.',
+               'A más tardar el {date}, y posteriormente cada {years} años, la Comisión presentará al Parlamento '
+               'Europeo y al Consejo un informe sobre la aplicación {of_this}.',
+               'A efectos {of_this}, se entenderá por [[operador]] toda persona física o jurídica que ejerza una '
+               'actividad incluida en el ámbito de aplicación {of_this}.',
+               'Los Estados miembros establecerán el régimen de sanciones aplicable a cualquier infracción {of_this} '
+               'y adoptarán todas las medidas necesarias para garantizar su ejecución. Tales sanciones serán '
+               'efectivas, proporcionadas y disuasorias.'),
     entry='{This} entrará en vigor a los veinte días de su publicación en el Diario Oficial de la Unión Europea.',
-    binding='El presente Reglamento será obligatorio en todos sus elementos y directamente aplicable en cada Estado miembro.', addressed='Los destinatarios {of_this} serán los Estados miembros.',
+    binding='El presente Reglamento será obligatorio en todos sus elementos y directamente aplicable en cada Estado '
+            'miembro.', addressed='Los destinatarios {of_this} serán los Estados miembros.',
     done='Hecho en {place}, el {date}.', places=('Bruselas', 'Estrasburgo', 'Luxemburgo'),
     signatories=('Por el Parlamento Europeo', 'Por el Consejo', 'Por la Comisión'), president='El Presidente',
     annex='ANEXO', annex_title='Información que debe facilitarse con arreglo al artículo {n}', quotes=('00AB', '00BB'),
     table=('Punto', 'Información requerida', 'Plazo'),
-    rows=('Nombre y dirección del operador', 'Descripción de la actividad de que se trate', 'Medidas adoptadas para garantizar el cumplimiento', 'Punto de contacto para las autoridades competentes'),
+    rows=('Nombre y dirección del operador', 'Descripción de la actividad de que se trate',
+          'Medidas adoptadas para garantizar el cumplimiento', 'Punto de contacto para las autoridades competentes'),
     note='DO C {no} de {day}.{mon}.{y}, p. {page}.'),
 'pt': dict(
-    months='janeiro fevereiro março abril maio junho julho agosto setembro outubro novembro dezembro', date='{d} de {month} de {y}',
+    months='janeiro fevereiro março abril maio junho julho agosto setembro outubro novembro dezembro',
+           date='{d} de {month} de {y}',
     types=_by_type('Regulamento', 'Diretiva', 'Decisão', 'Recomendação'), no='n.o', com=('CEE', 'CE', 'UE'),
     This=_by_type('O presente regulamento', 'A presente diretiva', 'A presente decisão', 'A presente recomendação'),
-    of_this=_by_type('do presente regulamento', 'da presente diretiva', 'da presente decisão', 'da presente recomendação'),
-    authors=('do Parlamento Europeu e do Conselho', 'da Comissão'), title='{ref} {author}|de {date}|em matéria de {topic}',
+    of_this=_by_type('do presente regulamento', 'da presente diretiva', 'da presente decisão',
+                     'da presente recomendação'),
+    authors=('do Parlamento Europeu e do Conselho', 'da Comissão'),
+           title='{ref} {author}|de {date}|em matéria de {topic}',
     init=('O PARLAMENTO EUROPEU E O CONSELHO DA UNIÃO EUROPEIA,', 'A COMISSÃO EUROPEIA,'),
-    visas=('Tendo em conta o Tratado sobre o Funcionamento da União Europeia, nomeadamente o artigo {n},', 'Tendo em conta a proposta da Comissão Europeia,', 'Tendo em conta o parecer do Comité Económico e Social Europeu{note},'),
+    visas=('Tendo em conta o Tratado sobre o Funcionamento da União Europeia, nomeadamente o artigo {n},',
+           'Tendo em conta a proposta da Comissão Europeia,',
+           'Tendo em conta o parecer do Comité Económico e Social Europeu{note},'),
     whereas='Considerando o seguinte:',
-    recitals=('É necessário estabelecer regras harmonizadas em matéria de {topic}, a fim de assegurar o bom funcionamento do mercado interno e um elevado nível de proteção das pessoas em causa.',
-              'As divergências entre as regras nacionais dos Estados-Membros em matéria de {topic} entravam a livre circulação de mercadorias e serviços na União.',
-              'Atendendo a que os objetivos {of_this} não podem ser suficientemente alcançados pelos Estados-Membros, mas podem ser mais bem alcançados ao nível da União, a União pode tomar medidas em conformidade com o princípio da subsidiariedade consagrado no artigo 5.o do Tratado da União Europeia.',
-              'A fim de assegurar condições uniformes para a execução {of_this}, deverão ser atribuídas competências de execução à Comissão. Essas competências deverão ser exercidas nos termos do Regulamento (UE) n.o 182/2011 do Parlamento Europeu e do Conselho{note}.',
-              'Por razões de segurança jurídica, deverá ser concedido aos operadores um período de transição de {months} meses para se adaptarem às novas regras.',
-              'As disposições {of_this} respeitam os direitos fundamentais e observam os princípios reconhecidos, nomeadamente, pela Carta dos Direitos Fundamentais da União Europeia.'),
-    adopted=_by_type('ADOTARAM O PRESENTE REGULAMENTO:', 'ADOTARAM A PRESENTE DIRETIVA:', 'ADOTOU A PRESENTE DECISÃO:', 'ADOTOU A PRESENTE RECOMENDAÇÃO:'),
+    recitals=('É necessário estabelecer regras harmonizadas em matéria de {topic}, a fim de assegurar o bom '
+              'funcionamento do mercado interno e um elevado nível de proteção das pessoas em causa.',
+              'As divergências entre as regras nacionais dos Estados-Membros em matéria de {topic} entravam a livre '
+              'circulação de mercadorias e serviços na União.',
+              'Atendendo a que os objetivos {of_this} não podem ser suficientemente alcançados pelos Estados-Membros, '
+              'mas podem ser mais bem alcançados ao nível da União, a União pode tomar medidas em conformidade com o '
+              'princípio da subsidiariedade consagrado no artigo 5.o do Tratado da União Europeia.',
+              'A fim de assegurar condições uniformes para a execução {of_this}, deverão ser atribuídas competências '
+              'de execução à Comissão. Essas competências deverão ser exercidas nos termos do Regulamento (UE) n.o '
+              '182/2011 do Parlamento Europeu e do Conselho{note}.',
+              'Por razões de segurança jurídica, deverá ser concedido aos operadores um período de transição de '
+              '{months} meses para se adaptarem às novas regras.',
+              'As disposições {of_this} respeitam os direitos fundamentais e observam os princípios reconhecidos, '
+              'nomeadamente, pela Carta dos Direitos Fundamentais da União Europeia.'),
+    adopted=_by_type('ADOTARAM O PRESENTE REGULAMENTO:', 'ADOTARAM A PRESENTE DIRETIVA:', 'ADOTOU A PRESENTE DECISÃO:',
+                     'ADOTOU A PRESENTE RECOMENDAÇÃO:'),
     article='Artigo {n}',
     sentences=('{This} estabelece regras em matéria de {topic}.',
-               'Os Estados-Membros designam uma ou mais autoridades competentes responsáveis pela aplicação {of_this} e notificam a Comissão desse facto até {date}.',
-               'As autoridades competentes cooperam estreitamente e trocam todas as informações necessárias ao exercício das suas funções para efeitos {of_this}.',
-               'Os operadores conservam um registo das medidas tomadas durante um período mínimo de {years} anos e disponibilizam-no às autoridades competentes, a pedido destas.',
-               'Até {date}, e posteriormente de {years} em {years} anos, a Comissão apresenta ao Parlamento Europeu e ao Conselho um relatório sobre a aplicação {of_this}.',
-               'Para efeitos {of_this}, entende-se por [[operador]] qualquer pessoa singular ou coletiva que exerça uma atividade abrangida pelo âmbito de aplicação {of_this}.',
-               'Os Estados-Membros estabelecem o regime de sanções aplicáveis às infrações {of_this} e tomam todas as medidas necessárias para garantir a sua aplicação. As sanções previstas devem ser efetivas, proporcionadas e dissuasivas.'),
+               'Os Estados-Membros designam uma ou mais autoridades competentes responsáveis pela aplicação {of_this} '
+               'e notificam a Comissão desse facto até {date}.',
+               'As autoridades competentes cooperam estreitamente e trocam todas as informações necessárias ao '
+               'exercício das suas funções para efeitos {of_this}.',
+               'Os operadores conservam um registo das medidas tomadas durante um período mínimo de {years} anos e '
+               'disponibilizam-no às autoridades competentes, a pedido destas.',
+               'Até {date}, e posteriormente de {years} em {years} anos, a Comissão apresenta ao Parlamento Europeu e '
+               'ao Conselho um relatório sobre a aplicação {of_this}.',
+               'Para efeitos {of_this}, entende-se por [[operador]] qualquer pessoa singular ou coletiva que exerça '
+               'uma atividade abrangida pelo âmbito de aplicação {of_this}.',
+               'Os Estados-Membros estabelecem o regime de sanções aplicáveis às infrações {of_this} e tomam todas as '
+               'medidas necessárias para garantir a sua aplicação. As sanções previstas devem ser efetivas, '
+               'proporcionadas e dissuasivas.'),
     entry='{This} entra em vigor no vigésimo dia seguinte ao da sua publicação no Jornal Oficial da União Europeia.',
-    binding='O presente regulamento é obrigatório em todos os seus elementos e diretamente aplicável em todos os Estados-Membros.', addressed='Os destinatários {of_this} são os Estados-Membros.',
+    binding='O presente regulamento é obrigatório em todos os seus elementos e diretamente aplicável em todos os '
+            'Estados-Membros.', addressed='Os destinatários {of_this} são os Estados-Membros.',
     done='Feito em {place}, em {date}.', places=('Bruxelas', 'Estrasburgo', 'Luxemburgo'),
     signatories=('Pelo Parlamento Europeu', 'Pelo Conselho', 'Pela Comissão'), president='O Presidente',
     annex='ANEXO', annex_title='Informações a prestar nos termos do artigo {n}', quotes=('00AB', '00BB'),
     table=('Ponto', 'Informações exigidas', 'Prazo'),
-    rows=('Nome e endereço do operador', 'Descrição da atividade em causa', 'Medidas tomadas para assegurar a conformidade', 'Ponto de contacto para as autoridades competentes'),
+    rows=('Nome e endereço do operador', 'Descrição da atividade em causa',
+          'Medidas tomadas para assegurar a conformidade', 'Ponto de contacto para as autoridades competentes'),
     note='JO C {no} de {day}.{mon}.{y}, p. {page}.'),
 'it': dict(
-    months='gennaio febbraio marzo aprile maggio giugno luglio agosto settembre ottobre novembre dicembre', date='{d} {month} {y}',
+    months='gennaio febbraio marzo aprile maggio giugno luglio agosto settembre ottobre novembre dicembre',
+           date='{d} {month} {y}',
     types=_by_type('Regolamento', 'Direttiva', 'Decisione', 'Raccomandazione'), no='n.', com=('CEE', 'CE', 'UE'),
-    This=_by_type('Il presente regolamento', 'La presente direttiva', 'La presente decisione', 'La presente raccomandazione'),
-    of_this=_by_type('del presente regolamento', 'della presente direttiva', 'della presente decisione', 'della presente raccomandazione'),
-    authors=('del Parlamento europeo e del Consiglio', 'della Commissione'), title='{ref} {author}|del {date}|in materia di {topic}',
+    This=_by_type('Il presente regolamento', 'La presente direttiva', 'La presente decisione',
+                  'La presente raccomandazione'),
+    of_this=_by_type('del presente regolamento', 'della presente direttiva', 'della presente decisione',
+                     'della presente raccomandazione'),
+    authors=('del Parlamento europeo e del Consiglio', 'della Commissione'),
+           title='{ref} {author}|del {date}|in materia di {topic}',
     init=("IL PARLAMENTO EUROPEO E IL CONSIGLIO DELL'UNIONE EUROPEA,", 'LA COMMISSIONE EUROPEA,'),
-    visas=("visto il trattato sul funzionamento dell'Unione europea, in particolare l'articolo {n},", 'vista la proposta della Commissione europea,', 'visto il parere del Comitato economico e sociale europeo{note},'),
+    visas=("visto il trattato sul funzionamento dell'Unione europea, in particolare l'articolo {n},",
+           'vista la proposta della Commissione europea,',
+           'visto il parere del Comitato economico e sociale europeo{note},'),
     whereas='considerando quanto segue:',
-    recitals=('È necessario stabilire norme armonizzate in materia di {topic} al fine di garantire il corretto funzionamento del mercato interno e un livello elevato di protezione delle persone interessate.',
-              "Le divergenze tra le norme nazionali degli Stati membri in materia di {topic} ostacolano la libera circolazione delle merci e dei servizi nell'Unione.",
-              "Poiché gli obiettivi {of_this} non possono essere conseguiti in misura sufficiente dagli Stati membri ma possono essere conseguiti meglio a livello di Unione, quest'ultima può intervenire in base al principio di sussidiarietà sancito dall'articolo 5 del trattato sull'Unione europea.",
-              'Al fine di garantire condizioni uniformi di esecuzione {of_this}, è opportuno attribuire alla Commissione competenze di esecuzione. È opportuno che tali competenze siano esercitate conformemente al regolamento (UE) n. 182/2011 del Parlamento europeo e del Consiglio{note}.',
-              'Per motivi di certezza del diritto, è opportuno concedere agli operatori un periodo transitorio di {months} mesi per adeguarsi alle nuove norme.',
-              "Le disposizioni {of_this} rispettano i diritti fondamentali e osservano i principi riconosciuti, in particolare, dalla Carta dei diritti fondamentali dell'Unione europea."),
-    adopted=_by_type('HANNO ADOTTATO IL PRESENTE REGOLAMENTO:', 'HANNO ADOTTATO LA PRESENTE DIRETTIVA:', 'HA ADOTTATO LA PRESENTE DECISIONE:', 'HA ADOTTATO LA PRESENTE RACCOMANDAZIONE:'),
+    recitals=('È necessario stabilire norme armonizzate in materia di {topic} al fine di garantire il corretto '
+              'funzionamento del mercato interno e un livello elevato di protezione delle persone interessate.',
+              "Le divergenze tra le norme nazionali degli Stati membri in materia di {topic} ostacolano la libera "
+              "circolazione delle merci e dei servizi nell'Unione.",
+              "Poiché gli obiettivi {of_this} non possono essere conseguiti in misura sufficiente dagli Stati membri "
+              "ma possono essere conseguiti meglio a livello di Unione, quest'ultima può intervenire in base al "
+              "principio di sussidiarietà sancito dall'articolo 5 del trattato sull'Unione europea.",
+              'Al fine di garantire condizioni uniformi di esecuzione {of_this}, è opportuno attribuire alla '
+              'Commissione competenze di esecuzione. È opportuno che tali competenze siano esercitate conformemente '
+              'al regolamento (UE) n. 182/2011 del Parlamento europeo e del Consiglio{note}.',
+              'Per motivi di certezza del diritto, è opportuno concedere agli operatori un periodo transitorio di '
+              '{months} mesi per adeguarsi alle nuove norme.',
+              "Le disposizioni {of_this} rispettano i diritti fondamentali e osservano i principi riconosciuti, in "
+              "particolare, dalla Carta dei diritti fondamentali dell'Unione europea."),
+    adopted=_by_type('HANNO ADOTTATO IL PRESENTE REGOLAMENTO:', 'HANNO ADOTTATO LA PRESENTE DIRETTIVA:',
+                     'HA ADOTTATO LA PRESENTE DECISIONE:', 'HA ADOTTATO LA PRESENTE RACCOMANDAZIONE:'),
     article='Articolo {n}',
     sentences=('{This} stabilisce norme in materia di {topic}.',
-               "Gli Stati membri designano una o più autorità competenti responsabili dell'applicazione {of_this} e ne informano la Commissione entro il {date}.",
-               'Le autorità competenti cooperano strettamente e si scambiano tutte le informazioni necessarie allo svolgimento dei loro compiti ai fini {of_this}.',
-               'Gli operatori conservano una registrazione delle misure adottate per un periodo di almeno {years} anni e la mettono a disposizione delle autorità competenti su richiesta.',
-               "Entro il {date}, e successivamente ogni {years} anni, la Commissione presenta al Parlamento europeo e al Consiglio una relazione sull'applicazione {of_this}.",
-               "Ai fini {of_this}, si intende per [[operatore]] qualsiasi persona fisica o giuridica che svolge un'attività rientrante nell'ambito di applicazione {of_this}.",
-               "Gli Stati membri stabiliscono le norme relative alle sanzioni applicabili in caso di violazione {of_this} e adottano tutte le misure necessarie per assicurarne l'attuazione. Le sanzioni previste sono effettive, proporzionate e dissuasive."),
-    entry="{This} entra in vigore il ventesimo giorno successivo alla pubblicazione nella Gazzetta ufficiale dell'Unione europea.",
-    binding='Il presente regolamento è obbligatorio in tutti i suoi elementi e direttamente applicabile in ciascuno degli Stati membri.', addressed='{This} è destinata agli Stati membri.',
+               "Gli Stati membri designano una o più autorità competenti responsabili dell'applicazione {of_this} e "
+               "ne informano la Commissione entro il {date}.",
+               'Le autorità competenti cooperano strettamente e si scambiano tutte le informazioni necessarie allo '
+               'svolgimento dei loro compiti ai fini {of_this}.',
+               'Gli operatori conservano una registrazione delle misure adottate per un periodo di almeno {years} '
+               'anni e la mettono a disposizione delle autorità competenti su richiesta.',
+               "Entro il {date}, e successivamente ogni {years} anni, la Commissione presenta al Parlamento europeo e "
+               "al Consiglio una relazione sull'applicazione {of_this}.",
+               "Ai fini {of_this}, si intende per [[operatore]] qualsiasi persona fisica o giuridica che svolge "
+               "un'attività rientrante nell'ambito di applicazione {of_this}.",
+               "Gli Stati membri stabiliscono le norme relative alle sanzioni applicabili in caso di violazione "
+               "{of_this} e adottano tutte le misure necessarie per assicurarne l'attuazione. Le sanzioni previste "
+               "sono effettive, proporzionate e dissuasive."),
+    entry="{This} entra in vigore il ventesimo giorno successivo alla pubblicazione nella Gazzetta ufficiale "
+          "dell'Unione europea.",
+    binding='Il presente regolamento è obbligatorio in tutti i suoi elementi e direttamente applicabile in ciascuno '
+            'degli Stati membri.', addressed='{This} è destinata agli Stati membri.',
     done='Fatto a {place}, il {date}.', places=('Bruxelles', 'Strasburgo', 'Lussemburgo'),
     signatories=('Per il Parlamento europeo', 'Per il Consiglio', 'Per la Commissione'), president='Il presidente',
     annex='ALLEGATO', annex_title="Informazioni da fornire a norma dell'articolo {n}", quotes=('00AB', '00BB'),
     table=('Punto', 'Informazioni richieste', 'Termine'),
-    rows=("Nome e indirizzo dell'operatore", "Descrizione dell'attività interessata", 'Misure adottate per garantire la conformità', 'Punto di contatto per le autorità competenti'),
+    rows=("Nome e indirizzo dell'operatore", "Descrizione dell'attività interessata",
+          'Misure adottate per garantire la conformità', 'Punto di contatto per le autorità competenti'),
     note='GU C {no} del {day}.{mon}.{y}, pag. {page}.'),
 }
-SAMPLE_LANG_WEIGHTS = {'en': 30, 'de': 18, 'fr': 18, 'it': 14, 'es': 10, 'pt': 10}  # share of publications; es and pt are the small ones
+SAMPLE_LANG_WEIGHTS = {'en': 30, 'de': 18, 'fr': 18, 'it': 14, 'es': 10,
+                       'pt': 10}  # share of publications; es and pt are the small ones
 
 # %% ../nbs/00_sources.ipynb #8382fa1d
 @dataclass
@@ -666,7 +927,7 @@ class SampleAct:
     recitals: list[int]            # indices into the language's `recitals`
     articles: list[list[list[int]]]  # article -> paragraph -> sentence indices into `sentences`
     annex: int                     # 0 none, 1 a list, 2 a list and a table
-    visa_article: int; months: int; years: int; deadline: date; place: int; notes: list[tuple]  # details that fill the phrases
+    visa_article: int; months: int; years: int; deadline: date; place: int; notes: list[tuple]  # fill the phrases
 
 def _pick_subjects(rng: random.Random, year: int) -> list[str]:
     "A topic (half of them priority topics) and maybe a second descriptor of the same kind."
@@ -697,16 +958,20 @@ def plan_act(rng: random.Random, used: set) -> SampleAct:
                      rng.choices((0, 1, 2), weights=(60, 20, 20))[0] if target > 800 else 0,
                      rng.choice((16, 43, 91, 114, 168, 192)), rng.choice((6, 12, 18, 24)), rng.choice((3, 5, 10)),
                      day + timedelta(rng.randint(365, 3 * 365)), rng.randrange(3),
-                     [(rng.randint(1, 450), day - timedelta(rng.randint(60, 400)), rng.randint(1, 120)) for _ in range(2)])
+                     [(rng.randint(1, 450), day - timedelta(rng.randint(60, 400)), rng.randint(1, 120))
+                      for _ in range(2)])
 
 # %% ../nbs/00_sources.ipynb #bd3d9d36
 class _Writer:
     "Writes the Formex XML of one act in one language."
     def __init__(self, act: SampleAct, lang: str, fmx: int):
-        self.act, self.lang, self.w, self.fmx, self.t, self.quotes, self.notes = act, lang, SAMPLE_LANGUAGES[lang], fmx, act.doc_type, 0, 0
+        self.act, self.lang, self.w, self.fmx, self.t = act, lang, SAMPLE_LANGUAGES[lang], fmx, act.doc_type
+        self.quotes = self.notes = 0
 
-    def date(self, d: date) -> str: return self.w['date'].format(d=d.day, month=self.w['months'].split()[d.month - 1], y=d.year)
-    def author(self) -> int: return 0 if self.t in ('regulation', 'directive') else 1   # 0: Parliament and Council, 1: Commission
+    def date(self, d: date) -> str:
+        return self.w['date'].format(d=d.day, month=self.w['months'].split()[d.month - 1], y=d.year)
+    def author(self) -> int:   # 0: Parliament and Council, 1: Commission
+        return 0 if self.t in ('regulation', 'directive') else 1
 
     def ref(self) -> str:
         "How the act names itself: Regulation (EC) No 1137/2008, Directive 95/46/EC, Regulation (EU) 2024/903."
@@ -714,18 +979,21 @@ class _Writer:
         com, name = w['com'][0 if a.year < 1993 else 1 if a.year < 2010 else 2], w['types'][self.t]
         if a.year >= 2015: return f'{name} ({com}) {a.year}/{a.number}'
         year = a.year % 100 if a.year < 1999 else a.year      # Directive 95/46/EC, Regulation (EEC) No 2913/92
-        return f'{name} ({com}) {w["no"]} {a.number}/{year:02d}' if self.t == 'regulation' else f'{name} {year:02d}/{a.number}/{com}'
+        if self.t == 'regulation': return f'{name} ({com}) {w["no"]} {a.number}/{year:02d}'
+        return f'{name} {year:02d}/{a.number}/{com}'
 
     def title_parts(self) -> list[str]:
         topic = SAMPLE_SUBJECTS[self.act.subjects[0]][1][self.lang]
-        return self.w['title'].format(ref=self.ref(), author=self.w['authors'][self.author()], date=self.date(self.act.day), topic=topic).split('|')
+        return self.w['title'].format(ref=self.ref(), author=self.w['authors'][self.author()],
+                                      date=self.date(self.act.day), topic=topic).split('|')
 
 # %% ../nbs/00_sources.ipynb #b7bdf350
 @patch
 def phrase(self: _Writer, template: str) -> str:
     "Fill a phrase, escape it, and turn `{note}` and `[[...]]` into Formex `NOTE` and `QUOT.START`/`QUOT.END`."
     a = self.act
-    s = template.format(This=self.w['This'][self.t], of_this=self.w['of_this'][self.t], topic=SAMPLE_SUBJECTS[a.subjects[0]][1][self.lang],
+    s = template.format(This=self.w['This'][self.t], of_this=self.w['of_this'][self.t],
+                        topic=SAMPLE_SUBJECTS[a.subjects[0]][1][self.lang],
                         note='\x01', n=a.visa_article, months=a.months, years=a.years, date=self.date(a.deadline))
     s = escape(s)
     while '\x01' in s: s = s.replace('\x01', self.note(), 1)
@@ -740,7 +1008,8 @@ def note(self: _Writer) -> str:
     "A footnote with an Official Journal reference, as the OJ puts after a citation."
     no, d, page = self.act.notes[self.notes % len(self.act.notes)]; self.notes += 1
     ref = self.w['note'].format(no=no, day=d.day, mon=d.month, y=d.year, page=page)
-    return f'<NOTE NOTE.ID="E{self.notes:04d}" TYPE="FOOTNOTE"><P><REF.DOC.OJ COLL="C" NO.OJ="{no:03d}" DATE.PUB="{d:%Y%m%d}" PAGE.FIRST="{page}">{escape(ref[:-1])}</REF.DOC.OJ>.</P></NOTE>'
+    return (f'<NOTE NOTE.ID="E{self.notes:04d}" TYPE="FOOTNOTE"><P><REF.DOC.OJ COLL="C" NO.OJ="{no:03d}" '
+            f'DATE.PUB="{d:%Y%m%d}" PAGE.FIRST="{page}">{escape(ref[:-1])}</REF.DOC.OJ>.</P></NOTE>')
 
 # %% ../nbs/00_sources.ipynb #bf320651
 _SCHEMA = {4: 'formex-04.00-20061031.xd', 6: 'formex-06.00-20210715.xd'}
@@ -754,14 +1023,17 @@ def open_root(self: _Writer, tag: str) -> str:
 def no_doc(self: _Writer) -> str:
     "The act's number: Formex 4 writes number, year, series; Formex 6 series, year, number."
     a, com = self.act, ('EEC', 'EC', 'EU')[0 if self.act.year < 1993 else 1 if self.act.year < 2010 else 2]
-    if self.fmx == 4: return f'<NO.DOC FORMAT="NY" TYPE="OJ"><NO.CURRENT>{a.number}</NO.CURRENT><YEAR>{a.year}</YEAR><COM>{com}</COM></NO.DOC>'
-    return f'<NO.DOC FORMAT="YN" TYPE="OJ"><COM>{com}</COM><YEAR>{a.year}</YEAR><NO.CURRENT>{a.number}</NO.CURRENT></NO.DOC>'
+    number, year, series = f'<NO.CURRENT>{a.number}</NO.CURRENT>', f'<YEAR>{a.year}</YEAR>', f'<COM>{com}</COM>'
+    if self.fmx == 4: return f'<NO.DOC FORMAT="NY" TYPE="OJ">{number}{year}{series}</NO.DOC>'
+    return f'<NO.DOC FORMAT="YN" TYPE="OJ">{series}{year}{number}</NO.DOC>'
 
 @patch
 def bib_instance(self: _Writer, wrapper_file: str, seq: str) -> str:
     a, LG = self.act, self.lang.upper()
-    return (f'<BIB.INSTANCE><DOCUMENT.REF FILE="{wrapper_file}"><COLL>L</COLL>{self.no_doc()}<LG.OJ>{LG}</LG.OJ></DOCUMENT.REF>'
-            f'<DATE ISO="{a.day:%Y%m%d}">{a.day:%Y%m%d}</DATE><LG.DOC>{LG}</LG.DOC><NO.SEQ>{seq}</NO.SEQ>{self.no_doc() if seq == "0001" else ""}</BIB.INSTANCE>')
+    return (f'<BIB.INSTANCE><DOCUMENT.REF FILE="{wrapper_file}"><COLL>L</COLL>{self.no_doc()}<LG.OJ>{LG}</LG.OJ>'
+            f'</DOCUMENT.REF><DATE ISO="{a.day:%Y%m%d}">{a.day:%Y%m%d}</DATE><LG.DOC>{LG}</LG.DOC>'
+            f'<NO.SEQ>{seq}</NO.SEQ>'
+            f'{self.no_doc() if seq == "0001" else ""}</BIB.INSTANCE>')
 
 # %% ../nbs/00_sources.ipynb #47c822d8
 @patch
@@ -773,8 +1045,10 @@ def preamble(self: _Writer) -> str:
     out += [f'<VISA>{self.phrase(v)}</VISA>' for v in visas]
     out.append(f'</GR.VISA><GR.CONSID><GR.CONSID.INIT>{escape(w["whereas"])}</GR.CONSID.INIT>')
     for i, r in enumerate(a.recitals, 1):
-        out.append(f'<CONSID><NP><NO.P>({i})</NO.P><TXT>{self.phrase(w["recitals"][r])}</TXT></NP></CONSID>' + ('<?PAGE NO="2"?>' if i % 7 == 0 else ''))
-    return ''.join(out) + f'</GR.CONSID><PREAMBLE.FINAL><P>{escape(w["adopted"][self.t])}</P></PREAMBLE.FINAL></PREAMBLE>'
+        out.append(f'<CONSID><NP><NO.P>({i})</NO.P><TXT>{self.phrase(w["recitals"][r])}</TXT></NP></CONSID>'
+                   + ('<?PAGE NO="2"?>' if i % 7 == 0 else ''))
+    return (''.join(out) + '</GR.CONSID>'
+            + f'<PREAMBLE.FINAL><P>{escape(w["adopted"][self.t])}</P></PREAMBLE.FINAL></PREAMBLE>')
 
 @patch
 def article(self: _Writer, n: int, paragraphs: list[list[str]]) -> str:
@@ -782,7 +1056,8 @@ def article(self: _Writer, n: int, paragraphs: list[list[str]]) -> str:
     head = f'<ARTICLE IDENTIFIER="{n:03d}"><TI.ART>{escape(self.w["article"].format(n=n))}</TI.ART>'
     texts = [' '.join(self.phrase(s) for s in para) for para in paragraphs]
     if len(texts) == 1: return head + f'<ALINEA>{texts[0]}</ALINEA></ARTICLE>'
-    return head + ''.join(f'<PARAG IDENTIFIER="{n:03d}.{i:03d}"><NO.PARAG>{i}.</NO.PARAG><ALINEA>{t}</ALINEA></PARAG>' for i, t in enumerate(texts, 1)) + '</ARTICLE>'
+    return head + ''.join(f'<PARAG IDENTIFIER="{n:03d}.{i:03d}"><NO.PARAG>{i}.</NO.PARAG><ALINEA>{t}</ALINEA></PARAG>'
+                          for i, t in enumerate(texts, 1)) + '</ARTICLE>'
 
 @patch
 def enacting_terms(self: _Writer) -> str:
@@ -798,10 +1073,13 @@ def final(self: _Writer) -> str:
     w, a = self.w, self.act
     bound = w['binding'] if self.t == 'regulation' else self.phrase(w['addressed'])
     who = (0, 1) if self.author() == 0 else (2,)
-    signs = ''.join(f'<SIGNATORY><P><HT TYPE="ITALIC">{escape(w["signatories"][k])}</HT></P><P><HT TYPE="ITALIC">{escape(w["president"])}</HT></P>'
+    signs = ''.join(f'<SIGNATORY><P><HT TYPE="ITALIC">{escape(w["signatories"][k])}</HT></P>'
+                    f'<P><HT TYPE="ITALIC">{escape(w["president"])}</HT></P>'
                     f'<P>{_SIGNERS[(a.number + k) % len(_SIGNERS)]}</P></SIGNATORY>' for k in who)
-    done = escape(w['done'].format(place=w['places'][a.place], date='\x02')).replace('\x02', f'<DATE ISO="{a.day:%Y%m%d}">{escape(self.date(a.day))}</DATE>')
-    return f'<FINAL><P>{escape(bound) if self.t == "regulation" else bound}</P><SIGNATURE><PL.DATE><P>{done}</P></PL.DATE>{signs}</SIGNATURE></FINAL>'
+    day = f'<DATE ISO="{a.day:%Y%m%d}">{escape(self.date(a.day))}</DATE>'
+    done = escape(w['done'].format(place=w['places'][a.place], date='\x02')).replace('\x02', day)
+    return (f'<FINAL><P>{escape(bound) if self.t == "regulation" else bound}</P>'
+            f'<SIGNATURE><PL.DATE><P>{done}</P></PL.DATE>{signs}</SIGNATURE></FINAL>')
 
 @patch
 def act_xml(self: _Writer, wrapper_file: str) -> str:
@@ -815,14 +1093,17 @@ def act_xml(self: _Writer, wrapper_file: str) -> str:
 def annex_xml(self: _Writer, wrapper_file: str) -> str:
     "The ANNEX file: title, a numbered list, and a TBL when `act.annex == 2`."
     w = self.w
-    items = ''.join(f'<ITEM><NP><NO.P>{i}.</NO.P><TXT>{escape(r)}</TXT></NP></ITEM>' for i, r in enumerate(w['rows'], 1))
+    items = ''.join(f'<ITEM><NP><NO.P>{i}.</NO.P><TXT>{escape(r)}</TXT></NP></ITEM>'
+                    for i, r in enumerate(w['rows'], 1))
+    subtitle = escape(w['annex_title'].format(n=min(2, len(self.act.articles))))
     out = [self.open_root('ANNEX'), self.bib_instance(wrapper_file, '0001.0001'),
-           f'<TITLE><TI><P>{escape(w["annex"])}</P></TI><STI><P>{escape(w["annex_title"].format(n=min(2, len(self.act.articles))))}</P></STI></TITLE>',
+           f'<TITLE><TI><P>{escape(w["annex"])}</P></TI><STI><P>{subtitle}</P></STI></TITLE>',
            f'<CONTENTS><LIST TYPE="ARAB">{items}</LIST>']
     if self.act.annex == 2:
         rows = [w['table']] + [(str(i), r, self.date(self.act.deadline)) for i, r in enumerate(w['rows'], 1)]
         cells = lambda row: ''.join(f'<CELL COL="{c}"><P>{escape(v)}</P></CELL>' for c, v in enumerate(row, 1))
-        out.append('<TBL NO.SEQ="0001" COLS="3"><CORPUS>' + ''.join(f'<ROW>{cells(r)}</ROW>' for r in rows) + '</CORPUS></TBL>')
+        out.append('<TBL NO.SEQ="0001" COLS="3"><CORPUS>' + ''.join(f'<ROW>{cells(r)}</ROW>' for r in rows)
+                   + '</CORPUS></TBL>')
     return ''.join(out) + '</CONTENTS></ANNEX>\n'
 
 @patch
@@ -832,13 +1113,17 @@ def wrapper_xml(self: _Writer, files: dict) -> str:
     legal = {'regulation': 'REG', 'directive': 'DIR', 'decision': 'DEC', 'recommendation': 'RECO'}[self.t]
     pub = a.day + timedelta(days=7 + a.number % 30)
     keywords = ''.join(f'<KEYWORD>{escape(s)}</KEYWORD>' for s in a.subjects)
-    annex = (f'<DOC.SUB.PUB NO.SEQ="0001.0001" TYPE="ANNEX"><REF.PHYS FILE="{files["annex"]}" TYPE="DOC.XML"/></DOC.SUB.PUB>' if a.annex else '')
+    annex = (f'<DOC.SUB.PUB NO.SEQ="0001.0001" TYPE="ANNEX"><REF.PHYS FILE="{files["annex"]}" TYPE="DOC.XML"/>'
+             '</DOC.SUB.PUB>' if a.annex else '')
     title = f'<TITLE><TI><P>{escape(" ".join(self.title_parts()))}</P></TI></TITLE>'
-    where = f'<PAPER><VOLUME.PAPER><ITEM.VOLUME REF.NO.SEQ="0001">{title}</ITEM.VOLUME></VOLUME.PAPER></PAPER>' if self.fmx == 4 else \
-            f'<PDF><ITEM.VOLUME REF.NO.SEQ="0001">{title}</ITEM.VOLUME></PDF>'
-    return (self.open_root('DOC') + f'<BIB.DOC>{self.no_doc()}<AUTHOR>{"EP" if self.author() == 0 else "COM"}</AUTHOR>{keywords}</BIB.DOC>'
-            + f'<PUBLICATION.REF><COLL>L</COLL><DATE ISO="{pub:%Y%m%d}">{pub:%Y%m%d}</DATE><LG.OJ>{LG}</LG.OJ></PUBLICATION.REF>'
-            + f'<FMX><DOC.MAIN.PUB NO.SEQ="0001"><LG.DOC>{LG}</LG.DOC><LEGAL.VALUE>{legal}</LEGAL.VALUE><DATE ISO="{a.day:%Y%m%d}">{a.day:%Y%m%d}</DATE>'
+    item = f'<ITEM.VOLUME REF.NO.SEQ="0001">{title}</ITEM.VOLUME>'
+    where = f'<PAPER><VOLUME.PAPER>{item}</VOLUME.PAPER></PAPER>' if self.fmx == 4 else f'<PDF>{item}</PDF>'
+    author = 'EP' if self.author() == 0 else 'COM'
+    return (self.open_root('DOC') + f'<BIB.DOC>{self.no_doc()}<AUTHOR>{author}</AUTHOR>{keywords}</BIB.DOC>'
+            + f'<PUBLICATION.REF><COLL>L</COLL><DATE ISO="{pub:%Y%m%d}">{pub:%Y%m%d}</DATE><LG.OJ>{LG}</LG.OJ>'
+            + '</PUBLICATION.REF>'
+            + f'<FMX><DOC.MAIN.PUB NO.SEQ="0001"><LG.DOC>{LG}</LG.DOC><LEGAL.VALUE>{legal}</LEGAL.VALUE>'
+            + f'<DATE ISO="{a.day:%Y%m%d}">{a.day:%Y%m%d}</DATE>'
             + f'<REF.PHYS FILE="{files["act"]}" TYPE="DOC.XML"/></DOC.MAIN.PUB>{annex}</FMX>{where}</DOC>\n')
 
 # %% ../nbs/00_sources.ipynb #766d2b70
@@ -851,12 +1136,15 @@ def publication(self: _Writer, uid: str) -> list[tuple[str, str]]:
         wrapper_ref = f'L_{a.year}{a.number % 400:03d}{LG}.01000101.doc.xml'   # the name it had before download
     else:
         base = f'L_{a.year}{a.number:05d}{LG}'
-        folder, names = f'{uid}.0006.02/DOC_1/', dict(doc=f'{base}.doc.fmx.xml', act=f'{base}.000101.fmx.xml', annex=f'{base}.002601.fmx.xml')
+        folder, names = f'{uid}.0006.02/DOC_1/', dict(doc=f'{base}.doc.fmx.xml', act=f'{base}.000101.fmx.xml',
+                                                      annex=f'{base}.002601.fmx.xml')
         wrapper_ref = names['doc']
     files = [(names['doc'], self.wrapper_xml(names)), (names['act'], self.act_xml(wrapper_ref))]
     if a.annex: files.append((names['annex'], self.annex_xml(wrapper_ref)))
-    if self.fmx == 6: files.append((f'{base}.toc.fmx.xml', self.open_root('PUBLICATION') + f'<OJ><BIB.OJ><COLL>L</COLL><LG.OJ>{LG}</LG.OJ></BIB.OJ>'
-                                    f'<ITEM.PUB DOC.INSTANCE="{names["doc"]}"/></OJ></PUBLICATION>\n'))
+    if self.fmx == 6:
+        toc = (self.open_root('PUBLICATION') + f'<OJ><BIB.OJ><COLL>L</COLL><LG.OJ>{LG}</LG.OJ></BIB.OJ>'
+               f'<ITEM.PUB DOC.INSTANCE="{names["doc"]}"/></OJ></PUBLICATION>\n')
+        files.append((f'{base}.toc.fmx.xml', toc))
     return [(folder + name, xml) for name, xml in files]
 
 # %% ../nbs/00_sources.ipynb #a3b784a7
@@ -875,7 +1163,7 @@ def sample_publications(docs: int, seed: int = 0) -> list[tuple[SampleAct, str, 
 
 # %% ../nbs/00_sources.ipynb #efcc7c18
 def _replace_folder(new: Path, dest: Path):
-    "Move the finished folder `new` to `dest`, replacing what is there, with renames only (safe against a concurrent writer)."
+    "Move the finished folder `new` to `dest`, replacing what is there, by renames only (safe with concurrent writers)."
     old = dest.with_name(f'.{dest.name}.old-{os.getpid()}')
     for _ in range(20):
         try: os.replace(dest, old)                     # move the earlier sample aside ...
@@ -904,7 +1192,8 @@ def write_sample(out: str | Path, docs: int = 200, seed: int = 0) -> dict:
     if docs < 1: raise LegalnbError(f'--docs must be at least 1, got {docs}')
     if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out/'sample.json').exists()):
         raise LegalnbError(f'{out}: exists and is not a legalnb sample; choose a new folder')
-    made = [p for p in reversed([out.parent, *out.parent.parents]) if not p.exists()]   # folders we create, outermost first
+    made = [p for p in reversed([out.parent,
+                                 *out.parent.parents]) if not p.exists()]   # folders we create, outermost first
     tmp = None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
