@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 from fastcore.basics import patch
 from safetensors.torch import save_file, load_file
 
-from .sources import LegalnbError, atomic_write
+from .core import LegalnbError, atomic_write, read_json
 
 # %% auto #0
 __all__ = ['MODEL_SIZES', 'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'ResonanceFilter', 'ResonanceLayer',
@@ -30,11 +30,11 @@ class ResonanceConfig:
     dim: int = 256                # channels of the residual stream (D)
     num_layers: int = 4           # residual blocks, each a resonance mixer then an MLP
     num_frequencies: int = 32     # damped complex resonances per channel that make up each long filter (K)
-    max_seq_len: int = 32768      # longest context in tokens: rows of the learned position table, and the generation crop
+    max_seq_len: int = 32768      # longest context in tokens: rows of the position table, and the generation crop
     mlp_ratio: float = 4.0        # MLP hidden width / dim (4 as in GPT-2)
     short_conv: int = 3           # taps of the causal depthwise convolution before the long one: local n-gram features
     dropout: float = 0.0          # dropout on embeddings and residual branches (0 for pretraining on plenty of data)
-    checkpointing: bool = False   # recompute each block in backward: saves activation memory at 32k for ~30% more compute
+    checkpointing: bool = False   # recompute each block in backward: less activation memory at 32k, ~30% more compute
     tie_embeddings: bool = True   # LM head shares the token embedding matrix (saves vocab*dim parameters)
     init_std: float = 0.02        # std of the normal initialisation of linear and embedding weights (GPT-2)
 
@@ -44,7 +44,8 @@ class ResonanceConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise LegalnbError(f'ResonanceConfig: {name} must be an integer >= 1, got {v!r}')
         if not self.mlp_ratio > 0: raise LegalnbError(f'ResonanceConfig: mlp_ratio must be > 0, got {self.mlp_ratio!r}')
-        if not 0 <= self.dropout < 1: raise LegalnbError(f'ResonanceConfig: dropout must be in [0, 1), got {self.dropout!r}')
+        if not 0 <= self.dropout < 1:
+            raise LegalnbError(f'ResonanceConfig: dropout must be in [0, 1), got {self.dropout!r}')
         if not self.init_std > 0: raise LegalnbError(f'ResonanceConfig: init_std must be > 0, got {self.init_std!r}')
 
     @property
@@ -218,7 +219,7 @@ class ResonanceLanguageModel(nn.Module):
         std = self.config.init_std
         for name, p in self.named_parameters():  # the tied head is visited once, as tok_emb.weight
             if '.filter.' in name or p.ndim < 2: continue  # filters keep their own init, norms stay (1, 0)
-            if name.endswith('short.weight'):  # starts as the identity: the long filter first sees the tokens themselves
+            if name.endswith('short.weight'):  # starts as the identity: the long filter first sees the tokens
                 with torch.no_grad(): p.normal_(0.0, std)[..., -1] += 1.0
             elif name.endswith('mixer.in_proj.weight'): nn.init.normal_(p, 0.0, self.config.dim ** -0.5)
             elif name.endswith(('mixer.out_proj.weight', 'mlp.2.weight')):
@@ -355,15 +356,20 @@ def save(self: ResonanceLanguageModel, directory: str | Path) -> Path:
     return directory
 
 @patch(cls_method=True)
-def load(cls: ResonanceLanguageModel, directory: str | Path, map_location: str | torch.device = 'cpu') -> ResonanceLanguageModel:
+def load(cls: ResonanceLanguageModel, directory: str | Path,
+         map_location: str | torch.device = 'cpu') -> ResonanceLanguageModel:
     "Rebuild a model saved with `save`, re-tying the head to the embedding."
     directory = Path(directory)
     for f in ('config.json', 'model.safetensors'):
-        if not (directory/f).exists(): raise LegalnbError(f'{directory/f}: missing; expected a folder written by model.save()')
-    try: config = ResonanceConfig.from_dict(json.loads((directory/'config.json').read_text()))
-    except (json.JSONDecodeError, TypeError) as e: raise LegalnbError(f'{directory/"config.json"}: not a model config ({e})')
+        if not (directory/f).exists():
+            raise LegalnbError(f'{directory/f}: missing; expected a folder written by model.save()')
+    config = read_json(directory/'config.json', 'a model config (written by model.save())')
+    try: config = ResonanceConfig.from_dict(config)
+    except TypeError as e: raise LegalnbError(f'{directory/"config.json"}: not a model config ({e})') from None
     model = cls(config)
-    state = load_file(str(directory/'model.safetensors'), device=str(map_location))
+    try: state = load_file(str(directory/'model.safetensors'), device=str(map_location))
+    except Exception:
+        raise LegalnbError(f'{directory/"model.safetensors"}: truncated or damaged, not a safetensors file') from None
     if config.tie_embeddings: state['lm_head.weight'] = state['tok_emb.weight']
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:

@@ -4,7 +4,7 @@ import json, math, subprocess, sys
 import pytest
 import torch
 
-from legalnb.sources import LegalnbError
+from legalnb.core import LegalnbError
 from legalnb.resonance import (MODEL_SIZES, ResonanceConfig, ResonanceLanguageModel, causal_fft_conv,
                                causality_violation, config_for, fft_size)
 
