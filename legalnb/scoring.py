@@ -553,7 +553,7 @@ def select_command(input: str,                         # JSONL of documents (the
                    target_tokens: token_target = None, # token budget (required): 2,000,000, 2e9, 500M, 2B
                    threshold: int | None = None,       # minimum score to be eligible; without it, the rules' threshold
                    report: str | None = None,          # also write the selection report here (JSON)
-                   rules: str | None = None,           # YAML or JSON file overriding scoring rules (see the docs)
+                   rules: str | None = None,           # YAML or JSON file naming the scoring rules it changes
                    tokenizer: str | None = None,       # tokenizer.json to count tokens with; without it, characters / 4
                    tolerance: float = 0.02):           # allowed gap between a language's selected and target share
     "Score documents and select the best up to a token target, keeping the language mix."
