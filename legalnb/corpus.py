@@ -346,7 +346,7 @@ def _take_into(packer: RowPacker, acc: dict) -> np.ndarray:
     return rows
 
 # %% ../nbs/02_corpus.ipynb #acb9d68d
-KEY = ('args', 'input_sha256', 'tokenizer_sha256')  # what decides the output: a build with the same values may reuse shards
+KEY = ('args', 'input_sha256', 'tokenizer_sha256')  # what decides the output: the same values may reuse shards
 
 def _own_manifest(path: Path) -> dict | None:
     "The manifest (finished or partial) a build wrote at `path`; None when it is missing, broken or another tool's."

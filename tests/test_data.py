@@ -9,7 +9,7 @@ import torch
 from legalnb.cli import main as cli
 from legalnb.data import (PretokenizedDataset, StepSampler, make_loader, validate, split, find_segments, recommend,
                           open_rows, npy_header)
-from legalnb.sources import LegalnbError
+from legalnb.core import LegalnbError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -272,8 +272,8 @@ def test_split_refuses_bad_input(tmp_path, capsys):
     rows_file(tmp_path, 'two.npy', 4, 17)
     (tmp_path/'busy').mkdir(); (tmp_path/'busy'/'x').write_text('')
     assert cli(['split', str(tmp_path/'two.npy'), '--out', str(tmp_path/'busy')]) == 2
-    assert 'busy: exists and is not empty' in capsys.readouterr().err
-    with pytest.raises(LegalnbError, match='val_ratio'): split(tmp_path/'two.npy', tmp_path/'s2', val_ratio=1.5)
+    assert f'--out {tmp_path/"busy"} exists and is not empty' in capsys.readouterr().err
+    with pytest.raises(LegalnbError, match='--val-ratio'): split(tmp_path/'two.npy', tmp_path/'s2', val_ratio=1.5)
     assert not (tmp_path/'s1').exists() and not (tmp_path/'s2').exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith('.')], 'no temporary folder left behind'
 
@@ -298,3 +298,109 @@ def test_corpus_to_validate_split_and_batches(tmp_path):
     assert os.path.realpath(tmp_path/'split'/'tokenizer.json') == str((tmp_path/'corpus'/'tokenizer.json').resolve())
     x, y = next(iter(make_loader(train, StepSampler(len(train), 2, seed=0), num_workers=0)))
     assert x.shape == y.shape == (2, 32) and torch.equal(x[:, 1:], y[:, :-1]) and int(x.max()) < m['vocab_size']
+
+
+# ---- bad input is one line, nothing lost (issue 11) ---------------------------------------------------------------
+
+def one_line(capsys, *argv, code=2) -> str:
+    "Run the CLI, expect `code` and exactly one line on stderr; return it."
+    assert cli([str(a) for a in argv]) == code
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and 'Traceback' not in err, err
+    return err
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    "A corpus folder of two shards with a manifest, as build-corpus writes it."
+    c = tmp_path/'corpus'; c.mkdir()
+    for k in range(2): rows_file(c, f'shard_{k:05d}.npy', 6, 9, seed=k, vocab=100)
+    (c/'manifest.json').write_text(json.dumps({'format': 'legalnb.corpus/1', 'vocab_size': 100, 'row_len': 9,
+                                                'shards': [{'file': f'shard_{k:05d}.npy', 'rows': 6} for k in range(2)]}))
+    return c
+
+
+def test_unfinished_build_is_reported_and_refused(corpus, tmp_path, capsys):
+    (corpus/'manifest.json').rename(corpus/'manifest.partial.json')  # what a killed build leaves
+    partial = json.loads((corpus/'manifest.partial.json').read_text())
+    (corpus/'manifest.partial.json').write_text(json.dumps({**partial, 'command': 'legalnb build-corpus s.jsonl --out corpus'}))
+    err = one_line(capsys, 'validate', corpus)
+    assert f'{corpus}: an unfinished build (manifest.partial.json, no manifest.json): run `legalnb build-corpus s.jsonl --out corpus` again' in err
+    assert 'an unfinished build' in one_line(capsys, 'split', corpus, '--out', tmp_path/'s')
+    assert not (tmp_path/'s').exists()
+    with pytest.raises(LegalnbError, match='an unfinished build'): PretokenizedDataset(corpus)
+
+
+@pytest.mark.parametrize('text,expect', [
+    ('{"vocab_size": 100, "shards": [', 'manifest.json: not valid JSON'),
+    ('[1, 2]', 'manifest.json: expected a corpus manifest'),
+    ('{"shards": [{"rows": 6}]}', 'manifest.json: shards[0] has no "file"'),
+    ('{"shards": "shard_00000.npy"}', 'manifest.json: "shards" must be a list'),
+    ('{"vocab_size": "big"}', 'manifest.json: "vocab_size" must be a whole number >= 1, got "big"'),
+    ('{"shards": [{"file": "shard_00000.npy", "rows": 1.5}]}', 'manifest.json: shards[0] "rows" must be a whole number'),
+])
+def test_broken_manifest_is_one_line(corpus, capsys, text, expect):
+    (corpus/'manifest.json').write_text(text)
+    assert expect in one_line(capsys, 'validate', corpus)
+
+
+@pytest.mark.parametrize('text,expect', [
+    ('[]', 'rows.json: expected a rows.json index'),
+    ('{"segments": []}', 'rows.json: lists no segments'),
+    ('{"segments": [{"start": 0, "stop": 2}]}', 'rows.json: segments[0] has no "file"'),
+    ('{"segments": [{"file": "a.npy", "start": 0, "stop": "2"}]}', 'rows.json: segments[0] "stop" must be a whole number of rows, got "2"'),
+    ('{"segments": [{"file": "a.npy", "start": 0.5, "stop": 2}]}', 'rows.json: segments[0] "start" must be a whole number'),
+])
+def test_broken_rows_index_is_one_line(tmp_path, capsys, text, expect):
+    rows_file(tmp_path, 'a.npy', 4, 9)
+    (tmp_path/'rows.json').write_text(text)
+    assert expect in one_line(capsys, 'validate', tmp_path)
+    assert expect in one_line(capsys, 'split', tmp_path/'rows.json', '--out', tmp_path/'s')
+
+
+def test_bad_vocab_size_and_headers(corpus, capsys):
+    assert '--vocab-size must be at least 1, got -5' in one_line(capsys, 'validate', corpus, '--vocab-size', '-5')
+    good = (corpus/'shard_00000.npy').read_bytes()
+    (corpus/'shard_00000.npy').write_bytes(good.replace(b"(6, 9), }", b"(-6, 9),}"))
+    err = one_line(capsys, 'validate', corpus, code=1)  # a bad file: validate names it and exits 1
+    assert 'shard_00000.npy: the header gives a negative shape (-6, 9)' in err
+    assert 'the header gives a negative shape' in one_line(capsys, 'split', corpus, '--out', corpus.parent/'s')
+    np.save(corpus/'shard_00000.npy', np.array([[1, 'x']], dtype=object))
+    assert 'shard_00000.npy: object dtype: expected integer token ids' in one_line(capsys, 'validate', corpus, code=1)
+    with pytest.raises(LegalnbError, match='object dtype'): open_rows(corpus/'shard_00000.npy')
+
+
+def test_split_output_is_never_an_input(corpus, tmp_path, capsys):
+    before = {p.name: p.read_bytes() for p in corpus.iterdir()}
+    assert f'--out {corpus} is also an input' in one_line(capsys, 'split', corpus, '--out', corpus)
+    f = corpus/'shard_00000.npy'
+    assert f'--out {f} is also an input' in one_line(capsys, 'split', f, '--out', f)
+    assert '--out is required' in one_line(capsys, 'split', corpus)
+    assert {p.name: p.read_bytes() for p in corpus.iterdir()} == before
+
+
+@pytest.mark.parametrize('umask', [0o022, 0o002])
+def test_split_files_get_the_mode_of_a_plain_open(corpus, tmp_path, umask):
+    old = os.umask(umask)
+    try: split(corpus, tmp_path/'new'/'split', val_ratio=0.25, by='rows')  # its parent is made too
+    finally: os.umask(old)
+    s = tmp_path/'new'/'split'
+    assert (s/'split.json').stat().st_mode & 0o777 == (s/'train'/'rows.json').stat().st_mode & 0o777 == 0o666 & ~umask
+    assert s.stat().st_mode & 0o777 == (s/'train').stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_failed_split_leaves_no_folder(corpus, tmp_path):
+    rows_file(corpus, 'extra.npy', 1, 9)
+    with pytest.raises(LegalnbError, match='1 row'): split(corpus/'extra.npy', tmp_path/'a'/'b'/'split')
+    assert not (tmp_path/'a').exists()
+
+
+def test_validate_and_split_flags_are_declared_once(capsys, monkeypatch):
+    monkeypatch.setenv('COLUMNS', '200')
+    with pytest.raises(SystemExit): cli(['split', '--help'])
+    out = capsys.readouterr().out
+    assert '--val-ratio VAL_RATIO' in out and '(default: 0.01)' in out and out.count('0.01') == 1
+    assert "{auto,files,rows}" in out and '(default: auto)' in out
+    with pytest.raises(SystemExit): cli(['validate', '--help'])
+    out = capsys.readouterr().out
+    assert all(f in out for f in ('--vocab-size', '--json', '--recommend'))
