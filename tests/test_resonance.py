@@ -175,11 +175,13 @@ def test_recall_task_rows():
     assert pos.max() < 10 and pos.min() == 0 and len(set(pos.tolist())) > 5, 'anywhere in the first quarter'
 
 
-def test_bench_worker_and_table():
+def test_bench_worker_and_table(monkeypatch):
     "bench/model.py: one in-process measurement per model, equal non-embedding sizes, and the table."
     import argparse, importlib.util
     from pathlib import Path
-    spec = importlib.util.spec_from_file_location('bench_model', Path(__file__).resolve().parents[1] / 'bench' / 'model.py')
+    bench_dir = Path(__file__).resolve().parents[1]/'bench'
+    monkeypatch.syspath_prepend(str(bench_dir))  # as `python bench/model.py` has it: its own folder first (bench/common.py)
+    spec = importlib.util.spec_from_file_location('bench_model', bench_dir/'model.py')
     bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench)
     args = argparse.Namespace(model=None, size=None, vocab=64, dim=32, layers=1, frequencies=4, max_seq_len=128,
                               seq_len=64, batch=1, device='cpu', compile=False, checkpointing=False, warmup=1,
