@@ -173,8 +173,10 @@ def _subjects(value, where: str = '') -> list[str]:
 
 def check_language(lang, where: str = '') -> str:
     "`lang` in lower case if it is one of `EU_LANGUAGES`, else an error that names `where` and lists them."
-    code = lang.strip().lower() if isinstance(lang, str) else lang
+    code = lang.strip().lower() if isinstance(lang, str) else None
     if code in _EU_LANGUAGES: return code
+    if code == '': raise LegalnbError(f'{where}: missing "lang"; give the ISO 639-1 code of one of the 24 official EU '
+                                      f'languages: {", ".join(EU_LANGUAGES)}')
     raise LegalnbError(f'{where}: "lang" {lang!r} is not one of the 24 official EU languages; '
                        f'write its ISO 639-1 code: {", ".join(EU_LANGUAGES)}')
 
