@@ -11,7 +11,9 @@ from legalnb.hf import (LoraSettings, PackedCollator, TINY_ARCHS, add_lora, buil
                         encode_examples, load_model, lora_target_modules, merge_adapter, pack_examples, packs_without_leakage,
                         right_size_length, sft_dataset, tiny_config, training_args_from_preset, write_demo_shards,
                         write_launch_configs)
-from legalnb.sources import LegalnbError, write_jsonl
+from legalnb import core, hf
+from legalnb.core import LegalnbError
+from legalnb.sources import write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -215,7 +217,7 @@ def test_cli_bad_jsonl_is_one_line_and_exit_2(work, tmp_path, capsys):
     bad.write_text('{"prompt": "a", "response": "b"}\n{"prompt": "a", "answer": "b"}\n')
     rc = cli(['finetune', '--model', str(work/'model'), '--data', str(bad), '--out', str(tmp_path/'x'), '--workers', '0'])
     err = capsys.readouterr().err
-    assert rc == 2 and 'bad.jsonl: line 2' in err and len(err.strip().splitlines()) == 1
+    assert rc == 2 and 'bad.jsonl, line 2' in err and len(err.strip().splitlines()) == 1
     rc = cli(['finetune', '--model', str(tmp_path), '--data', str(work/'sft.jsonl'), '--out', str(tmp_path/'x')])
     assert rc == 2 and 'no config.json' in capsys.readouterr().err
 
@@ -264,3 +266,81 @@ def test_padded_fallback_trains_with_length_grouped_batches(work, tmp_path):
     p = replace(get_preset('lora', 'fast'), steps=2, micro_batch=4, grad_accum=1, global_batch=4, warmup_steps=0)
     s = finetune(work/'model', work/'sft.jsonl', tmp_path/'run', p, packing=False, dataloader_num_workers=0)
     assert s['batches'] == 'length-grouped' and s['steps'] == 2 and len(s['losses']) >= 1
+
+
+def _snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob('*'))}
+
+
+def _fails(argv, capsys, cwd: Path) -> str:
+    "Run `legalnb finetune ARGV` in `cwd`: it must exit 2 with one stderr line and leave `cwd` as it was."
+    before = _snapshot(cwd)
+    old = os.getcwd(); os.chdir(cwd)
+    try: rc = cli(['finetune', *map(str, argv)])
+    finally: os.chdir(old)
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and 'Traceback' not in err, err
+    assert _snapshot(cwd) == before, 'a failed finetune changed or wrote files'
+    return err
+
+
+@pytest.fixture
+def folder(work, tmp_path):
+    "A working folder with the tiny model, the SFT file and the shards, copied."
+    import shutil
+    for name in ('model', 'sft.jsonl', 'corpus'):
+        (shutil.copytree if (work/name).is_dir() else shutil.copy)(work/name, tmp_path/name)
+    return tmp_path
+
+
+@pytest.mark.parametrize('argv,expect', [
+    (['--model', 'nope', '--data', 'sft.jsonl', '--out', 'run'], 'nope: not a model folder (no config.json)'),
+    (['--model', 'model', '--data', 'nope.jsonl', '--out', 'run'], '--data nope.jsonl: no such file or folder'),
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', 'sft.jsonl'], '--out sft.jsonl is also an input'),
+    (['--model', 'model', '--data', 'corpus', '--out', 'corpus'], '--out corpus is also an input'),
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', 'model'], '--out model is also an input'),
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', '.'], '--out . holds files legalnb did not write'),
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--lr', '-1e-3'], '--lr must be more than 0, got -0.001'),
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--max-steps', '0'], '--max-steps must be at least 1'),
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--seed', '-1'], '--seed must be at least 0'),
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--lora-dropout', '2'], '--lora-dropout must be'),
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--lora', '--full'], '--full: not allowed with argument --lora'),
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--preset', 'bogus'], "--preset: invalid choice: 'bogus'"),
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--batch-size', 'eight'], "--batch-size: expected a whole number"),
+    (['--data', 'sft.jsonl', '--out', 'run'], '--model is required'),
+])
+def test_finetune_bad_input_is_one_line_and_writes_nothing(folder, capsys, argv, expect):
+    assert expect in _fails(argv, capsys, folder)
+
+
+@pytest.mark.parametrize('file,data,expect', [
+    ('model/config.json', b'{}', 'model/config.json: no "model_type"'),
+    ('model/config.json', b'{oops', 'model/config.json: not valid JSON'),
+    ('model/model.safetensors', b'garbage', 'model: the model could not be loaded'),
+    ('model/tokenizer.json', b'{', 'model: the tokenizer could not be loaded'),
+    ('sft.jsonl', b'{"prompt": "a", "prompt": "b", "response": "c"}\n', "sft.jsonl, line 1: duplicate key 'prompt'"),
+    ('sft.jsonl', b'{"prompt": "a", "response": "b"}\n{oops\n', 'sft.jsonl, line 2: not JSON'),
+    ('sft.jsonl', b'\xff\xfe\n', 'sft.jsonl, line 1: byte 1 is not UTF-8'),
+])
+def test_damaged_model_or_data_is_one_line(folder, capsys, file, data, expect):
+    "Today a model folder without model_type, or with damaged weights, ended in a transformers traceback."
+    (folder/file).write_bytes(data)
+    assert expect in _fails(['--model', 'model', '--data', 'sft.jsonl', '--out', 'run'], capsys, folder)
+
+
+def test_users_files_in_the_run_folder_are_refused_and_kept(folder, capsys):
+    (folder/'run').mkdir(); (folder/'run'/'notes.txt').write_text('mine')
+    err = _fails(['--model', 'model', '--data', 'sft.jsonl', '--out', 'run'], capsys, folder)
+    assert '--out run holds files legalnb did not write (notes.txt)' in err
+    assert (folder/'run'/'notes.txt').read_text() == 'mine'
+
+
+def test_one_precision_rule_and_one_jsonl_reader():
+    assert not hasattr(hf, 'hardware_precision') and 'hardware_precision' not in hf.__all__
+    assert hf.resolve_precision is core.resolve_precision and hf.jsonl_records is core.jsonl_records
+
+
+def test_finetune_help_keeps_every_flag():
+    flags = json.loads((ROOT/'tests'/'fixtures'/'cli_flags.json').read_text())['finetune']
+    r = subprocess.run([sys.executable, '-m', 'legalnb.cli', 'finetune', '--help'], capture_output=True, text=True)
+    assert r.returncode == 0 and all(f in r.stdout for f in flags), r.stdout
