@@ -1209,7 +1209,9 @@ def write_sample(out: str | Path, docs: int = 200, seed: int = 0) -> dict:
     finally:
         if tmp is not None: shutil.rmtree(tmp, ignore_errors=True)
         if not out.exists():
-            for p in reversed(made): shutil.rmtree(p, ignore_errors=True)
+            for p in reversed(made):   # innermost first; a folder someone else wrote into meanwhile stays
+                try: p.rmdir()
+                except OSError: break
     return manifest
 
 # %% ../nbs/00_sources.ipynb #ee069f88
