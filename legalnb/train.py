@@ -509,17 +509,16 @@ def check_resume(saved: dict,  # the model config stored in the checkpoint
                                 '--size/--dim/--num-layers/--num-frequencies it was trained with, or a new --out')
 
 RESUME_MAY_CHANGE = ('max_steps', 'epochs', 'save_every', 'keep', 'eval_every', 'eval_batches', 'log_every', 'progress',
-                     'tensorboard', 'wandb', 'resume', 'overwrite', 'out', 'device', 'cpu_threads', 'num_workers',
-                     'pin_memory', 'prefetch_factor', 'compile')  # how long and how watched, not what is computed
+                     'tensorboard', 'wandb', 'resume', 'overwrite', 'out', 'data', 'device', 'cpu_threads',
+                     'num_workers', 'pin_memory', 'prefetch_factor', 'compile')  # how long, watched, where: not what
 
 def check_same_run(saved: dict,        # the TrainConfig stored in the checkpoint (its config.json)
                    cfg: TrainConfig,   # the config of this run
                    path: Path):
     "Raise if the checkpoint's run differs from `cfg` in anything but run length, cadence and hardware."
     now, default = asdict(cfg), asdict(TrainConfig())
-    same = lambda k, a, b: Path(a).resolve() == Path(b).resolve() if k == 'data' and a and b else a == b
     diff = [f'{k} {saved.get(k, default[k])!r} != {now[k]!r}' for k in now
-            if k not in RESUME_MAY_CHANGE and not same(k, saved.get(k, default[k]), now[k])]
+            if k not in RESUME_MAY_CHANGE and saved.get(k, default[k]) != now[k]]
     if diff: raise LegalnbError(f'{path}: checkpoint of a run with other settings ({", ".join(diff)}); resume with '
                                 'the settings it was made with (its config.json), or start a new run: '
                                 '--overwrite or a new --out')
@@ -614,6 +613,9 @@ def train(cfg: TrainConfig,             # the run
         ck = load_for_resume(path, out)  # on the CPU: RNG states must stay CPU tensors; load_state_dict moves the rest
         check_resume(ck['model_config'], mc, path)
         check_same_run(ck['config'], cfg, path)
+        if ck['data'].get('rows', len(train_ds)) != len(train_ds):
+            raise LegalnbError(f"{path}: checkpoint of a run on {ck['data']['rows']:,} training rows, "
+                               f'--data {cfg.data} has {len(train_ds):,}; resume with the split it was trained on')
         start, elapsed0 = ck['step'], ck['elapsed']
         if start >= max_steps:
             raise LegalnbError(f'{path}: the run is already at step {start} of {max_steps}; '
@@ -629,7 +631,8 @@ def train(cfg: TrainConfig,             # the run
     fpt, peak = mc.matmul_flops_per_token(), peak_flops(d.device, precision)  # MFU: matmul FLOPs, as the peak counts
     state = lambda step: dict(model=model.state_dict(), optimizer=opt.state_dict(), scaler=scaler.state_dict(),
                               scheduler={'schedule': cfg.schedule, 'step': step}, rng=rng_state(),
-                              data={'step': step, 'seed': cfg.seed, 'global_batch': global_batch}, step=step,
+                              data=dict(step=step, seed=cfg.seed, global_batch=global_batch, rows=len(train_ds)),
+                              step=step,
                               elapsed=elapsed0 + time.perf_counter() - t_start, config=asdict(cfg),
                               model_config=mc.to_dict())
     with _removed_if_failed(out, d.main):

@@ -167,6 +167,9 @@ def test_resume_refuses_a_run_with_other_settings(split_dir, tmp_path, capsys):
     rc, out_text, _ = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 4, *TINY, '--save-every', '3',
                           '--log-every', '2', '--no-progress', '--resume')
     assert rc == 0 and 'done: 2 steps' in out_text, 'run length and cadence may change'
+    other = make_split(tmp_path/'other', rows=64)  # the same shape of rows, fewer of them: other data
+    rc, _, err = run(capsys, '--data', other, '--out', out, '--max-steps', 6, *TINY, '--resume')
+    assert rc == 2 and 'step-00000004: checkpoint of a run on 72 training rows, --data' in one_line(err) and 'has 48' in err
 
 class Payload:
     "Unpickling this creates a file: the code a hostile checkpoint would run."
