@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_hf.ipynb #ec90bc37
 from __future__ import annotations
-import argparse, json, math, os, random
+import argparse, importlib.util, json, math, os, random, tempfile
 from dataclasses import dataclass, asdict, replace
 from pathlib import Path
 from typing import Iterable, Literal, Sequence
@@ -85,12 +85,17 @@ def load_model(path: str | Path, dtype: str | torch.dtype = 'auto'):
         raise LegalnbError(f'{path}: not a model folder (no config.json); expected a folder written by save_pretrained')
     if 'model_type' not in read_json(path/'config.json', 'a model config written by save_pretrained'):
         raise LegalnbError(f'{path}/config.json: no "model_type"; expected a config written by save_pretrained')
+    from transformers.utils import logging as hf_logging
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()   # no "Loading weights" bar: stderr keeps to errors (one line each)
     try:
         what = 'tokenizer'; tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
         what = 'model'; model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
     except Exception as e:   # transformers, tokenizers and safetensors raise many types: all mean a damaged folder
         raise LegalnbError(f'{path}: the {what} could not be loaded ({_first_line(e)}); '
                            'expected a folder written by save_pretrained') from None
+    finally:
+        if bar: hf_logging.enable_progress_bar()
     if tok.pad_token is None: tok.pad_token = tok.eos_token
     return model, tok
 
@@ -506,6 +511,9 @@ def check_run_folder(model: str | Path,   # the model folder the run reads
     if Path(out).exists() and not Path(out).is_dir():
         raise LegalnbError(f'--out {out}: is a file; expected a run folder (new, or one an earlier finetune wrote)')
     refuse_foreign_files(out, _run_file, '--out')
+    parent = next(p for p in [Path(out).absolute(), *Path(out).absolute().parents] if p.exists())
+    try: os.rmdir(tempfile.mkdtemp(prefix='.legalnb-probe-', dir=parent))   # can folders be made there?
+    except OSError as e: raise LegalnbError(f'--out {out}: cannot be written ({e.strerror} in {parent})') from None
 
 def finetune(model: str | Path,                 # folder written by save_pretrained (weights, config, tokenizer)
              data: str | Path,                  # shard folder (continued pretraining) or JSONL file (SFT)
@@ -526,11 +534,12 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
     p = get_preset(task, preset) if isinstance(preset, str) else preset
     use_lora = task == 'lora' if lora is None else lora
     examples = read_examples(data) if task == 'lora' else None   # bad data fails before the model loads
+    shards = CausalLMShards(data) if task == 'cpt' else None
     net, tok = load_model(model)
     summary = dict(task='continued pretraining' if task == 'cpt' else 'sft', mode='lora' if use_lora else 'full',
                    preset=f'{p.task}/{p.name}')
     if task == 'cpt':
-        train, collate, how = CausalLMShards(data), default_data_collator, 'packed shards'
+        train, collate, how = shards, default_data_collator, 'packed shards'
         if (warning := check_corpus_fits(train, tok, net)): print(warning)
         summary.update(seq_len=train.seq_len)
     else:
@@ -623,8 +632,11 @@ def finetune_command(
         raise LegalnbError(f'--lora-dropout must be at least 0 and below 1, got {lora_dropout:g}')
     if not Path(data).exists():
         raise LegalnbError(f'--data {data}: no such file or folder; expected {_REQUIRED["--data"]}')
-    if deepspeed and not Path(deepspeed).is_file():
-        raise LegalnbError(f'--deepspeed {deepspeed}: no such file; expected a DeepSpeed JSON config')
+    if deepspeed:
+        read_json(deepspeed, 'a DeepSpeed JSON config (e.g. launch/ds_zero3.json)')
+        if importlib.util.find_spec('deepspeed') is None:
+            raise LegalnbError(f'--deepspeed {deepspeed}: the deepspeed package is not installed '
+                               '(pip install deepspeed)')
     p = _override_preset(get_preset('cpt' if Path(data).is_dir() else 'lora', preset), batch_size, grad_accum, lr,
                          max_steps, precision, warmup_steps)
     over = dict(save_steps=save_steps, dataloader_num_workers=workers, logging_steps=logging_steps, seed=seed,

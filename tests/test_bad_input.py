@@ -77,6 +77,9 @@ SOURCES_CASES = [
      write('bad.jsonl', '{"text": "ok", "lang": "en", "date": "9999-12-31"}\n'), "{w}/bad.jsonl, line 1: date '9999-12-31'"),
     ('parse: --out is its input', ['parse', '{w}/parsed.jsonl', '--out', '{w}/parsed.jsonl'], nothing,
      '--out {w}/parsed.jsonl is also an input'),
+    ('parse: --out is a Formex file it reads', ['parse', '{w}/pubs', '--out', '{w}/pubs/act.xml'],
+     write('pubs/act.xml', '<ACT><BIB.INSTANCE><LG.DOC>EN</LG.DOC></BIB.INSTANCE><FINAL><P>Done.</P></FINAL></ACT>'),
+     '--out {w}/pubs/act.xml is a Formex file of an input folder'),
     ('parse: missing input', ['parse', '{w}/nowhere', '--out', '{w}/new/p.jsonl'], nothing, '{w}/nowhere: no such file'),
     ('parse: not a document file', ['parse', '{w}/notes.txt', '--out', '{w}/new/p.jsonl'], write('notes.txt', 'hello'),
      '{w}/notes.txt: expected a folder, a .jsonl file or a Formex .xml file'),
@@ -262,6 +265,10 @@ TRAIN_CASES = [  # TRAIN_RUN: the flags of the base's run/ (set by the walrus in
     ('train resume a damaged config.json', ['train', *TRAIN_RUN, '--max-steps', '4', '--resume'],
      write('run/checkpoints/step-00000002/config.json', '{"step": 2,'),
      '{w}/run/checkpoints/step-00000002/config.json: not valid JSON'),
+    ('train out is the split', ['train', '--data', '{w}/split', '--out', '{w}/split'], nothing,
+     '--out {w}/split is also an input'),
+    ('train out is a file', ['train', '--data', '{w}/split', '--out', '{w}/selected.jsonl'], nothing,
+     '--out {w}/selected.jsonl is a file'),
 ]
 
 # hf, presets, calculator: finetune, estimate
@@ -312,6 +319,11 @@ CALCULATOR_CASES = [
                                 '--lora', '--full'], nothing, '--full: not allowed with argument --lora'),
     ('finetune no out', ['finetune', '--model', '{w}/model', '--data', '{w}/selected.jsonl'], nothing,
      '--out is required'),
+    ('finetune data folder not a corpus', ['finetune', '--model', '{w}/model', '--data', '{w}/sample', '--out',
+                                           '{w}/ft'], nothing, '{w}/sample: no .npy or .pt files'),
+    ('finetune deepspeed not json', ['finetune', '--model', '{w}/model', '--data', '{w}/selected.jsonl', '--out',
+                                     '{w}/ft', '--deepspeed', '{w}/selected.jsonl'], nothing,
+     '{w}/selected.jsonl: not valid JSON'),
 ]
 
 # cli: the command itself and quickstart

@@ -308,6 +308,10 @@ def folder(work, tmp_path):
     (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--preset', 'bogus'], "--preset: invalid choice: 'bogus'"),
     (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--batch-size', 'eight'], "--batch-size: expected a whole number"),
     (['--data', 'sft.jsonl', '--out', 'run'], '--model is required'),
+    (['--model', 'model', '--data', 'model', '--out', 'run'], 'model: no .npy or .pt files'),   # checked before loading
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--deepspeed', 'ds.json'], 'ds.json: not found'),
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--deepspeed', 'sft.jsonl'], 'sft.jsonl: not valid JSON'),
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', '/proc/legalnb-run'], '--out /proc/legalnb-run: cannot be written'),
 ])
 def test_finetune_bad_input_is_one_line_and_writes_nothing(folder, capsys, argv, expect):
     assert expect in _fails(argv, capsys, folder)
