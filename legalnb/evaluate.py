@@ -104,9 +104,9 @@ class EvalModel:
 
 # %% ../nbs/11_evaluate.ipynb #f1428122
 def load_native(path: str | Path) -> nn.Module:
-    "A native model saved by `legalnb train` (RUN/model)."
-    from legalnb.resonance import ResonanceLanguageModel
-    return ResonanceLanguageModel.load(path)
+    "A native model saved by `legalnb train` (RUN/model), of the architecture its config.json records."
+    from legalnb.models import load_model
+    return load_model(path)
 
 def _model_config(folder: Path) -> dict:
     "The config.json of a folder, {} when there is none."
@@ -122,7 +122,7 @@ def model_kind(path: str | Path) -> tuple[str, Path]:
         if (q/'model'/'model.safetensors').is_file(): return 'native', q/'model'
         cfg = _model_config(q)
         if 'model_type' in cfg: return 'hf', q
-        if 'num_frequencies' in cfg and (q/'model.safetensors').is_file(): return 'native', q
+        if cfg and (q/'model.safetensors').is_file(): return 'native', q   # a model.save() folder
     raise LegalnbError(f'{p}: not a model: expected RUN/model/ (legalnb train), config.json with a model_type '
                        '(save_pretrained) or adapter_config.json (legalnb finetune --lora)')
 
