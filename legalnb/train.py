@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from .core import (LegalnbError, atomic_write, read_json, format_duration, parse_number, PRECISIONS,
-                          resolve_precision, cuda_capability, command_parser)
+                          resolve_precision, cuda_capability, command_parser, refuse_overwriting_inputs)
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'DEVICES', 'RESUME_MAY_CHANGE', 'RUN_OUTPUTS', 'TrainConfig', 'from_preset', 'from_yaml', 'describe',
@@ -68,7 +68,7 @@ class TrainConfig:
     vocab_size: int | None = None       # override the manifest's vocabulary size (data without a manifest)
     device: Literal[DEVICES] = 'auto'   # auto: cuda when a GPU is visible
     cpu_threads: int | None = None      # torch's CPU threads (None: torch's default); 1 suits tiny models on a busy CPU
-    resume: str | None = None           # continue a run: 'latest' (the newest checkpoint in out) or a checkpoint folder
+    resume: str | None = None           # continue from 'latest' (the default of a bare --resume) or a checkpoint folder
     overwrite: bool = False             # start a new run in an out that holds one, deleting its checkpoints and metrics
     progress: bool = True               # progress bar (a plain line per log interval when not a TTY)
     tensorboard: bool = False           # write TensorBoard scalars to OUT/tb (needs tensorboard)
@@ -595,8 +595,10 @@ def train(cfg: TrainConfig,             # the run
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
     if cfg.cpu_threads: torch.set_num_threads(cfg.cpu_threads)
     seed_everything(cfg.seed)
-    # -- data
+    # -- data, and a run folder that is neither the data nor a file
     train_ds, val_ds = open_split(cfg.data, cfg.vocab_size)
+    refuse_overwriting_inputs([cfg.data], [out], '--out')
+    if out.exists() and not out.is_dir(): raise LegalnbError(f'--out {out} is a file; --out names a run folder')
     seq_len, vocab = train_ds.seq_len, train_ds.vocab_size
     global_batch = cfg.batch_size * cfg.grad_accum * d.world_size
     max_steps = math.ceil(cfg.epochs * len(train_ds) / global_batch) if cfg.epochs else cfg.max_steps
