@@ -436,6 +436,10 @@ def parse_documents(inputs: Iterable[str | Path], out: str | Path, progress: boo
     "Read `inputs`, drop duplicates, write `out` as JSON lines atomically; return the counters."
     inputs = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
     refuse_overwriting_inputs(inputs, [out])
+    target = Path(out).resolve()
+    if target.suffix == '.xml' and target.exists() and any(target.is_relative_to(Path(p).resolve()) for p in inputs):
+        raise LegalnbError(f'--out {out} is a Formex file of an input folder; writing it would destroy what is read: '
+                           'choose another --out')
     counts, seen = Counter(), set()
     def kept():
         docs = read_documents(inputs, skip=[out])

@@ -256,6 +256,15 @@ def test_parse_refuses_an_output_that_is_an_input(tmp_path):
     assert (tmp_path/'in.jsonl').read_text() == '{"text": "ok", "lang": "en"}\n' and len(list(tmp_path.iterdir())) == 1
 
 
+def test_parse_refuses_an_output_that_is_a_formex_file_it_reads(tmp_path):
+    write_sample(tmp_path/'corpus', docs=2, seed=0)
+    act = sorted((tmp_path/'corpus').rglob('*.xml'))[1]
+    before = tree_digest(tmp_path/'corpus')
+    r = legalnb('parse', tmp_path/'corpus', '--out', act)
+    assert r.returncode == 2 and f'--out {act} is a Formex file of an input folder' in r.stderr, r.stderr
+    assert tree_digest(tmp_path/'corpus') == before
+
+
 def test_deeply_nested_xml_is_one_line(tmp_path):
     "XML nested ~1000 levels deep once ended in a RecursionError traceback."
     act = tmp_path/'act.xml'
