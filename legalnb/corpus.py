@@ -481,6 +481,8 @@ def _command_line(args: dict, out: Path) -> str:
 def _start(work: Path, key: dict, tok: Tokenizer, command: str | None) -> tuple[list[dict], dict | None]:
     "Keep the verified shards of this same build, or clear the folder; record the build and save its tokenizer."
     done, resume = _resume_state(work, key)
+    for p in work.rglob('.*.tmp'):  # what a killed build was writing
+        if _TEMPORARY.fullmatch(p.relative_to(work).as_posix()): p.unlink()
     if not done and work.exists():
         refuse_foreign_files(work, _own_files(work))  # the hidden sibling of an earlier rebuild: only ours goes
         _clear(work)

@@ -357,3 +357,20 @@ def test_command_flags_are_declared_once(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert '--seq-len SEQ_LEN' in out and '(default: 3072)' in out and out.count('3072') == 1
     assert '--tokenizer TOKENIZER' in out and '--train-tokenizer TRAIN_TOKENIZER' in out and '--no-progress' in out
+
+
+def test_rebuild_killed_at_any_moment_is_the_old_or_the_new_corpus(tmp_path):
+    "Kill a rebuild over a finished corpus at arbitrary moments: the folder always holds one whole corpus, never a mix."
+    sel = synthetic(tmp_path/'s.jsonl', 3000, seed=1)
+    args = ['--seq-len', '7', '--shards', '8', '--train-tokenizer', '300', '--no-progress']
+    cmd = [sys.executable, '-m', 'legalnb.cli', 'build-corpus', str(sel), *args]
+    build_corpus(sel, tmp_path/'c', seq_len=15, shards=8, vocab_size=300, progress=False)
+    assert subprocess.run(cmd + ['--out', str(tmp_path/'new')], capture_output=True).returncode == 0
+    old, new = tree_bytes(tmp_path/'c'), tree_bytes(tmp_path/'new')
+    rng = random.Random(0)
+    for _ in range(3):
+        p = subprocess.Popen(cmd + ['--out', str(tmp_path/'c')], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.5, 4)); p.kill(); p.wait()
+        assert tree_bytes(tmp_path/'c') in (old, new)
+    assert subprocess.run(cmd + ['--out', str(tmp_path/'c')], capture_output=True).returncode == 0
+    assert tree_bytes(tmp_path/'c') == new and not (tmp_path/'.c.rebuild').exists(), 'no temporary file carried over'
