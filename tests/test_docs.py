@@ -78,5 +78,6 @@ def test_notebooks_name_their_kernel(nb):
 
 def test_exported_code_fits_in_120_columns():
     long = [f'{p.name}:{i}' for p in sorted((ROOT/'legalnb').glob('*.py')) if p.name != '_modidx.py'
-            for i, line in enumerate(p.read_text(encoding='utf-8').splitlines(), 1) if len(line) > 120]
+            for i, line in enumerate(p.read_text(encoding='utf-8').splitlines(), 1)
+            if len(line) > 120 and not line.startswith('__all__')]   # nbdev writes __all__ (wrapped at 120, then indented)
     assert not long, f'{len(long)} exported lines are over 120 characters: {long[:10]}'
