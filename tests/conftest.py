@@ -1,4 +1,4 @@
-"Shared helpers of the multi-process trainer tests (imported as `from conftest import ...`)."
+"Shared helpers of the trainer tests (imported as `from conftest import ...`): one split maker, one file-tree snapshot."
 import json, os
 from pathlib import Path
 
@@ -18,3 +18,7 @@ def make_split(root: Path, rows=96, seq_len=16, vocab=32, seed=0) -> Path:
     (corpus/'manifest.json').write_text(json.dumps({'vocab_size': vocab}))
     split(corpus, root/'split', val_ratio=0.25, seed=0, by='rows')
     return root/'split'
+
+def tree(folder: Path) -> dict:
+    "Every file under `folder` (relative path) with its bytes: equal trees mean nothing changed."
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob('*')) if p.is_file()}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ENV, make_split
+from conftest import ENV, make_split, tree
 from legalnb.train import find_checkpoint, list_checkpoints, load_checkpoint, checkpoint_step, read_metrics
 
 STEPS = 12
@@ -96,9 +96,6 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (16_000, 16_000))  # metrics and confi
 from legalnb.cli import main
 sys.exit(main(sys.argv[1:]))
 '''
-
-def tree(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob('*')) if p.is_file()}
 
 def test_a_full_disk_during_a_save_loses_no_checkpoint(reference, tmp_path):
     split_dir, want, _ = reference

@@ -1,13 +1,13 @@
 """The `legalnb train` command: bad inputs end in one clear line, a non-finite loss stops the run without touching
 the last good checkpoint, YAML and flags stack, and checkpoint rotation keeps the newest."""
-import hashlib, json, os, subprocess, sys
+import json, os, subprocess, sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, make_split
+from conftest import ROOT, make_split, tree
 from legalnb.cli import main
 from legalnb.core import LegalnbError
 from legalnb.train import (TrainConfig, lr_at, config_from_args, save_checkpoint, list_checkpoints, checkpoint_step,
@@ -73,18 +73,15 @@ def test_bad_input_from_a_real_process_has_no_traceback(tmp_path):
                        capture_output=True, text=True, env={**os.environ, 'PYTHONPATH': str(ROOT)})
     assert p.returncode == 2 and 'Traceback' not in p.stderr and 'nowhere: no such folder' in one_line(p.stderr)
 
-def digest(folder: Path) -> dict:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
-
 def test_nan_loss_stops_and_leaves_the_last_good_checkpoint(split_dir, tmp_path, capsys):
     # lr 1e3 with a 50-step warm-up: steps 1 and 2 are finite, step 3 is not (the same run, resumed, gets there)
     out, wild = tmp_path/'run', ('--lr', '1e3', '--warmup-steps', '50', '--grad-clip', '0', '--save-every', '2')
     assert run(capsys, '--data', split_dir, '--out', out, '--max-steps', 2, *TINY, *wild)[0] == 0
-    good = find_checkpoint(out); before = digest(good)
+    good = find_checkpoint(out); before = tree(good)
     rc, _, err = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 40, *TINY, *wild, '--resume')
     msg = one_line(err)
     assert rc == 2 and 'training stopped' in msg and 'step-00000002 is untouched' in msg, msg
-    assert find_checkpoint(out) == good and digest(good) == before
+    assert find_checkpoint(out) == good and tree(good) == before
     assert all(np.isfinite(r['loss']) for r in read_metrics(out/'metrics.jsonl'))
 
 def test_yaml_then_flags(tmp_path, split_dir, capsys):
@@ -144,14 +141,11 @@ def finished_run(capsys, split_dir, out, *extra):
     assert run(capsys, '--data', split_dir, '--out', out, '--max-steps', 2, '--save-every', 1, *TINY, *extra)[0] == 0
     return out
 
-def snapshot(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob('*')) if p.is_file()}
-
 def test_a_new_run_into_a_finished_run_is_refused(split_dir, tmp_path, capsys):
-    out = finished_run(capsys, split_dir, tmp_path/'run'); before = snapshot(out)
+    out = finished_run(capsys, split_dir, tmp_path/'run'); before = tree(out)
     rc, _, err = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 3, *TINY)
     assert rc == 2 and 'holds an earlier run (checkpoints/step-00000002)' in one_line(err) and '--overwrite' in err
-    assert snapshot(out) == before, 'nothing deleted, nothing trimmed'
+    assert tree(out) == before, 'nothing deleted, nothing trimmed'
     rc, out_text, _ = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 3, *TINY, '--overwrite')
     assert rc == 0 and [checkpoint_step(p) for p in list_checkpoints(out)] == [3], 'the old checkpoints went, as asked'
     assert [r['step'] for r in read_metrics(out/'metrics.jsonl')] == [1, 2, 3]
@@ -159,11 +153,11 @@ def test_a_new_run_into_a_finished_run_is_refused(split_dir, tmp_path, capsys):
     assert rc == 2 and 'pass one of them' in one_line(err)
 
 def test_resume_refuses_a_run_with_other_settings(split_dir, tmp_path, capsys):
-    out = finished_run(capsys, split_dir, tmp_path/'run'); before = snapshot(out)
+    out = finished_run(capsys, split_dir, tmp_path/'run'); before = tree(out)
     rc, _, err = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 4, *TINY, '--lr', '1e-3', '--seed', '2', '--resume')
     msg = one_line(err)
     assert rc == 2 and 'step-00000002: checkpoint of a run with other settings (lr 0.003 != 0.001, seed 1337 != 2)' in msg
-    assert snapshot(out) == before
+    assert tree(out) == before
     rc, out_text, _ = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 4, *TINY, '--save-every', '3',
                           '--log-every', '2', '--no-progress', '--resume')
     assert rc == 0 and 'done: 2 steps' in out_text, 'run length and cadence may change'
@@ -181,13 +175,13 @@ def test_a_pickled_payload_in_trainer_pt_never_runs(split_dir, tmp_path, capsys)
     newest = out/'checkpoints'/'step-00000002'
     state = torch.load(newest/'trainer.pt', weights_only=True)
     torch.save({**state, 'rng': Payload(tmp_path/'pwned')}, newest/'trainer.pt')
-    before = snapshot(out)
+    before = tree(out)
     rc, _, err = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 4, *TINY, '--resume')
     msg = one_line(err)
     assert rc == 2 and 'step-00000002/trainer.pt: holds Python objects besides tensors' in msg
     assert not (tmp_path/'pwned').exists(), 'the payload ran'
     assert '--resume ' + str(out/'checkpoints'/'step-00000001') in msg, 'the newest checkpoint that loads is offered'
-    assert snapshot(out) == before
+    assert tree(out) == before
     rc, _, _ = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 4, *TINY, '--save-every', 1,
                    '--resume', out/'checkpoints'/'step-00000001')
     assert rc == 0 and not (tmp_path/'pwned').exists()
