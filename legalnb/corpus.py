@@ -441,11 +441,16 @@ def _up_to_date(out: Path, key: dict) -> dict | None:
     return m if all(_verified(out, r) for r in m['shards']) else None
 
 # %% ../nbs/02_corpus.ipynb #21d2a7b7
+def _beside(out: Path, what: str) -> Path:
+    "The hidden sibling `.NAME.what` of folder `out`: 'rebuild' (a rebuild under way) or 'trash' (an old corpus going)."
+    out = Path(os.path.abspath(out))
+    return out.with_name(f'.{out.name}.{what}')
+
 def _work_folder(out: Path, key: dict) -> Path:
     "`out` when it is new, empty or this build's own unfinished run; else the hidden sibling that will replace it."
     if not out.exists() or not any(out.iterdir()): return out
     if not (out/'manifest.json').exists() and _read_key(out/'manifest.partial.json') == key: return out
-    return Path(os.path.abspath(out)).with_name(f'.{Path(os.path.abspath(out)).name}.rebuild')
+    return _beside(out, 'rebuild')
 
 def _in_words(e: Exception) -> str:
     "The message of a LegalnbError, or an OSError as 'path: reason'."
@@ -503,14 +508,21 @@ def _exchange(a: Path, b: Path) -> bool:
     return libc.renameat2(-100, os.fsencode(a), -100, os.fsencode(b), 2) == 0  # -100: AT_FDCWD, 2: RENAME_EXCHANGE
 
 def _swap(new: Path, out: Path):
-    "Put the finished rebuild `new` in the place of `out`, then delete the old corpus."
+    "Put the finished rebuild `new` in the place of `out`, then delete the old corpus (through the trash sibling)."
     if (found := foreign_files(out, _own_files(out))):  # the user added files during the rebuild: keep both
         raise LegalnbError(f'{out} now holds files legalnb did not write ({found[0]}); the new corpus is finished '
                            f'in {new}: move it yourself')
-    if not _exchange(new, out):
-        old = new.with_name(new.name + '.old')
-        os.rename(out, old); os.rename(new, out); new = old
-    shutil.rmtree(new)
+    trash = _beside(out, 'trash')
+    if _exchange(new, out): os.rename(new, trash)  # `new` holds the old corpus now
+    else: os.rename(out, trash); os.rename(new, out)
+    shutil.rmtree(trash)
+
+def _recover(out: Path):
+    "Finish a swap that was killed: the old corpus back if `out` is missing, and an old corpus half deleted gone."
+    trash = _beside(out, 'trash')
+    if not trash.exists(): return
+    if not out.exists(): os.rename(trash, out)
+    else: shutil.rmtree(trash)
 
 # %% ../nbs/02_corpus.ipynb #0cdadf10
 def build_corpus(selected: str | Path,         # selected.jsonl from `legalnb select`
@@ -529,6 +541,7 @@ def build_corpus(selected: str | Path,         # selected.jsonl from `legalnb se
                 ) -> dict:
     "Tokenize, pack and shard a selection into `out`; return the manifest."
     selected, out = Path(selected), Path(out)
+    _recover(out)
     _check_args(selected, out, seq_len, shards, tokenizer, vocab_size)
     path_like = tokenizer is None or isinstance(tokenizer, (str, Path))
     args = dict(selected=str(selected), seq_len=seq_len, shards=shards, train_tokenizer=vocab_size, eos=eos,

@@ -374,3 +374,14 @@ def test_rebuild_killed_at_any_moment_is_the_old_or_the_new_corpus(tmp_path):
         assert tree_bytes(tmp_path/'c') in (old, new)
     assert subprocess.run(cmd + ['--out', str(tmp_path/'c')], capture_output=True).returncode == 0
     assert tree_bytes(tmp_path/'c') == new and not (tmp_path/'.c.rebuild').exists(), 'no temporary file carried over'
+
+
+def test_a_swap_killed_half_way_is_finished_by_the_next_run(tmp_path, good):
+    sel, c = good
+    before, seen = tree_bytes(c), []
+    c.rename(tmp_path/'.C.trash')  # killed after the old corpus was moved out, before the new one was moved in
+    m = build_corpus(sel, c, seq_len=15, shards=3, vocab_size=300, progress=False, on_shard=seen.append)
+    assert seen == [] and tree_bytes(c) == before and not (tmp_path/'.C.trash').exists(), 'the old corpus is back'
+    (tmp_path/'.C.trash').mkdir(); (tmp_path/'.C.trash'/'shard_00002.npy').write_bytes(b'half deleted')
+    assert build_corpus(sel, c, seq_len=15, shards=3, vocab_size=300, progress=False) == m
+    assert not (tmp_path/'.C.trash').exists() and tree_bytes(c) == before
