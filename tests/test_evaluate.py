@@ -36,8 +36,8 @@ def corpus(tmp_path_factory):
     parse_documents([d/'sample'], d/'parsed.jsonl', progress=False)
     recs = [json.loads(l) for l in (d/'parsed.jsonl').read_text(encoding='utf-8').splitlines()]
     held = set(random.Random(0).sample(sorted({r['celex'] for r in recs}), 5))
-    (d/'heldout.jsonl').write_text(''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in recs if r['celex'] in held),
-                                   encoding='utf-8')
+    lines = [json.dumps(r, ensure_ascii=False) + '\n' for r in recs if r['celex'] in held]
+    (d/'heldout.jsonl').write_text(''.join(lines), encoding='utf-8')
     small = sorted((r for r in recs if r['celex'] in held), key=lambda r: len(r['text']))[:3]   # short documents
     (d/'small.jsonl').write_text(''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in small), encoding='utf-8')
     return dict(dir=d, train=[r['text'] for r in recs if r['celex'] not in held], held=held)
@@ -101,13 +101,13 @@ def test_bits_per_byte_by_hand(tiny):
     seq = torch.tensor([[0] + tiny.encode(text) + [0]])  # prefix (EOS), text, EOS
     with torch.no_grad(): lp = tiny.module(seq[:, :-1]).log_softmax(-1)[0]
     nll = -lp.gather(1, seq[0, 1:, None]).sum().item()
-    r = evaluate(tiny, [dict(celex='x', lang='de', doc_type='other', band='unknown', text=text)], citations=0, samples=0)
+    doc = dict(celex='x', lang='de', doc_type='other', band='unknown', text=text)
+    r = evaluate(tiny, [doc], citations=0, samples=0)
     assert r['overall']['bytes'] == nbytes and r['overall']['tokens'] == seq.shape[1] - 1
     assert r['overall']['bits_per_byte'] == pytest.approx(nll / math.log(2) / nbytes, rel=1e-5)
     assert r['overall']['loss'] == pytest.approx(nll / (seq.shape[1] - 1), rel=1e-5)
     assert r['overall']['perplexity'] == pytest.approx(math.exp(nll / (seq.shape[1] - 1)), rel=1e-5)
-    no_eos = evaluate(tiny, [dict(celex='x', lang='de', doc_type='other', band='unknown', text=text)], eos=False,
-                      citations=0, samples=0)['overall']
+    no_eos = evaluate(tiny, [doc], eos=False, citations=0, samples=0)['overall']
     assert no_eos['tokens'] == seq.shape[1] - 2
     assert no_eos['bits_per_byte'] * nbytes * math.log(2) == pytest.approx(nll + lp[-1, 0].item(), rel=1e-5)
 
@@ -215,7 +215,7 @@ def test_evaluate_a_native_run(quickstart_run, corpus, tmp_path):
     assert '![loss by position](loss_by_position.png)' in (out/'eval.md').read_text(encoding='utf-8')
     again = json.loads(run_cli(evaluate_main, [quickstart_run/'run'/'model', '--data', corpus['dir']/'heldout.jsonl',
                                                '--out', tmp_path/'again', '--json', *FAST]))
-    assert again['overall'] == r['overall'] and again['citations'] == r['citations'] and again['samples'] == r['samples']
+    assert (again['overall'], again['citations'], again['samples']) == (r['overall'], r['citations'], r['samples'])
 
 
 def test_generate_a_native_run(quickstart_run):
@@ -318,7 +318,7 @@ def bad_cases(run, data, tmp):
         (evaluate_main, [run, '--data', data, '--out', tmp/'foreign'], 'holds files legalnb did not write'),
         (evaluate_main, [run, '--data', data, '--out', data], 'is also an input'),
         (evaluate_main, [run, '--data', data, '--batch-tokens', 0], '--batch-tokens must be at least 1'),
-        (evaluate_main, [run, '--data', data, '--citations', 'many'], "--citations: expected a whole number, got 'many'"),
+        (evaluate_main, [run, '--data', data, '--citations', 'many'], "--citations: expected a whole number"),
         (evaluate_main, [run, '--data', data, '--device', 'tpu'], 'invalid choice'),
         (generate_main, [run], '--prompt is required'),
         (generate_main, [tmp/'nowhere', '--prompt', 'x'], 'no such folder'),
