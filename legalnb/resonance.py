@@ -364,6 +364,9 @@ def load(cls: ResonanceLanguageModel, directory: str | Path,
         if not (directory/f).exists():
             raise LegalnbError(f'{directory/f}: missing; expected a folder written by model.save()')
     config = read_json(directory/'config.json', 'a model config (written by model.save())')
+    if (arch := config.pop('architecture', 'resonance')) != 'resonance':  # the trainer's model/ records it
+        raise LegalnbError(f'{directory/"config.json"}: architecture {arch!r}, not resonance; '
+                           'load it with legalnb.models.load_model')
     try: config = ResonanceConfig.from_dict(config)
     except TypeError as e: raise LegalnbError(f'{directory/"config.json"}: not a model config ({e})') from None
     model = cls(config)

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import argparse, dataclasses, json, math, os, pickle, random, re, shutil, sys, time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, asdict, fields
+from dataclasses import dataclass, asdict, fields, InitVar
 from pathlib import Path
 from typing import Iterable, Literal
 
@@ -17,28 +17,32 @@ from .core import (LegalnbError, atomic_write, read_json, format_duration, parse
                           resolve_precision, cuda_capability, command_parser, refuse_overwriting_inputs)
 
 # %% auto #0
-__all__ = ['SCHEDULES', 'DEVICES', 'RESUME_MAY_CHANGE', 'RUN_OUTPUTS', 'TrainConfig', 'from_preset', 'from_yaml', 'describe',
-           'lr_at', 'format_log_line', 'notify', 'MetricsFile', 'metric_lines', 'read_metrics', 'ProgressBar',
-           'TensorBoardLog', 'WandbLog', 'autocast_for', 'Dist', 'setup_distributed', 'all_mean', 'rng_state',
-           'set_rng_state', 'seed_everything', 'checkpoint_step', 'list_checkpoints', 'save_checkpoint',
+__all__ = ['SCHEDULES', 'DEVICES', 'STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHANGE', 'RUN_OUTPUTS', 'TrainConfig', 'from_preset',
+           'from_yaml', 'describe', 'lr_at', 'format_log_line', 'notify', 'MetricsFile', 'metric_lines', 'read_metrics',
+           'ProgressBar', 'TensorBoardLog', 'WandbLog', 'autocast_for', 'Dist', 'setup_distributed', 'all_mean',
+           'rng_state', 'set_rng_state', 'seed_everything', 'checkpoint_step', 'list_checkpoints', 'save_checkpoint',
            'find_checkpoint', 'load_checkpoint', 'load_for_resume', 'open_split', 'train_loader', 'val_loader',
-           'model_config', 'make_optimizer', 'check_resume', 'check_same_run', 'evaluate', 'peak_flops',
-           'check_new_run', 'train', 'train_parser', 'config_from_args', 'train_main']
+           'model_config', 'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run', 'evaluate',
+           'peak_flops', 'check_new_run', 'train', 'train_parser', 'config_from_args', 'train_main']
 
 # %% ../nbs/05_train.ipynb #a6da8542
 SCHEDULES = ('cosine', 'restarts', 'constant')
 DEVICES = ('auto', 'cuda', 'cpu')
+STRATEGIES = ('ddp', 'fsdp')
+SHAPE_FLAGS = ('dim', 'num_layers', 'num_frequencies')  # shortcuts of model_overrides, kept as flags
 
 @dataclass
 class TrainConfig:
     "Everything one training run needs; saved beside every checkpoint."
     data: str = ''                      # split folder from `legalnb split` (holds train/, val/, manifest.json)
     out: str = 'run'                    # run folder: checkpoints/, metrics.jsonl, model/, summary.json
-    size: str = 'small'                 # model size, a key of resonance.MODEL_SIZES
+    model: str = 'resonance'            # architecture, a name in legalnb.models.MODELS (resonance, gpt, ...)
+    size: str = 'small'                 # named size of that architecture (small, medium, large, xlarge)
     preset: str | None = None           # preset the values came from (recorded, applied by from_preset)
-    dim: int | None = None              # override the size's model width (tiny test models)
-    num_layers: int | None = None       # override the size's number of blocks
-    num_frequencies: int | None = None  # override the size's number of resonance frequencies
+    model_overrides: dict = dataclasses.field(default_factory=dict)  # model config fields to change: {'dim': 32}
+    dim: InitVar[int | None] = None              # shortcut: model_overrides['dim'], the model width
+    num_layers: InitVar[int | None] = None       # shortcut: model_overrides['num_layers'], the number of blocks
+    num_frequencies: InitVar[int | None] = None  # shortcut: model_overrides['num_frequencies'] (resonance)
     lr: float = 3e-4                    # peak learning rate, reached at the end of warm-up
     min_lr_ratio: float = 0.1           # cosine floor as a fraction of lr (nanoGPT / Chinchilla use 0.1)
     warmup_steps: int = 100             # linear warm-up from 0 to lr, in optimizer steps
@@ -55,6 +59,7 @@ class TrainConfig:
     precision: Literal[PRECISIONS] = 'auto'  # auto: bf16 on cc >= 8.0, fp16 + GradScaler below, fp32 on CPU
     tf32: bool = True                   # TF32 matmuls and convolutions on Ampere and newer
     compile: bool = False               # torch.compile the model (minutes of warm-up, faster steps)
+    strategy: Literal[STRATEGIES] = 'ddp'  # several ranks: ddp (full replicas) or fsdp (sharded: large sizes)
     activation_checkpointing: bool = False  # recompute block activations in backward to save memory
     save_every: int = 2000              # checkpoint every N optimizer steps (and at the end)
     keep: int = 3                       # newest checkpoints kept; older ones are deleted
@@ -74,8 +79,10 @@ class TrainConfig:
     tensorboard: bool = False           # write TensorBoard scalars to OUT/tb (needs tensorboard)
     wandb: bool = False                 # log to Weights & Biases (needs wandb and its login)
 
-    def __post_init__(self):
+    def __post_init__(self, dim, num_layers, num_frequencies):
         for f in fields(self): setattr(self, f.name, _typed(f, getattr(self, f.name)))
+        shortcuts = dict(dim=dim, num_layers=num_layers, num_frequencies=num_frequencies)
+        self.model_overrides = _model_overrides(self.model, self.size, self.model_overrides, shortcuts)
         positive = ('lr', 'batch_size', 'grad_accum', 'max_steps', 'save_every', 'keep', 'log_every',
                     'eval_batches', 'restart_steps', 'prefetch_factor')
         for name in positive:
@@ -87,7 +94,8 @@ class TrainConfig:
         if not 0 <= self.min_lr_ratio <= 1: _invalid('min_lr_ratio', f' must be in [0, 1], got {self.min_lr_ratio}')
         for name in ('beta1', 'beta2'):
             if not 0 <= getattr(self, name) < 1: _invalid(name, f' must be in [0, 1), got {getattr(self, name)}')
-        for name, allowed in (('precision', PRECISIONS), ('schedule', SCHEDULES), ('device', DEVICES)):
+        for name, allowed in (('precision', PRECISIONS), ('schedule', SCHEDULES), ('device', DEVICES),
+                              ('strategy', STRATEGIES)):
             if getattr(self, name) not in allowed:
                 _invalid(name, f' must be one of {", ".join(allowed)}, got {getattr(self, name)!r}')
         if self.epochs is not None and self.epochs <= 0: _invalid('epochs', f' must be > 0, got {self.epochs}')
@@ -100,25 +108,52 @@ def _invalid(name: str, what: str):
     e = LegalnbError(f'TrainConfig.{name}{what}'); e.field, e.what = name, what
     raise e
 
-def _typed(f: dataclasses.Field, v):
+def _typed(f: dataclasses.Field, v, name: str | None = None, text: bool = True):
     "The value `v` of field `f` as the field's type: numbers from text ('1e-3', '2,000'), whole numbers for ints."
+    name = name or f.name                      # the field to name in an error
     t = f.type if isinstance(f.type, str) else getattr(f.type, '__name__', str(f.type))  # 'int | None', 'float', ...
-    kind = t.split(' ')[0]
+    kind = t.removeprefix('InitVar[').split(' ')[0].rstrip(']')
     if v is None and 'None' in t: return v
     if kind == 'bool':
-        if not isinstance(v, bool): _invalid(f.name, f': expected true or false, got {v!r}')
+        if not isinstance(v, bool): _invalid(name, f': expected true or false, got {v!r}')
         return v
+    if kind == 'dict':
+        if not isinstance(v, dict): _invalid(name, f': expected a mapping of field: value, got {v!r}')
+        return dict(v)
     if kind not in ('int', 'float'):
-        if not isinstance(v, str): _invalid(f.name, f': expected text, got {v!r}')
+        if text and not isinstance(v, str): _invalid(name, f': expected text, got {v!r}')
         return v
     if isinstance(v, str):
         try: v = parse_number(v)
-        except LegalnbError: _invalid(f.name, f': expected a number, got {v!r}')
+        except LegalnbError: _invalid(name, f': expected a number, got {v!r}')
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        _invalid(f.name, f': expected a finite number, got {v!r}')
+        _invalid(name, f': expected a finite number, got {v!r}')
     if kind == 'float': return float(v)
-    if v != int(v): _invalid(f.name, f': expected a whole number, got {v!r}')
+    if v != int(v): _invalid(name, f': expected a whole number, got {v!r}')
     return int(v)
+
+_SET_ELSEWHERE = {'vocab_size': 'vocab_size', 'checkpointing': 'activation_checkpointing'}  # TrainConfig fields
+
+def _model_overrides(model: str, size: str, overrides: dict, shortcuts: dict) -> dict:
+    "`overrides` and the shortcuts given (dim=...), checked against the fields of `model`'s config and typed."
+    from legalnb.models import MODELS
+    if model not in MODELS: _invalid('model', f' must be one of {", ".join(MODELS)}, got {model!r}')
+    spec = MODELS[model]
+    if size not in spec.sizes:
+        _invalid('size', f' must be one of {", ".join(spec.sizes)} (the sizes of model {model!r}), got {size!r}')
+    known = {f.name: f for f in fields(spec.config_class)}
+    given = {**{k: (k, v) for k, v in overrides.items()}, **{k: (k, v) for k, v in shortcuts.items() if v is not None}}
+    typed = {}
+    for key, (k, v) in given.items():
+        field_name = k if k in shortcuts and shortcuts[k] is not None else 'model_overrides'
+        where = '' if field_name == k else f': {k}'
+        if k in _SET_ELSEWHERE: _invalid(field_name, f'{where}: set by TrainConfig.{_SET_ELSEWHERE[k]}, not here')
+        if k not in known:
+            _invalid(field_name, f'{where}: model {model!r} has no field {k} (its fields: {", ".join(known)})')
+        try: typed[k] = _typed(known[k], v, text=False)
+        except LegalnbError as e: _invalid(field_name, f'{where}{e.what}')
+    return typed
+
 
 # %% ../nbs/05_train.ipynb #8b973955
 def _preset_fields(name: str, size: str) -> dict:
@@ -150,7 +185,7 @@ def from_yaml(cls, path: str | Path, **overrides) -> TrainConfig:
         raise LegalnbError(f'{path}: not valid YAML ({where}{getattr(e, "problem", None) or e})') from None
     if not isinstance(raw, dict):
         raise LegalnbError(f'{path}: expected a mapping of TrainConfig fields, got {type(raw).__name__}')
-    unknown = sorted(map(str, set(raw) - {f.name for f in fields(cls)}))
+    unknown = sorted(map(str, set(raw) - {f.name for f in fields(cls)} - set(SHAPE_FLAGS)))
     if unknown:
         raise LegalnbError(f'{path}: unknown TrainConfig field(s) {", ".join(unknown)}; see legalnb train --help')
     given = {**raw, **overrides}
@@ -172,19 +207,21 @@ def describe(self: TrainConfig, world_size: int = 1, seq_len: int | None = None)
     sched = {'cosine': f'cosine to {floor}', 'constant': 'constant',
              'restarts': f'cosine with warm restarts every {self.restart_steps} steps (floor {floor})'}[self.schedule]
     steps = f'{self.epochs:g} epoch(s)' if self.epochs else f'{self.max_steps:,} steps'
-    over = [f'{k.replace("_", " ")} {getattr(self, k)}' for k in ('dim', 'num_layers', 'num_frequencies')
-            if getattr(self, k) is not None]
+    over = [f'{k.replace("_", " ")} {v}' for k, v in self.model_overrides.items()]
     shape = f' ({", ".join(over)})' if over else ''
+    from legalnb.models import get_model
     on = lambda flag: 'on' if flag else 'off'
     return '\n'.join([
-        f"train a '{self.size}' ResonanceLanguageModel{shape} on {self.data or '?'} -> {self.out}"
+        f"train a '{self.size}' {self.model} model{shape} on {self.data or '?'} -> {self.out}"
         + (f" (preset '{self.preset}')" if self.preset else ''),
+        f'  {get_model(self.model).description}',
         f'  {steps} of {self.batch_size} seq x {self.grad_accum} accumulation x {world_size} rank(s) = {gb} sequences'
         f'{tok} per step',
         f'  AdamW lr {self.lr:.1e} (betas {self.beta1}, {self.beta2}, weight decay {self.weight_decay}), '
         f'warm-up {self.warmup_steps} steps, then {sched}',
         f'  clip {self.grad_clip}, precision {self.precision}, tf32 {on(self.tf32)}, compile {on(self.compile)}, '
-        f'activation checkpointing {on(self.activation_checkpointing)}',
+        f'activation checkpointing {on(self.activation_checkpointing)}'
+        + (f', {self.strategy.upper()} over the ranks' if world_size > 1 else ''),
         f'  eval every {self.eval_every or "-"} steps on {self.eval_batches} val batches; '
         f'checkpoint every {self.save_every} steps keeping {self.keep}; seed {self.seed}',
         f'  data loader: {self.num_workers} workers, prefetch {self.prefetch_factor}, '
@@ -485,28 +522,34 @@ def val_loader(ds, cfg: TrainConfig, d: Dist):
 
 # %% ../nbs/05_train.ipynb #0e100099
 def model_config(cfg: TrainConfig, vocab_size: int, seq_len: int):
-    "The ResonanceConfig a run builds: the size, its overrides, the data's sequence length."
-    from legalnb.resonance import config_for
-    over = {k: getattr(cfg, k) for k in ('dim', 'num_layers', 'num_frequencies') if getattr(cfg, k) is not None}
-    return config_for(cfg.size, vocab_size, max_seq_len=seq_len, checkpointing=cfg.activation_checkpointing, **over)
+    "The model config a run builds: the architecture's named size, its overrides, the data's sequence length."
+    from legalnb.models import get_model
+    extra = {'checkpointing': True} if cfg.activation_checkpointing else {}
+    return get_model(cfg.model).config(cfg.size, vocab_size, seq_len, **cfg.model_overrides, **extra)
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    "AdamW with weight decay on matrices only, fused (one kernel for all parameters)."
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and '.filter.' not in n]
-    ids = {id(p) for p in decay}
-    rest = [p for p in model.parameters() if id(p) not in ids]
-    groups = [{'params': decay, 'weight_decay': cfg.weight_decay}, {'params': rest, 'weight_decay': 0.0}]
+    "AdamW with weight decay where the architecture's spec says (matrices, not norms or filters), fused."
+    from legalnb.models import get_model
+    groups = get_model(cfg.model).param_groups(model, cfg.weight_decay)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type in ('cuda', 'cpu'))
+
 
 # %% ../nbs/05_train.ipynb #46ca6c5c
 def check_resume(saved: dict,  # the model config stored in the checkpoint
-                 current,      # the ResonanceConfig this run builds
+                 current,      # the model config this run builds (ResonanceConfig, GPTConfig, ...)
                  path: Path):
     "Raise if a checkpoint's model config differs from this run's in shape."
     now = current.to_dict()
     diff = [f'{k} {saved.get(k)!r} != {now[k]!r}' for k in now if k != 'checkpointing' and saved.get(k) != now[k]]
-    if diff: raise LegalnbError(f'{path}: checkpoint is from another model ({", ".join(diff)}); pass the '
-                                '--size/--dim/--num-layers/--num-frequencies it was trained with, or a new --out')
+    if diff: raise LegalnbError(f'{path}: checkpoint is from another model ({", ".join(diff)}); pass the --model, '
+                                '--size and overrides (--dim, --num-layers, ...) it was trained with, or a new --out')
+
+def upgraded_config(saved: dict) -> dict:
+    "A TrainConfig dict from a checkpoint, in today's fields: no `model` is resonance, old shape keys are overrides."
+    saved = dict(saved)
+    over = {k: saved.pop(k) for k in SHAPE_FLAGS if k in saved}
+    over = {k: v for k, v in over.items() if v is not None}
+    return {'model': 'resonance', **saved, 'model_overrides': {**saved.get('model_overrides', {}), **over}}
 
 RESUME_MAY_CHANGE = ('max_steps', 'epochs', 'save_every', 'keep', 'eval_every', 'eval_batches', 'log_every', 'progress',
                      'tensorboard', 'wandb', 'resume', 'overwrite', 'out', 'data', 'device', 'cpu_threads',
@@ -516,7 +559,7 @@ def check_same_run(saved: dict,        # the TrainConfig stored in the checkpoin
                    cfg: TrainConfig,   # the config of this run
                    path: Path):
     "Raise if the checkpoint's run differs from `cfg` in anything but run length, cadence and hardware."
-    now, default = asdict(cfg), asdict(TrainConfig())
+    now, default, saved = asdict(cfg), asdict(TrainConfig()), upgraded_config(saved)
     diff = [f'{k} {saved.get(k, default[k])!r} != {now[k]!r}' for k in now
             if k not in RESUME_MAY_CHANGE and saved.get(k, default[k]) != now[k]]
     if diff: raise LegalnbError(f'{path}: checkpoint of a run with other settings ({", ".join(diff)}); resume with '
@@ -586,9 +629,9 @@ def _removed_if_failed(out: Path, main: bool):
 # %% ../nbs/05_train.ipynb #b2d6f4d6
 def train(cfg: TrainConfig,             # the run
           callbacks: Iterable = ()) -> dict:  # extra callbacks (rank 0 only), e.g. the live plot
-    "Train a ResonanceLanguageModel as `cfg` says; return the run's summary."
+    "Train the architecture `cfg.model` names as `cfg` says; return the run's summary."
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from legalnb.resonance import ResonanceLanguageModel
+    from legalnb.models import get_model
     t_start, out = time.perf_counter(), Path(cfg.out)
     # -- set-up: ranks, speed switches, one seed for everything
     d = setup_distributed(cfg.device)
@@ -604,7 +647,8 @@ def train(cfg: TrainConfig,             # the run
     max_steps = math.ceil(cfg.epochs * len(train_ds) / global_batch) if cfg.epochs else cfg.max_steps
     # -- model, precision (float32 on the CPU), optimizer
     mc = model_config(cfg, vocab, seq_len)
-    model = ResonanceLanguageModel(mc).to(d.device)
+    spec = get_model(cfg.model)
+    model = spec.build(mc).to(d.device)
     precision = resolve_precision(cfg.precision, cuda_capability(d.device)) if d.device.type == 'cuda' else 'fp32'
     opt = make_optimizer(model, cfg, d.device)
     scaler = torch.amp.GradScaler('cuda', enabled=precision == 'fp16')
@@ -630,7 +674,7 @@ def train(cfg: TrainConfig,             # the run
     net = DDP(model, device_ids=[d.device.index] if d.device.type == 'cuda' else None) if d.world_size > 1 else model
     fwd = torch.compile(net) if cfg.compile else net
     tokens_per_step, window_tokens = global_batch * seq_len, cfg.batch_size * cfg.grad_accum * seq_len
-    fpt, peak = mc.matmul_flops_per_token(), peak_flops(d.device, precision)  # MFU: matmul FLOPs, as the peak counts
+    fpt, peak = spec.matmul_flops_per_token(mc), peak_flops(d.device, precision)  # MFU: matmul FLOPs, as the peak counts
     state = lambda step: dict(model=model.state_dict(), optimizer=opt.state_dict(), scaler=scaler.state_dict(),
                               scheduler={'schedule': cfg.schedule, 'step': step}, rng=rng_state(),
                               data=dict(step=step, seed=cfg.seed, global_batch=global_batch, rows=len(train_ds)),
@@ -707,23 +751,46 @@ def train(cfg: TrainConfig,             # the run
     return summary
 
 # %% ../nbs/05_train.ipynb #d1d72a37
+def _override(text: str) -> tuple[str, object]:
+    "FIELD=VALUE from the command line: the value as JSON when it parses (2, 2.5, true, null), else as text."
+    name, eq, value = text.partition('=')
+    if not eq or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f'expected FIELD=VALUE such as num_heads=4, got {text!r}')
+    try: return name, json.loads(value)
+    except ValueError: return name, value
+
+def _flag_int(name: str):
+    "A converter for a shape flag: a whole number from text such as 512, 1,024 or 2e3."
+    def convert(text: str) -> int:
+        try: return _typed(TrainConfig.__dataclass_fields__[name], text)
+        except LegalnbError as e: raise argparse.ArgumentTypeError(e.what.lstrip(': ')) from None
+    convert.__name__ = name
+    return convert
+
 def train_parser() -> argparse.ArgumentParser:
     "The `legalnb train` parser: a flag per TrainConfig field, `--resume [PATH]`, `--config`; flags not given stay out."
     from fastcore.docments import docments
-    p = command_parser(TrainConfig, 'legalnb train', suppress=True, skip=('resume',))
-    p.description = 'Train a ResonanceLanguageModel on a split folder.'
+    p = command_parser(TrainConfig, 'legalnb train', suppress=True, skip=('resume', 'model_overrides', *SHAPE_FLAGS))
+    p.description = 'Train a model of the registry (legalnb.models) on a split folder.'
+    doc = docments(TrainConfig)
+    for name in SHAPE_FLAGS:
+        p.add_argument('--' + name.replace('_', '-'), type=_flag_int(name), metavar='N', default=argparse.SUPPRESS,
+                       help=f'{doc[name] or ""}; refused for a model without this field'.lstrip('; '))
+    p.add_argument('--model-overrides', nargs='+', metavar='FIELD=VALUE', type=_override, default=argparse.SUPPRESS,
+                   help=doc['model_overrides'])
     p.add_argument('--resume', nargs='?', const='latest', metavar='PATH', default=argparse.SUPPRESS,
-                   help=docments(TrainConfig)['resume'])
+                   help=doc['resume'])
     p.add_argument('--config', metavar='YAML', default=argparse.SUPPRESS,
                    help='YAML file of TrainConfig fields (flags override it)')
     default = asdict(TrainConfig())
     for a in p._actions:  # defaults stay out of the parsed flags (a YAML file or preset may set them) but show in help
-        if default.get(a.dest) not in (None, False, ''): a.help = f'{a.help or ""} (default: {default[a.dest]})'.strip()
+        if default.get(a.dest) not in (None, False, '', {}): a.help = f'{a.help or ""} (default: {default[a.dest]})'.strip()
     return p
 
 def config_from_args(argv: list[str]) -> TrainConfig:
     "The TrainConfig that `legalnb train ARGV` runs: defaults < preset < YAML < flags; a bad value names its flag."
     given = vars(train_parser().parse_args(list(map(str, argv))))
+    if 'model_overrides' in given: given['model_overrides'] = dict(given['model_overrides'])
     yml = given.pop('config', None)
     try:
         if yml: return TrainConfig.from_yaml(yml, **given)
