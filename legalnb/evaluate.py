@@ -23,13 +23,14 @@ from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, 
                    refuse_foreign_files, refuse_overwriting_inputs, resolve_precision, run_command)
 
 # %% auto #0
-__all__ = ['FORMAT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'REPORT_FILES', 'TASKS', 'EXPORT_FILES', 'PROMPT_CHARS', 'heldout_path',
-           'year_band', 'read_heldout', 'EvalModel', 'load_native', 'model_kind', 'native_tokenizer', 'lora_base',
-           'load_eval_model', 'as_model', 'document_windows', 'position_buckets', 'bucket_label', 'document_batches',
-           'score_documents', 'metrics', 'grouped', 'extract_citations', 'citation_items', 'score_citations',
-           'LookupModel', 'summarize_citations', 'generate_ids', 'TextStream', 'generate', 'opening',
-           'generate_samples', 'evaluate', 'format_table', 'report_markdown', 'write_report', 'write_lm_eval_tasks',
-           'run_harness', 'evaluate_command', 'evaluate_parser', 'evaluate_main', 'generate_command', 'generate_main']
+__all__ = ['FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'REPORT_FILES', 'TASKS', 'EXPORT_FILES',
+           'PROMPT_CHARS', 'heldout_path', 'year_band', 'read_heldout', 'EvalModel', 'load_native', 'model_kind',
+           'native_tokenizer', 'lora_base', 'load_eval_model', 'as_model', 'document_windows', 'position_buckets',
+           'bucket_label', 'document_batches', 'score_documents', 'metrics', 'grouped', 'extract_citations',
+           'citation_items', 'score_citations', 'LookupModel', 'summarize_citations', 'generate_ids', 'TextStream',
+           'generate', 'opening', 'generate_samples', 'evaluate', 'format_table', 'report_markdown', 'write_report',
+           'write_lm_eval_tasks', 'run_harness', 'evaluate_command', 'evaluate_parser', 'evaluate_main',
+           'generate_command', 'generate_main']
 
 # %% ../nbs/11_evaluate.ipynb #76359c74
 FORMAT = 'legalnb.eval/1'   # the schema of eval.json: a reader checks it before it trusts the fields
@@ -66,6 +67,7 @@ def read_heldout(data: str | Path) -> list[dict]:
 
 # %% ../nbs/11_evaluate.ipynb #c6ff9726
 _DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}
+HF_DEFAULT_CONTEXT = 32768   # a Hugging Face model's default window at most (128k-token windows need --context)
 
 @dataclass
 class EvalModel:
@@ -226,7 +228,9 @@ def load_eval_model(path: str | Path,                  # run folder, Hugging Fac
                     hf_tokenizer=hf_tok)
     if context is not None and not 2 <= context <= top:
         raise LegalnbError(f'--context {context}: the model takes 2 to {top:,} tokens')
-    return EvalModel(module.to(dev).eval(), context=context or top, kind=kind, name=str(path), precision=prec, **spec)
+    default = top if kind == 'native' else min(top, HF_DEFAULT_CONTEXT)
+    return EvalModel(module.to(dev).eval(), context=context or default, kind=kind, name=str(path), precision=prec,
+                     **spec)
 
 def as_model(model, tokenizer=None, **load) -> EvalModel:
     "An EvalModel from an EvalModel, a folder (`load_eval_model`), or an nn.Module with its tokenizer."
@@ -307,6 +311,7 @@ def score_documents(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384, 
     bucket_tokens = torch.zeros(len(buckets), dtype=torch.int64, device=dev)
     bar = tqdm(total=sum(tokens), unit='tok', unit_scale=True, desc='evaluate', disable=not progress, file=sys.stderr)
     for x, y, rows in batches:
+        new = int((y != -100).sum())   # counted on the host before the copy: the bar never waits for the device
         x, y, rows = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True), rows.to(dev, non_blocking=True)
         with _autocast(lm): logits = lm.logits(x)   # (B, L, V)
         nll = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=-100, reduction='none')
@@ -314,7 +319,7 @@ def score_documents(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384, 
         doc_nll.index_add_(0, rows, nll.sum(1, dtype=torch.float64))
         bucket_nll.index_add_(0, bucket_of[:y.shape[1]], nll.sum(0, dtype=torch.float64))
         bucket_tokens.index_add_(0, bucket_of[:y.shape[1]], scored.sum(0))
-        bar.update(int(scored.sum()) if progress else 0)
+        bar.update(new)
     bar.close()
     return dict(doc_nll=doc_nll.tolist(), doc_tokens=tokens, doc_bytes=[len(d['text'].encode('utf-8')) for d in docs],
                 buckets=[dict(bucket=bucket_label(lo, hi), lo=lo, hi=hi, tokens=int(n), nll=v)
@@ -564,7 +569,7 @@ def _cells(m: dict) -> str:
     return f'{m["docs"]:>6,} {m["tokens"]:>12,} {m["loss"]:>7.3f} {m["perplexity"]:>10.2f} {m["bits_per_byte"]:>9.3f}'
 
 def _pct(c: dict) -> str:
-    return f'{c["right"]:,}/{c["items"]:,} exact ({c["accuracy"]:.1%})' if c['items'] else 'no references found'
+    return f'{c["right"]:,}/{c["items"]:,} exact ({c["accuracy"]:.1%})' if c['items'] else 'no items'
 
 def format_table(r: dict) -> str:
     "The evaluation as a fixed-width table: overall, per language, type and decade, by position, citations."
