@@ -26,9 +26,9 @@ from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, 
 __all__ = ['FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'REPORT_FILES', 'TASKS', 'EXPORT_FILES',
            'PROMPT_CHARS', 'heldout_path', 'year_band', 'read_heldout', 'EvalModel', 'load_native', 'model_kind',
            'native_tokenizer', 'lora_base', 'load_eval_model', 'as_model', 'document_windows', 'position_buckets',
-           'bucket_label', 'document_batches', 'score_documents', 'metrics', 'grouped', 'extract_citations',
-           'citation_items', 'score_citations', 'LookupModel', 'summarize_citations', 'generate_ids', 'TextStream',
-           'generate', 'opening', 'generate_samples', 'evaluate', 'format_table', 'report_markdown', 'write_report',
+           'bucket_label', 'document_batches', 'score_documents', 'metrics', 'grouped', 'generate_ids', 'TextStream',
+           'generate', 'extract_citations', 'citation_items', 'score_citations', 'LookupModel', 'summarize_citations',
+           'opening', 'generate_samples', 'evaluate', 'format_table', 'report_markdown', 'write_report',
            'write_lm_eval_tasks', 'run_harness', 'evaluate_command', 'evaluate_parser', 'evaluate_main',
            'generate_command', 'generate_main']
 
@@ -344,116 +344,7 @@ def grouped(docs: list[dict], scores: dict, key: str) -> dict[str, dict]:
         a = acc[d[key]]; a[0] += v[0]; a[1] += v[1]; a[2] += v[2]; a[3] += 1
     return {k: metrics(*a) for k, a in sorted(acc.items(), key=lambda kv: (-kv[1][1], kv[0]))}
 
-# %% ../nbs/11_evaluate.ipynb #5d7ca558
-_ACT_WORDS = ('regulations?|directives?|decisions?|verordnung(?:en)?|richtlinien?|beschlusses|beschluss|entscheidung|'
-              'règlements?|décisions?|reglamentos?|directivas?|decisión|regolament[oi]|direttiv[ae]|decision[ei]|'
-              'regulamentos?|diretivas?|decisão|verordening|richtlijn|besluit')
-_ISSUER = r'(?:\s+\((?:EU|EC|EEC|UE|CE|CEE|EG|EWG|Euratom)(?:,\s*Euratom)?\))?'   # (EU), (EC), (UE, Euratom)
-_NO = r'(?:\s+(?:No|Nr\.|n[°º]|n\.\s?[oº°]?|núm\.))?'                               # No, Nr., n°, n.º
-ACT_REF = re.compile(rf'\b(?:{_ACT_WORDS}){_ISSUER}{_NO}(?P<space>\s+)'
-                     r'(?P<number>\d{1,4}/\d{1,4}(?:/(?:EU|EC|EEC|Euratom|UE|CE|CEE|EG|EWG))?)(?![\w/])', re.I)
-ARTICLE_REF = re.compile(r'\b(?:articles?|artikel|artículos?|articol[oi]|artigos?)(?P<space>\s+)'
-                         r'(?P<number>\d{1,4}[a-z]?(?:\(\d{1,3}[a-z]?\))*)(?!\w)', re.I)
-
-def _heading(text: str, m: re.Match) -> bool:
-    "Whether an article match is a heading ('Article 5' alone on its line), not a reference."
-    line_end = text.find('\n', m.end())
-    rest = text[m.end():line_end if line_end >= 0 else None]
-    return (m.start() == 0 or text[m.start() - 1] == '\n') and not rest.strip()
-
-def extract_citations(text: str) -> list[dict]:
-    "References whose number a model can be asked to complete: acts ('Directive 95/46/EC'), articles ('Article 6(1)')."
-    found = []
-    for kind, rx in (('act', ACT_REF), ('article', ARTICLE_REF)):
-        for m in rx.finditer(text):
-            if kind == 'article' and _heading(text, m): continue
-            found.append(dict(kind=kind, start=m.start('space'), end=m.end('number'), number=m.group('number'),
-                              ref=' '.join(m.group(0).split())))
-    return sorted(found, key=lambda c: c['start'])
-
-# %% ../nbs/11_evaluate.ipynb #6fdad2c5
-def citation_items(docs: list[dict], limit: int | None = 500, seed: int = 0) -> list[dict]:
-    "Every reference in the documents, with its document's index; a seeded sample of `limit` of them, in order."
-    items = [dict(doc=i, **c) for i, d in enumerate(docs) for c in extract_citations(d['text'])]
-    if limit is not None and len(items) > limit:
-        items = [items[j] for j in sorted(random.Random(seed).sample(range(len(items)), limit))]
-    return items
-
-def _item_tokens(lm: EvalModel, enc, text: str, c: dict) -> tuple[list[int], list[int]]:
-    "The document's own tokens before a reference's number, and the number's; encoded apart where a token straddles."
-    starts = [o[0] for o in enc.offsets]
-    k, j = bisect_left(starts, c['start']), bisect_left(starts, c['end'])
-    if j > k and (k == 0 or enc.offsets[k - 1][1] <= c['start']) and enc.offsets[j - 1][1] <= c['end']:
-        return enc.ids[:k], enc.ids[k:j]
-    ctx, whole = lm.encode(text[:c['start']]), lm.encode(text[:c['end']])
-    return ctx, whole[len(ctx):] if whole[:len(ctx)] == ctx else lm.encode(text[c['start']:c['end']])
-
-def _extends_number(lm: EvalModel) -> torch.Tensor:
-    "Per token id: its text starts with a digit or '/', so predicted after a number it would make it longer."
-    n = lm.tokenizer.get_vocab_size(with_added_tokens=True)
-    texts = lm.tokenizer.decode_batch([[i] for i in range(n)], skip_special_tokens=True)
-    return torch.tensor([bool(t) and (t[0].isdigit() or t[0] == '/') for t in texts])
-
-# %% ../nbs/11_evaluate.ipynb #24b21979
-@torch.no_grad()
-def score_citations(lm: EvalModel, docs: list[dict], items: list[dict], batch_tokens: int = 16384) -> list[bool]:
-    "Per item: does greedy decoding reproduce every token of the number, and then stop the number?"
-    encs = dict(zip(sorted({it['doc'] for it in items}),
-                    lm.tokenizer.encode_batch_fast([docs[i]['text'] for i in sorted({it['doc'] for it in items})],
-                                                   add_special_tokens=False)))
-    rows = []
-    for it in items:
-        ctx, num = _item_tokens(lm, encs[it['doc']], docs[it['doc']]['text'], it)
-        num = num[:lm.context - 1]
-        rows.append((([lm.prefix_id] + ctx)[-(lm.context - len(num)):] + num, len(num)))   # the last context tokens
-    extends, right = _extends_number(lm), [False] * len(items)
-    for group in _groups([len(seq) for seq, _ in rows], batch_tokens):
-        x = torch.full((len(group), len(rows[group[0]][0])), lm.eos_id, dtype=torch.long)
-        for r, k in enumerate(group): x[r, :len(rows[k][0])] = torch.tensor(rows[k][0])
-        with _autocast(lm): pred = lm.logits(x.to(lm.device)).argmax(-1).cpu()   # (B, L): the greedy next tokens
-        for r, k in enumerate(group):
-            seq, n = rows[k]
-            p = pred[r, len(seq) - n - 1:len(seq)].tolist()   # the predictions of the n number tokens, then of the next
-            right[k] = n > 0 and p[:-1] == seq[len(seq) - n:] and not (p[-1] < len(extends) and extends[p[-1]])
-    return right
-
-# %% ../nbs/11_evaluate.ipynb #c7e5803f
-class LookupModel(nn.Module):
-    "A model that memorised token sequences: after a context it saw, it predicts the token that followed, surely."
-    def __init__(self, sequences: list[list[int]], vocab_size: int, order: int = 16):
-        super().__init__()
-        self.vocab_size, self.order, self.table = vocab_size, order, {}
-        for s in sequences:
-            for i in range(len(s) - 1): self.table.setdefault(tuple(s[max(0, i + 1 - order):i + 1]), s[i + 1])
-        self.register_buffer('anchor', torch.zeros(1))   # gives the model a device
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (B, L) -> (B, L, V)
-        out = torch.zeros(*ids.shape, self.vocab_size, device=ids.device)
-        for b, row in enumerate(ids.tolist()):
-            for t in range(len(row)):
-                nxt = self.table.get(tuple(row[max(0, t + 1 - self.order):t + 1]))
-                if nxt is not None: out[b, t, nxt] = 30.0   # probability ~1 against a uniform rest
-        return out
-
-# %% ../nbs/11_evaluate.ipynb #2bc026ea
-def summarize_citations(lm: EvalModel, docs: list[dict], items: list[dict], right: list[bool], show: int = 5) -> dict:
-    "Accuracy overall and per kind, with `show` right and `show` wrong examples and the model's greedy completion."
-    def stats(sel): return dict(items=len(sel), right=sum(sel), accuracy=sum(sel) / len(sel) if sel else None)
-    kinds = sorted({it['kind'] for it in items})
-    out = dict(**stats(right), by_kind={k: stats([r for it, r in zip(items, right) if it['kind'] == k]) for k in kinds})
-    for label, want in (('right_examples', True), ('wrong_examples', False)):
-        out[label] = []
-        for it, r in zip(items, right):
-            if r != want or len(out[label]) >= show: continue
-            text = docs[it['doc']]['text']
-            ids = [lm.prefix_id] + lm.encode(text[:it['start']])
-            got = lm.decode(generate_ids(lm, ids, len(lm.encode(text[it['start']:it['end']])) + 2, temperature=0))
-            out[label].append(dict(celex=docs[it['doc']]['celex'], ref=it['ref'], greedy=got,
-                                   before=text[max(0, it['start'] - 80):it['start']],
-                                   expected=text[it['start']:it['end']]))
-    return out
-
-# %% ../nbs/11_evaluate.ipynb #80e05acd
+# %% ../nbs/11_evaluate.ipynb #840cf3dd
 def _pick(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator) -> int:
     "The next token: the argmax at temperature 0, else a sample among the `top_k` (0: all) of softmax(logits / T)."
     if temperature <= 0: return int(logits.argmax())
@@ -491,7 +382,7 @@ class TextStream:
     def flush(self):
         if (text := self.text) != self.shown: self.write(text[len(self.shown):]); self.shown = text
 
-# %% ../nbs/11_evaluate.ipynb #2d3f9b96
+# %% ../nbs/11_evaluate.ipynb #55848a9d
 def generate(model,                        # an EvalModel, a model folder, or an nn.Module (with `tokenizer`)
              tokenizer=None,               # tokenizer.json or folder, for a folder or module (default: found)
              prompt: str = '',             # the text to continue
@@ -509,7 +400,116 @@ def generate(model,                        # an EvalModel, a model folder, or an
     out.flush()
     return out.text
 
-# %% ../nbs/11_evaluate.ipynb #9e6efd44
+# %% ../nbs/11_evaluate.ipynb #15563b06
+_ACT_WORDS = ('regulations?|directives?|decisions?|verordnung(?:en)?|richtlinien?|beschlusses|beschluss|entscheidung|'
+              'règlements?|décisions?|reglamentos?|directivas?|decisión|regolament[oi]|direttiv[ae]|decision[ei]|'
+              'regulamentos?|diretivas?|decisão|verordening|richtlijn|besluit')
+_ISSUER = r'(?:\s+\((?:EU|EC|EEC|UE|CE|CEE|EG|EWG|Euratom)(?:,\s*Euratom)?\))?'   # (EU), (EC), (UE, Euratom)
+_NO = r'(?:\s+(?:No|Nr\.|n[°º]|n\.\s?[oº°]?|núm\.))?'                               # No, Nr., n°, n.º
+ACT_REF = re.compile(rf'\b(?:{_ACT_WORDS}){_ISSUER}{_NO}(?P<space>\s+)'
+                     r'(?P<number>\d{1,4}/\d{1,4}(?:/(?:EU|EC|EEC|Euratom|UE|CE|CEE|EG|EWG))?)(?![\w/])', re.I)
+ARTICLE_REF = re.compile(r'\b(?:articles?|artikel|artículos?|articol[oi]|artigos?)(?P<space>\s+)'
+                         r'(?P<number>\d{1,4}[a-z]?(?:\(\d{1,3}[a-z]?\))*)(?!\w)', re.I)
+
+def _heading(text: str, m: re.Match) -> bool:
+    "Whether an article match is a heading ('Article 5' alone on its line), not a reference."
+    line_end = text.find('\n', m.end())
+    rest = text[m.end():line_end if line_end >= 0 else None]
+    return (m.start() == 0 or text[m.start() - 1] == '\n') and not rest.strip()
+
+def extract_citations(text: str) -> list[dict]:
+    "References whose number a model can be asked to complete: acts ('Directive 95/46/EC'), articles ('Article 6(1)')."
+    found = []
+    for kind, rx in (('act', ACT_REF), ('article', ARTICLE_REF)):
+        for m in rx.finditer(text):
+            if kind == 'article' and _heading(text, m): continue
+            found.append(dict(kind=kind, start=m.start('space'), end=m.end('number'), number=m.group('number'),
+                              ref=' '.join(m.group(0).split())))
+    return sorted(found, key=lambda c: c['start'])
+
+# %% ../nbs/11_evaluate.ipynb #89977f98
+def citation_items(docs: list[dict], limit: int | None = 500, seed: int = 0) -> list[dict]:
+    "Every reference in the documents, with its document's index; a seeded sample of `limit` of them, in order."
+    items = [dict(doc=i, **c) for i, d in enumerate(docs) for c in extract_citations(d['text'])]
+    if limit is not None and len(items) > limit:
+        items = [items[j] for j in sorted(random.Random(seed).sample(range(len(items)), limit))]
+    return items
+
+def _item_tokens(lm: EvalModel, enc, text: str, c: dict) -> tuple[list[int], list[int]]:
+    "The document's own tokens before a reference's number, and the number's; encoded apart where a token straddles."
+    starts = [o[0] for o in enc.offsets]
+    k, j = bisect_left(starts, c['start']), bisect_left(starts, c['end'])
+    if j > k and (k == 0 or enc.offsets[k - 1][1] <= c['start']) and enc.offsets[j - 1][1] <= c['end']:
+        return enc.ids[:k], enc.ids[k:j]
+    ctx, whole = lm.encode(text[:c['start']]), lm.encode(text[:c['end']])
+    return ctx, whole[len(ctx):] if whole[:len(ctx)] == ctx else lm.encode(text[c['start']:c['end']])
+
+def _extends_number(lm: EvalModel) -> torch.Tensor:
+    "Per token id: its text starts with a digit or '/', so predicted after a number it would make it longer."
+    n = lm.tokenizer.get_vocab_size(with_added_tokens=True)
+    texts = lm.tokenizer.decode_batch([[i] for i in range(n)], skip_special_tokens=True)
+    return torch.tensor([bool(t) and (t[0].isdigit() or t[0] == '/') for t in texts])
+
+# %% ../nbs/11_evaluate.ipynb #108f9e53
+@torch.no_grad()
+def score_citations(lm: EvalModel, docs: list[dict], items: list[dict], batch_tokens: int = 16384) -> list[bool]:
+    "Per item: does greedy decoding reproduce every token of the number, and then stop the number?"
+    encs = dict(zip(sorted({it['doc'] for it in items}),
+                    lm.tokenizer.encode_batch_fast([docs[i]['text'] for i in sorted({it['doc'] for it in items})],
+                                                   add_special_tokens=False)))
+    rows = []
+    for it in items:
+        ctx, num = _item_tokens(lm, encs[it['doc']], docs[it['doc']]['text'], it)
+        num = num[:lm.context - 1]
+        rows.append((([lm.prefix_id] + ctx)[-(lm.context - len(num)):] + num, len(num)))   # the last context tokens
+    extends, right = _extends_number(lm), [False] * len(items)
+    for group in _groups([len(seq) for seq, _ in rows], batch_tokens):
+        x = torch.full((len(group), len(rows[group[0]][0])), lm.eos_id, dtype=torch.long)
+        for r, k in enumerate(group): x[r, :len(rows[k][0])] = torch.tensor(rows[k][0])
+        with _autocast(lm): pred = lm.logits(x.to(lm.device)).argmax(-1).cpu()   # (B, L): the greedy next tokens
+        for r, k in enumerate(group):
+            seq, n = rows[k]
+            p = pred[r, len(seq) - n - 1:len(seq)].tolist()   # the predictions of the n number tokens, then of the next
+            right[k] = n > 0 and p[:-1] == seq[len(seq) - n:] and not (p[-1] < len(extends) and extends[p[-1]])
+    return right
+
+# %% ../nbs/11_evaluate.ipynb #5230237d
+class LookupModel(nn.Module):
+    "A model that memorised token sequences: after a context it saw, it predicts the token that followed, surely."
+    def __init__(self, sequences: list[list[int]], vocab_size: int, order: int = 16):
+        super().__init__()
+        self.vocab_size, self.order, self.table = vocab_size, order, {}
+        for s in sequences:
+            for i in range(len(s) - 1): self.table.setdefault(tuple(s[max(0, i + 1 - order):i + 1]), s[i + 1])
+        self.register_buffer('anchor', torch.zeros(1))   # gives the model a device
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (B, L) -> (B, L, V)
+        out = torch.zeros(*ids.shape, self.vocab_size, device=ids.device)
+        for b, row in enumerate(ids.tolist()):
+            for t in range(len(row)):
+                nxt = self.table.get(tuple(row[max(0, t + 1 - self.order):t + 1]))
+                if nxt is not None: out[b, t, nxt] = 30.0   # probability ~1 against a uniform rest
+        return out
+
+# %% ../nbs/11_evaluate.ipynb #33833c9c
+def summarize_citations(lm: EvalModel, docs: list[dict], items: list[dict], right: list[bool], show: int = 5) -> dict:
+    "Accuracy overall and per kind, with `show` right and `show` wrong examples and the model's greedy completion."
+    def stats(sel): return dict(items=len(sel), right=sum(sel), accuracy=sum(sel) / len(sel) if sel else None)
+    kinds = sorted({it['kind'] for it in items})
+    out = dict(**stats(right), by_kind={k: stats([r for it, r in zip(items, right) if it['kind'] == k]) for k in kinds})
+    for label, want in (('right_examples', True), ('wrong_examples', False)):
+        out[label] = []
+        for it, r in zip(items, right):
+            if r != want or len(out[label]) >= show: continue
+            text = docs[it['doc']]['text']
+            ids = [lm.prefix_id] + lm.encode(text[:it['start']])
+            got = lm.decode(generate_ids(lm, ids, len(lm.encode(text[it['start']:it['end']])) + 2, temperature=0))
+            out[label].append(dict(celex=docs[it['doc']]['celex'], ref=it['ref'], greedy=got,
+                                   before=text[max(0, it['start'] - 80):it['start']],
+                                   expected=text[it['start']:it['end']]))
+    return out
+
+# %% ../nbs/11_evaluate.ipynb #4a06df52
 _OPENING = re.compile(r'^(?:article|artikel|artículo|articolo|artigo)\s+(?:1|premier|1\.º)[ \t]*$', re.M | re.I)
 _RECITAL = re.compile(r'^\(1\)(?=\s)', re.M)
 
@@ -532,7 +532,7 @@ def generate_samples(lm: EvalModel, docs: list[dict], n: int = 3, max_new_tokens
                         reference=reference))
     return out
 
-# %% ../nbs/11_evaluate.ipynb #384e4659
+# %% ../nbs/11_evaluate.ipynb #5ec3bb3b
 def evaluate(model,                       # an EvalModel, a model folder (run, Hugging Face, finetune), or an nn.Module
              data,                        # held-out JSONL (or a folder holding heldout.jsonl), or a list of documents
              tokenizer=None,              # tokenizer.json or folder (default: found beside the model or its data)
@@ -564,7 +564,7 @@ def evaluate(model,                       # an EvalModel, a model folder (run, H
                                   loss=b['nll'] / b['tokens'] if b['tokens'] else None) for b in s['buckets']],
                 citations=cites, samples=generate_samples(lm, docs, samples, max_new_tokens, seed))
 
-# %% ../nbs/11_evaluate.ipynb #c2cd2e6d
+# %% ../nbs/11_evaluate.ipynb #8145960d
 def _cells(m: dict) -> str:
     return f'{m["docs"]:>6,} {m["tokens"]:>12,} {m["loss"]:>7.3f} {m["perplexity"]:>10.2f} {m["bits_per_byte"]:>9.3f}'
 
@@ -584,7 +584,7 @@ def format_table(r: dict) -> str:
     lines += ['', f'citations: {_pct(c)}' + ''.join(f'; {k} {_pct(v)}' for k, v in c['by_kind'].items())]
     return '\n'.join(lines)
 
-# %% ../nbs/11_evaluate.ipynb #0cf89fa8
+# %% ../nbs/11_evaluate.ipynb #5fc86694
 def _figures(r: dict) -> dict:
     "The report's plots: loss by position, bits per byte per language (matplotlib figures, no pyplot state)."
     from matplotlib.figure import Figure
@@ -648,7 +648,7 @@ def write_report(r: dict, out: str | Path) -> list[Path]:
     with atomic_write(out/'eval.md') as tmp: tmp.write_text(report_markdown(r), encoding='utf-8')
     return [out/n for n in REPORT_FILES]
 
-# %% ../nbs/11_evaluate.ipynb #fd3c76b2
+# %% ../nbs/11_evaluate.ipynb #7655c0e1
 TASKS = ('legalnb_heldout', 'legalnb_citations')   # the task names the exported YAML files declare
 EXPORT_FILES = ('heldout.jsonl', 'citations.jsonl', 'legalnb_heldout.yaml', 'legalnb_citations.yaml')
 PROMPT_CHARS = 16_000   # a citation prompt keeps this much text before the number (lm-eval crops to the model anyway)
@@ -685,7 +685,7 @@ def write_lm_eval_tasks(data,                      # held-out JSONL or folder, o
         with atomic_write(out/name) as tmp: tmp.write_text(text, encoding='utf-8')
     return [out/n for n in files]
 
-# %% ../nbs/11_evaluate.ipynb #cb78f21f
+# %% ../nbs/11_evaluate.ipynb #a2100f58
 def run_harness(model,                        # an EvalModel of a Hugging Face model or finetune output, or its folder
                 tasks: str | Path,            # the folder export_lm_eval wrote
                 batch_size: int = 8,          # lm-eval's batch size
@@ -704,7 +704,7 @@ def run_harness(model,                        # an EvalModel of a Hugging Face m
                           bootstrap_iters=0, log_samples=False)['results']
     return {t: {k.split(',')[0]: float(v) for k, v in res[t].items() if ',' in k and 'stderr' not in k} for t in names}
 
-# %% ../nbs/11_evaluate.ipynb #697919dd
+# %% ../nbs/11_evaluate.ipynb #c2ef600c
 def evaluate_command(model: str,                  # run folder (legalnb train --out), HF model folder or finetune output
                      data: str = None,            # held-out documents: a JSONL file, or a folder holding heldout.jsonl
                      out: str = 'eval',           # folder for eval.json, eval.md and the plots
@@ -767,7 +767,7 @@ def evaluate_main(argv: list[str]) -> int:
     "`legalnb evaluate RUN_OR_MODEL --data HELDOUT [--json] [--out DIR]`."
     return evaluate_command(**vars(evaluate_parser().parse_args(list(map(str, argv))))) or 0
 
-# %% ../nbs/11_evaluate.ipynb #98046a3b
+# %% ../nbs/11_evaluate.ipynb #b5c60226
 def generate_command(model: str,                 # run folder, Hugging Face model folder or finetune output
                      prompt: str = None,         # the text to continue (required)
                      max_new_tokens: int = 200,  # tokens at most; generation stops earlier at the end-of-document token
