@@ -683,6 +683,7 @@ def write_lm_eval_tasks(data,                      # held-out JSONL or folder, o
     if not cites: del files['citations.jsonl'], files['legalnb_citations.yaml']   # no reference: no task
     for name, text in files.items():
         with atomic_write(out/name) as tmp: tmp.write_text(text, encoding='utf-8')
+    for name in set(EXPORT_FILES) - set(files): (out/name).unlink(missing_ok=True)   # an earlier export's task
     return [out/n for n in files]
 
 # %% ../nbs/11_evaluate.ipynb #a2100f58
