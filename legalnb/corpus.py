@@ -9,6 +9,7 @@ from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 import numpy as np
@@ -18,13 +19,14 @@ from fastcore.meta import delegates
 from tqdm import tqdm
 from .core import (LegalnbError, atomic_write, foreign_files, format_duration, jsonl_records, read_json,
                           refuse_foreign_files, refuse_overwriting_inputs, run_command, _decode_json)
+from .sources import parse_celex
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'FORMAT', 'KEY', 'iter_selected', 'load_tokenizer', 'train_tokenizer',
            'find_eos', 'configured_eos', 'special_ids', 'vocab_size_of', 'tokenizer_sha256', 'split_text',
            'encode_texts', 'encode_stream', 'RowPacker', 'shard_dtype', 'npy_header', 'file_sha256', 'write_shard',
-           'Piece', 'iter_pieces', 'batch_pieces', 'build_corpus', 'build_corpus_command', 'build_corpus_main',
-           'summary']
+           'act_key', 'act_number', 'check_val_docs', 'heldout_acts', 'Piece', 'iter_pieces', 'batch_pieces',
+           'build_corpus', 'build_corpus_command', 'build_corpus_main', 'summary']
 
 # %% ../nbs/02_corpus.ipynb #530136c6
 def iter_selected(path: str | Path, start: int = 0, line: int = 0) -> Iterator[tuple[int, int, int, dict]]:
@@ -254,7 +256,8 @@ def file_sha256(path: str | Path) -> str:
         while block := f.read(1 << 22): h.update(block)
     return h.hexdigest()
 
-def write_shard(dest: str | Path, blocks: Iterable[np.ndarray], row_len: int, vocab_size: int) -> dict:
+def write_shard(dest: str | Path, blocks: Iterable[np.ndarray], row_len: int, vocab_size: int,
+                empty: str | None = None) -> dict:  # `empty`: why a shard without rows happened, and what to do
     "Write blocks of rows to a .npy shard atomically, checking every id < vocab_size; return its rows and sha256."
     dest, dtype, rows = Path(dest), shard_dtype(vocab_size), 0
     with atomic_write(dest) as tmp, open(tmp, 'wb') as f:
@@ -264,10 +267,40 @@ def write_shard(dest: str | Path, blocks: Iterable[np.ndarray], row_len: int, vo
                 raise LegalnbError(f'{dest}: row {rows + int(np.argmax(block.max(1)))}: token id {top} is outside '
                                    f'the vocabulary (size {vocab_size})')
             f.write(block.astype(dtype, copy=False).tobytes()); rows += len(block)
-        if rows == 0: raise LegalnbError(f'{dest}: no rows for this shard: the selection gives fewer rows than '
-                                         '--shards; lower --shards or --seq-len')
+        if rows == 0: raise LegalnbError(f'{dest}: no rows for this shard: ' + (empty or 'the selection gives fewer '
+                                         'rows than --shards; lower --shards or --seq-len'))
         f.seek(0); f.write(npy_header(dtype, (rows, row_len)))
     return {'file': dest.name, 'rows': rows, 'sha256': file_sha256(dest)}
+
+# %% ../nbs/02_corpus.ipynb #f452e04d
+def act_key(rec: dict) -> str:
+    "The act a document belongs to: its base CELEX (`02016R0679-20160504` and `32016R0679R(01)` -> `32016R0679`)."
+    celex = str(rec.get('celex') or '').strip().upper()
+    if not celex: return 'text:' + hashlib.sha256(str(rec.get('text', '')).encode()).hexdigest()[:16]
+    try: c = parse_celex(celex)
+    except LegalnbError: return celex  # not a CELEX number: the identifier as it is
+    return f"{'3' if c.sector == '0' else c.sector}{c.year}{c.type}{c.number.zfill(4)}"  # sector 0: consolidated
+
+def act_number(key: str, seed: int = 0) -> float:
+    "A number in [0, 1) for an act and a seed, from SHA-256: the same pair always gives the same number."
+    return int.from_bytes(hashlib.sha256(f'{seed}:{key}'.encode()).digest()[:8], 'big') / 2**64
+
+def check_val_docs(val_docs: float):
+    "Refuse a --val-docs that is neither 0 (off), a share below 1, nor a whole number of acts."
+    if not (val_docs >= 0 and (val_docs < 1 or float(val_docs).is_integer())):
+        raise LegalnbError(f'--val-docs must be a share of the acts below 1 (0.01 = 1%) or a whole number of acts '
+                           f'(50), got {val_docs:g}')
+
+def heldout_acts(selected: str | Path, val_docs: float, seed: int = 0) -> tuple[set[str], int]:
+    "The acts `--val-docs` holds out of a selection, and the number of acts with text in it."
+    check_val_docs(val_docs)
+    acts = {act_key(rec) for *_, rec in iter_selected(selected) if rec['text']}
+    ranked = sorted(acts, key=lambda k: (act_number(k, seed), k))
+    n = int(val_docs) if val_docs >= 1 else max(1, sum(act_number(k, seed) < val_docs for k in acts)) if val_docs else 0
+    if n >= len(acts):
+        raise LegalnbError(f'--val-docs {val_docs:g} holds out all {len(acts):,} acts of {selected} and leaves none '
+                           f'for training; hold out fewer (a share such as 0.1, or a count below {len(acts):,})')
+    return set(ranked[:n]), len(acts)
 
 # %% ../nbs/02_corpus.ipynb #e18e470d
 FORMAT = 'legalnb.corpus/1'
@@ -283,10 +316,11 @@ class Piece:
     lang: str      # the document's language
     pos: float     # approximate byte offset in the file where this piece ends (decides shard boundaries)
 
-def iter_pieces(selected: Path, max_chars: int, offset: int = 0, line: int = 0,
-                skip: int = 0) -> Iterator[tuple[Piece, str]]:
+def iter_pieces(selected: Path, max_chars: int, offset: int = 0, line: int = 0, skip: int = 0,
+                keep: Callable[[dict], bool] | None = None) -> Iterator[tuple[Piece, str]]:
     "Yield `(Piece, text)` for every piece of every document from byte `offset`, skipping `skip` pieces of the first."
     for ln, start, end, rec in iter_selected(selected, offset, line):
+        if keep is not None and not keep(rec): continue  # a held-out act's document, on the training pass
         text, lang = rec['text'], str(rec.get('lang') or 'und')
         done = 0
         for i, part in enumerate(parts := split_text(text, max_chars)):
@@ -348,13 +382,17 @@ def _take_into(packer: RowPacker, acc: dict) -> np.ndarray:
 # %% ../nbs/02_corpus.ipynb #acb9d68d
 KEY = ('args', 'input_sha256', 'tokenizer_sha256')  # what decides the output: the same values may reuse shards
 
+def _records(recs) -> bool:
+    "Is this a list of file records (dicts naming a `file`)?"
+    return isinstance(recs, list) and all(isinstance(s, dict) and isinstance(s.get('file'), str) for s in recs)
+
 def _own_manifest(path: Path) -> dict | None:
     "The manifest (finished or partial) a build wrote at `path`; None when it is missing, broken or another tool's."
     try: m = read_json(path)
     except (LegalnbError, OSError): return None
-    shards = m.get('shards')
-    ok = m.get('format') == FORMAT and isinstance(shards, list) and all(isinstance(s, dict) for s in shards)
-    return m if ok and all(isinstance(s.get('file'), str) for s in shards) else None
+    held = m.get('heldout')
+    ok = m.get('format') == FORMAT and _records(m.get('shards')) and _records(m.get('val_shards', []))
+    return m if ok and (held is None or _records([held])) else None
 
 def _read_key(path: Path) -> dict:
     "The build key (arguments, input and tokenizer checksums) stored in a manifest; {} if there is none."
@@ -362,21 +400,30 @@ def _read_key(path: Path) -> dict:
     return {k: m.get(k) for k in KEY} if m else {}
 
 def _verified(out: Path, rec: dict) -> bool:
-    "Does a finished shard (and its document starts) still match its checksum?"
-    files = [(out/rec['file'], rec.get('sha256')), (out/rec.get('doc_starts', ''), rec.get('doc_starts_sha256'))]
-    return all(f.is_file() and file_sha256(f) == sha for f, sha in files)
+    "Does a finished file (a shard and its document starts, or heldout.jsonl) still match its checksum?"
+    files = [(rec['file'], rec.get('sha256'))]
+    if rec['file'] != 'heldout.jsonl': files.append((rec.get('doc_starts', ''), rec.get('doc_starts_sha256')))
+    return all((out/f).is_file() and file_sha256(out/f) == sha for f, sha in files)
 
-def _resume_state(out: Path, key: dict) -> tuple[list[dict], dict | None]:
-    "Finished shards of an interrupted build with the same arguments (verified), and where to continue."
-    if _read_key(out/'manifest.partial.json') != key: return [], None
+def _verified_prefix(out: Path, recs: list[dict]) -> list[dict]:
+    "The records of `recs` up to the first one whose files no longer verify."
     done = []
-    for rec in _own_manifest(out/'manifest.partial.json')['shards']:
+    for rec in recs:
         if not _verified(out, rec): break
         done.append(rec)
-    return done, (done[-1]['next'] if done else None)
+    return done
+
+def _resume_state(out: Path, key: dict) -> dict:
+    "What an interrupted build with the same key finished and still verifies: shards, heldout.jsonl, val shards."
+    m = _own_manifest(out/'manifest.partial.json') if _read_key(out/'manifest.partial.json') == key else None
+    if m is None: return dict(shards=[], heldout=None, val_shards=[])
+    held = m['heldout'] if m.get('heldout') and _verified(out, m['heldout']) else None
+    return dict(shards=_verified_prefix(out, m['shards']), heldout=held,
+                val_shards=_verified_prefix(out, m.get('val_shards', [])) if held else [])
 
 # %% ../nbs/02_corpus.ipynb #440d9174
-_TEMPORARY = re.compile(r'(doc_starts/)?\.(shard_\d+\.npy|manifest(\.partial)?\.json|tokenizer\.json)\..+\.tmp')
+_TEMPORARY = re.compile(r'(val/)?(doc_starts/)?\.(shard_\d+\.npy|manifest(\.partial)?\.json|tokenizer\.json|'
+                        r'heldout\.jsonl)\..+\.tmp')
 
 def _own_files(folder: Path) -> Callable[[Path], bool]:
     "Is this file (relative to `folder`) one that a build wrote there?"
@@ -385,7 +432,10 @@ def _own_files(folder: Path) -> Callable[[Path], bool]:
         if (m := _own_manifest(folder/man)) is None: continue
         k = len(m['shards'])  # the shard being written when a build was killed is not listed yet
         names |= {man, 'tokenizer.json', f'shard_{k:05d}.npy', f'doc_starts/shard_{k:05d}.npy'}
-        names |= {f for s in m['shards'] for f in (s['file'], s.get('doc_starts'))}
+        if isinstance(m.get('args'), dict) and m['args'].get('val_docs'):  # a build with held-out acts
+            v = len(m.get('val_shards', []))
+            names |= {'heldout.jsonl', f'val/shard_{v:05d}.npy', f'val/doc_starts/shard_{v:05d}.npy'}
+        names |= {f for s in m['shards'] + m.get('val_shards', []) for f in (s['file'], s.get('doc_starts'))}
     return lambda rel: rel.as_posix() in names or bool(_TEMPORARY.fullmatch(rel.as_posix()))
 
 def _clear(folder: Path):
@@ -397,8 +447,9 @@ def _clear(folder: Path):
         elif own(p.relative_to(folder)): p.unlink()
 
 # %% ../nbs/02_corpus.ipynb #5e940520
-def _check_args(selected: Path, out: Path, seq_len: int, shards: int, tokenizer, vocab_size):
+def _check_args(selected: Path, out: Path, seq_len: int, shards: int, tokenizer, vocab_size, val_docs: float = 0):
     "Refuse arguments that cannot give a corpus, and an `out` that would destroy something, before anything is written."
+    check_val_docs(val_docs)
     if seq_len < 2: raise LegalnbError(f'--seq-len must be at least 2 (a row holds seq_len + 1 tokens), got {seq_len}')
     if shards < 1: raise LegalnbError(f'--shards must be at least 1, got {shards}')
     if (tokenizer is None) == (vocab_size is None):
@@ -424,21 +475,24 @@ def _check_text(selected: Path):
     raise LegalnbError(f'{selected}: no text to tokenize: all {docs:,} documents have an empty "text"; check what '
                        '`legalnb parse` read')
 
-def _get_tokenizer(selected: Path, out: Path, tokenizer, vocab_size, key: dict) -> Tokenizer:
-    "Load the tokenizer, or train one (reusing the one an earlier build with the same arguments and input saved)."
+def _get_tokenizer(selected: Path, out: Path, tokenizer, vocab_size, key: dict, held: Callable) -> Tokenizer:
+    "Load the tokenizer, or train one on the training side (reusing the one an earlier build of the same key saved)."
     if tokenizer is not None: return load_tokenizer(tokenizer)
     for saved in (out/'manifest.partial.json', out/'manifest.json'):
         k = _read_key(saved)
         same = k.get('args') == key['args'] and k.get('input_sha256') == key['input_sha256']
         if same and (out/'tokenizer.json').is_file():
             return load_tokenizer(out/'tokenizer.json')
-    return train_tokenizer(selected, vocab_size)
+    if held() is None: return train_tokenizer(selected, vocab_size)
+    acts = held()[0]  # held-out acts stay unseen, by the tokenizer too
+    return train_tokenizer((r['text'] for *_, r in iter_selected(selected) if act_key(r) not in acts), vocab_size)
 
 def _up_to_date(out: Path, key: dict) -> dict | None:
-    "The manifest of a complete build with the same key whose shards all verify, else None."
+    "The manifest of a complete build with the same key whose files all verify, else None."
     if _read_key(out/'manifest.json') != key: return None
     m = _own_manifest(out/'manifest.json')
-    return m if all(_verified(out, r) for r in m['shards']) else None
+    files = m['shards'] + m.get('val_shards', []) + ([m['heldout']] if m.get('heldout') else [])
+    return m if all(_verified(out, r) for r in files) else None
 
 # %% ../nbs/02_corpus.ipynb #21d2a7b7
 def _beside(out: Path, what: str) -> Path:
@@ -480,25 +534,32 @@ def _command_line(args: dict, out: Path) -> str:
     tok = ['--tokenizer', args['tokenizer']] if args['tokenizer'] else ['--train-tokenizer', args['train_tokenizer']]
     words = ['legalnb', 'build-corpus', args['selected'], '--out', out, '--seq-len', args['seq_len'],
              '--shards', args['shards'], *tok, *(['--eos', args['eos']] if args['eos'] else []),
-             '--max-chars', args['max_chars']]
+             '--max-chars', args['max_chars'],
+             *(['--val-docs', args['val_docs'], '--seed', args['seed']] if args.get('val_docs') else [])]
     return shlex.join(map(str, words))
 
-def _start(work: Path, key: dict, tok: Tokenizer, command: str | None) -> tuple[list[dict], dict | None]:
-    "Keep the verified shards of this same build, or clear the folder; record the build and save its tokenizer."
-    done, resume = _resume_state(work, key)
+def _start(work: Path, key: dict, tok: Tokenizer, command: str | None) -> dict:
+    "Keep the verified files of this same build, or clear the folder; record the build and save its tokenizer."
+    done = _resume_state(work, key)
+    kept = done['shards'] or done['heldout']
     for p in work.rglob('.*.tmp'):  # what a killed build was writing
         if _TEMPORARY.fullmatch(p.relative_to(work).as_posix()): p.unlink()
-    if not done and work.exists():
+    if not kept and work.exists():
         refuse_foreign_files(work, _own_files(work))  # the hidden sibling of an earlier rebuild: only ours goes
         _clear(work)
     (work/'doc_starts').mkdir(parents=True, exist_ok=True)
-    if not done: _write_json(work/'manifest.partial.json', dict(format=FORMAT, command=command, **key, shards=[]))
+    if key['args'].get('val_docs'): (work/'val'/'doc_starts').mkdir(parents=True, exist_ok=True)
+    if not kept: _write_json(work/'manifest.partial.json', _partial(command, key, done))
     saved = work/'tokenizer.json'
     try: same = saved.is_file() and tokenizer_sha256(Tokenizer.from_file(str(saved))) == key['tokenizer_sha256']
     except Exception: same = False
     if not same:
         with atomic_write(saved) as tmp: tok.save(str(tmp))
-    return done, resume
+    return done
+
+def _partial(command: str | None, key: dict, done: dict) -> dict:
+    "The partial manifest: the build's key and command, then the finished files with where each part continues."
+    return dict(format=FORMAT, command=command, **key, **done)
 
 def _exchange(a: Path, b: Path) -> bool:
     "Swap two folders in one atomic step (Linux renameat2 with RENAME_EXCHANGE); False where that is not possible."
@@ -534,6 +595,8 @@ def build_corpus(selected: str | Path,         # selected.jsonl from `legalnb se
                  num_proc: int = 1,            # encoding worker processes (1: encode here, on the tokenizer's threads)
                  eos: str | None = None,       # end-of-document token; default: the first of EOS_CANDIDATES found
                  max_chars: int = 100_000,     # documents longer than this are split at paragraph breaks
+                 val_docs: float = 0,          # hold out whole acts: a share (0.01) or a count (50) of acts; 0: none
+                 seed: int = 0,                # which acts --val-docs holds out
                  batch_chars: int | None = None,  # characters per encoding batch; None: 128k per CPU core, >= 256k
                  flush_tokens: int = 1 << 20,  # write rows to disk whenever this many tokens wait (bounds memory)
                  progress: bool = True,        # show a progress bar (only on a terminal)
@@ -542,22 +605,25 @@ def build_corpus(selected: str | Path,         # selected.jsonl from `legalnb se
     "Tokenize, pack and shard a selection into `out`; return the manifest."
     selected, out = Path(selected), Path(out)
     _recover(out)
-    _check_args(selected, out, seq_len, shards, tokenizer, vocab_size)
+    _check_args(selected, out, seq_len, shards, tokenizer, vocab_size, val_docs)
+    val_docs = int(val_docs) if val_docs >= 1 else val_docs  # a count of acts, or a share of them
     path_like = tokenizer is None or isinstance(tokenizer, (str, Path))
     args = dict(selected=str(selected), seq_len=seq_len, shards=shards, train_tokenizer=vocab_size, eos=eos,
                 tokenizer=str(tokenizer) if path_like and tokenizer is not None else
-                          None if tokenizer is None else type(tokenizer).__name__, max_chars=max_chars)
+                          None if tokenizer is None else type(tokenizer).__name__, max_chars=max_chars,
+                **(dict(val_docs=val_docs, seed=seed) if val_docs else {}))
     key = dict(args=args, input_sha256=file_sha256(selected))
-    tok = _get_tokenizer(selected, out, tokenizer, vocab_size, key)
+    held = cache(lambda: heldout_acts(selected, val_docs, seed) if val_docs else None)  # read when first needed
+    tok = _get_tokenizer(selected, out, tokenizer, vocab_size, key, held)
     key['tokenizer_sha256'] = tokenizer_sha256(tok)
     if (m := _up_to_date(out, key)): return m
     eos_id, work = find_eos(tok, eos or configured_eos(tokenizer)), _work_folder(out, key)
+    held()  # a --val-docs that leaves no training act is refused before anything is written
     opt = dict(num_proc=num_proc, batch_chars=batch_chars, flush_tokens=flush_tokens, progress=progress,
                on_shard=on_shard, command=_command_line(args, out) if path_like else None)
     with _undone_on_error(work, out):
-        done, resume = _start(work, key, tok, opt['command'])
-        m = _build(selected, work, tok, key, done, resume or _fresh(), eos_id, vocab_size_of(tok), seq_len + 1,
-                   shards, opt)
+        done = _start(work, key, tok, opt['command'])
+        m = _build_all(selected, work, tok, key, done, held(), eos_id, vocab_size_of(tok), seq_len + 1, shards, opt)
     if work != out: _swap(work, out)
     return m
 
@@ -567,55 +633,86 @@ def _fresh() -> dict:
                 packer=dict(position=0, chunks=[], starts=[]))
 
 # %% ../nbs/02_corpus.ipynb #3799e41a
-def _build(selected, out, tok, key, done, resume, eos_id, vocab, row_len, shards, opt) -> dict:
-    "The build loop over shards (see build_corpus)."
-    size, packer = selected.stat().st_size, RowPacker(row_len, eos_id).restore(resume['packer'])
-    pieces = iter_pieces(selected, key['args']['max_chars'], resume['offset'], resume['line'], resume['skip'])
+def _build_all(selected, out, tok, key, done, held, eos_id, vocab, row_len, shards, opt) -> dict:
+    "Write heldout.jsonl, the training shards, then the held-out shards; each part resumes where it stopped."
+    partial, keep = _partial(opt['command'], key, done), None
+    if held is not None:
+        partial['heldout'] = done['heldout'] or _write_heldout(selected, out, held[0])
+        _write_json(out/'manifest.partial.json', partial)
+        keep = lambda rec: act_key(rec) not in held[0]
+    _build(selected, out, '', tok, partial, eos_id, vocab, row_len, shards, opt, keep)
+    if held is not None: _build(out/'heldout.jsonl', out, 'val/', tok, partial, eos_id, vocab, row_len, 1, opt)
+    return _finish(out, tok, key, partial, eos_id, vocab, row_len, held)
+
+def _write_heldout(selected: Path, out: Path, acts: set[str]) -> dict:
+    "Copy the lines of the held-out acts' documents to `out/heldout.jsonl`, byte for byte; the file's record."
+    with atomic_write(out/'heldout.jsonl') as tmp, open(tmp, 'wb') as f, open(selected, 'rb') as src:
+        for n, raw in enumerate(src, 1):
+            if n == 1: raw = raw.removeprefix(b'\xef\xbb\xbf')  # a BOM belongs to the start of a file only
+            if raw.strip() and act_key(_document(selected, n, raw)) in acts:
+                f.write(raw if raw.endswith(b'\n') else raw + b'\n')
+    return dict(file='heldout.jsonl', sha256=file_sha256(out/'heldout.jsonl'), acts=len(acts))
+
+_NO_VAL_ROWS = ('the held-out acts give less than one row of seq_len + 1 tokens; hold out more acts (--val-docs) '
+                'or lower --seq-len')
+
+def _build(source, out, sub, tok, partial, eos_id, vocab, row_len, shards, opt, keep=None):
+    "Write the shards of `source` not yet in `partial` to `out/sub` ('' or 'val/'), recording each (see build_corpus)."
+    records = partial['val_shards' if sub else 'shards']
+    if len(records) >= shards: return
+    resume = records[-1]['next'] if records else _fresh()
+    size, packer = source.stat().st_size, RowPacker(row_len, eos_id).restore(resume['packer'])
+    pieces = iter_pieces(source, partial['args']['max_chars'], resume['offset'], resume['line'], resume['skip'], keep)
     batch_chars = opt['batch_chars'] or max(2**18, 2**17 * (os.cpu_count() or 1))  # every core busy, memory bounded
     encoded = encode_stream(tok, batch_pieces(pieces, batch_chars), opt['num_proc'])
-    bar = tqdm(total=size, initial=int(resume['offset']), unit='B', unit_scale=True, desc='build-corpus',
-               disable=None if opt['progress'] else True)
+    bar = tqdm(total=size, initial=int(resume['offset']), unit='B', unit_scale=True,
+               desc='held-out' if sub else 'build-corpus', disable=None if opt['progress'] else True)
     stream = _Stream(encoded, packer, resume, opt['flush_tokens'], bar)
-    flow, records = stream.pieces(), list(done)
+    flow = stream.pieces()
     try:
-        for k in range(len(done), shards):
+        for k in range(len(records), shards):
             acc, first = dict(tokens_per_lang=Counter(), starts=[]), packer.position
             name, bound = f'shard_{k:05d}.npy', None if k == shards - 1 else size * (k + 1) / shards
-            rec = write_shard(out/name, _fill_shard(stream, flow, bound, acc), row_len, vocab)
+            rec = write_shard(out/sub/name, _fill_shard(stream, flow, bound, acc), row_len, vocab,
+                              _NO_VAL_ROWS if sub else None)
             starts = np.array(acc['starts'], np.int64) - first
-            with atomic_write(out/'doc_starts'/name) as tmp, open(tmp, 'wb') as f: np.save(f, starts)
-            rec.update(tokens=rec['rows'] * row_len, tokens_per_lang=dict(sorted(acc['tokens_per_lang'].items())),
-                       documents=len(starts), doc_starts=f'doc_starts/{name}',
-                       doc_starts_sha256=file_sha256(out/'doc_starts'/name))
+            with atomic_write(out/sub/'doc_starts'/name) as tmp, open(tmp, 'wb') as f: np.save(f, starts)
+            rec.update(file=sub + name, tokens=rec['rows'] * row_len,
+                       tokens_per_lang=dict(sorted(acc['tokens_per_lang'].items())), documents=len(starts),
+                       doc_starts=f'{sub}doc_starts/{name}', doc_starts_sha256=file_sha256(out/sub/'doc_starts'/name))
             rec['next'] = dict(stream.resume, documents_read=stream.documents, skipped_empty=stream.empty,
                                packer=packer.state())
             records.append(rec)
-            _write_json(out/'manifest.partial.json', dict(format=FORMAT, command=opt['command'], **key, shards=records))
+            _write_json(out/'manifest.partial.json', partial)
             if opt['on_shard']: opt['on_shard'](rec)
     finally:
         bar.close(); stream.encoded.close()
-    return _finish(out, tok, key, records, stream, eos_id, vocab, row_len)
 
 def _write_json(dest: Path, obj: dict):
     "Write JSON atomically, indented, keys in a fixed order."
     with atomic_write(dest) as tmp: tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + '\n')
 
 # %% ../nbs/02_corpus.ipynb #9a995f89
-def _finish(out, tok, key, records, stream, eos_id, vocab, row_len) -> dict:
+def _side(records: list[dict]) -> dict:
+    "Rows, tokens, documents and tokens per language of a list of shard records, and the tail their build dropped."
+    per_lang, last = Counter(), records[-1]['next']
+    for r in records: per_lang.update(r['tokens_per_lang'])
+    return dict(rows=sum(r['rows'] for r in records), tokens=sum(r['tokens'] for r in records),
+                dropped_tail_tokens=sum(len(ids) for _, ids in last['packer']['chunks']),
+                documents=sum(r['documents'] for r in records), documents_read=last['documents_read'],
+                skipped_empty=last['skipped_empty'], tokens_per_lang=dict(sorted(per_lang.items())))
+
+def _finish(out, tok, key, partial, eos_id, vocab, row_len, held) -> dict:
     "Write manifest.json from the shard records and remove the partial manifest."
     from legalnb import __version__
-    per_lang = Counter()
-    for r in records: per_lang.update(r['tokens_per_lang'])
-    shards = [{k: v for k, v in r.items() if k != 'next'} for r in records]
-    last = records[-1]['next']
+    strip = lambda recs: [{k: v for k, v in r.items() if k != 'next'} for r in recs]
+    h = partial['heldout'] and dict(partial['heldout'], **_side(partial['val_shards']))
     m = dict(format=FORMAT, tokenizer='tokenizer.json', tokenizer_sha256=key['tokenizer_sha256'],
              input_sha256=key['input_sha256'], vocab_size=vocab, eos_id=eos_id, special_ids=special_ids(tok),
-             dtype=shard_dtype(vocab).name, seq_len=row_len - 1, row_len=row_len,
-             rows=sum(r['rows'] for r in records), tokens=sum(r['tokens'] for r in records),
-             dropped_tail_tokens=sum(len(ids) for _, ids in last['packer']['chunks']),
-             documents=sum(r['documents'] for r in records), documents_read=last['documents_read'],
-             skipped_empty=last['skipped_empty'], tokens_per_lang=dict(sorted(per_lang.items())), shards=shards,
-             args=key['args'], version=__version__)
+             dtype=shard_dtype(vocab).name, seq_len=row_len - 1, row_len=row_len, **_side(partial['shards']),
+             acts=held and held[1] - len(held[0]), shards=strip(partial['shards']),
+             val_docs=key['args'].get('val_docs', 0), heldout_celex=sorted(held[0]) if held else [], heldout=h,
+             val_shards=strip(partial['val_shards']), args=key['args'], version=__version__)
     _write_json(out/'manifest.json', m)
     (out/'manifest.partial.json').unlink(missing_ok=True)
     return m
@@ -635,7 +732,8 @@ def build_corpus_command(selected: str,                       # selected.jsonl w
     t0, written = time.perf_counter(), []
     m = build_corpus(selected, out, vocab_size=train_tokenizer, on_shard=written.append, **kwargs)
     if not written: print(f'{out} is up to date (same input, arguments and tokenizer; every shard verified)')
-    elif len(written) < len(m['shards']): print(f'resumed: {len(m["shards"]) - len(written)} finished shards kept')
+    elif len(written) < (n := len(m['shards']) + len(m.get('val_shards', []))):
+        print(f'resumed: {n - len(written)} finished shards kept')
     print(summary(m, time.perf_counter() - t0, out))
     return 0
 
@@ -647,4 +745,10 @@ def summary(m: dict, seconds: float, out) -> str:
     return (f"wrote {len(m['shards'])} shards: {m['rows']:,} rows x {m['row_len']} tokens ({m['dtype']}), "
             f"{m['tokens']:,} tokens from {m['documents']:,} documents ({langs}); dropped tail "
             f"{m['dropped_tail_tokens']:,} tokens; {format_duration(seconds)}, "
-            f"{m['tokens'] / max(seconds, 1e-9):,.0f} tokens/s -> {Path(out)/'manifest.json'}")
+            f"{m['tokens'] / max(seconds, 1e-9):,.0f} tokens/s -> {Path(out)/'manifest.json'}" + _heldout_summary(m))
+
+def _heldout_summary(m: dict) -> str:
+    "The held-out line of the summary ('' without held-out acts)."
+    if not (h := m.get('heldout')): return ''
+    return (f"\nheld out {h['acts']:,} acts of {h['acts'] + m['acts']:,} (--val-docs {m['val_docs']}): "
+            f"{h['documents_read']:,} documents -> heldout.jsonl, {h['rows']:,} rows ({h['tokens']:,} tokens) -> val/")

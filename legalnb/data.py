@@ -18,11 +18,11 @@ from tqdm.auto import tqdm
 from .core import LegalnbError, read_json, refuse_overwriting_inputs, run_command
 
 # %% auto #0
-__all__ = ['ROWS_INDEX', 'ID_CAP', 'CHUNK_TOKENS', 'NOMINAL_PARAMS', 'TOKENS_PER_PARAM', 'MAX_GOOD_EPOCHS', 'npy_header',
-           'open_rows', 'Segment', 'read_manifest', 'data_files', 'list_sources', 'find_segments',
-           'PretokenizedDataset', 'shift_pair', 'StepSampler', 'make_loader', 'FileCheck', 'ValidationReport',
-           'validate', 'model_params', 'recommend', 'format_recommendations', 'split', 'validate_command',
-           'validate_main', 'split_command', 'split_main']
+__all__ = ['ROWS_INDEX', 'ID_CAP', 'CHUNK_TOKENS', 'NOMINAL_PARAMS', 'TOKENS_PER_PARAM', 'MAX_GOOD_EPOCHS', 'SPLIT_MODES',
+           'npy_header', 'open_rows', 'Segment', 'read_manifest', 'data_files', 'list_sources', 'find_segments',
+           'PretokenizedDataset', 'shift_pair', 'doc_starts_file', 'read_doc_starts', 'doc_start_mask', 'StepSampler',
+           'make_loader', 'FileCheck', 'ValidationReport', 'validate', 'model_params', 'recommend',
+           'format_recommendations', 'split', 'validate_command', 'validate_main', 'split_command', 'split_main']
 
 # %% ../nbs/03_data.ipynb #b0a87c08
 def npy_header(path: Path) -> tuple[tuple, np.dtype, int]:
@@ -188,11 +188,12 @@ def _manifest_folder(path) -> Path:
     return Path(path) if Path(path).is_dir() else Path(path).parent
 
 class PretokenizedDataset(torch.utils.data.Dataset):
-    "Token rows from `.npy`/`.pt` files as `(input_ids, targets)` int64 pairs."
+    "Token rows from `.npy`/`.pt` files as `(input_ids, targets)` int64 pairs (and document starts, if asked)."
     def __init__(self,
                  path: str | Path | Sequence[str | Path],  # folder, rows.json index, one file or a list of files
                  cache_size: int = 8,                      # open files kept memory-mapped (LRU)
-                 vocab_size: int | None = None):           # overrides the manifest's vocab_size
+                 vocab_size: int | None = None,            # overrides the manifest's vocab_size
+                 doc_starts: bool = False):                # also yield each row's (seq_len,) bool document starts
         if cache_size < 1: raise LegalnbError(f'cache_size must be >= 1, got {cache_size}')
         self.segments, self.cache_size, self._cache = find_segments(path), cache_size, OrderedDict()
         self.ends = np.cumsum([s.rows for s in self.segments])  # global row where each segment ends
@@ -203,6 +204,9 @@ class PretokenizedDataset(torch.utils.data.Dataset):
         man = None if isinstance(path, (list, tuple)) else read_manifest(_manifest_folder(path))
         self.vocab_size = vocab_size or (man or {}).get('vocab_size')
         self.opens = 0  # files opened so far (a cache miss each)
+        self.doc_starts, self._starts = doc_starts, OrderedDict()  # file -> its document starts (LRU, like rows)
+        files = dict.fromkeys(s.file for s in self.segments)
+        self.missing_doc_starts = [f for f in files if not doc_starts_file(f).is_file()] if doc_starts else []
 
 # %% ../nbs/03_data.ipynb #f9abfc3c
 def _row_len_of(file: Path) -> tuple[int, np.dtype]:
@@ -245,7 +249,7 @@ def _locate(self: PretokenizedDataset, rows: np.ndarray) -> tuple[np.ndarray, np
 @patch
 def __getstate__(self: PretokenizedDataset) -> dict:
     "Pickle without open memory maps (DataLoader workers reopen their own)."
-    return {**self.__dict__, '_cache': OrderedDict()}
+    return {**self.__dict__, '_cache': OrderedDict(), '_starts': OrderedDict()}
 
 @patch
 def __len__(self: PretokenizedDataset) -> int: return int(self.ends[-1]) if len(self.ends) else 0
@@ -257,15 +261,66 @@ def shift_pair(rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
             torch.from_numpy(np.ascontiguousarray(rows[..., 1:], dtype=np.int64)))
 
 @patch
-def __getitem__(self: PretokenizedDataset, i: int | Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    "`(input_ids, targets)` of row `i` (shape (seq_len,)) or of a list of rows (shape (B, seq_len)), int64."
+def __getitem__(self: PretokenizedDataset, i: int | Sequence[int]) -> tuple[torch.Tensor, ...]:
+    "`(input_ids, targets[, doc_starts])` of row `i` (shape (seq_len,)) or of a list of rows (shape (B, seq_len))."
     seg, local = self._locate(np.atleast_1d(np.asarray(i, dtype=np.int64)))
-    if np.ndim(i) == 0: return shift_pair(self.file_rows(self.segments[seg[0]].file)[local[0]])
+    if np.ndim(i) == 0:
+        pair = shift_pair(self.file_rows(self.segments[seg[0]].file)[local[0]])
+        return (*pair, self._doc_starts(seg, local)[0]) if self.doc_starts else pair
     raw = np.empty((len(local), self.row_len), self.dtype)  # (B, row_len) in the ids' own dtype
     order = np.lexsort((local, seg))  # by segment, then by row: one sorted gather per segment
     for group in np.split(order, np.flatnonzero(np.diff(seg[order])) + 1) if len(order) else []:
         raw[group] = self.file_rows(self.segments[seg[group[0]]].file)[local[group]]
-    return shift_pair(raw)
+    pair = shift_pair(raw)
+    return (*pair, self._doc_starts(seg, local)) if self.doc_starts else pair
+
+# %% ../nbs/03_data.ipynb #fbc6e0c2
+def doc_starts_file(file: str | Path) -> Path:
+    "Where the corpus stage keeps the document starts of row file `file`: `doc_starts/NAME.npy` beside its target."
+    real = Path(file).resolve()  # a split's link -> the corpus's shard
+    return real.parent/'doc_starts'/f'{real.stem}.npy'
+
+def read_doc_starts(file: str | Path, rows: int, row_len: int) -> np.ndarray | None:
+    "The document starts of a row file (increasing flat token offsets, memory-mapped); None when it has none."
+    if not (f := doc_starts_file(file)).is_file(): return None
+    shape, dtype, _ = npy_header(f)
+    if len(shape) != 1 or dtype.kind not in 'iu':
+        raise LegalnbError(f'{f}: the document starts of {Path(file).name} must be a 1-D integer array (as '
+                           f'build-corpus writes them), got {dtype} of shape {shape}')
+    starts = np.load(f, mmap_mode='r') if shape[0] else np.zeros(0, np.int64)
+    if len(starts) and (starts[0] < 0 or starts[-1] >= rows * row_len or (np.diff(starts) <= 0).any()):
+        raise LegalnbError(f'{f}: the document starts of {Path(file).name} must increase and lie in '
+                           f'[0, {rows * row_len:,}) (its rows x row_len); build the corpus again')
+    return starts
+
+def doc_start_mask(starts: np.ndarray | None,  # increasing flat token offsets in a file (None: unknown)
+                   rows: np.ndarray,           # row numbers in that file
+                   row_len: int) -> np.ndarray:
+    "(len(rows), row_len - 1) bool: True at the input positions of each row where a document starts."
+    out = np.zeros((len(rows), row_len - 1), bool)
+    if starts is None: return out  # boundaries unknown: the row is one sequence
+    lo = np.asarray(rows, np.int64) * row_len  # flat offset of each row's first token
+    a, z = np.searchsorted(starts, lo), np.searchsorted(starts, lo + row_len - 1)  # starts among the inputs
+    for b in np.flatnonzero(z > a): out[b, np.asarray(starts[a[b]:z[b]]) - lo[b]] = True
+    return out
+
+# %% ../nbs/03_data.ipynb #406d255d
+@patch
+def file_starts(self: PretokenizedDataset, file: Path) -> np.ndarray | None:
+    "The document starts of `file` (None: it has no doc_starts file), kept in an LRU cache like its rows."
+    if file in self._starts: self._starts.move_to_end(file)
+    else:
+        self._starts[file] = read_doc_starts(file, len(self.file_rows(file)), self.row_len)
+        while len(self._starts) > self.cache_size: self._starts.popitem(last=False)
+    return self._starts[file]
+
+@patch
+def _doc_starts(self: PretokenizedDataset, seg: np.ndarray, local: np.ndarray) -> torch.Tensor:
+    "(B, seq_len) bool document starts of the rows `local` of segments `seg`."
+    out = np.zeros((len(local), self.seq_len), bool)
+    for k in np.unique(seg):
+        out[seg == k] = doc_start_mask(self.file_starts(self.segments[k].file), local[seg == k], self.row_len)
+    return torch.from_numpy(out)
 
 # %% ../nbs/03_data.ipynb #e3b0fe1d
 class StepSampler:
@@ -566,29 +621,49 @@ def _write_side(folder: Path, mode: str, segs: list[Segment], row_len: int, voca
     (folder/ROWS_INDEX).write_text(json.dumps(spec, indent=1))
 
 def _link_extras(src: Path, out: Path) -> list[str]:
-    "Link manifest.json and the tokenizer of the source folder into the split; the names linked."
-    man, done = read_manifest(src) if src.is_dir() else None, []
-    tok = (man or {}).get('tokenizer') or 'tokenizer.json'
-    for name, target in (('manifest.json', src/'manifest.json'), ('tokenizer.json', src/tok)):
+    "Link manifest.json, the tokenizer and heldout.jsonl of the source folder into the split; the names linked."
+    man, done = (read_manifest(src) if src.is_dir() else None) or {}, []
+    tok, held = man.get('tokenizer') or 'tokenizer.json', man.get('heldout')
+    extras = [('manifest.json', src/'manifest.json'), ('tokenizer.json', src/tok)]
+    if isinstance(held, dict) and isinstance(held.get('file'), str): extras.append(('heldout.jsonl', src/held['file']))
+    for name, target in extras:
         if src.is_dir() and target.is_file(): os.symlink(target.resolve(), out/name); done.append(name)
     return done
 
 # %% ../nbs/03_data.ipynb #48057659
+def _heldout_shards(src: Path) -> list[Path] | None:
+    "The held-out shards of a corpus built with `--val-docs` (its manifest's `val_shards`), else None."
+    man = _manifest_at(src/'manifest.json') if src.is_dir() and (src/'manifest.json').is_file() else {}
+    if not (recs := man.get('val_shards')): return None
+    if not isinstance(recs, list) or not all(isinstance(r, dict) and isinstance(r.get('file'), str) for r in recs):
+        raise LegalnbError(f'{src/"manifest.json"}: "val_shards" must be a list of {{"file": ...}} records')
+    return [src/r['file'] for r in recs]
+
 def split(path: str | Path,          # folder (or file) of row files
           out: str | Path,           # new folder: out/train, out/val
-          val_ratio: float = 0.01,   # share of rows (or files) for validation, 0 < val_ratio < 1
+          val_ratio: float | None = None,  # val/'s share of rows or files, in (0, 1); if not given 0.01
           seed: int = 0,             # which files or rows go to val
-          by: Literal['auto', 'files', 'rows'] = 'auto',  # auto: whole files when there are >= 1/val_ratio of them
+          by: Literal['auto', 'documents', 'files', 'rows'] = 'auto',  # auto: documents if held out, else files/rows
          ) -> dict:
     "Split row files into out/train and out/val of symbolic links (or row-range indexes); a summary dict."
-    if not 0 < val_ratio < 1: raise LegalnbError(f'--val-ratio must be between 0 and 1, got {val_ratio}')
-    if by not in ('auto', 'files', 'rows'): raise LegalnbError(f"--by must be 'auto', 'files' or 'rows', got {by!r}")
     out, src = Path(out), Path(path)
+    if by not in ('auto', 'documents', 'files', 'rows'):
+        raise LegalnbError(f"--by must be 'auto', 'documents', 'files' or 'rows', got {by!r}")
+    if val_ratio is not None and not 0 < val_ratio < 1:
+        raise LegalnbError(f'--val-ratio must be between 0 and 1, got {val_ratio}')
     refuse_overwriting_inputs([src], [out])
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise LegalnbError(f'--out {out} exists and is not empty; choose a new folder or remove it')
     ds = PretokenizedDataset(path)  # checks row lengths and readability of every header
-    mode, train, val = _choose(ds.segments, val_ratio, seed, by)
+    held = _heldout_shards(src) if by in ('auto', 'documents') else None
+    if by == 'documents' and held is None:
+        raise LegalnbError(f'{src}: --by documents needs a corpus with held-out acts, and this one has none: build it '
+                           'with `legalnb build-corpus --val-docs 0.01`, or split it --by files or --by rows')
+    if held and val_ratio is not None:
+        raise LegalnbError(f'--val-ratio does not apply to {src}: its held-out acts (build-corpus --val-docs) are '
+                           'the validation side; drop --val-ratio, or pass --by rows to cut the training rows instead')
+    if held: mode, train, val = 'documents', ds.segments, _heldout_side(held, ds)
+    else: mode, train, val = _choose(ds.segments, 0.01 if val_ratio is None else val_ratio, seed, by)
     parent = out.absolute().parent
     made = [p for p in reversed([parent, *parent.parents]) if not p.exists()]  # folders this split creates for --out
     try:
@@ -597,9 +672,10 @@ def split(path: str | Path,          # folder (or file) of row files
     except OSError as e: raise LegalnbError(f'--out {out}: cannot be written ({e.strerror})') from None
     umask = os.umask(0); os.umask(umask); tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; a split is not
     try:
-        for side, segs in (('train', train), ('val', val)): _write_side(tmp/side, mode, segs, ds.row_len, ds.vocab_size)
-        info = dict(source=str(src.resolve()), mode=mode, val_ratio=val_ratio, seed=seed, row_len=ds.row_len,
-                    vocab_size=ds.vocab_size, linked=_link_extras(src, tmp),
+        for side, segs in (('train', train), ('val', val)):
+            _write_side(tmp/side, 'rows' if mode == 'rows' else 'files', segs, ds.row_len, ds.vocab_size)
+        info = dict(source=str(src.resolve()), mode=mode, val_ratio=None if held else val_ratio or 0.01, seed=seed,
+                    row_len=ds.row_len, vocab_size=ds.vocab_size, linked=_link_extras(src, tmp),
                     **{side: dict(files=len({s.file for s in segs}), rows=sum(s.rows for s in segs))
                        for side, segs in (('train', train), ('val', val))})
         (tmp/'split.json').write_text(json.dumps(info, indent=1))
@@ -611,6 +687,15 @@ def split(path: str | Path,          # folder (or file) of row files
         if tmp.exists(): shutil.rmtree(tmp)
         if made and not out.exists(): shutil.rmtree(made[0], ignore_errors=True)
     return info
+
+def _heldout_side(files: list[Path], ds: PretokenizedDataset) -> list[Segment]:
+    "The segments of the held-out shards, once they exist and have the training rows' length."
+    for f in files:
+        if not f.exists(): raise LegalnbError(f'{f}: listed in manifest.json (val_shards) but missing')
+    val = PretokenizedDataset(files)
+    if val.row_len != ds.row_len:
+        raise LegalnbError(f'{files[0]}: rows of {val.row_len} tokens, the training shards have {ds.row_len}')
+    return val.segments
 
 # %% ../nbs/03_data.ipynb #b3a32ae9
 def _report_text(rep: ValidationReport, as_json: bool, with_recommend: bool) -> str:
@@ -633,6 +718,11 @@ def validate_command(path: str,                # folder of (rows, seq_len + 1) .
 def validate_main(argv: list[str]) -> int: return run_command(validate_command, argv, 'legalnb validate')
 
 # %% ../nbs/03_data.ipynb #712b2203
+SPLIT_MODES = {  # what each mode means for the honesty of the validation loss
+    'documents': "val/ = the corpus's held-out acts (build-corpus --val-docs): no act on both sides",
+    'files': 'val/ = whole files, cut without regard to documents (data without held-out acts)',
+    'rows': 'val/ = a block of rows, cut without regard to documents (data without held-out acts)'}
+
 @delegates(split)
 def split_command(path: str,              # folder of .npy/.pt row files (a corpus from build-corpus) or one file
                   out: str | None = None, # new folder for train/, val/, manifest.json, tokenizer.json (required)
@@ -640,7 +730,8 @@ def split_command(path: str,              # folder of .npy/.pt row files (a corp
     "Split pretokenized files into train/ and val/ without copying."
     if out is None: raise LegalnbError('--out is required: a new folder for train/ and val/, e.g. --out split')
     info = split(path, out, **kwargs)
-    how = 'symbolic links' if info['mode'] == 'files' else 'rows.json row ranges'
+    how = 'rows.json row ranges' if info['mode'] == 'rows' else 'symbolic links'
+    print(f'mode {info["mode"]}: {SPLIT_MODES[info["mode"]]}')
     for side in ('train', 'val'):
         print(f'{side:<5} {info[side]["rows"]:>10,} rows from {info[side]["files"]:,} file(s) -> {Path(out)/side}')
     print(f'({how}; no data copied; linked: {", ".join(info["linked"]) or "nothing"})')

@@ -399,8 +399,8 @@ def test_validate_and_split_flags_are_declared_once(capsys, monkeypatch):
     monkeypatch.setenv('COLUMNS', '200')
     with pytest.raises(SystemExit): cli(['split', '--help'])
     out = capsys.readouterr().out
-    assert '--val-ratio VAL_RATIO' in out and '(default: 0.01)' in out and out.count('0.01') == 1
-    assert "{auto,files,rows}" in out and '(default: auto)' in out
+    assert '--val-ratio VAL_RATIO' in out and 'if not given 0.01' in out and out.count('0.01') == 1
+    assert "{auto,documents,files,rows}" in out and '(default: auto)' in out
     with pytest.raises(SystemExit): cli(['validate', '--help'])
     out = capsys.readouterr().out
     assert all(f in out for f in ('--vocab-size', '--json', '--recommend'))
