@@ -623,7 +623,8 @@ def report_markdown(r: dict) -> str:
           *[f'- {k}: {_pct(v)}' for k, v in c['by_kind'].items()], '']
     for label, title in (('right_examples', 'Right'), ('wrong_examples', 'Wrong')):
         md += [f'{title}:', ''] + [f'- {e["celex"]} {_quote(e["ref"])}: ...{_quote(e["before"][-60:])} -> expected '
-                                   f'{_quote(e["expected"])}, greedy {_quote(e["greedy"])}' for e in c[label]] + ['']
+                                   f'{_quote(e["expected"])}, greedy {_quote(e["greedy"])}' for e in c[label]]
+        md += ['- none', ''] if not c[label] else ['']
     md += ['## Generated continuations', '']
     for s in r['samples']:
         md += [f'### {s["celex"]} ({s["lang"]})', '', '```text', s['prompt'][-200:].lstrip(), '```', '',
