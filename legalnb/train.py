@@ -4,11 +4,11 @@
 
 # %% ../nbs/05_train.ipynb #a2630aca
 from __future__ import annotations
-import argparse, dataclasses, json, math, os, pickle, random, re, shutil, sys, time
+import argparse, dataclasses, inspect, json, math, os, pickle, random, re, shutil, sys, time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, asdict, fields, InitVar
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Iterable, Iterator, Literal
 
 import numpy as np
 import torch
@@ -22,8 +22,10 @@ __all__ = ['SCHEDULES', 'DEVICES', 'STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHAN
            'ProgressBar', 'TensorBoardLog', 'WandbLog', 'autocast_for', 'Dist', 'setup_distributed', 'all_mean',
            'rng_state', 'set_rng_state', 'seed_everything', 'checkpoint_step', 'list_checkpoints', 'save_checkpoint',
            'find_checkpoint', 'load_checkpoint', 'load_for_resume', 'open_split', 'train_loader', 'val_loader',
-           'model_config', 'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run', 'evaluate',
-           'peak_flops', 'check_new_run', 'train', 'train_parser', 'config_from_args', 'train_main']
+           'unpack_batch', 'takes_doc_starts', 'model_loss', 'model_config', 'make_optimizer', 'check_resume',
+           'upgraded_config', 'check_same_run', 'evaluate', 'peak_flops', 'shard_model', 'save_shards', 'load_shards',
+           'consolidated_model', 'Interval', 'check_new_run', 'Run', 'setup', 'resume', 'train_step', 'end_interval',
+           'save_run', 'summarize', 'record_architecture', 'train', 'train_parser', 'config_from_args', 'train_main']
 
 # %% ../nbs/05_train.ipynb #a6da8542
 SCHEDULES = ('cosine', 'restarts', 'constant')
@@ -414,14 +416,16 @@ def _save_file(obj, path: Path):
 
 def save_checkpoint(run_dir: str | Path,  # the run folder (checkpoints/ is created in it)
                     state: dict,          # model, optimizer, scheduler, scaler, rng, data, step, elapsed, configs
-                    keep: int = 3) -> Path:
+                    keep: int = 3,        # newest checkpoints kept
+                    shards: Path | None = None) -> Path:  # FSDP: the folder of sharded weights, moved in as sharded/
     "Write `state` atomically as checkpoints/step-N, then delete all but the newest `keep` older ones."
     ck = Path(run_dir)/'checkpoints'; ck.mkdir(parents=True, exist_ok=True)
     step = state['step']; final = ck/f'step-{step:08d}'
     tmp = ck/f'.tmp-step-{step:08d}-{os.getpid()}'
     shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir()
     try:
-        _save_file(state['model'], tmp/'model.pt')
+        if 'model' in state: _save_file(state['model'], tmp/'model.pt')
+        if shards is not None: os.replace(shards, tmp/'sharded')
         _save_file({k: v for k, v in state.items() if k not in ('model', 'config', 'model_config')}, tmp/'trainer.pt')
         meta = {k: state.get(k) for k in ('step', 'elapsed', 'config', 'model_config')}
         (tmp/'config.json').write_text(json.dumps(meta, indent=1, default=str))
@@ -465,10 +469,11 @@ def load_checkpoint(path: str | Path, map_location='cpu') -> dict:
     "Read a checkpoint folder back into the dict `save_checkpoint` was given (nothing in it runs as code)."
     path = Path(path)
     meta = read_json(path/'config.json', "a checkpoint's step, elapsed time and configs")
-    trainer, model = _load_pt(path/'trainer.pt', map_location), _load_pt(path/'model.pt', map_location)
+    trainer = _load_pt(path/'trainer.pt', map_location)
     if not isinstance(trainer, dict):
         raise LegalnbError(f'{path/"trainer.pt"}: expected a dict of trainer state, got {type(trainer).__name__}')
-    return {**trainer, **meta, 'model': model}
+    if (path/'sharded').is_dir(): return {**trainer, **meta, 'sharded': path/'sharded'}  # FSDP: read by every rank
+    return {**trainer, **meta, 'model': _load_pt(path/'model.pt', map_location)}
 
 def load_for_resume(path: Path, run_dir: str | Path) -> dict:
     "`load_checkpoint(path)`; when it fails, the message offers the newest checkpoint of the run that loads."
@@ -519,6 +524,24 @@ def val_loader(ds, cfg: TrainConfig, d: Dist):
     loader = make_loader(ds, order, num_workers=0)
     loader.generator = torch.Generator().manual_seed(cfg.seed)
     return loader
+
+# %% ../nbs/05_train.ipynb #a1b2c303
+def unpack_batch(batch) -> tuple:
+    "(input_ids, targets, doc_starts or None) of a batch: (x, y), (x, y, doc_starts) or a dict with those keys."
+    if isinstance(batch, dict): return batch['input_ids'], batch['targets'], batch.get('doc_starts')
+    x, y, *rest = batch
+    return x, y, (rest[0] if rest else None)
+
+def takes_doc_starts(model: torch.nn.Module) -> bool:
+    "Whether the model's forward accepts `doc_starts`, the (B, L) bool mask of document starts in each row."
+    return 'doc_starts' in inspect.signature(model.forward).parameters
+
+def model_loss(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor | None,
+               doc_starts: bool) -> torch.Tensor:
+    "The mean loss of `net` on a batch; document starts go to models that take them (`doc_starts`)."
+    if starts is not None and doc_starts: return net(x, y, doc_starts=starts.to(x.device, non_blocking=True))[1]
+    return net(x, y)[1]
+
 
 # %% ../nbs/05_train.ipynb #0e100099
 def model_config(cfg: TrainConfig, vocab_size: int, seq_len: int):
@@ -571,10 +594,12 @@ def check_same_run(saved: dict,        # the TrainConfig stored in the checkpoin
 def evaluate(model: torch.nn.Module, loader: Iterable, d: Dist, precision: str, max_batches: int) -> float:
     "Mean loss over the first `max_batches` batches of `loader`, averaged over ranks."
     was = model.training; model.eval()
-    total, n = torch.zeros((), device=d.device), 0
-    for x, y in loader:
+    total, n, doc_starts = torch.zeros((), device=d.device), 0, takes_doc_starts(model)
+    for batch in loader:
         if n >= max_batches: break
-        with autocast_for(precision, d.device): _, loss = model(x.to(d.device), y.to(d.device))
+        x, y, starts = unpack_batch(batch)
+        x, y = x.to(d.device), y.to(d.device)
+        with autocast_for(precision, d.device): loss = model_loss(model, x, y, starts, doc_starts)
         total += loss.float(); n += 1
     model.train(was)
     return all_mean(total / max(n, 1), d).item()
@@ -586,13 +611,73 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     try: return peak_tflops(find_gpu(torch.cuda.get_device_name(device)), precision) * 1e12
     except LegalnbError: return None
 
+# %% ../nbs/05_train.ipynb #a1b2c308
+def shard_model(model: torch.nn.Module) -> torch.nn.Module:
+    "FSDP2: shard each repeated block (the longest nn.ModuleList), then the rest at the root, as torchtitan does."
+    from torch.distributed.fsdp import fully_shard
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    for block in max(lists, key=len) if lists else (): fully_shard(block)
+    fully_shard(model)  # the root: embeddings, final norm, head (a tied head stays one tensor)
+    return model
+
+def save_shards(run: Run, step: int) -> Path:
+    "Every rank writes its shards of the weights and optimizer (torch.distributed.checkpoint) into one folder."
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    folder = run.out/'checkpoints'/f'.tmp-step-{step:08d}-shards'   # save_checkpoint moves it into the checkpoint
+    if run.d.main: shutil.rmtree(folder, ignore_errors=True)
+    dist.barrier()
+    model, optimizer = get_state_dict(run.model, run.opt)          # keyed by parameter name, values sharded
+    dcp.save({'model': model, 'optimizer': optimizer}, checkpoint_id=folder)
+    dist.barrier()
+    return folder
+
+def load_shards(run: Run, folder: Path):
+    "Read the shards `save_shards` wrote back into the sharded model and optimizer, in place."
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model, optimizer = get_state_dict(run.model, run.opt)  # the layout to fill (an empty optimizer gets its states)
+    state = {'model': model, 'optimizer': optimizer}
+    try: dcp.load(state, checkpoint_id=folder)
+    except Exception as e:
+        why = str(e).strip().splitlines()[-1][:200]
+        raise LegalnbError(f'{folder}: the sharded weights do not load ({why}); resume an older checkpoint') from None
+    set_state_dict(run.model, run.opt, model_state_dict=state['model'], optim_state_dict=state['optimizer'])
+
+def consolidated_model(run: Run) -> torch.nn.Module | None:
+    "The trained model as one module on rank 0 (gathered from the shards under FSDP); None on the other ranks."
+    if not run.sharded: return run.model if run.d.main else None
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, StateDictOptions
+    full = get_model_state_dict(run.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not run.d.main: return None
+    model = run.spec.build(run.model_config)  # on the CPU, where the gathered weights are
+    model.load_state_dict(full)
+    return model
+
+
 # %% ../nbs/05_train.ipynb #e3008452
-def _interval_record(step, max_steps, loss, gnorm, lr, secs, wait, n, tokens_per_step, fpt, peak) -> dict:
-    "The step record of a log interval of `n` steps that took `secs` seconds."
-    tps = tokens_per_step * n / secs
-    return dict(step=step, loss=loss, lr=lr, grad_norm=gnorm, tokens_per_sec=tps,
-                mfu=fpt * tps / peak if peak else None, step_ms=1000 * secs / n,
-                data_wait=wait / secs, eta_s=(max_steps - step) * secs / n)
+@dataclass
+class Interval:
+    "What a log interval gathers between two host syncs: losses and gradient norms summed on the device, and time."
+    loss: torch.Tensor         # () sum of the steps' losses, on the device: no host sync per step
+    grad_norm: torch.Tensor    # () sum of the steps' gradient norms (before clipping)
+    steps: int = 0             # optimizer steps in the interval
+    wait: float = 0.0          # seconds spent waiting for batches (the data loader's share of the time)
+    t0: float = dataclasses.field(default_factory=time.perf_counter)  # when the interval began
+
+    @classmethod
+    def start(cls, device: torch.device) -> Interval:
+        "A new, empty interval."
+        return cls(torch.zeros((), device=device), torch.zeros((), device=device))
+
+    def record(self, step: int, max_steps: int, lr: float, tokens_per_step: int, fpt: float, peak: float | None,
+               d: Dist) -> dict:
+        "The step record of the interval ending at `step`: its one host sync (the loss averaged over ranks)."
+        secs, n = time.perf_counter() - self.t0, self.steps
+        tps = tokens_per_step * n / secs
+        return dict(step=step, loss=(all_mean(self.loss, d) / n).item(), lr=lr, grad_norm=(self.grad_norm / n).item(),
+                    tokens_per_sec=tps, mfu=fpt * tps / peak if peak else None, step_ms=1000 * secs / n,
+                    data_wait=self.wait / secs, eta_s=(max_steps - step) * secs / n)
 
 def _nan_stop(loss: float, first: int, last: int, out: Path):
     "Stop the run on a non-finite loss, naming the last good checkpoint."
@@ -626,14 +711,60 @@ def _removed_if_failed(out: Path, main: bool):
         if main and new and out.is_dir() and not list_checkpoints(out): shutil.rmtree(out, ignore_errors=True)
         raise
 
-# %% ../nbs/05_train.ipynb #b2d6f4d6
-def train(cfg: TrainConfig,             # the run
-          callbacks: Iterable = ()) -> dict:  # extra callbacks (rank 0 only), e.g. the live plot
-    "Train the architecture `cfg.model` names as `cfg` says; return the run's summary."
-    from torch.nn.parallel import DistributedDataParallel as DDP
+
+# %% ../nbs/05_train.ipynb #a1b2c301
+@dataclass(eq=False)
+class Run:
+    "A run in progress: built by `setup`, advanced by `train_step` and `end_interval`, closed by `summarize`."
+    cfg: TrainConfig
+    d: Dist                      # this process's rank, the world size, the device
+    out: Path                    # the run folder
+    train_ds: object             # PretokenizedDataset of the split's train/ (val_ds: its val/)
+    val_ds: object
+    spec: object                 # the ModelSpec of cfg.model: builds, decays, counts and saves the model
+    model_config: object         # the model's shape (ResonanceConfig, GPTConfig, ...), saved in every checkpoint
+    model: torch.nn.Module       # the weights: a plain module, or sharded in place by FSDP
+    opt: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler  # enabled for fp16 only
+    precision: str               # resolved: bf16, fp16 or fp32
+    max_steps: int               # optimizer steps of the whole run
+    sharded: bool = False        # FSDP over several ranks: checkpoints are sharded, the final model gathered
+    doc_starts: bool = False     # the model's forward takes doc_starts: batches that carry them pass them on
+    fpt: float = 0.0             # matmul FLOPs per trained token: MFU's numerator (the peak counts matmuls)
+    peak: float | None = None    # the GPU's dense peak FLOP/s at this precision (None: CPU, or not in the table)
+    net: torch.nn.Module | None = None  # what a step calls: the model, DDP(model), compiled or not
+    start: int = 0               # the step this process starts from (> 0 when resumed)
+    step: int = 0                # optimizer steps done
+    lr: float = 0.0              # the learning rate of the latest step
+    elapsed0: float = 0.0        # seconds trained before this process (a resumed run)
+    t_start: float = dataclasses.field(default_factory=time.perf_counter)
+    callbacks: list = dataclasses.field(default_factory=list)  # rank 0's watchers
+    interval: Interval | None = None  # the log interval in progress
+    last: dict | None = None     # the latest step record
+    val: dict | None = None      # the latest eval record
+    speeds: list = dataclasses.field(default_factory=list)  # tokens/s of every interval (the summary's median)
+
+    @property
+    def global_batch(self) -> int: return self.cfg.batch_size * self.cfg.grad_accum * self.d.world_size
+    @property
+    def tokens_per_step(self) -> int: return self.global_batch * self.train_ds.seq_len
+
+    def state(self, step: int) -> dict:
+        "What a checkpoint holds besides the weights and the optimizer (those depend on the strategy)."
+        return dict(scaler=self.scaler.state_dict(), scheduler={'schedule': self.cfg.schedule, 'step': step},
+                    rng=rng_state(), data=dict(step=step, seed=self.cfg.seed, global_batch=self.global_batch,
+                                               rows=len(self.train_ds)),
+                    step=step, elapsed=self.elapsed0 + time.perf_counter() - self.t_start, config=asdict(self.cfg),
+                    model_config=self.model_config.to_dict())
+
+
+# %% ../nbs/05_train.ipynb #a1b2c302
+def setup(cfg: TrainConfig) -> Run:
+    "Everything before the first step: ranks, seed, data, model, optimizer, a resumed state. Writes nothing."
     from legalnb.models import get_model
+    from torch.nn.parallel import DistributedDataParallel as DDP
     t_start, out = time.perf_counter(), Path(cfg.out)
-    # -- set-up: ranks, speed switches, one seed for everything
+    # -- ranks, speed switches, one seed for everything
     d = setup_distributed(cfg.device)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
     if cfg.cpu_threads: torch.set_num_threads(cfg.cpu_threads)
@@ -642,113 +773,164 @@ def train(cfg: TrainConfig,             # the run
     train_ds, val_ds = open_split(cfg.data, cfg.vocab_size)
     refuse_overwriting_inputs([cfg.data], [out], '--out')
     if out.exists() and not out.is_dir(): raise LegalnbError(f'--out {out} is a file; --out names a run folder')
-    seq_len, vocab = train_ds.seq_len, train_ds.vocab_size
     global_batch = cfg.batch_size * cfg.grad_accum * d.world_size
     max_steps = math.ceil(cfg.epochs * len(train_ds) / global_batch) if cfg.epochs else cfg.max_steps
-    # -- model, precision (float32 on the CPU), optimizer
-    mc = model_config(cfg, vocab, seq_len)
-    spec = get_model(cfg.model)
-    model = spec.build(mc).to(d.device)
+    # -- the architecture the registry names, sharded under FSDP; precision (float32 on the CPU); optimizer
+    spec, mc = get_model(cfg.model), model_config(cfg, train_ds.vocab_size, train_ds.seq_len)
+    model, sharded = spec.build(mc).to(d.device), cfg.strategy == 'fsdp' and d.world_size > 1
+    if sharded: shard_model(model)
     precision = resolve_precision(cfg.precision, cuda_capability(d.device)) if d.device.type == 'cuda' else 'fp32'
-    opt = make_optimizer(model, cfg, d.device)
-    scaler = torch.amp.GradScaler('cuda', enabled=precision == 'fp16')
+    run = Run(cfg, d, out, train_ds, val_ds, spec, mc, model, make_optimizer(model, cfg, d.device),
+              torch.amp.GradScaler('cuda', enabled=precision == 'fp16'), precision, max_steps, sharded, t_start=t_start)
+    run.doc_starts = takes_doc_starts(model)
+    run.fpt, run.peak = spec.matmul_flops_per_token(mc), peak_flops(d.device, precision)  # MFU counts matmuls
     # -- the run folder: resume its run (weights, optimizer, scaler, RNG, data position), or refuse to clobber one
-    start, elapsed0 = 0, 0.0
-    if cfg.resume:
-        path = find_checkpoint(out, cfg.resume)
-        ck = load_for_resume(path, out)  # on the CPU: RNG states must stay CPU tensors; load_state_dict moves the rest
-        check_resume(ck['model_config'], mc, path)
-        check_same_run(ck['config'], cfg, path)
-        if ck['data'].get('rows', len(train_ds)) != len(train_ds):
-            raise LegalnbError(f"{path}: checkpoint of a run on {ck['data']['rows']:,} training rows, "
-                               f'--data {cfg.data} has {len(train_ds):,}; resume with the split it was trained on')
-        start, elapsed0 = ck['step'], ck['elapsed']
-        if start >= max_steps:
-            raise LegalnbError(f'{path}: the run is already at step {start} of {max_steps}; '
-                               'raise --max-steps to train further')
-        if (out/'metrics.jsonl').exists(): metric_lines(out/'metrics.jsonl')  # damaged: refused before any write
-        model.load_state_dict(ck['model']); opt.load_state_dict(ck['optimizer']); scaler.load_state_dict(ck['scaler'])
-        set_rng_state(ck['rng'])
+    if cfg.resume: resume(run)
     else: check_new_run(out, cfg.overwrite)
-    loader = train_loader(train_ds, cfg, d, start)
-    net = DDP(model, device_ids=[d.device.index] if d.device.type == 'cuda' else None) if d.world_size > 1 else model
-    fwd = torch.compile(net) if cfg.compile else net
-    tokens_per_step, window_tokens = global_batch * seq_len, cfg.batch_size * cfg.grad_accum * seq_len
-    fpt, peak = spec.matmul_flops_per_token(mc), peak_flops(d.device, precision)  # MFU: matmul FLOPs, as the peak counts
-    state = lambda step: dict(model=model.state_dict(), optimizer=opt.state_dict(), scaler=scaler.state_dict(),
-                              scheduler={'schedule': cfg.schedule, 'step': step}, rng=rng_state(),
-                              data=dict(step=step, seed=cfg.seed, global_batch=global_batch, rows=len(train_ds)),
-                              step=step,
-                              elapsed=elapsed0 + time.perf_counter() - t_start, config=asdict(cfg),
-                              model_config=mc.to_dict())
-    with _removed_if_failed(out, d.main):
-        if d.main:  # the earlier run (--overwrite), metrics after the resumed step, half-written checkpoints: gone
-            for name in RUN_OUTPUTS if cfg.overwrite else ():
-                if (out/name).is_dir(): shutil.rmtree(out/name)
-                elif (out/name).exists(): (out/name).unlink()
-            out.mkdir(parents=True, exist_ok=True); _trim_metrics(out/'metrics.jsonl', start)
-            for p in (out/'checkpoints').glob('.tmp-step-*'): shutil.rmtree(p, ignore_errors=True)
-        # -- watchers (rank 0): metrics file, progress, optional TensorBoard / W&B, the caller's
-        cbs = []
-        if d.main:
-            cbs = [MetricsFile(out/'metrics.jsonl')] + ([ProgressBar(max_steps, start)] if cfg.progress else [])
-            if cfg.tensorboard: cbs.append(TensorBoardLog(out/'tb'))
-            if cfg.wandb: cbs.append(WandbLog(asdict(cfg)))
-            cbs += list(callbacks)
-        loss_sum, gn_sum = torch.zeros((), device=d.device), torch.zeros((), device=d.device)
-        n, wait, t0, val, last, best_tps = 0, 0.0, time.perf_counter(), None, None, []
-        model.train()
-        batches = iter(loader)
-        # -- the loop: one optimizer step per iteration
-        for step in range(start, max_steps):
-            lr = lr_at(step, cfg)
-            for g in opt.param_groups: g['lr'] = lr
-            for micro in range(cfg.grad_accum):
-                tw = time.perf_counter(); x, y = next(batches); wait += time.perf_counter() - tw
-                x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
-                no_sync = net.no_sync() if d.world_size > 1 and micro < cfg.grad_accum - 1 else nullcontext()
-                with no_sync:
-                    with autocast_for(precision, d.device): _, loss = fwd(x, y)
-                    loss = loss * (y.numel() / window_tokens)  # this micro-batch's share of the window's tokens
-                    scaler.scale(loss).backward()
-                loss_sum += loss.detach()
-            scaler.unscale_(opt)
-            gn_sum += torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf).detach()
-            scaler.step(opt); scaler.update(); opt.zero_grad(set_to_none=True)
-            n, done = n + 1, step + 1
-            do_eval = (cfg.eval_every and done % cfg.eval_every == 0) or done == max_steps
-            do_save = done % cfg.save_every == 0 or done == max_steps
-            if done % cfg.log_every and not do_eval and not do_save: continue
-            # -- the interval's one host sync: losses, NaN check, speed
-            loss_v, gn_v = (all_mean(loss_sum, d) / n).item(), (gn_sum / n).item()
-            if not math.isfinite(loss_v): _nan_stop(loss_v, done - n + 1, done, out)
-            secs = time.perf_counter() - t0
-            last = _interval_record(done, max_steps, loss_v, gn_v, lr, secs, wait, n, tokens_per_step, fpt, peak)
-            best_tps.append(last['tokens_per_sec'])
-            notify(cbs, 'on_step', last)
-            if do_eval:
-                vl = evaluate(model, val_loader(val_ds, cfg, d), d, precision, cfg.eval_batches)
-                val = dict(step=done, val_loss=vl, val_ppl=math.exp(min(vl, 50)))
-                notify(cbs, 'on_eval', val)
-            if do_save:
-                if d.main: save_checkpoint(out, state(done), cfg.keep)
-                if d.world_size > 1: dist.barrier()
-            loss_sum.zero_(); gn_sum.zero_(); n, wait, t0 = 0, 0.0, time.perf_counter()
-        # -- summary: the final model beside the checkpoints, and what the run did
-        newest = list_checkpoints(out)[-1:] if d.main else []
-        summary = dict(step=max_steps, steps=max_steps - start, resumed_from=start if cfg.resume else None,
-                       loss=last and last['loss'], val_loss=val and val['val_loss'], val_ppl=val and val['val_ppl'],
-                       tokens=tokens_per_step * max_steps,
-                       tokens_per_sec=float(np.median(best_tps)) if best_tps else None,
-                       mfu=last and last['mfu'], step_ms=last and last['step_ms'], precision=precision,
-                       device=str(d.device), world_size=d.world_size, params=model.num_params(),
-                       elapsed_s=elapsed0 + time.perf_counter() - t_start, out=str(out), model_dir=str(out/'model'),
-                       checkpoint=str(newest[0]) if newest else None)
-        if d.main:
-            model.save(out/'model')
-            with atomic_write(out/'summary.json') as tmp: tmp.write_text(json.dumps(summary, indent=1))
-    notify(cbs, 'on_end', summary)
+    net = DDP(model, device_ids=[d.device.index] if d.device.type == 'cuda' else None) if (
+        d.world_size > 1 and not sharded) else model
+    run.net = torch.compile(net) if cfg.compile else net
+    return run
+
+def resume(run: Run):
+    "Load the checkpoint `--resume` names into `run`, after checking that it is this run's."
+    cfg, out, rows = run.cfg, run.out, len(run.train_ds)
+    path = find_checkpoint(out, cfg.resume)
+    ck = load_for_resume(path, out)  # on the CPU: RNG states must stay CPU tensors; load_state_dict moves the rest
+    check_resume(ck['model_config'], run.model_config, path)
+    check_same_run(ck['config'], cfg, path)
+    if ck['data'].get('rows', rows) != rows:
+        raise LegalnbError(f"{path}: checkpoint of a run on {ck['data']['rows']:,} training rows, "
+                           f'--data {cfg.data} has {rows:,}; resume with the split it was trained on')
+    if ck['step'] >= run.max_steps:
+        raise LegalnbError(f"{path}: the run is already at step {ck['step']} of {run.max_steps}; "
+                           'raise --max-steps to train further')
+    if (out/'metrics.jsonl').exists(): metric_lines(out/'metrics.jsonl')  # damaged: refused before any write
+    if run.sharded != ('sharded' in ck):
+        raise LegalnbError(f'{path}: ' + ('sharded checkpoint (FSDP): resume it with --strategy fsdp on several ranks'
+                                           if 'sharded' in ck else 'a checkpoint of one process or DDP: FSDP resumes '
+                                           'only its own sharded checkpoints; resume it without FSDP'))
+    if run.sharded: load_shards(run, ck['sharded'])
+    else: run.model.load_state_dict(ck['model']); run.opt.load_state_dict(ck['optimizer'])
+    run.scaler.load_state_dict(ck['scaler']); set_rng_state(ck['rng'])
+    run.start = run.step = ck['step']; run.elapsed0 = ck['elapsed']
+
+
+# %% ../nbs/05_train.ipynb #a1b2c304
+def _sync_grads(run: Run, last: bool):
+    "Reduce gradients only on the last micro-batch of a step: DDP's `no_sync` before it, FSDP's switch."
+    if run.sharded: run.model.set_requires_gradient_sync(last); return nullcontext()
+    return run.net.no_sync() if run.d.world_size > 1 and not last else nullcontext()
+
+def train_step(run: Run, batches: Iterator) -> int:
+    "One optimizer step: `grad_accum` micro-batches forward and backward, clip, AdamW. Returns the steps done."
+    cfg, d, iv = run.cfg, run.d, run.interval
+    run.lr = lr_at(run.step, cfg)
+    for g in run.opt.param_groups: g['lr'] = run.lr
+    window_tokens = cfg.batch_size * cfg.grad_accum * run.train_ds.seq_len  # this rank's tokens in the step
+    for micro in range(cfg.grad_accum):
+        tw = time.perf_counter(); x, y, starts = unpack_batch(next(batches)); iv.wait += time.perf_counter() - tw
+        x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
+        with _sync_grads(run, micro == cfg.grad_accum - 1):
+            with autocast_for(run.precision, d.device): loss = model_loss(run.net, x, y, starts, run.doc_starts)
+            loss = loss * (y.numel() / window_tokens)  # this micro-batch's share of the window's tokens
+            run.scaler.scale(loss).backward()
+        iv.loss += loss.detach()
+    run.scaler.unscale_(run.opt)
+    norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip or math.inf)
+    iv.grad_norm += (norm.full_tensor() if hasattr(norm, 'full_tensor') else norm).detach()  # FSDP: a DTensor
+    run.scaler.step(run.opt); run.scaler.update(); run.opt.zero_grad(set_to_none=True)
+    iv.steps += 1; run.step += 1
+    return run.step
+
+
+# %% ../nbs/05_train.ipynb #a1b2c305
+def end_interval(run: Run, step: int):
+    "After `step`: at a log, eval or save step, record the interval (stopping on NaN), evaluate, checkpoint."
+    cfg, d = run.cfg, run.d
+    do_eval = (cfg.eval_every and step % cfg.eval_every == 0) or step == run.max_steps
+    do_save = step % cfg.save_every == 0 or step == run.max_steps
+    if step % cfg.log_every and not do_eval and not do_save: return
+    # -- the interval's one host sync: losses, NaN check, speed
+    rec = run.interval.record(step, run.max_steps, run.lr, run.tokens_per_step, run.fpt, run.peak, d)
+    if not math.isfinite(rec['loss']): _nan_stop(rec['loss'], step - run.interval.steps + 1, step, run.out)
+    run.last = rec; run.speeds.append(rec['tokens_per_sec'])
+    notify(run.callbacks, 'on_step', rec)
+    if do_eval:
+        vl = evaluate(run.model, val_loader(run.val_ds, cfg, d), d, run.precision, cfg.eval_batches)
+        run.val = dict(step=step, val_loss=vl, val_ppl=math.exp(min(vl, 50)))
+        notify(run.callbacks, 'on_eval', run.val)
+    if do_save: save_run(run, step)
+    run.interval = Interval.start(d.device)
+
+def save_run(run: Run, step: int):
+    "Checkpoint the run at `step`: rank 0 writes it all, or under FSDP every rank writes its shards first."
+    state = run.state(step) if run.d.main else None
+    if run.sharded: shards = save_shards(run, step)
+    elif run.d.main: shards = None; state.update(model=run.model.state_dict(), optimizer=run.opt.state_dict())
+    if run.d.main: save_checkpoint(run.out, state, run.cfg.keep, shards)
+    if run.d.world_size > 1: dist.barrier()
+
+
+# %% ../nbs/05_train.ipynb #a1b2c306
+def summarize(run: Run) -> dict:
+    "The final model beside the checkpoints (one folder, gathered from the shards under FSDP), and the summary."
+    cfg, d, out = run.cfg, run.d, run.out
+    final = consolidated_model(run)   # every rank takes part under FSDP; rank 0 gets the model
+    newest = list_checkpoints(out)[-1:] if d.main else []
+    last, val = run.last, run.val
+    summary = dict(step=run.max_steps, steps=run.max_steps - run.start, resumed_from=run.start if cfg.resume else None,
+                   loss=last and last['loss'], val_loss=val and val['val_loss'], val_ppl=val and val['val_ppl'],
+                   tokens=run.tokens_per_step * run.max_steps,
+                   tokens_per_sec=float(np.median(run.speeds)) if run.speeds else None,
+                   mfu=last and last['mfu'], step_ms=last and last['step_ms'], precision=run.precision,
+                   device=str(d.device), world_size=d.world_size, params=run.model.num_params(),
+                   elapsed_s=run.elapsed0 + time.perf_counter() - run.t_start, out=str(out),
+                   model_dir=str(out/'model'), checkpoint=str(newest[0]) if newest else None)
+    if d.main:
+        final.save(out/'model'); record_architecture(out/'model', cfg.model)
+        with atomic_write(out/'summary.json') as tmp: tmp.write_text(json.dumps(summary, indent=1))
     return summary
+
+def record_architecture(folder: Path, name: str):
+    "Add the registry name to a saved model's config.json (if its `save` did not), so `load_model` picks its class."
+    saved = read_json(folder/'config.json', 'a model config written by model.save()')
+    if saved.get('architecture') != name:
+        with atomic_write(folder/'config.json') as tmp:
+            tmp.write_text(json.dumps({'architecture': name, **saved}, indent=1))
+
+
+# %% ../nbs/05_train.ipynb #a1b2c307
+def _open_run_folder(run: Run, callbacks: Iterable):
+    "Rank 0: clear what --overwrite deletes, metrics after the resumed step, half-written saves; start the watchers."
+    cfg, out = run.cfg, run.out
+    if not run.d.main: return
+    for name in RUN_OUTPUTS if cfg.overwrite else ():
+        if (out/name).is_dir(): shutil.rmtree(out/name)
+        elif (out/name).exists(): (out/name).unlink()
+    out.mkdir(parents=True, exist_ok=True); _trim_metrics(out/'metrics.jsonl', run.start)
+    for p in (out/'checkpoints').glob('.tmp-step-*'): shutil.rmtree(p, ignore_errors=True)
+    run.callbacks = [MetricsFile(out/'metrics.jsonl')]
+    if cfg.progress: run.callbacks.append(ProgressBar(run.max_steps, run.start))
+    if cfg.tensorboard: run.callbacks.append(TensorBoardLog(out/'tb'))
+    if cfg.wandb: run.callbacks.append(WandbLog(asdict(cfg)))
+    run.callbacks += list(callbacks)
+
+def train(cfg: TrainConfig,                   # the run
+          callbacks: Iterable = ()) -> dict:  # extra callbacks (rank 0 only), e.g. the live plot
+    "Train the architecture `cfg.model` names as `cfg` says; return the run's summary."
+    run = setup(cfg)                                 # every check that can refuse the run: nothing is written before
+    with _removed_if_failed(run.out, run.d.main):    # a run folder made here goes again if no checkpoint was saved
+        _open_run_folder(run, callbacks)             # the run folder and its watchers (metrics, progress, ...)
+        batches = iter(train_loader(run.train_ds, cfg, run.d, run.start))  # the batches from the resumed step on
+        run.model.train(); run.interval = Interval.start(run.d.device)
+        while run.step < run.max_steps:
+            step = train_step(run, batches)          # grad_accum micro-batches, clip, AdamW
+            end_interval(run, step)                  # log, NaN stop, eval, checkpoint: when their step has come
+        summary = summarize(run)                     # the final model and summary.json
+    notify(run.callbacks, 'on_end', summary)
+    return summary
+
 
 # %% ../nbs/05_train.ipynb #d1d72a37
 def _override(text: str) -> tuple[str, object]:
@@ -784,7 +966,8 @@ def train_parser() -> argparse.ArgumentParser:
                    help='YAML file of TrainConfig fields (flags override it)')
     default = asdict(TrainConfig())
     for a in p._actions:  # defaults stay out of the parsed flags (a YAML file or preset may set them) but show in help
-        if default.get(a.dest) not in (None, False, '', {}): a.help = f'{a.help or ""} (default: {default[a.dest]})'.strip()
+        if default.get(a.dest) in (None, False, '', {}): continue
+        a.help = f'{a.help or ""} (default: {default[a.dest]})'.strip()
     return p
 
 def config_from_args(argv: list[str]) -> TrainConfig:
