@@ -14,17 +14,19 @@ __all__ = ['COMMANDS', 'QUICKSTART_PROMPT', 'H100_PRICE', 'usage', 'main', 'prep
            'write_report', 'quickstart', 'quickstart_main']
 
 # %% ../nbs/10_cli.ipynb #7a8ddd24
-COMMANDS = {  # name: (module, function, one-line help)
-    'sample':       ('legalnb.sources',    'sample_main',       'write a synthetic Formex corpus for demos and tests'),
-    'parse':        ('legalnb.sources',    'parse_main',        'read Formex folders and JSONL files into one normalised JSONL'),
-    'select':       ('legalnb.scoring',    'select_main',       'score documents and select the best up to a token target'),
-    'build-corpus': ('legalnb.corpus',     'build_corpus_main', 'tokenize and pack selected documents into .npy shards'),
-    'validate':     ('legalnb.data',       'validate_main',     'check pretokenized .npy/.pt files and print their statistics'),
-    'split':        ('legalnb.data',       'split_main',        'split pretokenized files into train/ and val/ (symbolic links)'),
-    'train':        ('legalnb.train',      'train_main',        'train a ResonanceLanguageModel (one GPU, or many under torchrun)'),
-    'finetune':     ('legalnb.hf',         'finetune_main',     'continued pretraining or LoRA fine-tuning with transformers + peft'),
-    'estimate':     ('legalnb.calculator', 'estimate_main',     'time and cost of a training plan, checked against the hardware'),
-    'quickstart':   ('legalnb.cli',        'quickstart_main',   'sample -> select -> corpus -> train a tiny model -> report'),
+COMMANDS = {  # name: ('module:function', one-line help)
+    'sample':       ('legalnb.sources:sample_main', 'write a synthetic Formex corpus for demos and tests'),
+    'parse':        ('legalnb.sources:parse_main', 'read Formex folders and JSONL files into one normalised JSONL'),
+    'select':       ('legalnb.scoring:select_main', 'score documents and select the best up to a token target'),
+    'build-corpus': ('legalnb.corpus:build_corpus_main', 'tokenize and pack selected documents into .npy shards'),
+    'validate':     ('legalnb.data:validate_main', 'check pretokenized .npy/.pt files and print their statistics'),
+    'split':        ('legalnb.data:split_main', 'split pretokenized files into train/ and val/ (symbolic links)'),
+    'train':        ('legalnb.train:train_main', 'train a native model (one GPU, or many under torchrun)'),
+    'finetune':     ('legalnb.hf:finetune_main', 'continued pretraining or LoRA fine-tuning with transformers + peft'),
+    'evaluate':     ('legalnb.evaluate:evaluate_main', 'held-out loss, bits per byte, citation accuracy, loss by position'),
+    'generate':     ('legalnb.evaluate:generate_main', 'continue a prompt with a trained model, streaming the text'),
+    'estimate':     ('legalnb.calculator:estimate_main', 'time and cost of a training plan, checked against the hardware'),
+    'quickstart':   ('legalnb.cli:quickstart_main', 'sample -> select -> corpus -> train a tiny model -> report'),
 }
 
 # %% ../nbs/10_cli.ipynb #3aaa7b0c
@@ -32,7 +34,7 @@ def usage() -> str:
     "The text of `legalnb --help`."
     width = max(map(len, COMMANDS))
     lines = ['usage: legalnb COMMAND [ARGS...]   (legalnb COMMAND --help for its flags)', '', 'commands:']
-    lines += [f'  {name:<{width}}  {help_}' for name, (_, _, help_) in COMMANDS.items()]
+    lines += [f'  {name:<{width}}  {help_}' for name, (_, help_) in COMMANDS.items()]
     return '\n'.join(lines)
 
 # %% ../nbs/10_cli.ipynb #e4d4c182
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
         print(f'legalnb: unknown command {cmd!r}; choose from {", ".join(COMMANDS)}', file=sys.stderr); return 2
-    module, func, _ = COMMANDS[cmd]
+    module, func = COMMANDS[cmd][0].split(':')
     try: return getattr(importlib.import_module(module), func)(rest) or 0
     except LegalnbError as e: print(f'legalnb {cmd}: error: {e}', file=sys.stderr); return 2
     except OSError as e:
