@@ -164,10 +164,11 @@ def test_resume_after_sigkill(tmp_path):
     assert seen == ['shard_00002.npy', 'shard_00003.npy'] and m == ref and tree_bytes(tmp_path/'c') == tree_bytes(tmp_path/'ref')
 
 
-def test_resume_after_kill_at_any_moment(tmp_path):
+@pytest.mark.parametrize('extra', [[], ['--val-docs', '0.05']])
+def test_resume_after_kill_at_any_moment(tmp_path, extra):
     "Kill the CLI at an arbitrary moment (maybe mid-shard, maybe mid-document); the rerun gives the same bytes."
     sel = synthetic(tmp_path/'s.jsonl', 3000, seed=1)
-    cmd = [sys.executable, '-m', 'legalnb.cli', 'build-corpus', str(sel), '--seq-len', '15', '--shards', '8', '--train-tokenizer', '300', '--no-progress']
+    cmd = [sys.executable, '-m', 'legalnb.cli', 'build-corpus', str(sel), '--seq-len', '15', '--shards', '8', '--train-tokenizer', '300', '--no-progress', *extra]
     p = subprocess.Popen(cmd + ['--out', str(tmp_path/'c')], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
     while not (tmp_path/'c'/'manifest.partial.json').exists() and p.poll() is None and time.time() < deadline: time.sleep(0.02)
@@ -385,3 +386,167 @@ def test_a_swap_killed_half_way_is_finished_by_the_next_run(tmp_path, good):
     (tmp_path/'.C.trash').mkdir(); (tmp_path/'.C.trash'/'shard_00002.npy').write_bytes(b'half deleted')
     assert build_corpus(sel, c, seq_len=15, shards=3, vocab_size=300, progress=False) == m
     assert not (tmp_path/'.C.trash').exists() and tree_bytes(c) == before
+
+
+# ---- held-out acts (issue 13): --val-docs ---------------------------------------------------------------------------
+
+from legalnb.corpus import act_key, heldout_acts, train_tokenizer, tokenizer_sha256
+from legalnb.core import jsonl_records
+
+ACT_WORDS = 'the member states shall ensure that commission data protection authority article paragraph annex'.split()
+
+
+def acts_selection(path: Path, n_acts: int = 40, seed: int = 0) -> Path:
+    "A selection of `n_acts` acts, each in 1-3 languages, some with a consolidated version or a corrigendum, shuffled."
+    rng, recs = random.Random(seed), []
+    for i in range(n_acts):
+        base = f'3{2000 + i % 20}{"RLD"[i % 3]}{i:04d}'
+        ids = [(base, lang) for lang in ['en', 'fr', 'de'][:rng.randint(1, 3)]]
+        if i % 4 == 0: ids.append((f'0{base[1:]}-20200101', 'en'))   # a consolidated version
+        if i % 5 == 0: ids.append((f'{base}R(01)', 'de'))            # a corrigendum
+        for celex, lang in ids:
+            text = ' '.join(rng.choice(ACT_WORDS) for _ in range(rng.randint(20, 120)))
+            recs.append(dict(celex=celex, title=f'act {i}', text=text, lang=lang, date='2020-01-01', doc_type='regulation',
+                             subjects=[], source='x'))
+    rng.shuffle(recs)
+    write_jsonl(recs, path)
+    return path
+
+
+def sides(sel: Path, c: Path) -> tuple[list[str], list[str]]:
+    "The CELEX numbers of the training side (selection minus heldout.jsonl) and of the held-out side."
+    held = [rec['celex'] for *_, rec in jsonl_records(c/'heldout.jsonl')]
+    all_ = [rec['celex'] for *_, rec in jsonl_records(sel)]
+    train = list(all_)
+    for h in held: train.remove(h)
+    return train, held
+
+
+def base(celex: str) -> str:
+    "The base CELEX by hand: drop a corrigendum and a consolidation date, sector 0 -> 3."
+    celex = celex.split('-')[0].split('R(')[0]
+    return '3' + celex[1:] if celex[0] == '0' else celex
+
+
+def test_heldout_acts_are_celex_disjoint_with_every_version(tmp_path):
+    sel = acts_selection(tmp_path/'s.jsonl')
+    m = build_corpus(sel, tmp_path/'c', seq_len=15, shards=2, vocab_size=300, val_docs=0.2, progress=False)
+    train, held = sides(sel, tmp_path/'c')
+    assert {base(c) for c in train}.isdisjoint({base(c) for c in held}), 'no act on both sides'
+    assert sorted({base(c) for c in held}) == m['heldout_celex'] and len(m['heldout_celex']) == m['heldout']['acts'] >= 2
+    every = [rec['celex'] for *_, rec in jsonl_records(sel)]
+    assert sorted(held) == sorted(c for c in every if base(c) in m['heldout_celex']), 'every language and version held out'
+    assert any(c.startswith('0') for c in held) and any('R(' in c for c in held), 'versions to hold out together'
+    assert m['acts'] + m['heldout']['acts'] == 40 and m['documents_read'] + len(held) == len(every)
+    assert m['heldout']['documents_read'] == len(held) and m['val_shards'][0]['file'] == 'val/shard_00000.npy'
+    # the consolidated versions and corrigenda present in the selection sit with their act
+    for c in every:
+        if c.startswith('0') or 'R(' in c: assert (base(c) in m['heldout_celex']) == (c in held)
+
+
+def test_heldout_lines_are_copied_and_the_shards_hold_the_other_documents(tmp_path, tok10):
+    sel = docs(tmp_path/'s.jsonl', ['w1 w2', 'w3 w4 w5', 'w6', 'w7 w8 w9', 'w10 w11'])
+    lines = sel.read_bytes().splitlines(keepends=True)
+    held = {'32022R0001', '32023R0001'}  # documents 2 and 3 by their CELEX
+    m = build_corpus(sel, tmp_path/'c', seq_len=3, shards=1, tokenizer=tok10, val_docs=2, seed=0, progress=False)
+    held = set(m['heldout_celex'])
+    assert len(held) == 2
+    kept = [l for l in lines if json.loads(l)['celex'] in held]
+    assert (tmp_path/'c'/'heldout.jsonl').read_bytes() == b''.join(kept), 'the lines themselves, byte for byte'
+    ids = lambda texts: [int(w[1:]) for t in texts for w in t.split() + ['w0']]  # w0 stands for EOS (id 0)
+    train_texts = [json.loads(l)['text'] for l in lines if json.loads(l)['celex'] not in held]
+    val_texts = [json.loads(l)['text'] for l in kept]
+    got = np.load(tmp_path/'c'/'shard_00000.npy').reshape(-1).tolist()
+    assert got == ids(train_texts)[:len(got)] and len(got) == m['tokens']
+    val = np.load(tmp_path/'c'/'val'/'shard_00000.npy').reshape(-1).tolist()
+    assert val == ids(val_texts)[:len(val)] and len(val) == m['heldout']['tokens']
+
+
+def test_heldout_choice_is_a_function_of_the_seed_and_stable_when_documents_are_added(tmp_path):
+    sel = acts_selection(tmp_path/'s.jsonl', 60)
+    a = build_corpus(sel, tmp_path/'a', seq_len=15, shards=2, vocab_size=300, val_docs=0.1, progress=False)
+    b = build_corpus(sel, tmp_path/'b', seq_len=15, shards=2, vocab_size=300, val_docs=0.1, num_proc=2, progress=False)
+    assert tree_bytes(tmp_path/'a') == tree_bytes(tmp_path/'b'), 'same seed, same bytes'
+    assert heldout_acts(sel, 0.1, seed=1)[0] != set(a['heldout_celex'])
+    more = tmp_path/'more.jsonl'
+    more.write_bytes(sel.read_bytes() + acts_selection(tmp_path/'x.jsonl', 80, seed=5).read_bytes())
+    assert set(a['heldout_celex']) <= heldout_acts(more, 0.1)[0], 'a held-out act stays held out'
+
+
+def test_tokenizer_is_trained_on_the_training_side_only(tmp_path):
+    sel = acts_selection(tmp_path/'s.jsonl')
+    m = build_corpus(sel, tmp_path/'c', seq_len=15, shards=1, vocab_size=300, val_docs=0.3, progress=False)
+    train = [rec['text'] for *_, rec in jsonl_records(sel) if act_key(rec) not in set(m['heldout_celex'])]
+    assert m['tokenizer_sha256'] == tokenizer_sha256(train_tokenizer(train, 300))
+
+
+def test_heldout_build_resumes_in_each_part(tmp_path):
+    sel = acts_selection(tmp_path/'s.jsonl', 60)
+    kw = dict(seq_len=15, shards=3, vocab_size=300, val_docs=0.2, progress=False)
+    ref = build_corpus(sel, tmp_path/'ref', **kw)
+    for stop in ('shard_00001.npy', 'val/shard_00000.npy'):
+        def crash(rec):
+            if rec['file'] == stop: raise RuntimeError('crash')
+        c = tmp_path/stop.replace('/', '_')
+        with pytest.raises(RuntimeError): build_corpus(sel, c, on_shard=crash, **kw)
+        assert (c/'heldout.jsonl').is_file() and not (c/'manifest.json').exists()
+        seen = []
+        assert build_corpus(sel, c, on_shard=lambda r: seen.append(r['file']), **kw) == ref
+        assert seen == (['shard_00002.npy', 'val/shard_00000.npy'] if stop == 'shard_00001.npy' else [])
+        assert tree_bytes(c) == tree_bytes(tmp_path/'ref')
+    (tmp_path/'ref'/'heldout.jsonl').write_bytes(b'damaged')  # not up to date any more: rebuilt to the same bytes
+    c2 = tmp_path/'shard_00001.npy'
+    assert build_corpus(sel, tmp_path/'ref', **kw) == ref and tree_bytes(tmp_path/'ref') == tree_bytes(c2)
+
+
+HELD_KILLER = KILLER.replace('progress=False', 'val_docs=0.2, progress=False')
+
+
+def test_killed_heldout_build_resumes_and_its_files_are_its_own(tmp_path):
+    sel = acts_selection(tmp_path/'s.jsonl', 60)
+    r = subprocess.run([sys.executable, '-c', HELD_KILLER, str(sel), str(tmp_path/'c')], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert (tmp_path/'c'/'heldout.jsonl').is_file() and not (tmp_path/'c'/'manifest.json').exists()
+    kw = dict(seq_len=15, shards=4, vocab_size=300, val_docs=0.2, progress=False)
+    seen = []
+    m = build_corpus(sel, tmp_path/'c', on_shard=lambda r: seen.append(r['file']), **kw)
+    assert seen == ['shard_00002.npy', 'shard_00003.npy', 'val/shard_00000.npy']
+    assert m == build_corpus(sel, tmp_path/'ref', **kw)
+    assert tree_bytes(tmp_path/'c') == tree_bytes(tmp_path/'ref')
+    m2 = build_corpus(sel, tmp_path/'c', seq_len=15, shards=2, vocab_size=300, progress=False)  # a rebuild without
+    assert m2['heldout'] is None and not (tmp_path/'c'/'heldout.jsonl').exists() and not (tmp_path/'c'/'val').exists()
+
+
+def test_heldout_bad_input_is_one_line_and_leaves_nothing(tmp_path, good, capsys):
+    sel, c = good
+    before = snapshot(c)
+    for argv, expect in [(['--val-docs', '2.5'], '--val-docs must be a share of the acts below 1 (0.01 = 1%) or a whole '
+                                                  'number of acts (50), got 2.5'),
+                         (['--val-docs', '-1'], 'got -1'),
+                         (['--val-docs', '120'], f'--val-docs 120 holds out all 120 acts of {sel} and leaves none'),
+                         (['--val-docs', '0.9999999'], 'leaves none for training'),
+                         (['--val-docs', '1', '--seq-len', '4000'], f'{c}/val/shard_00000.npy: no rows for this shard: the '
+                                                                     'held-out acts give less than one row')]:
+        err = error(capsys, sel, '--out', c, '--shards', 1, '--train-tokenizer', 300, *argv)
+        assert expect in err, (argv, err)
+    assert snapshot(c) == before and sorted(p.name for p in tmp_path.iterdir()) == ['C', 's.jsonl']
+
+
+def test_a_heldout_file_of_the_user_is_refused(tmp_path, good, capsys):
+    sel, c = good  # built without --val-docs: a heldout.jsonl there is the user's
+    (c/'heldout.jsonl').write_text('{"text": "mine"}\n')
+    before = snapshot(c)
+    err = error(capsys, sel, '--out', c, '--seq-len', 7, '--train-tokenizer', 300, '--val-docs', 0.1)
+    assert 'holds files legalnb did not write (heldout.jsonl)' in err and snapshot(c) == before
+
+
+def test_cli_prints_the_heldout_side_and_the_command_to_resume(tmp_path, capsys):
+    sel = acts_selection(tmp_path/'s.jsonl')
+    assert main(['build-corpus', str(sel), '--out', str(tmp_path/'c'), '--seq-len', '15', '--shards', '2',
+                 '--train-tokenizer', '300', '--val-docs', '4', '--seed', '3', '--no-progress']) == 0
+    out = capsys.readouterr().out
+    m = json.loads((tmp_path/'c'/'manifest.json').read_text())
+    assert f'held out 4 acts of 40 (--val-docs 4): {m["heldout"]["documents_read"]} documents -> heldout.jsonl' in out
+    assert m['args']['val_docs'] == 4 and m['args']['seed'] == 3 and m['val_docs'] == 4
+    assert set(m['heldout_celex']) == heldout_acts(sel, 4, seed=3)[0]

@@ -404,3 +404,107 @@ def test_validate_and_split_flags_are_declared_once(capsys, monkeypatch):
     with pytest.raises(SystemExit): cli(['validate', '--help'])
     out = capsys.readouterr().out
     assert all(f in out for f in ('--vocab-size', '--json', '--recommend'))
+
+
+# ---- document boundaries and the held-out split (issue 13, issue 14) ---------------------------------------------
+
+def word_corpus(tmp_path: Path, texts: list[str], seq_len: int, **kw) -> tuple[Path, dict]:
+    "A corpus built from `texts` with a word-level tokenizer: <|endoftext|> = 0, word `wN` = N."
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from legalnb.corpus import build_corpus
+    from legalnb.sources import write_jsonl
+    tok = Tokenizer(models.WordLevel({'<|endoftext|>': 0, **{f'w{i}': i for i in range(1, 40)}}, unk_token='<|endoftext|>'))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(['<|endoftext|>'])
+    tok.save(str(tmp_path/'tok.json'))
+    write_jsonl([dict(celex=f'320{10 + i}R0001', title='t', text=t, lang='en') for i, t in enumerate(texts)],
+                tmp_path/'s.jsonl')
+    m = build_corpus(tmp_path/'s.jsonl', tmp_path/'corpus', seq_len=seq_len, tokenizer=tmp_path/'tok.json',
+                     progress=False, **kw)
+    return tmp_path/'corpus', m
+
+
+def test_doc_starts_per_row_match_a_packing_by_hand(tmp_path):
+    # documents [1 2] [3 4 5 6] [7] [8 9 10] [11 12 13 14 15 16] + EOS, rows of 5 (seq_len 4):
+    # 1 2 0 3 4 | 5 6 0 7 0 | 8 9 10 0 11 | 12 13 14 15 16 | 0 (tail); starts at 0, 3, 8, 10, 14
+    c, m = word_corpus(tmp_path, ['w1 w2', 'w3 w4 w5 w6', 'w7', 'w8 w9 w10', 'w11 w12 w13 w14 w15 w16'], 4, shards=2)
+    rows = np.concatenate([np.load(c/s['file']) for s in m['shards']])
+    assert rows.tolist() == [[1, 2, 0, 3, 4], [5, 6, 0, 7, 0], [8, 9, 10, 0, 11], [12, 13, 14, 15, 16]]
+    T, F = True, False
+    # row 0: starts at inputs 0 and 3; row 1: document [7] at input 3; row 2: [8 9 10] at input 0, and [11 ...] at
+    # position 4, a target only, so not marked; row 3 begins inside document [11 ... 16]
+    expected = [[T, F, F, T], [F, F, F, T], [T, F, F, F], [F, F, F, F]]
+    ds = PretokenizedDataset(c, doc_starts=True)
+    assert [ds[i][2].tolist() for i in range(4)] == expected and ds.missing_doc_starts == []
+    x, y, s = ds[[3, 0, 2]]
+    assert s.tolist() == [expected[3], expected[0], expected[2]] and s.dtype == torch.bool and s.shape == (3, 4)
+    assert torch.equal(x, ds[[3, 0, 2]][0]) and len(PretokenizedDataset(c)[0]) == 2, 'off by default: pairs'
+    for by in ('files', 'rows'):  # links and rows.json indexes find the same starts
+        assert cli(['split', str(c), '--out', str(tmp_path/by), '--by', by, '--val-ratio', '0.5', '--seed', '1']) == 0
+        both = [PretokenizedDataset(tmp_path/by/side, doc_starts=True) for side in ('train', 'val')]
+        got = sorted((tuple(d[i][0].tolist()), tuple(d[i][2].tolist())) for d in both for i in range(len(d)))
+        assert got == sorted((tuple(r[:-1]), tuple(e)) for r, e in zip(rows.tolist(), expected)), by
+
+
+def test_rows_without_doc_starts_are_one_sequence(shards):
+    d, rows = shards
+    ds = PretokenizedDataset(d, doc_starts=True)
+    assert len(ds.missing_doc_starts) == 4 and not ds[list(range(len(ds)))][2].any()
+    assert torch.equal(ds[3][0], PretokenizedDataset(d)[3][0])
+
+
+def test_doc_starts_through_loader_workers_keep_the_order(tmp_path):
+    c, m = word_corpus(tmp_path, [' '.join(f'w{(i * 7 + j) % 39 + 1}' for j in range(i % 9 + 1)) for i in range(120)], 7,
+                       shards=3)
+    ds, order = PretokenizedDataset(c, doc_starts=True), StepSampler(m['rows'], batch_size=4, seed=2, max_steps=10)
+    here = list(make_loader(ds, order, num_workers=0))
+    there = list(make_loader(ds, order, num_workers=2))
+    assert len(here) == 10 and all(len(a) == 3 and all(torch.equal(u, v) for u, v in zip(a, b)) for a, b in zip(here, there))
+    x, _, s = here[0]
+    assert (x[:, :-1][s[:, 1:]] == 0).all(), 'every marked start follows an EOS'
+    assert s[:, 1:].sum() == (x[:, :-1] == 0).sum(), 'and every EOS inside a row is followed by a marked start'
+
+
+def test_split_of_a_corpus_with_heldout_acts_is_by_documents(tmp_path, capsys):
+    texts = [' '.join(f'w{(i * 5 + j) % 39 + 1}' for j in range(8 + i % 5)) for i in range(40)]
+    c, m = word_corpus(tmp_path, texts, 7, shards=2, val_docs=0.25)
+    assert cli(['split', str(c), '--out', str(tmp_path/'split')]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("mode documents: val/ = the corpus's held-out acts (build-corpus --val-docs): no act on both")
+    info = json.loads((tmp_path/'split'/'split.json').read_text())
+    assert info['mode'] == 'documents' and info['val_ratio'] is None and info['val']['rows'] == m['heldout']['rows']
+    assert info['linked'] == ['manifest.json', 'tokenizer.json', 'heldout.jsonl']
+    assert (tmp_path/'split'/'heldout.jsonl').read_bytes() == (c/'heldout.jsonl').read_bytes()
+    train, val = (PretokenizedDataset(tmp_path/'split'/side, doc_starts=True) for side in ('train', 'val'))
+    assert len(train) == m['rows'] and val.vocab_size == m['vocab_size'] and val.missing_doc_starts == []
+    assert torch.equal(val[0][0], torch.from_numpy(np.load(c/'val'/'shard_00000.npy')[0, :-1].astype(np.int64)))
+    assert cli(['split', str(c), '--out', str(tmp_path/'by-docs'), '--by', 'documents']) == 0
+    # asked for rows: the training shards are cut by rows, and it says so
+    assert cli(['split', str(c), '--out', str(tmp_path/'rows'), '--by', 'rows', '--val-ratio', '0.2']) == 0
+    out = capsys.readouterr().out
+    assert 'mode rows: val/ = a block of rows, cut without regard to documents (data without held-out acts)' in out
+    assert json.loads((tmp_path/'rows'/'split.json').read_text())['mode'] == 'rows'
+    assert 'heldout.jsonl' in json.loads((tmp_path/'rows'/'split.json').read_text())['linked']
+    err = one_line(capsys, 'split', c, '--out', tmp_path/'s', '--val-ratio', '0.1')
+    assert f'--val-ratio does not apply to {c}: its held-out acts (build-corpus --val-docs) are the validation side' in err
+    assert not (tmp_path/'s').exists()
+
+
+def test_row_mode_still_splits_pretokenized_data_and_says_so(tmp_path, capsys):
+    rows_file(tmp_path, 'fineweb.npy', 50, 17)
+    assert cli(['split', str(tmp_path/'fineweb.npy'), '--out', str(tmp_path/'split'), '--val-ratio', '0.1']) == 0
+    assert capsys.readouterr().out.startswith('mode rows: val/ = a block of rows, cut without regard to documents')
+    assert json.loads((tmp_path/'split'/'split.json').read_text())['mode'] == 'rows'
+    err = one_line(capsys, 'split', tmp_path/'fineweb.npy', '--out', tmp_path/'s2', '--by', 'documents')
+    assert f'{tmp_path/"fineweb.npy"}: --by documents needs a corpus with held-out acts, and this one has none' in err
+
+
+def test_broken_doc_starts_are_one_line(corpus):
+    (corpus/'doc_starts').mkdir()
+    np.save(corpus/'doc_starts'/'shard_00000.npy', np.array([5, 2]))
+    with pytest.raises(LegalnbError, match=r'doc_starts/shard_00000.npy: the document starts of shard_00000.npy must '
+                                           r'increase and lie in \[0, 54\)'):
+        PretokenizedDataset(corpus, doc_starts=True)[0]
+    np.save(corpus/'doc_starts'/'shard_00000.npy', np.array([1.5]))
+    with pytest.raises(LegalnbError, match='must be a 1-D integer array'): PretokenizedDataset(corpus, doc_starts=True)[0]
+    assert len(PretokenizedDataset(corpus, doc_starts=True)[6]) == 3, 'the other shard has no starts: all False'
