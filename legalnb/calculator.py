@@ -9,10 +9,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal
 from fastcore.basics import patch
 from .core import LegalnbError, PRECISIONS, format_duration, parse_count, parse_number, run_command
+from .models import MODELS
 from .presets import GPU, PRESETS, STRATEGIES, find_gpu, get_preset, gpu_precision, human, peak_tflops
 
 # %% auto #0
-__all__ = ['GIB', 'USABLE', 'Plan', 'count_steps', 'data_sequences', 'sci', 'flops_per_token', 'mfu_of', 'run_seconds',
+__all__ = ['GIB', 'USABLE', 'SHARDED', 'Plan', 'count_steps', 'data_sequences', 'sci', 'flops_per_token', 'mfu_of', 'run_seconds',
            'run_cost', 'scale_lr', 'Memory', 'estimate_memory', 'Estimate', 'check_claim', 'estimate', 'plan_for',
            'model_plan_fields', 'Calibration', 'calibrate', 'Comparison', 'compare', 'calibration_from_metrics',
            'estimate_command', 'estimate_main']
@@ -156,6 +157,7 @@ def scale_lr(lr: float,         # learning rate tuned at `old_batch`
 # %% ../nbs/08_calculator.ipynb #fdc46935
 GIB = 2 ** 30
 USABLE = 0.9  # fraction of device memory a training run can count on
+SHARDED = ('deepspeed-zero3', 'fsdp')  # strategies that shard weights, gradients and AdamW state over the GPUs
 
 @dataclass
 class Memory:
@@ -167,17 +169,20 @@ class Memory:
     logits: float            # fp32 logits for the loss (0 when vocab is unknown)
     capacity: float | None   # usable bytes on the GPU (USABLE × memory), None without a GPU
     lines: list[str] = field(default_factory=list)  # the arithmetic
+    gathered: float = 0.0    # FSDP / ZeRO-3: one layer's weights and gradients, whole while it runs
 
     @property
-    def total(self) -> float: return self.weights + self.grads + self.optimizer + self.activations + self.logits
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.gathered + self.activations + self.logits
     @property
     def fits(self) -> bool | None: return None if self.capacity is None else self.total <= self.capacity
 
 # %% ../nbs/08_calculator.ipynb #5f83375f
 def _states(plan: Plan) -> tuple[float, float, float, list[str]]:
     "Weights, gradients and AdamW state in bytes per GPU, with the arithmetic."
-    shard = plan.gpus if plan.strategy in ('deepspeed-zero3', 'fsdp') else 1
+    shard = plan.gpus if plan.strategy in SHARDED else 1
     by = f' ÷ {shard} GPUs ({plan.strategy})' if shard > 1 else ''
+    if plan.strategy == 'ddp' and plan.gpus > 1: by = f' (ddp: a full replica on each of {plan.gpus} GPUs)'
     N, T = plan.params, plan.lora_params or plan.params
     base = 4 if plan.compute_precision == 'fp32' else 2
     if plan.lora_params:
@@ -187,6 +192,16 @@ def _states(plan: Plan) -> tuple[float, float, float, list[str]]:
     lines = [f'{wl} = {w / GIB:.2f} GiB', f'grads       4 B × {human(T)}{by} = {g / GIB:.2f} GiB',
              f'AdamW       8 B × {human(T)}{by} = {o / GIB:.2f} GiB']
     return w, g, o, lines
+
+def _gathered(plan: Plan) -> tuple[float, list[str]]:
+    "FSDP / ZeRO-3 over several GPUs: bytes of one layer gathered whole while it runs (fp32 weights and gradients)."
+    if plan.strategy not in SHARDED or plan.gpus == 1: return 0.0, []
+    if not plan.layers: return 0.0, ['gathered    one layer: not counted, the number of layers is unknown (--layers)']
+    k, what = (8, "fp32 weights and gradients") if not plan.lora_params else (
+        4 if plan.compute_precision == 'fp32' else 2, 'frozen weights')
+    g = k * plan.params / plan.layers
+    return g, [f'gathered    {k} B × {human(plan.params)} ÷ {plan.layers} layers (one layer\'s {what}, whole '
+               f'while it runs) = {g / GIB:.2f} GiB']
 
 def _activations(plan: Plan) -> tuple[float, float, list[str]]:
     "Activation and logit bytes per GPU (0 when the shape is unknown), with the arithmetic."
@@ -206,9 +221,10 @@ def estimate_memory(plan: Plan) -> Memory | None:
     "Training memory per GPU for `plan` (None without `params`), and whether it fits its GPU."
     if not plan.params: return None
     w, g, o, lines = _states(plan)
+    gathered, glines = _gathered(plan)
     a, lg, alines = _activations(plan)
     cap = plan.gpu.memory_gb * GIB * USABLE if plan.gpu else None
-    m = Memory(w, g, o, a, lg, cap, lines + alines)
+    m = Memory(w, g, o, a, lg, cap, lines + glines + alines, gathered)
     verdict = '' if cap is None else (f' of {cap / GIB:.1f} GiB usable ({USABLE:.0%} of {plan.gpu.memory_gb:g} GiB): '
                                       + ('fits' if m.fits else 'does NOT fit'))
     m.lines.append(f'total       {m.total / GIB:.2f} GiB per GPU{verdict}')
@@ -344,16 +360,18 @@ def plan_for(task: str, name: str, **overrides) -> Plan:
     return Plan(**(kw | overrides))
 
 # %% ../nbs/08_calculator.ipynb #57ce98c0
-def model_plan_fields(size: str,            # a legalnb.resonance.MODEL_SIZES name: small, medium, large, xlarge
-                      seq_len: int,         # tokens per sequence (the mixing FLOPs depend on it)
-                      vocab: int = 32768    # tokenizer vocabulary
+def model_plan_fields(size: str,              # a named size of the model: small, medium, large, xlarge
+                      seq_len: int,           # tokens per sequence (the mixing FLOPs depend on it)
+                      vocab: int = 32768,     # tokenizer vocabulary
+                      model: str = 'resonance'  # a registered architecture (legalnb.models.MODELS)
                      ) -> dict:
-    "Plan fields (params, mixing FLOPs, layers, width, vocab) for a ResonanceNet size."
-    from legalnb.resonance import config_for
-    c = config_for(size, vocab, max_seq_len=max(seq_len, 1))
-    mixing = c.flops_per_token(seq_len) - c.matmul_flops_per_token()
-    return dict(params=c.matmul_params(), mixing_flops_per_token=mixing, layers=c.num_layers, d_model=c.dim,
-                vocab=vocab)
+    "Plan fields (params, mixing FLOPs, layers, width, vocab) for a named size of a registered model."
+    from legalnb.models import get_model
+    spec = get_model(model)
+    c = spec.config(size, vocab, max(seq_len, 1))
+    matmul = spec.matmul_flops_per_token(c)   # 6 N_matmul
+    return dict(params=round(matmul / 6), mixing_flops_per_token=spec.flops_per_token(c, seq_len) - matmul,
+                layers=getattr(c, 'num_layers', None), d_model=getattr(c, 'dim', None), vocab=vocab)
 
 # %% ../nbs/08_calculator.ipynb #a19a8e8b
 @dataclass
@@ -454,7 +472,7 @@ def _preset_key(preset: str) -> tuple[str, str]:
     return task, name
 
 # %% ../nbs/08_calculator.ipynb #7eae5cc1
-def _plan(preset: str | None, model_size: str | None, fields: dict) -> Plan:
+def _plan(preset: str | None, model_size: str | None, fields: dict, model: str = 'resonance') -> Plan:
     "The `Plan` that `legalnb estimate`'s flags describe: a preset's plan with the flags applied, or the flags alone."
     task, name = _preset_key(preset) if preset else ('', '')
     if fields.get('gpu'):
@@ -463,7 +481,7 @@ def _plan(preset: str | None, model_size: str | None, fields: dict) -> Plan:
     if model_size:
         seq_len = fields.get('seq_len') or (get_preset(task, name).seq_len if preset else None)
         if not seq_len: raise LegalnbError('--model-size needs --seq-len (or a preset that sets it)')
-        try: fields = model_plan_fields(model_size, seq_len, fields.get('vocab', 32768)) | fields
+        try: fields = model_plan_fields(model_size, seq_len, fields.get('vocab', 32768), model) | fields
         except LegalnbError as e: raise LegalnbError(f'--model-size: {e}') from None
         if task == 'scratch': fields['size'] = model_size
     return plan_for(task, name, **fields) if preset else Plan(**fields)
@@ -488,7 +506,8 @@ def estimate_command(
         params: _number = None,        # model parameters in matrix products, e.g. 125M or 7B
         lora_params: _number = None,   # trainable LoRA parameters (base weights frozen)
         mixing_flops: _count = None,   # the model's non-matmul training FLOPs per token
-        model_size: str = None,        # a ResonanceNet size (small, medium, large, xlarge): sets params, FLOPs, shape
+        model_size: str = None,        # a size of --model (small, medium, large, xlarge): sets params, FLOPs, shape
+        model: str = 'resonance',      # the architecture of --model-size, a registered model: resonance, gpt
         gpu: str = None,               # h100-sxm, h200, a100-80gb, l40s, rtx-4090, rtx-2080-ti, or a device name
         precision: Literal[PRECISIONS] = None,  # auto: bf16 where the GPU has bf16 tensor cores, else fp16
         price_per_hour: float = None,  # price per GPU-hour
@@ -503,6 +522,8 @@ def estimate_command(
     if sum(v is not None for v in (sec_per_step, tokens_per_sec, mfu)) > 1:
         raise LegalnbError('give one speed: --sec-per-step, --tokens-per-sec or --mfu')
     if epochs is not None and steps is not None: raise LegalnbError('give --epochs or --steps, not both')
+    if model not in MODELS: raise LegalnbError(f'--model: unknown model {model!r}; choose from {", ".join(MODELS)}')
+    if model != 'resonance' and not model_size: raise LegalnbError('--model needs --model-size: the size to plan for')
     if mfu is not None and not 1 < mfu <= 100:
         raise LegalnbError(f'--mfu is a percent of the dense peak (40 for 40%), above 1 and at most 100, got {mfu:g}')
     fields = dict(examples=examples, tokens=tokens, epochs=epochs, steps=steps, micro_batch=batch_size,
@@ -515,6 +536,6 @@ def estimate_command(
     for k, v in fields.items():
         if k in _POSITIVE and k != 'mfu' and v is not None and not v > 0:
             raise LegalnbError(f'--{flags.get(k, k.replace("_", "-"))} must be more than 0, got {v:g}')
-    print(_show(estimate(_plan(preset, model_size, {k: v for k, v in fields.items() if v is not None})), json))
+    print(_show(estimate(_plan(preset, model_size, {k: v for k, v in fields.items() if v is not None}, model)), json))
 
 def estimate_main(argv: list[str]) -> int: return run_command(estimate_command, argv, 'legalnb estimate')

@@ -243,3 +243,35 @@ def test_epochs_replace_a_presets_steps():
     r = _cli('--preset', 'lora/fast', '--examples', '6400', '--epochs', '2', '--json')
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)['steps'] == 400
+
+
+def test_fsdp_memory_per_gpu_by_hand_against_ddp():
+    # 7B parameters, 32 layers, 8 GPUs: FSDP shards 16 B/param over 8 and gathers one layer (8 B × 7B ÷ 32)
+    fsdp = estimate_memory(Plan(params=7e9, layers=32, gpu='h100-sxm', gpus=8, strategy='fsdp'))
+    assert (fsdp.weights, fsdp.grads, fsdp.optimizer, fsdp.gathered) == (3.5e9, 3.5e9, 7e9, 1.75e9)
+    assert fsdp.total == 15.75e9 and fsdp.fits
+    assert 'gathered    8 B × 7B ÷ 32 layers' in '\n'.join(fsdp.lines)
+    assert 'grads       4 B × 7B ÷ 8 GPUs (fsdp)' in fsdp.lines[1]
+    ddp = estimate_memory(Plan(params=7e9, layers=32, gpu='h100-sxm', gpus=8, strategy='ddp'))
+    assert ddp.total == 16 * 7e9 and ddp.gathered == 0 and not ddp.fits
+    # activations are per GPU whatever the strategy: the same in both
+    p = dict(params=125e6, layers=12, d_model=768, seq_len=1024, micro_batch=8, vocab=32_000, gpus=4)
+    a, b = estimate_memory(Plan(**p, strategy='fsdp')), estimate_memory(Plan(**p, strategy='ddp'))
+    assert a.activations == b.activations and b.total - a.total == pytest.approx(16 * 125e6 * 3 / 4 - 8 * 125e6 / 12)
+    r = _cli('--params', '7B', '--layers', '32', '--gpus', '8', '--strategy', 'fsdp', '--steps', '1', '--json')
+    assert r.returncode == 0 and json.loads(r.stdout)['memory_gib'] == pytest.approx(15.75e9 / GIB)
+
+
+def test_estimate_model_gpt_from_the_registry():
+    from legalnb.calculator import model_plan_fields
+    from legalnb.gpt import config_for as gpt_config
+    r = _cli('--model', 'gpt', '--model-size', 'small', '--seq-len', '1024', '--steps', '100', '--json')
+    assert r.returncode == 0, r.stderr
+    f, c = model_plan_fields('small', 1024, model='gpt'), gpt_config('small', 32768, max_seq_len=1024)
+    assert f['params'] == c.matmul_params() and f['layers'] == c.num_layers and f['d_model'] == c.dim
+    assert f['mixing_flops_per_token'] == c.flops_per_token(1024) - c.matmul_flops_per_token()
+    assert json.loads(r.stdout)['flops'] == (6 * f['params'] + f['mixing_flops_per_token']) * 100 * 1024
+    res = json.loads(_cli('--model-size', 'small', '--seq-len', '1024', '--steps', '100', '--json').stdout)
+    assert res['flops'] != json.loads(r.stdout)['flops']   # the default model is another architecture
+    bad = _cli('--model', 'bert', '--model-size', 'small', '--seq-len', '1024', '--steps', '1')
+    assert bad.returncode == 2 and "--model: unknown model 'bert'; choose from resonance, gpt" in bad.stderr
