@@ -78,7 +78,7 @@ def peak_tflops(gpu: GPU, precision: str = 'auto') -> float:
     return {'bf16': gpu.bf16_tflops, 'fp16': gpu.fp16_tflops, 'fp32': gpu.fp32_tflops}[p]
 
 # %% ../nbs/07_presets.ipynb #8dffd052
-TASKS = ('cpt', 'lora', 'scratch')   # continued pretraining, LoRA fine-tuning, ResonanceNet from scratch
+TASKS = ('cpt', 'lora', 'scratch')   # continued pretraining, LoRA fine-tuning, a registered model from scratch
 PRESET_NAMES = ('fast', 'full', 'aggressive')
 STRATEGIES = ('single', 'ddp', 'deepspeed-zero3', 'fsdp')
 

@@ -76,3 +76,12 @@ def test_one_precision_rule_from_core():
     assert gpu_precision('auto', None) == 'fp32'
     with pytest.raises(LegalnbError, match="precision must be one of auto, bf16, fp16, fp32, got 'int8'"):
         peak_tflops(GPUS['h100-sxm'], 'int8')
+
+
+def test_every_registered_model_size_has_a_batch_plan():
+    from legalnb.models import MODELS
+    for spec in MODELS.values():
+        assert set(spec.sizes) <= set(SIZE_BATCHES), spec.name
+        for size in spec.sizes: assert get_preset('scratch', 'full', size).global_batch == 32
+    src = (presets.__file__ and open(presets.__file__).read()).lower()
+    assert 'legalnb.resonance' not in src and 'legalnb.gpt' not in src   # the presets name no architecture
