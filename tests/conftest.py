@@ -1,13 +1,21 @@
-"Shared helpers of the trainer tests (imported as `from conftest import ...`): one split maker, one file-tree snapshot."
-import json, os
+"""Shared helpers of the trainer tests (imported as `from conftest import ...`): one split maker, one file-tree snapshot,
+the tiny shape of each architecture, and the multi-process runs that several test files compare."""
+import json, os, subprocess, sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from legalnb.data import split
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': str(ROOT)}  # child processes: one thread, this checkout
+ARCHITECTURES = ('resonance', 'gpt')  # every registered model goes through the same trainer tests
+
+def shape(model: str) -> list[str]:
+    "`legalnb train` flags for a tiny model of architecture `model`."
+    extra = {'resonance': ['--num-frequencies', '4'], 'gpt': ['--model-overrides', 'num_heads=2']}[model]
+    return ['--model', model, '--dim', '16', '--num-layers', '1', *extra]
 
 def make_split(root: Path, rows=96, seq_len=16, vocab=32, seed=0) -> Path:
     "A corpus of counting rows in two shards, split into train/ and val/ by the data stage."
@@ -22,3 +30,34 @@ def make_split(root: Path, rows=96, seq_len=16, vocab=32, seed=0) -> Path:
 def tree(folder: Path) -> dict:
     "Every file under `folder` (relative path) with its bytes: equal trees mean nothing changed."
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob('*')) if p.is_file()}
+
+def legalnb_train(argv: list, nproc: int = 1) -> subprocess.CompletedProcess:
+    "`legalnb train ARGV` in a fresh process, or in `nproc` processes under torchrun (gloo on the CPU)."
+    launch = ['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}'] if nproc > 1 else []
+    return subprocess.run([sys.executable, *launch, '-m', 'legalnb.cli', 'train', *map(str, argv)], env=ENV,
+                          capture_output=True, text=True, timeout=300)
+
+DIST_STEPS = 6  # optimizer steps of the multi-process runs
+
+def dist_args(split_dir: Path, out: Path, model: str, grad_accum: int, *extra) -> list[str]:
+    "A 6-step run of 8 sequences per step (batch 2 x grad_accum x ranks), saved and evaluated every 3 steps."
+    return ['--data', split_dir, '--out', out, *shape(model), '--batch-size', '2', '--grad-accum', str(grad_accum),
+            '--max-steps', str(DIST_STEPS), '--warmup-steps', '2', '--lr', '3e-3', '--save-every', '3',
+            '--eval-every', '3', '--eval-batches', '2', '--log-every', '1', '--num-workers', '0', '--seed', '11',
+            '--device', 'cpu', *extra]
+
+@pytest.fixture(scope='session')
+def dist_runs(tmp_path_factory):
+    "`get(name, model, nproc, grad_accum, *extra)`: a finished run folder and its process, made once per session."
+    root, made = tmp_path_factory.mktemp('dist'), {}
+    split_dir = make_split(root)
+    def get(name: str, model: str, nproc: int, grad_accum: int, *extra):
+        key = (name, model)
+        if key not in made:
+            out = root/model/name
+            p = legalnb_train(dist_args(split_dir, out, model, grad_accum, *extra), nproc)
+            assert p.returncode == 0, p.stderr[-3000:]
+            made[key] = out, p
+        return made[key]
+    get.split_dir = split_dir
+    return get
