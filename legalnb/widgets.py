@@ -11,8 +11,8 @@ from fastcore.basics import patch
 from matplotlib.figure import Figure
 from .core import LegalnbError, format_duration
 from .presets import GPUS, PRESET_NAMES, TASKS, get_preset
-from .resonance import MODEL_SIZES, config_for
-from .calculator import Estimate, estimate, plan_for
+from .models import MODELS, get_model
+from .calculator import Estimate, estimate, model_plan_fields, plan_for
 from .train import TrainConfig, format_log_line, read_metrics
 
 # %% auto #0
@@ -114,7 +114,8 @@ class PresetPicker:
                  mfu_pct: float = 40.0,            # expected MFU, percent of the dense peak
                  examples: int = 63_000,           # fine-tuning examples (lora)
                  seq_len: int = 1536,              # tokens per example (lora)
-                 size: str = 'small',              # ResonanceNet size (scratch)
+                 model: str = 'resonance',         # a registered architecture, legalnb.models.MODELS (scratch)
+                 size: str = 'small',              # named size of that model (scratch)
                  out: str = 'run'):                # output folder of the config handed back
         self.task = W.Dropdown(options=TASKS, value=task, description='task')
         self.preset = W.Dropdown(options=PRESET_NAMES, value=preset, description='preset')
@@ -125,18 +126,20 @@ class PresetPicker:
         self.mfu = W.FloatSlider(value=mfu_pct, min=5, max=80, step=1, description='MFU %')
         self.examples = W.BoundedIntText(value=examples, min=1, max=10**9, description='examples')
         self.seq_len = W.BoundedIntText(value=seq_len, min=2, max=1 << 20, description='seq len')
-        self.size = W.Dropdown(options=list(MODEL_SIZES), value=size, description='size')
+        self.model = W.Dropdown(options=list(MODELS), value=model, description='model')
+        self.size = W.Dropdown(options=list(get_model(model).sizes), value=size, description='size')
         self.output = W.HTML()
         self.button = W.Button(description='Use this preset', button_style='primary')
         self.out, self.result, self.estimate, self.error = out, None, None, None
         self.task.observe(self._task_changed, names='value')
+        self.model.observe(self._model_changed, names='value')
         for w in (self.preset, self.gpu, self.gpus, self.price, self.params, self.mfu, self.examples, self.seq_len,
                   self.size):
             w.observe(self.refresh, names='value')
         self.button.on_click(self.use)
-        self.widget = W.VBox([W.HBox([self.task, self.preset, self.size]), W.HBox([self.gpu, self.gpus, self.price]),
-                              W.HBox([self.params, self.mfu]), W.HBox([self.examples, self.seq_len]), self.button,
-                              self.output])
+        self.widget = W.VBox([W.HBox([self.task, self.preset]), W.HBox([self.model, self.size]),
+                              W.HBox([self.gpu, self.gpus, self.price]), W.HBox([self.params, self.mfu]),
+                              W.HBox([self.examples, self.seq_len]), self.button, self.output])
         self.refresh()
 
     def _ipython_display_(self):
@@ -150,10 +153,8 @@ def plan(self: PresetPicker):
     task = self.task.value
     kw = dict(gpu=self.gpu.value, gpus=self.gpus.value, price_per_hour=self.price.value, mfu=self.mfu.value / 100)
     if task == 'scratch':
-        p = get_preset('scratch', self.preset.value)
-        cfg = config_for(self.size.value, vocab_size=32768)
-        kw |= dict(size=self.size.value, params=cfg.matmul_params(),
-                   mixing_flops_per_token=cfg.flops_per_token(p.seq_len) - cfg.matmul_flops_per_token())
+        seq_len = get_preset('scratch', self.preset.value).seq_len
+        kw |= dict(size=self.size.value, **model_plan_fields(self.size.value, seq_len, model=self.model.value))
     else:
         kw |= dict(params=self.params.value * 1e9)
         if task == 'lora':
@@ -181,9 +182,19 @@ def _task_changed(self: PresetPicker, change):
     else: self.refresh()
 
 @patch
+def _model_changed(self: PresetPicker, change):
+    "A new model brings its own named sizes (the current one kept when it has it), then a new estimate."
+    sizes = list(get_model(change.new).sizes)
+    if list(self.size.options) != sizes:
+        keep = self.size.value if self.size.value in sizes else sizes[0]
+        self.size.options = sizes; self.size.value = keep
+    self.refresh()
+
+@patch
 def config(self: PresetPicker):
     "What the trainer takes: a TrainConfig (scratch) or transformers TrainingArguments (cpt, lora)."
-    if self.task.value == 'scratch': return TrainConfig.from_preset(self.preset.value, self.size.value, out=self.out)
+    if self.task.value == 'scratch':
+        return TrainConfig.from_preset(self.preset.value, self.size.value, out=self.out, model=self.model.value)
     from legalnb.hf import training_args_from_preset
     return training_args_from_preset(get_preset(self.task.value, self.preset.value), self.out, verbose=False)
 

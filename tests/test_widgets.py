@@ -68,3 +68,20 @@ def test_picker_prints_a_short_run_in_minutes_not_hours():
 def test_live_plot_refuses_an_unknown_mode():
     with pytest.raises(LegalnbError, match="mode must be 'auto', 'plot', 'text' or 'quiet', got 'bogus'"):
         LiveLossPlot(mode='bogus')
+
+
+def test_picker_model_choice_from_the_registry():
+    from legalnb.calculator import estimate, model_plan_fields, plan_for
+    from legalnb.models import MODELS
+    from legalnb.train import TrainConfig
+    p = PresetPicker(task='scratch', preset='fast', model='gpt', size='small', gpu='h100-sxm', mfu_pct=40)
+    assert list(p.model.options) == list(MODELS) and list(p.size.options) == list(MODELS['gpt'].sizes)
+    want = estimate(plan_for('scratch', 'fast', size='small', gpu='h100-sxm', gpus=1, price_per_hour=2.5, mfu=0.4,
+                             **model_plan_fields('small', 1024, model='gpt')))
+    assert p.estimate.flops == want.flops and p.estimate.memory.total == want.memory.total
+    p.button.click()
+    assert isinstance(p.result, TrainConfig) and (p.result.model, p.result.size, p.result.preset) == ('gpt', 'small', 'fast')
+    p.model.value = 'resonance'
+    assert p.estimate.flops == estimate(plan_for('scratch', 'fast', size='small', gpu='h100-sxm', gpus=1,
+                                                 price_per_hour=2.5, mfu=0.4,
+                                                 **model_plan_fields('small', 1024))).flops
