@@ -19,9 +19,9 @@ from .core import LegalnbError, read_json, refuse_overwriting_inputs, run_comman
 
 # %% auto #0
 __all__ = ['ROWS_INDEX', 'ID_CAP', 'CHUNK_TOKENS', 'NOMINAL_PARAMS', 'TOKENS_PER_PARAM', 'MAX_GOOD_EPOCHS', 'SPLIT_MODES',
-           'npy_header', 'open_rows', 'Segment', 'read_manifest', 'data_files', 'list_sources', 'find_segments',
-           'PretokenizedDataset', 'shift_pair', 'doc_starts_file', 'read_doc_starts', 'doc_start_mask', 'StepSampler',
-           'make_loader', 'FileCheck', 'ValidationReport', 'validate', 'model_params', 'recommend',
+           'npy_header', 'open_rows', 'Segment', 'manifest_path', 'read_manifest', 'data_files', 'list_sources',
+           'find_segments', 'PretokenizedDataset', 'shift_pair', 'doc_starts_file', 'read_doc_starts', 'doc_start_mask',
+           'StepSampler', 'make_loader', 'FileCheck', 'ValidationReport', 'validate', 'model_params', 'recommend',
            'format_recommendations', 'split', 'validate_command', 'validate_main', 'split_command', 'split_main']
 
 # %% ../nbs/03_data.ipynb #b0a87c08
@@ -100,23 +100,28 @@ def _manifest_at(p: Path) -> dict:
     for k, lo in (('vocab_size', 1), ('row_len', 2)):
         if man.get(k) is not None and not _whole(man[k], lo):
             raise LegalnbError(f'{p}: "{k}" must be a whole number >= {lo}, got {json.dumps(man[k])}')
-    if not isinstance(shards := man.get('shards', []), list):
-        raise LegalnbError(f'{p}: "shards" must be a list of {{"file": ..., "rows": ...}}, '
-                           f'got {json.dumps(shards)[:40]}')
-    for i, s in enumerate(shards):
-        if not isinstance(s, dict) or not isinstance(s.get('file'), str) or not s['file']:
-            raise LegalnbError(f'{p}: shards[{i}] has no "file"; expected {{"file": "shard_00000.npy", "rows": ...}}')
-        if s.get('rows') is not None and not _whole(s['rows'], 0):
-            raise LegalnbError(f'{p}: shards[{i}] "rows" must be a whole number >= 0, got {json.dumps(s["rows"])}')
+    for field in ('shards', 'val_shards'):  # the training shards, and the held-out ones (build-corpus --val-docs)
+        if not isinstance(shards := man.get(field, []), list):
+            raise LegalnbError(f'{p}: "{field}" must be a list of {{"file": ..., "rows": ...}}, '
+                               f'got {json.dumps(shards)[:40]}')
+        for i, s in enumerate(shards):
+            if not isinstance(s, dict) or not isinstance(s.get('file'), str) or not s['file']:
+                raise LegalnbError(f'{p}: {field}[{i}] has no "file"; expected {{"file": "shard_00000.npy", '
+                                   '"rows": ...}')
+            if s.get('rows') is not None and not _whole(s['rows'], 0):
+                raise LegalnbError(f'{p}: {field}[{i}] "rows" must be a whole number >= 0, got {json.dumps(s["rows"])}')
     return man
 
-def read_manifest(folder: str | Path) -> dict | None:
-    "The corpus `manifest.json` in `folder`, or in its parent when that is a split (it holds split.json), else None."
+def manifest_path(folder: str | Path) -> Path | None:
+    "The corpus `manifest.json` that describes `folder`: its own, or its parent's for a split or a corpus's `val/`."
     folder = Path(folder)
-    split_parent = [folder.parent/'manifest.json'] if (folder.parent/'split.json').is_file() else []
-    for p in (folder/'manifest.json', *split_parent):
-        if p.is_file(): return _manifest_at(p)
-    return None
+    up = folder.parent/'manifest.json'
+    parent = [up] if (folder.parent/'split.json').is_file() or (folder.name == 'val' and up.is_file()) else []
+    return next((p for p in (folder/'manifest.json', *parent) if p.is_file()), None)
+
+def read_manifest(folder: str | Path) -> dict | None:
+    "The manifest that describes `folder` (see `manifest_path`), checked; None when there is none."
+    return _manifest_at(p) if (p := manifest_path(folder)) else None
 
 # %% ../nbs/03_data.ipynb #36ec5256
 def _row_count(file: Path) -> int:
@@ -489,11 +494,13 @@ def validate(path: str | Path,              # folder, rows.json index, or file
         except LegalnbError as e: checks[f].problems.append(str(e).removeprefix(f'{f}: '))
     report.row_len = _expected_row_len(opened, man)
     counts = np.zeros(vocab or 0, dtype=np.int64)  # one counter per id
-    listed = {s['file']: s.get('rows') for s in (man or {}).get('shards', [])}  # the manifest's rows per shard
+    home = manifest_path(_manifest_folder(path)).resolve().parent if man else None  # the corpus folder
+    listed = {(home/s['file']).resolve(): s.get('rows')  # the manifest's rows per shard, training and held-out
+              for s in (man or {}).get('shards', []) + (man or {}).get('val_shards', [])}
     for f, rows in opened.items():
         checks[f].rows, checks[f].row_len, checks[f].dtype = len(rows), rows.shape[1], str(rows.dtype)
-        if listed.get(f.name) not in (None, len(rows)):
-            checks[f].problems.append(f'rows differ from manifest.json: it lists {listed[f.name]:,}, '
+        if listed.get(f.resolve()) not in (None, len(rows)):
+            checks[f].problems.append(f'rows differ from manifest.json: it lists {listed[f.resolve()]:,}, '
                                       f'the file holds {len(rows):,}')
         if rows.shape[1] != report.row_len:
             checks[f].problems.append(f'mixed lengths: rows of {rows.shape[1]} tokens, expected {report.row_len}')

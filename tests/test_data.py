@@ -478,6 +478,10 @@ def test_split_of_a_corpus_with_heldout_acts_is_by_documents(tmp_path, capsys):
     train, val = (PretokenizedDataset(tmp_path/'split'/side, doc_starts=True) for side in ('train', 'val'))
     assert len(train) == m['rows'] and val.vocab_size == m['vocab_size'] and val.missing_doc_starts == []
     assert torch.equal(val[0][0], torch.from_numpy(np.load(c/'val'/'shard_00000.npy')[0, :-1].astype(np.int64)))
+    for folder in (tmp_path/'split'/'train', tmp_path/'split'/'val', c/'val', c):  # rows checked against the manifest
+        rep = validate(folder)
+        assert rep.ok and rep.vocab_size == m['vocab_size'], (folder, rep.problems)
+    assert validate(c/'val').rows == m['heldout']['rows'] and PretokenizedDataset(c/'val').vocab_size == m['vocab_size']
     assert cli(['split', str(c), '--out', str(tmp_path/'by-docs'), '--by', 'documents']) == 0
     # asked for rows: the training shards are cut by rows, and it says so
     assert cli(['split', str(c), '--out', str(tmp_path/'rows'), '--by', 'rows', '--val-ratio', '0.2']) == 0
