@@ -408,7 +408,7 @@ def make_loader(ds: PretokenizedDataset,   # the rows
                 pin_memory: bool | None = None,  # page-locked batches for faster copies; default: with CUDA
                 prefetch_factor: int = 4,  # batches each worker reads ahead (ignored without workers)
                 ) -> torch.utils.data.DataLoader:
-    "A DataLoader yielding `(input_ids, targets)` int64 of shape (batch_size, seq_len) in the sampler's step order."
+    "A DataLoader of `(input_ids, targets[, doc_starts])` batches (batch_size, seq_len) in the sampler's step order."
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory and torch.cuda.is_available()
     workers = dict(prefetch_factor=prefetch_factor, persistent_workers=True) if num_workers > 0 else {}
     return torch.utils.data.DataLoader(ds, sampler=sampler, batch_size=None, num_workers=num_workers,
