@@ -1,5 +1,11 @@
 """Training-step speed and peak memory: ResonanceLanguageModel against a GPT of the same non-embedding size.
 
+The GPT measured is the package's transformer baseline, `legalnb.gpt.GPTLanguageModel` (pre-norm, RoPE, SwiGLU,
+scaled_dot_product_attention, tied head), the model `legalnb train --model gpt` and `legalnb compare` train; both
+models are built through the registry (`legalnb.models.get_model`), at the registry's named sizes (whose
+non-embedding parameters are matched) on a GPU, or at the same width and depth on the CPU. Until 2026-11 this
+script measured its own copy (learned positions, GELU MLP); numbers recorded before then are for that copy.
+
 Each measurement (model, sequence length) runs in its own subprocess, so that peak memory is that run's alone:
 on the CPU the peak resident set (resource.getrusage maxrss; tracemalloc does not see torch's allocator), on a
 GPU torch.cuda.max_memory_allocated. A step is forward + backward + AdamW step at batch 1.
@@ -10,81 +16,34 @@ GPU torch.cuda.max_memory_allocated. A step is forward + backward + AdamW step a
     python bench/model.py --default-malloc   # CPU: glibc's default allocator (slower at 32k, see CPU_MALLOC_ENV)
 
 MFU counts matrix-product FLOPs only (the tensor cores' peak is for matrix products): for ResonanceNet
-6 * N_matmul per token (config.matmul_flops_per_token, Kaplan et al. 2020); for the GPT 6 * N_matmul plus the
-attention products QK^T and AV, 2 * 2 * L * D per layer per token forward counted at half for the causal mask,
-times 3 for training: 6 * L * D per layer per token.
+6 * N_matmul per token (the spec's matmul_flops_per_token, Kaplan et al. 2020); for the GPT its
+GPTConfig.flops_per_token: 6 * N_matmul plus the attention products QK^T and AV, 2 * 2 * L * D per layer per token
+forward counted at half for the causal mask, times 3 for training: 6 * L * D per layer per token.
 """
 from __future__ import annotations
-import json, math, os, resource, subprocess, sys, time
+import json, os, resource, subprocess, sys, time
+from dataclasses import fields
 from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from common import header, markdown_table, run
-from legalnb.resonance import ResonanceConfig, ResonanceLanguageModel, config_for
-
-
-class GPTBlock(nn.Module):
-    "Pre-norm transformer block: causal self-attention (scaled_dot_product_attention), then a GELU MLP."
-    def __init__(self, dim: int, heads: int, mlp_ratio: float = 4.0):
-        super().__init__()
-        self.heads = heads
-        self.norm1 = nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim, bias=False), nn.Linear(dim, dim, bias=False)
-        self.norm2 = nn.LayerNorm(dim)
-        hidden = int(mlp_ratio * dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden, bias=False), nn.GELU(), nn.Linear(hidden, dim, bias=False))
-
-    def forward(self, x):
-        B, L, D = x.shape
-        # (B, H, L, D/H) each
-        q, k, v = self.qkv(self.norm1(x)).view(B, L, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, L, D)
-        x = x + self.proj(a)
-        return x + self.mlp(self.norm2(x))
-
-
-class GPT(nn.Module):
-    "The baseline: token + learned position embeddings, pre-norm blocks, final LayerNorm, head tied to the embedding."
-    def __init__(self, vocab_size: int, dim: int, num_layers: int, heads: int, max_seq_len: int,
-                 mlp_ratio: float = 4.0):
-        super().__init__()
-        self.tok_emb, self.pos_emb = nn.Embedding(vocab_size, dim), nn.Embedding(max_seq_len, dim)
-        self.blocks = nn.ModuleList(GPTBlock(dim, heads, mlp_ratio) for _ in range(num_layers))
-        self.norm, self.lm_head = nn.LayerNorm(dim), nn.Linear(dim, vocab_size, bias=False)
-        self.lm_head.weight = self.tok_emb.weight
-        self.dim, self.num_layers, self.vocab_size = dim, num_layers, vocab_size
-        for n, p in self.named_parameters():
-            residual = n.endswith(('proj.weight', 'mlp.2.weight'))
-            if p.ndim == 2: nn.init.normal_(p, 0, 0.02 / math.sqrt(2 * num_layers) if residual else 0.02)
-
-    def forward(self, ids, targets):
-        x = self.tok_emb(ids) + self.pos_emb.weight[:ids.shape[1]]
-        for b in self.blocks: x = b(x)
-        logits = self.lm_head(self.norm(x))
-        return logits, F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-
-    def non_embedding_params(self) -> int:
-        return sum(p.numel() for p in self.parameters()) - self.tok_emb.weight.numel() - self.pos_emb.weight.numel()
-
-    def matmul_flops_per_token(self, seq_len: int) -> float:
-        n_matmul = self.num_layers * 12 * self.dim ** 2 + self.vocab_size * self.dim
-        return 6.0 * n_matmul + 6.0 * self.num_layers * seq_len * self.dim
+from legalnb.models import get_model
 
 
 def build(kind: str, args) -> tuple[nn.Module, float, int]:
-    "The model, its training matmul FLOPs per token at args.seq_len, and its non-embedding parameter count."
-    if args.size: cfg = config_for(args.size, args.vocab, max_seq_len=args.max_seq_len)
-    else: cfg = ResonanceConfig(vocab_size=args.vocab, dim=args.dim, num_layers=args.layers,
-                                num_frequencies=args.frequencies, max_seq_len=args.max_seq_len)
-    cfg.checkpointing = args.checkpointing
-    if kind == 'resonance':
-        m = ResonanceLanguageModel(cfg)
-        return m, cfg.matmul_flops_per_token(), m.num_params(non_embedding=True)
-    m = GPT(cfg.vocab_size, cfg.dim, cfg.num_layers, max(1, cfg.dim // 64), cfg.max_seq_len, cfg.mlp_ratio)
-    return m, m.matmul_flops_per_token(args.seq_len), m.non_embedding_params()
+    "The package's model `kind` (registry), its training matmul FLOPs per token, its non-embedding parameters."
+    spec = get_model(kind)
+    has = {f.name for f in fields(spec.config_class)}
+    shape = {} if args.size else dict(dim=args.dim, num_layers=args.layers, num_frequencies=args.frequencies,
+                                      num_heads=max(1, args.dim // 64))  # CPU: the same width and depth for both
+    cfg = spec.config(args.size or 'small', args.vocab, args.max_seq_len, checkpointing=args.checkpointing,
+                      **{k: v for k, v in shape.items() if k in has})
+    m = spec.build(cfg)
+    # attention's QK^T and AV are matrix products too: the gpt counts them (flops_per_token), ResonanceNet's FFT not
+    flops = spec.flops_per_token(cfg, args.seq_len) if kind == 'gpt' else spec.matmul_flops_per_token(cfg)
+    return m, flops, m.num_params(non_embedding=True)
 
 
 def worker(args) -> dict:
