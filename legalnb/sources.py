@@ -4,26 +4,27 @@
 
 # %% ../nbs/00_sources.ipynb #7dc9bb63
 from __future__ import annotations
-import json, math, os, random, re, shutil, tempfile, uuid
+import json, math, multiprocessing, os, random, re, shutil, tempfile, unicodedata, uuid
 import xml.etree.ElementTree as ET
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, asdict
 from datetime import date, timedelta
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Literal
 from xml.sax.saxutils import escape
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 
-from .core import LegalnbError, atomic_write, jsonl_records, refuse_overwriting_inputs, run_command
+from .core import LegalnbError, _decode_json, atomic_write, jsonl_records, refuse_overwriting_inputs, run_command
 
 # %% auto #0
 __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORDS', 'EU_LANGUAGES', 'FORMEX_BLOCKS',
            'FORMEX_SKIP', 'FORMEX_LABELS', 'SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS', 'Document',
-           'write_jsonl', 'parse_date', 'Celex', 'parse_celex', 'doc_type_from_celex', 'celex_from_number',
-           'doc_type_from_legal_value', 'doc_type_from_title', 'check_language', 'record_fields',
-           'document_from_record', 'read_jsonl_documents', 'formex_text', 'read_formex_file', 'formex_document',
-           'read_formex', 'read_documents', 'parse_documents', 'format_parse_summary', 'SampleAct', 'plan_act',
+           'write_jsonl', 'parse_date', 'Celex', 'parse_celex', 'base_celex', 'doc_type_from_celex',
+           'celex_from_number', 'doc_type_from_legal_value', 'doc_type_from_title', 'check_language', 'record_fields',
+           'document_from_record', 'read_jsonl_documents', 'jsonl_entries', 'skip_reason', 'formex_text',
+           'read_formex_file', 'formex_document', 'read_formex', 'read_items', 'read_documents', 'report_path',
+           'parse_documents', 'write_parse_report', 'format_parse_summary', 'SampleAct', 'plan_act',
            'sample_publications', 'write_sample', 'sample_command', 'parse_command', 'sample_main', 'parse_main']
 
 # %% ../nbs/00_sources.ipynb #9cdec564
@@ -32,14 +33,15 @@ DOC_TYPES = ('regulation', 'directive', 'decision', 'recommendation', 'other')
 @dataclass
 class Document:
     "One legal act in one language, as every stage after `sources` sees it."
-    celex: str                 # CELEX number, e.g. 32016R0679
+    celex: str                 # CELEX number, e.g. 32016R0679 (a consolidated text: 02016R0679-20160504)
     title: str                 # the act's title, whitespace-normalised
     text: str                  # preamble, enacting terms, final part and annexes
     lang: str                  # ISO 639-1, lower case: en, de, fr, ...
-    date: date | None = None   # date of the act (None when the source gives none)
-    doc_type: str = 'other'    # one of DOC_TYPES
+    date: date | None = None   # date of the act; of a consolidated text, the date of that version
+    doc_type: str = 'other'    # one of DOC_TYPES (a consolidated text: the type of its base act)
     subjects: list[str] = field(default_factory=list)  # subject matters / descriptors
     source: str = ''           # the file it came from
+    base_celex: str = ''       # a consolidated text: the CELEX of the act it consolidates (32016R0679); else ''
 
     def to_json(self) -> dict:
         "A JSON-ready dict (date as ISO string)."
@@ -83,6 +85,7 @@ def parse_date(value, where: str = '') -> date | None:
 # %% ../nbs/00_sources.ipynb #1ba4b530
 _CELEX = re.compile(r'(?P<sector>[0-9CE])(?P<year>\d{4})(?P<type>[A-Z]{1,3})(?P<number>\d{1,4})'
                     r'(?:R\((?P<corrigendum>\d{2})\))?(?:-(?P<consolidated>\d{8}))?')
+_OLD_CELEX = re.compile(r'(?P<sector>[0-9CE])(?P<yy>\d{2})(?P<rest>[A-Z]{1,3}\d{4}(?:R\(\d{2}\))?)')
 
 @dataclass(frozen=True)
 class Celex:
@@ -99,15 +102,27 @@ class Celex:
         if self.corrigendum is not None: s += f'R({self.corrigendum:02d})'
         return s + (f'-{self.consolidated:%Y%m%d}' if self.consolidated else '')
 
+def _full_year(s: str) -> str:
+    "The 10-character form of an old 8-character CELEX (`302L0058` -> `32002L0058`, `395L0046` -> `31995L0046`)."
+    m = _OLD_CELEX.fullmatch(s)
+    if not m: return s
+    yy = int(m['yy'])
+    return f"{m['sector']}{1900 + yy if yy >= 50 else 2000 + yy}{m['rest']}"
+
 def parse_celex(s: str) -> Celex:
-    "Split a CELEX number such as `32016R0679` or `02009R1223-20191218` into its parts."
-    m = _CELEX.fullmatch(str(s).strip().upper())
+    "Split a CELEX number such as `32016R0679`, `02009R1223-20191218` or the old `302L0058` into its parts."
+    m = _CELEX.fullmatch(_full_year(str(s).strip().upper()))
     if not m:
         raise LegalnbError(f'{s!r} is not a CELEX number (expected e.g. 32016R0679: sector, year, type letters, '
                            'number)')
     corr, cons = m['corrigendum'], m['consolidated']
     return Celex(m['sector'], int(m['year']), m['type'], m['number'], int(corr) if corr else None,
                  parse_date(cons, f'CELEX {s}') if cons else None)
+
+def base_celex(celex: str | Celex) -> str:
+    "The CELEX of the act a consolidated text consolidates (`02016R0679-20160504` -> `32016R0679`); else ''."
+    c = celex if isinstance(celex, Celex) else parse_celex(celex)
+    return f'3{c.year}{c.type}{c.number}' if c.sector == '0' else ''
 
 # %% ../nbs/00_sources.ipynb #3b5975b1
 CELEX_TYPES = {'R': 'regulation', 'L': 'directive', 'D': 'decision', 'H': 'recommendation'}
@@ -123,25 +138,46 @@ def celex_from_number(year: int | str, number: int | str, doc_type: str) -> str:
     return f'3{int(year)}{letter}{int(number):04d}' if letter else ''
 
 # %% ../nbs/00_sources.ipynb #15512d3b
-LEGAL_VALUES = {'REG': 'regulation', 'DIR': 'directive', 'DEC': 'decision', 'REC': 'recommendation',
-                'RECO': 'recommendation'}
+LEGAL_VALUES = {'REG': 'regulation', 'DIR': 'directive', 'DEC': 'decision', 'REC': 'recommendation'}
 
 def doc_type_from_legal_value(value: str | None) -> str:
-    "`REG`, `REG_IMPL`, `DIR_DEL`, `DEC`, ... -> regulation, directive, decision; unknown -> 'other'."
-    return LEGAL_VALUES.get((value or '').strip().upper().split('_')[0], 'other')
+    "`REG`, `REGIMP`, `REG_IMPL`, `DIRDEL`, `DECIMP`, `RECO`, ... -> regulation, directive, ...; unknown -> 'other'."
+    v = (value or '').strip().upper()
+    return next((t for k, t in LEGAL_VALUES.items() if v.startswith(k)), 'other')
 
 # %% ../nbs/00_sources.ipynb #dfe36ef6
-TITLE_WORDS = {  # the word for each type in the titles of acts, by language (en de fr es pt it nl)
-    'regulation': 'regulation verordnung règlement reglamento regulamento regolamento verordening',
-    'directive': 'directive richtlinie directiva diretiva direttiva richtlijn',
-    'decision': 'decision beschluss entscheidung décision decisión decisão decisione besluit beschikking',
-    'recommendation': 'recommendation empfehlung recommandation recomendación recomendação raccomandazione '
-                      'aanbeveling'}
-_TITLE_TYPE = {w: t for t, words in TITLE_WORDS.items() for w in words.split()}
+TITLE_WORDS = {  # the word for each type in the titles of acts, in the 24 official languages (bg cs da de el en es
+                 # et fi fr ga hr hu it lt lv mt nl pl pt ro sk sl sv, in that order; some languages have two words)
+    'regulation': 'регламент nařízení forordning verordnung κανονισμός regulation reglamento määrus asetus règlement '
+                  'rialachán uredba rendelet regolamento reglamentas regula regolament verordening rozporządzenie '
+                  'regulamento regulament nariadenie uredba förordning',
+    'directive': 'директива směrnice direktiv richtlinie οδηγία directive directiva direktiiv direktiivi directive '
+                 'treoir direktiva irányelv direttiva direktyva direktīva direttiva richtlijn dyrektywa diretiva '
+                 'directiva directivă smernica direktiva direktiv',
+    'decision': 'решение rozhodnutí afgørelse beslutning beschluss entscheidung απόφαση decision decisión otsus päätös '
+                'décision cinneadh odluka határozat decisione sprendimas lēmums deċiżjoni besluit beschikking decyzja '
+                'decisão decizie rozhodnutie odločba sklep beslut',
+    'recommendation': 'препоръка doporučení henstilling empfehlung σύσταση recommendation recomendación soovitus '
+                      'suositus recommandation moladh preporuka ajánlás raccomandazione rekomendacija ieteikums '
+                      'rakkomandazzjoni aanbeveling zalecenie recomendação recomandare odporúčanie priporočilo '
+                      'rekommendation'}
+
+def _plain(s: str) -> str:
+    "Lower case without accents, so that `DÉCISION`, `décision` and `ΚΑΝΟΝΙΣΜΟΣ` match their word."
+    return ''.join(c for c in unicodedata.normalize('NFD', s.lower()) if not unicodedata.combining(c))
+
+_TITLE_TYPE = {_plain(w): t for t, words in TITLE_WORDS.items() for w in words.split()}
+_TITLE_STEMS = sorted(_TITLE_TYPE, key=len, reverse=True)   # longest first: `direktiivi` before `direktiv`
+
+def _word_type(word: str) -> str | None:
+    "The type a title word names: as is, ending a compound (`Durchführungsverordnung`) or inflected (`rendelete`)."
+    if word in _TITLE_TYPE: return _TITLE_TYPE[word]
+    return next((_TITLE_TYPE[s] for s in _TITLE_STEMS if len(s) >= 5 and (word.endswith(s) or word.startswith(s))),
+                None)
 
 def doc_type_from_title(title: str) -> str:
     "The type named by the first type word in an act's title ('Commission Implementing Regulation ...' -> regulation)."
-    return next((_TITLE_TYPE[w] for w in re.findall(r'\w+', title.lower()) if w in _TITLE_TYPE), 'other')
+    return next((t for w in re.findall(r'\w+', _plain(title)) if (t := _word_type(w))), 'other')
 
 # %% ../nbs/00_sources.ipynb #d76f4444
 _TYPE_NAMES = frozenset(DOC_TYPES) - {'other'}
@@ -203,68 +239,143 @@ def record_fields(rec: dict, where: str = '') -> tuple[str, str, str, str, date 
 
 def document_from_record(rec: dict, where: str = '', source: str = '') -> Document:
     "A `Document` from one JSON record, with the defaults above; `where` names the record in errors."
-    return Document(*record_fields(rec, where), str(rec.get('source') or source))
+    return Document(*record_fields(rec, where), str(rec.get('source') or source), str(rec.get('base_celex') or ''))
 
 # %% ../nbs/00_sources.ipynb #ad715cce
 def read_jsonl_documents(path: str | Path) -> Iterator[Document]:
     "Stream `Document`s from a JSON-lines file, one per line; a bad line raises with its number."
     for n, _, _, rec in jsonl_records(path): yield document_from_record(rec, f'{path}, line {n}', str(path))
 
+def _line_record(path, n: int, raw: bytes) -> dict:
+    "The JSON object on line `n` of `path` (its bytes `raw`), with the one-line errors of `jsonl_records`."
+    try: line = raw.decode('utf-8-sig' if n == 1 else 'utf-8')
+    except UnicodeDecodeError as e:
+        raise LegalnbError(f'{path}, line {n}: byte {e.start + 1} is not UTF-8; save the file as UTF-8') from None
+    try: rec = _decode_json(line)
+    except json.JSONDecodeError as e:
+        raise LegalnbError(f'{path}, line {n}: not JSON ({e.msg} at character {e.pos + 1}); '
+                           'expected one JSON object (a document) per line') from None
+    except ValueError as e: raise LegalnbError(f'{path}, line {n}: {e}; a record names each field once') from None
+    if type(rec) is not dict:
+        raise LegalnbError(f'{path}, line {n}: expected a JSON object (a document), got {type(rec).__name__}')
+    return rec
+
+def jsonl_entries(path: str | Path) -> Iterator[tuple[int, int, int, dict | LegalnbError]]:
+    "Like `jsonl_records`, but a bad line yields its `LegalnbError` in place of the record, and reading goes on."
+    offset = 0
+    with open(path, 'rb', buffering=1 << 18) as f:
+        for n, raw in enumerate(f, 1):
+            start, offset = offset, offset + len(raw)
+            if raw.isspace(): continue
+            try: yield n, start, len(raw), _line_record(path, n, raw)
+            except LegalnbError as e: yield n, start, len(raw), e
+
+_REASONS = (('not UTF-8', 'not_utf8'), ('not JSON', 'not_json'), ('duplicate key', 'duplicate_key'),
+            ('expected a JSON object', 'not_an_object'), ('malformed XML', 'malformed_xml'),
+            ('nested too deeply', 'too_deep'), ('no LG.DOC', 'no_language'), ('"lang"', 'bad_language'),
+            ('date', 'bad_date'), ('CELEX', 'bad_celex'), ('CONSLEG', 'bad_celex'), ('no text', 'no_text'),
+            ('"text"', 'no_text'), ('expected one act', 'no_act'))
+
+def skip_reason(message: str) -> str:
+    "The counter name for why a publication or line was skipped, from its error message."
+    return next((reason for part, reason in _REASONS if part in message), 'bad_record')
+
 # %% ../nbs/00_sources.ipynb #e811fc47
 FORMEX_BLOCKS = frozenset('''P ALINEA PARAG ARTICLE TI.ART STI.ART VISA CONSID NP ITEM LIST TITLE TI STI GR.SEQ
     DIVISION PREAMBLE PREAMBLE.INIT PREAMBLE.FINAL GR.VISA GR.CONSID GR.CONSID.INIT ENACTING.TERMS FINAL SIGNATURE
     SIGNATORY PL.DATE CONTENTS QUOT.S TBL CORPUS ROW GR.NOTES DLIST DLIST.ITEM FORMULA ANNEX ACT GR.TBL BLK
-    GR.ANNOTATION ANNOTATION'''.split())
-FORMEX_SKIP = frozenset('BIB.INSTANCE BIB.DOC BIB.DATA NOTE PAGE.HEADER CURR.TITLE REF.PHYS'.split())
+    GR.ANNOTATION ANNOTATION CONS.DOC CONS.ANNEX CORR'''.split())
+FORMEX_SKIP = frozenset('''BIB.INSTANCE BIB.DOC BIB.DATA NOTE PAGE.HEADER CURR.TITLE REF.PHYS INFO.CONSLEG INFO.PROD
+    FAM.COMP'''.split())   # FAM.COMP: the list of acts a consolidated text is made of, not its text
 FORMEX_LABELS = frozenset('NO.P NO.PARAG'.split())  # numbers printed before a paragraph: a space follows
+_GLUE = re.compile(r'[;:,.!?)\]’”»]+')   # punctuation that closes what came before, never opens a line
 
 class _Blocks:
-    "Collects text into whitespace-normalised blocks."
-    def __init__(self): self.blocks, self.buf, self.held = [], [], False
+    "Collects text into whitespace-normalised blocks; footnotes kept in `notes` (None: dropped), quote marks moved."
+    def __init__(self, notes: list | None = None, marks: tuple = ({}, frozenset())):
+        self.blocks, self.buf, self.held, self.notes, self.opened = [], [], False, notes, False
+        self.at_end, self.moved = marks   # {id(element): closing marks printed at its end}, the IDs of those marks
     def add(self, s: str | None):
+        if s and self.opened: s = s.lstrip(); self.opened = not s   # no space after an opening quotation mark
         if s: self.buf.append(s); self.held = self.held and not s.strip()
+    def quote(self, mark: str, closing: bool):
+        "Add a quotation mark against the words it encloses (the XML may have spaces or line breaks beside it)."
+        if closing:
+            while self.buf and self.buf[-1].isspace(): self.buf.pop()
+            if self.buf: self.buf[-1] = self.buf[-1].rstrip()
+        self.buf.append(mark); self.opened = not closing
     def end(self, force: bool = False):
         if self.held and not force: return     # a paragraph number waits for its text: `1. The Commission ...`
         s = ' '.join(''.join(self.buf).split())
+        if s and self.blocks and (m := _GLUE.match(s)):   # `;` after a quoted block stays on the block's line
+            self.blocks[-1] += m[0]; s = s[m.end():].lstrip()
         if s: self.blocks.append(s)
         self.buf, self.held = [], False
 
 # %% ../nbs/00_sources.ipynb #43959c71
+_QUOTES = ('QUOT.START', 'QUOT.END')
+
 def _quote_mark(el: ET.Element) -> str:
     "The character a `QUOT.START`/`QUOT.END` stands for (its `CODE` is a hex code point)."
     try: return chr(int(el.get('CODE', ''), 16))
     except ValueError: return '“' if el.tag == 'QUOT.START' else '”'
 
-def _unpaired_quotes(note: ET.Element) -> str:
-    "Quotation marks inside a footnote whose partner lies outside it (they belong to the main text)."
-    marks = [q for q in note.iter() if q.tag in ('QUOT.START', 'QUOT.END')]
+def _unpaired_quotes(note: ET.Element, moved: frozenset = frozenset()) -> str:
+    "Quotation marks inside a footnote whose partner lies outside it (they belong to the main text), unless `moved`."
+    marks = [q for q in note.iter() if q.tag in _QUOTES]
     ids = {q.get('ID') for q in marks}
     partner = lambda q: q.get('REF.END' if q.tag == 'QUOT.START' else 'REF.START')
-    return ''.join(_quote_mark(q) for q in marks if partner(q) not in ids)
+    return ''.join(_quote_mark(q) for q in marks if partner(q) not in ids and q.get('ID') not in moved)
+
+def _closing_marks(root: ET.Element) -> tuple[dict, frozenset]:
+    "Closing marks in a footnote whose opening mark is outside it: ({id(element holding both): marks}, their IDs)."
+    ends = {}
+    for note in root.iter('NOTE'):
+        inside = {q.get('ID') for q in note.iter() if q.tag in _QUOTES}
+        ends.update({q.get('REF.START'): q for q in note.iter('QUOT.END') if q.get('REF.START') not in inside})
+    starts = {q.get('ID'): q for q in root.iter('QUOT.START') if q.get('ID') in ends} if ends else {}
+    if not starts: return {}, frozenset()
+    parent = {c: p for p in root.iter() for c in p}
+    at_end, moved = {}, set()
+    for sid, start in starts.items():
+        above, a = set(), start
+        while a in parent: a = parent[a]; above.add(a)
+        a = ends[sid]
+        while a in parent and a not in above: a = parent[a]
+        at_end[id(a)] = at_end.get(id(a), '') + _quote_mark(ends[sid]); moved.add(ends[sid].get('ID'))
+    return at_end, frozenset(moved)
 
 # %% ../nbs/00_sources.ipynb #513b7b71
 def _walk(el: ET.Element, out: _Blocks, flat: bool = False):
     "Append the text of `el` to `out`, block by block (`flat`: blocks become spaces, as inside a table cell)."
     tag = el.tag
-    if tag == 'NOTE': out.add(_unpaired_quotes(el))
+    if tag == 'NOTE':
+        out.add(_unpaired_quotes(el, out.moved))
+        if out.notes is not None: out.notes.append(formex_text(el, flat=True))
     if tag in FORMEX_SKIP or not isinstance(tag, str): return out.add(el.tail)
     block = tag in FORMEX_BLOCKS
     if block: out.add(' ') if flat else out.end()
-    if tag in ('QUOT.START', 'QUOT.END'): out.add(_quote_mark(el))
-    if tag == 'ROW': out.add(' | '.join(formex_text(c, flat=True) for c in el if c.tag == 'CELL'))
+    if tag in _QUOTES: out.quote(_quote_mark(el), tag == 'QUOT.END')
+    if tag == 'ROW': out.add(' | '.join(formex_text(c, True, (), out.notes, (out.at_end, out.moved))
+                                        for c in el if c.tag == 'CELL'))
     else:
         out.add(el.text)
         for child in el: _walk(child, out, flat)
+    if out.at_end and id(el) in out.at_end: out.quote(out.at_end[id(el)], True)   # a quotation closed by a footnote
     if tag in FORMEX_LABELS: out.add(' '); out.held = True
     if block: out.add(' ') if flat else out.end()
     out.add(el.tail)
 
-def formex_text(el: ET.Element, flat: bool = False, skip: Iterable[str] = ()) -> str:
+def formex_text(el: ET.Element, flat: bool = False, skip: Iterable[str] = (),
+                notes: list | None = None,  # a list to collect footnote texts in (None: footnotes are dropped)
+                marks: tuple | None = None  # moved closing quotation marks (None: found here)
+                ) -> str:
     "The clean text of a Formex element: blocks on their own lines (one line when `flat`), without children `skip`."
-    out = _Blocks()
+    out = _Blocks(notes, _closing_marks(el) if marks is None else marks)
     out.add(el.text)
     for child in el:
         if child.tag not in skip: _walk(child, out, flat)
+    if out.at_end and id(el) in out.at_end: out.quote(out.at_end[id(el)], True)
     out.end(force=True)
     return ('\n'.join(out.blocks) if not flat else ' '.join(out.blocks)).strip()
 
@@ -292,15 +403,27 @@ def _first_text(roots: list, *paths: str) -> str:
     return ' '.join((el.text or '').split()) if el is not None else ''
 
 # %% ../nbs/00_sources.ipynb #acdafd1a
+_OWN_CELEX = ('./BIB.INSTANCE/NO.CELEX', './BIB.DOC/NO.CELEX')   # never a NO.CELEX of another act (FAM.COMP, notes)
+
 def _formex_celex(roots: list, doc_type: str, path: Path) -> str:
-    "The CELEX of a publication: `NO.CELEX`, else built from `NO.DOC`, else ''."
-    if s := _first_text(roots, './/NO.CELEX'):
+    "The CELEX of a publication: its own `NO.CELEX`, else built from `NO.DOC`, else ''."
+    if s := _first_text(roots, *_OWN_CELEX):
         try: return str(parse_celex(s))
         except LegalnbError as e: raise LegalnbError(f'{path}: NO.CELEX {e}') from None
-    no = _first(roots, './BIB.DOC/NO.DOC', './BIB.INSTANCE/NO.DOC', './/NO.DOC')
+    no = _first(roots, './BIB.DOC/NO.DOC', './BIB.INSTANCE/NO.DOC')
     year, number = (no.findtext('YEAR'), no.findtext('NO.CURRENT')) if no is not None else (None, None)
     if not (year and number and year.strip().isdigit() and number.strip().isdigit()): return ''
     return celex_from_number(year, number, doc_type)
+
+def _consolidation(act: ET.Element, path: Path) -> tuple[str, date | None, str]:
+    "(CELEX `0YYYYTNNNN-YYYYMMDD`, date of the version, legal value) of a consolidated text, from its `INFO.CONSLEG`."
+    info = _first([act], './INFO.CONSLEG', './CONS.DOC/INFO.CONSLEG')
+    ref, start = (info.get('CONSLEG.REF', ''), info.get('START.DATE', '')) if info is not None else ('', '')
+    try: celex = parse_celex(f'0{ref}-{start}')
+    except LegalnbError:
+        raise LegalnbError(f'{path}: a consolidated text (CONS.ACT) needs INFO.CONSLEG with CONSLEG.REF and START.DATE '
+                           f'(e.g. "2016R0679" and "20160504"), got {ref!r} and {start!r}') from None
+    return str(celex), celex.consolidated, info.get('LEG.VAL', '')
 
 def _formex_title(wrapper: ET.Element | None, act: ET.Element) -> str:
     "The act's title on one line: the wrapper's, else the act's own `TITLE`."
@@ -311,9 +434,9 @@ def _formex_title(wrapper: ET.Element | None, act: ET.Element) -> str:
 
 # %% ../nbs/00_sources.ipynb #4e03dab3
 def _formex_type(roots: list, title: str) -> str:
-    "The type of a publication: from `LEGAL.VALUE`, else `NO.CELEX`, else the title."
+    "The type of a publication: from `LEGAL.VALUE`, else its own `NO.CELEX`, else the title."
     doc_type = doc_type_from_legal_value(_first_text(roots, './/LEGAL.VALUE'))
-    if doc_type == 'other' and (celex := _first_text(roots, './/NO.CELEX')): doc_type = _doc_type(None, celex)
+    if doc_type == 'other' and (celex := _first_text(roots, *_OWN_CELEX)): doc_type = _doc_type(None, celex)
     return doc_type if doc_type != 'other' else doc_type_from_title(title)
 
 def _formex_subjects(wrapper: ET.Element | None) -> list[str]:
@@ -322,26 +445,38 @@ def _formex_subjects(wrapper: ET.Element | None) -> list[str]:
     return [' '.join(e.text.split()) for e in elements if e.tag in ('KEYWORD', 'SUBJECT') and e.text]
 
 # %% ../nbs/00_sources.ipynb #00f70d50
-def _formex_text(act_path: Path, act: ET.Element, annexes: Iterable[ET.Element]) -> str:
-    "The act's text, then its annexes'; XML nested too deeply for a recursive walk is an error naming the file."
-    try: return '\n\n'.join(p for p in [formex_text(act, skip=['TITLE'])] + [formex_text(a) for a in annexes] if p)
+def _formex_text(act_path: Path, act: ET.Element, annexes: Iterable[ET.Element], notes: bool = False) -> str:
+    "The act's text, then its annexes' (then footnotes, when kept); XML nested too deeply is an error naming the file."
+    kept = [] if notes else None
+    try: parts = [formex_text(act, skip=['TITLE'], notes=kept)] + [formex_text(a, notes=kept) for a in annexes]
     except RecursionError:
         raise LegalnbError(f'{act_path}: elements nested too deeply (hundreds of levels; Formex acts nest a few dozen):'
                            ' is this a Formex file? Remove it from the input or fix its structure') from None
+    return '\n\n'.join(p for p in parts + ['\n'.join(kept or [])] if p)
 
 def formex_document(act_path: Path, act: ET.Element, wrapper: ET.Element | None = None,
-                    annexes: Iterable[ET.Element] = ()) -> Document:
-    "One `Document` from a parsed act, its wrapper (optional) and its annexes."
-    roots = [r for r in (wrapper, act) if r is not None]
+                    annexes: Iterable[ET.Element] = (),
+                    notes: bool = False   # keep the footnotes' text, after the text (default: dropped)
+                    ) -> Document:
+    "One `Document` from a parsed act (`ACT`, `CONS.ACT`, `CORR`), its wrapper (optional) and its annexes."
+    body = act.find('CONS.DOC') if act.tag == 'CONS.ACT' else act   # a consolidated text's content is in CONS.DOC
+    body = act if body is None else body
+    roots = [r for r in (wrapper, body) if r is not None]
     lang = _first_text(roots, './/LG.DOC', './/LG.OJ')
     if not lang: raise LegalnbError(f'{act_path}: no LG.DOC or LG.OJ element, so the language is unknown')
     lang = check_language(lang, f'{act_path}: LG.DOC')
-    text = _formex_text(act_path, act, annexes)
+    text = _formex_text(act_path, body, annexes, notes)
     if not text:
         raise LegalnbError(f'{act_path}: the {act.tag} has no text (expected PREAMBLE, ENACTING.TERMS or FINAL)')
-    try: title = _formex_title(wrapper, act)
+    try: title = _formex_title(wrapper, body)
     except RecursionError:
         raise LegalnbError(f'{act_path}: the TITLE is nested too deeply; is this a Formex file?') from None
+    if act.tag == 'CONS.ACT':
+        celex, day, legal = _consolidation(act, act_path)
+        doc_type = doc_type_from_legal_value(legal)
+        if doc_type == 'other': doc_type = doc_type_from_celex(celex)
+        return Document(celex, title, text, lang, parse_date(f'{day:%Y%m%d}', str(act_path)), doc_type,
+                        _formex_subjects(wrapper), str(act_path), base_celex(celex))
     day, doc_type = _first(roots, './FMX/DOC.MAIN.PUB/DATE', './BIB.INSTANCE/DATE'), _formex_type(roots, title)
     return Document(_formex_celex(roots, doc_type, act_path), title, text, lang,
                     parse_date(day.get('ISO') if day is not None else None, str(act_path)),
@@ -350,7 +485,7 @@ def formex_document(act_path: Path, act: ET.Element, wrapper: ET.Element | None 
 # %% ../nbs/00_sources.ipynb #89418d59
 def _wrapper_name(p: Path, root: ET.Element) -> str:
     "The wrapper file a Formex act or annex names in `DOCUMENT.REF/@FILE` (else its own name)."
-    ref = root.find('BIB.INSTANCE/DOCUMENT.REF')
+    ref = _first([root], 'BIB.INSTANCE/DOCUMENT.REF', 'CONS.DOC/BIB.INSTANCE/DOCUMENT.REF')
     return ref.get('FILE', p.name) if ref is not None else p.name
 
 def _number_key(root: ET.Element, bib: str) -> tuple | None:
@@ -363,19 +498,22 @@ def _publication(group: list, wrapper: ET.Element | None
                  ) -> tuple[Path, ET.Element, ET.Element | None, list[ET.Element]]:
     "(act path, act, wrapper, annexes in order) from the parsed files of one publication."
     acts = [x for x in group if x[1].tag not in ('DOC', 'ANNEX')]
-    if len(acts) != 1: raise LegalnbError(f'{group[0][0]}: expected one act (ACT) for this publication in '
-                                          f'{group[0][0].parent}, found {len(acts)}')
+    if len(acts) != 1: raise LegalnbError(f'{group[0][0]}: expected one act (ACT, CONS.ACT or CORR) for this '
+                                          f'publication in {group[0][0].parent}, found {len(acts)}')
     annexes = sorted((x for x in group if x[1].tag == 'ANNEX'),
                      key=lambda x: (x[1].findtext('BIB.INSTANCE/NO.SEQ') or '', x[0].name))
     return acts[0][0], acts[0][1], wrapper, [r for _, r in annexes]
 
 # %% ../nbs/00_sources.ipynb #5d7450b8
-def _publications(files: list[Path]) -> Iterator[tuple[Path, ET.Element, ET.Element | None, list[ET.Element]]]:
-    "Group the Formex files of one folder into (act path, act, wrapper, annexes) publications."
-    parts = [(p, r) for p in files if (r := read_formex_file(p)).tag != 'PUBLICATION']   # tables of contents: skipped
+def _formex_parts(files: list[Path]) -> list[tuple[Path, ET.Element]]:
+    "(path, root) of each Formex file, without tables of contents (`PUBLICATION`); a malformed file raises."
+    return [(p, r) for p in files if (r := read_formex_file(p)).tag != 'PUBLICATION']
+
+def _groups(parts: list[tuple[Path, ET.Element]]) -> Iterator[tuple[list, ET.Element | None]]:
+    "The (files, wrapper) of each publication among the parsed Formex files of one folder."
     wrappers, others = [x for x in parts if x[1].tag == 'DOC'], [x for x in parts if x[1].tag != 'DOC']
     if len(wrappers) <= 1 and sum(r.tag != 'ANNEX' for _, r in others) <= 1:
-        if parts: yield _publication(others or wrappers, wrappers[0][1] if wrappers else None)
+        if parts: yield others or wrappers, wrappers[0][1] if wrappers else None
         return
     groups, by_name = defaultdict(list), {p.name: r for p, r in wrappers}
     by_number = {_number_key(r, 'BIB.DOC'): r for _, r in wrappers}
@@ -383,47 +521,112 @@ def _publications(files: list[Path]) -> Iterator[tuple[Path, ET.Element, ET.Elem
     for name, group in groups.items():
         act = next((r for _, r in group if r.tag != 'ANNEX'), None)
         by_act = by_number.get(_number_key(act, 'BIB.INSTANCE')) if act is not None else None
-        yield _publication(group, by_name.get(name) or by_act)
+        yield group, by_name.get(name) or by_act
+
+def _publications(files: list[Path]) -> Iterator[tuple[Path, ET.Element, ET.Element | None, list[ET.Element]]]:
+    "Group the Formex files of one folder into (act path, act, wrapper, annexes) publications."
+    for group, wrapper in _groups(_formex_parts(files)): yield _publication(group, wrapper)
 
 # %% ../nbs/00_sources.ipynb #34b19edb
 def _visible(p: Path, root: Path) -> bool:
     "True unless a part of `p` below `root` is hidden (`.ipynb_checkpoints`, temporary files)."
     return not any(part.startswith('.') for part in p.relative_to(root).parts)
 
-def read_formex(path: str | Path) -> Iterator[Document]:
-    "Stream `Document`s from a Formex publication folder, a folder of them, or a single XML file."
-    path = Path(path)
+def _formex_folders(path: Path) -> list[list[Path]]:
+    "The Formex files to read together, folder by folder: of a folder tree, or of one file (its folder's, if a DOC)."
     if path.is_file():
-        if read_formex_file(path).tag != 'DOC': files = {path.parent: [path]}
-        else: files = {path.parent: sorted(path.parent.glob('*.xml'))}
-    else:
-        files = defaultdict(list)
-        for p in sorted(path.rglob('*.xml')):
-            if _visible(p, path): files[p.parent].append(p)
-    for folder in sorted(files):
-        for act_path, act, wrapper, annexes in _publications(files[folder]):
-            yield formex_document(act_path, act, wrapper, annexes)
+        try: wrapper = read_formex_file(path).tag == 'DOC'
+        except LegalnbError: wrapper = False   # reported when the file is read
+        return [sorted(path.parent.glob('*.xml'))] if wrapper else [[path]]
+    files = defaultdict(list)
+    for p in sorted(path.rglob('*.xml')):
+        if _visible(p, path): files[p.parent].append(p)
+    return [files[folder] for folder in sorted(files)]
+
+def read_formex(path: str | Path, notes: bool = False) -> Iterator[Document]:
+    "Stream `Document`s from a Formex publication folder, a folder of them, or a single XML file."
+    for files in _formex_folders(Path(path)):
+        for act_path, act, wrapper, annexes in _publications(files):
+            yield formex_document(act_path, act, wrapper, annexes, notes)
 
 # %% ../nbs/00_sources.ipynb #6efc4f1b
-def _read_one(path: Path, skip: set) -> Iterator[Document]:
-    "Documents from one input path (folder, .jsonl or .xml)."
+def _read_one(path: Path, skip: set) -> Iterator[tuple[str, object]]:
+    "The reading jobs of one input path, in order: ('jsonl', file) and ('formex', files of one folder)."
     if not path.exists(): raise LegalnbError(f'{path}: no such file or folder')
     if path.is_dir():
         for p in sorted(path.rglob('*.jsonl')):
-            if _visible(p, path) and p.resolve() not in skip: yield from read_jsonl_documents(p)
-        yield from read_formex(path)
-    elif path.suffix == '.jsonl': yield from read_jsonl_documents(path)
-    elif path.suffix == '.xml': yield from read_formex(path)
+            if _visible(p, path) and p.resolve() not in skip: yield 'jsonl', p
+        yield from (('formex', files) for files in _formex_folders(path))
+    elif path.suffix == '.jsonl': yield 'jsonl', path
+    elif path.suffix == '.xml': yield from (('formex', files) for files in _formex_folders(path))
     else: raise LegalnbError(f'{path}: expected a folder, a .jsonl file or a Formex .xml file')
 
-def read_documents(paths: str | Path | Iterable[str | Path], skip: Iterable[str | Path] = ()) -> Iterator[Document]:
-    "Stream `Document`s from folders, JSONL files and Formex files; empty input raises."
+def _skipped(source, e: LegalnbError) -> tuple:
+    return 'skip', str(source), skip_reason(str(e)), str(e)
+
+def _read_folder(job: tuple[list[Path], bool]) -> list[tuple]:
+    "The publications in one folder's Formex files: ('doc', Document, footnotes) or ('skip', source, reason, error)."
+    files, notes = job
+    try: parts = _formex_parts(files)
+    except LegalnbError as e: return [_skipped(files[0].parent, e)]   # a malformed file: its folder is not guessed at
+    out = []
+    for group, wrapper in _groups(parts):
+        try:
+            act_path, act, wrapper, annexes = _publication(group, wrapper)
+            doc = formex_document(act_path, act, wrapper, annexes, notes)
+            out.append(('doc', doc, sum(1 for r in [act, *annexes] for _ in r.iter('NOTE'))))
+        except LegalnbError as e: out.append(_skipped(group[0][0], e))
+    return out
+
+def _jsonl_items(path: Path) -> Iterator[tuple]:
+    "('doc', Document, 0) for each good line of a JSONL file, ('skip', 'file, line n', reason, error) for a bad one."
+    for n, _, _, rec in jsonl_entries(path):
+        try:
+            if isinstance(rec, LegalnbError): raise rec
+            yield 'doc', document_from_record(rec, f'{path}, line {n}', str(path)), 0
+        except LegalnbError as e: yield _skipped(f'{path}, line {n}', e)
+
+def read_items(paths: str | Path | Iterable[str | Path], skip: Iterable[str | Path] = (), notes: bool = False,
+               num_proc: int = 1,            # processes reading Formex folders; the order of items does not change
+               progress: bool | None = None  # progress bar in publications/s (None: only on a terminal)
+               ) -> Iterator[tuple]:
+    "('doc', Document, footnotes) or ('skip', source, reason, error) for everything in folders, JSONL and Formex files."
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    skip, n = {Path(p).resolve() for p in skip}, 0
-    for path in paths:
-        for doc in _read_one(Path(path), skip): n += 1; yield doc
-    if n == 0: raise LegalnbError(f'{", ".join(map(str, paths)) or "(no input)"}: no documents found; expected Formex '
-                                  f'publications (.xml) or JSON lines (.jsonl)')
+    skip = {Path(p).resolve() for p in skip}
+    jobs = [job for path in paths for job in _read_one(Path(path), skip)]
+    folders = [(files, notes) for kind, files in jobs if kind == 'formex']
+    procs = max(1, min(num_proc, len(folders) // 32))   # a few dozen folders a process, or it is not worth starting
+    bar = tqdm(total=len(folders), desc='parse', unit=' publications',
+               disable=None if progress is None else not progress)
+    with bar, (_pool(procs) if procs > 1 else _no_pool()) as pool:
+        read = pool.imap(_read_folder, folders, chunksize=max(1, min(64, len(folders) // (procs * 16))))
+        for kind, what in jobs:
+            if kind == 'jsonl': yield from _jsonl_items(what)
+            else: yield from next(read); bar.update(1)
+
+class _no_pool:
+    "The one-process stand-in for a `multiprocessing.Pool`."
+    def __enter__(self): return self
+    def __exit__(self, *exc): pass
+    def imap(self, f, items, chunksize=1): return map(f, items)
+
+def _pool(procs: int):
+    "A pool of `procs` worker processes (forked where the system can, so nothing is imported again)."
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context('fork' if 'fork' in methods else None).Pool(procs)
+
+def read_documents(paths: str | Path | Iterable[str | Path], skip: Iterable[str | Path] = ()) -> Iterator[Document]:
+    "Stream `Document`s from folders, JSONL files and Formex files; the first bad input raises, empty input too."
+    n = 0
+    for item in read_items(paths, skip, progress=False):
+        if item[0] == 'skip': raise LegalnbError(item[3])
+        n += 1; yield item[1]
+    if n == 0: raise _nothing_found(paths)
+
+def _nothing_found(paths) -> LegalnbError:
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    return LegalnbError(f'{", ".join(map(str, paths)) or "(no input)"}: no documents found; expected Formex '
+                        'publications (.xml) or JSON lines (.jsonl)')
 
 # %% ../nbs/00_sources.ipynb #c79008f8
 def _count(counts: Counter, doc: Document):
@@ -431,32 +634,67 @@ def _count(counts: Counter, doc: Document):
     counts.update(['documents', f'lang.{doc.lang}', f'type.{doc.doc_type}', f'lang_type.{doc.lang}.{doc.doc_type}'])
     if doc.date is None: counts['default.no_date'] += 1
     if doc.doc_type == 'other': counts['default.other_type'] += 1
+    if doc.base_celex: counts['consolidated'] += 1
 
-def parse_documents(inputs: Iterable[str | Path], out: str | Path, progress: bool | None = None) -> Counter:
-    "Read `inputs`, drop duplicates, write `out` as JSON lines atomically; return the counters."
+def report_path(out: str | Path) -> Path:
+    "Where `parse_documents` writes its report: `parse_report.json` beside the output."
+    return Path(out).with_name('parse_report.json')
+
+def parse_documents(inputs: Iterable[str | Path], out: str | Path, progress: bool | None = None,
+                    strict: bool = False,       # stop at the first publication or line that cannot be read
+                    num_proc: int | None = None,  # processes (None: all cores); the output bytes do not change
+                    notes: bool = False         # keep footnote text (after each document's text)
+                    ) -> Counter:
+    "Read `inputs`, skip and report what cannot be read, drop duplicates, write `out` and its report; the counters."
     inputs = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
-    refuse_overwriting_inputs(inputs, [out])
+    if num_proc is not None and num_proc < 1: raise LegalnbError(f'--num-proc must be at least 1, got {num_proc}')
+    refuse_overwriting_inputs(inputs, [out, report_path(out)])
     target = Path(out).resolve()
     if target.suffix == '.xml' and target.exists() and any(target.is_relative_to(Path(p).resolve()) for p in inputs):
         raise LegalnbError(f'--out {out} is a Formex file of an input folder; writing it would destroy what is read: '
                            'choose another --out')
-    counts, seen = Counter(), set()
+    counts, seen, skipped = Counter(), set(), []
     def kept():
-        docs = read_documents(inputs, skip=[out])
-        for doc in tqdm(docs, desc='parse', unit=' docs', disable=None if progress is None else not progress):
+        for item in read_items(inputs, [out], notes, num_proc or os.cpu_count() or 1, progress):
+            if item[0] == 'skip':
+                if strict: raise LegalnbError(item[3] + '; without --strict it would be skipped and reported')
+                counts[f'skipped.{item[2]}'] += 1; skipped.append(dict(source=item[1], reason=item[2], error=item[3]))
+                continue
+            doc = item[1]; counts['notes.kept' if notes else 'notes.dropped'] += item[2]
             if doc.celex and (doc.celex, doc.lang) in seen: counts['dropped.duplicate'] += 1; continue
             seen.add((doc.celex, doc.lang)); _count(counts, doc)
             yield doc.to_json()
-    write_jsonl(kept(), out)
+    with atomic_write(out) as tmp:
+        write_jsonl(kept(), tmp)
+        if not counts['documents']:
+            if not skipped: raise _nothing_found(inputs)
+            raise LegalnbError(f'{skipped[0]["error"]}' + (f' (and {len(skipped) - 1:,} more could not be read)'
+                                                           if len(skipped) > 1 else '') + '; no document was read')
+        write_parse_report(counts, skipped, inputs, out)
     return counts
 
+def write_parse_report(counts: Counter, skipped: list[dict], inputs: list, out: str | Path) -> Path:
+    "Write `parse_report.json` beside `out`: the counters and every publication or line skipped, with its reason."
+    report = dict(inputs=[str(p) for p in inputs], output=str(out), documents=counts['documents'],
+                  skipped=len(skipped), counters={k: counts[k] for k in sorted(counts)}, skipped_items=skipped)
+    with atomic_write(report_path(out)) as tmp:
+        tmp.write_text(json.dumps(report, indent=1, ensure_ascii=False) + '\n', encoding='utf-8')
+    return report_path(out)
+
 # %% ../nbs/00_sources.ipynb #da980d20
-def format_parse_summary(counts: Counter, out: str | Path = '') -> str:
-    "A human summary of `parse_documents` counters: a language x type table and the drops and defaults."
+def format_parse_summary(counts: Counter, out: str | Path = '', skipped: Iterable[dict] = ()) -> str:
+    "A human summary of `parse_documents` counters: a language x type table, drops, defaults and what was skipped."
     langs = sorted(k.split('.', 1)[1] for k in counts if k.startswith('lang.'))
-    lines = [f'parsed {counts["documents"]:,} documents' + (f' -> {out}' if out else ''),
+    reasons = sorted((k.split('.', 1)[1], v) for k, v in counts.items() if k.startswith('skipped.'))
+    n_skip = sum(v for _, v in reasons)
+    lines = [f'parsed {counts["documents"]:,} documents' + (f' -> {out}' if out else '')
+             + (f' ({counts["consolidated"]:,} consolidated texts)' if counts['consolidated'] else ''),
              f'  dropped {counts["dropped.duplicate"]:,} duplicates (same CELEX and language); kept with defaults: '
              f'{counts["default.no_date"]:,} without a date, {counts["default.other_type"]:,} of unknown type (other)',
+             f'  footnotes: {counts["notes.kept"]:,} kept, {counts["notes.dropped"]:,} dropped',
+             f'  skipped {n_skip:,} publications or lines that could not be read'
+             + (': ' + ', '.join(f'{r} {v:,}' for r, v in reasons) if reasons else '')
+             + (f' (listed in {report_path(out)})' if n_skip and out else ''),
              '  ' + f'{"lang":<6}' + ''.join(f'{t:>16}' for t in DOC_TYPES) + f'{"total":>10}']
     for l in langs:
         cells = ''.join(f'{counts[f"lang_type.{l}.{t}"]:>16,}' for t in DOC_TYPES)
@@ -1231,10 +1469,15 @@ def sample_command(out: str,       # folder to write (an earlier sample there is
     print(f'wrote {len(pubs):,} Formex publications ({len({x["celex"] for x in pubs}):,} acts) to {out}: '
           + ', '.join(f'{l} {n}' for l, n in langs.most_common()))
 
-def parse_command(inputs: list[str],          # folders, .jsonl files or Formex .xml files
-                  out: str = 'parsed.jsonl'):  # output JSONL, one Document per line; never one of the inputs
-    "Read Formex publications and JSONL files into one JSONL file of documents."
-    print(format_parse_summary(parse_documents(inputs, out), out))
+def parse_command(inputs: list[str],           # folders, .jsonl files or Formex .xml files
+                  out: str = 'parsed.jsonl',    # output JSONL, one Document per line; never one of the inputs
+                  strict: bool = False,         # stop at the first publication or line that cannot be read
+                  num_proc: int | None = None,  # processes reading publications (without it: all cores)
+                  notes: bool = False,          # keep footnote (NOTE) text, after each document's text
+                  progress: bool = True):       # progress bar in publications/s (on a terminal)
+    "Read Formex publications and JSONL files into one JSONL file of documents, and a report of what was skipped."
+    counts = parse_documents(inputs, out, None if progress else False, strict, num_proc, notes)
+    print(format_parse_summary(counts, out))
 
 def sample_main(argv: list[str]) -> int: return run_command(sample_command, argv, 'legalnb sample')
 def parse_main(argv: list[str]) -> int: return run_command(parse_command, argv, 'legalnb parse')
