@@ -5,27 +5,27 @@
 # %% ../nbs/01_scoring.ipynb #f5b7bc0a
 from __future__ import annotations
 import argparse, copy, gc, json, os, random, time
-from collections import Counter
+from collections import Counter, defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, asdict, replace
 from datetime import date
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, NamedTuple
+from typing import Callable, Iterable, Iterator, Literal, NamedTuple
 
 import yaml
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 
 from .core import LegalnbError, atomic_write, jsonl_records, parse_count, refuse_overwriting_inputs, run_command
-from .sources import Document, DOC_TYPES, write_jsonl, record_fields
+from .sources import Document, DOC_TYPES, write_jsonl, record_fields, jsonl_entries, skip_reason
 
 # %% auto #0
-__all__ = ['PRIORITY_TOPICS', 'CHARS_PER_TOKEN', 'ScoringRules', 'recency_points', 'type_points', 'length_points', 'topic_flags',
-           'subject_points', 'language_points', 'Score', 'score_document', 'estimate_tokens', 'split_long_text',
-           'tokenizer_counter', 'Candidate', 'year_band', 'gc_paused', 'scan_documents', 'language_quotas', 'rank',
-           'choose_documents', 'with_score', 'copy_selected', 'write_selected', 'synthetic_documents',
-           'select_documents', 'selection_report', 'report_table', 'write_report', 'plot_report', 'token_target',
-           'select_command', 'select_main']
+__all__ = ['PRIORITY_TOPICS', 'CHARS_PER_TOKEN', 'PREFER', 'ScoringRules', 'recency_points', 'type_points', 'length_points',
+           'topic_flags', 'subject_points', 'language_points', 'Score', 'score_document', 'estimate_tokens',
+           'split_long_text', 'tokenizer_counter', 'Candidate', 'year_band', 'gc_paused', 'scan_documents', 'act_of',
+           'prefer_versions', 'language_quotas', 'rank', 'choose_documents', 'with_score', 'copy_selected',
+           'write_selected', 'synthetic_documents', 'select_documents', 'selection_report', 'report_table',
+           'write_report', 'plot_report', 'token_target', 'select_command', 'select_main']
 
 # %% ../nbs/01_scoring.ipynb #718167de
 PRIORITY_TOPICS = ('data protection', 'gdpr', 'privacy', 'consumer rights', 'environment', 'climate',
@@ -234,11 +234,14 @@ def gc_paused():
     finally:
         if was_on: gc.enable()
 
-def scan_documents(path: Path, rules: ScoringRules, count_tokens: Callable[[str], int] = estimate_tokens
+def scan_documents(path: Path, rules: ScoringRules, count_tokens: Callable[[str], int] = estimate_tokens,
+                   strict: bool = False,           # stop at the first line that cannot be read
+                   skipped: list | None = None     # a list to add each skipped line to: (line, reason, error)
                   ) -> tuple[list[Candidate], Counter]:
     "First pass over the JSONL `path`: a `Candidate` per unique (CELEX, language), and named counters."
     seen, found, years, name = set(), [], {}, str(path)
     read = duplicate = no_date = unknown_type = rescored = 0   # plain ints in the hot loop; named counters at the end
+    bad, first = Counter(), ''   # lines skipped per reason, the first one's error
     # candidates whose topics are not searched yet: (points so far, other fields); their (subjects, title, text start)
     waiting, docs, chars = [], [], 0
     def add_subject_points():
@@ -246,9 +249,16 @@ def scan_documents(path: Path, rules: ScoringRules, count_tokens: Callable[[str]
             found.append(Candidate(points + rules.priority_points * hit, *fields))
         waiting.clear(); docs.clear()
     with tqdm(total=path.stat().st_size, unit='B', unit_scale=True, desc='scoring', disable=None) as bar, gc_paused():
-        for n, offset, size, rec in jsonl_records(path):
-            try: celex, title, text, lang, when, doc_type, subjects = record_fields(rec)
-            except LegalnbError: record_fields(rec, f'{name}, line {n}')   # the same error, naming the line (built now)
+        for n, offset, size, rec in jsonl_entries(path):
+            try:
+                if isinstance(rec, LegalnbError): raise rec
+                try: celex, title, text, lang, when, doc_type, subjects = record_fields(rec)
+                except LegalnbError: record_fields(rec, f'{name}, line {n}')   # the same error, naming the line
+            except LegalnbError as e:   # a line that cannot be read: skipped and counted, or the end with --strict
+                if strict: raise LegalnbError(f'{e}; without --strict it would be skipped and counted') from None
+                bad[skip_reason(str(e))] += 1; first = first or str(e)
+                if skipped is not None: skipped.append(dict(line=n, reason=skip_reason(str(e)), error=str(e)))
+                continue
             read += 1
             if not read % 4096: bar.update(offset - bar.n)
             if celex:   # a document without a CELEX cannot be told from others: never a duplicate
@@ -267,9 +277,36 @@ def scan_documents(path: Path, rules: ScoringRules, count_tokens: Callable[[str]
             if chars > 1 << 20: add_subject_points(); chars = 0   # ~1M characters at a time: RE2's set-up is slow
         add_subject_points()
         bar.update(bar.total - bar.n)
+    if not found and bad:
+        more = sum(bad.values()) - 1
+        raise LegalnbError(first + (f' (and {more:,} more lines could not be read)' if more else '')
+                           + '; no document could be read')
     if not found: raise LegalnbError(f'{path}: no documents (the file is empty); expected one JSON document per line')
     return found, Counter({'documents.read': read, 'dropped.duplicate': duplicate, 'kept.no_date': no_date,
-                           'kept.unknown_type': unknown_type, 'kept.rescored': rescored})
+                           'kept.unknown_type': unknown_type, 'kept.rescored': rescored,
+                           **{f'skipped.{r}': n for r, n in bad.items()}})
+
+PREFER = ('both', 'consolidated', 'original')
+
+def act_of(celex: str) -> str:
+    "The act a CELEX belongs to: a consolidated text's base act (`02016R0679-20160504` -> `32016R0679`), else itself."
+    return '3' + celex[1:celex.index('-')] if celex[:1] == '0' and '-' in celex else celex
+
+def prefer_versions(found: list[Candidate], prefer: str = 'both') -> tuple[list[Candidate], int]:
+    "Keep the versions of each act (per language) that `prefer` asks for; return them and how many were dropped."
+    if prefer not in PREFER: raise LegalnbError(f'--prefer must be one of {", ".join(PREFER)}, got {prefer!r}')
+    if prefer == 'both': return found, 0
+    versions = defaultdict(list)
+    for c in found:
+        if c.celex: versions[act_of(c.celex), c.lang].append(c)
+    drop = set()
+    for group in versions.values():
+        if len(group) < 2: continue
+        cons = sorted((c for c in group if c.celex != act_of(c.celex)), key=lambda c: c.celex)   # oldest first
+        orig = [c for c in group if c.celex == act_of(c.celex)]
+        keep = (cons[-1:] or orig) if prefer == 'consolidated' else (orig or cons[-1:])
+        drop.update(c.offset for c in group if c not in keep)
+    return [c for c in found if c.offset not in drop], len(drop)
 
 # %% ../nbs/01_scoring.ipynb #040c504b
 def language_quotas(input_tokens: dict[str, int], eligible_tokens: dict[str, int], target: int) -> dict[str, float]:
@@ -362,6 +399,8 @@ def select_documents(src: str | Path, out: str | Path, target_tokens: int, rules
                      tokenizer: str | Path | None = None,  # tokenizer.json to count tokens with; None: characters / 4
                      tolerance: float = 0.02,   # allowed gap between a language's selected and target share
                      report: str | Path | None = None,     # where to write the report too (JSON); None: not written
+                     prefer: str = 'both',   # versions of an act: 'both', 'consolidated' or 'original' (see below)
+                     strict: bool = False,   # stop at the first line that cannot be read (else: skipped, counted)
                      ) -> dict:
     "Score every document of the JSONL `src`, write the best up to `target_tokens` to `out`, and return the report."
     src, rules, t0 = Path(src), rules or ScoringRules(), time.perf_counter()
@@ -373,7 +412,11 @@ def select_documents(src: str | Path, out: str | Path, target_tokens: int, rules
     _refuse_outputs([src, tokenizer], out, report)
     if not src.is_file():
         raise LegalnbError(f'{src}: no such file; expected a JSONL file of documents (the output of legalnb parse)')
-    found, counters = scan_documents(src, rules, tokenizer_counter(tokenizer) if tokenizer else estimate_tokens)
+    if prefer not in PREFER: raise LegalnbError(f'--prefer must be one of {", ".join(PREFER)}, got {prefer!r}')
+    skipped = []
+    found, counters = scan_documents(src, rules, tokenizer_counter(tokenizer) if tokenizer else estimate_tokens,
+                                     strict, skipped)
+    found, counters['dropped.other_version'] = prefer_versions(found, prefer)
     input_tokens, eligible_tokens = Counter(), Counter()
     for c in found:
         input_tokens[c.lang] += c.tokens
@@ -385,7 +428,8 @@ def select_documents(src: str | Path, out: str | Path, target_tokens: int, rules
     with atomic_write(out) as tmp:   # the report is written inside: if it fails, the selection is not replaced either
         copy_selected(src, tmp, chosen, rewrite=counters['kept.rescored'] > 0)
         result = selection_report(found, chosen, counters, quotas, rules, target_tokens, tolerance, token_source,
-                                  dict(input=str(src), output=str(out), seconds=round(time.perf_counter() - t0, 3)))
+                                  dict(input=str(src), output=str(out), seconds=round(time.perf_counter() - t0, 3),
+                                       prefer=prefer, skipped=skipped[:1000]))
         if report: write_report(result, report)
     return result
 
@@ -441,6 +485,7 @@ def selection_report(found: list[Candidate], chosen: list[Candidate], counters: 
     tables = ([p for _, p in rules.recency], rules.types.values(), [p for _, p in rules.length])
     top = sum(max(points, default=0) for points in tables) + rules.priority_points + rules.language_points
     for name in ('dropped.below_threshold', 'dropped.budget_reached', 'dropped.language_quota', 'dropped.duplicate',
+                 'dropped.other_version',
                  'kept.no_date', 'kept.unknown_type', 'kept.rescored'):
         counters.setdefault(name, 0)   # every reason is reported, 0 included
     n_sel = sum(r['tokens_selected'] for r in langs.values())
@@ -484,7 +529,8 @@ def _summary(report: dict) -> list[str]:
             f'({100 * report["target_fill"]:.1f}%); '
             f'{c["tokens.input"]:,} in the input; counted by {report["token_counter"]}',
             f'average score: all {avg["all"]:.1f}, selected {avg["selected"]:.1f}',
-            f'dropped: {named("dropped.")}', f'kept and counted: {named("kept.")}', '']
+            f'dropped: {named("dropped.")}', f'kept and counted: {named("kept.")}',
+            f'lines skipped (could not be read): {named("skipped.")}', '']
 
 def _score_rows(report: dict) -> list[str]:
     "The score distribution, all vs selected, one row per non-empty bin."
@@ -555,14 +601,17 @@ def select_command(input: str,                         # JSONL of documents (the
                    report: str | None = None,          # also write the selection report here (JSON)
                    rules: str | None = None,           # YAML or JSON file naming the scoring rules it changes
                    tokenizer: str | None = None,       # tokenizer.json to count tokens with; without it, characters / 4
-                   tolerance: float = 0.02):           # allowed gap between a language's selected and target share
+                   tolerance: float = 0.02,            # allowed gap between a language's selected and target share
+                   prefer: Literal['both', 'consolidated', 'original'] = 'both',  # versions of one act to keep
+                   strict: bool = False):              # stop at the first line that cannot be read
     "Score documents and select the best up to a token target, keeping the language mix."
     if target_tokens is None:
         raise LegalnbError('--target-tokens is required: a token budget such as 2M; see legalnb select --help')
     _refuse_outputs([input, rules, tokenizer], out, report)
     chosen_rules = ScoringRules.load(rules) if rules else ScoringRules()
     if threshold is not None: chosen_rules = replace(chosen_rules, threshold=threshold)
-    result = select_documents(input, out, target_tokens, chosen_rules, tokenizer, tolerance, report)
+    result = select_documents(input, out, target_tokens, chosen_rules, tokenizer, tolerance, report, prefer,
+                              strict)
     print(report_table(result)); print(f'\nwrote {out}' + (f' and {report}' if report else ''))
 
 def select_main(argv: list[str]) -> int: return run_command(select_command, argv, 'legalnb select')
