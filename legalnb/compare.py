@@ -18,8 +18,8 @@ from .models import MODELS, get_model
 __all__ = ['BUDGET_KINDS', 'LR_FACTORS', 'WARMUP_SHARE', 'PLAN', 'STATE', 'REPORT', 'RESULTS', 'PLOTS', 'parse_models',
            'parse_budget', 'model_overrides', 'model_facts', 'seconds_per_step', 'val_bytes_per_token',
            'check_settings', 'plan_comparison', 'load_or_plan', 'run_config', 'run_status', 'peak_memory', 'train_run',
-           'run_curve', 'loss_at', 'summarize', 'markdown_table', 'comparison_table', 'sweep_table', 'plot_curves',
-           'write_report', 'compare_models', 'compare_command', 'compare_main']
+           'run_curve', 'loss_at', 'summarize', 'markdown_table', 'comparison_table', 'sweep_table', 'sweep_notes',
+           'plot_curves', 'write_report', 'compare_models', 'compare_command', 'compare_main']
 
 # %% ../nbs/12_compare.ipynb #cec56b76
 BUDGET_KINDS = ('tokens', 'flops', 'seconds')
@@ -320,6 +320,17 @@ def sweep_table(result: dict) -> str:
             for r in result['runs']]
     return markdown_table(['model', 'lr', 'steps', 'val loss', 'best'], rows)
 
+def sweep_notes(result: dict) -> list[str]:
+    "A line for each model whose best learning rate is an end of its sweep: the optimum may lie beyond it."
+    notes = []
+    for m, r in result['models'].items():
+        lrs = sorted(x['lr'] for x in result['runs'] if x['model'] == m)
+        if len(lrs) > 1 and r['lr'] in (lrs[0], lrs[-1]):
+            side = 'largest' if r['lr'] == lrs[-1] else 'smallest'
+            notes.append(f"{m}: the best learning rate, {r['lr']:.3g}, is the {side} of its sweep, so the optimum may "
+                         f"lie beyond it: {'raise' if side == 'largest' else 'lower'} --lr or widen --lr-factors")
+    return notes
+
 # %% ../nbs/12_compare.ipynb #a8aeeeab
 def plot_curves(result: dict, key: str, path: Path):
     "Held-out loss against tokens or training seconds (`key`): each model's best lr bold, the rest of its sweep faint."
@@ -350,6 +361,7 @@ def write_report(out: Path, result: dict) -> Path:
             f"tokens, seed {s['seed']} (the same rows in the same order for every run); learning rates "
             f"{s['lr']:g} x {', '.join(f'{k:g}' for k in s['lr_factors'])}, the best per model below. "
             f'Bits per byte: {bpb}.', '', comparison_table(result), '', '## The sweep', '', sweep_table(result), '',
+            *[f'- {n}' for n in sweep_notes(result)], '',
             f'![held-out loss against tokens]({PLOTS[0]})', '', f'![held-out loss against seconds]({PLOTS[1]})', '']
     with atomic_write(out/REPORT) as tmp: tmp.write_text('\n'.join(text), encoding='utf-8')
     return out/REPORT
@@ -413,6 +425,7 @@ def compare_command(data: str = None,                 # split folder from `legal
     r = compare_models(data, parse_models(models), size, over, budget, budget_kind, lr, lr_factors, batch_size,
                        eval_points, eval_batches, out, resume, seed, precision, device, cpu_threads, progress)
     print('\n' + comparison_table(r) + '\n\n' + sweep_table(r))
+    for note in sweep_notes(r): print(f'note: {note}')
     print(f"\nwrote {Path(out)/REPORT}, {Path(out)/RESULTS}, {', '.join(str(Path(out)/p) for p in PLOTS)}")
     return 0
 

@@ -124,7 +124,8 @@ def test_bits_per_byte_needs_the_tokenizer(split, tmp_path):
 ])
 def test_bad_input_is_one_line_and_writes_nothing(split, tmp_path, flags, expect):
     out = tmp_path/'cmp'
-    with pytest.raises(LegalnbError) as e: compare_main(['--data', str(split), *TINY[:4], *TINY[6:], '--out', str(out), *flags])
+    with pytest.raises(LegalnbError) as e:
+        compare_main(['--data', str(split), *TINY[:4], *TINY[6:], '--out', str(out), *flags])
     assert expect in str(e.value) and '\n' not in str(e.value)
     assert not out.exists()
 
