@@ -18,9 +18,10 @@ from safetensors.torch import save_file, load_file
 from .core import LegalnbError, atomic_write, read_json
 
 # %% auto #0
-__all__ = ['MODEL_SIZES', 'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'ResonanceFilter', 'ResonanceLayer',
-           'ResonanceBlock', 'ResonanceNet', 'ResonanceLanguageModel', 'causality_violation', 'config_for',
-           'size_table', 'recall_task']
+__all__ = ['MODEL_SIZES', 'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length', 'ResonanceFilter',
+           'ResonanceLayer', 'ResonanceBlock', 'ResonanceNet', 'ResonanceLanguageModel', 'document_positions',
+           'short_conv_reset', 'resonance_states', 'document_fft_conv', 'causality_violation', 'config_for',
+           'size_table', 'ResonanceState', 'recall_task']
 
 # %% ../nbs/04_resonance.ipynb #7d0ba3a2
 @dataclass
@@ -37,6 +38,7 @@ class ResonanceConfig:
     checkpointing: bool = False   # recompute each block in backward: less activation memory at 32k, ~30% more compute
     tie_embeddings: bool = True   # LM head shares the token embedding matrix (saves vocab*dim parameters)
     init_std: float = 0.02        # std of the normal initialisation of linear and embedding weights (GPT-2)
+    document_resets: bool = True  # with doc_starts, restart mixing and positions at each document (False: ignore)
 
     def __post_init__(self):
         for name in ('vocab_size', 'dim', 'num_layers', 'num_frequencies', 'max_seq_len', 'short_conv'):
@@ -104,6 +106,10 @@ def causal_fft_conv(u: torch.Tensor,  # (B, D, L) input signals, any float dtype
         return torch.fft.irfft(U * H, n=n)[..., :L]  # keep the first L outputs: the rest is the tail past L
 
 # %% ../nbs/04_resonance.ipynb #7b2c43f7
+def chunk_length(seq_len: int) -> int:
+    "The block length C ~ sqrt(L) that the filter and the resonance states are computed in."
+    return max(1, math.isqrt(max(seq_len, 1) - 1) + 1)
+
 class ResonanceFilter(nn.Module):
     "Per-channel long filters, each a sum of `num_frequencies` damped complex resonances."
     def __init__(self, dim: int, num_frequencies: int, max_seq_len: int):
@@ -115,23 +121,36 @@ class ResonanceFilter(nn.Module):
         self.frequency = nn.Parameter(math.pi * torch.rand(D, K))  # (D, K) radians per step
         self.amplitude = ComplexWeight(D, K, std=torch.sqrt(-torch.expm1(-2 * rate) / K))
 
+    def dtype(self) -> torch.dtype:
+        "float32 unless the parameters are float64."
+        return torch.float64 if self.decay.dtype == torch.float64 else torch.float32
+
+    def amplitudes(self) -> torch.Tensor:
+        "The (D, K) complex amplitudes a in the filter's dtype."
+        return torch.complex(self.amplitude.real.to(self.dtype()), self.amplitude.imag.to(self.dtype()))
+
+    def powers(self, n: torch.Tensor) -> torch.Tensor:  # (...,) integers -> (..., D, K) complex
+        "z^n = exp(n (-softplus(decay) + i w)), the angle n w reduced modulo 2 pi in float64 (n w reaches 1e5 rad)."
+        rate, w = F.softplus(self.decay.to(torch.float64)), self.frequency.to(torch.float64)
+        n = torch.as_tensor(n, device=rate.device).to(torch.float64)[..., None, None]
+        mag, ph = torch.exp(-rate * n), torch.remainder(w * n, 2 * math.pi)
+        dt = self.dtype()
+        return torch.complex((mag * torch.cos(ph)).to(dt), (mag * torch.sin(ph)).to(dt))
+
     def forward(self, seq_len: int) -> torch.Tensor:
         "The (D, seq_len) float32 filter taps h[t] = Re sum_k a_k exp((-softplus(decay_k) + i w_k) t)."
         with torch.autocast(device_type=self.decay.device.type, enabled=False):
-            C = max(1, math.isqrt(seq_len - 1) + 1)            # chunk length ~ sqrt(L)
+            C = chunk_length(seq_len)                          # chunk length ~ sqrt(L)
             nb = -(-seq_len // C)                              # number of chunks
-            dt = torch.float64 if self.decay.dtype == torch.float64 else torch.float32  # float32 unless all-float64
+            dt = self.dtype()                                  # float32 unless all-float64
             rate, w = F.softplus(self.decay.to(dt)), self.frequency.to(dt)     # (D, K)
             j = torch.arange(C, device=rate.device, dtype=rate.dtype)         # position inside a chunk
-            b = torch.arange(nb, device=rate.device, dtype=rate.dtype) * C    # chunk starts
             # (D, K, C): z^j as real and imaginary parts
             mag, ph = torch.exp(-rate[..., None] * j), w[..., None] * j
             Q = torch.cat([mag * torch.cos(ph), mag * torch.sin(ph)], dim=1)  # (D, 2K, C)
-            # (D, nb, K): a * z^(bC)
-            mag, ph = torch.exp(-rate[:, None] * b[:, None]), w[:, None] * b[:, None]
-            ar, ai = self.amplitude.real.to(dt)[:, None], self.amplitude.imag.to(dt)[:, None]
-            cr, ci = mag * torch.cos(ph), mag * torch.sin(ph)
-            P = torch.cat([ar * cr - ai * ci, -(ar * ci + ai * cr)], dim=2)   # (D, nb, 2K): [Re, -Im] of a z^(bC)
+            # (D, nb, K): a * z^(bC), its angle reduced in float64 so that the far taps keep float32 accuracy
+            azb = (self.amplitudes() * self.powers(torch.arange(nb, device=rate.device) * C)).transpose(0, 1)
+            P = torch.cat([azb.real, -azb.imag], dim=2)                       # (D, nb, 2K): [Re, -Im] of a z^(bC)
             h = torch.bmm(P, Q)                                               # (D, nb, C) = Re(sum_k a z^(bC+j))
             return h.reshape(h.shape[0], -1)[:, :seq_len]                     # (D, L)
 
@@ -147,17 +166,23 @@ class ResonanceLayer(nn.Module):
         self.skip = nn.Parameter(torch.ones(D))  # D in the formula: the h[0]-like direct path
         self.out_proj = nn.Linear(D, D, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, L, D) -> (B, L, D)
-        "Mix tokens along the sequence, causally."
+    def forward(self, x: torch.Tensor,                     # (B, L, D)
+                doc_starts: torch.Tensor | None = None,    # (B, L) bool: restart the mixing at these positions
+                states: list | None = None,                # prefill: the recurrent state after x is appended here
+               ) -> torch.Tensor:                          # (B, L, D)
+        "Mix tokens along the sequence, causally (and within each document when `doc_starts` is given)."
         B, L = x.shape[:2]
         # (B, 3D, L): channels first, so the convolutions and FFTs run along the contiguous last axis; the
         # projection is computed as W x^T straight into that layout (no transposed copy of the 3D x L activations)
         z = torch.bmm(self.in_proj.weight.expand(B, -1, -1), x.transpose(1, 2))
-        z = self.short(z)[..., :L]  # the conv pads k-1 on both sides: keeping the first L outputs makes it causal
-        q, k, v = z.chunk(3, dim=1)                            # (B, D, L) each
+        if doc_starts is None: zs = self.short(z)[..., :L]  # the conv pads k-1 on both sides: first L are causal
+        else: zs = short_conv_reset(self.short, z, document_positions(doc_starts))
+        q, k, v = zs.chunk(3, dim=1)                           # (B, D, L) each
         kv = k * v
-        y = causal_fft_conv(kv, self.filter(L))                # (B, D, L) float32 (float64 for float64 inputs)
+        if doc_starts is None: y = causal_fft_conv(kv, self.filter(L))   # (B, D, L) float32 (float64 inputs: 64)
+        else: y = document_fft_conv(kv, self.filter, doc_starts)
         y = y + self.skip[:, None] * kv.to(y.dtype)
+        if states is not None: states.append(self.recurrent_state(z, kv, doc_starts))
         return self.out_proj((q * y).to(q.dtype).transpose(1, 2))  # (B, L, D), in the activations' dtype
 
 # %% ../nbs/04_resonance.ipynb #cb5c0026
@@ -171,9 +196,9 @@ class ResonanceBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(D, H, bias=False), nn.GELU(), nn.Linear(H, D, bias=False))
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, L, D) -> (B, L, D)
-        "One residual block."
-        x = x + self.drop(self.mixer(self.norm1(x)))
+    def forward(self, x: torch.Tensor, doc_starts=None, states=None) -> torch.Tensor:  # (B, L, D) -> (B, L, D)
+        "One residual block; `doc_starts` and `states` go to the mixer."
+        x = x + self.drop(self.mixer(self.norm1(x), doc_starts, states))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 class ResonanceNet(nn.Module):
@@ -183,12 +208,12 @@ class ResonanceNet(nn.Module):
         self.config = config
         self.blocks = nn.ModuleList(ResonanceBlock(config) for _ in range(config.num_layers))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, L, D) -> (B, L, D)
+    def forward(self, x: torch.Tensor, doc_starts=None, states=None) -> torch.Tensor:  # (B, L, D) -> (B, L, D)
         "Run every block, recomputing activations in backward when `config.checkpointing` is on."
         for block in self.blocks:
             if self.config.checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, use_reentrant=False)
-            else: x = block(x)
+                x = checkpoint(block, x, doc_starts, use_reentrant=False)
+            else: x = block(x, doc_starts, states)
         return x
 
 # %% ../nbs/04_resonance.ipynb #5298c949
@@ -227,23 +252,120 @@ class ResonanceLanguageModel(nn.Module):
             else: nn.init.normal_(p, 0.0, std)
         for block in self.backbone.blocks: nn.init.zeros_(block.mixer.short.bias)
 
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # (B, L) int -> (B, L, D)
-        "Token plus position embeddings."
+    def embed(self, input_ids: torch.Tensor,                 # (B, L) int
+              doc_starts: torch.Tensor | None = None,        # (B, L) bool: positions restart at each document
+             ) -> torch.Tensor:                              # (B, L, D)
+        "Token plus position embeddings; with `doc_starts` a token's position is its place in its document."
         L = input_ids.shape[1]
         if L > self.config.max_seq_len:
             raise LegalnbError(f'input length {L} exceeds max_seq_len={self.config.max_seq_len}; crop the context')
-        return self.drop(self.tok_emb(input_ids) + self.pos_emb.weight[:L])
+        pos = self.pos_emb.weight[:L] if doc_starts is None else self.pos_emb(document_positions(doc_starts))
+        return self.drop(self.tok_emb(input_ids) + pos)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:  # (B, L, D) -> (B, L, V)
         "Final LayerNorm and LM head."
         return self.lm_head(self.norm(x))
 
-    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, input_ids: torch.Tensor,               # (B, L) token ids
+                targets: torch.Tensor | None = None,         # (B, L) next-token ids, -100 = ignored
+                doc_starts: torch.Tensor | None = None,      # (B, L) bool, True where a document starts in the row
+                states: list | None = None):                 # prefill: each layer appends its recurrent state
         "Logits (B, L, V); with `targets` also the mean cross-entropy (ignore_index -100)."
-        logits = self.head(self.backbone(self.embed(input_ids)))
+        doc_starts = self.document_starts(input_ids, doc_starts)
+        logits = self.head(self.backbone(self.embed(input_ids, doc_starts), doc_starts, states))
         if targets is None: return logits
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
         return logits, loss
+
+    def document_starts(self, input_ids: torch.Tensor, doc_starts: torch.Tensor | None) -> torch.Tensor | None:
+        "`doc_starts` checked against `input_ids`, or None when there are none or `config.document_resets` is off."
+        if doc_starts is None or not self.config.document_resets: return None
+        if doc_starts.dtype != torch.bool or doc_starts.shape != input_ids.shape:
+            raise LegalnbError(f'doc_starts must be a bool tensor shaped like input_ids {tuple(input_ids.shape)}, '
+                               f'got {doc_starts.dtype} {tuple(doc_starts.shape)}')
+        return doc_starts.to(input_ids.device)
+
+# %% ../nbs/04_resonance.ipynb #ef01b0da
+def document_positions(doc_starts: torch.Tensor,  # (B, L) bool, True where a document starts
+                      ) -> torch.Tensor:          # (B, L) int64
+    "Each token's position in its document: its distance from the last start at or before it (or the row start)."
+    t = torch.arange(doc_starts.shape[1], device=doc_starts.device).expand(doc_starts.shape)
+    return t - torch.where(doc_starts, t, 0).cummax(1).values
+
+def short_conv_reset(conv: nn.Conv1d,      # the depthwise causal convolution (k taps, padding k-1)
+                     z: torch.Tensor,      # (B, C, L) its input
+                     pos: torch.Tensor,    # (B, L) each token's position in its document
+                    ) -> torch.Tensor:     # (B, C, L), as conv(z)[..., :L] without taps across a document start
+    "The short causal convolution restarted at every document: the tap on z[t-i] is used only when pos[t] >= i."
+    k, L = conv.kernel_size[0], z.shape[-1]
+    w = conv.weight[:, 0]                               # (C, k): w[:, k-1-i] multiplies z[t-i]
+    out = w[:, -1:] * z + conv.bias[:, None]
+    for i in range(1, k):
+        earlier = F.pad(z, (i, 0))[..., :L]             # z[t-i], zero before the row
+        out = out + w[:, k - 1 - i, None] * earlier * (pos >= i)[:, None]
+    return out
+
+# %% ../nbs/04_resonance.ipynb #8c60e45a
+def resonance_states(u: torch.Tensor,        # (B, D, L) input of the long convolution, in the filter's dtype
+                     filt: ResonanceFilter,  # the filter whose resonances carry u
+                     rows: torch.Tensor,     # (N,) int64: the row of each state asked for
+                     counts: torch.Tensor,   # (N,) int64 in [0, L]: the state after the first `count` inputs
+                    ) -> torch.Tensor:       # (N, D, K) complex: x_k = sum_{s<count} z_k^(count-1-s) u[s]
+    "The resonance states x(t) = z x(t-1) + u(t) after `counts` inputs of rows `rows`, by chunks of ~sqrt(L)."
+    B, D, L = u.shape
+    C, K = chunk_length(L), filt.decay.shape[1]
+    zj = filt.powers(torch.arange(C, device=u.device))                 # (C, D, K): z^i
+    W = torch.cat([zj.real, zj.imag], -1).transpose(0, 1)              # (D, C, 2K)
+    def combine(m: torch.Tensor) -> torch.Tensor:                      # (D, n, 2K) real -> (n, D, K) complex
+        return torch.complex(m[..., :K], m[..., K:]).transpose(0, 1)
+    full, rem = counts // C, counts % C                                # complete chunks, inputs after them
+    # the last `rem` inputs before the count, newest first, so that input i back is weighted by z^i
+    back = torch.arange(C, device=u.device)
+    idx = (counts[:, None] - 1 - back).clamp(min=0)                   # (N, C)
+    win = u[rows[:, None], :, idx] * (back < rem[:, None])[..., None]  # (N, C, D)
+    x = combine(torch.bmm(win.permute(2, 0, 1), W))                    # (N, D, K)
+    if (n := int(full.max())) > 0:
+        # chunk c's own contribution to the state at its end: sum_j z^(C-1-j) u[cC+j], (B, n, D, K)
+        uc = u[..., :n * C].reshape(B, D, n, C).flip(-1)
+        S = combine(torch.bmm(uc.permute(1, 0, 2, 3).reshape(D, B * n, C), W)).reshape(B, n, D, K)
+        zC, ends = filt.powers(torch.tensor(C, device=u.device)), [S[:, 0]]
+        for c in range(1, n): ends.append(zC * ends[-1] + S[:, c])   # the scan over chunks: L/C steps
+        E = torch.stack(ends, 1)                                       # (B, n, D, K): state at each chunk's end
+        carried = filt.powers(rem) * E[rows, (full - 1).clamp(min=0)]   # that state, rem more steps on
+        x = x + torch.where((full > 0)[:, None, None], carried, torch.zeros_like(carried))
+    return x
+
+@torch.compiler.disable
+def document_fft_conv(u: torch.Tensor,           # (B, D, L) input signals (k*v)
+                      filt: ResonanceFilter,     # the long filters
+                      doc_starts: torch.Tensor,  # (B, L) bool, True where a document starts
+                     ) -> torch.Tensor:          # (B, D, L) in the filter's dtype
+    "causal_fft_conv(u, filt(L)) restarted at every document start: the part carried across a start subtracted."
+    B, D, L = u.shape
+    dt = filt.dtype()
+    with torch.autocast(device_type=u.device.type, enabled=False):
+        u = u.to(dt)
+        y = causal_fft_conv(u, filt(L))
+        rows, starts = doc_starts[:, 1:].nonzero(as_tuple=True)     # starts after the row's first token
+        if not len(rows): return y
+        starts = starts + 1
+        ends = torch.full_like(starts, L)                            # each document ends at the next start or L
+        ends[:-1] = torch.where(rows[1:] == rows[:-1], starts[1:], ends[:-1])
+        c = filt.amplitudes() * resonance_states(u, filt, rows, starts)   # (N, D, K): a_k x_k(b-1)
+        # the carried part at t = b + qC + j is Re sum_k c_k z_k^(qC+j+1): blocks of C positions per document
+        C = min(chunk_length(L), int((ends - starts).max()))
+        nblk = (ends - starts + C - 1) // C
+        doc = torch.repeat_interleave(torch.arange(len(rows), device=u.device), nblk)      # (M,) document of block
+        q = torch.arange(len(doc), device=u.device) - torch.repeat_interleave(nblk.cumsum(0) - nblk, nblk)
+        P = c[doc] * filt.powers(q * C + 1)                                                # (M, D, K)
+        zj = filt.powers(torch.arange(C, device=u.device))                                 # (C, D, K)
+        carried = torch.bmm(torch.cat([P.real, -P.imag], -1).transpose(0, 1),
+                            torch.cat([zj.real, zj.imag], -1).permute(1, 2, 0))            # (D, M, C)
+        t = starts[doc, None] + q[:, None] * C + torch.arange(C, device=u.device)          # (M, C) positions
+        keep = t < ends[doc, None]
+        flat = (rows[doc, None] * L + t)[keep]
+        total = torch.zeros(D, B * L, dtype=dt, device=u.device).index_add(1, flat, carried[:, keep])
+        return y - total.view(D, B, L).transpose(0, 1)
 
 # %% ../nbs/04_resonance.ipynb #cf7584d8
 def causality_violation(model: ResonanceLanguageModel,  # the model to check (put in eval mode)
@@ -317,6 +439,90 @@ def size_table(vocab_size: int = 32768, **overrides) -> list[dict]:
     return rows
 
 # %% ../nbs/04_resonance.ipynb #0056f8f7
+@dataclass
+class ResonanceState:
+    "What generation carries from one token to the next: per layer the resonance states and short-conv inputs."
+    layers: list[dict]        # per block: 'x' (B, D, K) complex resonance states, 'window' (B, 3D, short_conv-1)
+    position: torch.Tensor    # (B,) int64: the next token's position in its document (its row of the position table)
+    length: int               # tokens in the context so far
+
+@patch
+def recurrent_state(self: ResonanceLayer,
+                    z: torch.Tensor,                        # (B, 3D, L) the short convolution's input
+                    kv: torch.Tensor,                       # (B, D, L) the long convolution's input
+                    doc_starts: torch.Tensor | None = None, # (B, L) bool
+                   ) -> dict:                               # {'x': (B, D, K) complex, 'window': (B, 3D, k-1)}
+    "The layer's state after the last position: the resonance states of the last document and its last inputs."
+    (B, D, L), k, f = kv.shape, self.short.kernel_size[0], self.filter
+    with torch.autocast(device_type=kv.device.type, enabled=False):
+        kv, rows = kv.to(f.dtype()), torch.arange(B, device=kv.device)
+        x = resonance_states(kv, f, rows, torch.full_like(rows, L))
+        last = torch.full_like(rows, L - 1) if doc_starts is None else document_positions(doc_starts)[:, -1]
+        if (cut := last < L - 1).any():       # x(L-1) - z^(L-b) x(b-1): the part before the last document out
+            b = (L - 1 - last)[cut]
+            x = x.index_add(0, rows[cut], -f.powers(L - b) * resonance_states(kv, f, rows[cut], b))
+    back = torch.arange(k - 1, 0, -1, device=z.device)           # columns: inputs L-k+1 .. L-1, `back` before L
+    window = F.pad(z, (k - 1, 0))[..., L:] * (last[:, None] + 1 >= back)[:, None]   # 0 before the last document
+    return {'x': x, 'window': window}
+
+@patch
+def step(self: ResonanceLayer,
+         x: torch.Tensor,     # (B, D) the new token's normalised activations
+         state: dict,         # the layer's `recurrent_state`, updated in place
+        ) -> torch.Tensor:    # (B, D)
+    "Mix one new token into the state: O(D K) for the resonances, O(D k) for the short convolution."
+    f = self.filter
+    z = self.in_proj(x)                                          # (B, 3D)
+    buf = torch.cat([state['window'], z[..., None]], -1)         # (B, 3D, k): oldest input first, as the conv's taps
+    zs = (buf * self.short.weight[:, 0]).sum(-1) + self.short.bias
+    q, k, v = zs.chunk(3, dim=-1)
+    kv = k * v                                                   # (B, D)
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        xs = f.powers(torch.tensor(1, device=x.device)) * state['x'] + kv.to(f.dtype())[..., None]  # x = z x + u
+        y = (f.amplitudes() * xs).real.sum(-1) + self.skip * kv.to(f.dtype())                      # (B, D)
+    state['x'], state['window'] = xs, buf[..., 1:]
+    return self.out_proj((q * y).to(q.dtype))
+
+@patch
+@torch.no_grad()
+def prefill(self: ResonanceLanguageModel,
+            input_ids: torch.Tensor,                 # (B, L) prompt
+            doc_starts: torch.Tensor | None = None,  # (B, L) bool: document starts in the prompt
+           ) -> tuple[torch.Tensor, ResonanceState]: # logits (B, L, V) and the state after the last token
+    "Run a prompt once with the FFT path and return its logits and the recurrent state that continues it."
+    states, L = [], input_ids.shape[1]
+    logits = self(input_ids, doc_starts=doc_starts, states=states)
+    doc_starts = self.document_starts(input_ids, doc_starts)
+    last = (document_positions(doc_starts)[:, -1] if doc_starts is not None
+            else torch.full((input_ids.shape[0],), L - 1, device=input_ids.device))
+    return logits, ResonanceState(states, last + 1, L)
+
+@patch
+@torch.no_grad()
+def step(self: ResonanceLanguageModel,
+         input_ids: torch.Tensor,   # (B,) or (B, 1): one new token per row
+         state: ResonanceState,     # from `prefill` (or earlier steps), updated in place
+        ) -> torch.Tensor:          # (B, V) logits of the token after it
+    "Feed one token per row to the recurrent state: the next token's logits, in O(1) of the context length."
+    if state.length >= self.config.max_seq_len:
+        raise LegalnbError(f'the context is full (max_seq_len={self.config.max_seq_len}); prefill a cropped one')
+    x = self.tok_emb(input_ids.reshape(-1)) + self.pos_emb(state.position)   # (B, D)
+    for block, st in zip(self.backbone.blocks, state.layers):
+        x = x + block.mixer.step(block.norm1(x), st)
+        x = x + block.mlp(block.norm2(x))
+    state.position, state.length = state.position + 1, state.length + 1
+    return self.head(x)
+
+def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
+                generator: torch.Generator | None) -> torch.Tensor:   # (B, V) -> (B, 1)
+    "Greedy at temperature 0, else a sample from the tempered, top-k softmax."
+    if temperature == 0: return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float('-inf'))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)
+
 @patch
 @torch.no_grad()
 def generate(self: ResonanceLanguageModel,
@@ -325,22 +531,24 @@ def generate(self: ResonanceLanguageModel,
              temperature: float = 1.0,        # 0 = greedy; < 1 sharper, > 1 flatter
              top_k: int | None = None,        # sample only among the k most likely tokens
              generator: torch.Generator | int | None = None,  # RNG or seed, for repeatable sampling
+             doc_starts: torch.Tensor | None = None,          # (B, L) bool: document starts in the prompt
+             recurrent: bool = True,          # False: recompute the whole context for every token (the reference)
             ) -> torch.Tensor:                # (B, L + max_new_tokens)
     "Append `max_new_tokens` sampled (or greedy) tokens to `input_ids`, cropping the context to max_seq_len."
     if isinstance(generator, int):
         generator = torch.Generator(device=input_ids.device).manual_seed(generator)
-    was_training = self.training; self.eval()
-    ids = input_ids
+    was_training, M = self.training, self.config.max_seq_len
+    self.eval()
+    ids, starts, state = input_ids, doc_starts, None
     for _ in range(max_new_tokens):
-        logits = self(ids[:, -self.config.max_seq_len:])[:, -1].float()  # (B, V)
-        if temperature == 0: nxt = logits.argmax(-1, keepdim=True)
-        else:
-            logits = logits / temperature
-            if top_k is not None:
-                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float('-inf'))
-            nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
-        ids = torch.cat([ids, nxt], dim=1)
+        if recurrent and state is not None and state.length < M: logits = self.step(ids[:, -1], state)
+        else:   # the first token, the reference path, or a full context: run the (cropped) window
+            window, ds = ids[:, -M:], None if starts is None else starts[:, -M:]
+            if recurrent: logits, state = self.prefill(window, ds)
+            else: logits = self(window, doc_starts=ds)
+            logits = logits[:, -1]
+        ids = torch.cat([ids, _next_token(logits.float(), temperature, top_k, generator)], dim=1)
+        if starts is not None: starts = torch.cat([starts, starts.new_zeros(starts.shape[0], 1)], dim=1)
     self.train(was_training)
     return ids
 

@@ -1,12 +1,14 @@
-"End-to-end tests of the ResonanceNet language model: causality, sizes, precision, checkpointing, save/load, generation."
+"""End-to-end tests of the ResonanceNet language model: causality, sizes, precision, checkpointing, save/load,
+generation, document resets (the leakage probe) and recurrent generation against the FFT path."""
 import json, math, subprocess, sys
 
 import pytest
 import torch
 
 from legalnb.core import LegalnbError
+from legalnb.gpt import document_leakage
 from legalnb.resonance import (MODEL_SIZES, ResonanceConfig, ResonanceLanguageModel, causal_fft_conv,
-                               causality_violation, config_for, fft_size)
+                               causality_violation, config_for, document_fft_conv, document_positions, fft_size)
 
 TINY = dict(vocab_size=97, dim=24, num_layers=2, num_frequencies=6, max_seq_len=600)
 
@@ -183,7 +185,7 @@ def test_bench_worker_and_table(monkeypatch):
     monkeypatch.syspath_prepend(str(bench_dir))  # as `python bench/model.py` has it: its own folder first (bench/common.py)
     spec = importlib.util.spec_from_file_location('bench_model', bench_dir/'model.py')
     bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench)
-    args = argparse.Namespace(model=None, size=None, vocab=64, dim=32, layers=1, frequencies=4, max_seq_len=128,
+    args = argparse.Namespace(model=None, size=None, vocab=64, dim=64, layers=1, frequencies=4, max_seq_len=128,
                               seq_len=64, batch=1, device='cpu', compile=False, checkpointing=False, warmup=1,
                               reps=2, max_time=10.0, threads=1)
     rows = []
@@ -195,3 +197,109 @@ def test_bench_worker_and_table(monkeypatch):
     assert math.isfinite(r['loss']) and abs(g['loss'] - math.log(64)) < 1.0
     table = bench.fmt_table(rows, peak=None)
     assert '| 64 |' in table and 'ratio R/GPT' in table
+
+
+def random_starts(B, L, n, seed=0):
+    "doc_starts with the row start and `n` random further starts per row."
+    g = torch.Generator().manual_seed(seed)
+    ds = torch.zeros(B, L, dtype=torch.bool); ds[:, 0] = True
+    for b in range(B): ds[b, torch.randperm(L - 1, generator=g)[:n] + 1] = True
+    return ds
+
+
+@pytest.mark.parametrize('L,n', [(97, 3), (255, 120), (301, 40), (513, 5), (64, 63)])
+def test_leakage_probe_float32(L, n):
+    "Changing one document never changes another's logits, at odd lengths and with many short documents."
+    m = tiny(init_std=0.1).eval()
+    ds = random_starts(2, L, n, seed=L)
+    assert document_leakage(m, ds) <= 1e-5
+    assert document_leakage(m, ds, mask=False) > 1e-4, 'the probe can fail: without resets documents leak'
+
+
+def test_document_alone_float64_and_causality():
+    "Each document's logits equal the document run alone (positions from 0); changing the future changes nothing."
+    m = tiny().double().eval()
+    L = 211
+    ds = random_starts(1, L, 12, seed=3); ds[0, [L - 1, L - 2]] = True          # one-token documents too
+    ids = torch.randint(0, 97, (1, L))
+    with torch.no_grad():
+        packed = m(ids, doc_starts=ds)
+        edges = ds[0].nonzero().flatten().tolist() + [L]
+        for s, e in zip(edges, edges[1:]):
+            assert (packed[:, s:e] - m(ids[:, s:e])).abs().max() < 1e-10, (s, e)
+        for t in (0, 50, 150, L - 3):
+            b = ids.clone(); b[:, t + 1:] = torch.randint(0, 97, (1, L - t - 1))
+            assert (m(b, doc_starts=ds)[:, :t + 1] - packed[:, :t + 1]).abs().max() < 1e-10
+    assert document_positions(ds)[0, edges[1]] == 0
+
+
+def test_resets_flag_default_and_gradients():
+    m = tiny(seed=4)
+    ids, tg = torch.randint(0, 97, (2, 2, 90))
+    ds = random_starts(2, 90, 6)
+    with torch.no_grad():
+        assert torch.equal(m(ids), m(ids, doc_starts=None)), 'no doc_starts: plain behaviour'
+        assert torch.allclose(m(ids, doc_starts=torch.zeros_like(ds)), m(ids), atol=1e-6), 'one document per row'
+        assert not torch.allclose(m(ids, doc_starts=ds), m(ids), atol=1e-3)
+    off = tiny(seed=4, document_resets=False)
+    with torch.no_grad(): assert torch.equal(off(ids, doc_starts=ds), off(ids)), 'document_resets=False ignores them'
+    grads = []
+    for ck in (False, True):
+        mm = tiny(seed=4, checkpointing=ck)
+        mm(ids, tg, doc_starts=ds)[1].backward()
+        grads.append({k: p.grad.clone() for k, p in mm.named_parameters()})
+        assert all(torch.isfinite(g).all() for g in grads[-1].values())
+    assert grads[0]['backbone.blocks.0.mixer.filter.decay'].abs().sum() > 0
+    for k in grads[0]: assert torch.allclose(grads[0][k], grads[1][k], atol=1e-6, rtol=1e-5), k
+    with pytest.raises(LegalnbError, match='doc_starts must be a bool tensor'): m(ids, doc_starts=ds[:, :10])
+
+
+def test_resets_under_bf16_autocast():
+    m = tiny().eval()
+    ids, ds = torch.randint(0, 97, (2, 100)), random_starts(2, 100, 7)
+    with torch.no_grad():
+        ref = m(ids, doc_starts=ds)
+        with torch.autocast('cpu', dtype=torch.bfloat16): lb = m(ids, doc_starts=ds)
+    assert (lb.float() - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_document_fft_conv_gradient_float64():
+    "The subtraction is differentiable: gradcheck through the states and the carried part."
+    from legalnb.resonance import ResonanceFilter
+    torch.manual_seed(0)
+    f = ResonanceFilter(2, 3, 50).double()
+    u = torch.randn(1, 2, 13, dtype=torch.float64, requires_grad=True)
+    ds = torch.zeros(1, 13, dtype=torch.bool); ds[0, [4, 5, 11]] = True
+    assert torch.autograd.gradcheck(lambda u: document_fft_conv(u, f, ds), (u,))
+
+
+@pytest.mark.parametrize('P,starts,new', [(37, None, 256), (101, [0, 20, 21, 77], 256), (1, None, 64),
+                                          (150, [0, 149], 64), (63, [0, 60], 64)])
+def test_recurrent_generation_equals_recompute(P, starts, new):
+    "256 greedy tokens identical to the recompute path; every step's logits within 1e-4 of the FFT path's."
+    m = tiny(max_seq_len=600, init_std=0.2, seed=P).eval()
+    ids = torch.randint(0, 97, (2, P))
+    ds = None
+    if starts is not None:
+        ds = torch.zeros(2, P, dtype=torch.bool); ds[0, starts] = True; ds[1, starts[-1]] = True
+    fast = m.generate(ids, new, temperature=0, doc_starts=ds)
+    slow = m.generate(ids, new, temperature=0, doc_starts=ds, recurrent=False)
+    assert torch.equal(fast, slow)
+    full_ds = None if ds is None else torch.cat([ds, torch.zeros(2, new, dtype=torch.bool)], 1)
+    with torch.no_grad(): ref = m(fast, doc_starts=full_ds)
+    logits, state = m.prefill(ids, ds)
+    assert (logits - ref[:, :P]).abs().max() < 1e-4
+    worst = 0.0
+    for t in range(P, P + new - 1): worst = max(worst, (m.step(fast[:, t], state) - ref[:, t]).abs().max().item())
+    assert worst < 1e-4, worst
+
+
+def test_recurrent_generation_crops_at_max_seq_len_and_samples():
+    m = tiny(max_seq_len=40, init_std=0.2).eval()
+    ids = torch.randint(0, 97, (1, 30))
+    a = m.generate(ids, 25, temperature=0)
+    assert torch.equal(a, m.generate(ids, 25, temperature=0, recurrent=False)), 'past 40 tokens: re-run the window'
+    s1 = m.generate(ids, 20, temperature=0.9, top_k=7, generator=5)
+    assert torch.equal(s1, m.generate(ids, 20, temperature=0.9, top_k=7, generator=5, recurrent=False))
+    _, state = m.prefill(torch.randint(0, 97, (1, 40)))
+    with pytest.raises(LegalnbError, match='the context is full'): m.step(torch.tensor([1]), state)
