@@ -7,11 +7,11 @@ from __future__ import annotations
 import argparse, importlib, json, math, os, shutil, sys, time
 from pathlib import Path
 from typing import Literal
-from .core import LegalnbError, atomic_write, command_parser, format_duration
+from .core import LegalnbError, atomic_write, command_parser, format_duration, read_json
 
 # %% auto #0
-__all__ = ['COMMANDS', 'QUICKSTART_PROMPT', 'H100_PRICE', 'usage', 'main', 'prepare_workdir', 'continuation', 'h100_estimate',
-           'write_report', 'quickstart', 'quickstart_main']
+__all__ = ['COMMANDS', 'QUICKSTART_PROMPT', 'QUICKSTART_OUTPUTS', 'H100_PRICE', 'usage', 'main', 'prepare_workdir',
+           'h100_estimate', 'evaluation_lines', 'write_report', 'quickstart', 'quickstart_main']
 
 # %% ../nbs/10_cli.ipynb #7a8ddd24
 COMMANDS = {  # name: ('module:function', one-line help)
@@ -58,29 +58,17 @@ def main(argv: list[str] | None = None) -> int:
 
 # %% ../nbs/10_cli.ipynb #1ee51b6e
 QUICKSTART_PROMPT = 'Article 1\nSubject matter\nThis Regulation lays down'
+QUICKSTART_OUTPUTS = ('sample', 'corpus', 'split', 'run', 'eval')   # folders an earlier quickstart wrote
 
 def prepare_workdir(workdir: str | Path) -> Path:
     "Create the quickstart folder, or clear what an earlier quickstart wrote in it."
     wd, marker = Path(workdir), Path(workdir)/'.legalnb-quickstart'
     if wd.is_dir() and any(wd.iterdir()) and not marker.exists():
-        raise LegalnbError(f'{wd}: exists, is not empty and was not written by the quickstart; choose another --workdir')
-    for name in ('sample', 'corpus', 'split', 'run'): shutil.rmtree(wd/name, ignore_errors=True)
+        raise LegalnbError(f'{wd}: exists, is not empty and was not written by the quickstart; '
+                           'choose another --workdir')
+    for name in QUICKSTART_OUTPUTS: shutil.rmtree(wd/name, ignore_errors=True)
     wd.mkdir(parents=True, exist_ok=True); marker.touch()
     return wd
-
-def continuation(model_dir: Path,                 # a folder written by model.save (run/model)
-                 tokenizer: Path,                 # the corpus's tokenizer.json
-                 prompt: str = QUICKSTART_PROMPT, # text to continue
-                 max_new_tokens: int = 60,        # tokens to generate
-                 seed: int = 0) -> str:           # sampling seed
-    "The text a trained model writes after `prompt` (top-40 sampling at temperature 0.8, seeded)."
-    import torch
-    from legalnb.corpus import load_tokenizer
-    from legalnb.resonance import ResonanceLanguageModel
-    tok, model = load_tokenizer(tokenizer), ResonanceLanguageModel.load(model_dir)
-    ids = torch.tensor([tok.encode(prompt).ids])
-    out = model.generate(ids, max_new_tokens, temperature=0.8, top_k=40, generator=seed)
-    return tok.decode(out[0, ids.shape[1]:].tolist())
 
 # %% ../nbs/10_cli.ipynb #c2c799ea
 H100_PRICE = 2.50  # dollars per GPU-hour: the on-demand H100 price legalnb's users report paying
@@ -96,44 +84,63 @@ def h100_estimate(metrics: Path,            # the run's metrics.jsonl
     recs, lines, mfu, why = read_metrics(metrics), [], 0.40, 'an assumed 40% MFU'
     if len(recs) > 1:
         cal = calibration_from_metrics(recs)
-        lines.append(f'Measured on this run: {cal.sec_per_step:.3f} s per optimizer step once warm (the first log interval '
-                     f'left out), so its {steps} steps predict {cal.predict(steps):.1f} s of stepping; the whole training, '
-                     f'with start-up, evaluations and the checkpoint, took {measured_s:.1f} s.')
-        if cal.mfu: mfu, why = cal.mfu, f'the {cal.mfu:.0%} MFU this run measured (a floor: a model this tiny cannot fill a GPU)'
+        lines.append(f'Measured on this run: {cal.sec_per_step:.3f} s per optimizer step once warm (the first log '
+                     f'interval left out), so its {steps} steps predict {format_duration(cal.predict(steps))} of '
+                     f'stepping; the whole training, with start-up, evaluations and the checkpoint, took '
+                     f'{format_duration(measured_s)}.')
+        if cal.mfu: mfu, why = cal.mfu, f'the {cal.mfu:.0%} MFU this run measured (a floor: a tiny model cannot fill a GPU)'
         else: why += ' (this run was on a CPU: its speed does not carry over to a GPU)'
-    e = estimate(plan_for('scratch', 'fast', size='small', gpu='h100-sxm', mfu=mfu, price_per_hour=H100_PRICE, **model_plan_fields('small', 1024, vocab_size)))
-    return lines + ['', f"The `fast` preset for a 'small' ResonanceLanguageModel (vocabulary {vocab_size:,}) on one H100 SXM, at {why}:",
-                    '', '```', e.table(), '```']
+    plan = plan_for('scratch', 'fast', size='small', gpu='h100-sxm', mfu=mfu, price_per_hour=H100_PRICE,
+                    **model_plan_fields('small', 1024, vocab_size))
+    return lines + ['', f"The `fast` preset for a 'small' ResonanceLanguageModel (vocabulary {vocab_size:,}) on one "
+                    f'H100 SXM, at {why}:', '', '```', estimate(plan).table(), '```']
 
 # %% ../nbs/10_cli.ipynb #c86194b7
-def write_report(wd: Path, summary: dict, sample: str, vocab_size: int, stage_s: float, train_s: float) -> Path:
+def _count_lines(path: Path) -> int: return sum(1 for _ in open(path, encoding='utf-8'))
+
+def evaluation_lines(r: dict) -> list[str]:
+    "Report lines for an evaluation (legalnb.evaluate): bits per byte, citations, loss by position."
+    o, c, d = r['overall'], r['citations'], r['data']
+    cites = (f'{c["right"]:,} of {c["items"]:,} citation numbers completed exactly ({c["accuracy"]:.0%})'
+             if c['items'] else 'no citations found in the held-out acts')
+    return [f'On {d["docs"]:,} held-out documents ({d["acts"]:,} acts never trained on): loss {o["loss"]:.3f}, '
+            f'perplexity {o["perplexity"]:.1f}, **{o["bits_per_byte"]:.3f} bits per byte**; {cites}.', '',
+            '![loss by position](eval/loss_by_position.png)', '',
+            'Everything else (per language, type and decade; examples; generated continuations) is in `eval/eval.md`.']
+
+def write_report(wd: Path, summary: dict, sample: str, vocab_size: int, stage_s: float, train_s: float,
+                 evaluation: dict | None = None) -> Path:
     "Write `report.md` in the quickstart folder; return its path."
     import platform, torch
-    m, s = json.loads((wd/'corpus'/'manifest.json').read_text()), summary
-    count = lambda f: sum(1 for _ in open(f, encoding='utf-8'))
+    m, s = read_json(wd/'corpus'/'manifest.json', 'a corpus manifest'), summary
     hw = torch.cuda.get_device_name() if torch.cuda.is_available() else f'CPU ({os.cpu_count()} cores, {platform.machine()})'
-    rows = sum(x['rows'] for x in m['shards']) if 'shards' in m else m.get('rows', '?')
-    text = ['# legalnb quickstart', '', f'{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())} on {hw}, torch {torch.__version__}.', '',
-            '## What each stage made', '', '| stage | output | result |', '|---|---|---|',
+    held = m.get('heldout') or {}
+    text = ['# legalnb quickstart', '', f'{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())} on {hw}, '
+            f'torch {torch.__version__}.', '', '## What each stage made', '', '| stage | output | result |', '|---|---|---|',
             f'| sample | `sample/` | {sum(p.is_dir() for p in (wd/"sample").iterdir())} Formex publications |',
-            f'| parse | `parsed.jsonl` | {count(wd/"parsed.jsonl")} documents |',
-            f'| select | `selected.jsonl`, `selection.json` | {count(wd/"selected.jsonl")} documents kept |',
-            f'| build-corpus | `corpus/` | {rows:,} rows of {m.get("seq_len", "?")} tokens, trained BPE of {m["vocab_size"]:,} tokens |',
-            f'| split | `split/` | train/ and val/ |',
-            f'| train | `run/` | {s["steps"]} steps, {s["tokens"]:,} tokens, {s["params"]:,} parameters |', '',
+            f'| parse | `parsed.jsonl` | {_count_lines(wd/"parsed.jsonl")} documents |',
+            f'| select | `selected.jsonl`, `selection.json` | {_count_lines(wd/"selected.jsonl")} documents kept |',
+            f'| build-corpus | `corpus/` | {m["rows"]:,} rows of {m.get("seq_len", "?")} tokens, trained BPE of '
+            f'{m["vocab_size"]:,} tokens; {held.get("acts", 0)} acts held out |',
+            '| split | `split/` | train/ and val/ (the held-out acts) |',
+            f'| train | `run/` | {s["steps"]} steps, {s["tokens"]:,} tokens, {s["params"]:,} parameters |',
+            f'| evaluate | `eval/` | held-out loss, bits per byte, citations, loss by position |', '',
             f'Data stages {format_duration(stage_s)}, training {format_duration(train_s)}.', '', '## Training', '',
             f'- final train loss {s["loss"]:.3f}; **val loss {s["val_loss"]:.3f}, perplexity {s["val_ppl"]:.1f}** '
             f'(a model that knows nothing scores ln {vocab_size} = {math.log(vocab_size):.2f}, perplexity {vocab_size})',
-            f'- {s["tokens_per_sec"]:,.0f} tokens/s on {s["device"]} ({s["precision"]})' + (f', MFU {s["mfu"]:.0%}' if s.get('mfu') else ''),
-            '', '![loss](loss.png)', '', '## A generated continuation', '', f'Prompt: `{QUICKSTART_PROMPT!r}`', '',
-            '```', sample.strip(), '```', '', '(a tiny model after minutes of training: expect legal-sounding words, not law)', '',
-            '## What a real run would take', '']
+            f'- {s["tokens_per_sec"]:,.0f} tokens/s on {s["device"]} ({s["precision"]})'
+            + (f', MFU {s["mfu"]:.0%}' if s.get('mfu') else ''), '', '![loss](loss.png)', '']
+    if evaluation: text += ['## On acts it never saw', '', *evaluation_lines(evaluation), '']
+    text += ['## A generated continuation', '', f'Prompt: `{QUICKSTART_PROMPT!r}`', '', '```', sample.strip(), '```', '',
+             '(a tiny model after minutes of training: expect legal-sounding words, not law)', '',
+             '## What a real run would take', '']
     text += h100_estimate(wd/'run'/'metrics.jsonl', s['steps'], train_s)
     rel = lambda p: Path(os.path.relpath(p, wd)).as_posix()   # paths as seen from the report's own folder
     text += ['', '## Where everything is (relative to this folder)', '',
-             f'- model: `{rel(s["model_dir"])}` (`ResonanceLanguageModel.load`)',
+             f'- model: `{rel(s["model_dir"])}` (`legalnb.models.load_model`, `legalnb generate run`)',
              f'- checkpoint: `{rel(s["checkpoint"])}` (`legalnb train --resume`)', '- metrics: `run/metrics.jsonl`',
-             '- tokenizer: `corpus/tokenizer.json`', '- selection report: `selection.json`']
+             '- evaluation: `eval/eval.md`, `eval/eval.json`', '- tokenizer: `corpus/tokenizer.json`',
+             '- held-out acts: `corpus/heldout.jsonl`', '- selection report: `selection.json`']
     with atomic_write(wd/'report.md') as tmp: tmp.write_text('\n'.join(text) + '\n', encoding='utf-8')
     return wd/'report.md'
 
@@ -146,40 +153,49 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
                dim: int = 64,            # model width (2 blocks, 16 resonances per channel)
                batch_size: int = 16,     # sequences per step
                device: Literal['auto', 'cuda', 'cpu'] = 'auto') -> dict:  # 'auto': the GPU when there is one
-    "Run every stage on a sample corpus, train a tiny model, write report.md and loss.png; return the training summary."
-    for name, value in dict(docs=docs, vocab_size=vocab_size, seq_len=seq_len, steps=steps, dim=dim, batch_size=batch_size).items():
+    "Every stage on a sample corpus, a tiny model trained and evaluated, report.md and loss.png; the training summary."
+    sizes = dict(docs=docs, vocab_size=vocab_size, seq_len=seq_len, steps=steps, dim=dim, batch_size=batch_size)
+    for name, value in sizes.items():
         if value < 1: raise LegalnbError(f'--{name.replace("_", "-")} must be at least 1, got {value}')
     from legalnb.sources import sample_main, parse_main
     from legalnb.scoring import select_main
     from legalnb.corpus import build_corpus_main
     from legalnb.data import validate_main, split_main
+    from legalnb.evaluate import evaluate, generate, write_report as write_evaluation
     from legalnb.train import TrainConfig, train
     from legalnb.widgets import plot_metrics
     wd, t0 = prepare_workdir(workdir), time.perf_counter()
     stages = [('sample', 'a synthetic Formex corpus', sample_main, [wd/'sample', '--docs', docs]),
               ('parse', 'Formex XML into documents', parse_main, [wd/'sample', '--out', wd/'parsed.jsonl']),
-              ('select', 'score the documents, keep the best', select_main,
-               [wd/'parsed.jsonl', '--out', wd/'selected.jsonl', '--target-tokens', '2M', '--report', wd/'selection.json']),
-              ('build-corpus', f'train a {vocab_size}-token BPE, pack rows of {seq_len + 1} ids', build_corpus_main,
-               [wd/'selected.jsonl', '--out', wd/'corpus', '--seq-len', seq_len, '--shards', 4, '--train-tokenizer', vocab_size, '--no-progress']),
+              ('select', 'score the documents, keep the best', select_main, [wd/'parsed.jsonl', '--out',
+               wd/'selected.jsonl', '--target-tokens', '2M', '--report', wd/'selection.json']),
+              ('build-corpus', f'train a {vocab_size}-token BPE, pack rows of {seq_len + 1} ids, hold out 5% of the acts',
+               build_corpus_main, [wd/'selected.jsonl', '--out', wd/'corpus', '--seq-len', seq_len, '--shards', 4,
+                                   '--train-tokenizer', vocab_size, '--val-docs', 0.05, '--no-progress']),
               ('validate', 'check every shard', validate_main, [wd/'corpus']),
-              ('split', 'train/ and val/', split_main, [wd/'corpus', '--out', wd/'split', '--val-ratio', 0.05])]
+              ('split', 'train/ and val/: the held-out acts', split_main, [wd/'corpus', '--out', wd/'split'])]
     for i, (name, what, fn, args) in enumerate(stages, 1):
-        print(f'\n[{i}/8] {name}: {what}', flush=True)
+        print(f'\n[{i}/9] {name}: {what}', flush=True)
         if fn([str(a) for a in args]): raise LegalnbError(f'quickstart: the {name} stage failed; see its messages above')
     stage_s = time.perf_counter() - t0
-    print('\n[7/8] train: a tiny ResonanceLanguageModel', flush=True)
-    cfg = TrainConfig(data=str(wd/'split'), out=str(wd/'run'), dim=dim, num_layers=2, num_frequencies=16, batch_size=batch_size,
-                      max_steps=steps, lr=3e-3, warmup_steps=max(1, steps // 10), eval_every=max(1, steps // 3), eval_batches=8,
-                      log_every=max(1, steps // 30), save_every=steps, num_workers=0, device=device, seed=0,
-                      cpu_threads=1)  # a model this small runs 27x faster on 1 thread than on 2 on a busy 2-core CPU (72 vs 1,960 ms a step)
+    print('\n[7/9] train: a tiny ResonanceLanguageModel', flush=True)
+    cfg = TrainConfig(data=str(wd/'split'), out=str(wd/'run'), dim=dim, num_layers=2, num_frequencies=16,
+                      batch_size=batch_size, max_steps=steps, lr=3e-3, warmup_steps=max(1, steps // 10),
+                      eval_every=max(1, steps // 3), eval_batches=8, log_every=max(1, steps // 30), save_every=steps,
+                      num_workers=0, device=device, seed=0,
+                      cpu_threads=1)  # tiny models run 27x faster on 1 thread than on 2 on a busy 2-core CPU
     print(cfg.describe(seq_len=seq_len), flush=True)
     t1 = time.perf_counter(); summary = train(cfg); train_s = time.perf_counter() - t1
-    print(f'\n[8/8] report: val loss {summary["val_loss"]:.3f}, perplexity {summary["val_ppl"]:.1f} (knowing nothing: {vocab_size})', flush=True)
-    sample = continuation(wd/'run'/'model', wd/'corpus'/'tokenizer.json')
+    print(f'\n[8/9] evaluate: the held-out acts (bits per byte, citations, loss by position)', flush=True)
+    r = evaluate(wd/'run', wd/'split', citations=200, samples=1, device=device)
+    write_evaluation(r, wd/'eval')
+    print('\n'.join(evaluation_lines(r)[:1]), flush=True)
+    print(f'\n[9/9] report: val loss {summary["val_loss"]:.3f}, perplexity {summary["val_ppl"]:.1f} '
+          f'(knowing nothing: {vocab_size})', flush=True)
+    sample = generate(wd/'run', prompt=QUICKSTART_PROMPT, max_new_tokens=60, temperature=0.8, top_k=40, device=device)
     print(f'{QUICKSTART_PROMPT}{sample}\n', flush=True)
     plot_metrics(wd/'run'/'metrics.jsonl').save(wd/'loss.png')
-    write_report(wd, summary, sample, vocab_size, stage_s, train_s)
+    write_report(wd, summary, sample, vocab_size, stage_s, train_s, r)
     return summary
 
 # %% ../nbs/10_cli.ipynb #885f9161
@@ -189,9 +205,10 @@ def quickstart_main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     quickstart(**vars(a))
     print(f'quickstart done in {format_duration(time.perf_counter() - t0)}; everything is in {a.workdir}/:\n'
-          f'  report.md     what each stage made, the training numbers, a generated text, the H100 estimate\n'
+          f'  report.md     what each stage made, the training and held-out numbers, a generated text, the H100 estimate\n'
           f'  loss.png      train and val loss\n'
           f'  run/          the trained model (run/model), checkpoints (--resume), metrics.jsonl\n'
+          f'  eval/         eval.md and eval.json: the held-out evaluation, its plots\n'
           f'  corpus/       shards and tokenizer.json;  split/  train/ and val/;  selection.json  the selection report')
     return 0
 

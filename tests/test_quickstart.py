@@ -19,7 +19,7 @@ def test_quickstart_end_to_end(tmp_path, capsys):
     wd = tmp_path/'qs'
     assert main(['quickstart', '--workdir', str(wd), *TINY]) == 0
     out = capsys.readouterr().out
-    assert all(f'[{i}/8]' in out for i in range(1, 9)) and f'everything is in {wd}/' in out
+    assert all(f'[{i}/9]' in out for i in range(1, 10)) and f'everything is in {wd}/' in out
     summary = json.loads((wd/'run'/'summary.json').read_text())
     assert math.isfinite(summary['val_loss']) and summary['val_loss'] < math.log(300), summary['val_loss']
     assert summary['steps'] == 12 and summary['device'] == 'cpu'
