@@ -137,3 +137,16 @@ def test_out_must_be_new_or_a_comparison(split, tmp_path):
         compare_models(split, out=tmp_path/'mine')
     with pytest.raises(LegalnbError, match='is also an input'): compare_models(split, out=split)
     assert (tmp_path/'mine'/'notes.txt').read_text() == 'mine' and not (tmp_path/'x').exists()
+
+
+def test_a_diverging_learning_rate_is_a_result_not_a_crash(split, tmp_path):
+    args = dict(data=split, models=['gpt'], overrides=dict(dim=32, num_layers=2, num_heads=2), budget=8000, lr=1e-3,
+                lr_factors=[1, 1e35], eval_points=2, eval_batches=2, out=tmp_path/'div', cpu_threads=1)
+    lines = []
+    r = compare_models(**args, log=lines.append)
+    assert [(x['status'], x['loss'] is None) for x in r['runs']] == [('done', False), ('diverged', True)]
+    assert lines[-1].startswith('  diverged: loss is nan') and r['models']['gpt']['best'] == 'gpt-lr0.001'
+    again = []
+    compare_models(**args, log=again.append)
+    assert again == ['[1/2] gpt lr 0.001, 31 steps: done earlier, skipped',
+                     '[2/2] gpt lr 1e+32, 31 steps: diverged earlier, skipped']
