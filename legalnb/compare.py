@@ -4,7 +4,7 @@
 
 # %% ../nbs/12_compare.ipynb #bddf79df
 from __future__ import annotations
-import json, math, os, resource, time
+import json, math, resource
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path

@@ -80,7 +80,8 @@ def test_picker_model_choice_from_the_registry():
                              **model_plan_fields('small', 1024, model='gpt')))
     assert p.estimate.flops == want.flops and p.estimate.memory.total == want.memory.total
     p.button.click()
-    assert isinstance(p.result, TrainConfig) and (p.result.model, p.result.size, p.result.preset) == ('gpt', 'small', 'fast')
+    assert isinstance(p.result, TrainConfig)
+    assert (p.result.model, p.result.size, p.result.preset) == ('gpt', 'small', 'fast')
     p.model.value = 'resonance'
     assert p.estimate.flops == estimate(plan_for('scratch', 'fast', size='small', gpu='h100-sxm', gpus=1,
                                                  price_per_hour=2.5, mfu=0.4,
