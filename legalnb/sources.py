@@ -649,6 +649,9 @@ def parse_documents(inputs: Iterable[str | Path], out: str | Path, progress: boo
     inputs = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
     if num_proc is not None and num_proc < 1: raise LegalnbError(f'--num-proc must be at least 1, got {num_proc}')
     refuse_overwriting_inputs(inputs, [out, report_path(out)])
+    if Path(out).name == report_path(out).name:
+        raise LegalnbError(f'--out {out} is the name of the parse report written beside the output; '
+                           'choose another --out')
     target = Path(out).resolve()
     if target.suffix == '.xml' and target.exists() and any(target.is_relative_to(Path(p).resolve()) for p in inputs):
         raise LegalnbError(f'--out {out} is a Formex file of an input folder; writing it would destroy what is read: '
@@ -820,6 +823,74 @@ SAMPLE_SUBJECTS = {  # subject (as a descriptor in the wrapper): is it a priorit
                                    'pt': 'coordenação dos processos de adjudicação dos contratos públicos',
                                    'it': 'coordinamento delle procedure di aggiudicazione degli appalti pubblici'}),
 }
+
+_MORE_TOPICS = {  # the subjects in the languages added later, in the order nl, pl, sv, cs (pl and cs: genitive)
+    'data protection': ('de bescherming van persoonsgegevens', 'ochrony danych osobowych', 'skydd av personuppgifter',
+                        'ochrany osobních údajů'),
+    'GDPR': ('de toepassing van de algemene verordening gegevensbescherming (AVG)',
+             'stosowania ogólnego rozporządzenia o ochronie danych (RODO)',
+             'tillämpningen av den allmänna dataskyddsförordningen (GDPR)',
+             'uplatňování obecného nařízení o ochraně osobních údajů (GDPR)'),
+    'privacy': ('de persoonlijke levenssfeer in de elektronische communicatie',
+                'prywatności w łączności elektronicznej',
+                'integritet inom elektronisk kommunikation', 'soukromí v elektronických komunikacích'),
+    'consumer rights': ('consumentenrechten bij overeenkomsten op afstand',
+                        'praw konsumentów w umowach zawieranych na odległość', 'konsumenträttigheter vid distansavtal',
+                        'práv spotřebitelů při smlouvách uzavíraných na dálku'),
+    'environment': ('de milieueffectbeoordeling van projecten', 'oceny skutków przedsięwzięć dla środowiska',
+                    'bedömning av projekts inverkan på miljön', 'posuzování vlivů projektů na životní prostředí'),
+    'climate': ('de monitoring en rapportage van broeikasgasemissies',
+                'monitorowania i raportowania emisji gazów cieplarnianych',
+                'övervakning och rapportering av växthusgasutsläpp',
+                'monitorování a vykazování emisí skleníkových plynů'),
+    'digital': ('een eengemaakte markt voor digitale diensten', 'jednolitego rynku usług cyfrowych',
+                'en inre marknad för digitala tjänster', 'jednotného trhu digitálních služeb'),
+    'cyber': ('maatregelen voor een hoog gezamenlijk niveau van cyberbeveiliging',
+              'środków na rzecz wysokiego wspólnego poziomu cyberbezpieczeństwa',
+              'åtgärder för en hög gemensam cybersäkerhetsnivå',
+              'opatření k zajištění vysoké společné úrovně kybernetické bezpečnosti'),
+    'competition': ('de uitvoering van de mededingingsregels', 'wykonywania reguł konkurencji',
+                    'tillämpningen av konkurrensreglerna', 'provádění pravidel hospodářské soutěže'),
+    'financial': ('prudentiële vereisten voor kredietinstellingen',
+                  'wymogów ostrożnościowych dla instytucji kredytowych',
+                  'tillsynskrav för kreditinstitut', 'obezřetnostních požadavků na úvěrové instituce'),
+    'health': ('ernstige grensoverschrijdende bedreigingen van de gezondheid',
+               'poważnych transgranicznych zagrożeń zdrowia',
+               'allvarliga gränsöverskridande hot mot människors hälsa', 'vážných přeshraničních zdravotních hrozeb'),
+    'employment': ('transparante en voorspelbare arbeidsvoorwaarden', 'przejrzystych i przewidywalnych warunków pracy',
+                   'insyn i och förutsägbarhet för arbetsvillkor',
+                   'transparentních a předvídatelných pracovních podmínek'),
+    'agriculture': ('een gemeenschappelijke ordening van de markten voor landbouwproducten',
+                    'wspólnej organizacji rynków produktów rolnych', 'en samlad marknadsordning för jordbruksprodukter',
+                    'společné organizace trhů se zemědělskými produkty'),
+    'fisheries': ('de vangstmogelijkheden voor bepaalde visbestanden',
+                  'uprawnień do połowów w odniesieniu do niektórych stad ryb', 'fiskemöjligheter för vissa fiskbestånd',
+                  'rybolovných práv pro některé populace ryb'),
+    'customs': ('de tarief- en statistieknomenclatuur en het gemeenschappelijk douanetarief',
+                'nomenklatury taryfowej i statystycznej oraz wspólnej taryfy celnej',
+                'tulltaxe- och statistiknomenklaturen och Gemensamma tulltaxan',
+                'tarifní a statistické nomenklatury a společného celního sazebníku'),
+    'transport': ('de typegoedkeuring van motorvoertuigen en aanhangwagens daarvan',
+                  'homologacji typu pojazdów silnikowych i ich przyczep',
+                  'typgodkännande av motorfordon och släpvagnar till dessa fordon',
+                  'schvalování typu motorových vozidel a jejich přípojných vozidel'),
+    'statistics': ('Europese statistieken over bevolking en huisvesting',
+                   'europejskiej statystyki dotyczącej ludności i mieszkań',
+                   'europeisk statistik om befolkning och bostäder', 'evropské statistiky obyvatelstva a bydlení'),
+    'veterinary': ('de voorwaarden voor het verkeer van dieren tussen lidstaten',
+                   'warunków przemieszczania zwierząt między państwami członkowskimi',
+                   'villkoren för förflyttning av djur mellan medlemsstaterna',
+                   'podmínek přesunů zvířat mezi členskými státy'),
+    'energy labelling': ('de energie-etikettering van huishoudelijke apparaten',
+                         'etykietowania energetycznego urządzeń gospodarstwa domowego',
+                         'energimärkning av hushållsapparater', 'energetického štítkování spotřebičů pro domácnost'),
+    'public procurement': ('de coördinatie van de procedures voor het plaatsen van overheidsopdrachten',
+                           'koordynacji procedur udzielania zamówień publicznych',
+                           'samordning av förfarandena vid offentlig upphandling',
+                           'koordinace postupů při zadávání veřejných zakázek'),
+}
+for _subject, _topics in _MORE_TOPICS.items(): SAMPLE_SUBJECTS[_subject][1].update(zip(('nl',
+                                                                                        'pl', 'sv', 'cs'), _topics))
 
 # %% ../nbs/00_sources.ipynb #8aff8166
 _TYPES4 = ('regulation', 'directive', 'decision', 'recommendation')
@@ -1161,9 +1232,227 @@ SAMPLE_LANGUAGES = {
     rows=("Nome e indirizzo dell'operatore", "Descrizione dell'attività interessata",
           'Misure adottate per garantire la conformità', 'Punto di contatto per le autorità competenti'),
     note='GU C {no} del {day}.{mon}.{y}, pag. {page}.'),
+'nl': dict(
+    months='januari februari maart april mei juni juli augustus september oktober november december',
+           date='{d} {month} {y}',
+    types=_by_type('Verordening', 'Richtlijn', 'Besluit', 'Aanbeveling'), no='nr.', com=('EEG', 'EG', 'EU'),
+    This=_by_type('Deze verordening', 'Deze richtlijn', 'Dit besluit', 'Deze aanbeveling'),
+    of_this=_by_type('van deze verordening', 'van deze richtlijn', 'van dit besluit', 'van deze aanbeveling'),
+    authors=('van het Europees Parlement en de Raad', 'van de Commissie'),
+           title='{ref} {author}|van {date}|betreffende {topic}',
+    init=('HET EUROPEES PARLEMENT EN DE RAAD VAN DE EUROPESE UNIE,', 'DE EUROPESE COMMISSIE,'),
+    visas=('Gezien het Verdrag betreffende de werking van de Europese Unie, en met name artikel {n},',
+           'Gezien het voorstel van de Europese Commissie,',
+           'Gezien het advies van het Europees Economisch en Sociaal Comité{note},'),
+    whereas='Overwegende hetgeen volgt:',
+    recitals=('Het is noodzakelijk geharmoniseerde voorschriften betreffende {topic} vast te stellen om de goede '
+              'werking van de interne markt en een hoog beschermingsniveau voor de betrokken personen te waarborgen.',
+              'Verschillen tussen de nationale voorschriften van de lidstaten betreffende {topic} belemmeren het vrije '
+              'verkeer van goederen en diensten in de Unie.',
+              'Daar de doelstellingen {of_this} niet voldoende door de lidstaten kunnen worden verwezenlijkt, maar '
+              'beter door de Unie kunnen worden verwezenlijkt, kan de Unie, overeenkomstig het in artikel 5 van het '
+              'Verdrag betreffende de Europese Unie neergelegde subsidiariteitsbeginsel, maatregelen nemen.',
+              'Om eenvormige voorwaarden voor de uitvoering {of_this} te waarborgen, moeten aan de Commissie '
+              'uitvoeringsbevoegdheden worden toegekend. Die bevoegdheden moeten worden uitgeoefend in overeenstemming '
+              'met Verordening (EU) nr. 182/2011 van het Europees Parlement en de Raad{note}.',
+              'Met het oog op de rechtszekerheid moet de marktdeelnemers een overgangsperiode van {months} maanden '
+              'worden geboden om zich aan de nieuwe voorschriften aan te passen.',
+              'De bepalingen {of_this} eerbiedigen de grondrechten en nemen de beginselen in acht die met name in het '
+              'Handvest van de grondrechten van de Europese Unie zijn erkend.'),
+    adopted=_by_type('HEBBEN DE VOLGENDE VERORDENING VASTGESTELD:', 'HEBBEN DE VOLGENDE RICHTLIJN VASTGESTELD:',
+                     'HEEFT HET VOLGENDE BESLUIT VASTGESTELD:', 'HEEFT DE VOLGENDE AANBEVELING VASTGESTELD:'),
+    article='Artikel {n}',
+    sentences=('{This} stelt voorschriften vast betreffende {topic}.',
+               'De lidstaten wijzen een of meer bevoegde autoriteiten aan die verantwoordelijk zijn voor de toepassing '
+               '{of_this} en stellen de Commissie daarvan uiterlijk op {date} in kennis.',
+               'De bevoegde autoriteiten werken nauw samen en wisselen alle informatie uit die nodig is voor de '
+               'uitvoering van hun taken voor de toepassing {of_this}.',
+               'De marktdeelnemers bewaren gedurende ten minste {years} jaar een register van de genomen maatregelen '
+               'en stellen dit op verzoek ter beschikking van de bevoegde autoriteiten.',
+               'Uiterlijk op {date} en vervolgens om de {years} jaar dient de Commissie bij het Europees Parlement en '
+               'de Raad een verslag in over de toepassing {of_this}.',
+               'Voor de toepassing {of_this} wordt onder [[marktdeelnemer]] verstaan: iedere natuurlijke of '
+               'rechtspersoon die een activiteit verricht binnen het toepassingsgebied {of_this}.',
+               'De lidstaten stellen de regels vast inzake sancties die van toepassing zijn op inbreuken op de '
+               'bepalingen {of_this} en treffen alle nodige maatregelen om ervoor te zorgen dat zij worden toegepast. '
+               'De vastgestelde sancties moeten doeltreffend, evenredig en afschrikkend zijn.'),
+    entry='{This} treedt in werking op de twintigste dag na die van de bekendmaking ervan in het Publicatieblad van de '
+          'Europese Unie.',
+    binding='Deze verordening is verbindend in al haar onderdelen en is rechtstreeks toepasselijk in elke lidstaat.',
+           addressed='{This} is gericht tot de lidstaten.',
+    done='Gedaan te {place}, {date}.', places=('Brussel', 'Straatsburg', 'Luxemburg'),
+    signatories=('Voor het Europees Parlement', 'Voor de Raad', 'Voor de Commissie'), president='De voorzitter',
+    annex='BIJLAGE', annex_title='Overeenkomstig artikel {n} te verstrekken informatie', quotes=('2018', '2019'),
+    table=('Punt', 'Vereiste informatie', 'Termijn'),
+    rows=('Naam en adres van de marktdeelnemer', 'Beschrijving van de betrokken activiteit',
+          'Maatregelen die zijn genomen om de naleving te waarborgen', 'Contactpunt voor de bevoegde autoriteiten'),
+    note='PB C {no} van {day}.{mon}.{y}, blz. {page}.'),
+'pl': dict(
+    months='stycznia lutego marca kwietnia maja czerwca lipca sierpnia września października listopada grudnia',
+           date='{d} {month} {y} r.',
+    types=_by_type('Rozporządzenie', 'Dyrektywa', 'Decyzja', 'Zalecenie'), no='nr', com=('EWG', 'WE', 'UE'),
+    This=_by_type('Niniejsze rozporządzenie', 'Niniejsza dyrektywa', 'Niniejsza decyzja', 'Niniejsze zalecenie'),
+    of_this=_by_type('niniejszego rozporządzenia', 'niniejszej dyrektywy', 'niniejszej decyzji',
+                     'niniejszego zalecenia'),
+    authors=('Parlamentu Europejskiego i Rady', 'Komisji'), title='{ref} {author}|z dnia {date}|w sprawie {topic}',
+    init=('PARLAMENT EUROPEJSKI I RADA UNII EUROPEJSKIEJ,', 'KOMISJA EUROPEJSKA,'),
+    visas=('uwzględniając Traktat o funkcjonowaniu Unii Europejskiej, w szczególności jego art. {n},',
+           'uwzględniając wniosek Komisji Europejskiej,',
+           'uwzględniając opinię Europejskiego Komitetu Ekonomiczno-Społecznego{note},'),
+    whereas='a także mając na uwadze, co następuje:',
+    recitals=('Konieczne jest ustanowienie zharmonizowanych przepisów w sprawie {topic} w celu zapewnienia '
+              'prawidłowego funkcjonowania rynku wewnętrznego i wysokiego poziomu ochrony zainteresowanych osób.',
+              'Rozbieżności między przepisami krajowymi państw członkowskich w sprawie {topic} utrudniają swobodny '
+              'przepływ towarów i usług w Unii.',
+              'Ponieważ cele {of_this} nie mogą zostać osiągnięte w sposób wystarczający przez państwa członkowskie, '
+              'natomiast możliwe jest ich lepsze osiągnięcie na poziomie Unii, może ona podjąć działania zgodnie z '
+              'zasadą pomocniczości określoną w art. 5 Traktatu o Unii Europejskiej.',
+              'W celu zapewnienia jednolitych warunków wykonywania {of_this} należy powierzyć Komisji uprawnienia '
+              'wykonawcze. Uprawnienia te powinny być wykonywane zgodnie z rozporządzeniem Parlamentu Europejskiego i '
+              'Rady (UE) nr 182/2011{note}.',
+              'Ze względu na pewność prawa podmiotom gospodarczym należy przyznać okres przejściowy wynoszący {months} '
+              'miesięcy na dostosowanie się do nowych przepisów.',
+              'Przepisy {of_this} są zgodne z prawami podstawowymi i zasadami uznanymi w szczególności w Karcie praw '
+              'podstawowych Unii Europejskiej.'),
+    adopted=_by_type('PRZYJMUJĄ NINIEJSZE ROZPORZĄDZENIE:', 'PRZYJMUJĄ NINIEJSZĄ DYREKTYWĘ:',
+                     'PRZYJMUJE NINIEJSZĄ DECYZJĘ:', 'PRZYJMUJE NINIEJSZE ZALECENIE:'),
+    article='Artykuł {n}',
+    sentences=('{This} ustanawia przepisy w sprawie {topic}.',
+               'Państwa członkowskie wyznaczają co najmniej jeden właściwy organ odpowiedzialny za stosowanie '
+               '{of_this} i powiadamiają o tym Komisję do dnia {date}.',
+               'Właściwe organy ściśle współpracują i wymieniają wszelkie informacje niezbędne do wykonywania ich '
+               'zadań do celów {of_this}.',
+               'Podmioty gospodarcze przechowują dokumentację dotyczącą podjętych środków przez okres co najmniej '
+               '{years} lat i udostępniają ją właściwym organom na ich wniosek.',
+               'Do dnia {date}, a następnie co {years} lat, Komisja przedkłada Parlamentowi Europejskiemu i Radzie '
+               'sprawozdanie ze stosowania {of_this}.',
+               'Do celów {of_this} [[podmiot gospodarczy]] oznacza każdą osobę fizyczną lub prawną prowadzącą '
+               'działalność objętą zakresem {of_this}.',
+               'Państwa członkowskie ustanawiają przepisy dotyczące sankcji mających zastosowanie w przypadku naruszeń '
+               '{of_this} i podejmują wszelkie niezbędne środki w celu zapewnienia ich wykonywania. Przewidziane '
+               'sankcje muszą być skuteczne, proporcjonalne i odstraszające.'),
+    entry='{This} wchodzi w życie dwudziestego dnia po opublikowaniu w Dzienniku Urzędowym Unii Europejskiej.',
+    binding='Niniejsze rozporządzenie wiąże w całości i jest bezpośrednio stosowane we wszystkich państwach '
+            'członkowskich.', addressed='Adresatami {of_this} są państwa członkowskie.',
+    done='Sporządzono w {place} dnia {date}.', places=('Brukseli', 'Strasburgu', 'Luksemburgu'),
+    signatories=('W imieniu Parlamentu Europejskiego', 'W imieniu Rady', 'W imieniu Komisji'),
+           president='Przewodniczący',
+    annex='ZAŁĄCZNIK', annex_title='Informacje, które należy przekazać zgodnie z art. {n}', quotes=('201E', '201D'),
+    table=('Pozycja', 'Wymagane informacje', 'Termin'),
+    rows=('Nazwa i adres podmiotu gospodarczego', 'Opis danej działalności',
+          'Środki podjęte w celu zapewnienia zgodności', 'Punkt kontaktowy dla właściwych organów'),
+    note='Dz.U. C {no} z {day}.{mon}.{y}, s. {page}.'),
+'sv': dict(
+    months='januari februari mars april maj juni juli augusti september oktober november december',
+           date='{d} {month} {y}',
+    types=_by_type('Förordning', 'Direktiv', 'Beslut', 'Rekommendation'), no='nr', com=('EEG', 'EG', 'EU'),
+    This=_by_type('Denna förordning', 'Detta direktiv', 'Detta beslut', 'Denna rekommendation'),
+    of_this=_by_type('av denna förordning', 'av detta direktiv', 'av detta beslut', 'av denna rekommendation'),
+    authors=('av Europaparlamentet och rådet', 'av kommissionen'), title='{ref} {author}|av den {date}|om {topic}',
+    init=('EUROPAPARLAMENTET OCH EUROPEISKA UNIONENS RÅD HAR ANTAGIT DENNA RÄTTSAKT', 'EUROPEISKA KOMMISSIONEN HAR '
+          'ANTAGIT DENNA RÄTTSAKT'),
+    visas=('med beaktande av fördraget om Europeiska unionens funktionssätt, särskilt artikel {n},',
+           'med beaktande av Europeiska kommissionens förslag,',
+           'med beaktande av Europeiska ekonomiska och sociala kommitténs yttrande{note},'),
+    whereas='av följande skäl:',
+    recitals=('Det är nödvändigt att fastställa harmoniserade bestämmelser om {topic} för att säkerställa en väl '
+              'fungerande inre marknad och en hög skyddsnivå för de berörda personerna.',
+              'Skillnader mellan medlemsstaternas nationella bestämmelser om {topic} hindrar den fria rörligheten för '
+              'varor och tjänster inom unionen.',
+              'Eftersom målet med antagandet {of_this} inte i tillräcklig utsträckning kan uppnås av medlemsstaterna '
+              'utan snarare kan uppnås bättre på unionsnivå, kan unionen vidta åtgärder i enlighet med '
+              'subsidiaritetsprincipen i artikel 5 i fördraget om Europeiska unionen.',
+              'För att säkerställa enhetliga villkor för genomförandet {of_this} bör kommissionen ges '
+              'genomförandebefogenheter. Dessa befogenheter bör utövas i enlighet med Europaparlamentets och rådets '
+              'förordning (EU) nr 182/2011{note}.',
+              'Av rättssäkerhetsskäl bör aktörerna ges en övergångsperiod på {months} månader för att anpassa sig till '
+              'de nya bestämmelserna.',
+              'Vid tillämpningen {of_this} respekteras de grundläggande rättigheter och principer som erkänns särskilt '
+              'i Europeiska unionens stadga om de grundläggande rättigheterna.'),
+    adopted=_by_type('HÄRIGENOM FÖRESKRIVS FÖLJANDE.', 'HÄRIGENOM FÖRESKRIVS FÖLJANDE.',
+                     'HÄRIGENOM FÖRESKRIVS FÖLJANDE.', 'HÄRIGENOM REKOMMENDERAS FÖLJANDE.'),
+    article='Artikel {n}',
+    sentences=('{This} fastställer bestämmelser om {topic}.',
+               'Medlemsstaterna ska utse en eller flera behöriga myndigheter med ansvar för tillämpningen {of_this} '
+               'och underrätta kommissionen om detta senast den {date}.',
+               'De behöriga myndigheterna ska samarbeta nära och utbyta all information som behövs för att de ska '
+               'kunna utföra sina uppgifter vid tillämpningen {of_this}.',
+               'Aktörerna ska bevara uppgifter om de vidtagna åtgärderna i minst {years} år och på begäran göra dem '
+               'tillgängliga för de behöriga myndigheterna.',
+               'Senast den {date} och därefter vart {years}:e år ska kommissionen lägga fram en rapport om '
+               'tillämpningen {of_this} för Europaparlamentet och rådet.',
+               'Vid tillämpningen {of_this} avses med [[aktör]] varje fysisk eller juridisk person som bedriver '
+               'verksamhet inom tillämpningsområdet {of_this}.',
+               'Medlemsstaterna ska fastställa regler om sanktioner för överträdelser {of_this} och vidta alla '
+               'nödvändiga åtgärder för att säkerställa att de tillämpas. Sanktionerna ska vara effektiva, '
+               'proportionella och avskräckande.'),
+    entry='{This} träder i kraft den tjugonde dagen efter det att den har offentliggjorts i Europeiska unionens '
+          'officiella tidning.',
+    binding='Denna förordning är till alla delar bindande och direkt tillämplig i alla medlemsstater.',
+           addressed='{This} riktar sig till medlemsstaterna.',
+    done='Utfärdad i {place} den {date}.', places=('Bryssel', 'Strasbourg', 'Luxemburg'),
+    signatories=('På Europaparlamentets vägnar', 'På rådets vägnar', 'På kommissionens vägnar'),
+           president='Ordförande',
+    annex='BILAGA', annex_title='Uppgifter som ska lämnas enligt artikel {n}', quotes=('201D', '201D'),
+    table=('Punkt', 'Uppgifter som krävs', 'Tidsfrist'),
+    rows=('Aktörens namn och adress', 'Beskrivning av den berörda verksamheten',
+          'Åtgärder som vidtagits för att säkerställa efterlevnad', 'Kontaktpunkt för de behöriga myndigheterna'),
+    note='EUT C {no}, {day}.{mon}.{y}, s. {page}.'),
+'cs': dict(
+    months='ledna února března dubna května června července srpna září října listopadu prosince',
+           date='{d}. {month} {y}',
+    types=_by_type('Nařízení', 'Směrnice', 'Rozhodnutí', 'Doporučení'), no='č.', com=('EHS', 'ES', 'EU'),
+    This=_by_type('Toto nařízení', 'Tato směrnice', 'Toto rozhodnutí', 'Toto doporučení'),
+    of_this=_by_type('tohoto nařízení', 'této směrnice', 'tohoto rozhodnutí', 'tohoto doporučení'),
+    authors=('Evropského parlamentu a Rady', 'Komise'), title='{ref} {author}|ze dne {date}|v oblasti {topic}',
+    init=('EVROPSKÝ PARLAMENT A RADA EVROPSKÉ UNIE,', 'EVROPSKÁ KOMISE,'),
+    visas=('s ohledem na Smlouvu o fungování Evropské unie, a zejména na článek {n} této smlouvy,',
+           's ohledem na návrh Evropské komise,',
+           's ohledem na stanovisko Evropského hospodářského a sociálního výboru{note},'),
+    whereas='vzhledem k těmto důvodům:',
+    recitals=('Je nezbytné stanovit harmonizovaná pravidla v oblasti {topic}, aby bylo zajištěno řádné fungování '
+              'vnitřního trhu a vysoká úroveň ochrany dotčených osob.',
+              'Rozdíly mezi vnitrostátními předpisy členských států v oblasti {topic} vytvářejí překážky volného '
+              'pohybu zboží a služeb v Unii.',
+              'Jelikož cílů {of_this} nemůže být dosaženo uspokojivě členskými státy, ale může jich být lépe dosaženo '
+              'na úrovni Unie, může Unie přijmout opatření v souladu se zásadou subsidiarity stanovenou v článku 5 '
+              'Smlouvy o Evropské unii.',
+              'K zajištění jednotných podmínek k provedení {of_this} by měly být Komisi svěřeny prováděcí pravomoci. '
+              'Tyto pravomoci by měly být vykonávány v souladu s nařízením Evropského parlamentu a Rady (EU) č. '
+              '182/2011{note}.',
+              'V zájmu právní jistoty by měla být hospodářským subjektům poskytnuta přechodná lhůta {months} měsíců na '
+              'přizpůsobení se novým pravidlům.',
+              'Ustanovení {of_this} respektují základní práva a dodržují zásady uznané zejména Listinou základních '
+              'práv Evropské unie.'),
+    adopted=_by_type('PŘIJALY TOTO NAŘÍZENÍ:', 'PŘIJALY TUTO SMĚRNICI:', 'PŘIJALA TOTO ROZHODNUTÍ:',
+                     'PŘIJALA TOTO DOPORUČENÍ:'),
+    article='Článek {n}',
+    sentences=('{This} stanoví pravidla v oblasti {topic}.',
+               'Členské státy určí jeden nebo více příslušných orgánů odpovědných za uplatňování {of_this} a oznámí je '
+               'Komisi do {date}.',
+               'Příslušné orgány úzce spolupracují a vyměňují si veškeré informace nezbytné pro plnění svých úkolů pro '
+               'účely {of_this}.',
+               'Hospodářské subjekty uchovávají záznamy o přijatých opatřeních po dobu nejméně {years} let a na '
+               'požádání je zpřístupní příslušným orgánům.',
+               'Do {date} a poté každých {years} let předloží Komise Evropskému parlamentu a Radě zprávu o uplatňování '
+               '{of_this}.',
+               'Pro účely {of_this} se [[hospodářským subjektem]] rozumí jakákoli fyzická nebo právnická osoba '
+               'vykonávající činnost spadající do oblasti působnosti {of_this}.',
+               'Členské státy stanoví sankce za porušení {of_this} a přijmou veškerá nezbytná opatření k zajištění '
+               'jejich uplatňování. Stanovené sankce musí být účinné, přiměřené a odrazující.'),
+    entry='{This} vstupuje v platnost dvacátým dnem po vyhlášení v Úředním věstníku Evropské unie.',
+    binding='Toto nařízení je závazné v celém rozsahu a přímo použitelné ve všech členských státech.',
+           addressed='Adresáty {of_this} jsou členské státy.',
+    done='V {place} dne {date}.', places=('Bruselu', 'Štrasburku', 'Lucemburku'),
+    signatories=('Za Evropský parlament', 'Za Radu', 'Za Komisi'), president='předseda',
+    annex='PŘÍLOHA', annex_title='Informace, které mají být poskytnuty podle článku {n}', quotes=('201E', '201C'),
+    table=('Bod', 'Požadované informace', 'Lhůta'),
+    rows=('Název a adresa hospodářského subjektu', 'Popis dotčené činnosti', 'Opatření přijatá k zajištění souladu',
+          'Kontaktní místo pro příslušné orgány'),
+    note='Úř. věst. C {no}, {day}.{mon}.{y}, s. {page}.'),
 }
-SAMPLE_LANG_WEIGHTS = {'en': 30, 'de': 18, 'fr': 18, 'it': 14, 'es': 10,
-                       'pt': 10}  # share of publications; es and pt are the small ones
+SAMPLE_LANG_WEIGHTS = {'en': 30, 'de': 18, 'fr': 18, 'it': 14, 'es': 10, 'pt': 10, 'nl': 8, 'pl': 8,
+                       'sv': 5, 'cs': 5}  # share of publications; pt, es and the last four are the small ones
 
 # %% ../nbs/00_sources.ipynb #8382fa1d
 @dataclass
