@@ -1,5 +1,5 @@
 """Crash safety of the trainer: a training process killed with SIGKILL at a random step and resumed ends with
-exactly the weights of a run that never stopped (CPU), and a crash in the middle of writing a checkpoint leaves
+exactly the weights of a run that never stopped (CPU, every architecture), and a crash in the middle of writing a checkpoint leaves
 the previous checkpoint loadable."""
 import json, os, random, signal, subprocess, sys, time
 from pathlib import Path
@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ENV, make_split, tree
+from conftest import ARCHITECTURES, ENV, make_split, shape, tree
 from legalnb.train import find_checkpoint, list_checkpoints, load_checkpoint, checkpoint_step, read_metrics
 
 STEPS = 12
 
-def train_cmd(split_dir: Path, out: Path, *extra: str) -> list[str]:
+def train_cmd(split_dir: Path, out: Path, *extra: str, model: str = 'resonance') -> list[str]:
     return [sys.executable, '-m', 'legalnb.cli', 'train', '--data', str(split_dir), '--out', str(out),
-            '--dim', '16', '--num-layers', '1', '--num-frequencies', '4', '--batch-size', '4', '--grad-accum', '2',
+            *shape(model), '--batch-size', '4', '--grad-accum', '2',
             '--max-steps', str(STEPS), '--warmup-steps', '2', '--lr', '3e-3', '--save-every', '3', '--keep', '2',
             '--eval-every', '6', '--eval-batches', '2', '--log-every', '1', '--num-workers', '0', '--seed', '7', *extra]
 
@@ -23,12 +23,20 @@ def final_weights(out: Path) -> dict:
     return torch.load(out/'checkpoints'/f'step-{STEPS:08d}'/'model.pt')
 
 @pytest.fixture(scope='module')
-def reference(tmp_path_factory):
-    "A split and the final weights of an uninterrupted run on it."
-    root = tmp_path_factory.mktemp('resume')
+def references(tmp_path_factory):
+    "`get(model)`: a split and the final weights and metrics of an uninterrupted run of `model` on it (made once)."
+    root, made = tmp_path_factory.mktemp('resume'), {}
     split_dir = make_split(root)
-    subprocess.run(train_cmd(split_dir, root/'straight'), check=True, env=ENV, capture_output=True)
-    return split_dir, final_weights(root/'straight'), read_metrics(root/'straight'/'metrics.jsonl')
+    def get(model: str):
+        if model not in made:
+            out = root/model/'straight'
+            subprocess.run(train_cmd(split_dir, out, model=model), check=True, env=ENV, capture_output=True)
+            made[model] = split_dir, final_weights(out), read_metrics(out/'metrics.jsonl')
+        return made[model]
+    return get
+
+@pytest.fixture(scope='module')
+def reference(references): return references('resonance')
 
 def wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout=120):
     "Block until the metrics file records `step` (or the process ends)."
@@ -37,17 +45,18 @@ def wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout=120)
         if metrics.exists() and any(r['step'] >= step for r in read_metrics(metrics)): return
         time.sleep(0.02)
 
-def test_kill_9_at_a_random_step_then_resume_is_bit_exact(reference, tmp_path):
-    split_dir, want, want_metrics = reference
+@pytest.mark.parametrize('model', ARCHITECTURES)
+def test_kill_9_at_a_random_step_then_resume_is_bit_exact(model, references, tmp_path):
+    split_dir, want, want_metrics = references(model)
     kill_at = random.Random().randint(4, STEPS - 2)
     out = tmp_path/'killed'
-    proc = subprocess.Popen(train_cmd(split_dir, out), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(train_cmd(split_dir, out, model=model), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_step(out/'metrics.jsonl', kill_at, proc)
     proc.send_signal(signal.SIGKILL); proc.wait()
     assert proc.returncode == -signal.SIGKILL, f'the run ended before the kill at step {kill_at}'
     resumed_from = checkpoint_step(find_checkpoint(out))
     assert 3 <= resumed_from < STEPS, f'killed at step {kill_at}: expected a checkpoint before the end'
-    subprocess.run(train_cmd(split_dir, out, '--resume'), check=True, env=ENV, capture_output=True)
+    subprocess.run(train_cmd(split_dir, out, '--resume', model=model), check=True, env=ENV, capture_output=True)
     got = final_weights(out)
     assert got.keys() == want.keys()
     for k in want: assert torch.equal(got[k], want[k]), f'{k} differs after kill at step {kill_at}, resume from {resumed_from}'

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, make_split, tree
+from conftest import ARCHITECTURES, ROOT, make_split, shape, tree
 from legalnb.cli import main
 from legalnb.core import LegalnbError
 from legalnb.train import (TrainConfig, lr_at, config_from_args, save_checkpoint, list_checkpoints, checkpoint_step,
@@ -18,8 +18,9 @@ def restore_threads():
     "train(cpu_threads=1) sets torch's threads for the process: give the next test file back what it had."
     n = torch.get_num_threads(); yield; torch.set_num_threads(n)
 
-TINY = ['--dim', '16', '--num-layers', '1', '--num-frequencies', '4', '--batch-size', '4', '--warmup-steps', '1',
-        '--eval-batches', '1', '--num-workers', '0', '--log-every', '1', '--lr', '3e-3', '--cpu-threads', '1']
+RUN = ['--batch-size', '4', '--warmup-steps', '1', '--eval-batches', '1', '--num-workers', '0', '--log-every', '1',
+       '--lr', '3e-3', '--cpu-threads', '1']
+TINY = ['--dim', '16', '--num-layers', '1', '--num-frequencies', '4', *RUN]
 
 def run(capsys, *argv) -> tuple[int, str, str]:
     rc = main(['train', *map(str, argv)])
@@ -73,12 +74,15 @@ def test_bad_input_from_a_real_process_has_no_traceback(tmp_path):
                        capture_output=True, text=True, env={**os.environ, 'PYTHONPATH': str(ROOT)})
     assert p.returncode == 2 and 'Traceback' not in p.stderr and 'nowhere: no such folder' in one_line(p.stderr)
 
-def test_nan_loss_stops_and_leaves_the_last_good_checkpoint(split_dir, tmp_path, capsys):
-    # lr 1e3 with a 50-step warm-up: steps 1 and 2 are finite, step 3 is not (the same run, resumed, gets there)
-    out, wild = tmp_path/'run', ('--lr', '1e3', '--warmup-steps', '50', '--grad-clip', '0', '--save-every', '2')
-    assert run(capsys, '--data', split_dir, '--out', out, '--max-steps', 2, *TINY, *wild)[0] == 0
+@pytest.mark.parametrize('model', ARCHITECTURES)
+def test_nan_loss_stops_and_leaves_the_last_good_checkpoint(model, split_dir, tmp_path, capsys):
+    # a huge lr with a 50-step warm-up: steps 1 and 2 are finite, a later one is not (the same run, resumed, gets there)
+    out, wild = tmp_path/'run', ('--lr', '1e3' if model == 'resonance' else '1e5', '--warmup-steps', '50',
+                                 '--grad-clip', '0', '--save-every', '2')
+    tiny = [*shape(model), *RUN]
+    assert run(capsys, '--data', split_dir, '--out', out, '--max-steps', 2, *tiny, *wild)[0] == 0
     good = find_checkpoint(out); before = tree(good)
-    rc, _, err = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 40, *TINY, *wild, '--resume')
+    rc, _, err = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 40, *tiny, *wild, '--resume')
     msg = one_line(err)
     assert rc == 2 and 'training stopped' in msg and 'step-00000002 is untouched' in msg, msg
     assert find_checkpoint(out) == good and tree(good) == before
@@ -236,3 +240,68 @@ def test_a_failed_run_leaves_no_new_folder(split_dir, tmp_path, capsys):
     rc, _, err = run(capsys, '--data', split_dir, '--out', tmp_path/'r2', '--max-steps', 4, *TINY, '--lr', '1e4',
                      '--warmup-steps', '100', '--grad-clip', '0')
     assert rc == 2 and 'No checkpoint was written yet' in one_line(err) and not (tmp_path/'r2').exists()
+
+# ---------------------------------------------------------------- any architecture of the registry
+def test_model_gpt_from_the_command_line(split_dir, tmp_path, capsys):
+    rc, out, _ = run(capsys, '--data', split_dir, '--out', tmp_path/'run', '--max-steps', 2, *shape('gpt'), *RUN)
+    assert rc == 0 and "train a 'small' gpt model (num heads 2, dim 16, num layers 1)" in out and 'done: 2 steps' in out
+    from legalnb.models import load_model
+    m = load_model(tmp_path/'run'/'model')
+    assert type(m).__name__ == 'GPTLanguageModel' and (m.config.dim, m.config.num_heads, m.config.max_seq_len) == (16, 2, 16)
+    ck = json.loads((tmp_path/'run'/'checkpoints'/'step-00000002'/'config.json').read_text())
+    assert ck['config']['model'] == 'gpt' and ck['config']['model_overrides'] == {'num_heads': 2, 'dim': 16, 'num_layers': 1}
+
+def test_a_shape_flag_the_model_lacks_is_one_line(split_dir, tmp_path, capsys):
+    rc, _, err = run(capsys, '--data', split_dir, '--out', tmp_path/'run', '--model', 'gpt', '--num-frequencies', '4')
+    assert rc == 2 and "--num-frequencies: model 'gpt' has no field num_frequencies (its fields: vocab_size, dim" in one_line(err)
+    rc, _, err = run(capsys, '--data', split_dir, '--out', tmp_path/'run', '--model', 'mamba')
+    assert rc == 2 and "--model must be one of resonance, gpt, got 'mamba'" in one_line(err)
+    rc, _, err = run(capsys, '--data', split_dir, '--out', tmp_path/'run', '--model-overrides', 'num_heads')
+    assert rc == 2 and 'expected FIELD=VALUE such as num_heads=4' in one_line(err)
+    rc, _, err = run(capsys, '--data', split_dir, '--out', tmp_path/'run', '--model', 'gpt', '--model-overrides', 'num_heads=x')
+    assert rc == 2 and "--model-overrides: num_heads: expected a number, got 'x'" in one_line(err)
+    assert not (tmp_path/'run').exists()
+
+def test_a_checkpoint_from_before_the_registry_resumes(split_dir, tmp_path, capsys):
+    "config.json of older checkpoints: no model (resonance), the shape as dim/num_layers/num_frequencies keys."
+    out = tmp_path/'run'
+    assert run(capsys, '--data', split_dir, '--out', out, '--max-steps', 2, *TINY)[0] == 0
+    meta_path = out/'checkpoints'/'step-00000002'/'config.json'
+    meta = json.loads(meta_path.read_text())
+    cfg = {k: v for k, v in meta['config'].items() if k not in ('model', 'model_overrides', 'strategy')}
+    meta_path.write_text(json.dumps({**meta, 'config': {**cfg, 'dim': 16, 'num_layers': 1, 'num_frequencies': 4}}))
+    rc, text, _ = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 3, *TINY, '--resume')
+    assert rc == 0 and 'done: 1 steps' in text
+    rc, _, err = run(capsys, '--data', split_dir, '--out', out, '--max-steps', 4, *shape('gpt'), *RUN, '--resume')
+    assert rc == 2 and 'checkpoint is from another model' in one_line(err)
+
+def test_a_model_registered_here_trains_with_the_same_trainer(split_dir, tmp_path):
+    "One registry line makes a new architecture trainable: the toy of tests/test_models.py, here through train()."
+    from test_models import ToyConfig, ToyModel
+    from legalnb.models import MODELS, ModelSpec, register, load_model
+    from legalnb.train import train
+    register(ModelSpec('toy', 'a causal convolution', ToyConfig, ToyModel, {'tiny': {'dim': 8}}, lambda n, p: p.ndim < 2))
+    try:
+        cfg = TrainConfig(data=str(split_dir), out=str(tmp_path/'run'), model='toy', size='tiny', dim=12,
+                          model_overrides={'kernel': 2}, max_steps=4, batch_size=4, warmup_steps=1, lr=1e-2,
+                          num_workers=0, eval_batches=1, progress=False, cpu_threads=1)
+        s = train(cfg)
+        m = load_model(tmp_path/'run'/'model')
+        assert type(m) is ToyModel and (m.config.dim, m.config.kernel) == (12, 2) and s['params'] == m.num_params()
+        with pytest.raises(LegalnbError, match="TrainConfig.num_frequencies: model 'toy' has no field num_frequencies"):
+            TrainConfig(model='toy', size='tiny', num_frequencies=2)
+    finally: del MODELS['toy']
+
+def test_batches_with_document_starts_reach_models_that_take_them():
+    from legalnb.models import get_model
+    from legalnb.train import evaluate, Dist
+    g = get_model('gpt')
+    torch.manual_seed(0)
+    m = g.build(g.config('small', 32, 8, dim=16, num_layers=1, num_heads=2)).eval()
+    x, y = torch.randint(0, 32, (2, 8)), torch.randint(0, 32, (2, 8))
+    starts = torch.zeros(2, 8, dtype=torch.bool); starts[:, 0] = starts[:, 5] = True
+    with torch.no_grad(): masked, plain = m(x, y, doc_starts=starts)[1].item(), m(x, y)[1].item()
+    assert masked != plain
+    assert evaluate(m, [(x, y, starts)], Dist(), 'fp32', 1) == pytest.approx(masked)
+    assert evaluate(m, [dict(input_ids=x, targets=y, doc_starts=starts)], Dist(), 'fp32', 1) == pytest.approx(masked)
+    assert evaluate(m, [(x, y)], Dist(), 'fp32', 1) == pytest.approx(plain)
