@@ -24,7 +24,7 @@ def _resolve(ref: Any) -> Any:
     except (ImportError, AttributeError) as e:
         raise LegalnbError(f'model registry: cannot import {ref!r} ({e}); expected "package.module:Name"') from None
 
-_LAZY = ('config_class', 'model_class', 'sizes')
+_LAZY = ('config_class', 'model_class', 'sizes', 'hf_export')
 
 @dataclass(eq=False, repr=False)
 class ModelSpec:
@@ -35,6 +35,7 @@ class ModelSpec:
     model_class: type | str             # the nn.Module built from a config, or 'module:Name'
     sizes: dict | str                   # named shapes {'small': {'dim': 768, ...}, ...}, or 'module:NAME'
     no_decay: Callable[[str, Any], bool]  # (parameter name, parameter) -> True if AdamW must not decay it
+    hf_export: Callable | str | None = None  # (model, folder, eos_id) -> files: write a transformers folder (export)
 
     def __getattribute__(self, name: str):
         value = object.__getattribute__(self, name)   # entries given as 'module:Name' resolve when first read
@@ -98,9 +99,10 @@ def gpt_no_decay(name: str, param) -> bool:
 MODELS: dict[str, ModelSpec] = {
     'resonance': ModelSpec('resonance', 'ResonanceNet: causal FFT mixing with damped resonance filters, O(L log L)',
                            'legalnb.resonance:ResonanceConfig', 'legalnb.resonance:ResonanceLanguageModel',
-                           'legalnb.resonance:MODEL_SIZES', resonance_no_decay),
+                           'legalnb.resonance:MODEL_SIZES', resonance_no_decay, 'legalnb.export:export_resonance'),
     'gpt': ModelSpec('gpt', 'Transformer baseline: pre-norm, RoPE, SwiGLU, attention within each document',
-                     'legalnb.gpt:GPTConfig', 'legalnb.gpt:GPTLanguageModel', 'legalnb.gpt:MODEL_SIZES', gpt_no_decay),
+                     'legalnb.gpt:GPTConfig', 'legalnb.gpt:GPTLanguageModel', 'legalnb.gpt:MODEL_SIZES', gpt_no_decay,
+                     'legalnb.export:export_gpt'),
 }
 
 def get_model(name: str) -> ModelSpec:

@@ -1,0 +1,155 @@
+"""legalnb export: the folder loads with transformers alone (a subprocess that cannot import legalnb), with legalnb's
+logits and greedy tokens; the GPT baseline as a plain Llama; lm-evaluation-harness scores the export; bad input."""
+import json, os, subprocess, sys, sysconfig, textwrap
+
+import pytest
+import torch
+
+from legalnb.core import LegalnbError
+from legalnb.corpus import train_tokenizer
+from legalnb.export import EXPORT_FILES, export_main, export_model
+from legalnb.gpt import GPTConfig, GPTLanguageModel
+from legalnb.hf import legal_sentences
+from legalnb.resonance import ResonanceConfig, ResonanceLanguageModel
+
+pytest.importorskip('transformers')
+
+
+@pytest.fixture(scope='module')
+def tok():
+    return train_tokenizer(legal_sentences(300), 300)
+
+
+def native(folder, model, tok):
+    "A model folder as `legalnb train` leaves it: model.save() plus the tokenizer beside it."
+    model.save(folder); tok.save(str(folder/'tokenizer.json'))
+    return folder
+
+
+def resonance(**kw):
+    torch.manual_seed(0)
+    return ResonanceLanguageModel(ResonanceConfig(**{**dict(vocab_size=300, dim=32, num_layers=2, num_frequencies=8,
+                                                           max_seq_len=200, init_std=0.2), **kw})).eval()
+
+
+def without_legalnb(tmp_path, code: str) -> dict:
+    "Run `code` in a fresh interpreter that sees site-packages but not legalnb (no .pth files, no PYTHONPATH, no cwd)."
+    site = sysconfig.get_paths()['purelib']
+    prelude = textwrap.dedent(f'''
+        import sys, importlib.util
+        sys.path.append({site!r})          # the packages, without running their .pth files (legalnb's editable finder)
+        assert importlib.util.find_spec('legalnb') is None, 'legalnb is importable'
+        try: import legalnb
+        except ImportError: pass
+        else: raise SystemExit('legalnb imported')
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        ''')
+    run_dir = tmp_path/'isolated'; run_dir.mkdir(exist_ok=True)
+    env = {'PATH': os.environ.get('PATH', ''), 'HF_HOME': str(tmp_path/'hf-home'), 'HF_HUB_OFFLINE': '1',
+           'TRANSFORMERS_OFFLINE': '1', 'OMP_NUM_THREADS': '1'}
+    r = subprocess.run([sys.executable, '-I', '-S', '-c', prelude + textwrap.dedent(code)], cwd=run_dir, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return torch.load(run_dir/'result.pt')
+
+
+def test_resonance_export_round_trip_without_legalnb(tmp_path, tok):
+    m = resonance()
+    native(tmp_path/'run'/'model', m, tok)
+    files = export_model(tmp_path/'run', tmp_path/'hf')
+    assert {'config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json',
+            'configuration_legalnb_resonance.py', 'modeling_legalnb_resonance.py'} <= set(files)
+    cfg = json.loads((tmp_path/'hf'/'config.json').read_text())
+    assert cfg['auto_map']['AutoModelForCausalLM'] == 'modeling_legalnb_resonance.LegalnbResonanceForCausalLM'
+    ids = torch.randint(3, 300, (2, 37)); ids[0, 5] = 0            # an odd length, a special id inside
+    torch.save(ids, tmp_path/'ids.pt')
+    res = without_legalnb(tmp_path, f'''
+        m = AutoModelForCausalLM.from_pretrained({str(tmp_path/'hf')!r}, trust_remote_code=True).eval()
+        t = AutoTokenizer.from_pretrained({str(tmp_path/'hf')!r})
+        ids = torch.load({str(tmp_path/'ids.pt')!r})
+        with torch.no_grad():
+            logits = m(ids).logits
+            padded = m(torch.cat([torch.full((2, 4), t.pad_token_id), ids], 1),
+                       attention_mask=torch.cat([torch.zeros(2, 4, dtype=torch.long), torch.ones_like(ids)], 1)).logits
+        gen = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=200, do_sample=False,
+                         eos_token_id=None)
+        torch.save(dict(logits=logits, padded=padded[:, 4:], gen=gen, eos=t.eos_token, module=type(m).__module__,
+                        text=t.decode(t.encode('Article 5 shall apply'))), 'result.pt')
+        ''')
+    with torch.no_grad(): ref = m(ids)
+    assert (res['logits'] - ref).abs().max() < 1e-5
+    assert (res['padded'] - ref).abs().max() < 1e-5, 'left padding is a document of its own: exact'
+    assert res['gen'].shape == (2, 37 + 200), 'past max_seq_len=200 the window is re-run, as in legalnb'
+    assert torch.equal(res['gen'], m.generate(ids, 200, temperature=0))
+    assert res['eos'] == '<|endoftext|>' and res['text'] == 'Article 5 shall apply'
+    assert 'legalnb' not in res['module'].split('.')[0]
+
+
+def test_gpt_exports_as_plain_llama(tmp_path, tok):
+    torch.manual_seed(0)
+    g = GPTLanguageModel(GPTConfig(vocab_size=300, dim=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                                   max_seq_len=128, init_std=0.2)).eval()
+    native(tmp_path/'gpt', g, tok)
+    files = export_model(tmp_path/'gpt', tmp_path/'hf')
+    assert not any(f.endswith('.py') for f in files)
+    cfg = json.loads((tmp_path/'hf'/'config.json').read_text())
+    assert cfg['model_type'] == 'llama' and 'auto_map' not in cfg
+    ids = torch.randint(3, 300, (2, 41)); torch.save(ids, tmp_path/'ids.pt')
+    res = without_legalnb(tmp_path, f'''
+        m = AutoModelForCausalLM.from_pretrained({str(tmp_path/'hf')!r}).eval()   # no remote code
+        ids = torch.load({str(tmp_path/'ids.pt')!r})
+        with torch.no_grad(): logits = m(ids).logits
+        gen = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False,
+                         eos_token_id=None)
+        torch.save(dict(logits=logits, gen=gen, cls=type(m).__name__), 'result.pt')
+        ''')
+    with torch.no_grad(): assert (res['logits'] - g(ids)).abs().max() < 1e-5
+    assert res['cls'] == 'LlamaForCausalLM' and torch.equal(res['gen'], g.generate(ids, 40, temperature=0))
+
+
+def test_lm_eval_harness_scores_the_export(tmp_path, tok, monkeypatch):
+    monkeypatch.setenv('HF_HUB_OFFLINE', '1'); monkeypatch.setenv('HF_DATASETS_OFFLINE', '1')
+    monkeypatch.setenv('HF_HOME', str(tmp_path/'hf-home'))
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from legalnb.evaluate import EvalModel, run_harness, write_lm_eval_tasks
+    native(tmp_path/'m', resonance(), tok)
+    export_model(tmp_path/'m', tmp_path/'hf')
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path/'hf', trust_remote_code=True).eval()
+    hf_tok = AutoTokenizer.from_pretrained(tmp_path/'hf')
+    docs = [dict(celex=f'3202{i}R000{i}', lang='en', doc_type='regulation', band='2020s', text=t)
+            for i, t in enumerate(legal_sentences(3, seed=2))]
+    tasks = write_lm_eval_tasks(docs, tmp_path/'tasks', citations=0)[0].parent
+    lm = EvalModel(hf, hf_tok.backend_tokenizer, 200, hf_tok.eos_token_id, kind='hf', hf_tokenizer=hf_tok)
+    scores = run_harness(lm, tasks, batch_size=2)['legalnb_heldout']
+    assert 1 < scores['byte_perplexity'] < 300 and scores['bits_per_byte'] > 0
+
+
+def test_reexport_replaces_and_bad_input_leaves_nothing(tmp_path, tok, capsys):
+    native(tmp_path/'run'/'model', resonance(), tok)
+    assert export_main([str(tmp_path/'run'), '--out', str(tmp_path/'hf')]) == 0
+    out = capsys.readouterr().out
+    assert 'trust_remote_code=True' in out and 'model.safetensors' in out
+    before = (tmp_path/'hf'/'model.safetensors').read_bytes()
+    native(tmp_path/'run'/'model', resonance(dim=16), tok)          # retrained: export again into the same folder
+    export_model(tmp_path/'run', tmp_path/'hf')
+    assert (tmp_path/'hf'/'model.safetensors').read_bytes() != before
+    assert sorted(p.name for p in (tmp_path/'hf').iterdir()) == sorted(
+        f for f in EXPORT_FILES if (tmp_path/'hf'/f).exists())
+    with pytest.raises(LegalnbError, match='--out is required'): export_main([str(tmp_path/'run')])
+    with pytest.raises(LegalnbError, match='no such folder'): export_main([str(tmp_path/'none'), '--out', 'x'])
+    with pytest.raises(LegalnbError, match='already a Hugging Face folder'):
+        export_main([str(tmp_path/'hf'), '--out', str(tmp_path/'again')])
+    (tmp_path/'busy').mkdir(); (tmp_path/'busy'/'keep.txt').write_text('mine')
+    with pytest.raises(LegalnbError, match=r'holds files legalnb did not write \(keep.txt\)'):
+        export_main([str(tmp_path/'run'), '--out', str(tmp_path/'busy')])
+    (tmp_path/'bare').mkdir(); resonance().save(tmp_path/'bare')                 # no tokenizer anywhere
+    with pytest.raises(LegalnbError, match='no tokenizer found'):
+        export_main([str(tmp_path/'bare'), '--out', str(tmp_path/'new')])
+    cfg = json.loads((tmp_path/'run'/'model'/'config.json').read_text())
+    (tmp_path/'run'/'model'/'config.json').write_text(json.dumps({**cfg, 'architecture': 'mamba'}))
+    with pytest.raises(LegalnbError, match="architecture 'mamba' is not registered"):
+        export_main([str(tmp_path/'run'), '--out', str(tmp_path/'new')])
+    assert not (tmp_path/'again').exists() and not (tmp_path/'new').exists() and not (tmp_path/'x').exists()
+    assert sorted(p.name for p in (tmp_path/'busy').iterdir()) == ['keep.txt']
+    assert not [p for p in tmp_path.iterdir() if '.export-' in p.name], 'no temporary folder left'
