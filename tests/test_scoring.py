@@ -128,8 +128,8 @@ def test_byte_level_counts_do_not_change_when_split(tmp_path, prefix_space):
 BAD = {  # name: (file bytes or None for a missing file, extra args, expected words in the one error line)
     'missing':      (None, [], 'no such file'),
     'empty':        (b'\n\n', [], 'no documents (the file is empty)'),
-    'not json':     (b'{"celex": "a", "lang": "en", "text": "ok"}\n{oops}\n', [], 'line 2: not JSON'),
-    'no text':      (b'{"celex": "a", "lang": "en", "text": "ok"}\n{"celex": "b", "lang": "en"}\n', [], 'line 2: missing or empty "text"'),
+    'not json':     (b'{"celex": "a", "lang": "en", "text": "ok"}\n{oops}\n', ['--strict'], 'line 2: not JSON'),
+    'no text':      (b'{"celex": "a", "lang": "en", "text": "ok"}\n{"celex": "b", "lang": "en"}\n', ['--strict'], 'line 2: missing or empty "text"'),
     'numeric text': (b'{"celex": "a", "lang": "en", "text": 42}\n', [], 'line 1: "text" must be a string, got a number (42)'),
     'NaN title':    (b'{"celex": "a", "lang": "en", "text": "ok", "title": NaN}\n', [], 'line 1: "title" must be a string, got NaN'),
     'number title': (b'{"celex": "a", "lang": "en", "text": "ok", "title": 1.5}\n', [], '"title" must be a string, got a number (1.5)'),
@@ -171,7 +171,7 @@ def test_failure_keeps_an_earlier_output(tmp_path):
     before = (tmp_path/'out.jsonl').read_bytes()
     bad = tmp_path/'bad.jsonl'
     bad.write_bytes(good.read_bytes() + b'{"celex": "z", "lang": "en"}\n')
-    assert main(['select', str(bad), '--out', str(tmp_path/'out.jsonl'), '--target-tokens', '1M']) == 2
+    assert main(['select', str(bad), '--out', str(tmp_path/'out.jsonl'), '--target-tokens', '1M', '--strict']) == 2
     assert (tmp_path/'out.jsonl').read_bytes() == before
     assert not [p for p in tmp_path.iterdir() if p.name.startswith('.')]   # no temporary file left behind
 
@@ -240,7 +240,7 @@ def test_a_report_that_cannot_be_written_keeps_the_earlier_selection(tmp_path, c
 def test_a_failed_select_into_a_new_folder_leaves_no_folder(tmp_path, capsys):
     (tmp_path/'bad.jsonl').write_bytes(b'{"celex": "a", "lang": "en", "text": "ok"}\n{"celex": "b", "lang": "en", "text": 7}\n')
     assert main(['select', str(tmp_path/'bad.jsonl'), '--target-tokens', '1M', '--out', str(tmp_path/'new'/'deeper'/'s.jsonl'),
-                 '--report', str(tmp_path/'new2'/'r.json')]) == 2
+                 '--report', str(tmp_path/'new2'/'r.json'), '--strict']) == 2
     assert 'line 2: "text" must be a string' in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ['bad.jsonl']
 
@@ -251,3 +251,41 @@ def test_select_flags_are_kept():
     want = set(json.loads((Path(__file__).parent/'fixtures'/'cli_flags.json').read_text())['select'])
     have = {o for a in command_parser(select_command, 'legalnb select')._actions for o in a.option_strings}
     assert want <= have, want - have
+
+# --- issue 12: bad lines skipped and counted, consolidated texts and their base acts ----------------------------------
+
+def test_select_skips_bad_lines_and_counts_them(tmp_path, capsys):
+    good = write_docs(tmp_path/'good.jsonl', synthetic_documents(40, seed=21))
+    bad = tmp_path/'bad.jsonl'
+    bad.write_bytes(good.read_bytes() + b'{"celex": "z", "lang": "en"}\n{cut\n{"celex": "y", "lang": "xx", "text": "ok"}\n')
+    assert main(['select', str(bad), '--out', str(tmp_path/'s.jsonl'), '--report', str(tmp_path/'r.json'), '--target-tokens', '1M']) == 0
+    report = json.loads((tmp_path/'r.json').read_text())
+    assert report['counters']['documents.read'] == 40
+    assert {k: v for k, v in report['counters'].items() if k.startswith('skipped.')} == {'skipped.no_text': 1, 'skipped.not_json': 1,
+                                                                                        'skipped.bad_language': 1}
+    assert [(s['line'], s['reason']) for s in report['skipped']] == [(41, 'no_text'), (42, 'not_json'), (43, 'bad_language')]
+    assert 'lines skipped (could not be read): bad_language 1 · no_text 1 · not_json 1' in capsys.readouterr().out
+    assert main(['select', str(bad), '--out', str(tmp_path/'t.jsonl'), '--target-tokens', '1M', '--strict']) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and 'bad.jsonl, line 41: missing or empty "text"' in err and not (tmp_path/'t.jsonl').exists()
+    (tmp_path/'all_bad.jsonl').write_bytes(b'{cut\n{"text": 5, "lang": "en"}\n')
+    assert main(['select', str(tmp_path/'all_bad.jsonl'), '--out', str(tmp_path/'u.jsonl'), '--target-tokens', '1M']) == 2
+    assert 'line 1: not JSON' in capsys.readouterr().err and not (tmp_path/'u.jsonl').exists()
+
+
+@pytest.mark.parametrize('prefer, kept', [('both', ['02016R0679-20160504', '02016R0679-20180525', '32016R0679', '32019L0001']),
+                                          ('consolidated', ['02016R0679-20180525', '32019L0001']),
+                                          ('original', ['32016R0679', '32019L0001'])])
+def test_prefer_consolidated_or_original(tmp_path, prefer, kept):
+    text = 'Article 1 data protection. ' * 600
+    docs = [Document('32016R0679', 'GDPR', text, 'en', date(2016, 4, 27), 'regulation', ['data protection']),
+            Document('02016R0679-20160504', 'GDPR', text, 'en', date(2016, 5, 4), 'regulation', ['data protection'], base_celex='32016R0679'),
+            Document('02016R0679-20180525', 'GDPR', text, 'en', date(2018, 5, 25), 'regulation', ['data protection'], base_celex='32016R0679'),
+            Document('32019L0001', 'ECN+', text, 'en', date(2019, 1, 1), 'directive', ['competition'])]
+    src = write_docs(tmp_path/'in.jsonl', docs)
+    args = ['select', str(src), '--out', str(tmp_path/'s.jsonl'), '--report', str(tmp_path/'r.json'), '--target-tokens', '10M']
+    assert main(args + ['--prefer', prefer]) == 0
+    assert sorted(r['celex'] for r in lines(tmp_path/'s.jsonl')) == kept
+    report = json.loads((tmp_path/'r.json').read_text())
+    assert report['prefer'] == prefer and report['counters']['dropped.other_version'] == 4 - len(kept)
+    if prefer == 'both': assert main(args) == 0 and sorted(r['celex'] for r in lines(tmp_path/'s.jsonl')) == kept, 'both is the default'
