@@ -262,16 +262,17 @@ def test_fsdp_memory_per_gpu_by_hand_against_ddp():
     assert r.returncode == 0 and json.loads(r.stdout)['memory_gib'] == pytest.approx(15.75e9 / GIB)
 
 
-def test_estimate_model_gpt_from_the_registry():
+def test_estimate_model_gpt_from_the_registry(capsys):
     from legalnb.calculator import model_plan_fields
     from legalnb.gpt import config_for as gpt_config
-    r = _cli('--model', 'gpt', '--model-size', 'small', '--seq-len', '1024', '--steps', '100', '--json')
-    assert r.returncode == 0, r.stderr
+    def flops(*args):
+        assert main(['estimate', *args, '--seq-len', '1024', '--steps', '100', '--json']) == 0
+        return json.loads(capsys.readouterr().out)['flops']
     f, c = model_plan_fields('small', 1024, model='gpt'), gpt_config('small', 32768, max_seq_len=1024)
     assert f['params'] == c.matmul_params() and f['layers'] == c.num_layers and f['d_model'] == c.dim
     assert f['mixing_flops_per_token'] == c.flops_per_token(1024) - c.matmul_flops_per_token()
-    assert json.loads(r.stdout)['flops'] == (6 * f['params'] + f['mixing_flops_per_token']) * 100 * 1024
-    res = json.loads(_cli('--model-size', 'small', '--seq-len', '1024', '--steps', '100', '--json').stdout)
-    assert res['flops'] != json.loads(r.stdout)['flops']   # the default model is another architecture
+    gpt = flops('--model', 'gpt', '--model-size', 'small')
+    assert gpt == (6 * f['params'] + f['mixing_flops_per_token']) * 100 * 1024
+    assert flops('--model-size', 'small') != gpt   # the default model is another architecture
     bad = _cli('--model', 'bert', '--model-size', 'small', '--seq-len', '1024', '--steps', '1')
     assert bad.returncode == 2 and "--model: unknown model 'bert'; choose from resonance, gpt" in bad.stderr
