@@ -405,11 +405,12 @@ def _first_text(roots: list, *paths: str) -> str:
 # %% ../nbs/00_sources.ipynb #acdafd1a
 _OWN_CELEX = ('./BIB.INSTANCE/NO.CELEX', './BIB.DOC/NO.CELEX')   # never a NO.CELEX of another act (FAM.COMP, notes)
 
-def _formex_celex(roots: list, doc_type: str, path: Path) -> str:
-    "The CELEX of a publication: its own `NO.CELEX`, else built from `NO.DOC`, else ''."
+def _formex_celex(roots: list, doc_type: str, path: Path, corrigendum: bool = False) -> str:
+    "The CELEX of a publication: its own `NO.CELEX`, else built from `NO.DOC` (not for a corrigendum), else ''."
     if s := _first_text(roots, *_OWN_CELEX):
         try: return str(parse_celex(s))
         except LegalnbError as e: raise LegalnbError(f'{path}: NO.CELEX {e}') from None
+    if corrigendum: return ''   # NO.DOC is the corrected act's number: its CELEX would make the two duplicates
     no = _first(roots, './BIB.DOC/NO.DOC', './BIB.INSTANCE/NO.DOC')
     year, number = (no.findtext('YEAR'), no.findtext('NO.CURRENT')) if no is not None else (None, None)
     if not (year and number and year.strip().isdigit() and number.strip().isdigit()): return ''
@@ -478,7 +479,7 @@ def formex_document(act_path: Path, act: ET.Element, wrapper: ET.Element | None 
         return Document(celex, title, text, lang, parse_date(f'{day:%Y%m%d}', str(act_path)), doc_type,
                         _formex_subjects(wrapper), str(act_path), base_celex(celex))
     day, doc_type = _first(roots, './FMX/DOC.MAIN.PUB/DATE', './BIB.INSTANCE/DATE'), _formex_type(roots, title)
-    return Document(_formex_celex(roots, doc_type, act_path), title, text, lang,
+    return Document(_formex_celex(roots, doc_type, act_path, act.tag == 'CORR'), title, text, lang,
                     parse_date(day.get('ISO') if day is not None else None, str(act_path)),
                     doc_type, _formex_subjects(wrapper), str(act_path))
 

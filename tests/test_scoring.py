@@ -289,3 +289,17 @@ def test_prefer_consolidated_or_original(tmp_path, prefer, kept):
     report = json.loads((tmp_path/'r.json').read_text())
     assert report['prefer'] == prefer and report['counters']['dropped.other_version'] == 4 - len(kept)
     if prefer == 'both': assert main(args) == 0 and sorted(r['celex'] for r in lines(tmp_path/'s.jsonl')) == kept, 'both is the default'
+
+
+def test_language_balance_over_the_24_languages(tmp_path):
+    "Quotas, balance and report tables hold for every official language, not only the big ones."
+    from legalnb.sources import EU_LANGUAGES
+    rng = random.Random(5)
+    docs = [Document(f'3{2015 + i % 9}R{i:04d}', f'Act {i}', 'Article 1 data protection rules apply. ' * rng.randint(60, 400),
+                     EU_LANGUAGES[i % 24], date(2015 + i % 9, 1, 1), 'regulation', ['data protection']) for i in range(24 * 30)]
+    src = write_docs(tmp_path/'in.jsonl', docs)
+    total = sum(estimate_tokens(d.text) for d in docs)
+    report = select_documents(src, tmp_path/'s.jsonl', total // 3)
+    assert sorted(report['languages']) == sorted(EU_LANGUAGES)
+    assert report['balance']['ok'], report['balance']
+    assert all(abs(r['selected_share'] - r['input_share']) <= 0.02 for r in report['languages'].values())
