@@ -41,7 +41,7 @@ class TrainConfig:
     model: str = 'resonance'            # architecture, a name in legalnb.models.MODELS (resonance, gpt, ...)
     size: str = 'small'                 # named size of that architecture (small, medium, large, xlarge)
     preset: str | None = None           # preset the values came from (recorded, applied by from_preset)
-    model_overrides: dict = dataclasses.field(default_factory=dict)  # model config fields to change: {'dim': 32}
+    model_overrides: dict = dataclasses.field(default_factory=dict)  # model config fields to set: num_heads=8 ...
     dim: InitVar[int | None] = None              # shortcut: model_overrides['dim'], the model width
     num_layers: InitVar[int | None] = None       # shortcut: model_overrides['num_layers'], the number of blocks
     num_frequencies: InitVar[int | None] = None  # shortcut: model_overrides['num_frequencies'] (resonance)
