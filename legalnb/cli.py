@@ -25,6 +25,7 @@ COMMANDS = {  # name: ('module:function', one-line help)
     'finetune':     ('legalnb.hf:finetune_main', 'continued pretraining or LoRA fine-tuning with transformers + peft'),
     'evaluate':     ('legalnb.evaluate:evaluate_main', 'held-out loss, bits per byte, citation accuracy, loss by position'),
     'generate':     ('legalnb.evaluate:generate_main', 'continue a prompt with a trained model, streaming the text'),
+    'compare':      ('legalnb.compare:compare_main', 'train several models on the same data and budget, and compare'),
     'estimate':     ('legalnb.calculator:estimate_main', 'time and cost of a training plan, checked against the hardware'),
     'quickstart':   ('legalnb.cli:quickstart_main', 'sample -> select -> corpus -> train a tiny model -> report'),
 }
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 # %% ../nbs/10_cli.ipynb #1ee51b6e
 QUICKSTART_PROMPT = 'Article 1\nSubject matter\nThis Regulation lays down'
-QUICKSTART_OUTPUTS = ('sample', 'corpus', 'split', 'run', 'eval')   # folders an earlier quickstart wrote
+QUICKSTART_OUTPUTS = ('sample', 'corpus', 'split', 'run', 'eval', 'compare')   # folders an earlier quickstart wrote
 
 def prepare_workdir(workdir: str | Path) -> Path:
     "Create the quickstart folder, or clear what an earlier quickstart wrote in it."
@@ -131,6 +132,10 @@ def write_report(wd: Path, summary: dict, sample: str, vocab_size: int, stage_s:
             f'- {s["tokens_per_sec"]:,.0f} tokens/s on {s["device"]} ({s["precision"]})'
             + (f', MFU {s["mfu"]:.0%}' if s.get('mfu') else ''), '', '![loss](loss.png)', '']
     if evaluation: text += ['## On acts it never saw', '', *evaluation_lines(evaluation), '']
+    if (wd/'compare'/'compare.md').exists():
+        text += ['## Against a transformer', '', 'ResonanceNet and the gpt baseline on the same data order and tokens, '
+                 'the best of three learning rates each: `compare/compare.md`.', '',
+                 '![loss against tokens](compare/loss_vs_tokens.png)', '']
     text += ['## A generated continuation', '', f'Prompt: `{QUICKSTART_PROMPT!r}`', '', '```', sample.strip(), '```', '',
              '(a tiny model after minutes of training: expect legal-sounding words, not law)', '',
              '## What a real run would take', '']
@@ -152,7 +157,8 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
                steps: int = 400,         # optimizer steps
                dim: int = 64,            # model width (2 blocks, 16 resonances per channel)
                batch_size: int = 16,     # sequences per step
-               device: Literal['auto', 'cuda', 'cpu'] = 'auto') -> dict:  # 'auto': the GPU when there is one
+               device: Literal['auto', 'cuda', 'cpu'] = 'auto',  # 'auto': the GPU when there is one
+               compare: bool = False) -> dict:  # then train the gpt baseline too and compare them (a few minutes more)
     "Every stage on a sample corpus, a tiny model trained and evaluated, report.md and loss.png; the training summary."
     sizes = dict(docs=docs, vocab_size=vocab_size, seq_len=seq_len, steps=steps, dim=dim, batch_size=batch_size)
     for name, value in sizes.items():
@@ -195,6 +201,15 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
     sample = generate(wd/'run', prompt=QUICKSTART_PROMPT, max_new_tokens=60, temperature=0.8, top_k=40, device=device)
     print(f'{QUICKSTART_PROMPT}{sample}\n', flush=True)
     plot_metrics(wd/'run'/'metrics.jsonl').save(wd/'loss.png')
+    if compare:
+        from legalnb.compare import compare_main
+        print('\ncompare: ResonanceNet and the gpt baseline, the same rows and tokens as the run above, 3 learning rates '
+              'each', flush=True)
+        flags = ['--data', wd/'split', '--out', wd/'compare', '--dim', dim, '--num-layers', 2, '--num-frequencies', 16,
+                 '--num-heads', 2, '--budget', steps * batch_size * seq_len, '--lr', 3e-3, '--batch-size', batch_size,
+                 '--eval-points', 4, '--eval-batches', 4, '--cpu-threads', 1, '--device', device]
+        if compare_main([str(a) for a in flags]):
+            raise LegalnbError('quickstart: the compare stage failed; see its messages above')
     write_report(wd, summary, sample, vocab_size, stage_s, train_s, r)
     return summary
 

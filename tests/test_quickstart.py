@@ -39,3 +39,12 @@ def test_quickstart_refuses_a_folder_it_did_not_write(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and 'not written by the quickstart' in err[0]
     assert [p.name for p in (tmp_path/'thesis').iterdir()] == ['chapter1.tex']
+
+def test_quickstart_compare(tmp_path, capsys):
+    "--compare trains the gpt baseline on the same rows and tokens and puts the comparison in the report."
+    wd = tmp_path/'qs'
+    assert main(['quickstart', '--workdir', str(wd), *TINY, '--compare']) == 0
+    runs = json.loads((wd/'compare'/'compare.json').read_text())
+    assert set(runs['models']) == {'resonance', 'gpt'} and runs['models']['gpt']['loss_at_tokens'] > 0
+    report = (wd/'report.md').read_text()
+    assert '## Against a transformer' in report and (wd/'compare'/'loss_vs_tokens.png').exists()
