@@ -239,7 +239,13 @@ def record_fields(rec: dict, where: str = '') -> tuple[str, str, str, str, date 
 
 def document_from_record(rec: dict, where: str = '', source: str = '') -> Document:
     "A `Document` from one JSON record, with the defaults above; `where` names the record in errors."
-    return Document(*record_fields(rec, where), str(rec.get('source') or source), str(rec.get('base_celex') or ''))
+    fields = record_fields(rec, where)
+    return Document(*fields, str(rec.get('source') or source), str(rec.get('base_celex') or '') or _base_of(fields[0]))
+
+def _base_of(celex: str) -> str:
+    "The base act of a consolidated CELEX (`0...-yyyymmdd`), else ''; a CELEX that does not parse has none."
+    try: return base_celex(celex) if celex[:1] == '0' else ''
+    except LegalnbError: return ''
 
 # %% ../nbs/00_sources.ipynb #ad715cce
 def read_jsonl_documents(path: str | Path) -> Iterator[Document]:
@@ -274,7 +280,8 @@ _REASONS = (('not UTF-8', 'not_utf8'), ('not JSON', 'not_json'), ('duplicate key
             ('expected a JSON object', 'not_an_object'), ('malformed XML', 'malformed_xml'),
             ('nested too deeply', 'too_deep'), ('no LG.DOC', 'no_language'), ('"lang"', 'bad_language'),
             ('date', 'bad_date'), ('CELEX', 'bad_celex'), ('CONSLEG', 'bad_celex'), ('no text', 'no_text'),
-            ('"text"', 'no_text'), ('expected one act', 'no_act'))
+            ('empty "text"', 'no_text'), ('"text"', 'bad_text'), ('"title"', 'bad_title'), ('"subjects"', 'bad_subjects'),
+            ('expected one act', 'no_act'))
 
 def skip_reason(message: str) -> str:
     "The counter name for why a publication or line was skipped, from its error message."
