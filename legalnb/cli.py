@@ -23,10 +23,10 @@ COMMANDS = {  # name: ('module:function', one-line help)
     'split':        ('legalnb.data:split_main', 'split pretokenized files into train/ and val/ (symbolic links)'),
     'train':        ('legalnb.train:train_main', 'train a native model (one GPU, or many under torchrun)'),
     'finetune':     ('legalnb.hf:finetune_main', 'continued pretraining or LoRA fine-tuning with transformers + peft'),
-    'evaluate':     ('legalnb.evaluate:evaluate_main', 'held-out loss, bits per byte, citation accuracy, loss by position'),
+    'evaluate':     ('legalnb.evaluate:evaluate_main', 'held-out loss, bits per byte, citations, loss by position'),
     'generate':     ('legalnb.evaluate:generate_main', 'continue a prompt with a trained model, streaming the text'),
     'compare':      ('legalnb.compare:compare_main', 'train several models on the same data and budget, and compare'),
-    'estimate':     ('legalnb.calculator:estimate_main', 'time and cost of a training plan, checked against the hardware'),
+    'estimate':     ('legalnb.calculator:estimate_main', 'time and cost of a training plan, checked against physics'),
     'quickstart':   ('legalnb.cli:quickstart_main', 'sample -> select -> corpus -> train a tiny model -> report'),
 }
 
@@ -89,7 +89,7 @@ def h100_estimate(metrics: Path,            # the run's metrics.jsonl
                      f'interval left out), so its {steps} steps predict {format_duration(cal.predict(steps))} of '
                      f'stepping; the whole training, with start-up, evaluations and the checkpoint, took '
                      f'{format_duration(measured_s)}.')
-        if cal.mfu: mfu, why = cal.mfu, f'the {cal.mfu:.0%} MFU this run measured (a floor: a tiny model cannot fill a GPU)'
+        if cal.mfu: mfu, why = cal.mfu, f'the {cal.mfu:.0%} MFU this run measured (a floor for a real model)'
         else: why += ' (this run was on a CPU: its speed does not carry over to a GPU)'
     plan = plan_for('scratch', 'fast', size='small', gpu='h100-sxm', mfu=mfu, price_per_hour=H100_PRICE,
                     **model_plan_fields('small', 1024, vocab_size))
@@ -114,10 +114,12 @@ def write_report(wd: Path, summary: dict, sample: str, vocab_size: int, stage_s:
     "Write `report.md` in the quickstart folder; return its path."
     import platform, torch
     m, s = read_json(wd/'corpus'/'manifest.json', 'a corpus manifest'), summary
-    hw = torch.cuda.get_device_name() if torch.cuda.is_available() else f'CPU ({os.cpu_count()} cores, {platform.machine()})'
+    cpu = f'CPU ({os.cpu_count()} cores, {platform.machine()})'
+    hw = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu
     held = m.get('heldout') or {}
     text = ['# legalnb quickstart', '', f'{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())} on {hw}, '
-            f'torch {torch.__version__}.', '', '## What each stage made', '', '| stage | output | result |', '|---|---|---|',
+            f'torch {torch.__version__}.', '', '## What each stage made', '',
+            '| stage | output | result |', '|---|---|---|',
             f'| sample | `sample/` | {sum(p.is_dir() for p in (wd/"sample").iterdir())} Formex publications |',
             f'| parse | `parsed.jsonl` | {_count_lines(wd/"parsed.jsonl")} documents |',
             f'| select | `selected.jsonl`, `selection.json` | {_count_lines(wd/"selected.jsonl")} documents kept |',
@@ -128,7 +130,7 @@ def write_report(wd: Path, summary: dict, sample: str, vocab_size: int, stage_s:
             f'| evaluate | `eval/` | held-out loss, bits per byte, citations, loss by position |', '',
             f'Data stages {format_duration(stage_s)}, training {format_duration(train_s)}.', '', '## Training', '',
             f'- final train loss {s["loss"]:.3f}; **val loss {s["val_loss"]:.3f}, perplexity {s["val_ppl"]:.1f}** '
-            f'(a model that knows nothing scores ln {vocab_size} = {math.log(vocab_size):.2f}, perplexity {vocab_size})',
+            f'(knowing nothing scores ln {vocab_size} = {math.log(vocab_size):.2f}, perplexity {vocab_size})',
             f'- {s["tokens_per_sec"]:,.0f} tokens/s on {s["device"]} ({s["precision"]})'
             + (f', MFU {s["mfu"]:.0%}' if s.get('mfu') else ''), '', '![loss](loss.png)', '']
     if evaluation: text += ['## On acts it never saw', '', *evaluation_lines(evaluation), '']
@@ -136,7 +138,8 @@ def write_report(wd: Path, summary: dict, sample: str, vocab_size: int, stage_s:
         text += ['## Against a transformer', '', 'ResonanceNet and the gpt baseline on the same data order and tokens, '
                  'the best of three learning rates each: `compare/compare.md`.', '',
                  '![loss against tokens](compare/loss_vs_tokens.png)', '']
-    text += ['## A generated continuation', '', f'Prompt: `{QUICKSTART_PROMPT!r}`', '', '```', sample.strip(), '```', '',
+    text += ['## A generated continuation', '', f'Prompt: `{QUICKSTART_PROMPT!r}`', '',
+             '```', sample.strip(), '```', '',
              '(a tiny model after minutes of training: expect legal-sounding words, not law)', '',
              '## What a real run would take', '']
     text += h100_estimate(wd/'run'/'metrics.jsonl', s['steps'], train_s)
@@ -175,14 +178,15 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
               ('parse', 'Formex XML into documents', parse_main, [wd/'sample', '--out', wd/'parsed.jsonl']),
               ('select', 'score the documents, keep the best', select_main, [wd/'parsed.jsonl', '--out',
                wd/'selected.jsonl', '--target-tokens', '2M', '--report', wd/'selection.json']),
-              ('build-corpus', f'train a {vocab_size}-token BPE, pack rows of {seq_len + 1} ids, hold out 5% of the acts',
+              ('build-corpus', f'train a {vocab_size}-token BPE, pack rows of {seq_len + 1} ids, hold out 5% of acts',
                build_corpus_main, [wd/'selected.jsonl', '--out', wd/'corpus', '--seq-len', seq_len, '--shards', 4,
                                    '--train-tokenizer', vocab_size, '--val-docs', 0.05, '--no-progress']),
               ('validate', 'check every shard', validate_main, [wd/'corpus']),
               ('split', 'train/ and val/: the held-out acts', split_main, [wd/'corpus', '--out', wd/'split'])]
     for i, (name, what, fn, args) in enumerate(stages, 1):
         print(f'\n[{i}/9] {name}: {what}', flush=True)
-        if fn([str(a) for a in args]): raise LegalnbError(f'quickstart: the {name} stage failed; see its messages above')
+        if fn([str(a) for a in args]):
+            raise LegalnbError(f'quickstart: the {name} stage failed; see its messages above')
     stage_s = time.perf_counter() - t0
     print('\n[7/9] train: a tiny ResonanceLanguageModel', flush=True)
     cfg = TrainConfig(data=str(wd/'split'), out=str(wd/'run'), dim=dim, num_layers=2, num_frequencies=16,
@@ -203,8 +207,8 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
     plot_metrics(wd/'run'/'metrics.jsonl').save(wd/'loss.png')
     if compare:
         from legalnb.compare import compare_main
-        print('\ncompare: ResonanceNet and the gpt baseline, the same rows and tokens as the run above, 3 learning rates '
-              'each', flush=True)
+        print('\ncompare: ResonanceNet and the gpt baseline, the rows and tokens of the run above, '
+              '3 learning rates each', flush=True)
         flags = ['--data', wd/'split', '--out', wd/'compare', '--dim', dim, '--num-layers', 2, '--num-frequencies', 16,
                  '--num-heads', 2, '--budget', steps * batch_size * seq_len, '--lr', 3e-3, '--batch-size', batch_size,
                  '--eval-points', 4, '--eval-batches', 4, '--cpu-threads', 1, '--device', device]
@@ -220,7 +224,7 @@ def quickstart_main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     quickstart(**vars(a))
     print(f'quickstart done in {format_duration(time.perf_counter() - t0)}; everything is in {a.workdir}/:\n'
-          f'  report.md     what each stage made, the training and held-out numbers, a generated text, the H100 estimate\n'
+          f'  report.md     what each stage made, training and held-out numbers, a generated text, the H100 estimate\n'
           f'  loss.png      train and val loss\n'
           f'  run/          the trained model (run/model), checkpoints (--resume), metrics.jsonl\n'
           f'  eval/         eval.md and eval.json: the held-out evaluation, its plots\n'
