@@ -570,6 +570,7 @@ def _read_one(path: Path, skip: set) -> Iterator[tuple[str, object]]:
     else: raise LegalnbError(f'{path}: expected a folder, a .jsonl file or a Formex .xml file')
 
 def _skipped(source, e: LegalnbError) -> tuple:
+    "The item for something that could not be read: ('skip', source, reason, error)."
     return 'skip', str(source), skip_reason(str(e)), str(e)
 
 def _read_folder(job: tuple[list[Path], bool]) -> list[tuple]:
@@ -606,13 +607,13 @@ def read_items(paths: str | Path | Iterable[str | Path], skip: Iterable[str | Pa
     procs = max(1, min(num_proc, len(folders) // 32))   # a few dozen folders a process, or it is not worth starting
     bar = tqdm(total=len(folders), desc='parse', unit=' publications',
                disable=None if progress is None else not progress)
-    with bar, (_pool(procs) if procs > 1 else _no_pool()) as pool:
+    with bar, (_pool(procs) if procs > 1 else _OneProcess()) as pool:
         read = pool.imap(_read_folder, folders, chunksize=max(1, min(64, len(folders) // (procs * 16))))
         for kind, what in jobs:
             if kind == 'jsonl': yield from _jsonl_items(what)
             else: yield from next(read); bar.update(1)
 
-class _no_pool:
+class _OneProcess:
     "The one-process stand-in for a `multiprocessing.Pool`."
     def __enter__(self): return self
     def __exit__(self, *exc): pass
@@ -632,6 +633,7 @@ def read_documents(paths: str | Path | Iterable[str | Path], skip: Iterable[str 
     if n == 0: raise _nothing_found(paths)
 
 def _nothing_found(paths) -> LegalnbError:
+    "The error for inputs that hold no document at all."
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     return LegalnbError(f'{", ".join(map(str, paths)) or "(no input)"}: no documents found; expected Formex '
                         'publications (.xml) or JSON lines (.jsonl)')
