@@ -670,14 +670,14 @@ class Interval:
         "A new, empty interval."
         return cls(torch.zeros((), device=device), torch.zeros((), device=device))
 
-    def record(self, step: int, max_steps: int, lr: float, tokens_per_step: int, fpt: float, peak: float | None,
-               d: Dist) -> dict:
+    def record(self, run: Run, step: int) -> dict:
         "The step record of the interval ending at `step`: its one host sync (the loss averaged over ranks)."
         secs, n = time.perf_counter() - self.t0, self.steps
-        tps = tokens_per_step * n / secs
-        return dict(step=step, loss=(all_mean(self.loss, d) / n).item(), lr=lr, grad_norm=(self.grad_norm / n).item(),
-                    tokens_per_sec=tps, mfu=fpt * tps / peak if peak else None, step_ms=1000 * secs / n,
-                    data_wait=self.wait / secs, eta_s=(max_steps - step) * secs / n)
+        tps = run.tokens_per_step * n / secs
+        return dict(step=step, loss=(all_mean(self.loss, run.d) / n).item(), lr=run.lr,
+                    grad_norm=(self.grad_norm / n).item(), tokens_per_sec=tps,
+                    mfu=run.fpt * tps / run.peak if run.peak else None, step_ms=1000 * secs / n,
+                    data_wait=self.wait / secs, eta_s=(run.max_steps - step) * secs / n)
 
 def _nan_stop(loss: float, first: int, last: int, out: Path):
     "Stop the run on a non-finite loss, naming the last good checkpoint."
@@ -852,7 +852,7 @@ def end_interval(run: Run, step: int):
     do_save = step % cfg.save_every == 0 or step == run.max_steps
     if step % cfg.log_every and not do_eval and not do_save: return
     # -- the interval's one host sync: losses, NaN check, speed
-    rec = run.interval.record(step, run.max_steps, run.lr, run.tokens_per_step, run.fpt, run.peak, d)
+    rec = run.interval.record(run, step)
     if not math.isfinite(rec['loss']): _nan_stop(rec['loss'], step - run.interval.steps + 1, step, run.out)
     run.last = rec; run.speeds.append(rec['tokens_per_sec'])
     notify(run.callbacks, 'on_step', rec)
