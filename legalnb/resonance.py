@@ -442,7 +442,7 @@ def size_table(vocab_size: int = 32768, **overrides) -> list[dict]:
 @dataclass
 class ResonanceState:
     "What generation carries from one token to the next: per layer the resonance states and short-conv inputs."
-    layers: list[dict]        # per block: 'x' (B, D, K) complex resonance states, 'window' (B, 3D, short_conv-1)
+    layers: list[dict]        # per block: 'x' (B, D, K) complex states, 'window' (B, 3D, short_conv-1), poles z, a
     position: torch.Tensor    # (B,) int64: the next token's position in its document (its row of the position table)
     length: int               # tokens in the context so far
 
@@ -451,8 +451,8 @@ def recurrent_state(self: ResonanceLayer,
                     z: torch.Tensor,                        # (B, 3D, L) the short convolution's input
                     kv: torch.Tensor,                       # (B, D, L) the long convolution's input
                     doc_starts: torch.Tensor | None = None, # (B, L) bool
-                   ) -> dict:                               # {'x': (B, D, K) complex, 'window': (B, 3D, k-1)}
-    "The layer's state after the last position: the resonance states of the last document and its last inputs."
+                   ) -> dict:                               # 'x' (B, D, K), 'window' (B, 3D, k-1), 'z', 'a' (D, K)
+    "The layer's state after the last position: resonance states of the last document, its last inputs, z and a."
     (B, D, L), k, f = kv.shape, self.short.kernel_size[0], self.filter
     with torch.autocast(device_type=kv.device.type, enabled=False):
         kv, rows = kv.to(f.dtype()), torch.arange(B, device=kv.device)
@@ -463,7 +463,7 @@ def recurrent_state(self: ResonanceLayer,
             x = x.index_add(0, rows[cut], -f.powers(L - b) * resonance_states(kv, f, rows[cut], b))
     back = torch.arange(k - 1, 0, -1, device=z.device)           # columns: inputs L-k+1 .. L-1, `back` before L
     window = F.pad(z, (k - 1, 0))[..., L:] * (last[:, None] + 1 >= back)[:, None]   # 0 before the last document
-    return {'x': x, 'window': window}
+    return {'x': x, 'window': window, 'z': f.powers(torch.tensor(1, device=kv.device)), 'a': f.amplitudes()}
 
 @patch
 def step(self: ResonanceLayer,
@@ -478,8 +478,8 @@ def step(self: ResonanceLayer,
     q, k, v = zs.chunk(3, dim=-1)
     kv = k * v                                                   # (B, D)
     with torch.autocast(device_type=x.device.type, enabled=False):
-        xs = f.powers(torch.tensor(1, device=x.device)) * state['x'] + kv.to(f.dtype())[..., None]  # x = z x + u
-        y = (f.amplitudes() * xs).real.sum(-1) + self.skip * kv.to(f.dtype())                      # (B, D)
+        xs = state['z'] * state['x'] + kv.to(f.dtype())[..., None]            # x = z x + u, (B, D, K) complex
+        y = (state['a'] * xs).real.sum(-1) + self.skip * kv.to(f.dtype())    # y = Re sum_k a_k x_k + skip u
     state['x'], state['window'] = xs, buf[..., 1:]
     return self.out_proj((q * y).to(q.dtype))
 
