@@ -18,7 +18,7 @@ from fastcore.basics import patch
 from fastcore.meta import delegates
 from tqdm import tqdm
 from .core import (LegalnbError, atomic_write, foreign_files, format_duration, jsonl_records, read_json,
-                          refuse_foreign_files, refuse_overwriting_inputs, run_command, _decode_json)
+                          refuse_foreign_files, refuse_overwriting_inputs, run_command, jsonl_record)
 from .sources import parse_celex
 
 # %% auto #0
@@ -34,28 +34,16 @@ def iter_selected(path: str | Path, start: int = 0, line: int = 0) -> Iterator[t
     path = Path(path)
     if not path.is_file():
         raise LegalnbError(f'{path}: no such file: expected the selected.jsonl written by `legalnb select`')
-    with open(path, 'rb', buffering=1 << 18) as f:
-        f.seek(start)
-        for raw in f:
-            line, end = line + 1, start + len(raw)
-            if raw.strip(): yield line, start, end, _document(path, line, raw)
-            start = end
+    for n, offset, size, rec in jsonl_records(path, start, line):
+        yield n, offset, offset + size, _with_text(path, n, rec)
 
-def _document(path: Path, n: int, raw: bytes) -> dict:
-    "Line `n` as a document with a string text; a broken line raises what `jsonl_records` says about it."
-    try: rec = _decode_json(raw.decode('utf-8-sig' if n == 1 else 'utf-8'))
-    except ValueError: _reader_error(path, n)  # not UTF-8, not JSON, or a key written twice
-    if type(rec) is not dict: _reader_error(path, n)
+def _with_text(path: Path, n: int, rec: dict) -> dict:
+    "The record of line `n`, refused when its text is not a string."
     if not isinstance(text := rec.get('text'), str):
         got = 'has no "text"' if 'text' not in rec else f'has "text": {json.dumps(text)[:40]}'
         raise LegalnbError(f'{path}, line {n}: the document {got}; expected a string (one Document.to_json() per line)')
     return rec
 
-def _reader_error(path: Path, n: int):
-    "Raise the error `core.jsonl_records` gives for line `n` (it reads the file again: only on the way to an error)."
-    for m, *_ in jsonl_records(path):
-        if m >= n: break
-    raise LegalnbError(f'{path}, line {n}: not a JSON document')  # not reached: the reader stops at line n
 
 # %% ../nbs/02_corpus.ipynb #f117f0cf
 def load_tokenizer(path) -> Tokenizer:
@@ -649,7 +637,7 @@ def _write_heldout(selected: Path, out: Path, acts: set[str]) -> dict:
     with atomic_write(out/'heldout.jsonl') as tmp, open(tmp, 'wb') as f, open(selected, 'rb') as src:
         for n, raw in enumerate(src, 1):
             if n == 1: raw = raw.removeprefix(b'\xef\xbb\xbf')  # a BOM belongs to the start of a file only
-            if raw.strip() and act_key(_document(selected, n, raw)) in acts:
+            if raw.strip() and act_key(_with_text(selected, n, jsonl_record(selected, n, raw))) in acts:
                 f.write(raw if raw.endswith(b'\n') else raw + b'\n')
     return dict(file='heldout.jsonl', sha256=file_sha256(out/'heldout.jsonl'), acts=len(acts))
 

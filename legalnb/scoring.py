@@ -17,7 +17,7 @@ from fastcore.basics import patch
 from tqdm.auto import tqdm
 
 from .core import LegalnbError, atomic_write, jsonl_records, parse_count, refuse_overwriting_inputs, run_command
-from .sources import Document, DOC_TYPES, write_jsonl, record_fields, jsonl_entries, skip_reason
+from .sources import Document, DOC_TYPES, write_jsonl, record_fields, skip_reason
 
 # %% auto #0
 __all__ = ['PRIORITY_TOPICS', 'CHARS_PER_TOKEN', 'PREFER', 'ScoringRules', 'recency_points', 'type_points', 'length_points',
@@ -249,7 +249,7 @@ def scan_documents(path: Path, rules: ScoringRules, count_tokens: Callable[[str]
             found.append(Candidate(points + rules.priority_points * hit, *fields))
         waiting.clear(); docs.clear()
     with tqdm(total=path.stat().st_size, unit='B', unit_scale=True, desc='scoring', disable=None) as bar, gc_paused():
-        for n, offset, size, rec in jsonl_entries(path):
+        for n, offset, size, rec in jsonl_records(path, errors='yield'):
             try:
                 if isinstance(rec, LegalnbError): raise rec
                 try: celex, title, text, lang, when, doc_type, subjects = record_fields(rec)

@@ -15,17 +15,17 @@ from xml.sax.saxutils import escape
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 
-from .core import LegalnbError, _decode_json, atomic_write, jsonl_records, refuse_overwriting_inputs, run_command
+from .core import LegalnbError, atomic_write, jsonl_records, refuse_overwriting_inputs, run_command
 
 # %% auto #0
 __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORDS', 'EU_LANGUAGES', 'FORMEX_BLOCKS',
            'FORMEX_SKIP', 'FORMEX_LABELS', 'SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS', 'Document',
            'write_jsonl', 'parse_date', 'Celex', 'parse_celex', 'base_celex', 'doc_type_from_celex',
            'celex_from_number', 'doc_type_from_legal_value', 'doc_type_from_title', 'check_language', 'record_fields',
-           'document_from_record', 'read_jsonl_documents', 'jsonl_entries', 'skip_reason', 'formex_text',
-           'read_formex_file', 'formex_document', 'read_formex', 'read_items', 'read_documents', 'report_path',
-           'parse_documents', 'write_parse_report', 'format_parse_summary', 'SampleAct', 'plan_act',
-           'sample_publications', 'write_sample', 'sample_command', 'parse_command', 'sample_main', 'parse_main']
+           'document_from_record', 'read_jsonl_documents', 'skip_reason', 'formex_text', 'read_formex_file',
+           'formex_document', 'read_formex', 'read_items', 'read_documents', 'report_path', 'parse_documents',
+           'write_parse_report', 'format_parse_summary', 'SampleAct', 'plan_act', 'sample_publications', 'write_sample',
+           'sample_command', 'parse_command', 'sample_main', 'parse_main']
 
 # %% ../nbs/00_sources.ipynb #9cdec564
 DOC_TYPES = ('regulation', 'directive', 'decision', 'recommendation', 'other')
@@ -252,35 +252,12 @@ def read_jsonl_documents(path: str | Path) -> Iterator[Document]:
     "Stream `Document`s from a JSON-lines file, one per line; a bad line raises with its number."
     for n, _, _, rec in jsonl_records(path): yield document_from_record(rec, f'{path}, line {n}', str(path))
 
-def _line_record(path, n: int, raw: bytes) -> dict:
-    "The JSON object on line `n` of `path` (its bytes `raw`), with the one-line errors of `jsonl_records`."
-    try: line = raw.decode('utf-8-sig' if n == 1 else 'utf-8')
-    except UnicodeDecodeError as e:
-        raise LegalnbError(f'{path}, line {n}: byte {e.start + 1} is not UTF-8; save the file as UTF-8') from None
-    try: rec = _decode_json(line)
-    except json.JSONDecodeError as e:
-        raise LegalnbError(f'{path}, line {n}: not JSON ({e.msg} at character {e.pos + 1}); '
-                           'expected one JSON object (a document) per line') from None
-    except ValueError as e: raise LegalnbError(f'{path}, line {n}: {e}; a record names each field once') from None
-    if type(rec) is not dict:
-        raise LegalnbError(f'{path}, line {n}: expected a JSON object (a document), got {type(rec).__name__}')
-    return rec
-
-def jsonl_entries(path: str | Path) -> Iterator[tuple[int, int, int, dict | LegalnbError]]:
-    "Like `jsonl_records`, but a bad line yields its `LegalnbError` in place of the record, and reading goes on."
-    offset = 0
-    with open(path, 'rb', buffering=1 << 18) as f:
-        for n, raw in enumerate(f, 1):
-            start, offset = offset, offset + len(raw)
-            if raw.isspace(): continue
-            try: yield n, start, len(raw), _line_record(path, n, raw)
-            except LegalnbError as e: yield n, start, len(raw), e
-
 _REASONS = (('not UTF-8', 'not_utf8'), ('not JSON', 'not_json'), ('duplicate key', 'duplicate_key'),
             ('expected a JSON object', 'not_an_object'), ('malformed XML', 'malformed_xml'),
             ('nested too deeply', 'too_deep'), ('no LG.DOC', 'no_language'), ('"lang"', 'bad_language'),
             ('date', 'bad_date'), ('CELEX', 'bad_celex'), ('CONSLEG', 'bad_celex'), ('no text', 'no_text'),
-            ('empty "text"', 'no_text'), ('"text"', 'bad_text'), ('"title"', 'bad_title'), ('"subjects"', 'bad_subjects'),
+            ('empty "text"', 'no_text'), ('"text"', 'bad_text'), ('"title"', 'bad_title'),
+            ('"subjects"', 'bad_subjects'),
             ('expected one act', 'no_act'))
 
 def skip_reason(message: str) -> str:
@@ -589,7 +566,7 @@ def _read_folder(job: tuple[list[Path], bool]) -> list[tuple]:
 
 def _jsonl_items(path: Path) -> Iterator[tuple]:
     "('doc', Document, 0) for each good line of a JSONL file, ('skip', 'file, line n', reason, error) for a bad one."
-    for n, _, _, rec in jsonl_entries(path):
+    for n, _, _, rec in jsonl_records(path, errors='yield'):
         try:
             if isinstance(rec, LegalnbError): raise rec
             yield 'doc', document_from_record(rec, f'{path}, line {n}', str(path)), 0
