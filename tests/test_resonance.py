@@ -303,3 +303,18 @@ def test_recurrent_generation_crops_at_max_seq_len_and_samples():
     assert torch.equal(s1, m.generate(ids, 20, temperature=0.9, top_k=7, generator=5, recurrent=False))
     _, state = m.prefill(torch.randint(0, 97, (1, 40)))
     with pytest.raises(LegalnbError, match='the context is full'): m.step(torch.tensor([1]), state)
+
+
+def test_bench_generate_worker_and_table(monkeypatch):
+    "bench/generate.py: both paths in-process on a short prompt agree on their greedy tokens; the table says so."
+    import importlib.util
+    from pathlib import Path
+    bench_dir = Path(__file__).resolve().parents[1]/'bench'
+    monkeypatch.syspath_prepend(str(bench_dir))
+    spec = importlib.util.spec_from_file_location('bench_generate', bench_dir/'generate.py')
+    bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench)
+    base = dict(device='cpu', dim=16, layers=1, frequencies=4, vocab=64, threads=1, prompt=101)
+    rows = [bench.worker({**base, 'path': 'recurrent', 'new': 6}), bench.worker({**base, 'path': 'recompute', 'new': 3})]
+    assert rows[0]['tokens'][:3] == rows[1]['tokens'] and rows[0]['ms_per_token'] > 0 and rows[0]['prefill_s'] > 0
+    table = bench.fmt_table(rows)
+    assert table.splitlines()[2].split('|')[1].strip() == '101' and table.rstrip().endswith('yes |')
