@@ -85,17 +85,10 @@ def seconds_per_step(name: str, size: str, overrides: dict, vocab: int, seq_len:
 
 # %% ../nbs/12_compare.ipynb #ec990e2b
 def val_bytes_per_token(data: str | Path, batch_size: int, eval_batches: int, seed: int) -> float | None:
-    "UTF-8 bytes per token of the held-out rows the trainer evaluates on, decoded with the split's tokenizer.json."
-    from legalnb.corpus import load_tokenizer
-    from legalnb.data import read_manifest
-    from legalnb.train import Dist, TrainConfig, open_split, val_loader
-    name = (read_manifest(data) or {}).get('tokenizer') or 'tokenizer.json'
-    if not (Path(data)/name).is_file(): return None
-    tok = load_tokenizer(Path(data)/name)
-    cfg = TrainConfig(batch_size=batch_size, eval_batches=eval_batches, seed=seed)
-    targets = [y for _, y in val_loader(open_split(data)[1], cfg, Dist())]  # (B, L) each: the tokens the loss scores
-    nbytes = sum(len(tok.decode(row.tolist(), skip_special_tokens=True).encode('utf-8')) for y in targets for row in y)
-    return nbytes / sum(y.numel() for y in targets) if nbytes else None
+    "UTF-8 bytes per token of the held-out rows the trainer evaluates on (the trainer's own measure)."
+    from legalnb.train import TrainConfig, open_split, val_bytes_per_token as measure
+    return measure(data, open_split(data)[1], TrainConfig(batch_size=batch_size, eval_batches=eval_batches, seed=seed))
+
 
 # %% ../nbs/12_compare.ipynb #d2a4d7f6
 def check_settings(data, models, size, overrides, budget, budget_kind, lr, lr_factors, batch_size, eval_points,
@@ -251,12 +244,9 @@ def loss_at(curve: list[dict], key: str, x: float) -> float | None:
     return next((y for x0, y in pts if math.isclose(x0, x, rel_tol=1e-9)), None)
 
 # %% ../nbs/12_compare.ipynb #f0132704
-def _bpb(loss: float | None, bytes_per_token: float | None) -> float | None:
-    "Bits per byte: nats per token / ln 2 / bytes per token."
-    return None if loss is None or not bytes_per_token else loss / math.log(2) / bytes_per_token
-
 def summarize(out: Path, plan: dict, state: dict) -> dict:
     "Every run's curve and end, each model's best learning rate, and the models at equal tokens and equal time."
+    from legalnb.train import bits_per_byte as _bpb
     runs = []
     for r in plan['runs']:
         folder, st = out/r['name'], state.get(r['name'], {})

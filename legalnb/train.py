@@ -23,9 +23,10 @@ __all__ = ['SCHEDULES', 'DEVICES', 'STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHAN
            'rng_state', 'set_rng_state', 'seed_everything', 'checkpoint_step', 'list_checkpoints', 'save_checkpoint',
            'find_checkpoint', 'load_checkpoint', 'load_for_resume', 'open_split', 'train_loader', 'val_loader',
            'unpack_batch', 'takes_doc_starts', 'model_loss', 'model_config', 'make_optimizer', 'check_resume',
-           'upgraded_config', 'check_same_run', 'evaluate', 'peak_flops', 'shard_model', 'save_shards', 'load_shards',
-           'consolidated_model', 'Interval', 'check_new_run', 'Run', 'setup', 'resume', 'train_step', 'end_interval',
-           'save_run', 'summarize', 'record_architecture', 'train', 'train_parser', 'config_from_args', 'train_main']
+           'upgraded_config', 'check_same_run', 'evaluate', 'val_bytes_per_token', 'bits_per_byte', 'peak_flops',
+           'shard_model', 'save_shards', 'load_shards', 'consolidated_model', 'Interval', 'check_new_run', 'Run',
+           'setup', 'resume', 'train_step', 'end_interval', 'save_run', 'summarize', 'record_architecture', 'train',
+           'train_parser', 'config_from_args', 'train_main']
 
 # %% ../nbs/05_train.ipynb #a6da8542
 SCHEDULES = ('cosine', 'restarts', 'constant')
@@ -254,6 +255,7 @@ def format_log_line(r: dict,          # a step record: step, loss, lr, step_ms, 
             f"lr {r['lr']:.1e} | {r['step_ms']:6.0f} ms | {r['tokens_per_sec']:>9,.0f} tok/s | MFU {mfu} | "
             f"eta {format_duration(r.get('eta_s')):>7}")
     if r.get('val_loss') is not None: line += f" | val {r['val_loss']:.3f} (ppl {r['val_ppl']:.1f})"
+    if r.get('val_bpb') is not None: line += f" {r['val_bpb']:.3f} bits/byte"
     return line
 
 # %% ../nbs/05_train.ipynb #95b43d4b
@@ -307,6 +309,7 @@ class ProgressBar:
         self.last = r['step']
     def on_eval(self, r: dict):
         msg = f"step {r['step']}: val loss {r['val_loss']:.4f}, perplexity {r['val_ppl']:.2f}"
+        if r.get('val_bpb') is not None: msg += f", {r['val_bpb']:.3f} bits per byte"
         if self.bar.disable: print(msg, file=self.file, flush=True)
         else: self.bar.write(msg)
     def on_end(self, r: dict): self.bar.close()
@@ -604,6 +607,22 @@ def evaluate(model: torch.nn.Module, loader: Iterable, d: Dist, precision: str, 
     model.train(was)
     return all_mean(total / max(n, 1), d).item()
 
+def val_bytes_per_token(data: str | Path,  # the split folder (its tokenizer.json decodes the rows)
+                        val_ds, cfg: TrainConfig) -> float | None:
+    "UTF-8 bytes per token of the val rows the trainer evaluates on; None when the split has no tokenizer.json."
+    from legalnb.corpus import load_tokenizer
+    from legalnb.data import read_manifest
+    name = (read_manifest(data) or {}).get('tokenizer') or 'tokenizer.json'
+    if not (Path(data)/name).is_file(): return None
+    tok = load_tokenizer(Path(data)/name)
+    targets = [unpack_batch(b)[1] for b, _ in zip(val_loader(val_ds, cfg, Dist()), range(cfg.eval_batches))]
+    nbytes = sum(len(tok.decode(row.tolist(), skip_special_tokens=True).encode('utf-8')) for y in targets for row in y)
+    return nbytes / sum(y.numel() for y in targets) if nbytes else None
+
+def bits_per_byte(loss: float | None, bytes_per_token: float | None) -> float | None:
+    "Bits per byte from a loss in nats per token: loss / ln 2 / bytes per token (tokenizer-independent)."
+    return None if loss is None or not bytes_per_token else loss / math.log(2) / bytes_per_token
+
 def peak_flops(device: torch.device, precision: str) -> float | None:
     "Dense peak FLOP/s of the GPU `device` at `precision`, or None (CPU, or a GPU the table lacks)."
     if device.type != 'cuda': return None
@@ -783,6 +802,7 @@ def setup(cfg: TrainConfig) -> Run:
     run = Run(cfg, d, out, train_ds, val_ds, spec, mc, model, make_optimizer(model, cfg, d.device),
               torch.amp.GradScaler('cuda', enabled=precision == 'fp16'), precision, max_steps, sharded, t_start=t_start)
     run.doc_starts = takes_doc_starts(model)
+    run.val_bytes_per_token = val_bytes_per_token(cfg.data, val_ds, cfg)   # for bits per byte beside the val loss
     run.fpt, run.peak = spec.matmul_flops_per_token(mc), peak_flops(d.device, precision)  # MFU counts matmuls
     # -- the run folder: resume its run (weights, optimizer, scaler, RNG, data position), or refuse to clobber one
     if cfg.resume: resume(run)
@@ -858,7 +878,8 @@ def end_interval(run: Run, step: int):
     notify(run.callbacks, 'on_step', rec)
     if do_eval:
         vl = evaluate(run.model, val_loader(run.val_ds, cfg, d), d, run.precision, cfg.eval_batches)
-        run.val = dict(step=step, val_loss=vl, val_ppl=math.exp(min(vl, 50)))
+        run.val = dict(step=step, val_loss=vl, val_ppl=math.exp(min(vl, 50)),
+                       val_bpb=bits_per_byte(vl, run.val_bytes_per_token))
         notify(run.callbacks, 'on_eval', run.val)
     if do_save: save_run(run, step)
     run.interval = Interval.start(d.device)
@@ -881,6 +902,7 @@ def summarize(run: Run) -> dict:
     last, val = run.last, run.val
     summary = dict(step=run.max_steps, steps=run.max_steps - run.start, resumed_from=run.start if cfg.resume else None,
                    loss=last and last['loss'], val_loss=val and val['val_loss'], val_ppl=val and val['val_ppl'],
+                   val_bpb=val and val['val_bpb'],
                    tokens=run.tokens_per_step * run.max_steps,
                    tokens_per_sec=float(np.median(run.speeds)) if run.speeds else None,
                    mfu=last and last['mfu'], step_ms=last and last['step_ms'], precision=run.precision,
@@ -994,8 +1016,9 @@ def train_main(argv: list[str]) -> int:
         if dist.is_initialized(): dist.destroy_process_group()
     if main_rank:
         mfu = f", MFU {100 * s['mfu']:.0f}%" if s['mfu'] else ''
+        bpb = f", {s['val_bpb']:.3f} bits per byte" if s.get('val_bpb') else ''
         print(f"done: {s['steps']} steps ({s['tokens']:,} tokens) in {format_duration(s['elapsed_s'])}, "
               f"{s['tokens_per_sec']:,.0f} tok/s{mfu} on {s['world_size']} x {s['device']} ({s['precision']})\n"
-              f"loss {s['loss']:.4f}, val loss {s['val_loss']:.4f} (perplexity {s['val_ppl']:.2f})\n"
+              f"loss {s['loss']:.4f}, val loss {s['val_loss']:.4f} (perplexity {s['val_ppl']:.2f}{bpb})\n"
               f"model {s['model_dir']}, checkpoint {s['checkpoint']}, metrics {Path(cfg.out)/'metrics.jsonl'}")
     return 0

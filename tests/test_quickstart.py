@@ -23,6 +23,11 @@ def test_quickstart_end_to_end(tmp_path, capsys):
     summary = json.loads((wd/'run'/'summary.json').read_text())
     assert math.isfinite(summary['val_loss']) and summary['val_loss'] < math.log(300), summary['val_loss']
     assert summary['steps'] == 12 and summary['device'] == 'cpu'
+    # validation on the held-out acts reports bits per byte beside the loss: loss / ln 2 / bytes per token
+    evals = [json.loads(l) for l in (wd/'run'/'metrics.jsonl').read_text().splitlines() if '"eval"' in l]
+    assert evals and all(0 < e['val_bpb'] < 16 for e in evals) and summary['val_bpb'] == evals[-1]['val_bpb']
+    ratio = [e['val_loss'] / math.log(2) / e['val_bpb'] for e in evals]   # bytes per token: the same rows each time
+    assert max(ratio) - min(ratio) < 1e-9 and 1 < ratio[0] < 8
     assert (wd/'loss.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     report = (wd/'report.md').read_text()
     for part in ('## What each stage made', f"val loss {summary['val_loss']:.3f}", '![loss](loss.png)',
