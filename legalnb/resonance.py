@@ -296,14 +296,17 @@ def short_conv_reset(conv: nn.Conv1d,      # the depthwise causal convolution (k
                      z: torch.Tensor,      # (B, C, L) its input
                      pos: torch.Tensor,    # (B, L) each token's position in its document
                     ) -> torch.Tensor:     # (B, C, L), as conv(z)[..., :L] without taps across a document start
-    "The short causal convolution restarted at every document: the tap on z[t-i] is used only when pos[t] >= i."
+    "The short causal convolution restarted at every document: the taps that reach before a start taken back out."
     k, L = conv.kernel_size[0], z.shape[-1]
+    out = conv(z)[..., :L].transpose(1, 2)              # (B, L, C): the plain convolution
+    rows, ts = (pos < k - 1).nonzero(as_tuple=True)     # the first k-1 tokens of each document: a few per document
     w = conv.weight[:, 0]                               # (C, k): w[:, k-1-i] multiplies z[t-i]
-    out = w[:, -1:] * z + conv.bias[:, None]
     for i in range(1, k):
-        earlier = F.pad(z, (i, 0))[..., :L]             # z[t-i], zero before the row
-        out = out + w[:, k - 1 - i, None] * earlier * (pos >= i)[:, None]
-    return out
+        crossed = (pos[rows, ts] < i) & (ts >= i)       # tap i of token t reads z[t-i] from an earlier document
+        r, t = rows[crossed], ts[crossed]
+        out = out.index_put((r, t), -(w[:, k - 1 - i] * z[r, :, t - i]).to(out.dtype), accumulate=True)
+    return out.transpose(1, 2)
+
 
 # %% ../nbs/04_resonance.ipynb #8c60e45a
 def resonance_states(u: torch.Tensor,        # (B, D, L) input of the long convolution, in the filter's dtype
