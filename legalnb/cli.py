@@ -26,6 +26,7 @@ COMMANDS = {  # name: ('module:function', one-line help)
     'evaluate':     ('legalnb.evaluate:evaluate_main', 'held-out loss, bits per byte, citations, loss by position'),
     'generate':     ('legalnb.evaluate:generate_main', 'continue a prompt with a trained model, streaming the text'),
     'compare':      ('legalnb.compare:compare_main', 'train several models on the same data and budget, and compare'),
+    'export':       ('legalnb.export:export_main', 'a trained model as a Hugging Face folder (AutoModelForCausalLM)'),
     'estimate':     ('legalnb.calculator:estimate_main', 'time and cost of a training plan, checked against physics'),
     'quickstart':   ('legalnb.cli:quickstart_main', 'sample -> select -> corpus -> train a tiny model -> report'),
 }

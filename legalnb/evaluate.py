@@ -25,12 +25,12 @@ from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, 
 # %% auto #0
 __all__ = ['FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'REPORT_FILES', 'TASKS', 'EXPORT_FILES',
            'PROMPT_CHARS', 'heldout_path', 'year_band', 'read_heldout', 'EvalModel', 'load_native', 'model_kind',
-           'native_tokenizer', 'lora_base', 'load_eval_model', 'as_model', 'document_windows', 'position_buckets',
-           'bucket_label', 'document_batches', 'score_documents', 'metrics', 'grouped', 'generate_ids', 'TextStream',
-           'generate', 'extract_citations', 'citation_items', 'score_citations', 'LookupModel', 'summarize_citations',
-           'opening', 'generate_samples', 'evaluate', 'format_table', 'report_markdown', 'write_report',
-           'write_lm_eval_tasks', 'run_harness', 'evaluate_command', 'evaluate_parser', 'evaluate_main',
-           'generate_command', 'generate_main']
+           'native_tokenizer', 'legalnb_remote_code', 'lora_base', 'load_eval_model', 'as_model', 'document_windows',
+           'position_buckets', 'bucket_label', 'document_batches', 'score_documents', 'metrics', 'grouped',
+           'generate_ids', 'TextStream', 'generate', 'extract_citations', 'citation_items', 'score_citations',
+           'LookupModel', 'summarize_citations', 'opening', 'generate_samples', 'evaluate', 'format_table',
+           'report_markdown', 'write_report', 'write_lm_eval_tasks', 'run_harness', 'evaluate_command',
+           'evaluate_parser', 'evaluate_main', 'generate_command', 'generate_main']
 
 # %% ../nbs/11_evaluate.ipynb #76359c74
 FORMAT = 'legalnb.eval/1'   # the schema of eval.json: a reader checks it before it trusts the fields
@@ -157,12 +157,22 @@ def native_tokenizer(model_dir: Path, tokenizer: str | Path | None = None):
                        'pass --tokenizer TOKENIZER.json')
 
 # %% ../nbs/11_evaluate.ipynb #5c07958b
+def legalnb_remote_code(folder: Path) -> bool:
+    "Whether `folder` holds modelling code that `legalnb export` wrote (the only remote code evaluation runs)."
+    cfg = folder/'config.json'
+    auto = read_json(cfg, 'a model config').get('auto_map', {}) if cfg.is_file() else {}
+    if not auto: return False
+    if not all(str(v).split('.')[0].startswith(('modeling_legalnb_', 'configuration_legalnb_')) for v in auto.values()):
+        raise LegalnbError(f'{cfg}: its auto_map runs modelling code that legalnb did not write; load it with '
+                           'transformers (trust_remote_code=True) yourself if you trust it')
+    return True
+
 def _hf_tokenizer(*folders: Path):
     "The transformers fast tokenizer saved in the first of `folders` that has one."
     from transformers import AutoTokenizer
     for f in folders:
         if any((f/n).is_file() for n in ('tokenizer.json', 'tokenizer_config.json', 'tokenizer.model')):
-            tok = AutoTokenizer.from_pretrained(f, local_files_only=True)
+            tok = AutoTokenizer.from_pretrained(f, local_files_only=True, trust_remote_code=legalnb_remote_code(f))
             if not getattr(tok, 'is_fast', False):
                 raise LegalnbError(f'{f}: only a slow tokenizer; save a fast one (tokenizer.json) with save_pretrained')
             return tok
@@ -219,7 +229,8 @@ def load_eval_model(path: str | Path,                  # run folder, Hugging Fac
         hf_tok = _hf_tokenizer(*([Path(tokenizer)] if tokenizer else [folder, model_dir]))
         if hf_tok.eos_token_id is None:
             raise LegalnbError(f'{folder}: the tokenizer has no eos_token; set one in tokenizer_config.json')
-        module = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=_DTYPES[prec])
+        module = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=_DTYPES[prec],
+                                                      trust_remote_code=legalnb_remote_code(model_dir))
         if kind == 'lora':
             from peft import PeftModel
             module = PeftModel.from_pretrained(module, folder, local_files_only=True).merge_and_unload()
@@ -353,12 +364,20 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int, generator: torch
     return int(torch.multinomial(logits.softmax(-1), 1, generator=generator))
 
 @torch.no_grad()
+@torch.no_grad()
 def generate_ids(lm: EvalModel, ids: list[int], max_new_tokens: int, temperature: float = 0.8, top_k: int = 50,
                  seed: int = 0, on_token: Callable[[int], None] | None = None, stop_at_eos: bool = True) -> list[int]:
-    "Up to `max_new_tokens` token ids after `ids` (the last `context` of them are the input), one forward pass each."
-    g, ids, new = torch.Generator().manual_seed(seed), list(ids), []
+    "Up to `max_new_tokens` token ids after `ids` (the last `context` of them are the input)."
+    g, ids, new, state = torch.Generator().manual_seed(seed), list(ids), [], None
+    # a model with a recurrent state (ResonanceNet's prefill/step) reads the prompt once, then one token per step
+    recurrent = hasattr(lm.module, 'prefill') and min(len(ids), lm.context) + max_new_tokens <= lm.context
     for _ in range(max_new_tokens):
-        with _autocast(lm): logits = lm.logits(torch.tensor([ids[-lm.context:]], device=lm.device))[0, -1]
+        with _autocast(lm):
+            if not recurrent: logits = lm.logits(torch.tensor([ids[-lm.context:]], device=lm.device))[0, -1]
+            elif state is None:
+                out, state = lm.module.prefill(torch.tensor([ids[-lm.context:]], device=lm.device))
+                logits = out[0, -1]
+            else: logits = lm.module.step(torch.tensor([ids[-1]], device=lm.device), state)[0]
         t = _pick(logits.float().cpu(), temperature, top_k, g)   # sampled on the CPU: the same seed, the same text
         if stop_at_eos and t == lm.eos_id: break
         ids.append(t); new.append(t)

@@ -15,7 +15,8 @@ import torch
 from legalnb.core import LegalnbError
 from legalnb.corpus import train_tokenizer
 from legalnb.evaluate import (FORMAT, REPORT_FILES, EvalModel, LookupModel, citation_items, document_windows,
-                              evaluate, evaluate_main, extract_citations, generate, generate_main, load_eval_model,
+                              evaluate, evaluate_main, extract_citations, generate, generate_ids, generate_main,
+                              load_eval_model,
                               metrics, position_buckets, read_heldout, run_harness, score_citations, score_documents,
                               TextStream, write_lm_eval_tasks)
 from legalnb.resonance import ResonanceLanguageModel
@@ -338,3 +339,36 @@ def test_bad_inputs_are_one_line_and_leave_nothing(quickstart_run, corpus, tmp_p
             assert expect in str(e.value) and '\n' not in str(e.value), (argv, str(e.value))
     finally: os.chdir(here)
     assert sorted(p for p in tmp_path.rglob('*')) + sorted(quickstart_run.rglob('*')) == before
+
+
+class ForwardOnly(torch.nn.Module):
+    "The same model without its recurrent state: generation has to recompute the context for every token."
+    def __init__(self, model): super().__init__(); self.model = model
+    def forward(self, ids): return self.model(ids)
+
+
+def test_generation_uses_the_recurrent_state_and_gives_the_same_tokens(corpus):
+    torch.manual_seed(0)
+    tok = train_tokenizer(corpus['train'], 400)
+    model = ResonanceLanguageModel.from_kwargs(vocab_size=400, dim=32, num_layers=2, num_frequencies=8, max_seq_len=300,
+                                               init_std=0.3).eval()
+    recurrent, recompute = (EvalModel(m, tok, context=300, eos_id=0) for m in (model, ForwardOnly(model)))
+    ids = tok.encode('Article 1 This Regulation lays down').ids
+    for temperature in (0, 0.8):
+        a = generate_ids(recurrent, ids, 60, temperature=temperature, seed=4, stop_at_eos=False)
+        assert a == generate_ids(recompute, ids, 60, temperature=temperature, seed=4, stop_at_eos=False)
+    assert len(set(a)) > 5, 'a model that repeats one token would make the comparison meaningless'
+
+
+def test_evaluate_an_exported_resonance_model(quickstart_run, corpus, tmp_path):
+    "`legalnb export` writes its own modelling code; evaluate trusts that code, and only that code."
+    from legalnb.export import export_main
+    assert export_main([str(quickstart_run/'run'), '--out', str(tmp_path/'hf')]) == 0
+    lm = load_eval_model(tmp_path/'hf')
+    native = load_eval_model(quickstart_run/'run')
+    ids = torch.tensor([native.tokenizer.encode('Article 2 Definitions').ids])
+    assert (lm.logits(ids) - native.logits(ids)).abs().max() < 1e-4
+    cfg = json.loads((tmp_path/'hf'/'config.json').read_text())
+    cfg['auto_map']['AutoModelForCausalLM'] = 'modeling_other.Model'
+    (tmp_path/'hf'/'config.json').write_text(json.dumps(cfg))
+    with pytest.raises(LegalnbError, match='modelling code that legalnb did not write'): load_eval_model(tmp_path/'hf')
