@@ -53,3 +53,15 @@ def test_quickstart_compare(tmp_path, capsys):
     assert set(runs['models']) == {'resonance', 'gpt'} and runs['models']['gpt']['loss_at_tokens'] > 0
     report = (wd/'report.md').read_text()
     assert '## Against a transformer' in report and (wd/'compare'/'loss_vs_tokens.png').exists()
+
+def test_training_rows_carry_the_corpus_document_starts(tmp_path, capsys):
+    "A split of a corpus that wrote doc_starts/ yields them with each row, so every model resets (or masks) there."
+    from legalnb.train import open_split
+    wd = tmp_path/'qs'
+    assert main(['quickstart', '--workdir', str(wd), *TINY, '--steps', '2']) == 0
+    train_ds, val_ds = open_split(wd/'split')
+    x, y, starts = train_ds[list(range(8))]
+    assert starts.dtype == torch.bool and starts.shape == x.shape and train_ds.doc_starts and val_ds.doc_starts
+    eos = json.loads((wd/'corpus'/'manifest.json').read_text())['eos_id']
+    # a document starts right after every end-of-document token inside a row
+    assert torch.equal(starts[:, 1:], x[:, :-1] == eos)
