@@ -4,7 +4,7 @@
 
 # %% ../nbs/08_calculator.ipynb #770dd473
 from __future__ import annotations
-import argparse, json, math, statistics, time
+import json, math, statistics, time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal
 from fastcore.basics import patch
@@ -453,15 +453,7 @@ def calibration_from_metrics(records: list[dict],  # step records: legalnb.train
     return Calibration(sps, [r['step_ms'] / 1000 for r in kept], steps[skip - 1] if skip else 0, mfu)
 
 # %% ../nbs/08_calculator.ipynb #b1f32ac9
-def _flag_type(parse: Callable[[str], float]) -> Callable[[str], float]:
-    "An argparse type from a core parser, so that its error names the flag: `--tokens: expected a finite number ...`."
-    def convert(text: str) -> float:
-        try: return parse(text)
-        except LegalnbError as e: raise argparse.ArgumentTypeError(str(e)) from None
-    convert.__name__ = parse.__name__
-    return convert
-
-_count, _number = _flag_type(parse_count), _flag_type(parse_number)
+_count, _number = parse_count, parse_number   # flag types: core names the flag in their errors
 
 def _preset_key(preset: str) -> tuple[str, str]:
     "('cpt', 'fast') from --preset cpt/fast (or cpt:fast); one line naming the flag otherwise."

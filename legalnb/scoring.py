@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_scoring.ipynb #f5b7bc0a
 from __future__ import annotations
-import argparse, copy, gc, json, os, random, time
+import copy, gc, json, os, random, time
 from collections import Counter, defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, asdict, replace
@@ -588,10 +588,9 @@ def plot_report(report: dict):
 
 # %% ../nbs/01_scoring.ipynb #8825a288
 def token_target(text: str) -> int:
-    "A token budget of at least 1 from '2,000,000', '2e9', '500M' or '2B' (an argparse type: errors name the flag)."
-    try: n = parse_count(text)
-    except LegalnbError as e: raise argparse.ArgumentTypeError(str(e)) from None
-    if n < 1: raise argparse.ArgumentTypeError(f'expected at least 1 token, such as 2,000,000, 2e9, 500M, got {text!r}')
+    "A token budget of at least 1 from '2,000,000', '2e9', '500M' or '2B' (a flag type: core's parser names the flag)."
+    if (n := parse_count(text)) < 1:
+        raise LegalnbError(f'expected at least 1 token, such as 2,000,000, 2e9, 500M, got {text!r}')
     return n
 
 def select_command(input: str,                         # JSONL of documents (the output of legalnb parse)
