@@ -992,11 +992,7 @@ def train_parser() -> argparse.ArgumentParser:
                    help=doc['resume'])
     p.add_argument('--config', metavar='YAML', default=argparse.SUPPRESS,
                    help='YAML file of TrainConfig fields (flags override it)')
-    default = asdict(TrainConfig())
-    for a in p._actions:  # defaults stay out of the parsed flags (a YAML file or preset may set them) but show in help
-        if default.get(a.dest) in (None, False, '', {}): continue
-        a.help = f'{a.help or ""} (default: {default[a.dest]})'.strip()
-    return p
+    return p   # flags not given stay out of the result (a YAML file or preset may set them); --help shows defaults
 
 def config_from_args(argv: list[str]) -> TrainConfig:
     "The TrainConfig that `legalnb train ARGV` runs: defaults < preset < YAML < flags; a bad value names its flag."
