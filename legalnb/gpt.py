@@ -20,7 +20,7 @@ from .core import LegalnbError, atomic_write, read_json
 # %% auto #0
 __all__ = ['MODEL_SIZES', 'ARCHITECTURE', 'GPTConfig', 'rope_angles', 'apply_rope', 'document_mask', 'KVCache',
            'CausalSelfAttention', 'SwiGLU', 'GPTBlock', 'GPTLanguageModel', 'document_leakage', 'config_for',
-           'size_table', 'next_token']
+           'next_token']
 
 # %% ../nbs/04a_gpt.ipynb #9e815b39
 _POSITIVE_INTS = ('vocab_size', 'dim', 'num_layers', 'num_heads', 'max_seq_len', 'mlp_multiple_of')
@@ -304,17 +304,6 @@ def config_for(size: str,        # one of MODEL_SIZES
     if size not in MODEL_SIZES:
         raise LegalnbError(f'unknown model size {size!r}; choose from {", ".join(MODEL_SIZES)}')
     return GPTConfig(vocab_size=vocab_size, **{**MODEL_SIZES[size], **overrides})
-
-def size_table(vocab_size: int = 32768, **overrides) -> list[dict]:
-    "Parameter counts and FLOPs per token of every named size, built on the meta device."
-    rows = []
-    for name in MODEL_SIZES:
-        c = config_for(name, vocab_size, **overrides)
-        with torch.device('meta'): m = GPTLanguageModel(c)
-        rows.append(dict(size=name, dim=c.dim, layers=c.num_layers, heads=c.num_heads, params=m.num_params(),
-                         non_embedding=m.num_params(non_embedding=True),
-                         gflops_per_token_32k=c.flops_per_token(32768) / 1e9))
-    return rows
 
 # %% ../nbs/04a_gpt.ipynb #757fc69c
 def next_token(logits: torch.Tensor,                 # (B, V) float logits of the last position

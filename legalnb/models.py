@@ -13,7 +13,7 @@ from fastcore.basics import patch
 from .core import LegalnbError, read_json
 
 # %% auto #0
-__all__ = ['MODELS', 'ModelSpec', 'resonance_no_decay', 'gpt_no_decay', 'get_model', 'register', 'load_model']
+__all__ = ['MODELS', 'ModelSpec', 'resonance_no_decay', 'gpt_no_decay', 'get_model', 'register', 'size_table', 'load_model']
 
 # %% ../nbs/04b_models.ipynb #823bc6e4
 def _resolve(ref: Any) -> Any:
@@ -121,6 +121,22 @@ def register(spec: ModelSpec,         # the new architecture
         raise LegalnbError(f'model {spec.name!r} is already registered; pass replace=True to change it')
     MODELS[spec.name] = spec
     return spec
+
+# %% ../nbs/04b_models.ipynb #4721eeed
+def size_table(name: str,              # a registered architecture
+               vocab_size: int = 32768, # tokenizer vocabulary
+               seq_len: int = 32768,    # context: position table and the FLOPs' sequence length
+               **overrides) -> list[dict]:
+    "Shape, parameters and training FLOPs per token of every named size of a model, built on the meta device."
+    import torch
+    spec, rows = get_model(name), []
+    for size in spec.sizes:
+        c = spec.config(size, vocab_size, seq_len, **overrides)
+        with torch.device('meta'): m = spec.build(c)
+        rows.append(dict(size=size, **{k: getattr(c, k) for k in spec.sizes[size]}, params=m.num_params(),
+                         non_embedding=m.num_params(non_embedding=True),
+                         gflops_per_token=spec.flops_per_token(c, seq_len) / 1e9))
+    return rows
 
 # %% ../nbs/04b_models.ipynb #2c39b317
 def load_model(directory: str | Path,     # a folder with config.json and model.safetensors

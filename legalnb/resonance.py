@@ -21,7 +21,7 @@ from .core import LegalnbError, atomic_write, read_json
 __all__ = ['MODEL_SIZES', 'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length', 'ResonanceFilter',
            'ResonanceLayer', 'ResonanceBlock', 'ResonanceNet', 'ResonanceLanguageModel', 'document_positions',
            'short_conv_reset', 'resonance_states', 'document_fft_conv', 'causality_violation', 'config_for',
-           'size_table', 'ResonanceState', 'recall_task']
+           'ResonanceState', 'recall_task']
 
 # %% ../nbs/04_resonance.ipynb #7d0ba3a2
 @dataclass
@@ -428,18 +428,6 @@ def config_for(size: str,        # one of MODEL_SIZES
     if size not in MODEL_SIZES:
         raise LegalnbError(f'unknown model size {size!r}; choose from {", ".join(MODEL_SIZES)}')
     return ResonanceConfig(vocab_size=vocab_size, **{**MODEL_SIZES[size], **overrides})
-
-# %% ../nbs/04_resonance.ipynb #af7feac5
-def size_table(vocab_size: int = 32768, **overrides) -> list[dict]:
-    "Parameter counts and FLOPs per token of every named size, built on the meta device."
-    rows = []
-    for name in MODEL_SIZES:
-        c = config_for(name, vocab_size, **overrides)
-        with torch.device('meta'): m = ResonanceLanguageModel(c)
-        rows.append(dict(size=name, dim=c.dim, layers=c.num_layers, frequencies=c.num_frequencies,
-                         params=m.num_params(), non_embedding=m.num_params(non_embedding=True),
-                         gflops_per_token_32k=c.flops_per_token(32768) / 1e9))
-    return rows
 
 # %% ../nbs/04_resonance.ipynb #0056f8f7
 @dataclass
