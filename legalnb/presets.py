@@ -11,7 +11,7 @@ from .core import LegalnbError, PRECISIONS, resolve_precision
 
 # %% auto #0
 __all__ = ['GPUS', 'TASKS', 'PRESET_NAMES', 'STRATEGIES', 'PRESETS', 'SIZE_BATCHES', 'GPU', 'find_gpu', 'gpu_precision',
-           'peak_tflops', 'Preset', 'human', 'get_preset']
+           'peak_tflops', 'Preset', 'human', 'get_preset', 'packed_accumulation', 'lora_steps']
 
 # %% ../nbs/07_presets.ipynb #04acae05
 @dataclass(frozen=True)
@@ -99,6 +99,8 @@ class Preset:
     corpus_tokens: int | None    # corpus size it was tuned for, tokens; None: whatever the user brings
     strategy: str                # 'single' | 'ddp' | 'deepspeed-zero3' | 'fsdp'
     why: str                     # provenance and trade-offs, one or two sentences
+    seq_warmup_steps: int = 0    # scratch: steps over which rows grow from seq_warmup_start to seq_len (0: none)
+    seq_warmup_start: int | None = None  # scratch: the first row length of that warm-up (a divisor of seq_len)
 
     def __post_init__(self):
         for f, ok in (('task', TASKS), ('name', PRESET_NAMES), ('precision', PRECISIONS), ('strategy', STRATEGIES)):
@@ -217,7 +219,9 @@ SIZE_BATCHES: dict[str, tuple[int, int]] = {  # size: (micro-batch per GPU, grad
     'small': (4, 8), 'medium': (4, 8), 'large': (2, 16), 'xlarge': (1, 32)}
 
 # %% ../nbs/07_presets.ipynb #de3423ed
-def get_preset(task: str, name: str, size: str | None = None) -> Preset:
+def get_preset(task: str, name: str, size: str | None = None,
+               model: str | None = None  # scratch: the registered model the preset is for (None: any)
+               ) -> Preset:
     "The preset `name` for `task`; for 'scratch', `size` sets micro-batch/accumulation from SIZE_BATCHES."
     if (task, name) not in PRESETS:
         raise LegalnbError(f'unknown preset {task}/{name}: tasks are {", ".join(TASKS)}, '
@@ -228,3 +232,19 @@ def get_preset(task: str, name: str, size: str | None = None) -> Preset:
         raise LegalnbError(f'size {size!r} applies to scratch presets only, one of {", ".join(SIZE_BATCHES)}')
     micro = SIZE_BATCHES[size][0]
     return replace(p, micro_batch=micro, grad_accum=p.global_batch // (micro * p.gpus))
+
+# %% ../nbs/07_presets.ipynb #30cdb041
+def packed_accumulation(preset: Preset,
+                        examples_per_row: float,   # mean examples in a packed row (1 without packing)
+                        micro_batch: int | None = None,  # rows per forward pass per GPU (default: the preset's)
+                        gpus: int | None = None    # data-parallel processes (default: the preset's)
+                        ) -> int:
+    "Gradient accumulation so that one optimizer step sees the preset's `global_batch` examples on average."
+    if examples_per_row <= 0: raise LegalnbError(f'examples_per_row must be > 0, got {examples_per_row!r}')
+    rows = (micro_batch or preset.micro_batch) * (gpus or preset.gpus)
+    return max(1, round(preset.global_batch / (examples_per_row * rows)))
+
+def lora_steps(preset: Preset, examples: int, epochs: float = 1.0) -> int:
+    "Optimizer steps for `epochs` passes over `examples` at the preset's examples per step (at least 1)."
+    if examples < 1: raise LegalnbError(f'a fine-tuning set needs at least one example, got {examples}')
+    return max(1, math.ceil(examples * epochs / preset.global_batch))
