@@ -4,14 +4,16 @@
 
 # %% ../nbs/07_presets.ipynb #7ab0cb98
 from __future__ import annotations
-import math, re, sys
+import functools, math, re, sys
 from dataclasses import dataclass, replace
 from fastcore.basics import patch
 from .core import LegalnbError, PRECISIONS, resolve_precision
 
 # %% auto #0
-__all__ = ['GPUS', 'TASKS', 'PRESET_NAMES', 'STRATEGIES', 'PRESETS', 'SIZE_BATCHES', 'GPU', 'find_gpu', 'gpu_precision',
-           'peak_tflops', 'Preset', 'human', 'get_preset', 'packed_accumulation', 'lora_steps']
+__all__ = ['GPUS', 'TASKS', 'PRESET_NAMES', 'STRATEGIES', 'PRESETS', 'SIZE_BATCHES', 'GPT3_LRS', 'PRESET_VOCAB', 'LONG_CONTEXT',
+           'LONG_MICRO_TOKENS', 'GPU', 'find_gpu', 'gpu_precision', 'peak_tflops', 'Preset', 'seq_len_stages',
+           'seq_len_at', 'human', 'lr_for_params', 'size_params', 'long_context_preset', 'get_preset',
+           'packed_accumulation', 'lora_steps']
 
 # %% ../nbs/07_presets.ipynb #04acae05
 @dataclass(frozen=True)
@@ -101,6 +103,10 @@ class Preset:
     why: str                     # provenance and trade-offs, one or two sentences
     seq_warmup_steps: int = 0    # scratch: steps over which rows grow from seq_warmup_start to seq_len (0: none)
     seq_warmup_start: int | None = None  # scratch: the first row length of that warm-up (a divisor of seq_len)
+    batch_tokens: int | None = None  # tokens per optimizer step (all GPUs) = global_batch × seq_len, at every length
+    tokens_per_param: float | None = None  # training tokens per model parameter the steps were sized from
+    model: str | None = None     # scratch: the registered model the preset is for (None: any)
+    size: str | None = None      # scratch: the named model size the steps, LR and micro-batch were sized for
 
     def __post_init__(self):
         for f, ok in (('task', TASKS), ('name', PRESET_NAMES), ('precision', PRECISIONS), ('strategy', STRATEGIES)):
@@ -113,6 +119,14 @@ class Preset:
         if self.global_batch is not None and self.global_batch != made:
             raise LegalnbError(f'global_batch must equal micro_batch × grad_accum × gpus = {self.micro_batch} × '
                                f'{self.grad_accum} × {self.gpus} = {made}, got {self.global_batch}')
+        if self.batch_tokens is not None and self.batch_tokens != self.tokens_per_step:
+            raise LegalnbError(f'batch_tokens must equal global_batch × seq_len = {self.global_batch} × '
+                               f'{self.seq_len} = {self.tokens_per_step}, got {self.batch_tokens}')
+        if self.seq_warmup_steps:
+            start = self.seq_warmup_start
+            if not (start and self.seq_len and start <= self.seq_len and self.seq_len % start == 0):
+                raise LegalnbError(f'seq_warmup_start must divide seq_len {self.seq_len} (the warm-up cuts each row '
+                                   f'into equal pieces), got {start!r}')
 
 # %% ../nbs/07_presets.ipynb #e8d3b1a8
 @patch(as_prop=True)
@@ -136,6 +150,27 @@ def warmup_for(self: Preset, total_steps: int) -> int:
     w = self.warmup_steps
     return int(w) if w >= 1 else math.ceil(total_steps * w)
 
+# %% ../nbs/07_presets.ipynb #c71ed10b
+def seq_len_stages(full: int,    # the full row length (the data's)
+                   start: int    # the first, shortest length of the warm-up: a divisor of `full`
+                  ) -> list[int]:
+    "The row lengths of a sequence-length warm-up: `start`, doubling while it divides `full`, then `full`."
+    if not (0 < start <= full and full % start == 0):
+        raise LegalnbError(f'seq_warmup_start {start} must divide the row length {full} and be at most it')
+    out = [start]
+    while out[-1] * 2 < full and full % (out[-1] * 2) == 0: out.append(out[-1] * 2)
+    return out if out[-1] == full else out + [full]
+
+def seq_len_at(step: int,            # optimizer step, counted from 0
+               full: int,            # the full row length
+               start: int | None,    # the warm-up's first length (None: no warm-up)
+               warmup_steps: int     # steps of the warm-up, shared equally by the lengths below `full`
+              ) -> int:
+    "The row length the trainer uses at `step`: the warm-up's stage for that step, then the full length."
+    if not warmup_steps or start is None or step >= warmup_steps: return full
+    short = seq_len_stages(full, start)[:-1]
+    return short[step * len(short) // warmup_steps] if short else full
+
 # %% ../nbs/07_presets.ipynb #622676e5
 def human(n: float | None, unit: str = '') -> str:
     "A count with an SI suffix: 20,971,520,000 -> '21.0B'; None -> '-'."
@@ -155,6 +190,12 @@ def describe(self: Preset, file=None) -> str:
             ('tokens', f'{human(self.tokens_per_step)} per step, {human(self.total_tokens)} in all'
                        + (f', {self.epochs:.2f} passes over {human(self.corpus_tokens)}' if self.epochs else '')),
             ('precision', self.precision), ('warmup', wu), ('strategy', self.strategy)]
+    if self.batch_tokens: rows.insert(4, ('batch tok', f'{self.batch_tokens:,} tokens per step at every row length'))
+    if self.seq_warmup_steps:
+        stages = ' → '.join(f'{l:,}' for l in seq_len_stages(self.seq_len, self.seq_warmup_start))
+        rows.insert(5, ('seq warmup', f'rows of {stages} tokens, the shorter ones over the first '
+                                      f'{self.seq_warmup_steps:,} steps'))
+    if self.model: rows.insert(0, ('for', f"model {self.model!r}, size {self.size!r}"))
     text = '\n'.join([f'{self.task}/{self.name}'] + [f'  {k:<10} {v}' for k, v in rows] + [f'  why: {self.why}'])
     print(text, file=file or sys.stdout)
     return text
@@ -218,14 +259,68 @@ PRESETS: dict[tuple[str, str], Preset] = {(p.task, p.name): p for p in (
 SIZE_BATCHES: dict[str, tuple[int, int]] = {  # size: (micro-batch per GPU, gradient accumulation)
     'small': (4, 8), 'medium': (4, 8), 'large': (2, 16), 'xlarge': (1, 32)}
 
+# %% ../nbs/07_presets.ipynb #86611d05
+GPT3_LRS = ((125e6, 6e-4), (350e6, 3e-4), (760e6, 2.5e-4), (1.3e9, 2e-4), (2.7e9, 1.6e-4), (6.7e9, 1.2e-4),
+            (13e9, 1e-4), (175e9, 0.6e-4))   # (parameters, peak LR): Brown et al. 2020, table 2.1
+PRESET_VOCAB = 32768                          # vocabulary the parameter counts of the presets assume
+
+def lr_for_params(n: float) -> float:
+    "Peak AdamW LR for a model of `n` parameters: GPT-3's table, log-linear in `n` between rows, held at its ends."
+    if n <= GPT3_LRS[0][0]: return GPT3_LRS[0][1]
+    for (n0, l0), (n1, l1) in zip(GPT3_LRS, GPT3_LRS[1:]):
+        if n <= n1: return l0 * (l1 / l0) ** (math.log(n / n0) / math.log(n1 / n0))
+    return GPT3_LRS[-1][1]
+
+@functools.lru_cache(maxsize=None)
+def size_params(model: str, size: str, seq_len: int = 1024, vocab_size: int = PRESET_VOCAB) -> int:
+    "Parameters of a registered model's named size (embeddings included), counted on the meta device."
+    import torch
+    from legalnb.models import get_model
+    spec = get_model(model)
+    with torch.device('meta'): return spec.build(spec.config(size, vocab_size, seq_len)).num_params()
+
+# %% ../nbs/07_presets.ipynb #5eb88541
+_LONG = dict(seq_warmup_start=1024, seq_warmup_share=0.2, warmup_steps=0.05)
+LONG_CONTEXT: dict[tuple[str, str], dict] = {   # (model, preset name): what the preset is sized from
+    ('resonance', 'fast'): dict(**_LONG, seq_len=8192, batch_tokens=262_144, tokens_per_param=5, lr_factor=4 / 3,
+        why='A first long-context model: a quarter of the compute-optimal tokens at 8k context'),
+    ('resonance', 'full'): dict(**_LONG, seq_len=32_768, batch_tokens=524_288, tokens_per_param=20, lr_factor=1.0,
+        why="The quality baseline at ResonanceNet's real context: Chinchilla's 20 tokens per parameter at 32k"),
+    ('resonance', 'aggressive'): dict(**_LONG, seq_len=8192, batch_tokens=524_288, tokens_per_param=5,
+        lr_factor=4 / 3 * math.sqrt(2),
+        why="fast's tokens in half the optimizer steps (batch doubled, LR × √2 by the square-root rule); trades "
+            'per-token efficiency and stability for fewer steps'),
+}
+LONG_MICRO_TOKENS = {size: micro * 8192 for size, (micro, _) in SIZE_BATCHES.items()}  # tokens per forward pass
+
+def long_context_preset(model: str, name: str, size: str = 'small') -> Preset:
+    "The long-context preset `name` of `model` for a named `size`: steps and LR from its parameters."
+    r = LONG_CONTEXT[model, name]
+    L, bt, tpp = r['seq_len'], r['batch_tokens'], r['tokens_per_param']
+    n = size_params(model, size, L)
+    micro = max(1, LONG_MICRO_TOKENS[size] // L)
+    steps, lr = math.ceil(tpp * n / bt), lr_for_params(n) * r['lr_factor']
+    why = (f"{r['why']}: steps = ceil({tpp:g} tokens/parameter × {human(n)} parameters ({size}) ÷ {bt:,} tokens "
+           f'per step) = {steps:,}; LR {lr:.2e} = {r["lr_factor"]:.3g} × GPT-3\'s {lr_for_params(n):.2e} for '
+           f'{human(n)} parameters; rows warm up from {r["seq_warmup_start"]:,} tokens over '
+           f'{r["seq_warmup_share"]:.0%} of the steps (tokens per step unchanged).')
+    return Preset('scratch', name, lr, steps, L, bt // L, micro, bt // (L * micro), 'auto', r['warmup_steps'], 1,
+                  None, 'single', why, seq_warmup_steps=round(r['seq_warmup_share'] * steps),
+                  seq_warmup_start=r['seq_warmup_start'], batch_tokens=bt, tokens_per_param=tpp, model=model,
+                  size=size)
+
 # %% ../nbs/07_presets.ipynb #de3423ed
 def get_preset(task: str, name: str, size: str | None = None,
                model: str | None = None  # scratch: the registered model the preset is for (None: any)
                ) -> Preset:
-    "The preset `name` for `task`; for 'scratch', `size` sets micro-batch/accumulation from SIZE_BATCHES."
+    "The preset `name` for `task`: for 'scratch', `model`'s long-context one if it has one, else sized by `size`."
     if (task, name) not in PRESETS:
         raise LegalnbError(f'unknown preset {task}/{name}: tasks are {", ".join(TASKS)}, '
                            f'names {", ".join(PRESET_NAMES)}')
+    if task == 'scratch' and (model, name) in LONG_CONTEXT:
+        if size is not None and size not in SIZE_BATCHES:
+            raise LegalnbError(f'size {size!r}: the sizes are {", ".join(SIZE_BATCHES)}')
+        return long_context_preset(model, name, size or 'small')
     p = PRESETS[task, name]
     if size is None: return p
     if task != 'scratch' or size not in SIZE_BATCHES:

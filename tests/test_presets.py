@@ -85,3 +85,65 @@ def test_every_registered_model_size_has_a_batch_plan():
         for size in spec.sizes: assert get_preset('scratch', 'full', size).global_batch == 32
     src = (presets.__file__ and open(presets.__file__).read()).lower()
     assert 'legalnb.resonance' not in src and 'legalnb.gpt' not in src   # the presets name no architecture
+
+
+# ---------------------------------------------------------------- long-context presets (issue 15, item 4)
+from legalnb.presets import LONG_CONTEXT, long_context_preset, lr_for_params, seq_len_at, seq_len_stages, size_params
+
+
+@pytest.mark.parametrize('name', ['fast', 'full', 'aggressive'])
+@pytest.mark.parametrize('size', list(SIZE_BATCHES))
+def test_long_context_tokens_per_step_constant_through_the_warm_up(name, size):
+    p = get_preset('scratch', name, size, model='resonance')
+    assert p.global_batch == p.micro_batch * p.grad_accum * p.gpus and p.batch_tokens == p.global_batch * p.seq_len
+    lengths = [seq_len_at(s, p.seq_len, p.seq_warmup_start, p.seq_warmup_steps) for s in range(p.steps)]
+    assert lengths[0] == p.seq_warmup_start == 1024 and lengths[-1] == p.seq_len
+    assert lengths == sorted(lengths) and p.seq_len in lengths[p.seq_warmup_steps:p.seq_warmup_steps + 1]
+    for length in set(lengths):   # rows per step at that length × the length = the same tokens
+        assert p.seq_len % length == 0 and (p.global_batch * p.seq_len // length) * length == p.batch_tokens
+
+
+@pytest.mark.parametrize('size', list(SIZE_BATCHES))
+def test_long_context_steps_and_lr_from_the_size(size):
+    fast, full, agg = (get_preset('scratch', n, size, model='resonance') for n in ('fast', 'full', 'aggressive'))
+    assert (fast.seq_len, full.seq_len, agg.seq_len) == (8192, 32768, 8192)
+    for p in (fast, full, agg):
+        n = size_params('resonance', size, p.seq_len)
+        assert p.steps == math.ceil(p.tokens_per_param * n / p.batch_tokens)
+        assert p.total_tokens - p.batch_tokens < p.tokens_per_param * n <= p.total_tokens
+        assert f'{p.tokens_per_param:g} tokens/parameter' in p.why and f'{p.steps:,}' in p.why
+    assert (full.tokens_per_param, fast.tokens_per_param) == (20, 5)
+    assert full.lr == pytest.approx(lr_for_params(size_params('resonance', size, 32768)))
+    assert fast.lr == pytest.approx(4 / 3 * lr_for_params(size_params('resonance', size, 8192)))
+    assert agg.lr == pytest.approx(fast.lr * math.sqrt(2)) and abs(agg.total_tokens - fast.total_tokens) < agg.batch_tokens
+
+
+def test_lr_falls_with_the_size_as_in_gpt3():
+    assert [lr_for_params(n) for n in (125e6, 350e6, 760e6, 1.3e9, 13e9)] == [6e-4, 3e-4, 2.5e-4, 2e-4, 1e-4]
+    sizes = [lr_for_params(size_params('resonance', s, 32768)) for s in SIZE_BATCHES]
+    assert sizes == sorted(sizes, reverse=True) and lr_for_params(10e6) == 6e-4 and lr_for_params(1e15) == 0.6e-4
+
+
+def test_other_models_keep_the_1k_presets():
+    assert get_preset('scratch', 'fast', model='gpt') == get_preset('scratch', 'fast') == PRESETS['scratch', 'fast']
+    assert get_preset('scratch', 'full', 'large', model='gpt').seq_len == 1024
+    assert set(LONG_CONTEXT) == {('resonance', n) for n in ('fast', 'full', 'aggressive')}
+    assert get_preset('scratch', 'fast', model='resonance') == long_context_preset('resonance', 'fast', 'small')
+
+
+def test_seq_len_stages_double_while_they_divide():
+    assert seq_len_stages(8192, 1024) == [1024, 2048, 4096, 8192]
+    assert seq_len_stages(6144, 1024) == [1024, 2048, 6144]     # 4096 does not divide 6144
+    assert [seq_len_at(s, 8192, 1024, 6) for s in range(8)] == [1024] * 2 + [2048] * 2 + [4096] * 2 + [8192] * 2
+    with pytest.raises(LegalnbError, match='seq_warmup_start 3 must divide the row length 1024'): seq_len_stages(1024, 3)
+
+
+def test_long_context_preset_refusals():
+    with pytest.raises(LegalnbError, match='small, medium, large, xlarge'): get_preset('scratch', 'full', 'huge', model='resonance')
+    base = get_preset('scratch', 'fast', model='resonance')
+    from dataclasses import replace
+    with pytest.raises(LegalnbError, match=r'batch_tokens must equal global_batch × seq_len = 32 × 8192 = 262144, got 1000'):
+        replace(base, batch_tokens=1000)
+    with pytest.raises(LegalnbError, match='seq_warmup_start must divide seq_len 8192'): replace(base, seq_warmup_start=3000)
+    text = base.describe(file=open('/dev/null', 'w'))
+    assert '262,144 tokens per step at every row length' in text and 'rows of 1,024 → 2,048 → 4,096 → 8,192' in text
