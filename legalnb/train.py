@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from .core import (LegalnbError, atomic_write, read_json, format_duration, parse_number, PRECISIONS,
                           resolve_precision, cuda_capability, command_parser, refuse_overwriting_inputs)
+from .presets import seq_len_at
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'DEVICES', 'STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHANGE', 'RUN_OUTPUTS', 'TrainConfig', 'from_preset',
@@ -22,11 +23,11 @@ __all__ = ['SCHEDULES', 'DEVICES', 'STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHAN
            'ProgressBar', 'TensorBoardLog', 'WandbLog', 'autocast_for', 'Dist', 'setup_distributed', 'all_mean',
            'rng_state', 'set_rng_state', 'seed_everything', 'checkpoint_step', 'list_checkpoints', 'save_checkpoint',
            'find_checkpoint', 'load_checkpoint', 'load_for_resume', 'open_split', 'train_loader', 'val_loader',
-           'unpack_batch', 'takes_doc_starts', 'model_loss', 'model_config', 'make_optimizer', 'check_resume',
-           'upgraded_config', 'check_same_run', 'evaluate', 'val_bytes_per_token', 'bits_per_byte', 'peak_flops',
-           'shard_model', 'save_shards', 'load_shards', 'consolidated_model', 'Interval', 'check_new_run', 'Run',
-           'setup', 'resume', 'train_step', 'end_interval', 'save_run', 'summarize', 'record_architecture', 'train',
-           'train_parser', 'config_from_args', 'train_main']
+           'unpack_batch', 'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows', 'model_config',
+           'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run', 'evaluate', 'val_bytes_per_token',
+           'bits_per_byte', 'peak_flops', 'shard_model', 'save_shards', 'load_shards', 'consolidated_model', 'Interval',
+           'check_new_run', 'Run', 'setup', 'resume', 'train_step', 'end_interval', 'save_run', 'summarize',
+           'record_architecture', 'train', 'train_parser', 'config_from_args', 'train_main']
 
 # %% ../nbs/05_train.ipynb #a6da8542
 SCHEDULES = ('cosine', 'restarts', 'constant')
@@ -56,6 +57,9 @@ class TrainConfig:
     weight_decay: float = 0.1           # decoupled weight decay, on matrices only
     batch_size: int = 8                 # micro-batch: sequences per device per forward pass
     grad_accum: int = 1                 # micro-batches per optimizer step
+    batch_tokens: int | None = None     # tokens per step, all ranks: grad_accum = it / (batch x ranks x row length)
+    seq_warmup_steps: int = 0           # steps of the sequence-length warm-up (rows cut shorter, doubling to full)
+    seq_warmup_start: int | None = None  # first row length of that warm-up: a divisor of the data's row length
     max_steps: int = 2000               # optimizer steps in the run
     epochs: float | None = None         # if set, max_steps = ceil(epochs x train rows / global batch)
     grad_clip: float = 1.0              # clip the global gradient norm to this (0 turns it off)
@@ -92,7 +96,13 @@ class TrainConfig:
             if not getattr(self, name) > 0: _invalid(name, f' must be > 0, got {getattr(self, name)!r}')
         if self.cpu_threads is not None and self.cpu_threads < 1:
             _invalid('cpu_threads', f' must be >= 1, got {self.cpu_threads}')
-        for name in ('warmup_steps', 'eval_every', 'num_workers', 'weight_decay', 'grad_clip'):
+        for name in ('batch_tokens', 'seq_warmup_start'):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                _invalid(name, f' must be >= 1, got {getattr(self, name)}')
+        if self.seq_warmup_steps and self.seq_warmup_start is None:
+            _invalid('seq_warmup_steps', f' {self.seq_warmup_steps} needs seq_warmup_start, the first row length of '
+                     'the warm-up (e.g. 1024)')
+        for name in ('warmup_steps', 'eval_every', 'num_workers', 'weight_decay', 'grad_clip', 'seq_warmup_steps'):
             if getattr(self, name) < 0: _invalid(name, f' must be >= 0, got {getattr(self, name)!r}')
         if not 0 <= self.min_lr_ratio <= 1: _invalid('min_lr_ratio', f' must be in [0, 1], got {self.min_lr_ratio}')
         for name in ('beta1', 'beta2'):
@@ -159,19 +169,22 @@ def _model_overrides(model: str, size: str, overrides: dict, shortcuts: dict) ->
 
 
 # %% ../nbs/05_train.ipynb #8b973955
-def _preset_fields(name: str, size: str) -> dict:
-    "TrainConfig values from the 'scratch' preset `name`, with micro-batch and accumulation for model `size`."
+def _preset_fields(name: str, size: str, model: str) -> dict:
+    "TrainConfig values from the 'scratch' preset `name` for `model` of `size` (a long-context one where it has one)."
     from legalnb.presets import get_preset, SIZE_BATCHES
-    p = get_preset('scratch', name, size if size in SIZE_BATCHES else None)
+    p = get_preset('scratch', name, size if size in SIZE_BATCHES else None, model=model)
+    long = dict(batch_tokens=p.batch_tokens, seq_warmup_steps=p.seq_warmup_steps,
+                seq_warmup_start=p.seq_warmup_start) if p.batch_tokens else {}
     return dict(lr=p.lr, max_steps=p.steps, batch_size=p.micro_batch, grad_accum=p.grad_accum,
-                precision=p.precision, warmup_steps=p.warmup_for(p.steps))
+                precision=p.precision, warmup_steps=p.warmup_for(p.steps), **long)
 
 @classmethod
 def from_preset(cls, name: str,  # preset name: fast, full, aggressive
                 size: str = 'small', # model size (picks micro-batch and accumulation)
                 **overrides) -> TrainConfig:
-    "A config from preset `name` for model `size`, with `overrides` on top."
-    return cls(**{**_preset_fields(name, size), 'size': size, 'preset': name, **overrides})
+    "A config from preset `name` for `size` of the model `overrides` name (default resonance), `overrides` on top."
+    return cls(**{**_preset_fields(name, size, overrides.get('model', cls.model)), 'size': size, 'preset': name,
+                  **overrides})
 TrainConfig.from_preset = from_preset
 
 @classmethod
@@ -206,6 +219,14 @@ def describe(self: TrainConfig, world_size: int = 1, seq_len: int | None = None)
     "A few lines saying what this config will do."
     gb = self.batch_size * self.grad_accum * world_size
     tok = f' = {gb * seq_len:,} tokens' if seq_len else ''
+    if self.batch_tokens:
+        accum = f'{self.batch_tokens // (self.batch_size * world_size * seq_len)}' if seq_len else "the data's rows"
+        batch = (f'{self.batch_tokens:,} tokens per step: {self.batch_size} rows x accumulation ({accum}) x '
+                 f'{world_size} rank(s)')
+    else: batch = (f'{self.batch_size} seq x {self.grad_accum} accumulation x {world_size} rank(s) = {gb} sequences'
+                   f'{tok} per step')
+    seq_warmup = ([f'  sequence-length warm-up: rows cut to {self.seq_warmup_start:,} tokens, doubling, over the first '
+                   f'{self.seq_warmup_steps:,} steps; the same tokens per step'] if self.seq_warmup_steps else [])
     floor = f'{self.lr * self.min_lr_ratio:.1e}'
     sched = {'cosine': f'cosine to {floor}', 'constant': 'constant',
              'restarts': f'cosine with warm restarts every {self.restart_steps} steps (floor {floor})'}[self.schedule]
@@ -218,8 +239,7 @@ def describe(self: TrainConfig, world_size: int = 1, seq_len: int | None = None)
         f"train a '{self.size}' {self.model} model{shape} on {self.data or '?'} -> {self.out}"
         + (f" (preset '{self.preset}')" if self.preset else ''),
         f'  {get_model(self.model).description}',
-        f'  {steps} of {self.batch_size} seq x {self.grad_accum} accumulation x {world_size} rank(s) = {gb} sequences'
-        f'{tok} per step',
+        f'  {steps} of {batch}', *seq_warmup,
         f'  AdamW lr {self.lr:.1e} (betas {self.beta1}, {self.beta2}, weight decay {self.weight_decay}), '
         f'warm-up {self.warmup_steps} steps, then {sched}',
         f'  clip {self.grad_clip}, precision {self.precision}, tf32 {on(self.tf32)}, compile {on(self.compile)}, '
@@ -323,7 +343,7 @@ class TensorBoardLog:
             raise LegalnbError('--tensorboard needs the tensorboard package: pip install tensorboard') from None
         self.w = SummaryWriter(str(logdir))
     def on_step(self, r: dict):
-        for k in ('loss', 'lr', 'grad_norm', 'tokens_per_sec', 'mfu', 'step_ms', 'data_wait'):
+        for k in ('loss', 'lr', 'grad_norm', 'tokens_per_sec', 'mfu', 'step_ms', 'data_wait', 'seq_len'):
             if r.get(k) is not None: self.w.add_scalar(f'train/{k}', r[k], r['step'])
     def on_eval(self, r: dict):
         self.w.add_scalar('val/loss', r['val_loss'], r['step']); self.w.add_scalar('val/ppl', r['val_ppl'], r['step'])
@@ -552,6 +572,32 @@ def model_loss(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, starts: t
     return net(x, y)[1]
 
 
+# %% ../nbs/05_train.ipynb #ab45bb56
+def resolve_batch(cfg: TrainConfig,  # the run's config
+                  row_len: int,      # the data's row length (tokens per training row)
+                  world_size: int = 1) -> TrainConfig:
+    "`cfg` with the accumulation its `batch_tokens` make at `row_len`; refuses a warm-up the rows cannot be cut to."
+    s, data = cfg.seq_warmup_start, cfg.data or 'the data'
+    if cfg.seq_warmup_steps and (s > row_len or row_len % s):
+        fit = next(k for k in range(max(1, min(s, row_len // 2)), 0, -1) if row_len % k == 0)
+        raise LegalnbError(f'--seq-warmup-start {s:,}: the rows of --data {data} have {row_len:,} tokens, not a '
+                           f'multiple of {s:,} (the warm-up cuts every row into pieces of that length); pass '
+                           f'--seq-warmup-start {fit:,} (a divisor of {row_len:,}), or --seq-warmup-steps 0')
+    if not cfg.batch_tokens: return cfg
+    micro = cfg.batch_size * world_size * row_len   # tokens of one micro-batch on every rank
+    if cfg.batch_tokens % micro:
+        raise LegalnbError(f'--batch-tokens {cfg.batch_tokens:,} is not a whole number of micro-batches of '
+                           f'{cfg.batch_size} rows x {row_len:,} tokens x {world_size} rank(s) = {micro:,} tokens; '
+                           f'pass a multiple of {micro:,}, or another --batch-size')
+    return dataclasses.replace(cfg, grad_accum=cfg.batch_tokens // micro)
+
+def cut_rows(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor | None, length: int) -> tuple:
+    "A (B, L) micro-batch as (B·L/length, length) rows of the same tokens; every piece starts a new context."
+    x, y = x.reshape(-1, length), y.reshape(-1, length)   # row-major: piece j of row i is row i·L/length + j
+    if starts is not None:
+        starts = starts.reshape(-1, length).clone(); starts[:, 0] = True   # (B·L/length, length) bool
+    return x, y, starts
+
 # %% ../nbs/05_train.ipynb #0e100099
 def model_config(cfg: TrainConfig, vocab_size: int, seq_len: int):
     "The model config a run builds: the architecture's named size, its overrides, the data's sequence length."
@@ -688,6 +734,7 @@ class Interval:
     grad_norm: torch.Tensor    # () sum of the steps' gradient norms (before clipping)
     steps: int = 0             # optimizer steps in the interval
     wait: float = 0.0          # seconds spent waiting for batches (the data loader's share of the time)
+    tokens: int = 0            # target tokens this rank fed in the interval (the same at every row length)
     t0: float = dataclasses.field(default_factory=time.perf_counter)  # when the interval began
 
     @classmethod
@@ -702,7 +749,8 @@ class Interval:
         return dict(step=step, loss=(all_mean(self.loss, run.d) / n).item(), lr=run.lr,
                     grad_norm=(self.grad_norm / n).item(), tokens_per_sec=tps,
                     mfu=run.fpt * tps / run.peak if run.peak else None, step_ms=1000 * secs / n,
-                    data_wait=self.wait / secs, eta_s=(run.max_steps - step) * secs / n)
+                    data_wait=self.wait / secs, eta_s=(run.max_steps - step) * secs / n, seq_len=run.seq_len,
+                    step_tokens=self.tokens * run.d.world_size // n)
 
 def _nan_stop(loss: float, first: int, last: int, out: Path):
     "Stop the run on a non-finite loss, naming the last good checkpoint."
@@ -761,6 +809,7 @@ class Run:
     start: int = 0               # the step this process starts from (> 0 when resumed)
     step: int = 0                # optimizer steps done
     lr: float = 0.0              # the learning rate of the latest step
+    seq_len: int = 0             # the row length of the latest step (shorter during the sequence-length warm-up)
     elapsed0: float = 0.0        # seconds trained before this process (a resumed run)
     t_start: float = dataclasses.field(default_factory=time.perf_counter)
     callbacks: list = dataclasses.field(default_factory=list)  # rank 0's watchers
@@ -796,6 +845,7 @@ def setup(cfg: TrainConfig) -> Run:
     seed_everything(cfg.seed)
     # -- data, and a run folder that is neither the data nor a file
     train_ds, val_ds = open_split(cfg.data, cfg.vocab_size)
+    cfg = resolve_batch(cfg, train_ds.seq_len, d.world_size)   # batch_tokens -> accumulation; the warm-up's lengths
     refuse_overwriting_inputs([cfg.data], [out], '--out')
     if out.exists() and not out.is_dir(): raise LegalnbError(f'--out {out} is a file; --out names a run folder')
     global_batch = cfg.batch_size * cfg.grad_accum * d.world_size
@@ -854,8 +904,11 @@ def train_step(run: Run, batches: Iterator) -> int:
     run.lr = lr_at(run.step, cfg)
     for g in run.opt.param_groups: g['lr'] = run.lr
     window_tokens = cfg.batch_size * cfg.grad_accum * run.train_ds.seq_len  # this rank's tokens in the step
+    run.seq_len = seq_len_at(run.step, run.train_ds.seq_len, cfg.seq_warmup_start, cfg.seq_warmup_steps)
     for micro in range(cfg.grad_accum):
         tw = time.perf_counter(); x, y, starts = unpack_batch(next(batches)); iv.wait += time.perf_counter() - tw
+        if run.seq_len < x.shape[1]: x, y, starts = cut_rows(x, y, starts, run.seq_len)  # the warm-up: same tokens
+        iv.tokens += y.numel()
         x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
         with _sync_grads(run, micro == cfg.grad_accum - 1):
             with autocast_for(run.precision, d.device): loss = model_loss(run.net, x, y, starts, run.doc_starts)
@@ -950,7 +1003,7 @@ def train(cfg: TrainConfig,                   # the run
     run = setup(cfg)                                 # every check that can refuse the run: nothing is written before
     with _removed_if_failed(run.out, run.d.main):    # a run folder made here goes again if no checkpoint was saved
         _open_run_folder(run, callbacks)             # the run folder and its watchers (metrics, progress, ...)
-        batches = iter(train_loader(run.train_ds, cfg, run.d, run.start))  # the batches from the resumed step on
+        batches = iter(train_loader(run.train_ds, run.cfg, run.d, run.start))  # the batches from the resumed step on
         run.model.train(); run.interval = Interval.start(run.d.device)
         while run.step < run.max_steps:
             step = train_step(run, batches)          # grad_accum micro-batches, clip, AdamW

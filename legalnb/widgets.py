@@ -148,13 +148,27 @@ class PresetPicker:
 
 # %% ../nbs/09_widgets.ipynb #169d5f7c
 @patch
+def chosen(self: PresetPicker):
+    "The preset the widgets name: from scratch, the one for the chosen model and size (steps, LR, batch resolved)."
+    if self.task.value != 'scratch': return get_preset(self.task.value, self.preset.value)
+    return get_preset('scratch', self.preset.value, self.size.value, model=self.model.value)
+
+def _preset_note(p) -> str:
+    "One line on a preset's context: its rows, tokens per step and sequence-length warm-up (empty when it sets none)."
+    if not p.seq_len or not p.tokens_per_step: return ''
+    warm = (f'; rows warm up from {p.seq_warmup_start:,} tokens (doubling) over the first {p.seq_warmup_steps:,} '
+            'steps, the tokens per step unchanged' if p.seq_warmup_steps else '')
+    return f'{p.seq_len:,}-token rows, {p.tokens_per_step:,} tokens per step{warm}'
+
+@patch
 def plan(self: PresetPicker):
     "The calculator `Plan` for the current widget values."
     task = self.task.value
     kw = dict(gpu=self.gpu.value, gpus=self.gpus.value, price_per_hour=self.price.value, mfu=self.mfu.value / 100)
-    if task == 'scratch':
-        seq_len = get_preset('scratch', self.preset.value).seq_len
-        kw |= dict(size=self.size.value, **model_plan_fields(self.size.value, seq_len, model=self.model.value))
+    if task == 'scratch':   # the model's own preset for this size (ResonanceNet: long context), every figure given
+        p = self.chosen()
+        kw |= dict(steps=p.steps, seq_len=p.seq_len, micro_batch=p.micro_batch, grad_accum=p.grad_accum,
+                   **model_plan_fields(self.size.value, p.seq_len, model=self.model.value))
     else:
         kw |= dict(params=self.params.value * 1e9)
         if task == 'lora':
@@ -169,6 +183,7 @@ def refresh(self: PresetPicker, change=None):
         self.estimate, self.error = estimate(self.plan()), None
         head = (f'<b>{self.task.value}/{self.preset.value}</b>: {self.estimate.steps:,} steps, '
                 f'{format_duration(self.estimate.seconds)}, ${self.estimate.cost:,.0f}')
+        if note := _preset_note(self.chosen()): head += f'<br>{html.escape(note)}'
         self.output.value = f'{head}<pre>{html.escape(self.estimate.table())}</pre>'
     except LegalnbError as e:
         self.estimate, self.error = None, str(e)

@@ -89,9 +89,15 @@ def test_nan_loss_stops_and_leaves_the_last_good_checkpoint(model, split_dir, tm
     assert all(np.isfinite(r['loss']) for r in read_metrics(out/'metrics.jsonl'))
 
 def test_yaml_then_flags(tmp_path, split_dir, capsys):
-    (tmp_path/'run.yaml').write_text(f'data: {split_dir}\npreset: fast\nmax_steps: 3\nlr: 0.002\n')
+    # resonance's fast preset is long-context (8k rows, warm-up from 1k): these 16-token rows train with it turned off
+    (tmp_path/'run.yaml').write_text(f'data: {split_dir}\npreset: fast\nmax_steps: 3\nlr: 0.002\n'
+                                     'batch_tokens: null\nseq_warmup_steps: 0\n')
     c = config_from_args(['--config', str(tmp_path/'run.yaml'), '--lr', '0.001', '--batch-size', '2'])
-    assert (c.preset, c.max_steps, c.lr, c.batch_size, c.grad_accum, c.warmup_steps) == ('fast', 3, 0.001, 2, 8, 250)
+    from legalnb.presets import get_preset
+    p = get_preset('scratch', 'fast', model='resonance')
+    assert (c.preset, c.max_steps, c.lr, c.batch_size, c.grad_accum, c.warmup_steps) == ('fast', 3, 0.001, 2, 8,
+                                                                                          p.warmup_for(p.steps))
+    assert (c.batch_tokens, c.seq_warmup_steps, c.seq_warmup_start) == (None, 0, 1024)
     rc, out, _ = run(capsys, '--config', tmp_path/'run.yaml', '--out', tmp_path/'r', *TINY, '--grad-accum', '1', '--eval-every', '0')
     assert rc == 0 and "(preset 'fast')" in out and 'done: 3 steps' in out
     assert [r['step'] for r in read_metrics(tmp_path/'r'/'metrics.jsonl')] == [1, 2, 3]
@@ -305,3 +311,74 @@ def test_batches_with_document_starts_reach_models_that_take_them():
     assert evaluate(m, [(x, y, starts)], Dist(), 'fp32', 1) == pytest.approx(masked)
     assert evaluate(m, [dict(input_ids=x, targets=y, doc_starts=starts)], Dist(), 'fp32', 1) == pytest.approx(masked)
     assert evaluate(m, [(x, y)], Dist(), 'fp32', 1) == pytest.approx(plain)
+
+
+# ---------------------------------------------------------------- long-context presets: batch in tokens, length warm-up
+WARM = ['--batch-size', '2', '--batch-tokens', '128', '--seq-warmup-steps', '4', '--seq-warmup-start', '4',
+        '--save-every', '3', '--eval-every', '0']  # 16-token rows: 8 rows of 16 = 16 rows of 8 = 32 rows of 4 per step
+
+def test_the_resonance_presets_are_long_context_and_gpt_keeps_1k():
+    from legalnb.presets import get_preset
+    for name in ('fast', 'full', 'aggressive'):
+        c, p = config_from_args(['--preset', name, '--model', 'resonance']), get_preset('scratch', name, model='resonance')
+        assert (c.batch_tokens, c.seq_warmup_steps, c.seq_warmup_start, c.max_steps, c.lr) == (
+            p.batch_tokens, p.seq_warmup_steps, 1024, p.steps, p.lr)
+    assert config_from_args(['--preset', 'full']).batch_tokens == 524_288, 'resonance is the default model'
+    g = config_from_args(['--preset', 'fast', '--model', 'gpt'])
+    assert (g.batch_tokens, g.seq_warmup_steps, g.lr, g.max_steps) == (None, 0, 8e-4, 5000)
+
+def test_warm_up_run_feeds_the_same_tokens_at_every_length(split_dir, tmp_path, capsys):
+    rc, out, _ = run(capsys, '--data', split_dir, '--out', tmp_path/'run', '--max-steps', 6, *TINY, *WARM)
+    assert rc == 0, out
+    recs = read_metrics(tmp_path/'run'/'metrics.jsonl')
+    assert [r['seq_len'] for r in recs] == [4, 4, 8, 8, 16, 16] and {r['step_tokens'] for r in recs} == {128}
+    assert json.loads((tmp_path/'run'/'summary.json').read_text())['tokens'] == 6 * 128
+    saved = json.loads((tmp_path/'run'/'checkpoints'/'step-00000006'/'config.json').read_text())['config']
+    assert (saved['grad_accum'], saved['batch_tokens']) == (4, 128), 'accumulation = 128 / (2 rows x 16 tokens)'
+    assert '128 tokens per step: 2 rows x accumulation' in out and 'rows cut to 4 tokens, doubling' in out
+
+@pytest.fixture(scope='module')
+def doc_split(tmp_path_factory):
+    "The counting split with a document starting every 5 tokens (doc_starts/ beside the corpus's shards)."
+    root = tmp_path_factory.mktemp('docs'); folder = make_split(root)
+    (root/'corpus'/'doc_starts').mkdir()
+    for shard in (root/'corpus').glob('shard_*.npy'):
+        np.save(root/'corpus'/'doc_starts'/shard.name, np.arange(0, np.load(shard).size, 5, dtype=np.int64))
+    return folder
+
+@pytest.mark.parametrize('model', ARCHITECTURES)
+def test_resume_across_the_warm_up_boundary_equals_the_unbroken_run(model, doc_split, tmp_path, capsys):
+    "With document starts in the rows (each cut piece starts a new context): the same weights as an unbroken run."
+    from legalnb.train import open_split
+    assert open_split(doc_split)[0].doc_starts, 'the rows carry document starts'
+    args = ['--data', doc_split, *shape(model), *RUN, *WARM, '--schedule', 'constant']  # LR free of --max-steps
+    assert run(capsys, *args, '--out', tmp_path/'unbroken', '--max-steps', 6)[0] == 0
+    assert run(capsys, *args, '--out', tmp_path/'stopped', '--max-steps', 3)[0] == 0   # stops at length 8, step 3
+    assert run(capsys, *args, '--out', tmp_path/'stopped', '--max-steps', 6, '--resume')[0] == 0
+    a, b = (torch.load(tmp_path/r/'checkpoints'/'step-00000006'/'model.pt') for r in ('unbroken', 'stopped'))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r['seq_len'] for r in read_metrics(tmp_path/'stopped'/'metrics.jsonl')] == [4, 4, 8, 8, 16, 16]
+
+def test_cut_rows_mark_every_piece_as_a_new_context():
+    from legalnb.train import cut_rows
+    x = torch.arange(24).reshape(2, 12)
+    starts = torch.zeros(2, 12, dtype=torch.bool); starts[:, 0] = True; starts[0, 7] = True
+    cx, cy, cs = cut_rows(x, x + 1, starts, 4)
+    assert cx.shape == (6, 4) and torch.equal(cx.flatten(), x.flatten()) and torch.equal(cy, cx + 1)
+    assert cs[:, 0].all() and cs[1, 3] and cs.sum() == 7 and starts.sum() == 3, 'the caller\'s mask is not changed'
+    assert cut_rows(x, x, None, 6)[2] is None
+
+def test_the_preset_on_rows_the_warm_up_cannot_cut_is_one_line(split_dir, tmp_path, capsys):
+    rc, _, err = run(capsys, '--data', split_dir, '--out', tmp_path/'run', '--preset', 'fast', *TINY)
+    line = one_line(err)
+    assert rc == 2 and '--seq-warmup-start 1,024: the rows of --data' in line and 'have 16 tokens' in line
+    assert 'pass --seq-warmup-start 8 (a divisor of 16), or --seq-warmup-steps 0' in line
+    assert not (tmp_path/'run').exists()
+
+def test_batch_tokens_that_do_not_divide_are_one_line(split_dir, tmp_path, capsys):
+    rc, _, err = run(capsys, '--data', split_dir, '--out', tmp_path/'run', *TINY, '--batch-tokens', '100')
+    assert rc == 2 and ('--batch-tokens 100 is not a whole number of micro-batches of 4 rows x 16 tokens x 1 rank(s) '
+                        '= 64 tokens; pass a multiple of 64') in one_line(err)
+    with pytest.raises(LegalnbError, match='--seq-warmup-steps 5 needs seq_warmup_start'):
+        config_from_args(['--seq-warmup-steps', '5'])
+    with pytest.raises(LegalnbError, match='--batch-tokens must be >= 1, got 0'): config_from_args(['--batch-tokens', '0'])

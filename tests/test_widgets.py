@@ -82,7 +82,25 @@ def test_picker_model_choice_from_the_registry():
     p.button.click()
     assert isinstance(p.result, TrainConfig)
     assert (p.result.model, p.result.size, p.result.preset) == ('gpt', 'small', 'fast')
-    p.model.value = 'resonance'
-    assert p.estimate.flops == estimate(plan_for('scratch', 'fast', size='small', gpu='h100-sxm', gpus=1,
-                                                 price_per_hour=2.5, mfu=0.4,
-                                                 **model_plan_fields('small', 1024))).flops
+    p.model.value = 'resonance'   # its own presets: long context, sized from the model
+    long = get_preset('scratch', 'fast', 'small', model='resonance')
+    want = estimate(plan_for('scratch', 'fast', steps=long.steps, seq_len=8192, micro_batch=long.micro_batch,
+                             grad_accum=long.grad_accum, gpu='h100-sxm', gpus=1, price_per_hour=2.5, mfu=0.4,
+                             **model_plan_fields('small', 8192)))
+    assert (p.estimate.steps, p.estimate.tokens, p.estimate.flops) == (long.steps, long.total_tokens, want.flops)
+    p.button.click()
+    assert (p.result.batch_tokens, p.result.seq_warmup_steps, p.result.max_steps) == (262_144, long.seq_warmup_steps,
+                                                                                      long.steps)
+
+
+@pytest.mark.parametrize('name,length', [('fast', 8192), ('full', 32768), ('aggressive', 8192)])
+def test_picker_shows_the_long_context_presets_with_their_warm_up(name, length):
+    p = PresetPicker(task='scratch', preset=name, model='resonance', size='medium')
+    want = get_preset('scratch', name, 'medium', model='resonance')
+    assert p.chosen() == want and p.estimate.plan.seq_len == length and p.estimate.steps == want.steps
+    assert p.estimate.tokens == want.total_tokens and p.estimate.plan.global_batch * length == want.batch_tokens
+    head = p.output.value.split('<pre>')[0]
+    assert f'{length:,}-token rows, {want.batch_tokens:,} tokens per step' in head
+    assert f'rows warm up from 1,024 tokens (doubling) over the first {want.seq_warmup_steps:,} steps' in head
+    p.size.value = 'large'
+    assert p.estimate.steps == get_preset('scratch', name, 'large', model='resonance').steps > want.steps
