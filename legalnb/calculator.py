@@ -10,13 +10,14 @@ from typing import Any, Callable, Literal
 from fastcore.basics import patch
 from .core import LegalnbError, PRECISIONS, format_duration, parse_count, parse_number, run_command
 from .models import MODELS
-from .presets import GPU, PRESETS, STRATEGIES, find_gpu, get_preset, gpu_precision, human, peak_tflops
+from .presets import (GPU, PRESETS, STRATEGIES, TASKS, find_gpu, get_preset, gpu_precision, human, lora_steps,
+                             peak_tflops)
 
 # %% auto #0
-__all__ = ['GIB', 'USABLE', 'SHARDED', 'Plan', 'count_steps', 'data_sequences', 'sci', 'flops_per_token', 'mfu_of', 'run_seconds',
-           'run_cost', 'scale_lr', 'Memory', 'estimate_memory', 'Estimate', 'check_claim', 'estimate', 'plan_for',
-           'model_plan_fields', 'Calibration', 'calibrate', 'Comparison', 'compare', 'calibration_from_metrics',
-           'estimate_command', 'estimate_main']
+__all__ = ['GIB', 'USABLE', 'SHARDED', 'ACTIVATION_BYTES', 'NF4_BYTES', 'Plan', 'count_steps', 'data_sequences', 'sci',
+           'attention_flops_per_token', 'flops_per_token', 'mfu_of', 'run_seconds', 'run_cost', 'scale_lr', 'Memory',
+           'estimate_memory', 'Estimate', 'check_claim', 'estimate', 'plan_for', 'model_plan_fields', 'Calibration',
+           'calibrate', 'Comparison', 'compare', 'calibration_from_metrics', 'estimate_command', 'estimate_main']
 
 # %% ../nbs/08_calculator.ipynb #89f33b7c
 _POSITIVE = ('examples', 'tokens', 'epochs', 'steps', 'micro_batch', 'grad_accum', 'gpus', 'seq_len', 'sec_per_step',
@@ -33,12 +34,13 @@ class Plan:
     micro_batch: int = 1                 # sequences per forward pass per GPU (--batch-size)
     grad_accum: int = 1                  # micro-batches accumulated per optimizer step
     gpus: int = 1                        # data-parallel GPUs
-    seq_len: int | None = None           # tokens per sequence
+    seq_len: int | None = None           # tokens per sequence (LoRA: per example, the mean length when packed)
     sec_per_step: float | None = None    # measured or claimed seconds per optimizer step
     tokens_per_sec: float | None = None  # throughput of the whole run (all GPUs), tokens/s
     mfu: float | None = None             # model FLOPs utilisation, a fraction of the dense peak (0.4 = 40%)
     params: float | None = None          # parameters N in matrix products (6·N FLOPs per token for training)
-    mixing_flops_per_token: float = 0.0  # the model's own non-matmul training FLOPs per token (attention, FFT mixing)
+    mixing_flops_per_token: float | None = None  # the model's own non-matmul training FLOPs per token (attention,
+                                         # FFT mixing); None: a transformer's attention, 12·layers·seq·d, with the shape
     lora_params: float | None = None     # trainable LoRA parameters: base weights frozen, 4·N + 6·N_lora per token
     gpu: str | GPU | None = None         # a presets.GPUS key or a torch.cuda.get_device_name() string
     precision: str = 'auto'              # 'auto' (bf16 where the GPU has it, else fp16), 'bf16', 'fp16', 'fp32'
@@ -49,6 +51,8 @@ class Plan:
     vocab: int | None = None             # vocabulary size: fp32 logits for the loss
     checkpointing: bool = False          # activation checkpointing (recompute each layer in backward)
     strategy: str = 'single'             # 'single' | 'ddp' | 'deepspeed-zero3' | 'fsdp' (the last two shard states)
+    task: str | None = None              # 'cpt' | 'lora' | 'scratch' (plan_for sets it): 'lora' counts examples, 4·N
+    qlora: bool = False                  # LoRA on a 4-bit NF4 base (bitsandbytes, double quantisation): QLoRA memory
 
     def __post_init__(self):
         for f in _POSITIVE + ('mixing_flops_per_token',):
@@ -64,13 +68,23 @@ class Plan:
             raise LegalnbError('plan: give epochs or steps, not both')
         if self.strategy not in STRATEGIES:
             raise LegalnbError(f'plan: strategy must be one of {", ".join(STRATEGIES)}, got {self.strategy!r}')
+        if self.task is not None and self.task not in TASKS:
+            raise LegalnbError(f'plan: task must be one of {", ".join(TASKS)}, got {self.task!r}')
+        if self.qlora and not self.lora:
+            raise LegalnbError('plan: qlora (--qlora) quantises the frozen base of a LoRA run: give task lora '
+                               '(--preset lora/NAME) or lora_params (--lora-params)')
         if isinstance(self.gpu, str): self.gpu = find_gpu(self.gpu)
         gpu_precision(self.precision, self.gpu)
 
     @property
     def global_batch(self) -> int:
-        "Sequences per optimizer step across all GPUs."
+        "Sequences per optimizer step across all GPUs (LoRA: examples, packed or not; otherwise rows of seq_len)."
         return self.micro_batch * self.grad_accum * self.gpus
+
+    @property
+    def lora(self) -> bool:
+        "A LoRA run: the base frozen, adapters trained (task 'lora', or LoRA parameters given)."
+        return self.task == 'lora' or self.lora_params is not None
 
     @property
     def compute_precision(self) -> str:
@@ -96,14 +110,22 @@ def sci(x: float) -> str:
     "Two significant digits in e-notation: 1.875e18 -> '1.9e18'."
     return f'{x:.2g}'.replace('e+', 'e')
 
+def attention_flops_per_token(plan: Plan) -> float:
+    "A transformer's attention FLOPs per token, 12·layers·seq·d (PaLM), for a plan without its model's own count."
+    if plan.mixing_flops_per_token is not None or not (plan.layers and plan.d_model and plan.seq_len): return 0.0
+    return 12 * plan.layers * plan.seq_len * plan.d_model
+
 def flops_per_token(plan: Plan) -> tuple[float, str, str]:
     "Training FLOPs per token, its formula and the formula with numbers: (7.5e8, '6·N', '6 × 125M')."
-    N, mix = plan.params, plan.mixing_flops_per_token
-    if plan.lora_params:
-        v, f, n = 4 * N + 6 * plan.lora_params, '4·N + 6·N_lora', f'4 × {human(N)} + 6 × {human(plan.lora_params)}'
+    N, T = plan.params, plan.lora_params
+    if plan.lora and T: v, f, n = 4 * N + 6 * T, '4·N + 6·N_lora', f'4 × {human(N)} + 6 × {human(T)}'
+    elif plan.lora: v, f, n = 4 * N, '4·N', f'4 × {human(N)}'   # frozen base: no weight gradients
     else: v, f, n = 6 * N, '6·N', f'6 × {human(N)}'
-    if mix: v, f, n = v + mix, f'{f} + mixing', f'{n} + {human(mix)}'
-    return (v, f, n) if f == '6·N' else (v, f'({f})', f'({n})')
+    if mix := plan.mixing_flops_per_token: v, f, n = v + mix, f'{f} + mixing', f'{n} + {human(mix)}'
+    elif att := attention_flops_per_token(plan):
+        shape = f'12 × {plan.layers} × {plan.seq_len:,} × {plan.d_model:,}'
+        v, f, n = v + att, f'{f} + 12·layers·seq·d', f'{n} + {shape}'
+    return (v, f, n) if f in ('6·N', '4·N') else (v, f'({f})', f'({n})')
 
 def mfu_of(flops: float, seconds: float, gpus: int, peak: float) -> float:
     "Model FLOPs utilisation: FLOPs ÷ (seconds × GPUs × peak TFLOP/s × 1e12)."
@@ -158,6 +180,8 @@ def scale_lr(lr: float,         # learning rate tuned at `old_batch`
 GIB = 2 ** 30
 USABLE = 0.9  # fraction of device memory a training run can count on
 SHARDED = ('deepspeed-zero3', 'fsdp')  # strategies that shard weights, gradients and AdamW state over the GPUs
+ACTIVATION_BYTES = {2: 45.6, 4: 83.0}  # value bytes -> bytes kept per token per width per layer (HF Llama, measured)
+NF4_BYTES = (4 + 8 / 64 + 32 / (64 * 256)) / 8  # QLoRA's NF4 weight + double-quantised constants, bytes per parameter
 
 @dataclass
 class Memory:
@@ -178,27 +202,44 @@ class Memory:
     def fits(self) -> bool | None: return None if self.capacity is None else self.total <= self.capacity
 
 # %% ../nbs/08_calculator.ipynb #5f83375f
+def _base(plan: Plan, shard: int) -> tuple[float, str]:
+    "Bytes of a LoRA run's frozen base per GPU (16-bit, fp32, or QLoRA's NF4 with fp32 embeddings), with its formula."
+    N, k = plan.params, 4 if plan.compute_precision == 'fp32' else 2
+    if not plan.qlora: return k * N / shard, f'{k} B × {human(N)} frozen'
+    emb = min(N, 2 * plan.vocab * plan.d_model) if plan.vocab and plan.d_model else 0   # untied input and output
+    kept = f' + 4 B × {human(emb)} embeddings and head (fp32)' if emb else ' (embeddings unknown: --vocab, --d-model)'
+    return (NF4_BYTES * (N - emb) + 4 * emb) / shard, f'{NF4_BYTES:.3f} B × {human(N - emb)} NF4{kept}'
+
 def _states(plan: Plan) -> tuple[float, float, float, list[str]]:
     "Weights, gradients and AdamW state in bytes per GPU, with the arithmetic."
     shard = plan.gpus if plan.strategy in SHARDED else 1
     by = f' ÷ {shard} GPUs ({plan.strategy})' if shard > 1 else ''
     if plan.strategy == 'ddp' and plan.gpus > 1: by = f' (ddp: a full replica on each of {plan.gpus} GPUs)'
-    N, T = plan.params, plan.lora_params or plan.params
-    base = 4 if plan.compute_precision == 'fp32' else 2
-    if plan.lora_params:
-        w, wl = (base * N + 4 * T) / shard, f'weights     {base} B × {human(N)} frozen + 4 B × {human(T)} LoRA{by}'
-    else: w, wl = 4 * N / shard, f'weights     4 B × {human(N)} (fp32 master){by}'
+    p = plan.compute_precision
+    copy = 2 if plan.strategy == 'deepspeed-zero3' and p != 'fp32' else 0   # ZeRO-3 also keeps the 16-bit shard
+    N, T = plan.params, (plan.lora_params or 0) if plan.lora else plan.params
+    kw = f'(4 B fp32 master + {copy} B {p} copy)' if copy else '4 B'   # bytes of each trained weight
+    if plan.lora:
+        b, bl = _base(plan, shard)
+        w, wl = b + (4 + copy) * T / shard, f'weights     {bl} + {kw} × {human(T)} LoRA{by}'
+    else: w, wl = (4 + copy) * N / shard, f'weights     {kw} × {human(N)}{"" if copy else " (fp32 master)"}{by}'
     g, o = 4 * T / shard, 8 * T / shard
+    if not T: return w, g, o, [f'weights     {bl}{by} = {w / GIB:.2f} GiB',
+                               'LoRA        adapters, their gradients and AdamW: not counted (--lora-params)']
     lines = [f'{wl} = {w / GIB:.2f} GiB', f'grads       4 B × {human(T)}{by} = {g / GIB:.2f} GiB',
              f'AdamW       8 B × {human(T)}{by} = {o / GIB:.2f} GiB']
     return w, g, o, lines
 
 def _gathered(plan: Plan) -> tuple[float, list[str]]:
-    "FSDP / ZeRO-3 over several GPUs: bytes of one layer gathered whole while it runs (fp32 weights and gradients)."
-    if plan.strategy not in SHARDED or plan.gpus == 1: return 0.0, []
+    "FSDP / ZeRO-3: bytes of one layer gathered whole while it runs (DeepSpeed: 4 B × the largest layer)."
+    zero3 = plan.strategy == 'deepspeed-zero3'
+    if plan.strategy not in SHARDED or plan.gpus == 1 and not zero3: return 0.0, []
     if not plan.layers: return 0.0, ['gathered    one layer: not counted, the number of layers is unknown (--layers)']
-    k, what = (8, "fp32 weights and gradients") if not plan.lora_params else (
-        4 if plan.compute_precision == 'fp32' else 2, 'frozen weights')
+    p = plan.compute_precision
+    if plan.lora: k, what = (4 if p == 'fp32' else 2), 'frozen weights'
+    elif zero3 and p != 'fp32': k, what = 4, f'{p} weights and gradients, as DeepSpeed counts it'
+
+    else: k, what = 8, 'fp32 weights and gradients'
     g = k * plan.params / plan.layers
     return g, [f'gathered    {k} B × {human(plan.params)} ÷ {plan.layers} layers (one layer\'s {what}, whole '
                f'while it runs) = {g / GIB:.2f} GiB']
@@ -208,10 +249,11 @@ def _activations(plan: Plan) -> tuple[float, float, list[str]]:
     if not (plan.layers and plan.d_model and plan.seq_len): return 0.0, 0.0, []
     b, s, d, L = plan.micro_batch, plan.seq_len, plan.d_model, plan.layers
     k = 2 if plan.compute_precision in ('bf16', 'fp16') else 4  # bytes per activation value
-    if plan.checkpointing:
-        a = (L * k + 17 * k) * b * s * d
-        al = f'activations ({L} × {k} + {17 * k}) B × {b} × {s:,} × {d:,} (checkpointing: layer inputs + one layer)'
-    else: a, al = L * 17 * k * b * s * d, f'activations {L} × {17 * k} B × {b} × {s:,} × {d:,} (no checkpointing)'
+    c = ACTIVATION_BYTES[k]   # measured for the Hugging Face Llama layout (below)
+    if plan.checkpointing or plan.qlora:   # peft's prepare_model_for_kbit_training turns checkpointing on
+        a, why = (L * k + c) * b * s * d, 'checkpointing' + ('' if plan.checkpointing else ', on with QLoRA')
+        al = f'activations ({L} × {k} + {c:g}) B × {b} × {s:,} × {d:,} ({why}: layer inputs + one layer)'
+    else: a, al = L * c * b * s * d, f'activations {L} × {c:g} B × {b} × {s:,} × {d:,} (no checkpointing)'
     lines = [f'{al} = {a / GIB:.2f} GiB']
     lg = 4 * b * s * plan.vocab if plan.vocab else 0.0
     if lg: lines.append(f'logits      4 B × {b} × {s:,} × {plan.vocab:,} = {lg / GIB:.2f} GiB')
@@ -253,10 +295,16 @@ class Estimate:
 # %% ../nbs/08_calculator.ipynb #bb4d85f1
 def _steps(plan: Plan) -> tuple[int, int | None, int | None, list[str]]:
     "Optimizer steps, sequences fed, sequences in the data, and the arithmetic."
-    data, gb = data_sequences(plan), plan.global_batch
-    if plan.steps: return plan.steps, plan.steps * gb, data, [f'steps = {plan.steps:,} (given), {gb} sequences each']
-    if data is None: raise LegalnbError('plan: give steps, or examples (or tokens and seq_len) to count them')
+    data, gb, unit = data_sequences(plan), plan.global_batch, 'examples' if plan.lora else 'sequences'
+    if plan.steps: return plan.steps, plan.steps * gb, data, [f'steps = {plan.steps:,} (given), {gb} {unit} each']
     ep = plan.epochs or 1
+    if plan.lora:   # a LoRA batch counts examples, packed or not: the presets' one rule, as the trainer runs it
+        if not plan.examples: raise LegalnbError('plan: a LoRA plan counts examples: give examples (or steps)')
+        steps = lora_steps(plan, plan.examples, ep)   # it reads only global_batch, which a Plan has too
+        return steps, int(ep * plan.examples), plan.examples, [
+            f'steps = ceil({ep:g} × {plan.examples:,} examples ÷ {gb} examples per step) = {steps:,} (LoRA: a batch '
+            f'counts examples, packed or not)']
+    if data is None: raise LegalnbError('plan: give steps, or examples (or tokens and seq_len) to count them')
     steps, exact = count_steps(data, ep, gb), ep * data / gb
     note = '' if exact == int(exact) else ': a partial last batch is one more step'
     line = (f'steps = ceil({ep:g} × {data:,} ÷ ({plan.micro_batch} × {plan.grad_accum} × {plan.gpus})) = '
@@ -297,9 +345,10 @@ def _estimate(plan: Plan) -> Estimate:
     "The estimate, computed (`estimate` checks that its figures are finite)."
     steps, fed, data, lines = _steps(plan)
     tokens = fed * plan.seq_len if plan.seq_len else None
-    if tokens: lines.append(f'tokens = {fed:,} sequences × {plan.seq_len:,} = {human(tokens)}')
+    unit = 'examples' if plan.lora else 'sequences'
+    if tokens: lines.append(f'tokens = {fed:,} {unit} × {plan.seq_len:,} = {human(tokens)}')
     epochs = fed / data if data else None
-    if epochs and plan.steps: lines.append(f'epochs = {fed:,} ÷ {data:,} sequences = {epochs:.2f}')
+    if epochs and plan.steps: lines.append(f'epochs = {fed:,} ÷ {data:,} {unit} = {epochs:.2f}')
     seconds, tline = run_seconds(plan, steps, tokens)
     if tline: lines.append(tline)
     flops = flops_per_token(plan)[0] * tokens if plan.params and tokens else None
@@ -308,8 +357,9 @@ def _estimate(plan: Plan) -> Estimate:
     lines += mlines + ([cline] if cline else [])
     if claim := check_claim(plan, steps, tokens, seconds, flops, tline): warnings.append(claim)
     if (memory := estimate_memory(plan)) and memory.fits is False:
+        q = ', load the base in 4 bits (--qlora)' if plan.lora and not plan.qlora else ''
         warnings.append(f'does not fit: {memory.total / GIB:.1f} GiB per GPU > {memory.capacity / GIB:.1f} GiB usable '
-                        '(lower micro_batch, turn on checkpointing, or shard with deepspeed-zero3/fsdp)')
+                        f'(lower micro_batch, turn on checkpointing{q}, or shard with deepspeed-zero3/fsdp)')
     if epochs and epochs > 4: warnings.append(f'{epochs:.1f} passes over the data: beyond ~4 repeated data is worth '
                                               'less than new data (Muennighoff et al. 2023)')
     return Estimate(plan, steps, fed, tokens, epochs, seconds, cost, flops, mfu, memory, warnings, lines)
@@ -327,13 +377,20 @@ def _memory_cell(m: Memory) -> str:
     "The memory row of the table: total per GPU and whether it fits."
     return f'{m.total / GIB:.1f} GiB per GPU' + ('' if m.fits is None else (' (fits)' if m.fits else ' (does NOT fit)'))
 
+def _batch_cell(p: Plan) -> str:
+    "The batch row: LoRA counts examples (packed or not), CPT and scratch count rows of seq_len tokens."
+    made = f'{p.micro_batch} micro × {p.grad_accum} accumulation × {p.gpus} GPU'
+    if p.lora: return f'{p.global_batch} examples = {made} (packed: the accumulation holds it on average)'
+    rows = f' rows × {p.seq_len:,} tokens = {human(p.global_batch * p.seq_len)} tokens' if p.seq_len else ''
+    return f'{p.global_batch}{rows} = {made}'
+
 @patch
 def table(self: Estimate) -> str:
     "The estimate as a fixed-width table: figures, arithmetic, memory, warnings."
     p, m = self.plan, self.memory
     fmt = lambda v, f: '-' if v is None else f(v)
     rows = [('steps', f'{self.steps:,}'),
-            ('batch', f'{p.global_batch} = {p.micro_batch} micro × {p.grad_accum} accumulation × {p.gpus} GPU'),
+            ('batch', _batch_cell(p)),
             ('tokens', fmt(self.tokens, human)), ('epochs', fmt(self.epochs, lambda v: f'{v:.2f}')),
             ('time', fmt(self.seconds, format_duration)), ('cost', fmt(self.cost, lambda v: f'{v:,.2f}')),
             ('implied MFU', fmt(self.implied_mfu, lambda v: f'{v:.1%}')), ('memory', fmt(m, _memory_cell))]
@@ -355,7 +412,7 @@ def plan_for(task: str, name: str, **overrides) -> Plan:
     "A `Plan` from the preset `task`/`name` (see `presets.get_preset`), with `overrides` applied."
     p = get_preset(task, name, overrides.pop('size', None))
     kw = dict(steps=p.steps, seq_len=p.seq_len, micro_batch=p.micro_batch, grad_accum=p.grad_accum, gpus=p.gpus,
-              tokens=p.corpus_tokens, precision=p.precision, strategy=p.strategy)
+              tokens=p.corpus_tokens, precision=p.precision, strategy=p.strategy, task=p.task)
     if 'epochs' in overrides: kw['steps'] = None   # a run length in epochs replaces the preset's steps
     return Plan(**(kw | overrides))
 
@@ -497,7 +554,7 @@ def estimate_command(
         mfu: float = None,             # speed, one of three: MFU, the percent of the dense peak the run achieves: 40
         params: _number = None,        # model parameters in matrix products, e.g. 125M or 7B
         lora_params: _number = None,   # trainable LoRA parameters (base weights frozen)
-        mixing_flops: _count = None,   # the model's non-matmul training FLOPs per token
+        mixing_flops: _count = None,   # the model's non-matmul training FLOPs per token (else 12·layers·seq·d)
         model_size: str = None,        # a size of --model (small, medium, large, xlarge): sets params, FLOPs, shape
         model: str = 'resonance',      # the architecture of --model-size, a registered model: resonance, gpt
         gpu: str = None,               # h100-sxm, h200, a100-80gb, l40s, rtx-4090, rtx-2080-ti, or a device name
@@ -509,6 +566,7 @@ def estimate_command(
         vocab: int = None,             # vocabulary size, for the logits memory
         checkpointing: bool = None,    # activation checkpointing (recompute each layer in backward)
         strategy: Literal[STRATEGIES] = None,  # deepspeed-zero3 and fsdp shard the model's states over the GPUs
+        qlora: bool = None,            # LoRA on a 4-bit NF4 base (QLoRA, bitsandbytes): the frozen weights' memory
         json: bool = False):           # print one JSON object instead of the table
     "Time and cost of a training plan, checked against the hardware."
     if sum(v is not None for v in (sec_per_step, tokens_per_sec, mfu)) > 1:
@@ -523,7 +581,7 @@ def estimate_command(
                   tokens_per_sec=tokens_per_sec, mfu=mfu and mfu / 100, params=params, lora_params=lora_params,
                   mixing_flops_per_token=mixing_flops, gpu=gpu, precision=precision, price_per_hour=price_per_hour,
                   claimed_hours=claimed_hours, layers=layers, d_model=d_model, vocab=vocab,
-                  checkpointing=checkpointing, strategy=strategy)
+                  checkpointing=checkpointing, strategy=strategy, qlora=qlora)
     flags = dict(micro_batch='batch-size', mixing_flops_per_token='mixing-flops')
     for k, v in fields.items():
         if k in _POSITIVE and k != 'mfu' and v is not None and not v > 0:

@@ -68,19 +68,20 @@ def test_memory_against_hand_computed_figures():
     p = dict(params=125e6, layers=12, d_model=768, seq_len=1024, micro_batch=8, vocab=32_000, gpu='rtx-2080-ti')
     m = estimate_memory(Plan(**p))
     assert (m.weights, m.grads, m.optimizer) == (4 * 125e6, 4 * 125e6, 8 * 125e6)
-    assert m.activations == 12 * 34 * 8 * 1024 * 768 == 2_566_914_048
+    assert m.activations == pytest.approx(12 * 45.6 * 8 * 1024 * 768)   # measured for the HF Llama layout (was 34)
     assert m.logits == 4 * 8 * 1024 * 32_000 == 1_048_576_000
-    assert m.total == 5_615_490_048 and m.capacity == 0.9 * 11 * GIB and m.fits
+    assert m.total == pytest.approx(2e9 + 12 * 45.6 * 8 * 1024 * 768 + 1_048_576_000)
+    assert m.capacity == 0.9 * 11 * GIB and m.fits
     ck = estimate_memory(Plan(**p, checkpointing=True))
-    assert ck.activations == (12 * 2 + 34) * 8 * 1024 * 768
-    assert estimate_memory(Plan(**p, precision='fp32')).activations == 12 * 68 * 8 * 1024 * 768
+    assert ck.activations == pytest.approx((12 * 2 + 45.6) * 8 * 1024 * 768)
+    assert estimate_memory(Plan(**p, precision='fp32')).activations == pytest.approx(12 * 83.0 * 8 * 1024 * 768)
     assert not estimate_memory(Plan(**(p | dict(micro_batch=32)))).fits
     assert estimate_memory(Plan(params=7e9, lora_params=16e6, gpu='h100-sxm')).total == 2 * 7e9 + 16 * 16e6
     assert estimate_memory(Plan(params=7e9, gpu='h100-sxm')).fits is False
     z3 = estimate_memory(Plan(params=7e9, gpu='h100-sxm', gpus=4, strategy='deepspeed-zero3'))
-    assert z3.total == 16 * 7e9 / 4 and z3.fits
+    assert z3.total == 18 * 7e9 / 4 and z3.fits   # DeepSpeed's 18 B: its bf16 copy beside the 16
     e = estimate(Plan(**(p | dict(micro_batch=32)), steps=10))
-    assert any(w.startswith('does not fit: 15.3 GiB per GPU > 9.9 GiB usable') for w in e.warnings)
+    assert any(w.startswith('does not fit: 18.6 GiB per GPU > 9.9 GiB usable') for w in e.warnings)
 
 
 def test_preset_plan_and_cost():
@@ -251,3 +252,132 @@ def test_estimate_model_gpt_from_the_registry(capsys):
     assert flops('--model-size', 'small') != gpt   # the default model is another architecture
     bad = _cli('--model', 'bert', '--model-size', 'small', '--seq-len', '1024', '--steps', '1')
     assert bad.returncode == 2 and "--model: unknown model 'bert'; choose from resonance, gpt" in bad.stderr
+
+
+# issue 16: batches that mean what the presets say, QLoRA, and memory and time checked against measurement
+
+def test_lora_plans_count_examples_with_the_presets_one_rule():
+    "A LoRA batch counts examples, packed or not: the calculator's steps are presets.lora_steps, the trainer's rule."
+    from legalnb import presets
+    from legalnb.presets import get_preset, lora_steps
+    assert calculator.lora_steps is presets.lora_steps
+    for name, n, ep in (('fast', 63_000, 1), ('full', 63_000, 1), ('aggressive', 1_000, 2.5), ('fast', 10, 1)):
+        e = estimate(plan_for('lora', name, examples=n, epochs=ep))
+        assert e.steps == lora_steps(get_preset('lora', name), n, ep) and e.sequences == int(n * ep)
+    e = estimate(plan_for('lora', 'fast', examples=63_000, seq_len=300))
+    assert e.steps == 1969 and e.tokens == 63_000 * 300
+    assert 'steps = ceil(1 × 63,000 examples ÷ 32 examples per step) = 1,969' in e.lines[0]
+    assert 'batch        32 examples = 1 micro × 32 accumulation × 1 GPU' in e.table()
+    cpt = estimate(plan_for('cpt', 'fast', params=7e9))   # CPT batches are tokens: rows × seq_len
+    assert 'batch        128 rows × 3,072 tokens = 393k tokens' in cpt.table()
+    with pytest.raises(LegalnbError, match='a LoRA plan counts examples'): estimate(plan_for('lora', 'fast', tokens=10**6,
+                                                                                            seq_len=100))
+
+
+def test_lora_presets_are_costed_as_lora():
+    "`--preset lora/*` without --lora-params: forward 2·N + input gradients 2·N = 4·N per token, no weight gradients."
+    e = estimate(plan_for('lora', 'fast', examples=63_000, seq_len=512, params=7e9, gpu='h100-sxm', mfu=0.4))
+    assert e.flops == 4 * 7e9 * 63_000 * 512 and 'FLOPs = 4·N·D = 4 × 7B' in e.lines[-1]
+    m = e.memory   # the frozen base only, adapters said to be missing, not the 16 B/param of full training
+    assert m.total == 2 * 7e9 and 'not counted (--lora-params)' in '\n'.join(m.lines)
+    with_adapters = estimate(plan_for('lora', 'fast', examples=63_000, seq_len=512, params=7e9, lora_params=16e6))
+    assert with_adapters.flops == (4 * 7e9 + 6 * 16e6) * 63_000 * 512
+    r = _cli('--preset', 'lora/fast', '--examples', '63000', '--seq-len', '512', '--params', '7B', '--gpu', 'h100-sxm',
+             '--mfu', '40', '--json')
+    assert r.returncode == 0 and json.loads(r.stdout)['flops'] == 4 * 7e9 * 63_000 * 512
+
+
+def test_qlora_fits_the_2080_ti_where_lora_does_not():
+    "An 8B model, LoRA, 11 GB card: NF4 base (0.516 B/param) with fp32 embeddings and head fits; 16-bit does not."
+    llama8b = dict(params=8.03e9, lora_params=42e6, layers=32, d_model=4096, vocab=128_256, seq_len=1024,
+                   examples=63_000, checkpointing=True, gpu='rtx-2080-ti')
+    lora = estimate(plan_for('lora', 'fast', **llama8b))
+    qlora = estimate(plan_for('lora', 'fast', qlora=True, **llama8b))
+    assert lora.memory.fits is False and qlora.memory.fits is True
+    assert any('--qlora' in w for w in lora.warnings) and not any('does not fit' in w for w in qlora.warnings)
+    nf4 = (4 + 8 / 64 + 32 / (64 * 256)) / 8           # QLoRA §3: NF4 + double-quantised constants
+    emb = 2 * 128_256 * 4096                           # embeddings and head: unquantised, fp32 after prepare_model_...
+    assert qlora.memory.weights == pytest.approx(nf4 * (8.03e9 - emb) + 4 * emb + 4 * 42e6)
+    assert (qlora.memory.grads, qlora.memory.optimizer) == (4 * 42e6, 8 * 42e6)
+    assert qlora.memory.total / GIB == pytest.approx(8.81, abs=0.01) and lora.memory.total / GIB > 16
+    r = _cli('--preset', 'lora/fast', '--params', '8.03B', '--lora-params', '42M', '--layers', '32', '--d-model', '4096',
+             '--vocab', '128256', '--seq-len', '1024', '--examples', '63000', '--checkpointing', '--gpu', 'rtx-2080-ti',
+             '--qlora', '--json')
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)['fits'] is True
+    with pytest.raises(LegalnbError, match='qlora'): Plan(params=8e9, qlora=True)   # full training has no frozen base
+
+
+def test_activation_bytes_are_the_measured_hf_llama_figure():
+    "Bytes autograd keeps per token per unit of width per layer in a tiny transformers Llama: 45.6 in bf16, not 34."
+    torch = pytest.importorskip('torch')
+    from transformers import LlamaConfig, LlamaForCausalLM
+    def saved_bytes(dtype, layers=2, width=1024, seq=32):
+        cfg = LlamaConfig(hidden_size=width, intermediate_size=width * 11008 // 4096, num_attention_heads=width // 128,
+                          num_key_value_heads=width // 128, num_hidden_layers=layers, vocab_size=64,
+                          attn_implementation='sdpa')
+        torch.manual_seed(0); model = LlamaForCausalLM(cfg).to(dtype).train()
+        weights, kept = {p.untyped_storage().data_ptr() for p in model.parameters()}, {}
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in weights:
+                kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        x = model.model.embed_tokens(torch.randint(0, 64, (1, seq))).detach().requires_grad_()
+        pos = torch.arange(seq)[None]; rope = model.model.rotary_emb(x, pos)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            for layer in model.model.layers:
+                x = layer(x, position_embeddings=rope, position_ids=pos)
+                x = x[0] if isinstance(x, tuple) else x
+        return sum(kept.values()) / (seq * width * layers)
+    bf16 = saved_bytes(torch.bfloat16)
+    assert bf16 == pytest.approx(calculator.ACTIVATION_BYTES[2], abs=0.25)   # 45.5 + shared RoPE tables and scalars
+    assert saved_bytes(torch.float32) == pytest.approx(calculator.ACTIVATION_BYTES[4], abs=0.6)
+    m = estimate_memory(Plan(params=7e9, layers=32, d_model=4096, seq_len=4096, gpu='h100-sxm'))
+    assert m.activations == pytest.approx(32 * 45.6 * 4096 * 4096) and '32 × 45.6 B' in '\n'.join(m.lines)
+
+
+def test_zero3_memory_matches_deepspeeds_own_estimate():
+    "deepspeed/runtime/zero/stage3.py estimate_zero3_model_states_mem_needs, no offload: 4·largest + 18·N/GPUs."
+    def deepspeed(total, largest, gpus): return 4 * largest + int(18 * total / gpus)
+    z3 = estimate_memory(Plan(params=6.738e9, layers=32, gpus=4, strategy='deepspeed-zero3', gpu='h100-sxm'))
+    assert round(z3.total / GIB, 1) == 29.0 and z3.total == pytest.approx(deepspeed(6.738e9, 6.738e9 / 32, 4))
+    assert '2 B bf16 copy' in z3.lines[0] and z3.gathered == 4 * 6.738e9 / 32
+    for n, layers, gpus in ((7e9, 32, 8), (70e9, 80, 64), (1.3e9, 24, 2)):
+        m = estimate_memory(Plan(params=n, layers=layers, gpus=gpus, strategy='deepspeed-zero3', precision='bf16'))
+        assert m.total == pytest.approx(deepspeed(n, n / layers, gpus))
+    fp32 = estimate_memory(Plan(params=7e9, layers=32, gpus=4, strategy='deepspeed-zero3', precision='fp32'))
+    assert fp32.total == 16 * 7e9 / 4 + 8 * 7e9 / 32   # no 16-bit copy when the run computes in fp32
+    r = _cli('--params', '6.738B', '--layers', '32', '--gpus', '4', '--strategy', 'deepspeed-zero3', '--gpu', 'h100-sxm',
+             '--steps', '1', '--json')
+    assert r.returncode == 0 and round(json.loads(r.stdout)['memory_gib'], 1) == 29.0
+
+
+def test_attention_flops_at_long_sequence_lengths():
+    "A transformer given by its shape pays 12·layers·seq·d per token for attention (PaLM, appendix B), not 6·N alone."
+    p = dict(params=7e9, layers=32, d_model=4096, steps=100, micro_batch=1)
+    for seq in (2048, 32_768):
+        e = estimate(Plan(**p, seq_len=seq))
+        assert e.flops == (6 * 7e9 + 12 * 32 * seq * 4096) * 100 * seq
+    long = estimate(Plan(**p, seq_len=32_768, gpu='h100-sxm', mfu=0.4))
+    assert long.flops > 2.2 * 6 * 7e9 * long.tokens and '12 × 32 × 32,768 × 4,096' in long.lines[-1]
+    assert estimate(Plan(**p, seq_len=2048, mixing_flops_per_token=0)).flops == 6 * 7e9 * 100 * 2048
+    lora = estimate(Plan(**p, seq_len=2048, task='lora'))   # no weight gradients, but attention's backward stays
+    assert lora.flops == (4 * 7e9 + 12 * 32 * 2048 * 4096) * 100 * 2048
+    r = _cli('--params', '7B', '--layers', '32', '--d-model', '4096', '--seq-len', '32768', '--steps', '10', '--json')
+    assert json.loads(r.stdout)['flops'] == (6 * 7e9 + 12 * 32 * 32_768 * 4096) * 10 * 32_768
+
+
+def test_no_hours_formatted_outside_the_one_duration_formatter():
+    "Durations below an hour print in minutes or seconds: no module formats hours itself, and no table says '0.0 h'."
+    import re
+    from pathlib import Path
+    pkg = Path(calculator.__file__).parent
+    for f in sorted(pkg.glob('*.py')):
+        if f.name in ('core.py', '_modidx.py'): continue
+        hits = re.findall(r"/ *3600[^\n]*:\.\d+f\}|:\.\d+f\} ?h\b", f.read_text(encoding='utf-8'))
+        assert not hits, (f.name, hits)
+    for plan in (Plan(steps=10, sec_per_step=0.5, price_per_hour=2.0),
+                 plan_for('lora', 'fast', examples=320, seq_len=256, params=125e6, gpu='h100-sxm', mfu=0.4,
+                          price_per_hour=2.0, claimed_hours=1)):
+        text = estimate(plan).table()
+        assert not re.search(r'\b0\.\d h\b', text), text
