@@ -220,9 +220,9 @@ def describe(self: TrainConfig, world_size: int = 1, seq_len: int | None = None)
     gb = self.batch_size * self.grad_accum * world_size
     tok = f' = {gb * seq_len:,} tokens' if seq_len else ''
     if self.batch_tokens:
-        accum = f'{self.batch_tokens // (self.batch_size * world_size * seq_len)}' if seq_len else "the data's rows"
-        batch = (f'{self.batch_tokens:,} tokens per step: {self.batch_size} rows x accumulation ({accum}) x '
-                 f'{world_size} rank(s)')
+        accum = (f'{self.batch_tokens // (self.batch_size * world_size * seq_len)}' if seq_len
+                 else "set by the data's row length")
+        batch = f'{self.batch_tokens:,} tokens: {self.batch_size} rows x accumulation ({accum}) x {world_size} rank(s)'
     else: batch = (f'{self.batch_size} seq x {self.grad_accum} accumulation x {world_size} rank(s) = {gb} sequences'
                    f'{tok} per step')
     seq_warmup = ([f'  sequence-length warm-up: rows cut to {self.seq_warmup_start:,} tokens, doubling, over the first '

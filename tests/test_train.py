@@ -335,7 +335,7 @@ def test_warm_up_run_feeds_the_same_tokens_at_every_length(split_dir, tmp_path, 
     assert json.loads((tmp_path/'run'/'summary.json').read_text())['tokens'] == 6 * 128
     saved = json.loads((tmp_path/'run'/'checkpoints'/'step-00000006'/'config.json').read_text())['config']
     assert (saved['grad_accum'], saved['batch_tokens']) == (4, 128), 'accumulation = 128 / (2 rows x 16 tokens)'
-    assert '128 tokens per step: 2 rows x accumulation' in out and 'rows cut to 4 tokens, doubling' in out
+    assert '6 steps of 128 tokens: 2 rows x accumulation (set by the data\'s row length)' in out and 'rows cut to 4 tokens, doubling' in out
 
 @pytest.fixture(scope='module')
 def doc_split(tmp_path_factory):
@@ -382,3 +382,13 @@ def test_batch_tokens_that_do_not_divide_are_one_line(split_dir, tmp_path, capsy
     with pytest.raises(LegalnbError, match='--seq-warmup-steps 5 needs seq_warmup_start'):
         config_from_args(['--seq-warmup-steps', '5'])
     with pytest.raises(LegalnbError, match='--batch-tokens must be >= 1, got 0'): config_from_args(['--batch-tokens', '0'])
+
+def test_preset_fast_trains_at_the_data_row_length_with_its_batch_in_tokens(tmp_path, capsys):
+    "legalnb train --preset fast --model resonance: 262,144 tokens per step, whatever the rows (here 1,024 tokens)."
+    split_1k = make_split(tmp_path/'data', rows=32, seq_len=1024)
+    rc, out, _ = run(capsys, '--data', split_1k, '--out', tmp_path/'run', '--preset', 'fast', '--model', 'resonance',
+                     *TINY, '--max-steps', 1)
+    assert rc == 0 and "(preset 'fast')" in out and '262,144 tokens: 4 rows x accumulation' in out
+    assert [(r['seq_len'], r['step_tokens']) for r in read_metrics(tmp_path/'run'/'metrics.jsonl')] == [(1024, 262_144)]
+    saved = json.loads((tmp_path/'run'/'checkpoints'/'step-00000001'/'config.json').read_text())['config']
+    assert saved['grad_accum'] == 262_144 // (4 * 1024) and saved['batch_tokens'] == 262_144
