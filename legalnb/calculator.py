@@ -224,7 +224,7 @@ def _states(plan: Plan) -> tuple[float, float, float, list[str]]:
         w, wl = b + (4 + copy) * T / shard, f'weights     {bl} + {kw} × {human(T)} LoRA{by}'
     else: w, wl = (4 + copy) * N / shard, f'weights     {kw} × {human(N)}{"" if copy else " (fp32 master)"}{by}'
     g, o = 4 * T / shard, 8 * T / shard
-    if not T: return w, g, o, [f'weights     {bl}{by} = {w / GIB:.2f} GiB',
+    if plan.lora and not T: return w, g, o, [f'weights     {bl}{by} = {w / GIB:.2f} GiB',
                                'LoRA        adapters, their gradients and AdamW: not counted (--lora-params)']
     lines = [f'{wl} = {w / GIB:.2f} GiB', f'grads       4 B × {human(T)}{by} = {g / GIB:.2f} GiB',
              f'AdamW       8 B × {human(T)}{by} = {o / GIB:.2f} GiB']
@@ -238,7 +238,6 @@ def _gathered(plan: Plan) -> tuple[float, list[str]]:
     p = plan.compute_precision
     if plan.lora: k, what = (4 if p == 'fp32' else 2), 'frozen weights'
     elif zero3 and p != 'fp32': k, what = 4, f'{p} weights and gradients, as DeepSpeed counts it'
-
     else: k, what = 8, 'fp32 weights and gradients'
     g = k * plan.params / plan.layers
     return g, [f'gathered    {k} B × {human(plan.params)} ÷ {plan.layers} layers (one layer\'s {what}, whole '
