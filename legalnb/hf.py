@@ -4,27 +4,32 @@
 
 # %% ../nbs/06_hf.ipynb #ec90bc37
 from __future__ import annotations
-import argparse, importlib.util, json, math, os, random, tempfile
+import argparse, importlib.util, json, math, os, random, shlex, tempfile, time
 from dataclasses import dataclass, asdict, replace
 from pathlib import Path
 from typing import Iterable, Literal, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
+from transformers import TrainerCallback
 from .core import (LegalnbError, PRECISIONS, CommandParser, atomic_write, command_parser, cuda_capability,
                           format_duration, jsonl_records, read_json, refuse_foreign_files, refuse_overwriting_inputs,
                           resolve_precision)
-from .presets import PRESET_NAMES, Preset, get_preset
+from .presets import PRESET_NAMES, Preset, get_preset, lora_steps, packed_accumulation
+from .train import MetricsFile, metric_lines, notify
 
 # %% auto #0
-__all__ = ['TINY_ARCHS', 'STRATEGY_FILES', 'legal_sentences', 'train_tiny_tokenizer', 'tiny_config', 'build_tiny_model',
-           'load_model', 'CausalLMShards', 'write_demo_shards', 'check_corpus_fits', 'read_examples', 'demo_examples',
-           'encode_example', 'LengthChoice', 'right_size_length', 'encode_examples', 'pack_examples', 'PackedCollator',
-           'packs_without_leakage', 'sft_dataset', 'lora_target_modules', 'LoraSettings', 'add_lora', 'merge_adapter',
-           'plan_training_args', 'format_plan', 'training_args_from_preset', 'deepspeed_zero3_config',
-           'write_launch_configs', 'launch_commands', 'check_run_folder', 'finetune', 'finetune_command',
-           'finetune_parser', 'finetune_main']
+__all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', 'STRATEGY_FILES', 'legal_sentences',
+           'train_tiny_tokenizer', 'tiny_config', 'build_tiny_model', 'model_config', 'load_model', 'doc_positions',
+           'CausalLMShards', 'write_demo_shards', 'check_corpus_fits', 'read_examples', 'demo_examples',
+           'encode_example', 'LengthChoice', 'right_size_length', 'truncate_example', 'encode_examples',
+           'pack_examples', 'PackedCollator', 'packs_without_leakage', 'sft_dataset', 'lora_target_modules',
+           'LoraSettings', 'add_lora', 'merge_adapter', 'plan_training_args', 'format_plan',
+           'training_args_from_preset', 'deepspeed_zero3_config', 'write_launch_configs', 'launch_environment',
+           'launch_plugin', 'launch_commands', 'launch_flags', 'check_run_folder', 'TrainerRecords', 'start_metrics',
+           'split_off', 'qlora_unavailable', 'quantization_4bit', 'refuse_single_process', 'finetune',
+           'finetune_command', 'finetune_parser', 'finetune_main']
 
 # %% ../nbs/06_hf.ipynb #c3d5eafa
 _SUBJECTS = ('the Commission', 'each Member State', 'the competent authority', 'the controller', 'the Agency',
@@ -65,32 +70,45 @@ def tiny_config(arch: str, vocab_size: int, hidden: int = 48, layers: int = 2, m
                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_len,
                                 **special)
 
-def build_tiny_model(out: str | Path, arch: str = 'llama', texts: Sequence[str] | None = None, seed: int = 0) -> Path:
+def build_tiny_model(out: str | Path, arch: str = 'llama', texts: Sequence[str] | None = None, seed: int = 0,
+                     dtype: torch.dtype = torch.float32) -> Path:   # dtype: bfloat16 writes a checkpoint like most hubs
     "Write a tiny randomly initialised causal LM and its tokenizer to `out`, like a user's `save_pretrained` folder."
     from transformers import AutoModelForCausalLM
     tok = train_tiny_tokenizer(texts or legal_sentences(300, seed))
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch, len(tok)))
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, len(tok))).to(dtype)
     model.save_pretrained(out); tok.save_pretrained(out)
     return Path(out)
 
 # %% ../nbs/06_hf.ipynb #aa36ded8
 def _first_line(e: Exception) -> str: return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
-def load_model(path: str | Path, dtype: str | torch.dtype = 'auto'):
-    "(model, tokenizer) from a local `save_pretrained` folder; nothing is downloaded."
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def model_config(path: str | Path) -> dict:
+    "The config.json of a local `save_pretrained` folder, checked (a LegalnbError names what is wrong)."
     path = Path(path)
     if not (path/'config.json').is_file():
         raise LegalnbError(f'{path}: not a model folder (no config.json); expected a folder written by save_pretrained')
-    if 'model_type' not in read_json(path/'config.json', 'a model config written by save_pretrained'):
+    cfg = read_json(path/'config.json', 'a model config written by save_pretrained')
+    if 'model_type' not in cfg:
         raise LegalnbError(f'{path}/config.json: no "model_type"; expected a config written by save_pretrained')
+    return cfg
+
+def load_model(path: str | Path, dtype: str | torch.dtype = 'auto',
+               attention: str | None = None,   # 'sdpa', 'eager' or 'flash_attention_2' (None: transformers' default)
+               quantization=None,              # a transformers BitsAndBytesConfig (QLoRA's 4-bit weights), or None
+               tokenizer_only: bool = False):  # return (None, tokenizer) without loading the weights
+    "(model, tokenizer) from a local `save_pretrained` folder; nothing is downloaded."
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = Path(path); model_config(path)
+    kw = dict(dtype=dtype, local_files_only=True)
+    if attention: kw['attn_implementation'] = attention
+    if quantization is not None: kw['quantization_config'] = quantization
     from transformers.utils import logging as hf_logging
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()   # no "Loading weights" bar: stderr keeps to errors (one line each)
     try:
         what = 'tokenizer'; tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        what = 'model'; model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+        what = 'model'; model = None if tokenizer_only else AutoModelForCausalLM.from_pretrained(path, **kw)
     except Exception as e:   # transformers, tokenizers and safetensors raise many types: all mean a damaged folder
         raise LegalnbError(f'{path}: the {what} could not be loaded ({_first_line(e)}); '
                            'expected a folder written by save_pretrained') from None
@@ -100,29 +118,39 @@ def load_model(path: str | Path, dtype: str | torch.dtype = 'auto'):
     return model, tok
 
 # %% ../nbs/06_hf.ipynb #81d2b778
+def doc_positions(starts: torch.Tensor) -> torch.Tensor:
+    "Position ids restarting at 0 at every True of `starts` ((..., L) bool document starts), int64."
+    idx = torch.arange(starts.shape[-1]).expand_as(starts)
+    last = torch.cummax(torch.where(starts, idx, torch.zeros_like(idx)), dim=-1).values   # latest start at or before
+    return idx - last
+
 class CausalLMShards(Dataset):
-    "Packed `.npy` shards of the corpus stage as `{'input_ids', 'labels'}` items for the transformers Trainer."
+    "Packed `.npy` shards as `{'input_ids', 'labels', 'position_ids'}` items; positions restart at each document."
     def __init__(self, folder: str | Path):
         from legalnb.data import PretokenizedDataset
-        self.rows = PretokenizedDataset(folder)   # memory-mapped (input_ids, targets) rows
+        self.rows = PretokenizedDataset(folder, doc_starts=True)   # memory-mapped (input_ids, targets, starts) rows
         self.seq_len = self.rows.seq_len
+        self.boundaries = not self.rows.missing_doc_starts   # False: a shard has no doc_starts/ (rows run on)
     def __len__(self) -> int: return len(self.rows)
     def __getitem__(self, i: int) -> dict:
-        x, _ = self.rows[i]   # (seq_len,) int64; the model shifts labels itself, so labels = input_ids
-        return {'input_ids': x, 'labels': x.clone()}
+        x, _, starts = self.rows[int(i)]   # (seq_len,) int64 ids, (seq_len,) bool document starts
+        return {'input_ids': x, 'labels': x.clone(), 'position_ids': doc_positions(starts)}
 
 # %% ../nbs/06_hf.ipynb #58066120
 def write_demo_shards(out: str | Path, tokenizer, rows: int = 64, seq_len: int = 64, shards: int = 2,
                       seed: int = 0) -> Path:
-    "Tokenize generated sentences into `shards` packed `.npy` files of `rows` rows and a manifest (corpus format)."
+    "Tokenize generated sentences into `shards` packed `.npy` files of `rows` rows, their doc_starts/ and a manifest."
     ids, eos = [], tokenizer.eos_token_id
     for s in legal_sentences(rows * shards * seq_len // 8, seed): ids += tokenizer(s).input_ids + [eos]
     need = rows * shards * (seq_len + 1)
     if len(ids) < need: raise LegalnbError(f'only {len(ids)} tokens generated, need {need}')
     table = np.asarray(ids[:need], dtype=np.uint16).reshape(shards, rows, seq_len + 1)
-    out = Path(out); out.mkdir(parents=True, exist_ok=True)
+    out = Path(out); (out/'doc_starts').mkdir(parents=True, exist_ok=True)
     for k in range(shards):
+        flat = table[k].reshape(-1)   # a document (a sentence) starts after every EOS: flat token offsets
+        starts = np.flatnonzero(np.r_[True, flat[:-1] == eos]).astype(np.int64)
         with atomic_write(out/f'shard_{k:05d}.npy') as tmp, open(tmp, 'wb') as f: np.save(f, table[k])
+        with atomic_write(out/'doc_starts'/f'shard_{k:05d}.npy') as tmp, open(tmp, 'wb') as f: np.save(f, starts)
     manifest = dict(vocab_size=len(tokenizer), eos_id=eos, seq_len=seq_len, dtype='uint16', rows=rows * shards)
     with atomic_write(out/'manifest.json') as tmp: tmp.write_text(json.dumps(manifest, indent=1))
     return out
@@ -212,6 +240,8 @@ def encode_example(tokenizer, ex: dict) -> dict:
             body = _plain(tokenizer, m['content'] + '\n')
             if not reply: head, body = head + body, []
         ids += head + body; labels += [-100] * len(head) + (body if reply else [-100] * len(body))
+    if labels and labels[-1] == tokenizer.eos_token_id:   # the template already ends the reply with EOS: not twice
+        return {'input_ids': ids, 'labels': labels}
     return {'input_ids': ids + [tokenizer.eos_token_id], 'labels': labels + [tokenizer.eos_token_id]}
 
 # %% ../nbs/06_hf.ipynb #8be48279
@@ -221,12 +251,14 @@ class LengthChoice:
     max_length: int    # tokens, a multiple of `multiple`
     longest: int       # tokens in the longest example
     basis: str         # 'longest' or 'p99' etc.: what the length was sized on
-    truncated: int     # examples longer than max_length (cut at max_length)
+    truncated: int     # examples longer than max_length (their prompt cut from the left)
     examples: int      # examples in the set
+    response_cut: int = 0   # of the truncated, those whose response alone was too long (its end cut)
 
     def __str__(self):
+        cut = f', {self.response_cut} of them with the response cut too' if self.response_cut else ''
         return (f'max_length {self.max_length} (sized on the {self.basis} of {self.examples} examples, '
-                f'longest {self.longest}); {self.truncated} truncated')
+                f'longest {self.longest}); {self.truncated} truncated (prompt cut from the left{cut})')
 
 def right_size_length(lengths: Sequence[int], multiple: int = 64, percentile: float | None = None,
                       cap: int | None = None) -> LengthChoice:
@@ -241,6 +273,17 @@ def right_size_length(lengths: Sequence[int], multiple: int = 64, percentile: fl
                         int((lengths > size).sum()), len(lengths))
 
 # %% ../nbs/06_hf.ipynb #f723883f
+def truncate_example(item: dict, max_length: int, bos_id: int | None = None) -> tuple[dict, bool]:
+    "`item` within `max_length` tokens: BOS kept, the prompt cut from the left, the response whole if it fits."
+    ids, labels, n = item['input_ids'], item['labels'], max_length
+    if len(ids) <= n: return item, False
+    head = 1 if bos_id is not None and ids[0] == bos_id else 0   # BOS stays first: the model was trained so
+    first = next((i for i, l in enumerate(labels) if l != -100), len(ids))   # the first trained token
+    whole = len(ids) - first <= n - head   # the response fits beside BOS: keep the prompt's last tokens only
+    # else: at most a quarter of the row of prompt, then the response's beginning (trained tokens, never none)
+    start = len(ids) - (n - head) if whole else first - min(first - head, (n - head) // 4)
+    return {k: v[:head] + v[start:start + n - head] for k, v in item.items()}, not whole
+
 def encode_examples(tokenizer, examples: Sequence[dict], max_length: int | None = None,
                     percentile: float | None = None, cap: int | None = None) -> tuple[list[dict], LengthChoice]:
     "Encode `examples`, right-size the length (unless `max_length` is given) and truncate; return (items, choice)."
@@ -249,8 +292,9 @@ def encode_examples(tokenizer, examples: Sequence[dict], max_length: int | None 
     choice = right_size_length(lengths, percentile=percentile, cap=cap)
     if max_length:
         choice = LengthChoice(max_length, choice.longest, 'given', sum(l > max_length for l in lengths), len(items))
-    n = choice.max_length
-    return [{k: v[:n] for k, v in it.items()} for it in items], choice
+    cut = [truncate_example(it, choice.max_length, tokenizer.bos_token_id) for it in items]
+    choice.response_cut = sum(lost for _, lost in cut)
+    return [it for it, _ in cut], choice
 
 # %% ../nbs/06_hf.ipynb #5965ea2d
 def pack_examples(items: Sequence[dict], max_length: int) -> list[dict]:
@@ -321,17 +365,26 @@ def sft_dataset(items: list[dict], max_length: int, tokenizer, model=None,
 _ATTENTION_NAMES = {'q_proj', 'k_proj', 'v_proj', 'o_proj', 'c_attn', 'query_key_value', 'qkv_proj', 'Wqkv', 'out_proj',
                     'dense', 'c_proj'}
 
+def _in_attention(name: str) -> bool:
+    "Whether the module `name` (a dotted path) sits in an attention block: its parent is named attn/attention."
+    parent = name.rsplit('.', 2)[-2] if name.count('.') else ''
+    return 'attn' in parent or 'attention' in parent
+
 def lora_target_modules(model, scope: str = 'all') -> list[str]:
-    "Leaf names of the linear / Conv1D layers in `model`'s decoder blocks ('all'), or only its attention ones."
+    "Names of the linear / Conv1D layers in `model`'s decoder blocks ('all'), or only its attention ones."
     from transformers.pytorch_utils import Conv1D
     if scope not in ('all', 'attention'): raise LegalnbError(f"scope must be 'all' or 'attention', got {scope!r}")
     out_emb = {id(model.get_output_embeddings())}
-    names = {n.rsplit('.', 1)[-1] for n, m in model.named_modules()   # linear layers inside numbered blocks
-             if isinstance(m, (torch.nn.Linear, Conv1D)) and id(m) not in out_emb
-             and any(c.isdigit() for c in n.split('.'))}
+    linear = {n: n.rsplit('.', 1)[-1] for n, m in model.named_modules()   # linear layers inside numbered blocks
+              if isinstance(m, (torch.nn.Linear, Conv1D)) and id(m) not in out_emb
+              and any(c.isdigit() for c in n.split('.'))}
+    names = set(linear.values())
     if scope == 'attention':
-        attn = {n.rsplit('.', 1)[-1] for n, m in model.named_modules() if 'attn' in n or 'attention' in n}
-        names = {n for n in names if n in attn and n in _ATTENTION_NAMES}
+        keep = {n for n, leaf in linear.items() if _in_attention(n) and leaf in _ATTENTION_NAMES}
+        # peft matches a name as a suffix: a leaf also used outside attention (GPT-2's c_proj is in attn and mlp)
+        # is named with its parent, 'attn.c_proj', so the MLP's layer of the same name stays untouched
+        shared = {linear[n] for n in linear if n not in keep}
+        names = {f"{n.rsplit('.', 2)[-2]}.{linear[n]}" if linear[n] in shared else linear[n] for n in keep}
     if not names:
         raise LegalnbError(f'{type(model).__name__}: no linear layers found for LoRA; pass target modules explicitly')
     return sorted(names)
@@ -367,23 +420,41 @@ def merge_adapter(base: str | Path, adapter: str | Path, out: str | Path | None 
 # %% ../nbs/06_hf.ipynb #ce9e116e
 def _world_size() -> int: return int(os.environ.get('WORLD_SIZE', '1'))
 
-def plan_training_args(preset, out: str | Path, **overrides) -> dict[str, tuple]:
+CHECKPOINT_EVERY, CHECKPOINTS_KEPT, WARMUP_CAP = 2000, 3, 0.1   # the workflow's numbers; warm-up at most 10% of a run
+
+def _warmup(preset, steps: int) -> tuple[int | float, str]:
+    "The warm-up for a run of `steps` (capped at 10% of it) and why."
+    why = 'linear warmup, from the preset (< 1: a fraction of the steps)'
+    if steps <= 0: return preset.warmup_steps, why
+    w, cap = preset.warmup_for(steps), max(1, math.floor(WARMUP_CAP * steps))
+    if w <= cap: return preset.warmup_steps, why
+    return cap, f'capped: the preset\'s {w:,} warm-up steps are more than 10% of the {steps:,} steps'
+
+def plan_training_args(preset, out: str | Path,
+                       examples_per_row: float = 1.0,   # mean examples per packed row (1: rows are the unit)
+                       evaluation: bool = False,        # an evaluation split exists: evaluate at every checkpoint
+                       **overrides) -> dict[str, tuple]:
     "`{name: (value, why)}` of the TrainingArguments for `preset` on this machine, `overrides` applied last."
     cap, world = cuda_capability(), _world_size()   # cap: (major, minor) of this machine's GPU, None without one
     cuda, prec = cap is not None, resolve_precision(preset.precision, cap)
-    accum = max(1, preset.global_batch // (preset.micro_batch * world)) if preset.global_batch else preset.grad_accum
+    accum = (packed_accumulation(preset, examples_per_row, preset.micro_batch, world) if preset.global_batch
+             else preset.grad_accum)
     steps, global_batch = preset.steps or -1, preset.global_batch or accum * preset.micro_batch * world
+    unit = 'examples' if preset.task == 'lora' else 'rows'
+    per_row = f' x {examples_per_row:.2f} examples per row' if examples_per_row != 1 else ''
+    save = min(CHECKPOINT_EVERY, max(1, math.ceil(steps / 5))) if steps > 0 else 0.2
+    warmup, warmup_why = _warmup(preset, steps)
     plan = {
         'output_dir': (str(out), 'checkpoints and the final model go here'),
         'max_steps': (steps, 'from the preset' if preset.steps else 'none set: one pass over the examples'),
         'num_train_epochs': (1, 'one pass over the data when max_steps is not set'),
         'learning_rate': (preset.lr, 'peak learning rate, from the preset'),
-        'warmup_steps': (preset.warmup_steps, 'linear warmup, from the preset (< 1: a fraction of the steps)'),
+        'warmup_steps': (warmup, warmup_why),
         'lr_scheduler_type': ('cosine', 'cosine decay after warmup'),
         'per_device_train_batch_size': (preset.micro_batch, 'micro batch per process (packed rows for SFT), '
                                                              'from the preset'),
-        'gradient_accumulation_steps': (accum, f'global batch {global_batch} = micro {preset.micro_batch} x '
-                                               f'accumulation {accum} x {world} process(es)'),
+        'gradient_accumulation_steps': (accum, f'global batch {global_batch} {unit} ~ micro {preset.micro_batch}'
+                                               f'{per_row} x accumulation {accum} x {world} process(es)'),
         'bf16': (prec == 'bf16', f'precision {prec}: ' + {
                  'bf16': 'the GPU has bf16 tensor cores (cc >= 8.0)', 'fp32': 'no GPU, or fp32 asked for',
                  'fp16': 'fp16 tensor cores with loss scaling (cc < 8.0, no bf16)'}[prec]),
@@ -397,9 +468,12 @@ def plan_training_args(preset, out: str | Path, **overrides) -> dict[str, tuple]
         'dataloader_num_workers': (4, 'load batches in 4 worker processes so the GPU never waits'),
         'dataloader_pin_memory': (cuda, 'pinned host memory: faster, asynchronous copies to the GPU'),
         'dataloader_prefetch_factor': (4, 'each worker keeps 4 batches ready'),
-        'save_steps': (max(1, steps // 5) if steps > 0 else 0.2,
-                       'about five checkpoints per run: saving often was a reported slow-down'),
-        'save_total_limit': (2, 'keep the newest two checkpoints'),
+        'save_steps': (save, f'every {CHECKPOINT_EVERY:,} steps, or a fifth of a shorter run'),
+        'save_total_limit': (CHECKPOINTS_KEPT, f'keep the newest {CHECKPOINTS_KEPT} checkpoints'),
+        'eval_strategy': ('steps' if evaluation else 'no', 'evaluate the held-out split at every checkpoint'
+                          if evaluation else 'no evaluation split'),
+        'eval_steps': (save if evaluation else None, 'with the checkpoints'),
+        'per_device_eval_batch_size': (preset.micro_batch, 'as the training micro batch'),
         'logging_steps': (max(1, min(10, steps // 20)) if steps > 0 else 10, 'loss every few steps'),
         'optim': ('adamw_torch_fused' if cuda else 'adamw_torch', 'fused AdamW kernel on GPUs'),
         'weight_decay': (0.0 if preset.task == 'lora' else 0.1, 'AdamW weight decay (none on LoRA adapters)'),
@@ -414,6 +488,8 @@ def plan_training_args(preset, out: str | Path, **overrides) -> dict[str, tuple]
     for k, v in overrides.items(): plan[k] = (v, 'override')
     if not plan['dataloader_num_workers'][0]:
         plan['dataloader_prefetch_factor'] = (None, 'no workers, nothing to prefetch')
+    if plan['eval_strategy'][0] == 'steps' and 'save_steps' in overrides and 'eval_steps' not in overrides:
+        plan['eval_steps'] = (overrides['save_steps'], 'with the checkpoints')
     return plan
 
 def format_plan(plan: dict[str, tuple]) -> str:
@@ -421,10 +497,11 @@ def format_plan(plan: dict[str, tuple]) -> str:
     w = max(map(len, plan))
     return '\n'.join(f'{k:<{w}} = {v!r:<24} # {why}' for k, (v, why) in plan.items() if k != 'output_dir')
 
-def training_args_from_preset(preset, out: str | Path, verbose: bool = True, **overrides):
+def training_args_from_preset(preset, out: str | Path, verbose: bool = True, examples_per_row: float = 1.0,
+                              evaluation: bool = False, **overrides):
     "transformers `TrainingArguments` for `preset` on this machine (printing what each sets and why)."
     from transformers import TrainingArguments
-    plan = plan_training_args(preset, out, **overrides)
+    plan = plan_training_args(preset, out, examples_per_row, evaluation, **overrides)
     if verbose: print(format_plan(plan))
     return TrainingArguments(**{k: v for k, (v, _) in plan.items()})
 
@@ -464,6 +541,9 @@ def _accelerate_config(strategy: str, processes: int, machines: int, precision: 
             fsdp_state_dict_type='SHARDED_STATE_DICT', fsdp_cpu_ram_efficient_loading=True, fsdp_offload_params=False,
             fsdp_activation_checkpointing=True))
     elif strategy == 'deepspeed-zero3':
+        # no mixed_precision beside a DeepSpeed JSON: accelerate's plugin refuses the pair in every process; the
+        # JSON's "auto" precision follows the TrainingArguments (bf16 / fp16) instead
+        del cfg['mixed_precision']
         cfg.update(distributed_type='DEEPSPEED',
                    deepspeed_config=dict(deepspeed_config_file=str(ds_json), zero3_init_flag=True))
     else: raise LegalnbError(f'strategy must be one of {", ".join(STRATEGY_FILES)}, got {strategy!r}')
@@ -482,6 +562,27 @@ def write_launch_configs(out: str | Path, gpus_per_node: int = 4, nodes: int = 1
         paths[strategy] = out/name
     return paths
 
+def launch_environment(launch_args: Sequence[str]) -> dict[str, str]:
+    "The environment `accelerate launch LAUNCH_ARGS script` gives each process (accelerate's own launcher code)."
+    from accelerate.commands.launch import launch_command_parser, _validate_launch_command
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+    parsed = launch_command_parser().parse_args([*launch_args, 'x.py'])
+    args, defaults, mp_from_config = _validate_launch_command(parsed)
+    if not args.use_deepspeed: return prepare_multi_gpu_env(args)
+    fields = list(defaults.deepspeed_config) if defaults else []   # as accelerate's launch_command does
+    args.deepspeed_fields_from_accelerate_config = ','.join(fields + ['mixed_precision'] * bool(mp_from_config))
+    return prepare_deepspeed_cmd_env(args)[1]
+
+def launch_plugin(launch_args: Sequence[str]):
+    "Accelerate's FSDP or DeepSpeed plugin (None for DDP) built as each process of that launch builds it."
+    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    env, before = launch_environment(launch_args), dict(os.environ)
+    os.environ.update(env)
+    try:
+        if env.get('ACCELERATE_USE_DEEPSPEED') == 'true': return DeepSpeedPlugin()
+        if env.get('ACCELERATE_USE_FSDP') == 'true': return FullyShardedDataParallelPlugin()
+    finally: os.environ.clear(); os.environ.update(before)
+
 # %% ../nbs/06_hf.ipynb #8519eb32
 def launch_commands(config: str | Path, script_args: str, gpus_per_node: int = 4, nodes: int = 1) -> list[str]:
     "The accelerate and torchrun command lines that start `legalnb finetune script_args` on `nodes` nodes."
@@ -494,6 +595,19 @@ def launch_commands(config: str | Path, script_args: str, gpus_per_node: int = 4
                   for r in range(nodes)]
     return accelerate + [f'torchrun --nnodes={nodes} --nproc_per_node={gpus_per_node} {rdzv} {run}']
 
+def launch_flags(strategy: str, processes: int, precision: str = 'bf16', layer_cls: str = 'LlamaDecoderLayer') -> str:
+    "`accelerate launch` flags for `strategy` on `processes` GPUs of one node: the configs above, with no file needed."
+    mp, on = {'fp32': 'no'}.get(precision, precision), f'--num_processes {processes}'
+    if strategy == 'ddp': return f'--multi_gpu {on} --mixed_precision {mp}'
+    if strategy == 'fsdp':
+        fsdp = _accelerate_config('fsdp', processes, 1, precision, layer_cls, Path())['fsdp_config']
+        return f'--use_fsdp {on} --mixed_precision {mp} ' + ' '.join(f'--{k} {str(v).lower()}' if isinstance(v, bool)
+                                                                      else f'--{k} {v}' for k, v in fsdp.items())
+    if strategy == 'deepspeed-zero3':   # flags, not a JSON: accelerate takes --mixed_precision from the command line
+        return (f'--use_deepspeed {on} --mixed_precision {mp} --zero_stage 3 --zero3_init_flag true '
+                '--zero3_save_16bit_model true --gradient_clipping 1.0')
+    raise LegalnbError(f'strategy must be one of {", ".join(STRATEGY_FILES)}, got {strategy!r}')
+
 # %% ../nbs/06_hf.ipynb #7b448d13
 def _losses(trainer) -> list[float]:
     "The training losses the Trainer logged, in order."
@@ -501,7 +615,8 @@ def _losses(trainer) -> list[float]:
 
 def _run_file(rel: Path) -> bool:
     "Whether a file (relative to the run folder) is one a finetune run writes."
-    return rel.parts[0] in ('final', 'launch', 'finetune.json') or rel.parts[0].startswith('checkpoint-')
+    return (rel.parts[0] in ('final', 'launch', 'finetune.json', 'metrics.jsonl')
+            or rel.parts[0].startswith('checkpoint-'))
 
 def check_run_folder(model: str | Path,   # the model folder the run reads
                      data: str | Path,    # the data it reads
@@ -515,57 +630,184 @@ def check_run_folder(model: str | Path,   # the model folder the run reads
     try: os.rmdir(tempfile.mkdtemp(prefix='.legalnb-probe-', dir=parent))   # can folders be made there?
     except OSError as e: raise LegalnbError(f'--out {out}: cannot be written ({e.strerror} in {parent})') from None
 
+# %% ../nbs/06_hf.ipynb #915731da
+class TrainerRecords(TrainerCallback):
+    "The Trainer's logs as the native trainer's step / eval / end records, passed to `sinks` on the main process."
+    def __init__(self, sinks: Sequence = ()):   # objects with on_step / on_eval / on_end(record), e.g. MetricsFile
+        self.sinks, self.last = list(sinks), None
+    def _mark(self, state):   # the start of a log interval: time, step, tokens so far
+        self.t0, self.step0, self.tok0 = time.perf_counter(), state.global_step, state.num_input_tokens_seen
+    def on_train_begin(self, args, state, control, **kw): self._mark(state)
+    def on_log(self, args, state, control, logs=None, **kw):
+        if not state.is_world_process_zero or 'loss' not in (logs or {}): return
+        n, secs = max(1, state.global_step - self.step0), max(time.perf_counter() - self.t0, 1e-9)
+        tokens = int(state.num_input_tokens_seen or 0)
+        r = dict(step=state.global_step, loss=float(logs['loss']), lr=float(logs.get('learning_rate', 0.0)),
+                 grad_norm=None if logs.get('grad_norm') is None else float(logs['grad_norm']), tokens=tokens,
+                 tokens_per_sec=(tokens - (self.tok0 or 0)) / secs, mfu=None, step_ms=1000 * secs / n,
+                 eta_s=max(0, state.max_steps - state.global_step) * secs / n)
+        self.last = r; self._mark(state); notify(self.sinks, 'on_step', r)
+    def on_evaluate(self, args, state, control, metrics=None, **kw):
+        if not state.is_world_process_zero or 'eval_loss' not in (metrics or {}): return
+        vl = float(metrics['eval_loss'])
+        notify(self.sinks, 'on_eval', dict(step=state.global_step, val_loss=vl, val_ppl=math.exp(min(vl, 50))))
+        self._mark(state)   # the evaluation's time is not a training step's
+    def on_train_end(self, args, state, control, **kw):
+        if state.is_world_process_zero: notify(self.sinks, 'on_end', {**(self.last or {}), 'step': state.global_step})
+
+def start_metrics(path: Path, resume_step: int | None) -> MetricsFile:
+    "A MetricsFile at `path`: a new run starts it empty; a resumed one keeps the records up to its checkpoint."
+    if path.exists():
+        keep = [line for line, r in metric_lines(path) if resume_step is not None and r.get('step', 0) <= resume_step]
+        with atomic_write(path) as tmp: tmp.write_text(''.join(l + '\n' for l in keep), encoding='utf-8')
+    return MetricsFile(path)
+
+# %% ../nbs/06_hf.ipynb #9b386463
+def split_off(n: int, share: float, seed: int = 0) -> tuple[list[int], list[int]]:
+    "(train, held-out) indices of `n` items: `share` of them (at most 1,000) drawn with `seed`, none under 1."
+    k = min(1000, int(n * share)) if n > 1 else 0
+    held = sorted(random.Random(seed).sample(range(n), k))
+    chosen = set(held)
+    return [i for i in range(n) if i not in chosen], held
+
+def _eval_rows(data: Path, rows: CausalLMShards, share: float) -> tuple[Dataset, Dataset | None, str]:
+    "(train, eval, where) for continued pretraining: the corpus's held-out val/ shards, else its last rows."
+    if share and (data/'val').is_dir() and any((data/'val').glob('*.npy')):
+        return rows, CausalLMShards(data/'val'), 'val/ (held-out acts)'
+    k = min(1000, int(len(rows) * share))   # the last rows: consecutive documents, so few straddle the split
+    if not k: return rows, None, 'none'
+    return Subset(rows, range(len(rows) - k)), Subset(rows, range(len(rows) - k, len(rows))), f'the last {k} rows'
+
+def qlora_unavailable() -> str | None:
+    "Why 4-bit QLoRA cannot run here (None when it can): it needs bitsandbytes and a CUDA GPU."
+    if importlib.util.find_spec('bitsandbytes') is None: return 'the bitsandbytes package is not installed'
+    if not torch.cuda.is_available(): return 'bitsandbytes 4-bit weights need a CUDA GPU and none is visible'
+
+def quantization_4bit(compute: torch.dtype):
+    "QLoRA's weights: NF4 with double quantization (Dettmers et al. 2023), computing in `compute`."
+    from transformers import BitsAndBytesConfig
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=compute)
+
+def _layer_class(model: str | Path) -> str:
+    "The decoder layer class of the model at `model` (what FSDP wraps), from its config alone."
+    from transformers import AutoConfig, AutoModelForCausalLM
+    try: cls = AutoModelForCausalLM._model_mapping[type(AutoConfig.from_pretrained(model, local_files_only=True))]
+    except Exception: return 'LlamaDecoderLayer'   # unknown here: the common one (the printed command shows it)
+    return sorted(getattr(cls, '_no_split_modules', None) or ['LlamaDecoderLayer'])[0]
+
+def refuse_single_process(p: Preset, model: str | Path, command: str):
+    "A multi-GPU preset started as one process: refuse with the exact `accelerate launch` command to run."
+    flags = launch_flags(p.strategy, p.gpus, resolve_precision(p.precision, cuda_capability()), _layer_class(model))
+    raise LegalnbError(f'preset {p.task}/{p.name} is sized for {p.gpus} GPUs ({p.strategy}) and this is one process: '
+                       f'run  accelerate launch {flags} -m legalnb.cli finetune {command}  '
+                       '(or add --force-single to train on this one process)')
+
+# %% ../nbs/06_hf.ipynb #9eafa480
 def finetune(model: str | Path,                 # folder written by save_pretrained (weights, config, tokenizer)
              data: str | Path,                  # shard folder (continued pretraining) or JSONL file (SFT)
-             out: str | Path,                   # run folder: checkpoints, final/, finetune.json
+             out: str | Path,                   # run folder: checkpoints, final/, metrics.jsonl, finetune.json
              preset='fast',                     # preset name, or a Preset
              lora: bool | None = None,          # None: LoRA for SFT, full fine-tuning for CPT
              lora_settings: LoraSettings | None = None,
              max_length: int | None = None,     # SFT: fixed length instead of right-sizing
              percentile: float | None = None,   # SFT: size the length on this percentile of the example lengths
              packing: bool = True,              # SFT: padding-free packed rows where the model supports them
+             resume: bool = False,              # continue from the newest checkpoint-* in `out`
+             eval_share: float = 0.05,          # held out for evaluation (CPT: the corpus's val/ shards if any)
+             attention: str | None = 'sdpa',    # attention backend: 'sdpa', 'eager', 'flash_attention_2'
+             qlora: bool = False,               # LoRA on 4-bit NF4 base weights (bitsandbytes, CUDA)
+             force_single: bool = False,        # train a multi-GPU preset on this one process anyway
+             sinks: Sequence = (),              # more record sinks (on_step/on_eval/on_end), e.g. a LiveLossPlot
+             command: str | None = None,        # the flags to repeat in a refusal's launch command
              **overrides) -> dict:              # TrainingArguments overrides
     "Continued pretraining or SFT of a local model on `data` with the transformers Trainer; returns the run summary."
     from transformers import Trainer, default_data_collator
+    from transformers.trainer_utils import get_last_checkpoint
     data, out = Path(data), Path(out)
     if not data.exists(): raise LegalnbError(f'{data}: no such file or folder; expected a shard folder or a JSONL file')
     check_run_folder(model, data, out)
     task = 'cpt' if data.is_dir() else 'lora'
     p = get_preset(task, preset) if isinstance(preset, str) else preset
     use_lora = task == 'lora' if lora is None else lora
+    if qlora and not use_lora: raise LegalnbError('--qlora trains a LoRA adapter on 4-bit weights; drop --full')
+    if qlora and (why := qlora_unavailable()): raise LegalnbError(f'--qlora: {why}; use --lora (16-bit base) here')
+    last = get_last_checkpoint(str(out)) if resume and out.is_dir() else None
+    if resume and last is None:
+        raise LegalnbError(f'--resume: {out} holds no checkpoint-* folder; drop --resume to start the run')
     examples = read_examples(data) if task == 'lora' else None   # bad data fails before the model loads
     shards = CausalLMShards(data) if task == 'cpt' else None
-    net, tok = load_model(model)
+    cfg, world = model_config(model), _world_size()
+    main = world == 1 or os.environ.get('RANK') == '0'
+    if p.strategy != 'single' and world == 1 and not force_single:
+        refuse_single_process(p, model, command or f'--model {model} --data {data} --out {out}')
+    _, tok = load_model(model, tokenizer_only=True)
     summary = dict(task='continued pretraining' if task == 'cpt' else 'sft', mode='lora' if use_lora else 'full',
-                   preset=f'{p.task}/{p.name}')
+                   preset=f'{p.task}/{p.name}', qlora=qlora, attention=attention)
+    per_row, rows = 1.0, None
+    if task == 'lora' and not packing: overrides.setdefault('train_sampling_strategy', 'group_by_length')
     if task == 'cpt':
-        train, collate, how = shards, default_data_collator, 'packed shards'
-        if (warning := check_corpus_fits(train, tok, net)): print(warning)
-        summary.update(seq_len=train.seq_len)
-    else:
-        cap = getattr(net.config, 'max_position_embeddings', None)
+        train, evald, held = _eval_rows(data, shards, eval_share)
+        summary.update(seq_len=shards.seq_len, doc_boundaries=shards.boundaries, eval=held)
+    else:   # encode, truncate, hold out, pack: all before the model, so the step count is known
+        cap = cfg.get('max_position_embeddings') or cfg.get('n_positions')
         items, choice = encode_examples(tok, examples, max_length, percentile, cap=cap)
-        print(choice)
-        train, collate, how = sft_dataset(items, choice.max_length, tok, net, packing)
-        summary.update(length=asdict(choice), examples=len(items))
-        if how == 'length-grouped': overrides.setdefault('train_sampling_strategy', 'group_by_length')
-    if p.strategy != 'single' and _world_size() == 1:   # a multi-GPU preset started as one process: how to launch it
-        layer = sorted(getattr(net, '_no_split_modules', None) or ['LlamaDecoderLayer'])[0]
-        cfgs = write_launch_configs(out/'launch', p.gpus, 1, resolve_precision(p.precision, cuda_capability()), layer)
-        cmd = launch_commands(cfgs.get(p.strategy, cfgs['ddp']), f'--model {model} --data {data} --out {out} ...',
-                              p.gpus)
-        print(f'preset {p.task}/{p.name} is sized for {p.gpus} GPUs ({p.strategy}); configs in {out/"launch"}; '
-              f'start it with\n  {cmd[0]}')
-        summary.update(launch=str(out/'launch'))
+        if main: print(choice)
+        keep, held = split_off(len(items), eval_share, overrides.get('seed', 0))
+        train, evald = [items[i] for i in keep], [items[i] for i in held] or None
+        if packing: rows = pack_examples(train, choice.max_length); per_row = len(train) / len(rows)
+        steps = p.steps or lora_steps(p, len(train))   # the one rule, the calculator's too
+        accum = overrides.get('gradient_accumulation_steps') or packed_accumulation(p, per_row, p.micro_batch, world)
+        if main: print(f'{len(train)} examples ({len(held)} held out for evaluation) in {len(rows or train)} rows '
+                       f'({per_row:.2f} per row): accumulation {accum}, so a step sees ~{p.global_batch} examples; '
+                       f'{steps} steps' + ('' if p.steps else f' = ceil({len(train)} / {p.global_batch})'))
+        p = replace(p, steps=steps)
+        summary.update(length=asdict(choice), examples=len(train), eval_examples=len(held), grad_accum=accum,
+                       examples_per_row=round(per_row, 3))
+    # the TrainingArguments (and a DeepSpeed config) exist before the weights load: ZeRO-3 shards at load time
+    make_args = lambda per_row: training_args_from_preset(p, out, verbose=main, examples_per_row=per_row,
+                                                           evaluation=evald is not None, **overrides)
+    args = make_args(per_row)
+    prec = resolve_precision(p.precision, cuda_capability())
+    compute = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(prec, torch.float32)
+    # full fine-tuning keeps fp32 master weights (a bf16 checkpoint is upcast; autocast computes in bf16);
+    # LoRA's base is frozen, so it loads in the compute precision and peft keeps the adapter in fp32
+    dtype = compute if use_lora else torch.float32
+    net, _ = load_model(model, dtype, attention, quantization_4bit(compute) if qlora else None)
+    if task == 'cpt':
+        collate, how = default_data_collator, 'packed shards' + ', positions restart at documents' * shards.boundaries
+        if (warning := check_corpus_fits(shards, tok, net)) and main: print(warning)
+    else:
+        if rows is not None and not packs_without_leakage(net):
+            rows, overrides['train_sampling_strategy'] = None, 'group_by_length'
+            args = make_args(1.0)
+            if main: print(f'{type(net).__name__} mixes packed examples: padded, length-grouped batches instead')
+        flat = 'flash' in str(attention or '')
+        if rows is not None:
+            train, collate, how = rows, PackedCollator(tok.pad_token_id, flatten=flat), 'padding-free'
+            if evald: evald = pack_examples(evald, choice.max_length)
+        else:
+            from transformers import DataCollatorForSeq2Seq
+            collate, how = DataCollatorForSeq2Seq(tok, padding='longest', pad_to_multiple_of=8,
+                                                  label_pad_token_id=-100), 'length-grouped'
+    if qlora:
+        from peft import prepare_model_for_kbit_training
+        ckpt = bool(getattr(args, 'activation_checkpointing', False))
+        net = prepare_model_for_kbit_training(net, use_gradient_checkpointing=ckpt)
     if use_lora: net = add_lora(net, lora_settings)
-    args = training_args_from_preset(p, out, verbose=_world_size() == 1 or os.environ.get('RANK') == '0', **overrides)
-    trainer = Trainer(model=net, args=args, train_dataset=train, data_collator=collate, processing_class=tok)
-    result = trainer.train()
+    sinks = [start_metrics(out/'metrics.jsonl', int(Path(last).name.split('-')[-1]) if last else None), *sinks] \
+        if main else []
+    trainer = Trainer(model=net, args=args, train_dataset=train, eval_dataset=evald, data_collator=collate,
+                      processing_class=tok, callbacks=[TrainerRecords(sinks)])
+    result = trainer.train(resume_from_checkpoint=last)
     trainer.save_model(out/'final')
-    losses = _losses(trainer)
-    summary.update(batches=how, rows=len(train), steps=trainer.state.global_step, losses=losses,
+    evals = [h['eval_loss'] for h in trainer.state.log_history if 'eval_loss' in h]
+    summary.update(batches=how, rows=len(train), steps=trainer.state.global_step, losses=_losses(trainer),
+                   eval_losses=evals, warmup_steps=args.warmup_steps, save_steps=args.save_steps,
                    tokens=int(trainer.state.num_input_tokens_seen), seconds=round(result.metrics['train_runtime'], 2),
-                   world_size=args.world_size, final=str(out/'final'))
+                   world_size=args.world_size, distributed=trainer.accelerator.distributed_type.value,
+                   resumed_from=last and Path(last).name, dtype=str(dtype).removeprefix('torch.'),
+                   metrics=str(out/'metrics.jsonl'), final=str(out/'final'))
     if trainer.is_world_process_zero():
         with atomic_write(out/'finetune.json') as tmp: tmp.write_text(json.dumps(summary, indent=1))
     return summary
@@ -592,14 +834,14 @@ def _check_flags(values: dict[str, float | None], least: dict[str, float]):
 def finetune_command(
         model: str = None,             # folder written by save_pretrained (weights, config, tokenizer)
         data: str = None,              # corpus folder of shard_*.npy (continued pretraining), or examples JSONL (SFT)
-        out: str = None,               # run folder: checkpoints, final/, finetune.json
+        out: str = None,               # run folder: checkpoints, final/, metrics.jsonl, finetune.json
         preset: Literal[PRESET_NAMES] = 'fast',  # the task's preset (see legalnb.presets)
-        max_steps: int = None,         # optimizer steps (default: the preset's)
+        max_steps: int = None,         # optimizer steps (default: the preset's; LoRA: one pass over the examples)
         lr: float = None,              # peak learning rate (default: the preset's)
         batch_size: int = None,        # micro batch per GPU (the accumulation follows, keeping the global batch)
-        grad_accum: int = None,        # gradient accumulation steps
-        warmup_steps: float = None,    # warmup steps (< 1: a fraction of the steps)
-        save_steps: int = None,        # steps between checkpoints (default: about five per run)
+        grad_accum: int = None,        # gradient accumulation steps (default: sized for the preset's global batch)
+        warmup_steps: float = None,    # warmup steps (< 1: a fraction of the steps; at most a tenth of the run)
+        save_steps: int = None,        # steps between checkpoints (default: 2,000, or a fifth of a shorter run)
         workers: int = None,           # DataLoader worker processes (default 4)
         logging_steps: int = None,     # steps between loss logs
         max_length: int = None,        # SFT: fixed length in tokens (default: right-sized from the examples)
@@ -614,22 +856,35 @@ def finetune_command(
         packing: bool = True,          # SFT: padding-free packed rows (--no-packing: padded, length-grouped batches)
         torch_compile: bool = False,   # compile the model with torch.compile
         activation_checkpointing: bool = None,  # recompute activations in backward (default: on GPUs)
-        lora: bool = None):            # True: LoRA adapter (SFT's default), False: full fine-tuning (CPT's default)
+        resume: bool = False,          # continue the run in --out from its newest checkpoint
+        eval_share: float = 0.05,      # share held out for evaluation (CPT: the corpus's val/ shards when it has them)
+        eval_steps: int = None,        # steps between evaluations (default: at every checkpoint)
+        attention: Literal['sdpa', 'eager', 'flash_attention_2'] = 'sdpa',  # attention backend
+        qlora: bool = False,           # LoRA on 4-bit NF4 base weights (needs bitsandbytes and a CUDA GPU)
+        force_single: bool = False,    # train a multi-GPU preset on this one process anyway
+        lora: bool = None,             # True: LoRA adapter (SFT's default), False: full fine-tuning (CPT's default)
+        command: str = None):          # the command line, repeated in a refusal's launch command
     "Continued pretraining (DATA = shard folder) or SFT (DATA = JSONL) of a local model."
     for flag, v in (('--model', model), ('--data', data), ('--out', out)):
         if not v: raise LegalnbError(f'{flag} is required: {_REQUIRED[flag]}')
     _check_flags({'--max-steps': max_steps, '--batch-size': batch_size, '--grad-accum': grad_accum, '--seed': seed,
                   '--save-steps': save_steps, '--logging-steps': logging_steps, '--max-length': max_length,
-                  '--lora-r': lora_r, '--lora-alpha': lora_alpha, '--workers': workers, '--warmup-steps': warmup_steps},
+                  '--lora-r': lora_r, '--lora-alpha': lora_alpha, '--workers': workers, '--warmup-steps': warmup_steps,
+                  '--eval-steps': eval_steps},
                  dict.fromkeys(['--max-steps', '--batch-size', '--grad-accum', '--save-steps', '--logging-steps',
-                                '--lora-r', '--lora-alpha'], 1) | {'--max-length': 2, '--seed': 0, '--workers': 0,
-                                                                  '--warmup-steps': 0})
+                                '--lora-r', '--lora-alpha', '--eval-steps'], 1) | {'--max-length': 2, '--seed': 0,
+                                                                  '--workers': 0, '--warmup-steps': 0})
     if lr is not None and not lr > 0: raise LegalnbError(f'--lr must be more than 0, got {lr:g}')
     if seed is not None and seed >= 2 ** 32: raise LegalnbError(f'--seed must be below 2**32, got {seed}')
     if percentile is not None and not 0 < percentile <= 100:
         raise LegalnbError(f'--percentile must be above 0 and at most 100, got {percentile:g}')
     if not 0 <= lora_dropout < 1:
         raise LegalnbError(f'--lora-dropout must be at least 0 and below 1, got {lora_dropout:g}')
+    if not 0 <= eval_share < 1: raise LegalnbError(f'--eval-share must be at least 0 and below 1, got {eval_share:g}')
+    if attention == 'flash_attention_2' and (importlib.util.find_spec('flash_attn') is None
+                                             or not torch.cuda.is_available()):
+        raise LegalnbError('--attention flash_attention_2 needs a CUDA GPU and the flash-attn package '
+                           '(pip install flash-attn); use --attention sdpa here')
     if not Path(data).exists():
         raise LegalnbError(f'--data {data}: no such file or folder; expected {_REQUIRED["--data"]}')
     if deepspeed:
@@ -640,21 +895,24 @@ def finetune_command(
     p = _override_preset(get_preset('cpt' if Path(data).is_dir() else 'lora', preset), batch_size, grad_accum, lr,
                          max_steps, precision, warmup_steps)
     over = dict(save_steps=save_steps, dataloader_num_workers=workers, logging_steps=logging_steps, seed=seed,
-                deepspeed=deepspeed, activation_checkpointing=activation_checkpointing,
+                deepspeed=deepspeed, activation_checkpointing=activation_checkpointing, eval_steps=eval_steps,
                 gradient_accumulation_steps=grad_accum)   # an explicit accumulation wins over the recomputed one
     over = {k: v for k, v in over.items() if v is not None}
     if torch_compile: over['torch_compile'] = True
     lora_settings = LoraSettings(lora_r, lora_alpha, lora_dropout, lora_scope)
-    s = finetune(model, data, out, p, lora, lora_settings, max_length, percentile, packing, **over)
+    s = finetune(model, data, out, p, lora, lora_settings, max_length, percentile, packing, resume=resume,
+                 eval_share=eval_share, attention=attention, qlora=qlora, force_single=force_single,
+                 command=command, **over)
     loss = lambda i: f"{s['losses'][i]:.3f}" if s['losses'] else '-'
-    print(f"legalnb finetune: {s['task']} ({s['mode']}, {s['preset']}, {s['batches']}) {s['steps']} steps, "
-          f"{s['tokens']:,} tokens in {format_duration(s['seconds'])}; loss {loss(0)} -> {loss(-1)}; "
-          f"model in {s['final']}")
+    if _world_size() == 1 or os.environ.get('RANK') == '0':
+        print(f"legalnb finetune: {s['task']} ({s['mode']}, {s['preset']}, {s['batches']}) {s['steps']} steps, "
+              f"{s['tokens']:,} tokens in {format_duration(s['seconds'])}; loss {loss(0)} -> {loss(-1)}; "
+              f"model in {s['final']}")
     return 0
 
 def finetune_parser() -> CommandParser:
     "The flags of `legalnb finetune`: `finetune_command`'s parameters, with --lora and --full (one or the other)."
-    p = command_parser(finetune_command, 'legalnb finetune', skip=('lora',))
+    p = command_parser(finetune_command, 'legalnb finetune', skip=('lora', 'command'))
     mode = p.add_mutually_exclusive_group()
     mode.add_argument('--lora', dest='lora', action='store_true', default=None,
                       help="train a LoRA adapter (SFT's default)")
@@ -662,4 +920,6 @@ def finetune_parser() -> CommandParser:
                       help="full fine-tuning (CPT's default)")
     return p
 
-def finetune_main(argv: list[str]) -> int: return finetune_command(**vars(finetune_parser().parse_args(argv)))
+def finetune_main(argv: list[str]) -> int:
+    "`legalnb finetune ARGV`."
+    return finetune_command(**vars(finetune_parser().parse_args(argv)), command=shlex.join(argv))

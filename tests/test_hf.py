@@ -107,13 +107,16 @@ def test_padded_fallback_pads_with_minus_100(work):
     ('llama', ['k_proj', 'o_proj', 'q_proj', 'v_proj'], ['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj']),
     ('mistral', ['k_proj', 'o_proj', 'q_proj', 'v_proj'], ['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj']),
     ('qwen2', ['k_proj', 'o_proj', 'q_proj', 'v_proj'], ['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj']),
-    ('gpt2', ['c_attn', 'c_proj'], ['c_attn', 'c_fc', 'c_proj'])])
+    ('gpt2', ['attn.c_proj', 'c_attn'], ['c_attn', 'c_fc', 'c_proj'])])
 def test_lora_targets_per_family(arch, attention, all_):
     from transformers import AutoModelForCausalLM
     m = AutoModelForCausalLM.from_config(tiny_config(arch, 64))
     assert lora_target_modules(m, 'attention') == attention and lora_target_modules(m) == all_
     peft = add_lora(m, LoraSettings(r=2, alpha=4))
     assert any('lora_A' in n for n, _ in peft.named_parameters())
+    wrapped = {n for n, _ in add_lora(AutoModelForCausalLM.from_config(tiny_config(arch, 64)),
+                                      LoraSettings(r=2, alpha=4, scope='attention')).named_modules() if n.endswith('lora_A')}
+    assert wrapped and not any('mlp' in n for n in wrapped), 'the attention scope wraps attention layers only'
     assert arch in TINY_ARCHS
 
 
@@ -154,7 +157,8 @@ def test_each_accelerate_config_parses(tmp_path):
     from accelerate.commands.launch import _validate_launch_command
     for strategy, flag in (('ddp', 'multi_gpu'), ('fsdp', 'use_fsdp'), ('deepspeed-zero3', 'use_deepspeed')):
         args = _validate_launch_command(launch_command_parser().parse_args(['--config_file', str(paths[strategy]), 'train.py']))[0]
-        assert getattr(args, flag) and args.num_processes == 8 and args.mixed_precision == 'bf16'
+        assert getattr(args, flag) and args.num_processes == 8
+        assert args.mixed_precision == ('no' if strategy == 'deepspeed-zero3' else 'bf16'), 'the DeepSpeed JSON sets it'
         if strategy == 'fsdp': assert int(args.fsdp_version) == 2 and args.fsdp_transformer_layer_cls_to_wrap == 'Qwen2DecoderLayer'
         if strategy == 'deepspeed-zero3': assert Path(args.deepspeed_config_file) == paths['ds_zero3.json'].resolve()
     ds = json.loads(paths['ds_zero3.json'].read_text())
@@ -170,7 +174,8 @@ def test_training_args_from_preset_say_why(capsys, tmp_path):
     args = training_args_from_preset(p, tmp_path, dataloader_num_workers=0)
     out = capsys.readouterr().out
     assert 'save_total_limit' in out and 'accumulation' in out and '#' in out
-    assert args.gradient_accumulation_steps == 64 and args.max_steps == 40_000 and args.save_steps == 8000
+    assert args.gradient_accumulation_steps == 64 and args.max_steps == 40_000
+    assert (args.save_steps, args.save_total_limit) == (2000, 3), "the workflow's every 2,000 steps, keeping 3"
     args = training_args_from_preset(p, tmp_path, verbose=False)
     assert args.dataloader_num_workers == 4 and args.dataloader_prefetch_factor == 4
     assert args.bf16 == (torch.cuda.is_available() and torch.cuda.get_device_capability(0) >= (8, 0))
@@ -180,7 +185,7 @@ def test_training_args_from_preset_say_why(capsys, tmp_path):
 def test_cli_continued_pretraining_end_to_end(work, tmp_path, capsys):
     rc = cli(['finetune', '--model', str(work/'model'), '--data', str(work/'corpus'), '--preset', 'fast', '--out', str(tmp_path/'run'),
               '--max-steps', '10', '--lr', '1e-2', '--batch-size', '4', '--grad-accum', '1', '--warmup-steps', '1',
-              '--workers', '0', '--logging-steps', '1', '--save-steps', '5'])
+              '--workers', '0', '--logging-steps', '1', '--save-steps', '5', '--force-single'])
     assert rc == 0
     s = json.loads((tmp_path/'run'/'finetune.json').read_text())
     assert (s['task'], s['mode'], s['steps'], s['tokens']) == ('continued pretraining', 'full', 10, 10 * 4 * 64)
@@ -189,8 +194,8 @@ def test_cli_continued_pretraining_end_to_end(work, tmp_path, capsys):
     assert (tmp_path/'run'/'final'/'model.safetensors').is_file() and (tmp_path/'run'/'checkpoint-10').is_dir()
     out = capsys.readouterr().out
     assert 'legalnb finetune: continued pretraining (full' in out
-    assert 'sized for 4 GPUs (deepspeed-zero3)' in out and 'accelerate launch --config_file' in out
-    assert (tmp_path/'run'/'launch'/'deepspeed-zero3.yaml').is_file() and (tmp_path/'run'/'launch'/'ds_zero3.json').is_file()
+    assert s['doc_boundaries'] and s['batches'] == 'packed shards, positions restart at documents'
+    assert s['eval'] == 'the last 6 rows' and len(s['eval_losses']) == 2, 'evaluated at each checkpoint'
     model, _ = load_model(tmp_path/'run'/'final')
     assert type(model).__name__ == 'LlamaForCausalLM'
 
@@ -244,7 +249,7 @@ def test_corpus_stage_to_continued_pretraining(work, tmp_path, capsys):
                 '--shards', '2', '--no-progress']) == 0
     capsys.readouterr()
     assert cli(['finetune', '--model', m, '--data', str(d/'corpus'), '--out', str(d/'run'), '--max-steps', '2',
-                '--batch-size', '2', '--grad-accum', '1', '--workers', '0']) == 0
+                '--batch-size', '2', '--grad-accum', '1', '--workers', '0', '--force-single']) == 0
     out = capsys.readouterr().out
     assert 'warning: the corpus' not in out and 'continued pretraining (full' in out
     assert json.loads((d/'run'/'finetune.json').read_text())['tokens'] == 2 * 2 * 64
@@ -255,7 +260,8 @@ def test_corpus_with_a_bigger_vocabulary_is_refused(work, tmp_path, capsys):
     shutil.copytree(work/'corpus', tmp_path/'corpus')
     man = json.loads((tmp_path/'corpus'/'manifest.json').read_text())
     (tmp_path/'corpus'/'manifest.json').write_text(json.dumps({**man, 'vocab_size': 32000}))
-    rc = cli(['finetune', '--model', str(work/'model'), '--data', str(tmp_path/'corpus'), '--out', str(tmp_path/'run'), '--workers', '0'])
+    rc = cli(['finetune', '--model', str(work/'model'), '--data', str(tmp_path/'corpus'), '--out', str(tmp_path/'run'), '--workers', '0',
+              '--force-single'])
     assert rc == 2 and '32000 token ids' in capsys.readouterr().err
 
 
@@ -312,6 +318,12 @@ def folder(work, tmp_path):
     (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--deepspeed', 'ds.json'], 'ds.json: not found'),
     (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--deepspeed', 'sft.jsonl'], 'sft.jsonl: not valid JSON'),
     (['--model', 'model', '--data', 'sft.jsonl', '--out', '/proc/legalnb-run'], '--out /proc/legalnb-run: cannot be written'),
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--resume'], '--resume: run holds no checkpoint-* folder'),
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--eval-share', '1'], '--eval-share must be at least 0 and below 1'),
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--eval-steps', '0'], '--eval-steps must be at least 1'),
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--attention', 'flash_attention_2'],
+     '--attention flash_attention_2 needs a CUDA GPU and the flash-attn package'),
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--attention', 'mystery'], "--attention: invalid choice: 'mystery'"),
 ])
 def test_finetune_bad_input_is_one_line_and_writes_nothing(folder, capsys, argv, expect):
     assert expect in _fails(argv, capsys, folder)
@@ -348,3 +360,208 @@ def test_finetune_help_keeps_every_flag():
     flags = json.loads((ROOT/'tests'/'fixtures'/'cli_flags.json').read_text())['finetune']
     r = subprocess.run([sys.executable, '-m', 'legalnb.cli', 'finetune', '--help'], capture_output=True, text=True)
     assert r.returncode == 0 and all(f in r.stdout for f in flags), r.stdout
+
+
+# ---- issue 16: the path that really runs -------------------------------------------------------------------------
+
+def test_launch_configs_construct_accelerates_plugins_under_its_launch_environment(tmp_path):
+    "Each config is turned into the environment `accelerate launch` sets, and accelerate's own plugin is built from it."
+    import yaml
+    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    from legalnb.hf import launch_environment, launch_flags, launch_plugin
+    paths = write_launch_configs(tmp_path, gpus_per_node=4, layer_cls='Qwen2DecoderLayer')
+    fsdp = launch_plugin(['--config_file', str(paths['fsdp'])])
+    assert isinstance(fsdp, FullyShardedDataParallelPlugin) and fsdp.fsdp_version == 2
+    assert fsdp.transformer_cls_names_to_wrap == ['Qwen2DecoderLayer']
+    ds = launch_plugin(['--config_file', str(paths['deepspeed-zero3'])])
+    assert isinstance(ds, DeepSpeedPlugin) and ds.zero_stage == 3 and ds.zero3_init_flag
+    assert ds.hf_ds_config.config['zero_optimization']['stage3_gather_16bit_weights_on_model_save']
+    assert launch_plugin(['--config_file', str(paths['ddp'])]) is None
+    assert launch_environment(['--config_file', str(paths['ddp'])])['ACCELERATE_MIXED_PRECISION'] == 'bf16'
+    # the old file, mixed_precision beside the JSON, fails in every process exactly so
+    old = yaml.safe_load(paths['deepspeed-zero3'].read_text()) | {'mixed_precision': 'bf16'}
+    (tmp_path/'old.yaml').write_text(yaml.safe_dump(old))
+    with pytest.raises(ValueError, match='accelerate config variables will be ignored'):
+        launch_plugin(['--config_file', str(tmp_path/'old.yaml')])
+    # the flags a refusal prints build the same plugins, no file needed
+    flags = lambda s: launch_flags(s, 4, 'bf16', 'LlamaDecoderLayer').split()
+    assert launch_plugin(flags('deepspeed-zero3')).zero_stage == 3
+    assert launch_plugin(flags('fsdp')).transformer_cls_names_to_wrap == ['LlamaDecoderLayer']
+    assert launch_environment(flags('ddp'))['ACCELERATE_MIXED_PRECISION'] == 'bf16'
+
+
+@pytest.mark.parametrize('strategy', ['ddp', 'fsdp'])
+def test_multiprocess_accelerate_launch_of_the_config_trains_on_two_cpu_processes(work, tmp_path, strategy):
+    "The multi-process test: `accelerate launch --config_file launch/STRATEGY.yaml` with 2 processes (gloo on the CPU)."
+    cfg = write_launch_configs(tmp_path/'launch', gpus_per_node=2)[strategy]
+    run = tmp_path/'run'
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': str(ROOT)}
+    cmd = [sys.executable, '-m', 'accelerate.commands.launch', '--config_file', str(cfg), '-m', 'legalnb.cli', 'finetune',
+           '--model', str(work/'model'), '--data', str(work/'sft.jsonl'), '--out', str(run), '--max-steps', '3',
+           '--batch-size', '2', '--workers', '0', '--logging-steps', '1', '--lr', '1e-2']
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads((run/'finetune.json').read_text())
+    assert s['world_size'] == 2 and s['steps'] == 3 and (run/'final'/'adapter_model.safetensors').is_file()
+    # accelerate 1.15 applies FSDP only to GPU process groups (state.py): on CPUs both configs train as MULTI_CPU (gloo);
+    # the FSDP plugin those processes would build on GPUs is built in the test above
+    assert s['distributed'] == 'MULTI_CPU', s['distributed']
+    assert p.stdout.count('legalnb finetune:') == 1, 'one summary line, from rank 0'
+
+
+def test_multi_gpu_preset_as_one_process_refuses_with_the_command(folder, capsys):
+    from legalnb.hf import launch_plugin
+    err = _fails(['--model', 'model', '--data', 'corpus', '--out', 'run', '--max-steps', '2'], capsys, folder)
+    assert 'preset cpt/fast is sized for 4 GPUs (deepspeed-zero3) and this is one process' in err and '--force-single' in err
+    cmd = err.split('run  accelerate launch ')[1].split('  (or add')[0]
+    launch, script = cmd.split(' -m legalnb.cli finetune ')
+    assert script == '--model model --data corpus --out run --max-steps 2', 'the same flags again'
+    assert launch_plugin(launch.split()).zero_stage == 3, 'the printed command starts ZeRO-3'
+
+
+def _changed_share(before: dict, after: dict) -> float:
+    "Share of the entries of the 2-D weight matrices that differ."
+    keys = [k for k, v in before.items() if v.ndim == 2]
+    return sum((before[k].float() != after[k].float()).sum().item() for k in keys) / sum(before[k].numel() for k in keys)
+
+
+def test_bf16_checkpoint_trains_with_fp32_master_weights(tmp_path):
+    "Today 76% of the entries of a bf16 checkpoint did not change after 5 AdamW steps at lr 3e-5; fp32 masters change all."
+    from safetensors.torch import load_file
+    from legalnb.hf import finetune
+    from dataclasses import replace
+    from legalnb.presets import get_preset
+    m = build_tiny_model(tmp_path/'bf16', dtype=torch.bfloat16)
+    _, tok = load_model(m)
+    write_demo_shards(tmp_path/'corpus', tok, rows=16)
+    p = replace(get_preset('cpt', 'fast'), steps=5, lr=3e-5, micro_batch=2, grad_accum=1, gpus=1, global_batch=2,
+                warmup_steps=0, strategy='single')
+    s = finetune(m, tmp_path/'corpus', tmp_path/'run', p, dataloader_num_workers=0, save_steps=100)
+    assert s['steps'] == 5 and s['dtype'] == 'float32'
+    before, after = load_file(m/'model.safetensors'), load_file(tmp_path/'run'/'final'/'model.safetensors')
+    assert next(iter(before.values())).dtype == torch.bfloat16
+    assert _changed_share(before, after) > 0.99
+
+
+def test_truncation_cuts_the_prompt_and_keeps_the_response(work):
+    "Today the four long examples lost every trained token (loss NaN on a batch of them)."
+    from legalnb.hf import truncate_example
+    model, tok = load_model(work/'model')
+    long = [{'prompt': 'word ' * 200, 'response': f'Under Article {i}, the Council shall decide.'} for i in range(4)]
+    items, choice = encode_examples(tok, long + [{'prompt': 'Article 5?', 'response': 'The Agency.'}] * 4, max_length=32)
+    assert choice.truncated == 4 and choice.response_cut == 0
+    for it, ex in zip(items[:4], long):
+        assert len(it['input_ids']) == 32 and it['input_ids'][0] == tok.bos_token_id
+        assert tok.decode([t for t in it['labels'] if t != -100]) == ex['response'] + '\n</s>', 'the response whole'
+    batch = PackedCollator(tok.pad_token_id, flatten=False)(pack_examples(items[:4], 32))
+    with torch.no_grad(): loss = model(**batch, use_cache=False).loss
+    assert torch.isfinite(loss)
+    # a response longer than the row: a quarter of the row of prompt, then the response's start; counted
+    enc = encode_example(tok, {'prompt': 'Who acts?', 'response': 'word ' * 100})
+    cut, lost = truncate_example(enc, 40, tok.bos_token_id)
+    assert lost and len(cut['input_ids']) == 40 and 0 < cut['labels'].count(-100) <= 1 + 39 // 4
+    _, choice = encode_examples(tok, [{'prompt': 'Who acts?', 'response': 'word ' * 100}] + long, max_length=40)
+    assert (choice.truncated, choice.response_cut) == (5, 1) and '1 of them with the response cut too' in str(choice)
+
+
+def test_calculator_steps_equal_the_run_steps_on_a_packed_set(work, tmp_path, capsys):
+    "lora/fast on a packed set: the run takes lora_steps(examples) optimizer steps of ~32 examples, as the calculator says."
+    from legalnb.calculator import estimate, plan_for
+    from legalnb.presets import get_preset, lora_steps, packed_accumulation
+    from legalnb.hf import finetune
+    examples = demo_examples(80, seed=3)
+    write_jsonl(examples, tmp_path/'sft.jsonl')
+    s = finetune(work/'model', tmp_path/'sft.jsonl', tmp_path/'run', 'fast', dataloader_num_workers=0, logging_steps=1)
+    p = get_preset('lora', 'fast')
+    assert s['examples'] == 76 and s['examples_per_row'] > 1.5, 'packed'
+    assert s['steps'] == estimate(plan_for('lora', 'fast', examples=s['examples'])).steps == lora_steps(p, 76) == 3
+    assert s['grad_accum'] == packed_accumulation(p, s['examples_per_row']) == round(32 / s['examples_per_row'])
+    assert 'accumulation' in capsys.readouterr().out
+
+
+def test_cpt_positions_restart_at_documents_and_documents_do_not_leak(work):
+    "Rows of several documents: position ids restart at each doc_starts/ entry; changing one document leaves another's logits."
+    from legalnb.hf import CausalLMShards, doc_positions
+    assert doc_positions(torch.tensor([True, False, False, True, False])).tolist() == [0, 1, 2, 0, 1]
+    model, _ = load_model(work/'model', attention='sdpa')
+    model.eval()
+    ds = CausalLMShards(work/'corpus')
+    item = ds[3]
+    pos = item['position_ids']
+    starts = (pos == 0).nonzero().flatten().tolist()
+    assert ds.boundaries and len(starts) >= 3 and starts[0] == 0
+    a, b = starts[1], starts[2]   # the second document: [a, b)
+    changed = item['input_ids'].clone(); changed[a:b] = (changed[a:b] + 7) % model.config.vocab_size
+    with torch.no_grad():
+        run = lambda ids, **kw: model(input_ids=ids[None], use_cache=False, **kw).logits[0]
+        x, y = run(item['input_ids'], position_ids=pos[None]), run(changed, position_ids=pos[None])
+        assert torch.allclose(x[:a], y[:a], atol=1e-5) and torch.allclose(x[b:], y[b:], atol=1e-5), 'no leak'
+        assert not torch.allclose(x[a:b], y[a:b]), 'the changed document itself changes'
+        plain = run(item['input_ids']), run(changed)   # today: one sequence, the next document sees the change
+        assert not torch.allclose(plain[0][b:], plain[1][b:], atol=1e-3)
+
+
+def test_end_token_is_not_doubled_by_a_template_that_ends_turns_with_it(work):
+    import copy
+    _, tok = load_model(work/'model')
+    t = copy.deepcopy(tok)
+    t.chat_template = "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>{% endfor %}"
+    enc = encode_example(t, {'prompt': 'Article 5?', 'response': 'The Agency.'})
+    assert enc['input_ids'][-1] == tok.eos_token_id and enc['input_ids'][-2] != tok.eos_token_id
+    assert t.decode([x for x in enc['labels'] if x != -100]).endswith('The Agency.</s>')
+
+
+def test_warmup_is_capped_at_a_tenth_of_the_run(work, tmp_path, capsys):
+    "Today --max-steps 10 --lr 1e-3 kept the preset's 300 warm-up steps and never passed 3.3e-5."
+    assert cli(['finetune', '--model', str(work/'model'), '--data', str(work/'corpus'), '--out', str(tmp_path/'run'),
+                '--max-steps', '10', '--lr', '1e-3', '--batch-size', '2', '--grad-accum', '1', '--workers', '0',
+                '--logging-steps', '1', '--force-single', '--eval-share', '0']) == 0
+    out = capsys.readouterr().out
+    assert "capped: the preset's 300 warm-up steps are more than 10% of the 10 steps" in out
+    from legalnb.train import read_metrics
+    lrs = [r['lr'] for r in read_metrics(tmp_path/'run'/'metrics.jsonl')]
+    assert max(lrs) == pytest.approx(1e-3) and json.loads((tmp_path/'run'/'finetune.json').read_text())['warmup_steps'] == 1
+
+
+def test_resume_evaluation_and_metrics_in_the_native_format(work, tmp_path, capsys):
+    "A run stopped after its step-3 checkpoint resumes there; metrics.jsonl feeds calibration and the loss plot."
+    import shutil
+    from legalnb.calculator import calibration_from_metrics
+    from legalnb.train import read_metrics
+    from legalnb.widgets import plot_metrics
+    run = tmp_path/'run'
+    argv = ['finetune', '--model', str(work/'model'), '--data', str(work/'sft.jsonl'), '--out', str(run), '--max-steps', '6',
+            '--batch-size', '2', '--workers', '0', '--logging-steps', '1', '--save-steps', '3', '--lr', '1e-2']
+    assert cli(argv) == 0
+    full = read_metrics(run/'metrics.jsonl')
+    shutil.rmtree(run/'checkpoint-6'); shutil.rmtree(run/'final')   # as if it stopped after step 3's checkpoint
+    with pytest.raises(LegalnbError, match='holds no checkpoint'):
+        hf.finetune(work/'model', work/'sft.jsonl', tmp_path/'fresh', resume=True)
+    assert cli(argv + ['--resume']) == 0
+    s = json.loads((run/'finetune.json').read_text())
+    assert s['resumed_from'] == 'checkpoint-3' and s['steps'] == 6 and s['eval_examples'] == 2
+    steps = read_metrics(run/'metrics.jsonl')
+    assert [r['step'] for r in steps] == [1, 2, 3, 4, 5, 6], 'no step twice after the resume'
+    assert all(k in steps[0] for k in ('loss', 'lr', 'step_ms', 'tokens', 'tokens_per_sec', 'grad_norm'))
+    assert [r['loss'] for r in steps[:3]] == [r['loss'] for r in full[:3]]
+    evals = read_metrics(run/'metrics.jsonl', 'eval')
+    assert [r['step'] for r in evals] == [3, 6] and all(r['val_loss'] > 0 for r in evals)
+    assert calibration_from_metrics(steps).sec_per_step > 0
+    plot = plot_metrics(run/'metrics.jsonl')
+    assert plot.steps == [1, 2, 3, 4, 5, 6] and plot.val_steps == [3, 6]
+
+
+def test_attention_backend_is_a_choice_and_qlora_says_what_it_needs(work, tmp_path, capsys):
+    from legalnb.hf import finetune, qlora_unavailable
+    from dataclasses import replace
+    from legalnb.presets import get_preset
+    p = replace(get_preset('lora', 'fast'), steps=1, micro_batch=2, grad_accum=1, global_batch=2)
+    s = finetune(work/'model', work/'sft.jsonl', tmp_path/'eager', p, attention='eager', dataloader_num_workers=0)
+    assert s['attention'] == 'eager' and s['batches'] == 'padding-free' and s['steps'] == 1
+    why = qlora_unavailable()
+    if why is None: pytest.skip('QLoRA can run here: the GPU test covers it')
+    with pytest.raises(LegalnbError, match=f'--qlora: {why}'):
+        finetune(work/'model', work/'sft.jsonl', tmp_path/'q', p, qlora=True)
+    with pytest.raises(LegalnbError, match='drop --full'):
+        finetune(work/'model', work/'sft.jsonl', tmp_path/'q', p, lora=False, qlora=True)
+    assert not (tmp_path/'q').exists()
