@@ -392,3 +392,16 @@ def test_preset_fast_trains_at_the_data_row_length_with_its_batch_in_tokens(tmp_
     assert [(r['seq_len'], r['step_tokens']) for r in read_metrics(tmp_path/'run'/'metrics.jsonl')] == [(1024, 262_144)]
     saved = json.loads((tmp_path/'run'/'checkpoints'/'step-00000001'/'config.json').read_text())['config']
     assert saved['grad_accum'] == 262_144 // (4 * 1024) and saved['batch_tokens'] == 262_144
+
+def test_two_ranks_with_a_batch_in_tokens_and_the_warm_up_match_one_process(dist_runs):
+    "The accumulation follows the ranks (4 on one process, 2 on two) so both feed 128 tokens a step, cut alike."
+    extra = ['--batch-tokens', '128', '--seq-warmup-steps', '4', '--seq-warmup-start', '4']
+    (one, _), (two, proc) = dist_runs('one-warm', 'resonance', 1, 1, *extra), dist_runs('two-warm', 'resonance', 2, 1, *extra)
+    a, b = read_metrics(one/'metrics.jsonl'), read_metrics(two/'metrics.jsonl')
+    assert [r['seq_len'] for r in a] == [r['seq_len'] for r in b] == [4, 4, 8, 8, 16, 16]
+    assert {r['step_tokens'] for r in a} == {r['step_tokens'] for r in b} == {128}
+    np.testing.assert_allclose([r['loss'] for r in b], [r['loss'] for r in a], rtol=1e-5)
+    wa, wb = (torch.load(d/'checkpoints'/'step-00000006'/'model.pt') for d in (one, two))
+    for k in wa: torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=1e-5)
+    configs = [json.loads((d/'checkpoints'/'step-00000006'/'config.json').read_text())['config'] for d in (one, two)]
+    assert [c['grad_accum'] for c in configs] == [4, 2] and '128 tokens: 2 rows x accumulation' in proc.stdout
