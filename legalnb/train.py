@@ -220,8 +220,8 @@ def describe(self: TrainConfig, world_size: int = 1, seq_len: int | None = None)
     gb = self.batch_size * self.grad_accum * world_size
     tok = f' = {gb * seq_len:,} tokens' if seq_len else ''
     if self.batch_tokens:
-        accum = (f'{self.batch_tokens // (self.batch_size * world_size * seq_len)}' if seq_len
-                 else "set by the data's row length")
+        accum = (f'{max(1, round(self.batch_tokens / (self.batch_size * world_size * seq_len)))}' if seq_len
+                 else "the nearest whole micro-batches at the data's row length")
         batch = f'{self.batch_tokens:,} tokens: {self.batch_size} rows x accumulation ({accum}) x {world_size} rank(s)'
     else: batch = (f'{self.batch_size} seq x {self.grad_accum} accumulation x {world_size} rank(s) = {gb} sequences'
                    f'{tok} per step')
@@ -576,7 +576,7 @@ def model_loss(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, starts: t
 def resolve_batch(cfg: TrainConfig,  # the run's config
                   row_len: int,      # the data's row length (tokens per training row)
                   world_size: int = 1) -> TrainConfig:
-    "`cfg` with the accumulation its `batch_tokens` make at `row_len`; refuses a warm-up the rows cannot be cut to."
+    "`cfg` with the accumulation nearest its `batch_tokens` at `row_len`; refuses a warm-up the rows cannot be cut to."
     s, data = cfg.seq_warmup_start, cfg.data or 'the data'
     if cfg.seq_warmup_steps and (s > row_len or row_len % s):
         fit = next(k for k in range(max(1, min(s, row_len // 2)), 0, -1) if row_len % k == 0)
@@ -585,11 +585,7 @@ def resolve_batch(cfg: TrainConfig,  # the run's config
                            f'--seq-warmup-start {fit:,} (a divisor of {row_len:,}), or --seq-warmup-steps 0')
     if not cfg.batch_tokens: return cfg
     micro = cfg.batch_size * world_size * row_len   # tokens of one micro-batch on every rank
-    if cfg.batch_tokens % micro:
-        raise LegalnbError(f'--batch-tokens {cfg.batch_tokens:,} is not a whole number of micro-batches of '
-                           f'{cfg.batch_size} rows x {row_len:,} tokens x {world_size} rank(s) = {micro:,} tokens; '
-                           f'pass a multiple of {micro:,}, or another --batch-size')
-    return dataclasses.replace(cfg, grad_accum=cfg.batch_tokens // micro)
+    return dataclasses.replace(cfg, grad_accum=max(1, round(cfg.batch_tokens / micro)))   # whole micro-batches
 
 def cut_rows(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor | None, length: int) -> tuple:
     "A (B, L) micro-batch as (B·L/length, length) rows of the same tokens; every piece starts a new context."

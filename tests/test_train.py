@@ -335,7 +335,7 @@ def test_warm_up_run_feeds_the_same_tokens_at_every_length(split_dir, tmp_path, 
     assert json.loads((tmp_path/'run'/'summary.json').read_text())['tokens'] == 6 * 128
     saved = json.loads((tmp_path/'run'/'checkpoints'/'step-00000006'/'config.json').read_text())['config']
     assert (saved['grad_accum'], saved['batch_tokens']) == (4, 128), 'accumulation = 128 / (2 rows x 16 tokens)'
-    assert '6 steps of 128 tokens: 2 rows x accumulation (set by the data\'s row length)' in out and 'rows cut to 4 tokens, doubling' in out
+    assert '6 steps of 128 tokens: 2 rows x accumulation (the nearest whole micro-batches' in out and 'rows cut to 4 tokens, doubling' in out
 
 @pytest.fixture(scope='module')
 def doc_split(tmp_path_factory):
@@ -375,10 +375,11 @@ def test_the_preset_on_rows_the_warm_up_cannot_cut_is_one_line(split_dir, tmp_pa
     assert 'pass --seq-warmup-start 8 (a divisor of 16), or --seq-warmup-steps 0' in line
     assert not (tmp_path/'run').exists()
 
-def test_batch_tokens_that_do_not_divide_are_one_line(split_dir, tmp_path, capsys):
-    rc, _, err = run(capsys, '--data', split_dir, '--out', tmp_path/'run', *TINY, '--batch-tokens', '100')
-    assert rc == 2 and ('--batch-tokens 100 is not a whole number of micro-batches of 4 rows x 16 tokens x 1 rank(s) '
-                        '= 64 tokens; pass a multiple of 64') in one_line(err)
+def test_batch_tokens_round_to_whole_micro_batches_and_bad_values_are_one_line():
+    from legalnb.train import resolve_batch
+    c = TrainConfig(batch_size=4, batch_tokens=262_144)
+    assert [resolve_batch(c, n).grad_accum for n in (1024, 8192, 32768, 3072)] == [64, 8, 2, 21]  # 21 x 4 x 3,072 = 258,048
+    assert resolve_batch(c, 8192, world_size=2).grad_accum == 4 and resolve_batch(c, 65536 * 2).grad_accum == 1
     with pytest.raises(LegalnbError, match='--seq-warmup-steps 5 needs seq_warmup_start'):
         config_from_args(['--seq-warmup-steps', '5'])
     with pytest.raises(LegalnbError, match='--batch-tokens must be >= 1, got 0'): config_from_args(['--batch-tokens', '0'])
