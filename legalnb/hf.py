@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_hf.ipynb #ec90bc37
 from __future__ import annotations
-import argparse, importlib.util, json, math, os, random, shlex, tempfile, time
+import argparse, importlib.util, json, math, os, random, shlex, sys, tempfile, time
 from dataclasses import dataclass, asdict, replace
 from pathlib import Path
 from typing import Iterable, Literal, Sequence
@@ -28,7 +28,7 @@ __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', '
            'LoraSettings', 'add_lora', 'merge_adapter', 'plan_training_args', 'format_plan',
            'training_args_from_preset', 'deepspeed_zero3_config', 'write_launch_configs', 'launch_environment',
            'launch_plugin', 'launch_commands', 'launch_flags', 'check_run_folder', 'TrainerRecords', 'start_metrics',
-           'split_off', 'qlora_unavailable', 'quantization_4bit', 'refuse_single_process', 'finetune',
+           'split_off', 'qlora_unavailable', 'quantization_4bit', 'packs_here', 'refuse_single_process', 'finetune',
            'finetune_command', 'finetune_parser', 'finetune_main']
 
 # %% ../nbs/06_hf.ipynb #c3d5eafa
@@ -679,15 +679,25 @@ def _eval_rows(data: Path, rows: CausalLMShards, share: float) -> tuple[Dataset,
     return Subset(rows, range(len(rows) - k)), Subset(rows, range(len(rows) - k, len(rows))), f'the last {k} rows'
 
 def qlora_unavailable() -> str | None:
-    "Why 4-bit QLoRA cannot run here (None when it can): it needs bitsandbytes and a CUDA GPU."
-    if importlib.util.find_spec('bitsandbytes') is None: return 'the bitsandbytes package is not installed'
-    if not torch.cuda.is_available(): return 'bitsandbytes 4-bit weights need a CUDA GPU and none is visible'
+    "Why 4-bit QLoRA cannot run here (None when it can): bitsandbytes, with a CUDA GPU or its CPU backend (>= 0.48)."
+    from importlib.metadata import PackageNotFoundError, version
+    try: v = version('bitsandbytes')
+    except PackageNotFoundError: return 'the bitsandbytes package is not installed (pip install bitsandbytes)'
+    if not torch.cuda.is_available() and tuple(int(x) for x in v.split('.')[:2] if x.isdigit()) < (0, 48):
+        return f'bitsandbytes {v} has 4-bit weights on CUDA GPUs only and none is visible (0.48 and later run on CPUs)'
 
 def quantization_4bit(compute: torch.dtype):
     "QLoRA's weights: NF4 with double quantization (Dettmers et al. 2023), computing in `compute`."
     from transformers import BitsAndBytesConfig
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_use_double_quant=True,
                               bnb_4bit_compute_dtype=compute)
+
+def packs_here(model) -> bool:
+    "`packs_without_leakage`; under ZeRO-3 (sharded weights, no plain forward): does the model use transformers' masks?"
+    # transformers' masking utilities read packed sequences from the position ids (find_packed_sequence_indices)
+    from transformers.integrations import is_deepspeed_zero3_enabled
+    if not is_deepspeed_zero3_enabled(): return packs_without_leakage(model)
+    return hasattr(sys.modules[type(model).__module__], 'create_causal_mask')
 
 def _layer_class(model: str | Path) -> str:
     "The decoder layer class of the model at `model` (what FSDP wraps), from its config alone."
@@ -774,11 +784,12 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
     # LoRA's base is frozen, so it loads in the compute precision and peft keeps the adapter in fp32
     dtype = compute if use_lora else torch.float32
     net, _ = load_model(model, dtype, attention, quantization_4bit(compute) if qlora else None)
+    sharded = any(hasattr(w, 'ds_id') for w in net.parameters())   # built under deepspeed.zero.Init
     if task == 'cpt':
         collate, how = default_data_collator, 'packed shards' + ', positions restart at documents' * shards.boundaries
         if (warning := check_corpus_fits(shards, tok, net)) and main: print(warning)
     else:
-        if rows is not None and not packs_without_leakage(net):
+        if rows is not None and not packs_here(net):
             rows, overrides['train_sampling_strategy'] = None, 'group_by_length'
             args = make_args(1.0)
             if main: print(f'{type(net).__name__} mixes packed examples: padded, length-grouped batches instead')
@@ -807,6 +818,7 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
                    tokens=int(trainer.state.num_input_tokens_seen), seconds=round(result.metrics['train_runtime'], 2),
                    world_size=args.world_size, distributed=trainer.accelerator.distributed_type.value,
                    resumed_from=last and Path(last).name, dtype=str(dtype).removeprefix('torch.'),
+                   zero3_sharded_at_load=sharded,
                    metrics=str(out/'metrics.jsonl'), final=str(out/'final'))
     if trainer.is_world_process_zero():
         with atomic_write(out/'finetune.json') as tmp: tmp.write_text(json.dumps(summary, indent=1))
