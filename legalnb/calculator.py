@@ -407,9 +407,11 @@ def to_json(self: Estimate) -> dict:
                 global_batch=p.global_batch, gpus=p.gpus, seq_len=p.seq_len, gpu=p.gpu.name if p.gpu else None)
 
 # %% ../nbs/08_calculator.ipynb #75472e7d
-def plan_for(task: str, name: str, **overrides) -> Plan:
+def plan_for(task: str, name: str,
+             model: str | None = None,  # scratch: the registered model (its own long-context presets, if it has them)
+             **overrides) -> Plan:
     "A `Plan` from the preset `task`/`name` (see `presets.get_preset`), with `overrides` applied."
-    p = get_preset(task, name, overrides.pop('size', None))
+    p = get_preset(task, name, overrides.pop('size', None), model=model)
     kw = dict(steps=p.steps, seq_len=p.seq_len, micro_batch=p.micro_batch, grad_accum=p.grad_accum, gpus=p.gpus,
               tokens=p.corpus_tokens, precision=p.precision, strategy=p.strategy, task=p.task)
     if 'epochs' in overrides: kw['steps'] = None   # a run length in epochs replaces the preset's steps
@@ -527,12 +529,13 @@ def _plan(preset: str | None, model_size: str | None, fields: dict, model: str =
         try: fields['gpu'] = find_gpu(fields['gpu'])
         except LegalnbError as e: raise LegalnbError(f'--gpu: {e}') from None
     if model_size:
-        seq_len = fields.get('seq_len') or (get_preset(task, name).seq_len if preset else None)
+        seq_len = fields.get('seq_len') or (get_preset(task, name, model_size if task == 'scratch' else None,
+                                                      model=model).seq_len if preset else None)
         if not seq_len: raise LegalnbError('--model-size needs --seq-len (or a preset that sets it)')
         try: fields = model_plan_fields(model_size, seq_len, fields.get('vocab', 32768), model) | fields
         except LegalnbError as e: raise LegalnbError(f'--model-size: {e}') from None
         if task == 'scratch': fields['size'] = model_size
-    return plan_for(task, name, **fields) if preset else Plan(**fields)
+    return plan_for(task, name, model=model if task == 'scratch' else None, **fields) if preset else Plan(**fields)
 
 def _show(e: Estimate, as_json: bool) -> str:
     "What `legalnb estimate` prints: the table, or one JSON object."

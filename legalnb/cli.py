@@ -82,6 +82,7 @@ def h100_estimate(metrics: Path,            # the run's metrics.jsonl
                  ) -> list[str]:
     "Report lines: the calibration check on this run, then the fast preset's estimate on one H100."
     from legalnb.calculator import calibration_from_metrics, estimate, model_plan_fields, plan_for
+    from legalnb.presets import get_preset
     from legalnb.train import read_metrics
     recs, lines, mfu, why = read_metrics(metrics), [], 0.40, 'an assumed 40% MFU'
     if len(recs) > 1:
@@ -92,10 +93,11 @@ def h100_estimate(metrics: Path,            # the run's metrics.jsonl
                      f'{format_duration(measured_s)}.')
         if cal.mfu: mfu, why = cal.mfu, f'the {cal.mfu:.0%} MFU this run measured (a floor for a real model)'
         else: why += ' (this run was on a CPU: its speed does not carry over to a GPU)'
-    plan = plan_for('scratch', 'fast', size='small', gpu='h100-sxm', mfu=mfu, price_per_hour=H100_PRICE,
-                    **model_plan_fields('small', 1024, vocab_size))
-    return lines + ['', f"The `fast` preset for a 'small' ResonanceLanguageModel (vocabulary {vocab_size:,}) on one "
-                    f'H100 SXM, at {why}:', '', '```', estimate(plan).table(), '```']
+    seq_len = get_preset('scratch', 'fast', 'small', model='resonance').seq_len   # its long-context rows
+    plan = plan_for('scratch', 'fast', model='resonance', size='small', gpu='h100-sxm', mfu=mfu,
+                    price_per_hour=H100_PRICE, **model_plan_fields('small', seq_len, vocab_size))
+    return lines + ['', f"The `fast` preset for a 'small' ResonanceLanguageModel ({seq_len:,}-token rows, vocabulary "
+                    f'{vocab_size:,}) on one H100 SXM, at {why}:', '', '```', estimate(plan).table(), '```']
 
 # %% ../nbs/10_cli.ipynb #c86194b7
 def _count_lines(path: Path) -> int: return sum(1 for _ in open(path, encoding='utf-8'))

@@ -561,7 +561,7 @@ def model_params(size: str, vocab_size: int | None, seq_len: int) -> tuple[float
 def recommend(tokens: int,                  # training tokens per epoch
               vocab_size: int | None = None,  # for the embedding's share of the parameters
               data: str = 'SPLIT',          # the split folder named in the commands
-              micro_batch_rows: int = 32,   # sequences per optimizer step, to turn tokens into --max-steps
+              batch_tokens: int = 262_144,  # tokens per optimizer step (ResonanceNet's fast preset), for --max-steps
               seq_len: int = 3072) -> list[dict]:
     "Model sizes against the token count: tokens wanted, epochs needed, verdict and the train command."
     out = []
@@ -570,7 +570,7 @@ def recommend(tokens: int,                  # training tokens per epoch
         want = TOKENS_PER_PARAM * params
         epochs = want / max(tokens, 1)
         verdict = 'fits' if epochs <= 1 else 'fits with repeats' if epochs <= MAX_GOOD_EPOCHS else 'too little data'
-        steps = math.ceil(min(want, MAX_GOOD_EPOCHS * tokens) / (micro_batch_rows * seq_len))
+        steps = math.ceil(min(want, MAX_GOOD_EPOCHS * tokens) / batch_tokens)
         out.append(dict(size=size, params=params, params_from=how, tokens_wanted=want, epochs=epochs, verdict=verdict,
                         command=f'legalnb train --data {data} --size {size} --preset fast --out runs/{size} '
                                 f'--max-steps {steps}'))

@@ -185,7 +185,8 @@ def describe(self: Preset, file=None) -> str:
     wu = f'{self.warmup_steps:,} steps' if self.warmup_steps >= 1 else f'{self.warmup_steps:.0%} of the steps'
     rows = [('lr', f'{self.lr:.2e}'), ('steps', f'{self.steps:,}' if self.steps else 'one pass over the examples'),
             ('seq_len', f'{self.seq_len:,}' if self.seq_len else "the examples' own length"),
-            ('batch', f'{self.global_batch or self.micro_batch * self.grad_accum * self.gpus} sequences = '
+            ('batch', f'{self.global_batch or self.micro_batch * self.grad_accum * self.gpus} '
+                      f'{"examples" if self.task == "lora" else "sequences"} = '
                       f'{self.micro_batch} micro × {self.grad_accum} accumulation × {self.gpus} GPU(s)'),
             ('tokens', f'{human(self.tokens_per_step)} per step, {human(self.total_tokens)} in all'
                        + (f', {self.epochs:.2f} passes over {human(self.corpus_tokens)}' if self.epochs else '')),
@@ -342,4 +343,4 @@ def packed_accumulation(preset: Preset,
 def lora_steps(preset: Preset, examples: int, epochs: float = 1.0) -> int:
     "Optimizer steps for `epochs` passes over `examples` at the preset's examples per step (at least 1)."
     if examples < 1: raise LegalnbError(f'a fine-tuning set needs at least one example, got {examples}')
-    return max(1, math.ceil(examples * epochs / preset.global_batch))
+    return max(1, math.ceil(examples * epochs / preset.global_batch - 1e-9))  # 1600 × 1.1 is 1760.0000000000002

@@ -159,7 +159,10 @@ def test_cli_model_size_fills_the_model_and_the_batch():
     r = _cli('--preset', 'scratch/full', '--model-size', 'xlarge', '--gpu', 'h100-sxm', '--mfu', '35', '--json')
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
-    assert j['steps'] == 20_000 and j['global_batch'] == 32 and j['tokens'] == 20_000 * 32 * 1024
+    from legalnb.presets import get_preset
+    full = get_preset("scratch", "full", "xlarge", model="resonance")   # ResonanceNet's 32k preset, sized for xlarge
+    assert j['steps'] == full.steps and j['global_batch'] == 16 and j['tokens'] == full.steps * 16 * 32_768
+    assert not j['fits']   # xlarge needs more than one H100 (the preset says --strategy fsdp)
     assert j['flops'] > 6 * 1e9 * j['tokens'] and j['memory_gib'] > 0   # xlarge: billions of matmul weights
     r = _cli('--model-size', 'small', '--steps', '10')
     assert r.returncode == 2 and '--model-size needs --seq-len' in r.stderr
