@@ -431,7 +431,7 @@ def _warmup(preset, steps: int) -> tuple[int | float, str]:
     return cap, f'capped: the preset\'s {w:,} warm-up steps are more than 10% of the {steps:,} steps'
 
 def plan_training_args(preset, out: str | Path,
-                       examples_per_row: float = 1.0,   # mean examples per packed row (1: rows are the unit)
+                       examples_per_row: float = 1.0,   # SFT: mean examples per packed row; CPT: row / preset seq_len
                        evaluation: bool = False,        # an evaluation split exists: evaluate at every checkpoint
                        **overrides) -> dict[str, tuple]:
     "`{name: (value, why)}` of the TrainingArguments for `preset` on this machine, `overrides` applied last."
@@ -440,8 +440,9 @@ def plan_training_args(preset, out: str | Path,
     accum = (packed_accumulation(preset, examples_per_row, preset.micro_batch, world) if preset.global_batch
              else preset.grad_accum)
     steps, global_batch = preset.steps or -1, preset.global_batch or accum * preset.micro_batch * world
-    unit = 'examples' if preset.task == 'lora' else 'rows'
-    per_row = f' x {examples_per_row:.2f} examples per row' if examples_per_row != 1 else ''
+    unit = 'examples' if preset.task == 'lora' else f'sequences of {preset.seq_len} tokens'
+    per_row = '' if examples_per_row == 1 else (f' x {examples_per_row:.2f} examples per row' if preset.task == 'lora'
+                                                else f' rows x {examples_per_row:.3g} of a sequence each')
     save = min(CHECKPOINT_EVERY, max(1, math.ceil(steps / 5))) if steps > 0 else 0.2
     warmup, warmup_why = _warmup(preset, steps)
     plan = {
@@ -758,7 +759,12 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
     if task == 'lora' and not packing: overrides.setdefault('train_sampling_strategy', 'group_by_length')
     if task == 'cpt':
         train, evald, held = _eval_rows(data, shards, eval_share)
-        summary.update(seq_len=shards.seq_len, doc_boundaries=shards.boundaries, eval=held)
+        per_row = shards.seq_len / p.seq_len if p.seq_len else 1.0   # the preset's batch is in tokens
+        accum = overrides.get('gradient_accumulation_steps') or packed_accumulation(p, per_row, p.micro_batch, world)
+        if main and per_row != 1:
+            print(f'rows of {shards.seq_len} tokens, preset sequences of {p.seq_len}: accumulation {accum}, so a step '
+                  f'sees ~{p.global_batch * p.seq_len:,} tokens')
+        summary.update(seq_len=shards.seq_len, doc_boundaries=shards.boundaries, eval=held, grad_accum=accum)
     else:   # encode, truncate, hold out, pack: all before the model, so the step count is known
         cap = cfg.get('max_position_embeddings') or cfg.get('n_positions')
         items, choice = encode_examples(tok, examples, max_length, percentile, cap=cap)

@@ -435,7 +435,7 @@ def test_bf16_checkpoint_trains_with_fp32_master_weights(tmp_path):
     _, tok = load_model(m)
     write_demo_shards(tmp_path/'corpus', tok, rows=16)
     p = replace(get_preset('cpt', 'fast'), steps=5, lr=3e-5, micro_batch=2, grad_accum=1, gpus=1, global_batch=2,
-                warmup_steps=0, strategy='single')
+                warmup_steps=0, strategy='single', seq_len=64)
     s = finetune(m, tmp_path/'corpus', tmp_path/'run', p, dataloader_num_workers=0, save_steps=100)
     assert s['steps'] == 5 and s['dtype'] == 'float32'
     before, after = load_file(m/'model.safetensors'), load_file(tmp_path/'run'/'final'/'model.safetensors')
@@ -596,3 +596,14 @@ def test_multiprocess_deepspeed_zero3_launch_shards_at_load_on_two_cpu_processes
     assert s['batches'] == 'padding-free', 'packing is kept under ZeRO-3'
     model, _ = load_model(run/'final')
     assert type(model).__name__ == 'LlamaForCausalLM', 'the 16-bit weights were gathered into a loadable model'
+
+
+def test_cpt_steps_carry_the_presets_tokens_whatever_the_corpus_row_length(work, tmp_path):
+    "A preset of 4 sequences of 128 tokens per step on a corpus of 64-token rows: 8 rows per step, not 4."
+    from legalnb.hf import finetune
+    from dataclasses import replace
+    from legalnb.presets import get_preset
+    p = replace(get_preset('cpt', 'fast'), steps=2, micro_batch=2, grad_accum=2, gpus=1, global_batch=4, seq_len=128,
+                strategy='single', warmup_steps=0)
+    s = finetune(work/'model', work/'corpus', tmp_path/'run', p, dataloader_num_workers=0, eval_share=0)
+    assert s['grad_accum'] == 4 and s['tokens'] == 2 * 4 * 128
