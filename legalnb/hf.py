@@ -12,7 +12,6 @@ from typing import Iterable, Literal, Sequence
 import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
-from transformers import TrainerCallback
 from .core import (LegalnbError, PRECISIONS, CommandParser, atomic_write, command_parser, cuda_capability,
                           format_duration, jsonl_records, read_json, refuse_foreign_files, refuse_overwriting_inputs,
                           resolve_precision)
@@ -27,7 +26,7 @@ __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', '
            'pack_examples', 'PackedCollator', 'packs_without_leakage', 'sft_dataset', 'lora_target_modules',
            'LoraSettings', 'add_lora', 'merge_adapter', 'plan_training_args', 'format_plan',
            'training_args_from_preset', 'deepspeed_zero3_config', 'write_launch_configs', 'launch_environment',
-           'launch_plugin', 'launch_commands', 'launch_flags', 'check_run_folder', 'TrainerRecords', 'start_metrics',
+           'launch_plugin', 'launch_commands', 'launch_flags', 'check_run_folder', 'trainer_records', 'start_metrics',
            'split_off', 'qlora_unavailable', 'quantization_4bit', 'packs_here', 'refuse_single_process', 'finetune',
            'finetune_command', 'finetune_parser', 'finetune_main']
 
@@ -632,29 +631,34 @@ def check_run_folder(model: str | Path,   # the model folder the run reads
     except OSError as e: raise LegalnbError(f'--out {out}: cannot be written ({e.strerror} in {parent})') from None
 
 # %% ../nbs/06_hf.ipynb #915731da
-class TrainerRecords(TrainerCallback):
-    "The Trainer's logs as the native trainer's step / eval / end records, passed to `sinks` on the main process."
-    def __init__(self, sinks: Sequence = ()):   # objects with on_step / on_eval / on_end(record), e.g. MetricsFile
-        self.sinks, self.last = list(sinks), None
-    def _mark(self, state):   # the start of a log interval: time, step, tokens so far
-        self.t0, self.step0, self.tok0 = time.perf_counter(), state.global_step, state.num_input_tokens_seen
-    def on_train_begin(self, args, state, control, **kw): self._mark(state)
-    def on_log(self, args, state, control, logs=None, **kw):
-        if not state.is_world_process_zero or 'loss' not in (logs or {}): return
-        n, secs = max(1, state.global_step - self.step0), max(time.perf_counter() - self.t0, 1e-9)
-        tokens = int(state.num_input_tokens_seen or 0)
-        r = dict(step=state.global_step, loss=float(logs['loss']), lr=float(logs.get('learning_rate', 0.0)),
-                 grad_norm=None if logs.get('grad_norm') is None else float(logs['grad_norm']), tokens=tokens,
-                 tokens_per_sec=(tokens - (self.tok0 or 0)) / secs, mfu=None, step_ms=1000 * secs / n,
-                 eta_s=max(0, state.max_steps - state.global_step) * secs / n)
-        self.last = r; self._mark(state); notify(self.sinks, 'on_step', r)
-    def on_evaluate(self, args, state, control, metrics=None, **kw):
-        if not state.is_world_process_zero or 'eval_loss' not in (metrics or {}): return
-        vl = float(metrics['eval_loss'])
-        notify(self.sinks, 'on_eval', dict(step=state.global_step, val_loss=vl, val_ppl=math.exp(min(vl, 50))))
-        self._mark(state)   # the evaluation's time is not a training step's
-    def on_train_end(self, args, state, control, **kw):
-        if state.is_world_process_zero: notify(self.sinks, 'on_end', {**(self.last or {}), 'step': state.global_step})
+def trainer_records(sinks: Sequence = ()):   # objects with on_step / on_eval / on_end(record), e.g. MetricsFile
+    "A transformers `TrainerCallback` passing the native trainer's step / eval / end records to `sinks` (main process)."
+    from transformers import TrainerCallback   # here, not at the top: importing it loads the Trainer's stack
+
+    class TrainerRecords(TrainerCallback):
+        "The Trainer's logs as records: a step record at every log, an eval record at every evaluation."
+        def __init__(self): self.sinks, self.last = list(sinks), None
+        def _mark(self, state):   # the start of a log interval: time, step, tokens so far
+            self.t0, self.step0, self.tok0 = time.perf_counter(), state.global_step, state.num_input_tokens_seen
+        def on_train_begin(self, args, state, control, **kw): self._mark(state)
+        def on_log(self, args, state, control, logs=None, **kw):
+            if not state.is_world_process_zero or 'loss' not in (logs or {}): return
+            n, secs = max(1, state.global_step - self.step0), max(time.perf_counter() - self.t0, 1e-9)
+            tokens = int(state.num_input_tokens_seen or 0)
+            r = dict(step=state.global_step, loss=float(logs['loss']), lr=float(logs.get('learning_rate', 0.0)),
+                     grad_norm=None if logs.get('grad_norm') is None else float(logs['grad_norm']), tokens=tokens,
+                     tokens_per_sec=(tokens - (self.tok0 or 0)) / secs, mfu=None, step_ms=1000 * secs / n,
+                     eta_s=max(0, state.max_steps - state.global_step) * secs / n)
+            self.last = r; self._mark(state); notify(self.sinks, 'on_step', r)
+        def on_evaluate(self, args, state, control, metrics=None, **kw):
+            if not state.is_world_process_zero or 'eval_loss' not in (metrics or {}): return
+            vl = float(metrics['eval_loss'])
+            notify(self.sinks, 'on_eval', dict(step=state.global_step, val_loss=vl, val_ppl=math.exp(min(vl, 50))))
+            self._mark(state)   # the evaluation's time is not a training step's
+        def on_train_end(self, args, state, control, **kw):
+            if state.is_world_process_zero:
+                notify(self.sinks, 'on_end', {**(self.last or {}), 'step': state.global_step})
+    return TrainerRecords()
 
 def start_metrics(path: Path, resume_step: int | None) -> MetricsFile:
     "A MetricsFile at `path`: a new run starts it empty; a resumed one keeps the records up to its checkpoint."
@@ -815,7 +819,7 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
     sinks = [start_metrics(out/'metrics.jsonl', int(Path(last).name.split('-')[-1]) if last else None), *sinks] \
         if main else []
     trainer = Trainer(model=net, args=args, train_dataset=train, eval_dataset=evald, data_collator=collate,
-                      processing_class=tok, callbacks=[TrainerRecords(sinks)])
+                      processing_class=tok, callbacks=[trainer_records(sinks)])
     result = trainer.train(resume_from_checkpoint=last)
     trainer.save_model(out/'final')
     evals = [h['eval_loss'] for h in trainer.state.log_history if 'eval_loss' in h]
