@@ -26,8 +26,9 @@ __all__ = ['SCHEDULES', 'DEVICES', 'STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHAN
            'unpack_batch', 'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows', 'model_config',
            'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run', 'evaluate', 'val_bytes_per_token',
            'bits_per_byte', 'peak_flops', 'shard_model', 'save_shards', 'load_shards', 'consolidated_model', 'Interval',
-           'check_new_run', 'Run', 'setup', 'resume', 'train_step', 'end_interval', 'save_run', 'summarize',
-           'record_architecture', 'train', 'train_parser', 'config_from_args', 'train_main']
+           'check_new_run', 'Run', 'setup', 'resume', 'train_step', 'end_interval', 'stop_requested', 'save_run',
+           'summarize', 'record_architecture', 'stopped_summary', 'train', 'train_parser', 'config_from_args',
+           'train_main']
 
 # %% ../nbs/05_train.ipynb #a6da8542
 SCHEDULES = ('cosine', 'restarts', 'constant')
@@ -280,7 +281,7 @@ def format_log_line(r: dict,          # a step record: step, loss, lr, step_ms, 
 
 # %% ../nbs/05_train.ipynb #95b43d4b
 def notify(callbacks: Iterable, event: str, record: dict):
-    "Call `event` ('on_step', 'on_eval', 'on_end') on every callback that has it."
+    "Call `event` ('on_step', 'on_eval', 'on_end', 'on_stop') on every callback that has it."
     for cb in callbacks:
         fn = getattr(cb, event, None)
         if fn is not None: fn(record)
@@ -295,6 +296,7 @@ class MetricsFile:
     def on_step(self, r: dict): self._write('step', r)
     def on_eval(self, r: dict): self._write('eval', r)
     def on_end(self, r: dict): self._write('end', r)
+    def on_stop(self, r: dict): self._write('stop', r)
 
 def metric_lines(path: str | Path) -> list[tuple[str, dict]]:
     "Each line of a metrics file with its record; a torn last line (a crash in mid-write) is left out."
@@ -333,6 +335,7 @@ class ProgressBar:
         if self.bar.disable: print(msg, file=self.file, flush=True)
         else: self.bar.write(msg)
     def on_end(self, r: dict): self.bar.close()
+    def on_stop(self, r: dict): self.bar.close()
 
 # %% ../nbs/05_train.ipynb #b8546a67
 class TensorBoardLog:
@@ -813,6 +816,7 @@ class Run:
     last: dict | None = None     # the latest step record
     val: dict | None = None      # the latest eval record
     speeds: list = dataclasses.field(default_factory=list)  # tokens/s of every interval (the summary's median)
+    stopped: str | None = None   # why a callback's should_stop ended the run early (a budget guard), else None
 
     @property
     def global_batch(self) -> int: return self.cfg.batch_size * self.cfg.grad_accum * self.d.world_size
@@ -921,7 +925,7 @@ def train_step(run: Run, batches: Iterator) -> int:
 
 # %% ../nbs/05_train.ipynb #a1b2c305
 def end_interval(run: Run, step: int):
-    "After `step`: at a log, eval or save step, record the interval (stopping on NaN), evaluate, checkpoint."
+    "After `step`: at a log, eval or save step, record the interval (stopping on NaN or when asked), evaluate, save."
     cfg, d = run.cfg, run.d
     do_eval = (cfg.eval_every and step % cfg.eval_every == 0) or step == run.max_steps
     do_save = step % cfg.save_every == 0 or step == run.max_steps
@@ -931,6 +935,8 @@ def end_interval(run: Run, step: int):
     if not math.isfinite(rec['loss']): _nan_stop(rec['loss'], step - run.interval.steps + 1, step, run.out)
     run.last = rec; run.speeds.append(rec['tokens_per_sec'])
     notify(run.callbacks, 'on_step', rec)
+    if step < run.max_steps and (why := stop_requested(run, rec)):  # a budget guard: checkpoint here and stop
+        run.stopped, do_eval, do_save = why, False, True
     if do_eval:
         vl = evaluate(run.model, val_loader(run.val_ds, cfg, d), d, run.precision, cfg.eval_batches)
         run.val = dict(step=step, val_loss=vl, val_ppl=math.exp(min(vl, 50)),
@@ -938,6 +944,16 @@ def end_interval(run: Run, step: int):
         notify(run.callbacks, 'on_eval', run.val)
     if do_save: save_run(run, step)
     run.interval = Interval.start(d.device)
+
+def stop_requested(run: Run, rec: dict) -> str | None:
+    "Why a callback's `should_stop(record)` ends the run after this log interval (every rank agrees), else None."
+    r = dict(rec, elapsed_s=run.elapsed0 + time.perf_counter() - run.t_start, start=run.start, max_steps=run.max_steps)
+    why = next((w for cb in run.callbacks if (w := getattr(cb, 'should_stop', lambda r: None)(r))), None)
+    if run.d.world_size > 1:   # only rank 0 has callbacks: its answer goes to every rank
+        flag = torch.tensor(float(why is not None), device=run.d.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and why is None: why = 'stopped by rank 0'
+    return why
 
 def save_run(run: Run, step: int):
     "Checkpoint the run at `step`: rank 0 writes it all, or under FSDP every rank writes its shards first."
@@ -993,19 +1009,26 @@ def _open_run_folder(run: Run, callbacks: Iterable):
     if cfg.wandb: run.callbacks.append(WandbLog(asdict(cfg)))
     run.callbacks += list(callbacks)
 
+def stopped_summary(run: Run) -> dict:
+    "What a run that a callback stopped early says: why, the step it reached, its checkpoint (for --resume)."
+    newest = list_checkpoints(run.out)[-1:] if run.d.main else []
+    return dict(stopped=run.stopped, step=run.step, max_steps=run.max_steps, out=str(run.out),
+                elapsed_s=run.elapsed0 + time.perf_counter() - run.t_start, checkpoint=str(newest[0]) if newest else None)
+
 def train(cfg: TrainConfig,                   # the run
           callbacks: Iterable = ()) -> dict:  # extra callbacks (rank 0 only), e.g. the live plot
-    "Train the architecture `cfg.model` names as `cfg` says; return the run's summary."
+    "Train the architecture `cfg.model` names as `cfg` says; the run's summary (`stopped`: a callback ended it early)."
     run = setup(cfg)                                 # every check that can refuse the run: nothing is written before
     with _removed_if_failed(run.out, run.d.main):    # a run folder made here goes again if no checkpoint was saved
         _open_run_folder(run, callbacks)             # the run folder and its watchers (metrics, progress, ...)
         batches = iter(train_loader(run.train_ds, run.cfg, run.d, run.start))  # the batches from the resumed step on
         run.model.train(); run.interval = Interval.start(run.d.device)
-        while run.step < run.max_steps:
+        while run.step < run.max_steps and not run.stopped:
             step = train_step(run, batches)          # grad_accum micro-batches, clip, AdamW
             end_interval(run, step)                  # log, NaN stop, eval, checkpoint: when their step has come
-        summary = summarize(run)                     # the final model and summary.json
-    notify(run.callbacks, 'on_end', summary)
+        if run.stopped: summary = stopped_summary(run)   # a callback asked to stop: checkpointed, resumable
+        else: summary = summarize(run)               # the final model and summary.json
+    notify(run.callbacks, 'on_stop' if run.stopped else 'on_end', summary)
     return summary
 
 
