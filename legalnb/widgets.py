@@ -16,7 +16,8 @@ from .calculator import Estimate, estimate, model_plan_fields, plan_for
 from .train import TrainConfig, format_log_line, read_metrics
 
 # %% auto #0
-__all__ = ['LORA_SHARE', 'in_jupyter', 'LiveLossPlot', 'plot_metrics', 'PresetPicker']
+__all__ = ['LORA_SHARE', 'TASK_FIELDS', 'SCALING', 'in_jupyter', 'LiveLossPlot', 'plot_metrics', 'PresetPicker', 'scale_to_gpus',
+           'duration_unit']
 
 # %% ../nbs/09_widgets.ipynb #ddc1d184
 def in_jupyter() -> bool:
@@ -93,6 +94,12 @@ def save(self: LiveLossPlot, path) -> None:
     "Write the figure to an image file (PNG by its extension)."
     self.figure().savefig(path, dpi=110)
 
+@patch
+def _repr_png_(self: LiveLossPlot) -> bytes:
+    "A cell ending in a LiveLossPlot shows its figure (no matplotlib backend needed)."
+    return self.png()
+
+
 # %% ../nbs/09_widgets.ipynb #c0f26501
 def plot_metrics(path) -> LiveLossPlot:
     "A LiveLossPlot holding the step and eval records of a metrics.jsonl file (nothing displayed or printed)."
@@ -103,6 +110,8 @@ def plot_metrics(path) -> LiveLossPlot:
 
 # %% ../nbs/09_widgets.ipynb #1bba441c
 LORA_SHARE = 0.002  # trainable LoRA parameters as a share of the base model (rank 16 on attention: ~0.1-0.5%)
+TASK_FIELDS = {'cpt': ('params',), 'lora': ('params', 'examples', 'seq_len'), 'scratch': ('model', 'size')}  # shown
+SCALING = {'tokens': 'same tokens, more GPUs', 'batch': 'same per-GPU batch'}  # what a change of GPU count keeps
 
 class PresetPicker:
     "Widgets to choose a preset, GPU and price, with the calculator's estimate updated live as values change."
@@ -116,11 +125,15 @@ class PresetPicker:
                  seq_len: int = 1536,              # tokens per example (lora)
                  model: str = 'resonance',         # a registered architecture, legalnb.models.MODELS (scratch)
                  size: str = 'small',              # named size of that model (scratch)
+                 scaling: str = 'tokens',          # other GPU counts: 'tokens' (time falls) or 'batch' (data grows)
                  out: str = 'run'):                # output folder of the config handed back
+        if scaling not in SCALING: raise LegalnbError(f"scaling must be 'tokens' or 'batch', got {scaling!r}")
         self.task = W.Dropdown(options=TASKS, value=task, description='task')
         self.preset = W.Dropdown(options=PRESET_NAMES, value=preset, description='preset')
         self.gpu = W.Dropdown(options=list(GPUS), value=gpu, description='GPU')
         self.gpus = W.BoundedIntText(value=get_preset(task, preset).gpus, min=1, max=4096, description='GPUs')
+        self.scaling = W.ToggleButtons(options=[(v, k) for k, v in SCALING.items()], value=scaling,
+                                       description='more GPUs')
         self.price = W.BoundedFloatText(value=price_per_hour, min=0.01, max=1000, step=0.1, description='$/GPU-h')
         self.params = W.BoundedFloatText(value=params_b, min=0.001, max=2000, step=0.5, description='params (B)')
         self.mfu = W.FloatSlider(value=mfu_pct, min=5, max=80, step=1, description='MFU %')
@@ -128,18 +141,21 @@ class PresetPicker:
         self.seq_len = W.BoundedIntText(value=seq_len, min=2, max=1 << 20, description='seq len')
         self.model = W.Dropdown(options=list(MODELS), value=model, description='model')
         self.size = W.Dropdown(options=list(get_model(model).sizes), value=size, description='size')
-        self.output = W.HTML()
+        self.output = W.HTML()                                        # headline and table, or the refusal
+        self.plot = W.Image(format='png', layout=W.Layout(width='460px'))  # every preset's time and cost
         self.button = W.Button(description='Use this preset', button_style='primary')
-        self.out, self.result, self.estimate, self.error = out, None, None, None
+        self.made = W.HTML()                                          # what the button produced, and how to use it
+        self.out, self.result, self.estimate, self.error, self.headline = out, None, None, None, ''
         self.task.observe(self._task_changed, names='value')
         self.model.observe(self._model_changed, names='value')
-        for w in (self.preset, self.gpu, self.gpus, self.price, self.params, self.mfu, self.examples, self.seq_len,
-                  self.size):
+        for w in (self.preset, self.gpu, self.gpus, self.scaling, self.price, self.params, self.mfu, self.examples,
+                  self.seq_len, self.size):
             w.observe(self.refresh, names='value')
         self.button.on_click(self.use)
         self.widget = W.VBox([W.HBox([self.task, self.preset]), W.HBox([self.model, self.size]),
-                              W.HBox([self.gpu, self.gpus, self.price]), W.HBox([self.params, self.mfu]),
-                              W.HBox([self.examples, self.seq_len]), self.button, self.output])
+                              W.HBox([self.gpu, self.gpus, self.price]), self.scaling, W.HBox([self.params, self.mfu]),
+                              W.HBox([self.examples, self.seq_len]), W.HBox([self.output, self.plot]),
+                              self.button, self.made])
         self.refresh()
 
     def _ipython_display_(self):
@@ -148,11 +164,45 @@ class PresetPicker:
 
 # %% ../nbs/09_widgets.ipynb #169d5f7c
 @patch
-def chosen(self: PresetPicker):
-    "The preset the widgets name: from scratch, the one for the chosen model and size (steps, LR, batch resolved)."
-    if self.task.value != 'scratch': return get_preset(self.task.value, self.preset.value)
-    return get_preset('scratch', self.preset.value, self.size.value, model=self.model.value)
+def chosen(self: PresetPicker, name: str | None = None):
+    "The preset the widgets name (or preset `name`): from scratch, the chosen model's for the chosen size."
+    name = name or self.preset.value
+    if self.task.value != 'scratch': return get_preset(self.task.value, name)
+    return get_preset('scratch', name, self.size.value, model=self.model.value)
 
+def scale_to_gpus(p, gpus: int,   # a Preset, and the GPUs it is to run on
+                  scaling: str    # 'tokens': keep the run's tokens; 'batch': keep each GPU's batch
+                 ) -> dict:
+    "Plan fields (grad_accum, steps) for preset `p` on `gpus` GPUs under `scaling`."
+    if scaling == 'batch' or gpus == p.gpus: return dict(grad_accum=p.grad_accum, steps=p.steps)
+    rows = p.micro_batch * p.grad_accum * p.gpus           # sequences per step, as the preset was sized
+    accum = max(1, round(rows / (p.micro_batch * gpus)))    # fewer micro-batches each when more GPUs share a step
+    return dict(grad_accum=accum, steps=p.steps and math.ceil(p.steps * rows / (p.micro_batch * accum * gpus)))
+
+@patch
+def plan(self: PresetPicker, name: str | None = None):
+    "The calculator `Plan` for the current widget values (for preset `name`, default the chosen one)."
+    task, p = self.task.value, self.chosen(name)
+    kw = dict(gpu=self.gpu.value, gpus=self.gpus.value, price_per_hour=self.price.value, mfu=self.mfu.value / 100,
+              micro_batch=p.micro_batch, **scale_to_gpus(p, self.gpus.value, self.scaling.value))
+    if task == 'scratch':   # the model's own preset for this size (ResonanceNet: long context)
+        kw |= dict(seq_len=p.seq_len, **model_plan_fields(self.size.value, p.seq_len, model=self.model.value))
+        return plan_for(task, p.name, model=self.model.value, size=self.size.value, **kw)
+    kw |= dict(params=self.params.value * 1e9)
+    if task == 'lora':
+        kw |= dict(examples=self.examples.value, seq_len=self.seq_len.value,
+                   lora_params=self.params.value * 1e9 * LORA_SHARE)
+    return plan_for(task, p.name, **kw)
+
+@patch
+def judge(self: PresetPicker, name: str | None = None) -> tuple[Estimate | None, str | None]:
+    "The estimate of preset `name` (default the chosen one), or None and why the plan is refused."
+    try: e = estimate(self.plan(name))
+    except LegalnbError as err: return None, str(err)   # e.g. an implied MFU over the GPU's peak
+    if e.memory and e.memory.fits is False: return None, next(w for w in e.warnings if w.startswith('does not fit'))
+    return e, None
+
+# %% ../nbs/09_widgets.ipynb #1c6c7e5c
 def _preset_note(p) -> str:
     "One line on a preset's context: its rows, tokens per step and sequence-length warm-up (empty when it sets none)."
     if not p.seq_len or not p.tokens_per_step: return ''
@@ -161,34 +211,69 @@ def _preset_note(p) -> str:
     return f'{p.seq_len:,}-token rows, {p.tokens_per_step:,} tokens per step{warm}'
 
 @patch
-def plan(self: PresetPicker):
-    "The calculator `Plan` for the current widget values."
-    task = self.task.value
-    kw = dict(gpu=self.gpu.value, gpus=self.gpus.value, price_per_hour=self.price.value, mfu=self.mfu.value / 100)
-    if task == 'scratch':   # the model's own preset for this size (ResonanceNet: long context), every figure given
-        p = self.chosen()
-        kw |= dict(steps=p.steps, seq_len=p.seq_len, micro_batch=p.micro_batch, grad_accum=p.grad_accum,
-                   **model_plan_fields(self.size.value, p.seq_len, model=self.model.value))
-    else:
-        kw |= dict(params=self.params.value * 1e9)
-        if task == 'lora':
-            kw |= dict(examples=self.examples.value, seq_len=self.seq_len.value,
-                       lora_params=self.params.value * 1e9 * LORA_SHARE)
-    return plan_for(task, self.preset.value, **kw)
+def scaling_note(self: PresetPicker) -> str:
+    "Which GPU scaling the estimate shows, and what it keeps."
+    p, n, plan = self.chosen(), self.gpus.value, self.plan()
+    if n == p.gpus: return f'{n} GPU(s), as the preset was sized'
+    head = f"{n} GPU(s) instead of the preset's {p.gpus}, {SCALING[self.scaling.value]} (shown): "
+    if self.scaling.value == 'tokens':
+        return head + (f'{plan.global_batch:,} sequences per step, {plan.grad_accum} accumulation steps instead of '
+                       f'{p.grad_accum}; the time falls')
+    more = 'the same examples in fewer steps' if plan.lora else f'the run feeds {n / p.gpus:g}× the data'
+    return head + f'{plan.micro_batch} × {plan.grad_accum} sequences per GPU per step as before; {more}'
 
 @patch
 def refresh(self: PresetPicker, change=None):
-    "Recompute the estimate and show its table (or the calculator's objection)."
-    try:
-        self.estimate, self.error = estimate(self.plan()), None
-        head = (f'<b>{self.task.value}/{self.preset.value}</b>: {self.estimate.steps:,} steps, '
-                f'{format_duration(self.estimate.seconds)}, ${self.estimate.cost:,.0f}')
-        if note := _preset_note(self.chosen()): head += f'<br>{html.escape(note)}'
-        self.output.value = f'{head}<pre>{html.escape(self.estimate.table())}</pre>'
-    except LegalnbError as e:
-        self.estimate, self.error = None, str(e)
-        self.output.value = f'<pre style="color:#b00">{html.escape(str(e))}</pre>'
+    "Recompute the estimate, its headline and table (or the refusal) and the plot of every preset."
+    for name in ('params', 'examples', 'seq_len', 'model', 'size'):   # fields follow the task
+        getattr(self, name).layout.display = None if name in TASK_FIELDS[self.task.value] else 'none'
+    self.estimate, self.error = self.judge()
+    e, where = self.estimate, f'{self.task.value}/{self.preset.value} on {self.gpus.value} × {GPUS[self.gpu.value].name}'
+    lines = [f'{where}: refused: {self.error}' if e is None else
+             f'{where}: {e.steps:,} steps, {format_duration(e.seconds)}, ${e.cost:,.0f}']
+    lines += [l for l in (_preset_note(self.chosen()), self.scaling_note() if e else '') if l]
+    self.headline = '\n'.join(lines)
+    style = ' style="color:#b00"' if e is None else ''
+    body = f'<pre>{html.escape(e.table())}</pre>' if e else ''
+    self.output.value = (f'<b{style}>{html.escape(lines[0])}</b>' + ''.join(f'<br>{html.escape(l)}' for l in lines[1:])
+                         + body)
+    self.plot.value = self.png()
 
+# %% ../nbs/09_widgets.ipynb #6f777071
+def duration_unit(seconds: float) -> tuple[str, float]:
+    "The unit `format_duration` prints `seconds` in, and its length in seconds: an axis in the unit that fits."
+    for unit, length, below in (('s', 1, 90), ('min', 60, 5400), ('h', 3600, 4 * 86400)):
+        if seconds < below: return unit, length
+    return 'd', 86400
+
+@patch
+def figure(self: PresetPicker) -> Figure:
+    "Time and cost of every preset of the task on the chosen GPUs; the chosen one in colour, refused ones marked."
+    judged = {n: self.judge(n)[0] for n in PRESET_NAMES}
+    unit, length = duration_unit(max([e.seconds for e in judged.values() if e] or [1]))
+    fig = Figure(figsize=(5.2, 2.4), layout='constrained')
+    axes = fig.subplots(1, 2, sharey=True)
+    colors = ['tab:blue' if n == self.preset.value else 'tab:gray' for n in judged]
+    for ax, label, value, text in ((axes[0], f'time ({unit})', lambda e: e.seconds / length,
+                                    lambda e: format_duration(e.seconds)),
+                                   (axes[1], 'cost ($)', lambda e: e.cost, lambda e: f'${e.cost:,.0f}')):
+        bars = ax.barh(list(judged), [value(e) if e else 0 for e in judged.values()], color=colors)
+        ax.bar_label(bars, [text(e) if e else '' for e in judged.values()], padding=2, fontsize=8)
+        ax.set_xlabel(label); ax.grid(axis='x', alpha=0.3); ax.margins(x=0.3)
+        for i, e in enumerate(judged.values()):
+            if e is None: ax.text(0, i, ' refused', va='center', color='#b00')
+    axes[0].invert_yaxis()
+    fig.suptitle(f'{self.task.value} presets on {self.gpus.value} × {GPUS[self.gpu.value].name}', fontsize=9)
+    return fig
+
+@patch
+def png(self: PresetPicker) -> bytes:
+    "The plot beside the table, as PNG bytes."
+    buf = io.BytesIO()
+    self.figure().savefig(buf, format='png', dpi=80)
+    return buf.getvalue()
+
+# %% ../nbs/09_widgets.ipynb #4b8e08b0
 @patch
 def _task_changed(self: PresetPicker, change):
     "A new task brings its preset's GPU count (which refreshes the estimate)."
@@ -209,11 +294,40 @@ def _model_changed(self: PresetPicker, change):
 def config(self: PresetPicker):
     "What the trainer takes: a TrainConfig (scratch) or transformers TrainingArguments (cpt, lora)."
     if self.task.value == 'scratch':
-        return TrainConfig.from_preset(self.preset.value, self.size.value, out=self.out, model=self.model.value)
+        cfg = TrainConfig.from_preset(self.preset.value, self.size.value, out=self.out, model=self.model.value)
+        p, plan = self.chosen(), self.plan()
+        if not cfg.batch_tokens: cfg.grad_accum, cfg.max_steps = plan.grad_accum, plan.steps   # as the estimate
+        elif self.scaling.value == 'batch':   # the trainer keeps the tokens per step; each GPU keeps its rows here
+            cfg.batch_tokens = cfg.batch_tokens * self.gpus.value // p.gpus
+        return cfg
     from legalnb.hf import training_args_from_preset
     return training_args_from_preset(get_preset(self.task.value, self.preset.value), self.out, verbose=False)
 
 @patch
+def explain(self: PresetPicker) -> tuple[str, str]:
+    "What the button produced (`self.result`), in one line, and the code that trains with it."
+    r, n, p = self.result, self.gpus.value, self.preset.value
+    if isinstance(r, TrainConfig):
+        run = f'torchrun --nproc_per_node={n} -m legalnb.cli train' if n > 1 else 'legalnb train'
+        return (f'TrainConfig: {r.model} {r.size}, preset {r.preset}, {r.max_steps:,} steps, '
+                f'{r.batch_tokens or 0:,} tokens per step, peak LR {r.lr:g}, out {r.out}',
+                f"from legalnb.train import train\ncfg = picker.result\ncfg.data = 'split'  # your split folder "
+                f"(legalnb split)\ntrain(cfg)\n\n# or in a terminal:\n{run} --model {r.model} --size {r.size} "
+                f"--preset {r.preset} --data split --out {r.out}")
+    steps = f'{r.max_steps:,} steps' if r.max_steps > 0 else f'{r.num_train_epochs:g} epoch(s)'
+    data = 'corpus' if self.task.value == 'cpt' else 'examples.jsonl'
+    return (f'TrainingArguments: {steps}, {r.per_device_train_batch_size} per device × '
+            f'{r.gradient_accumulation_steps} accumulation, peak LR {r.learning_rate:g}, out {r.output_dir}',
+            f'from transformers import Trainer\nTrainer(model=model, args=picker.result, '
+            f'train_dataset=dataset).train()\n\n# or with legalnb (packing, LoRA, metrics), in a terminal:\n'
+            f'legalnb finetune --model MODEL_DIR --data {data} --preset {p} --out {r.output_dir}')
+
+@patch
 def use(self: PresetPicker, button=None):
-    "Button handler: keep the chosen config in `self.result`."
-    self.result = self.config()
+    "Button handler: keep the chosen config in `self.result` and show what it is and how to use it."
+    try: self.result = self.config()
+    except LegalnbError as e:
+        self.result, self.made.value = None, f'<pre style="color:#b00">{html.escape(str(e))}</pre>'
+        return
+    summary, code = self.explain()
+    self.made.value = f'<b>{html.escape(summary)}</b><pre>{html.escape(code)}</pre>'

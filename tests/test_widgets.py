@@ -18,7 +18,10 @@ def test_picker_estimate_follows_every_widget():
     hours = p.estimate.hours
     p.mfu.value = 20                      # half the utilisation: twice the time
     assert p.estimate.hours == pytest.approx(2 * hours, rel=1e-9)
-    p.gpus.value = 2                      # twice the GPUs: half the steps
+    p.gpus.value = 2                      # same tokens, more GPUs (the default): same steps, half the time
+    assert p.estimate.steps == 1969 and p.estimate.plan.grad_accum == 16
+    assert p.estimate.hours == pytest.approx(hours, rel=1e-9)   # MFU 20% on 2 GPUs = 40% on one
+    p.scaling.value = 'batch'             # same per-GPU batch: twice the examples per step, half the steps
     assert p.estimate.steps == math.ceil(63_000 / 64)
 
 
@@ -104,3 +107,84 @@ def test_picker_shows_the_long_context_presets_with_their_warm_up(name, length):
     assert f'rows warm up from 1,024 tokens (doubling) over the first {want.seq_warmup_steps:,} steps' in head
     p.size.value = 'large'
     assert p.estimate.steps == get_preset('scratch', name, 'large', model='resonance').steps > want.steps
+
+
+def fields_shown(p) -> list[str]:
+    return [n for n in ('params', 'examples', 'seq_len', 'model', 'size') if getattr(p, n).layout.display != 'none']
+
+
+def test_picker_fields_follow_the_task():
+    p = PresetPicker(task='cpt')
+    assert fields_shown(p) == ['params']
+    p.task.value = 'lora'
+    assert fields_shown(p) == ['params', 'examples', 'seq_len']
+    p.task.value = 'scratch'
+    assert fields_shown(p) == ['model', 'size']
+
+
+def test_picker_more_gpus_two_readings():
+    "cpt/fast is sized for 4 GPUs; on 8 the default keeps the tokens (time halves), 'batch' keeps each GPU's batch."
+    p = PresetPicker(task='cpt', preset='fast')
+    four = p.estimate
+    assert 'as the preset was sized' in p.headline
+    p.gpus.value = 8
+    assert (p.estimate.tokens, p.estimate.cost) == (four.tokens, pytest.approx(four.cost))
+    assert p.estimate.seconds == pytest.approx(four.seconds / 2) and 'same tokens, more GPUs (shown)' in p.headline
+    p.scaling.value = 'batch'
+    assert p.estimate.tokens == 2 * four.tokens and p.estimate.seconds == pytest.approx(four.seconds)
+    assert p.estimate.cost == pytest.approx(2 * four.cost) and 'same per-GPU batch (shown)' in p.headline
+    assert 'the run feeds 2× the data' in p.headline
+    with pytest.raises(LegalnbError, match="scaling must be 'tokens' or 'batch', got 'faster'"):
+        PresetPicker(scaling='faster')
+
+
+def test_picker_refuses_what_does_not_fit_without_a_price():
+    "Today MFU 80% on an RTX 2080 Ti printed '1,421.2 h, $28,423' next to 'does NOT fit'."
+    p = PresetPicker(task='cpt', preset='full', mfu_pct=80, gpu='rtx-2080-ti')
+    assert p.estimate is None and p.error.startswith('does not fit: ') and 'GiB usable' in p.error
+    assert p.headline.startswith('cpt/full on 4 × NVIDIA GeForce RTX 2080 Ti: refused: does not fit')
+    assert '$' not in p.output.value and ' h,' not in p.headline and '<pre>' not in p.output.value
+    assert [t.get_text() for t in p.figure().axes[0].texts].count(' refused') == 3
+    p.gpu.value = 'h100-sxm'              # the same plan on H100s fits and is priced
+    assert p.estimate is not None and p.error is None and '$' in p.headline
+
+
+def test_picker_headline_is_text_and_the_output_html_renders_it():
+    p = PresetPicker(task='lora', preset='fast', params_b=1.0, examples=63_000, seq_len=512)
+    assert '<' not in p.headline and p.output.value.startswith('<b>lora/fast on 1 × NVIDIA H100 SXM5 80GB: ')
+    assert format_duration(p.estimate.seconds) in p.headline.splitlines()[0]
+
+
+def test_picker_plot_follows_the_gpu_in_the_unit_that_fits():
+    p = PresetPicker(task='cpt', preset='fast')
+    before = p.plot.value
+    ax = p.figure().axes[0]
+    assert before[:8] == b'\x89PNG\r\n\x1a\n' and ax.get_xlabel() == 'time (d)'
+    assert [t.get_text() for t in ax.get_yticklabels()] == ['fast', 'full', 'aggressive']
+    assert format_duration(p.estimate.seconds) in [t.get_text() for t in ax.texts]
+    p.gpu.value = 'a100-80gb'
+    assert p.plot.value != before and p.figure()._suptitle.get_text() == 'cpt presets on 4 × ' + p.plan().gpu.name
+    small = PresetPicker(task='lora', preset='fast', params_b=1.0, examples=6_300, seq_len=512)
+    assert small.figure().axes[0].get_xlabel() in ('time (min)', 'time (s)')
+
+
+def test_picker_button_shows_what_it_made(tmp_path):
+    p = PresetPicker(task='scratch', preset='fast', model='gpt', size='small', out=str(tmp_path/'run'))
+    assert p.made.value == ''
+    p.button.click()
+    summary, code = p.explain()
+    assert summary.startswith('TrainConfig: gpt small, preset fast, ') and summary in p.made.value
+    assert 'train(cfg)' in code and '--model gpt --size small --preset fast' in code
+    p.task.value = 'cpt'
+    p.button.click()
+    assert p.made.value.startswith('<b>TrainingArguments: 12,000 steps, ') and 'legalnb finetune' in p.made.value
+    p.task.value = 'scratch'
+    p.gpus.value = 2                      # same tokens: the 1k preset's accumulation halves, as the estimate shows
+    p.button.click()
+    gpt = get_preset('scratch', 'fast', 'small', model='gpt')
+    assert (p.result.grad_accum, p.result.max_steps) == (gpt.grad_accum // 2, gpt.steps) == (
+        p.estimate.plan.grad_accum, p.estimate.steps)
+    assert 'torchrun --nproc_per_node=2' in p.made.value
+    p.model.value, p.scaling.value = 'resonance', 'batch'   # batch in tokens: each GPU keeps its rows, twice per step
+    p.button.click()
+    assert p.result.batch_tokens == 2 * get_preset('scratch', 'fast', 'small', model='resonance').batch_tokens
