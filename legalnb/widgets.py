@@ -228,7 +228,8 @@ def refresh(self: PresetPicker, change=None):
     for name in ('params', 'examples', 'seq_len', 'model', 'size'):   # fields follow the task
         getattr(self, name).layout.display = None if name in TASK_FIELDS[self.task.value] else 'none'
     self.estimate, self.error = self.judge()
-    e, where = self.estimate, f'{self.task.value}/{self.preset.value} on {self.gpus.value} × {GPUS[self.gpu.value].name}'
+    e = self.estimate
+    where = f'{self.task.value}/{self.preset.value} on {self.gpus.value} × {GPUS[self.gpu.value].name}'
     lines = [f'{where}: refused: {self.error}' if e is None else
              f'{where}: {e.steps:,} steps, {format_duration(e.seconds)}, ${e.cost:,.0f}']
     lines += [l for l in (_preset_note(self.chosen()), self.scaling_note() if e else '') if l]
