@@ -678,7 +678,9 @@ def split_off(n: int, share: float, seed: int = 0) -> tuple[list[int], list[int]
 def _eval_rows(data: Path, rows: CausalLMShards, share: float) -> tuple[Dataset, Dataset | None, str]:
     "(train, eval, where) for continued pretraining: the corpus's held-out val/ shards, else its last rows."
     if share and (data/'val').is_dir() and any((data/'val').glob('*.npy')):
-        return rows, CausalLMShards(data/'val'), 'val/ (held-out acts)'
+        val = CausalLMShards(data/'val')   # at most 1,000 rows, spread over the held-out acts: evaluation stays short
+        pick = np.unique(np.linspace(0, len(val) - 1, min(len(val), 1000)).round().astype(int)).tolist()
+        return rows, Subset(val, pick), f'{len(pick)} rows of val/ (held-out acts)'
     k = min(1000, int(len(rows) * share))   # the last rows: consecutive documents, so few straddle the split
     if not k: return rows, None, 'none'
     return Subset(rows, range(len(rows) - k)), Subset(rows, range(len(rows) - k, len(rows))), f'the last {k} rows'

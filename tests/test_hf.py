@@ -246,13 +246,15 @@ def test_corpus_stage_to_continued_pretraining(work, tmp_path, capsys):
     assert cli(['parse', str(d/'raw'), '--out', str(d/'parsed.jsonl')]) == 0
     assert cli(['select', str(d/'parsed.jsonl'), '--out', str(d/'selected.jsonl'), '--target-tokens', '100000']) == 0
     assert cli(['build-corpus', str(d/'selected.jsonl'), '--out', str(d/'corpus'), '--tokenizer', m, '--seq-len', '64',
-                '--shards', '2', '--no-progress']) == 0
+                '--shards', '2', '--no-progress', '--val-docs', '2']) == 0
     capsys.readouterr()
     assert cli(['finetune', '--model', m, '--data', str(d/'corpus'), '--out', str(d/'run'), '--max-steps', '2',
                 '--batch-size', '2', '--grad-accum', '1', '--workers', '0', '--force-single']) == 0
     out = capsys.readouterr().out
     assert 'warning: the corpus' not in out and 'continued pretraining (full' in out
-    assert json.loads((d/'run'/'finetune.json').read_text())['tokens'] == 2 * 2 * 64
+    s = json.loads((d/'run'/'finetune.json').read_text())
+    assert s['tokens'] == 2 * 2 * 64 and s['doc_boundaries'], 'the corpus stage writes doc_starts/'
+    assert s['eval'].endswith('rows of val/ (held-out acts)'), 'evaluated on the held-out acts'
 
 
 def test_corpus_with_a_bigger_vocabulary_is_refused(work, tmp_path, capsys):
