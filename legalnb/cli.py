@@ -28,6 +28,7 @@ COMMANDS = {  # name: ('module:function', one-line help)
     'compare':      ('legalnb.compare:compare_main', 'train several models on the same data and budget, and compare'),
     'export':       ('legalnb.export:export_main', 'a trained model as a Hugging Face folder (AutoModelForCausalLM)'),
     'estimate':     ('legalnb.calculator:estimate_main', 'time and cost of a training plan, checked against physics'),
+    'run':          ('legalnb.run:run_main', 'your documents to an evaluated model from one plan, resumable per stage'),
     'quickstart':   ('legalnb.cli:quickstart_main', 'sample -> select -> corpus -> train a tiny model -> report'),
 }
 

@@ -1013,7 +1013,8 @@ def stopped_summary(run: Run) -> dict:
     "What a run that a callback stopped early says: why, the step it reached, its checkpoint (for --resume)."
     newest = list_checkpoints(run.out)[-1:] if run.d.main else []
     return dict(stopped=run.stopped, step=run.step, max_steps=run.max_steps, out=str(run.out),
-                elapsed_s=run.elapsed0 + time.perf_counter() - run.t_start, checkpoint=str(newest[0]) if newest else None)
+                elapsed_s=run.elapsed0 + time.perf_counter() - run.t_start,
+                checkpoint=str(newest[0]) if newest else None)
 
 def train(cfg: TrainConfig,                   # the run
           callbacks: Iterable = ()) -> dict:  # extra callbacks (rank 0 only), e.g. the live plot

@@ -1,0 +1,145 @@
+"""`legalnb run` on the generated sample at a tiny size: a run from the CLI, a second run that skips every stage, a
+changed seq_len that re-runs build-corpus and what follows, kill -9 during build-corpus and during training, the budget
+guard stopping a run and --resume finishing it, and inconsistent plans refused before any stage runs."""
+import hashlib, json, os, shutil, signal, subprocess, sys, time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from legalnb.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ['--target-tokens', '1M', '--seq-len', '32', '--train-tokenizer', '300', '--shards', '2', '--val-docs', '0.1',
+        '--dim', '16', '--num-layers', '1', '--num-frequencies', '4', '--batch-size', '4', '--batch-tokens', '128',
+        '--seq-warmup-steps', '0', '--max-steps', '20', '--eval-every', '10', '--eval-batches', '2', '--log-every', '5',
+        '--save-every', '10', '--num-workers', '0', '--cpu-threads', '1', '--device', 'cpu', '--citations', '20',
+        '--samples', '1', '--no-progress', '--yes']
+
+@pytest.fixture(autouse=True)
+def restore_threads():
+    "train(cpu_threads=1) sets torch's threads for the process: give the next test back what it had."
+    n = torch.get_num_threads(); yield; torch.set_num_threads(n)
+
+def sha(path: Path) -> str: return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+def outputs(work: Path) -> dict:
+    "What must be the same after an interrupted run and an uninterrupted one: shards, tokenizer, weights, evaluation."
+    m = json.loads((work/'corpus'/'manifest.json').read_text())
+    final = torch.load(work/'run'/'checkpoints'/'step-00000020'/'model.pt')
+    ev = json.loads((work/'eval'/'eval.json').read_text())
+    return dict(shards=[s['sha256'] for s in m['shards'] + m['val_shards']], tokenizer=m['tokenizer_sha256'],
+                weights={k: v.clone() for k, v in final.items()}, loss=ev['overall']['loss'])
+
+def same(a: dict, b: dict) -> bool:
+    return (a['shards'], a['tokenizer'], a['loss']) == (b['shards'], b['tokenizer'], b['loss']) and all(
+        torch.equal(a['weights'][k], b['weights'][k]) for k in a['weights'])
+
+@pytest.fixture(scope='module')
+def sample(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp('sample')
+    assert main(['sample', str(d/'formex'), '--docs', '40']) == 0
+    return d/'formex'
+
+@pytest.fixture(scope='module')
+def reference(sample, tmp_path_factory):
+    "One uninterrupted run, from the CLI, and its outputs."
+    work = tmp_path_factory.mktemp('ref')/'work'
+    n = torch.get_num_threads()
+    assert main(['run', '--input', str(sample), '--out', str(work), *TINY]) == 0
+    torch.set_num_threads(n)
+    return work, outputs(work)
+
+def test_a_run_then_nothing_to_do_then_a_changed_seq_len(reference, sample, capsys):
+    work, _ = reference
+    report = (work/'report.md').read_text()
+    for part in ('## What each stage made', '| build-corpus | `corpus/` |', '| train | `run/` | 20 steps',
+                 '![loss](loss.png)', 'bits per byte'):
+        assert part in report, part
+    assert (work/'loss.png').exists() and (work/'eval'/'eval.json').exists()
+    assert sorted(p.stem for p in (work/'.legalnb-run').glob('*.json')) == sorted(
+        ['parse', 'select', 'build-corpus', 'split', 'train', 'evaluate'])
+    capsys.readouterr()
+    assert main(['run', '--input', str(sample), '--out', str(work), *TINY]) == 0
+    out = capsys.readouterr().out
+    assert out.count('skipped, up to date') == 6 and '[1/6]' not in out, out
+    assert main(['run', '--input', str(sample), '--out', str(work), *TINY, '--seq-len', '16']) == 0
+    out = capsys.readouterr().out
+    assert 'build-corpus: settings changed (--seq-len 32 -> 16): it runs, and so do the stages after it: split, ' \
+           'train, evaluate' in out, out
+    assert 'parse: skipped' in out and 'select: skipped' in out and '[3/6] build-corpus' in out and '[6/6] evaluate' in out
+    assert json.loads((work/'corpus'/'manifest.json').read_text())['seq_len'] == 16
+
+def _kill_when(cmd: list[str], cwd: Path, ready, done) -> bool:
+    "Start `cmd`, SIGKILL it as soon as `ready()` holds; whether `done()` was still false then (killed mid-stage)."
+    p = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    try:
+        while p.poll() is None and not ready(): time.sleep(0.002)
+        midway = p.poll() is None and not done()
+        p.send_signal(signal.SIGKILL); p.wait()
+    finally:
+        if p.poll() is None: p.kill()
+    return midway
+
+def test_kill_9_in_build_corpus_and_in_training_then_the_same_command_finishes(reference, sample, tmp_path, capsys):
+    work = tmp_path/'work'
+    cmd = [sys.executable, '-m', 'legalnb.cli', 'run', '--input', str(sample), '--out', str(work), *TINY]
+    assert _kill_when(cmd, ROOT, lambda: (work/'corpus'/'tokenizer.json').exists(),
+                      lambda: (work/'corpus'/'manifest.json').exists()), 'build-corpus finished before the kill'
+    ckpt = work/'run'/'checkpoints'/'step-00000010'
+    assert _kill_when(cmd, ROOT, ckpt.exists, lambda: (work/'run'/'summary.json').exists()), \
+        'training finished before the kill'
+    capsys.readouterr()
+    assert main(cmd[3:]) == 0
+    out = capsys.readouterr().out
+    assert 'train: interrupted: resuming' in out and '[5/6] train (resuming)' in out, out
+    assert same(outputs(work), reference[1]), 'the interrupted run ends with the outputs of the uninterrupted one'
+
+def test_budget_guard_stops_and_resume_finishes(reference, sample, tmp_path, capsys):
+    work = tmp_path/'work'
+    base = ['run', '--input', str(sample), '--out', str(work), *TINY]
+    # $1,000 per GPU-hour-second: any forecast of this run costs far more than $1
+    assert main([*base, '--max-cost', '1', '--price-per-hour', '3.6e6']) == 3
+    out = capsys.readouterr().out
+    assert 'passes --max-cost $1.00' in out and 'stopped cleanly at step 10 of 20 (50%)' in out, out
+    assert '--resume --max-cost' in out and not (work/'run'/'summary.json').exists()
+    assert not (work/'report.md').exists()
+    assert main([*base, '--resume', '--max-cost', '1e9', '--price-per-hour', '3.6e6']) == 0
+    out = capsys.readouterr().out
+    assert out.count('skipped, up to date') == 4 and '[5/6] train (resuming)' in out, out
+    assert same(outputs(work), reference[1]), 'stopped and resumed, the run ends as the one that never stopped'
+
+@pytest.mark.parametrize('plan,expect', [
+    ({'build-corpus': {'val_docs': 0}}, 'build-corpus.val_docs is 0'),
+    ({'build-corpus': {'seq_len': 32}, 'train': {'seq_warmup_steps': 10}},
+     'build-corpus.seq_len 32 and train.seq_warmup_start 1,024'),
+    ({'train': {'vocab_size': 256}}, 'build-corpus.train_tokenizer 300 and train.vocab_size 256'),
+    ({'build-corpus': {'out': 'elsewhere'}}, 'build-corpus.out: set by legalnb run'),
+    ({'build-corpus': {'seq_lenn': 3}}, 'build-corpus.seq_lenn: `legalnb build-corpus` has no flag --seq-lenn'),
+    ({'train': {'lr': 0}}, 'train: --lr must be > 0'),
+    ({'stages': {}}, 'unknown key(s) stages'),
+])
+def test_inconsistent_plans_are_refused_before_any_stage(plan, expect, sample, tmp_path, capsys):
+    base = {'input': [str(sample)], 'out': 'work', 'build-corpus': {'train_tokenizer': 300, 'seq_len': 32},
+            'train': {'seq_warmup_steps': 0, 'device': 'cpu'}}
+    for k, v in plan.items(): base[k] = {**base.get(k, {}), **v} if isinstance(v, dict) else v
+    (tmp_path/'plan.yaml').write_text(yaml.safe_dump(base))
+    assert main(['run', str(tmp_path/'plan.yaml'), '--yes']) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expect in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['plan.yaml'], 'nothing was written'
+
+def test_no_terminal_needs_yes(sample, tmp_path, capsys):
+    (tmp_path/'plan.yaml').write_text(yaml.safe_dump({'input': [str(sample)], 'out': 'work'}))
+    assert main(['run', str(tmp_path/'plan.yaml'), '--seq-warmup-steps', '0']) == 2   # pytest's stdin is no terminal
+    err = capsys.readouterr().err
+    assert '--yes is required when stdin is not a terminal' in err and not (tmp_path/'work').exists()
+
+def test_write_plan_is_a_plan(capsys):
+    assert main(['run', '--write-plan', '--input', 'docs', '--out', 'w']) == 0
+    text = capsys.readouterr().out
+    plan = yaml.safe_load(text)
+    assert plan['input'] == ['docs'] and plan['out'] == 'w' and plan['select']['target_tokens'] == '2B'
+    assert text.count('#') > 10, 'commented'
