@@ -884,7 +884,7 @@ def finetune_command(
         eval_share: float = 0.05,      # share held out for evaluation (CPT: the corpus's val/ shards when it has them)
         eval_steps: int = None,        # steps between evaluations (default: at every checkpoint)
         attention: Literal['sdpa', 'eager', 'flash_attention_2'] = 'sdpa',  # attention backend
-        qlora: bool = False,           # LoRA on 4-bit NF4 base weights (needs bitsandbytes and a CUDA GPU)
+        qlora: bool = False,           # LoRA on 4-bit NF4 base weights (bitsandbytes: CUDA, or CPUs from 0.48)
         force_single: bool = False,    # train a multi-GPU preset on this one process anyway
         lora: bool = None,             # True: LoRA adapter (SFT's default), False: full fine-tuning (CPT's default)
         command: str = None):          # the command line, repeated in a refusal's launch command
