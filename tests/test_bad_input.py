@@ -410,6 +410,19 @@ CLI_CASES = [
      '--temperature'),
     ('generate --max-new-tokens many', ['generate', '{w}/run', '--prompt', 'x', '--max-new-tokens', 'many'], nothing,
      '--max-new-tokens'),
+    ('run a missing plan', ['run', '{w}/nope.yaml', '--yes'], nothing, '{w}/nope.yaml: cannot be read'),
+    ('run a plan that is not YAML', ['run', '{w}/plan.yaml', '--yes'], write('plan.yaml', 'input: [a\n'), 'not valid YAML'),
+    ('run --deadline soon', ['run', '--input', '{w}/sample', '--out', '{w}/work', '--deadline', 'soon'], nothing,
+     '--deadline soon'),
+    ('run --max-cost 0', ['run', '--input', '{w}/sample', '--out', '{w}/work', '--max-cost', '0'], nothing, '--max-cost'),
+    ('run an unknown flag', ['run', '--input', '{w}/sample', '--out', '{w}/work', '--sequence-length', '5'], nothing,
+     '--sequence-length'),
+    ('run into a folder of the user', ['run', '--input', '{w}/sample', '--out', '{w}/corpus', '--yes'], nothing,
+     '--out {w}/corpus holds files legalnb did not write'),
+    ('run without held-out acts', ['run', '--input', '{w}/sample', '--out', '{w}/work', '--val-docs', '0', '--yes'],
+     nothing, 'build-corpus.val_docs is 0'),
+    ('run a bad stage value', ['run', '--input', '{w}/sample', '--out', '{w}/work', '--lr', '0', '--yes'], nothing,
+     '--lr must be > 0'),
 ]
 
 CASES = SOURCES_CASES + CORPUS_CASES + TRAIN_CASES + CALCULATOR_CASES + CLI_CASES
