@@ -143,3 +143,34 @@ def test_write_plan_is_a_plan(capsys):
     plan = yaml.safe_load(text)
     assert plan['input'] == ['docs'] and plan['out'] == 'w' and plan['select']['target_tokens'] == '2B'
     assert text.count('#') > 10, 'commented'
+
+def test_stage_to_copies_the_split_verified_and_trains_from_it(reference, sample, tmp_path, capsys):
+    work = reference[0]
+    argv = ['run', '--input', str(sample), '--out', str(work), *TINY, '--seq-len', '16']   # as the first test left it
+    assert main([*argv, '--stage-to', str(tmp_path/'local')]) == 0
+    out = capsys.readouterr().out
+    assert 'train: settings changed (--data' in out and 'every checksum verified' in out, out
+    staged = sorted((tmp_path/'local'/'split'/'train').glob('*.npy'))
+    assert staged and not any(p.is_symlink() for p in staged)
+    assert all(p.read_bytes() == (work/'split'/'train'/p.name).read_bytes() for p in staged)
+    from legalnb.train import load_checkpoint
+    assert load_checkpoint(work/'run'/'checkpoints'/'step-00000020')['config']['data'] == str(tmp_path/'local'/'split')
+
+def hf_folder(tmp_path: Path, context: int) -> Path:
+    "A folder that says it holds a Hugging Face model (its config.json), enough for the plan's checks."
+    (tmp_path/'llama').mkdir()
+    (tmp_path/'llama'/'config.json').write_text(json.dumps({'model_type': 'llama', 'max_position_embeddings': context}))
+    return tmp_path/'llama'
+
+@pytest.mark.parametrize('flags,expect', [
+    (['--seq-len', '64'], 'build-corpus.seq_len 64 is longer than the context of model'),
+    (['--seq-len', '8', '--train-tokenizer', '300'], 'build-corpus.train_tokenizer and model'),
+    (['--seq-len', '8'], 'preset fast (cpt) is sized for 4 GPUs'),
+])
+def test_a_hugging_face_plan_is_checked_against_the_model(flags, expect, sample, tmp_path, capsys):
+    model = hf_folder(tmp_path, 16)
+    assert main(['run', '--input', str(sample), '--out', str(tmp_path/'work'), '--model', str(model), *flags,
+                 '--yes']) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expect in err[0], err
+    assert not (tmp_path/'work').exists()
