@@ -733,7 +733,7 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
              resume: bool = False,              # continue from the newest checkpoint-* in `out`
              eval_share: float = 0.05,          # held out for evaluation (CPT: the corpus's val/ shards if any)
              attention: str | None = 'sdpa',    # attention backend: 'sdpa', 'eager', 'flash_attention_2'
-             qlora: bool = False,               # LoRA on 4-bit NF4 base weights (bitsandbytes, CUDA)
+             qlora: bool = False,               # LoRA on 4-bit NF4 base weights (bitsandbytes)
              force_single: bool = False,        # train a multi-GPU preset on this one process anyway
              sinks: Sequence = (),              # more record sinks (on_step/on_eval/on_end), e.g. a LiveLossPlot
              command: str | None = None,        # the flags to repeat in a refusal's launch command
