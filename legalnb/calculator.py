@@ -27,7 +27,7 @@ _POSITIVE = ('examples', 'tokens', 'epochs', 'steps', 'micro_batch', 'grad_accum
 @dataclass
 class Plan:
     "A training plan: data, length, batch, one speed measure, and optionally model, GPU, price and a claim."
-    examples: int | None = None          # sequences (training examples) in the data set
+    examples: int | None = None          # sequences (training examples) in the data set: those trained on
     tokens: int | None = None            # corpus tokens; without `examples`, sequences = tokens // seq_len (packed)
     epochs: float | None = None          # passes over the data (default 1 when `steps` is not given)
     steps: int | None = None             # optimizer steps (instead of epochs)
@@ -302,7 +302,7 @@ def _steps(plan: Plan) -> tuple[int, int | None, int | None, list[str]]:
         steps = lora_steps(plan, plan.examples, ep)   # it reads only global_batch, which a Plan has too
         return steps, int(ep * plan.examples), plan.examples, [
             f'steps = ceil({ep:g} × {plan.examples:,} examples ÷ {gb} examples per step) = {steps:,} (LoRA: a batch '
-            f'counts examples, packed or not)']
+            f'counts examples, packed or not; count those trained on: finetune holds out --eval-share, 5% up to 1,000)']
     if data is None: raise LegalnbError('plan: give steps, or examples (or tokens and seq_len) to count them')
     steps, exact = count_steps(data, ep, gb), ep * data / gb
     note = '' if exact == int(exact) else ': a partial last batch is one more step'
