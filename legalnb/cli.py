@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
 # %% ../nbs/10_cli.ipynb #1ee51b6e
 QUICKSTART_PROMPT = 'Article 1\nSubject matter\nThis Regulation lays down'
-QUICKSTART_OUTPUTS = ('sample', 'corpus', 'split', 'run', 'eval', 'compare')   # folders an earlier quickstart wrote
+QUICKSTART_OUTPUTS = ('sample', 'corpus', 'split', 'run', 'eval', 'compare', '.legalnb-run')  # an earlier quickstart's
 
 def prepare_workdir(workdir: str | Path) -> Path:
     "Create the quickstart folder, or clear what an earlier quickstart wrote in it."
@@ -166,45 +166,34 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
                batch_size: int = 16,     # sequences per step
                device: Literal['auto', 'cuda', 'cpu'] = 'auto',  # 'auto': the GPU when there is one
                compare: bool = False) -> dict:  # then train the gpt baseline too and compare them (a few minutes more)
-    "Every stage on a sample corpus, a tiny model trained and evaluated, report.md and loss.png; the training summary."
+    "A sample corpus through `legalnb run` (a tiny model trained and evaluated), report.md and loss.png; the summary."
     sizes = dict(docs=docs, vocab_size=vocab_size, seq_len=seq_len, steps=steps, dim=dim, batch_size=batch_size)
     for name, value in sizes.items():
         if value < 1: raise LegalnbError(f'--{name.replace("_", "-")} must be at least 1, got {value}')
-    from legalnb.sources import sample_main, parse_main
-    from legalnb.scoring import select_main
-    from legalnb.corpus import build_corpus_main
-    from legalnb.data import validate_main, split_main
-    from legalnb.evaluate import evaluate, generate, write_report as write_evaluation
-    from legalnb.train import TrainConfig, train
+    from legalnb.sources import sample_main
+    from legalnb.evaluate import generate
+    from legalnb.run import run_plan, read_record
     from legalnb.widgets import plot_metrics
-    wd, t0 = prepare_workdir(workdir), time.perf_counter()
-    stages = [('sample', 'a synthetic Formex corpus', sample_main, [wd/'sample', '--docs', docs]),
-              ('parse', 'Formex XML into documents', parse_main, [wd/'sample', '--out', wd/'parsed.jsonl']),
-              ('select', 'score the documents, keep the best', select_main, [wd/'parsed.jsonl', '--out',
-               wd/'selected.jsonl', '--target-tokens', '2M', '--report', wd/'selection.json']),
-              ('build-corpus', f'train a {vocab_size}-token BPE, pack rows of {seq_len + 1} ids, hold out 5% of acts',
-               build_corpus_main, [wd/'selected.jsonl', '--out', wd/'corpus', '--seq-len', seq_len, '--shards', 4,
-                                   '--train-tokenizer', vocab_size, '--val-docs', 0.05, '--no-progress']),
-              ('validate', 'check every shard', validate_main, [wd/'corpus']),
-              ('split', 'train/ and val/: the held-out acts', split_main, [wd/'corpus', '--out', wd/'split'])]
-    for i, (name, what, fn, args) in enumerate(stages, 1):
-        print(f'\n[{i}/9] {name}: {what}', flush=True)
-        if fn([str(a) for a in args]):
-            raise LegalnbError(f'quickstart: the {name} stage failed; see its messages above')
-    stage_s = time.perf_counter() - t0
-    print('\n[7/9] train: a tiny ResonanceLanguageModel', flush=True)
-    cfg = TrainConfig(data=str(wd/'split'), out=str(wd/'run'), dim=dim, num_layers=2, num_frequencies=16,
-                      batch_size=batch_size, max_steps=steps, lr=3e-3, warmup_steps=max(1, steps // 10),
-                      eval_every=max(1, steps // 3), eval_batches=8, log_every=max(1, steps // 30), save_every=steps,
-                      num_workers=0, device=device, seed=0,
-                      cpu_threads=1)  # tiny models run 27x faster on 1 thread than on 2 on a busy 2-core CPU
-    print(cfg.describe(seq_len=seq_len), flush=True)
-    t1 = time.perf_counter(); summary = train(cfg); train_s = time.perf_counter() - t1
-    print(f'\n[8/9] evaluate: the held-out acts (bits per byte, citations, loss by position)', flush=True)
-    r = evaluate(wd/'run', wd/'split', citations=200, samples=1, device=device)
-    write_evaluation(r, wd/'eval')
-    print('\n'.join(evaluation_lines(r)[:1]), flush=True)
-    print(f'\n[9/9] report: val loss {summary["val_loss"]:.3f}, perplexity {summary["val_ppl"]:.1f} '
+    wd = prepare_workdir(workdir)
+    print(f'\n[sample] a synthetic Formex corpus of {docs} publications', flush=True)
+    if sample_main([str(wd/'sample'), '--docs', str(docs)]):
+        raise LegalnbError('quickstart: the sample stage failed; see its messages above')
+    # the sample plan: every stage of `legalnb run`, at the quickstart's sizes
+    flags = ['--target-tokens', '2M', '--seq-len', seq_len, '--shards', 4, '--train-tokenizer', vocab_size,
+             '--val-docs', 0.05, '--dim', dim, '--num-layers', 2, '--num-frequencies', 16, '--batch-size', batch_size,
+             '--max-steps', steps, '--lr', 3e-3, '--warmup-steps', max(1, steps // 10), '--eval-every',
+             max(1, steps // 3), '--eval-batches', 8, '--log-every', max(1, steps // 30), '--save-every', steps,
+             '--num-workers', 0, '--device', device, '--seed', 0, '--citations', 200, '--samples', 1,
+             '--cpu-threads', 1]  # tiny models run 27x faster on 1 thread than on 2 on a busy 2-core CPU
+    top = dict(input=[str(wd/'sample')], out=str(wd), preset='none', model='resonance', size='small')
+    opts = dict(yes=True, resume=False, max_cost=None, deadline=None, price_per_hour=H100_PRICE, stage_to=None,
+                argv=[], ours=('sample', 'compare', '.legalnb-quickstart'))
+    run_plan(None, top, [str(f) for f in flags], opts)
+    summary = read_json(wd/'run'/'summary.json', 'a run summary')
+    r = read_json(wd/'eval'/'eval.json', 'an evaluation')
+    secs = {s: read_record(wd, s).get('seconds') or 0 for s in ('parse', 'select', 'build-corpus', 'split', 'train')}
+    stage_s, train_s = sum(secs.values()) - secs['train'], secs['train']
+    print(f'\n[report] val loss {summary["val_loss"]:.3f}, perplexity {summary["val_ppl"]:.1f} '
           f'(knowing nothing: {vocab_size})', flush=True)
     sample = generate(wd/'run', prompt=QUICKSTART_PROMPT, max_new_tokens=60, temperature=0.8, top_k=40, device=device)
     print(f'{QUICKSTART_PROMPT}{sample}\n', flush=True)

@@ -7,19 +7,23 @@ import pytest
 import torch
 
 from legalnb.cli import main
+from legalnb.presets import get_preset
 
 @pytest.fixture(autouse=True)
 def restore_threads():
     "train(cpu_threads=1) sets torch's threads for the process: give the next test file back what it had."
     n = torch.get_num_threads(); yield; torch.set_num_threads(n)
 
+FAST_STEPS = get_preset('scratch', 'fast', 'small', model='resonance').steps   # what the report's H100 estimate plans
 TINY = ['--docs', '40', '--steps', '12', '--vocab-size', '300', '--seq-len', '32', '--device', 'cpu']
 
 def test_quickstart_end_to_end(tmp_path, capsys):
     wd = tmp_path/'qs'
     assert main(['quickstart', '--workdir', str(wd), *TINY]) == 0
     out = capsys.readouterr().out
-    assert all(f'[{i}/9]' in out for i in range(1, 10)) and f'everything is in {wd}/' in out
+    assert '[sample]' in out and all(f'[{i}/6]' in out for i in range(1, 7)) and f'everything is in {wd}/' in out
+    assert '[report]' in out and sorted(p.stem for p in (wd/'.legalnb-run').glob('*.json')) == sorted(
+        ['parse', 'select', 'build-corpus', 'split', 'train', 'evaluate']), 'the stages of legalnb run'
     summary = json.loads((wd/'run'/'summary.json').read_text())
     assert math.isfinite(summary['val_loss']) and summary['val_loss'] < math.log(300), summary['val_loss']
     assert summary['steps'] == 12 and summary['device'] == 'cpu'
@@ -31,7 +35,7 @@ def test_quickstart_end_to_end(tmp_path, capsys):
     assert (wd/'loss.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     report = (wd/'report.md').read_text()
     for part in ('## What each stage made', f"val loss {summary['val_loss']:.3f}", '![loss](loss.png)',
-                 '## A generated continuation', 'H100 SXM', 'steps        5,000', '## Where everything is'):
+                 '## A generated continuation', 'H100 SXM', f'steps        {FAST_STEPS:,}', '## Where everything is'):
         assert part in report, part
     assert (wd/'run'/'model'/'model.safetensors').exists() and (wd/'corpus'/'tokenizer.json').exists()
     # the same workdir again: the earlier outputs are replaced, not an error
