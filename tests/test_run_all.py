@@ -4,9 +4,8 @@ ipykernel, not nbdev's in-process runner), skipping the cells nbdev skips (`#| e
 
 Two notebooks run at a time (pytest-xdist is not needed: the kernels are separate processes, started here in a pool),
 one torch thread per kernel, so the whole module takes a few minutes on a 2-core machine."""
-import os, time
+import os, re, time
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -24,9 +23,13 @@ NBS = ROOT/'nbs'
 NOTEBOOKS = sorted(p.name for p in NBS.glob('*.ipynb') if not p.name.startswith('_'))
 CELL_TIMEOUT = 600   # seconds for one cell; the slowest (a tiny training run) takes well under a minute
 WORKERS = 2
-# Notebooks owned by other sessions that fail in a real kernel for reasons outside this test, with the reason.
-# Empty when every notebook runs; an entry here is reported by pytest as xfail, not hidden.
-KNOWN_FAILURES: dict[str, str] = {}
+# Notebooks owned by other sessions that fail in a real kernel for reasons outside this test, with the reason:
+# reported by pytest as xfail (with the error's last line) while they fail, and passing once they run.
+KNOWN_FAILURES: dict[str, str] = {
+    '05_train.ipynb': "legalnb.train.ProgressBar takes tqdm.auto, which in a Jupyter kernel is the notebook widget and "
+                      "ignores `file=`: the cell 'pb = ProgressBar(2000, file=buf) ... assert \"step 0120/2000\" in "
+                      "buf.getvalue()' fails (owner of 05_train: use plain tqdm when a file is given)",
+}
 
 
 def runnable(path: Path):
@@ -54,23 +57,27 @@ def run_notebook(name: str) -> tuple[str, float, str | None]:
                                      resources={'metadata': {'path': str(NBS)}})
     env = {k: v for k, v in os.environ.items() if k not in ('MPLBACKEND', 'IN_TEST')}   # as a user's kernel
     try: client.execute(env={**env, 'OMP_NUM_THREADS': '1'})
-    except nbclient.exceptions.CellExecutionError as e: return name, time.time() - start, str(e)[-3000:]
+    except nbclient.exceptions.CellExecutionError as e:   # the failing cell and its traceback, without colours
+        return name, time.time() - start, re.sub(r'\x1b\[[0-9;]*m', '', str(e))[-3000:]
     except Exception as e: return name, time.time() - start, f'{type(e).__name__}: {e}'
     return name, time.time() - start, None
 
 
-@lru_cache(maxsize=1)
-def results() -> dict:
-    "Every notebook run once, two at a time, the slowest first (so the pool ends together)."
-    order = sorted(NOTEBOOKS, key=lambda n: -(NBS/n).stat().st_size)
+@pytest.fixture(scope='module')
+def ran(request) -> dict:
+    "The notebooks this session selected, run once, two at a time, the largest first (so the pool ends together)."
+    names = [i.callspec.params['name'] for i in request.session.items
+             if i.path == request.path and hasattr(i, 'callspec')]
+    order = sorted(names, key=lambda n: -(NBS/n).stat().st_size)
     with ThreadPoolExecutor(WORKERS) as pool: done = list(pool.map(run_notebook, order))
     return {name: (secs, err) for name, secs, err in done}
 
 
 @pytest.mark.parametrize('name', NOTEBOOKS)
-def test_notebook_runs_all_in_a_fresh_kernel(name):
-    if name in KNOWN_FAILURES: pytest.xfail(KNOWN_FAILURES[name])
-    secs, err = results()[name]
+def test_notebook_runs_all_in_a_fresh_kernel(name, ran):
+    secs, err = ran[name]
+    if err and name in KNOWN_FAILURES:   # still failing as reported; once fixed, the case passes
+        pytest.xfail(f'{KNOWN_FAILURES[name]}; now: {err.strip().splitlines()[-1][:200]}')
     assert err is None, f'{name} stops under Run All ({secs:.0f} s):\n{err}'
 
 
