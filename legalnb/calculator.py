@@ -14,10 +14,11 @@ from .presets import (GPU, PRESETS, STRATEGIES, TASKS, find_gpu, get_preset, gpu
                              peak_tflops)
 
 # %% auto #0
-__all__ = ['GIB', 'USABLE', 'SHARDED', 'ACTIVATION_BYTES', 'NF4_BYTES', 'Plan', 'count_steps', 'data_sequences', 'sci',
-           'attention_flops_per_token', 'flops_per_token', 'mfu_of', 'run_seconds', 'run_cost', 'scale_lr', 'Memory',
-           'estimate_memory', 'Estimate', 'check_claim', 'estimate', 'plan_for', 'model_plan_fields', 'Calibration',
-           'calibrate', 'Comparison', 'compare', 'calibration_from_metrics', 'estimate_command', 'estimate_main']
+__all__ = ['GIB', 'USABLE', 'SHARDED', 'ACTIVATION_BYTES', 'NF4_BYTES', 'INT8_BYTES', 'Plan', 'count_steps', 'data_sequences',
+           'sci', 'attention_flops_per_token', 'flops_per_token', 'mfu_of', 'run_seconds', 'run_cost', 'scale_lr',
+           'Memory', 'estimate_memory', 'Estimate', 'check_claim', 'estimate', 'plan_for', 'model_plan_fields',
+           'Calibration', 'calibrate', 'Comparison', 'compare', 'calibration_from_metrics', 'estimate_command',
+           'estimate_main']
 
 # %% ../nbs/08_calculator.ipynb #89f33b7c
 _POSITIVE = ('examples', 'tokens', 'epochs', 'steps', 'micro_batch', 'grad_accum', 'gpus', 'seq_len', 'sec_per_step',
@@ -53,6 +54,7 @@ class Plan:
     strategy: str = 'single'             # 'single' | 'ddp' | 'deepspeed-zero3' | 'fsdp' (the last two shard states)
     task: str | None = None              # 'cpt' | 'lora' | 'scratch' (plan_for sets it): 'lora' counts examples, 4·N
     qlora: bool = False                  # LoRA on a 4-bit NF4 base (bitsandbytes, double quantisation): QLoRA memory
+    qlora_bits: int = 4                  # with qlora: 4 (NF4) or 8 (LLM.int8) bits per frozen base weight
 
     def __post_init__(self):
         for f in _POSITIVE + ('mixing_flops_per_token',):
@@ -73,6 +75,7 @@ class Plan:
         if self.qlora and not self.lora:
             raise LegalnbError('plan: qlora (--qlora) quantises the frozen base of a LoRA run: give task lora '
                                '(--preset lora/NAME) or lora_params (--lora-params)')
+        if self.qlora_bits not in (4, 8): raise LegalnbError(f'plan: qlora_bits must be 4 or 8, got {self.qlora_bits}')
         if isinstance(self.gpu, str): self.gpu = find_gpu(self.gpu)
         gpu_precision(self.precision, self.gpu)
 
@@ -182,6 +185,7 @@ USABLE = 0.9  # fraction of device memory a training run can count on
 SHARDED = ('deepspeed-zero3', 'fsdp')  # strategies that shard weights, gradients and AdamW state over the GPUs
 ACTIVATION_BYTES = {2: 45.6, 4: 83.0}  # value bytes -> bytes kept per token per width per layer (HF Llama, measured)
 NF4_BYTES = (4 + 8 / 64 + 32 / (64 * 256)) / 8  # QLoRA's NF4 weight + double-quantised constants, bytes per parameter
+INT8_BYTES = 1.0  # LLM.int8: one byte per weight (+ a float32 scale per output row, under 0.1% at width 4,096)
 
 @dataclass
 class Memory:
@@ -203,12 +207,13 @@ class Memory:
 
 # %% ../nbs/08_calculator.ipynb #5f83375f
 def _base(plan: Plan, shard: int) -> tuple[float, str]:
-    "Bytes of a LoRA run's frozen base per GPU (16-bit, fp32, or QLoRA's NF4 with fp32 embeddings), with its formula."
+    "Bytes of a LoRA run's frozen base per GPU (16-bit, fp32, or NF4/int8 with fp32 embeddings), with its formula."
     N, k = plan.params, 4 if plan.compute_precision == 'fp32' else 2
     if not plan.qlora: return k * N / shard, f'{k} B × {human(N)} frozen'
     emb = min(N, 2 * plan.vocab * plan.d_model) if plan.vocab and plan.d_model else 0   # untied input and output
     kept = f' + 4 B × {human(emb)} embeddings and head (fp32)' if emb else ' (embeddings unknown: --vocab, --d-model)'
-    return (NF4_BYTES * (N - emb) + 4 * emb) / shard, f'{NF4_BYTES:.3f} B × {human(N - emb)} NF4{kept}'
+    b, name = (NF4_BYTES, 'NF4') if plan.qlora_bits == 4 else (INT8_BYTES, 'int8')
+    return (b * (N - emb) + 4 * emb) / shard, f'{b:.3f} B × {human(N - emb)} {name}{kept}'
 
 def _states(plan: Plan) -> tuple[float, float, float, list[str]]:
     "Weights, gradients and AdamW state in bytes per GPU, with the arithmetic."
@@ -569,6 +574,7 @@ def estimate_command(
         checkpointing: bool = None,    # activation checkpointing (recompute each layer in backward)
         strategy: Literal[STRATEGIES] = None,  # deepspeed-zero3 and fsdp shard the model's states over the GPUs
         qlora: bool = None,            # LoRA on a 4-bit NF4 base (QLoRA, bitsandbytes): the frozen weights' memory
+        qlora_bits: Literal[4, 8] = None,  # --qlora's bits per base weight: 4 (NF4) or 8 (LLM.int8)
         json: bool = False):           # print one JSON object instead of the table
     "Time and cost of a training plan, checked against the hardware."
     if sum(v is not None for v in (sec_per_step, tokens_per_sec, mfu)) > 1:
@@ -583,7 +589,8 @@ def estimate_command(
                   tokens_per_sec=tokens_per_sec, mfu=mfu and mfu / 100, params=params, lora_params=lora_params,
                   mixing_flops_per_token=mixing_flops, gpu=gpu, precision=precision, price_per_hour=price_per_hour,
                   claimed_hours=claimed_hours, layers=layers, d_model=d_model, vocab=vocab,
-                  checkpointing=checkpointing, strategy=strategy, qlora=qlora)
+                  checkpointing=checkpointing, strategy=strategy, qlora=qlora,
+                  qlora_bits=qlora_bits)
     flags = dict(micro_batch='batch-size', mixing_flops_per_token='mixing-flops')
     for k, v in fields.items():
         if k in _POSITIVE and k != 'mfu' and v is not None and not v > 0:

@@ -27,8 +27,8 @@ __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', '
            'LoraSettings', 'add_lora', 'merge_adapter', 'plan_training_args', 'format_plan',
            'training_args_from_preset', 'deepspeed_zero3_config', 'write_launch_configs', 'launch_environment',
            'launch_plugin', 'launch_commands', 'launch_flags', 'check_run_folder', 'trainer_records', 'start_metrics',
-           'split_off', 'qlora_unavailable', 'quantization_4bit', 'packs_here', 'refuse_single_process', 'finetune',
-           'finetune_command', 'finetune_parser', 'finetune_main']
+           'split_off', 'qlora_unavailable', 'quantization_4bit', 'quantization_for', 'packs_here',
+           'refuse_single_process', 'finetune', 'finetune_command', 'finetune_parser', 'finetune_main']
 
 # %% ../nbs/06_hf.ipynb #c3d5eafa
 _SUBJECTS = ('the Commission', 'each Member State', 'the competent authority', 'the controller', 'the Agency',
@@ -699,6 +699,14 @@ def quantization_4bit(compute: torch.dtype):
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_use_double_quant=True,
                               bnb_4bit_compute_dtype=compute)
 
+def quantization_for(bits: int,             # 4: NF4 (QLoRA); 8: LLM.int8 (Dettmers et al. 2022)
+                     compute: torch.dtype):
+    "The bitsandbytes config that loads a frozen base in `bits` bits."
+    if bits == 4: return quantization_4bit(compute)
+    if bits != 8: raise LegalnbError(f'--qlora-bits must be 4 or 8, got {bits}')
+    from transformers import BitsAndBytesConfig
+    return BitsAndBytesConfig(load_in_8bit=True)
+
 def packs_here(model) -> bool:
     "`packs_without_leakage`; under ZeRO-3 (sharded weights, no plain forward): does the model use transformers' masks?"
     # transformers' masking utilities read packed sequences from the position ids (find_packed_sequence_indices)
@@ -734,6 +742,7 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
              eval_share: float = 0.05,          # held out for evaluation (CPT: the corpus's val/ shards if any)
              attention: str | None = 'sdpa',    # attention backend: 'sdpa', 'eager', 'flash_attention_2'
              qlora: bool = False,               # LoRA on 4-bit NF4 base weights (bitsandbytes)
+             qlora_bits: int = 4,               # the base's bits under qlora: 4 (NF4) or 8 (LLM.int8)
              force_single: bool = False,        # train a multi-GPU preset on this one process anyway
              sinks: Sequence = (),              # more record sinks (on_step/on_eval/on_end), e.g. a LiveLossPlot
              command: str | None = None,        # the flags to repeat in a refusal's launch command
@@ -748,6 +757,7 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
     p = get_preset(task, preset) if isinstance(preset, str) else preset
     use_lora = task == 'lora' if lora is None else lora
     if qlora and not use_lora: raise LegalnbError('--qlora trains a LoRA adapter on 4-bit weights; drop --full')
+    if qlora: quantization_for(qlora_bits, torch.float32)   # a bad --qlora-bits fails before anything loads
     if qlora and (why := qlora_unavailable()): raise LegalnbError(f'--qlora: {why}; use --lora (16-bit base) here')
     last = get_last_checkpoint(str(out)) if resume and out.is_dir() else None
     if resume and last is None:
@@ -760,7 +770,8 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
         refuse_single_process(p, model, command or f'--model {model} --data {data} --out {out}')
     _, tok = load_model(model, tokenizer_only=True)
     summary = dict(task='continued pretraining' if task == 'cpt' else 'sft', mode='lora' if use_lora else 'full',
-                   preset=f'{p.task}/{p.name}', qlora=qlora, attention=attention)
+                   preset=f'{p.task}/{p.name}', qlora=qlora,
+                   qlora_bits=qlora_bits if qlora else None, attention=attention)
     per_row, rows = 1.0, None
     if task == 'lora' and not packing: overrides.setdefault('train_sampling_strategy', 'group_by_length')
     if task == 'cpt':
@@ -795,7 +806,7 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
     # full fine-tuning keeps fp32 master weights (a bf16 checkpoint is upcast; autocast computes in bf16);
     # LoRA's base is frozen, so it loads in the compute precision and peft keeps the adapter in fp32
     dtype = compute if use_lora else torch.float32
-    net, _ = load_model(model, dtype, attention, quantization_4bit(compute) if qlora else None)
+    net, _ = load_model(model, dtype, attention, quantization_for(qlora_bits, compute) if qlora else None)
     sharded = any(hasattr(w, 'ds_id') for w in net.parameters())   # built under deepspeed.zero.Init
     if task == 'cpt':
         collate, how = default_data_collator, 'packed shards' + ', positions restart at documents' * shards.boundaries
@@ -885,6 +896,7 @@ def finetune_command(
         eval_steps: int = None,        # steps between evaluations (default: at every checkpoint)
         attention: Literal['sdpa', 'eager', 'flash_attention_2'] = 'sdpa',  # attention backend
         qlora: bool = False,           # LoRA on 4-bit NF4 base weights (bitsandbytes: CUDA, or CPUs from 0.48)
+        qlora_bits: Literal[4, 8] = 4,  # --qlora's base weights: 4 bits (NF4) or 8 (LLM.int8)
         force_single: bool = False,    # train a multi-GPU preset on this one process anyway
         lora: bool = None,             # True: LoRA adapter (SFT's default), False: full fine-tuning (CPT's default)
         command: str = None):          # the command line, repeated in a refusal's launch command
@@ -925,7 +937,8 @@ def finetune_command(
     if torch_compile: over['torch_compile'] = True
     lora_settings = LoraSettings(lora_r, lora_alpha, lora_dropout, lora_scope)
     s = finetune(model, data, out, p, lora, lora_settings, max_length, percentile, packing, resume=resume,
-                 eval_share=eval_share, attention=attention, qlora=qlora, force_single=force_single,
+                 eval_share=eval_share, attention=attention, qlora=qlora, qlora_bits=qlora_bits,
+                 force_single=force_single,
                  command=command, **over)
     loss = lambda i: f"{s['losses'][i]:.3f}" if s['losses'] else '-'
     if _world_size() == 1 or os.environ.get('RANK') == '0':

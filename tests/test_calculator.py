@@ -309,6 +309,10 @@ def test_qlora_fits_the_2080_ti_where_lora_does_not():
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)['fits'] is True
     with pytest.raises(LegalnbError, match='qlora'): Plan(params=8e9, qlora=True)   # full training has no frozen base
+    r = _cli('--preset', 'lora/fast', '--params', '8.03B', '--lora-params', '42M', '--layers', '32', '--d-model', '4096',
+             '--vocab', '128256', '--seq-len', '1024', '--examples', '63000', '--checkpointing', '--gpu', 'rtx-2080-ti',
+             '--qlora', '--qlora-bits', '8', '--json')
+    assert r.returncode == 0 and json.loads(r.stdout)['fits'] is False   # LLM.int8: 1 B per weight is too much for 11 GB
 
 
 def test_activation_bytes_are_the_measured_hf_llama_figure():

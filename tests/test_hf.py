@@ -581,6 +581,22 @@ def test_qlora_trains_an_adapter_on_4bit_base_weights(work, tmp_path):
     assert cfg['r'] == 16 and (tmp_path/'q'/'final'/'adapter_model.safetensors').is_file()
 
 
+def test_lora_on_an_8bit_base_trains_and_bad_bits_are_refused(work, tmp_path):
+    "qlora_bits=8 loads the frozen base with LLM.int8 (bitsandbytes' Linear8bitLt) and trains the adapter."
+    from legalnb.hf import finetune, qlora_unavailable
+    from dataclasses import replace
+    from legalnb.presets import get_preset
+    p = replace(get_preset('lora', 'fast'), steps=2, lr=1e-2, micro_batch=2, grad_accum=1, global_batch=2)
+    with pytest.raises(LegalnbError, match='--qlora-bits must be 4 or 8, got 3'):
+        finetune(work/'model', work/'sft.jsonl', tmp_path/'q3', p, qlora=True, qlora_bits=3)
+    assert not (tmp_path/'q3').exists()
+    if (why := qlora_unavailable()) is not None: pytest.skip(why)
+    s = finetune(work/'model', work/'sft.jsonl', tmp_path/'q8', p, qlora=True, qlora_bits=8, dataloader_num_workers=0,
+                 logging_steps=1)
+    assert s['qlora_bits'] == 8 and s['steps'] == 2 and all(np.isfinite(s['losses']))
+    assert (tmp_path/'q8'/'final'/'adapter_model.safetensors').is_file()
+
+
 def test_multiprocess_deepspeed_zero3_launch_shards_at_load_on_two_cpu_processes(work, tmp_path):
     "The multi-process ZeRO-3 test: the TrainingArguments exist before the weights load, so they load sharded."
     pytest.importorskip('deepspeed')
