@@ -174,3 +174,17 @@ def test_a_hugging_face_plan_is_checked_against_the_model(flags, expect, sample,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expect in err[0], err
     assert not (tmp_path/'work').exists()
+
+def test_a_hugging_face_model_finetunes_through_the_same_stages(sample, tmp_path, capsys):
+    from legalnb.hf import build_tiny_model
+    model = build_tiny_model(tmp_path/'llama', 'llama')
+    argv = ['run', '--input', str(sample), '--out', str(tmp_path/'work'), '--model', str(model), '--target-tokens', '1M',
+            '--seq-len', '32', '--shards', '2', '--val-docs', '0.1', '--force-single', '--max-steps', '2',
+            '--batch-size', '2', '--grad-accum', '1', '--workers', '0', '--citations', '10', '--samples', '1',
+            '--device', 'cpu', '--yes']
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert '[5/6] finetune' in out and 'preset fast (cpt, llama)' in out
+    assert (tmp_path/'work'/'run'/'final').is_dir() and (tmp_path/'work'/'eval'/'eval.json').exists()
+    assert '| finetune | `run/` | 2 steps' in (tmp_path/'work'/'report.md').read_text()
+    assert main(argv) == 0 and capsys.readouterr().out.count('skipped, up to date') == 6
