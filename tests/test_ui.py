@@ -56,6 +56,7 @@ def browser():
     opts.binary_location = got[0]
     for a in ('--headless=new', '--no-sandbox', '--disable-dev-shm-usage', '--disable-gpu', '--window-size=1400,1200'):
         opts.add_argument(a)
+    opts.set_capability('goog:loggingPrefs', {'browser': 'ALL'})   # the page's console, read by console_errors
     driver = webdriver.Chrome(service=Service(got[1]), options=opts)
     driver.set_script_timeout(WAIT * 2)
     yield driver
@@ -70,6 +71,11 @@ def screenshot_on_failure(driver, name: str):
         SHOTS.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(SHOTS/f'{name}.png'))
         raise AssertionError(f'{e} (screenshot: {SHOTS/name}.png)') from e
+
+
+def console_errors(driver) -> list[str]:
+    "Errors the page wrote to the browser console since the last call."
+    return [e['message'] for e in driver.get_log('browser') if e['level'] == 'SEVERE']
 
 
 def free_port() -> int:
@@ -196,6 +202,8 @@ def test_picker_and_live_plot_in_jupyterlab(lab, browser):
         images = cell.find_elements(By.CSS_SELECTOR, '.jp-OutputArea img')
         assert len(images) == 1 and browser.execute_script('return arguments[0].naturalWidth', images[0]) > 0
         assert not cell.find_elements(By.CSS_SELECTOR, '[data-mime-type="application/vnd.jupyter.stderr"]')
+        errors = console_errors(browser)
+        assert not errors, f'browser console errors: {errors}'
 
 
 @pytest.mark.parametrize('name', ['index.ipynb', '04_resonance.ipynb', '09_widgets.ipynb'])
