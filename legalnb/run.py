@@ -244,6 +244,12 @@ def check_plan(stages: list[Stage], top: dict) -> dict:
             raise LegalnbError(f'build-corpus.train_tokenizer and model {top["model"]}: a Hugging Face model reads its '
                                'own tokenizer; drop train_tokenizer (the tokenizer is the model\'s)')
         cfg = model_config(top['model'])
+        tok, mv = b.get('tokenizer'), cfg.get('vocab_size')
+        if tok and mv and Path(tok).resolve() != Path(top['model']).resolve():
+            from legalnb.corpus import load_tokenizer, vocab_size_of
+            if (v := vocab_size_of(load_tokenizer(tok))) > mv:
+                raise LegalnbError(f'build-corpus.tokenizer {tok} has {v:,} tokens and model {top["model"]} a '
+                                   f'vocabulary of {mv:,}: drop build-corpus.tokenizer (the model\'s own is used)')
         ctx = cfg.get('max_position_embeddings') or cfg.get('n_positions')
         if ctx and seq_len > ctx:
             raise LegalnbError(f'build-corpus.seq_len {seq_len:,} is longer than the context of model '

@@ -188,3 +188,13 @@ def test_a_hugging_face_model_finetunes_through_the_same_stages(sample, tmp_path
     assert (tmp_path/'work'/'run'/'final').is_dir() and (tmp_path/'work'/'eval'/'eval.json').exists()
     assert '| finetune | `run/` | 2 steps' in (tmp_path/'work'/'report.md').read_text()
     assert main(argv) == 0 and capsys.readouterr().out.count('skipped, up to date') == 6
+
+def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(reference, sample, tmp_path, capsys):
+    model = hf_folder(tmp_path, 64)
+    cfg = json.loads((model/'config.json').read_text()); cfg['vocab_size'] = 256
+    (model/'config.json').write_text(json.dumps(cfg))
+    tokenizer = reference[0]/'corpus'/'tokenizer.json'   # 300 tokens
+    assert main(['run', '--input', str(sample), '--out', str(tmp_path/'work'), '--model', str(model), '--seq-len', '8',
+                 '--tokenizer', str(tokenizer), '--force-single', '--yes']) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'has 300 tokens and model' in err[0] and 'a vocabulary of 256' in err[0], err
