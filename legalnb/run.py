@@ -520,6 +520,12 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
     "Check the plan, then run the stages that are not up to date; the training summary (or the stop) and the stages."
     from legalnb.core import refuse_foreign_files
     raw, base = read_plan(plan)
+    if base != Path('.'):   # the command line's paths start from the shell's folder, the plan's from the plan's
+        here = lambda v: os.path.abspath(v) if v else v
+        top_cli = dict(top_cli, input=top_cli.get('input') and [here(v) for v in top_cli['input']],
+                       out=here(top_cli.get('out')),
+                       model=here(top_cli['model']) if top_cli.get('model') and Path(top_cli['model']).exists()
+                       else top_cli.get('model'))
     cli = cli_overrides(rest); cli['_top'] = top_cli
     stages, top = build_stages(raw, base, cli, opts['stage_to'])
     info = check_plan(stages, top)

@@ -198,3 +198,12 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(reference, samp
                  '--tokenizer', str(tokenizer), '--force-single', '--yes']) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and 'has 300 tokens and model' in err[0] and 'a vocabulary of 256' in err[0], err
+
+def test_command_line_paths_start_from_the_shell_plan_paths_from_the_plan(sample, tmp_path, capsys, monkeypatch):
+    (tmp_path/'plans').mkdir(); (tmp_path/'cwd'/'elsewhere').mkdir(parents=True)
+    (tmp_path/'cwd'/'elsewhere'/'notes.txt').write_text('mine')
+    (tmp_path/'plans'/'plan.yaml').write_text(yaml.safe_dump({'input': [str(sample)], 'out': 'work'}))
+    monkeypatch.chdir(tmp_path/'cwd')
+    assert main(['run', str(tmp_path/'plans'/'plan.yaml'), '--out', 'elsewhere', '--seq-warmup-steps', '0']) == 2
+    err = capsys.readouterr().err
+    assert f'--out {tmp_path/"cwd"/"elsewhere"} holds files legalnb did not write (notes.txt)' in err, err
