@@ -133,7 +133,7 @@ class PresetPicker:
         self.gpu = W.Dropdown(options=list(GPUS), value=gpu, description='GPU')
         self.gpus = W.BoundedIntText(value=get_preset(task, preset).gpus, min=1, max=4096, description='GPUs')
         self.scaling = W.ToggleButtons(options=[(v, k) for k, v in SCALING.items()], value=scaling,
-                                       description='more GPUs')
+                                       description='more GPUs', style={'button_width': 'auto'})
         self.price = W.BoundedFloatText(value=price_per_hour, min=0.01, max=1000, step=0.1, description='$/GPU-h')
         self.params = W.BoundedFloatText(value=params_b, min=0.001, max=2000, step=0.5, description='params (B)')
         self.mfu = W.FloatSlider(value=mfu_pct, min=5, max=80, step=1, description='MFU %')
@@ -154,7 +154,8 @@ class PresetPicker:
         self.button.on_click(self.use)
         self.widget = W.VBox([W.HBox([self.task, self.preset]), W.HBox([self.model, self.size]),
                               W.HBox([self.gpu, self.gpus, self.price]), self.scaling, W.HBox([self.params, self.mfu]),
-                              W.HBox([self.examples, self.seq_len]), W.HBox([self.output, self.plot]),
+                              W.HBox([self.examples, self.seq_len]),
+                              W.HBox([self.output, self.plot], layout=W.Layout(align_items='flex-start')),
                               self.button, self.made])
         self.refresh()
 
@@ -302,7 +303,10 @@ def config(self: PresetPicker):
             cfg.batch_tokens = cfg.batch_tokens * self.gpus.value // p.gpus
         return cfg
     from legalnb.hf import training_args_from_preset
-    return training_args_from_preset(get_preset(self.task.value, self.preset.value), self.out, verbose=False)
+    plan = self.plan()   # per process, on the chosen GPUs: the accumulation (and steps) the estimate shows
+    steps = {} if plan.steps is None else dict(max_steps=plan.steps)
+    return training_args_from_preset(self.chosen(), self.out, verbose=False,
+                                     gradient_accumulation_steps=plan.grad_accum, **steps)
 
 @patch
 def explain(self: PresetPicker) -> tuple[str, str]:
@@ -317,11 +321,13 @@ def explain(self: PresetPicker) -> tuple[str, str]:
                 f"--preset {r.preset} --data split --out {r.out}")
     steps = f'{r.max_steps:,} steps' if r.max_steps > 0 else f'{r.num_train_epochs:g} epoch(s)'
     data = 'corpus' if self.task.value == 'cpt' else 'examples.jsonl'
+    run = f'torchrun --standalone --nproc_per_node={n} -m legalnb.cli finetune' if n > 1 else 'legalnb finetune'
     return (f'TrainingArguments: {steps}, {r.per_device_train_batch_size} per device × '
-            f'{r.gradient_accumulation_steps} accumulation, peak LR {r.learning_rate:g}, out {r.output_dir}',
+            f'{r.gradient_accumulation_steps} accumulation × {n} GPU(s), peak LR {r.learning_rate:g}, '
+            f'out {r.output_dir}',
             f'from transformers import Trainer\nTrainer(model=model, args=picker.result, '
             f'train_dataset=dataset).train()\n\n# or with legalnb (packing, LoRA, metrics), in a terminal:\n'
-            f'legalnb finetune --model MODEL_DIR --data {data} --preset {p} --out {r.output_dir}')
+            f'{run} --model MODEL_DIR --data {data} --preset {p} --out {r.output_dir}')
 
 @patch
 def use(self: PresetPicker, button=None):

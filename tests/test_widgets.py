@@ -177,7 +177,11 @@ def test_picker_button_shows_what_it_made(tmp_path):
     assert 'train(cfg)' in code and '--model gpt --size small --preset fast' in code
     p.task.value = 'cpt'
     p.button.click()
-    assert p.made.value.startswith('<b>TrainingArguments: 12,000 steps, ') and 'legalnb finetune' in p.made.value
+    assert p.made.value.startswith('<b>TrainingArguments: 12,000 steps, 2 per device × 16 accumulation × 4 GPU(s)')
+    assert 'torchrun --standalone --nproc_per_node=4 -m legalnb.cli finetune' in p.made.value
+    p.gpus.value = 8                      # same tokens: half the accumulation per process, as the estimate
+    p.button.click()
+    assert p.result.gradient_accumulation_steps == p.estimate.plan.grad_accum == 8
     p.task.value = 'scratch'
     p.gpus.value = 2                      # same tokens: the 1k preset's accumulation halves, as the estimate shows
     p.button.click()
