@@ -390,20 +390,22 @@ def machine_lines(work: Path) -> list[str]:
     return [f'machine: {n} GPU(s){": " + ", ".join(gpus) if gpus else " (training on the CPU)"}; '
             f'{os.cpu_count()} CPU cores; {free:,.1f} GiB free at {probe}']
 
-def training_estimate(cfg, seq_len: int, vocab: int, price: float):
-    "The calculator's estimate of a native run as configured (40% MFU on the GPU found; no time on a CPU)."
+def training_estimate(cfg, seq_len: int, vocab: int, price: float,
+                      gpu: str | None = 'auto'):   # 'auto': the GPU this process sees (none with --device cpu)
+    "The calculator's estimate of a native run as configured (40% MFU on the GPU; no time on a CPU)."
     from legalnb.calculator import Plan, estimate
     from legalnb.models import get_model
     from legalnb.train import model_config, resolve_batch
     from legalnb.presets import find_gpu
-    n, spec = 0 if cfg.device == 'cpu' else _gpus(), get_model(cfg.model)
+    n = (0 if cfg.device == 'cpu' else _gpus()) if gpu == 'auto' else int(gpu is not None)
+    spec = get_model(cfg.model)
     cfg = resolve_batch(cfg, seq_len, max(1, n))
     mc = model_config(cfg, vocab, seq_len)
     matmul = spec.matmul_flops_per_token(mc)
-    gpu = None
+    if gpu == 'auto': gpu = None
     if n:
         import torch
-        gpu = torch.cuda.get_device_name(0)
+        gpu = gpu or torch.cuda.get_device_name(0)
         try: find_gpu(gpu)
         except LegalnbError: print(f'estimate: {gpu} is not in the GPU table: no time or cost'); gpu = None
     plan = Plan(steps=cfg.max_steps, seq_len=seq_len, micro_batch=cfg.batch_size, grad_accum=cfg.grad_accum,
