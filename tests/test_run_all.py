@@ -1,6 +1,7 @@
 """Run All, as a user does it: every notebook in nbs/ executed top to bottom in a fresh Jupyter kernel (nbclient and
 ipykernel, not nbdev's in-process runner), skipping the cells nbdev skips (`#| eval: false`, and cells flagged with a
-`tst_flags` flag such as `#| slow` or `#| gpu`: they need a GPU or a long run). Any error fails the notebook's case.
+`tst_flags` flag such as `#| slow` or `#| gpu`: they need a GPU or a long run). Any error fails the notebook's case,
+and so does a figure that a fresh kernel shows as its text (`<Figure size 700x320 with 2 Axes>`) instead of an image.
 
 Two notebooks run at a time (pytest-xdist is not needed: the kernels are separate processes, started here in a pool),
 one torch thread per kernel, so the whole module takes a few minutes on a 2-core machine."""
@@ -60,7 +61,14 @@ def run_notebook(name: str) -> tuple[str, float, str | None]:
     except nbclient.exceptions.CellExecutionError as e:   # the failing cell and its traceback, without colours
         return name, time.time() - start, re.sub(r'\x1b\[[0-9;]*m', '', str(e))[-3000:]
     except Exception as e: return name, time.time() - start, f'{type(e).__name__}: {e}'
-    return name, time.time() - start, None
+    return name, time.time() - start, bare_figures(nb)
+
+
+def bare_figures(nb) -> str | None:
+    "Cells whose figure shows as its text repr, `<Figure size 700x320 with 2 Axes>`, not as an image; None if none."
+    bad = [c.source[-200:] for c in nb.cells if c.cell_type == 'code' for o in c.get('outputs', [])
+           if 'data' in o and set(o.data) == {'text/plain'} and str(o.data['text/plain']).startswith('<Figure size')]
+    return f'a figure shows as text, not as an image (display it as PNG) in: {bad}' if bad else None
 
 
 @pytest.fixture(scope='module')
