@@ -537,6 +537,9 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
     if top['hf'] and (opts['max_cost'] is not None or opts['deadline'] is not None):
         raise LegalnbError('--max-cost and --deadline watch the native trainer; a Hugging Face model (finetune) has no '
                            'budget guard yet: drop them')
+    if top['hf'] and opts['stage_to']:
+        raise LegalnbError('--stage-to copies the split the native trainer reads; finetune reads the corpus folder: '
+                           'drop --stage-to')
     reasons = [why_stale(s, read_record(work, s.name)) for s in stages]
     first = next((i for i, r in enumerate(reasons) if r), len(stages))
     if opts['resume'] and reasons[t] != 'interrupted: resuming':
@@ -640,7 +643,9 @@ def run_parser():
     "`legalnb run`'s parser (PLAN.yaml, the first word, is read before it); unknown flags go to the stages."
     p = command_parser(run_command, 'legalnb run', skip=('plan',))
     p.usage = 'legalnb run [PLAN.yaml] [flags of legalnb run] [flags of any stage]'
-    p.epilog = ('Every flag of parse, select, build-corpus, split, train, finetune and evaluate may also be given '
+    p.epilog = ('PLAN.yaml, the first word, is the plan (`legalnb run --write-plan` prints one to start from); '
+                'without it, give --input and --out. '
+                'Every flag of parse, select, build-corpus, split, train, finetune and evaluate may also be given '
                 '(e.g. --seq-len 64 --max-steps 10 --device cpu): it overrides the plan for every stage that has it.')
     return p
 
