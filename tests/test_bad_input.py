@@ -423,6 +423,8 @@ CLI_CASES = [
      nothing, 'build-corpus.val_docs is 0'),
     ('run a bad stage value', ['run', '--input', '{w}/sample', '--out', '{w}/work', '--lr', '0', '--yes'], nothing,
      '--lr must be > 0'),
+    ('run --resume with nothing to resume', ['run', '--input', '{w}/sample', '--out', '{w}/work', '--resume', '--yes'],
+     nothing, '--resume continues a stopped or interrupted training'),
 ]
 
 CASES = SOURCES_CASES + CORPUS_CASES + TRAIN_CASES + CALCULATOR_CASES + CLI_CASES
