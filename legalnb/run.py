@@ -481,6 +481,12 @@ def _train(s: Stage, work: Path, top: dict, info: dict, opts: dict, resuming: bo
     print(f"preset {top['preset']} (scratch, {top['model']} {top['size']}): {why}")
     print(cfg.describe(max(1, _gpus()), man['seq_len']))
     print('estimate:\n' + '\n'.join('  ' + l for l in e.table().splitlines()))
+    if e.cost is not None and opts['max_cost'] is not None and e.cost > opts['max_cost']:
+        print(f"! the estimate, ${e.cost:,.2f}, already passes --max-cost ${opts['max_cost']:,.2f}: the budget guard "
+              'stops the run as soon as the measured steps agree')
+    if e.seconds is not None and opts['deadline'] is not None and time.time() + e.seconds > opts['deadline']:
+        print('! the estimate already ends after --deadline: the budget guard stops the run as soon as the measured '
+              'steps agree')
     if not confirm(opts['yes']): raise LegalnbError('training not started: not confirmed (--yes skips the question)')
     guard = BudgetGuard(opts['max_cost'], opts['deadline'], opts['price_per_hour'], max(1, _gpus()))
     if resuming: print(f'train: resuming {work/"run"} from its newest checkpoint')
