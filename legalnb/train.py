@@ -320,7 +320,8 @@ def read_metrics(path: str | Path, event: str = 'step') -> list[dict]:
 class ProgressBar:
     "A tqdm bar showing the log line; plain printed lines when stdout is not a terminal."
     def __init__(self, max_steps: int, initial: int = 0, file=None):
-        from tqdm.auto import tqdm
+        if file is None: from tqdm.auto import tqdm   # a widget in Jupyter, text in a terminal
+        else: from tqdm import tqdm                    # a file asked for: text into it (tqdm.auto's widget ignores it)
         self.max_steps, self.file = max_steps, file or sys.stdout
         self.bar = tqdm(total=max_steps, initial=initial, disable=None, file=self.file, dynamic_ncols=True, leave=True)
         self.last = initial

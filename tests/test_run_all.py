@@ -26,11 +26,7 @@ CELL_TIMEOUT = 600   # seconds for one cell; the slowest (a tiny training run) t
 WORKERS = 2
 # Notebooks owned by other sessions that fail in a real kernel for reasons outside this test, with the reason:
 # reported by pytest as xfail (with the error's last line) while they fail, and passing once they run.
-KNOWN_FAILURES: dict[str, str] = {
-    '05_train.ipynb': "legalnb.train.ProgressBar takes tqdm.auto, which in a Jupyter kernel is the notebook widget and "
-                      "ignores `file=`: the cell 'pb = ProgressBar(2000, file=buf) ... assert \"step 0120/2000\" in "
-                      "buf.getvalue()' fails (owner of 05_train: use plain tqdm when a file is given)",
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def runnable(path: Path):
