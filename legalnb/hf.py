@@ -631,24 +631,38 @@ def check_run_folder(model: str | Path,   # the model folder the run reads
     except OSError as e: raise LegalnbError(f'--out {out}: cannot be written ({e.strerror} in {parent})') from None
 
 # %% ../nbs/06_hf.ipynb #915731da
-def trainer_records(sinks: Sequence = ()):   # objects with on_step / on_eval / on_end(record), e.g. MetricsFile
-    "A transformers `TrainerCallback` passing the native trainer's step / eval / end records to `sinks` (main process)."
+def _agreed(why: str | None) -> str | None:
+    "Rank 0's answer on every rank (a stop that only rank 0 took would leave the others waiting for it)."
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1: return why
+    box = [why]; dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+def trainer_records(sinks: Sequence = ()):   # objects with on_step / on_eval / on_end / on_stop(record), should_stop
+    "A transformers `TrainerCallback` passing the native trainer's records to `sinks` (main process); a sink's "
+    "`should_stop(record)` ends the run after that log with a checkpoint, as in the native trainer (a budget guard)."
     from transformers import TrainerCallback   # here, not at the top: importing it loads the Trainer's stack
 
     class TrainerRecords(TrainerCallback):
         "The Trainer's logs as records: a step record at every log, an eval record at every evaluation."
-        def __init__(self): self.sinks, self.last = list(sinks), None
+        def __init__(self): self.sinks, self.last, self.stopped = list(sinks), None, None
         def _mark(self, state):   # the start of a log interval: time, step, tokens so far
             self.t0, self.step0, self.tok0 = time.perf_counter(), state.global_step, state.num_input_tokens_seen
-        def on_train_begin(self, args, state, control, **kw): self._mark(state)
+        def on_train_begin(self, args, state, control, **kw): self.began = time.perf_counter(); self._mark(state)
         def on_log(self, args, state, control, logs=None, **kw):
-            if not state.is_world_process_zero or 'loss' not in (logs or {}): return
+            if 'loss' not in (logs or {}): return   # every rank logs the (gathered) loss
+            if state.is_world_process_zero: self._record(state, logs)
+            asks = [s.should_stop for s in self.sinks if hasattr(s, 'should_stop')] if state.is_world_process_zero else []
+            if why := _agreed(next((w for ask in asks if (w := ask(self.last))), None)):
+                self.stopped, control.should_save, control.should_training_stop = why, True, True   # checkpoint, stop
+        def _record(self, state, logs):
             n, secs = max(1, state.global_step - self.step0), max(time.perf_counter() - self.t0, 1e-9)
             tokens = int(state.num_input_tokens_seen or 0)
             r = dict(step=state.global_step, loss=float(logs['loss']), lr=float(logs.get('learning_rate', 0.0)),
                      grad_norm=None if logs.get('grad_norm') is None else float(logs['grad_norm']), tokens=tokens,
                      tokens_per_sec=(tokens - (self.tok0 or 0)) / secs, mfu=None, step_ms=1000 * secs / n,
-                     eta_s=max(0, state.max_steps - state.global_step) * secs / n)
+                     eta_s=max(0, state.max_steps - state.global_step) * secs / n, max_steps=state.max_steps,
+                     elapsed_s=time.perf_counter() - self.began)
             self.last = r; self._mark(state); notify(self.sinks, 'on_step', r)
         def on_evaluate(self, args, state, control, metrics=None, **kw):
             if not state.is_world_process_zero or 'eval_loss' not in (metrics or {}): return
@@ -656,8 +670,11 @@ def trainer_records(sinks: Sequence = ()):   # objects with on_step / on_eval / 
             notify(self.sinks, 'on_eval', dict(step=state.global_step, val_loss=vl, val_ppl=math.exp(min(vl, 50))))
             self._mark(state)   # the evaluation's time is not a training step's
         def on_train_end(self, args, state, control, **kw):
-            if state.is_world_process_zero:
-                notify(self.sinks, 'on_end', {**(self.last or {}), 'step': state.global_step})
+            if not state.is_world_process_zero: return
+            end = {**(self.last or {}), 'step': state.global_step}
+            if self.stopped:   # the checkpoint of the stopping step was saved just after the log that asked for it
+                end.update(stopped=self.stopped, checkpoint=str(Path(args.output_dir)/f'checkpoint-{state.global_step}'))
+            notify(self.sinks, 'on_stop' if self.stopped else 'on_end', end)
     return TrainerRecords()
 
 def start_metrics(path: Path, resume_step: int | None) -> MetricsFile:
@@ -832,8 +849,12 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
     sinks = [start_metrics(out/'metrics.jsonl', int(Path(last).name.split('-')[-1]) if last else None), *sinks] \
         if main else []
     trainer = Trainer(model=net, args=args, train_dataset=train, eval_dataset=evald, data_collator=collate,
-                      processing_class=tok, callbacks=[trainer_records(sinks)])
+                      processing_class=tok, callbacks=[records := trainer_records(sinks)])
     result = trainer.train(resume_from_checkpoint=last)
+    if records.stopped:   # a sink (the budget guard) stopped it: the checkpoint is the result; --resume goes on
+        newest = get_last_checkpoint(str(out))
+        return {**summary, 'stopped': records.stopped, 'step': trainer.state.global_step,
+                'max_steps': trainer.state.max_steps, 'checkpoint': newest, 'elapsed_s': result.metrics['train_runtime']}
     trainer.save_model(out/'final')
     evals = [h['eval_loss'] for h in trainer.state.log_history if 'eval_loss' in h]
     summary.update(batches=how, rows=len(train), steps=trainer.state.global_step, losses=_losses(trainer),
@@ -899,7 +920,8 @@ def finetune_command(
         qlora_bits: Literal[4, 8] = 4,  # --qlora's base weights: 4 bits (NF4) or 8 (LLM.int8)
         force_single: bool = False,    # train a multi-GPU preset on this one process anyway
         lora: bool = None,             # True: LoRA adapter (SFT's default), False: full fine-tuning (CPT's default)
-        command: str = None):          # the command line, repeated in a refusal's launch command
+        command: str = None,           # the command line, repeated in a refusal's launch command
+        sinks: list = ()):             # (Python only) record sinks, e.g. legalnb.run's budget guard
     "Continued pretraining (DATA = shard folder) or SFT (DATA = JSONL) of a local model."
     for flag, v in (('--model', model), ('--data', data), ('--out', out)):
         if not v: raise LegalnbError(f'{flag} is required: {_REQUIRED[flag]}')
@@ -939,7 +961,11 @@ def finetune_command(
     s = finetune(model, data, out, p, lora, lora_settings, max_length, percentile, packing, resume=resume,
                  eval_share=eval_share, attention=attention, qlora=qlora, qlora_bits=qlora_bits,
                  force_single=force_single,
-                 command=command, **over)
+                 command=command, sinks=sinks, **over)
+    if s.get('stopped'):
+        print(f"legalnb finetune: stopped at step {s['step']} of {s['max_steps']}: {s['stopped']}; checkpoint "
+              f"{s['checkpoint']} (--resume continues)")
+        return 3
     loss = lambda i: f"{s['losses'][i]:.3f}" if s['losses'] else '-'
     if _world_size() == 1 or os.environ.get('RANK') == '0':
         print(f"legalnb finetune: {s['task']} ({s['mode']}, {s['preset']}, {s['batches']}) {s['steps']} steps, "
@@ -949,7 +975,7 @@ def finetune_command(
 
 def finetune_parser() -> CommandParser:
     "The flags of `legalnb finetune`: `finetune_command`'s parameters, with --lora and --full (one or the other)."
-    p = command_parser(finetune_command, 'legalnb finetune', skip=('lora', 'command'))
+    p = command_parser(finetune_command, 'legalnb finetune', skip=('lora', 'command', 'sinks'))
     mode = p.add_mutually_exclusive_group()
     mode.add_argument('--lora', dest='lora', action='store_true', default=None,
                       help="train a LoRA adapter (SFT's default)")

@@ -200,7 +200,8 @@ def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None)
               Stage('split', [str(work/'corpus'), '--out', str(work/'split'), *_argv('split', sec['split'], '')],
                     [work/'corpus'/'manifest.json'], work/OUTPUTS['split'])]
     if hf:
-        t = sec['finetune'] | {'model': model, 'data': str(work/'corpus'), 'preset': preset}
+        corpus = Path(stage_to)/'corpus' if stage_to else work/'corpus'   # --stage-to: a verified copy
+        t = sec['finetune'] | {'model': model, 'data': str(corpus), 'preset': preset}
         stages.append(Stage('finetune', ['--out', str(work/'run'), *_argv('finetune', t, '')],
                             [work/'corpus'/'manifest.json'], work/OUTPUTS['finetune']))
     else:
@@ -359,6 +360,7 @@ class BudgetGuard:
     gpus: int = 1                   # GPUs paid for
     seen: int = 0                   # log intervals seen by this process (the first one, with warm-up, is not trusted)
     forecast: dict | None = None    # the latest forecast: seconds, cost, the step it was made at
+    stopped: dict | None = None     # the trainer's stop record, once it stopped for this guard
 
     def should_stop(self, r: dict) -> str | None:
         "A reason to stop after the interval `r` (a step record with elapsed_s, max_steps), or None."
@@ -377,6 +379,8 @@ class BudgetGuard:
             return (f'the forecast end of the training is {format_duration(late)} past --deadline '
                     f'{time.strftime("%H:%M", time.localtime(self.deadline))} ({at})')
         return None
+
+    def on_stop(self, r: dict): self.stopped = r   # the trainer stopped: its step, checkpoint and why
 
 # %% ../nbs/14_run.ipynb #05ebb1ba
 def machine_lines(work: Path) -> list[str]:
@@ -494,6 +498,15 @@ def _train(s: Stage, work: Path, top: dict, info: dict, opts: dict, resuming: bo
     summary.update(estimate_s=e.seconds, forecast=guard.forecast)
     return summary
 
+def _finetune(argv: list[str], opts: dict) -> dict:
+    "The finetune stage under the budget guard: {} when it finished, the stop record (`stopped`) when the guard ended it."
+    from legalnb.hf import finetune_command, finetune_parser
+    guard = BudgetGuard(opts['max_cost'], opts['deadline'], opts['price_per_hour'], max(1, _gpus()))
+    rc = finetune_command(**vars(finetune_parser().parse_args(argv)), command=shlex.join(argv), sinks=[guard])
+    if guard.stopped: return {**guard.stopped, 'forecast': guard.forecast}
+    if rc: raise LegalnbError('the finetune stage failed; see its messages above')
+    return {}
+
 def _before_finetune(top: dict, opts: dict):
     "The finetune stage's preamble: the machine, the preset's provenance, the calculator's command, the question."
     from legalnb.presets import get_preset
@@ -540,12 +553,6 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
     work, names = top['out'], [s.name for s in stages]
     refuse_foreign_files(work, lambda rel: _ours(rel) or rel.parts[0] in opts.get('ours', ()), '--out')
     t = names.index('finetune' if top['hf'] else 'train')
-    if top['hf'] and (opts['max_cost'] is not None or opts['deadline'] is not None):
-        raise LegalnbError('--max-cost and --deadline watch the native trainer; a Hugging Face model (finetune) has no '
-                           'budget guard yet: drop them')
-    if top['hf'] and opts['stage_to']:
-        raise LegalnbError('--stage-to copies the split the native trainer reads; finetune reads the corpus folder: '
-                           'drop --stage-to')
     reasons = [why_stale(s, read_record(work, s.name)) for s in stages]
     first = next((i for i, r in enumerate(reasons) if r), len(stages))
     if opts['resume'] and reasons[t] != 'interrupted: resuming':
@@ -579,7 +586,9 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
             _before_finetune(top, opts)
             again = resuming and any((work/'run').glob('checkpoint-*'))
             if not again: shutil.rmtree(work/'run', ignore_errors=True)
-            _run_stage(s, [*s.argv, *(['--resume'] if again else [])])
+            if opts['stage_to']: stage_split(work/'corpus', Path(opts['stage_to'])/'corpus')
+            summary = _finetune([*s.argv, *(['--resume'] if again else [])], opts)
+            if summary.get('stopped'): return dict(stopped=summary, stages=stages, work=work)
         else: _run_stage(s, s.argv)
         write_record(work, s.name, dict(stage=s.name, argv=s.argv, inputs=inputs, finished=True,
                                         output=fingerprint(s.output), seconds=round(time.perf_counter() - t0, 3),
@@ -642,7 +651,7 @@ def run_command(plan: str = None,            # the plan (YAML): `legalnb run --w
                 max_cost: float = None,      # budget guard: stop cleanly when the forecast cost passes these dollars
                 deadline: str = None,        # budget guard: stop cleanly when the forecast end passes HH:MM or 90m, 2h
                 price_per_hour: float = 2.50,  # dollars per GPU-hour, for --max-cost
-                stage_to: str = None):       # copy the split to this (fast, local) folder, verified, and train from it
+                stage_to: str = None):       # copy the training data (split; corpus for an HF model) here, verified
     "parse -> select -> build-corpus -> split -> train (or finetune) -> evaluate from one plan; resumable per stage."
 
 def run_parser():

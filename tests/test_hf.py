@@ -581,6 +581,34 @@ def test_qlora_trains_an_adapter_on_4bit_base_weights(work, tmp_path):
     assert cfg['r'] == 16 and (tmp_path/'q'/'final'/'adapter_model.safetensors').is_file()
 
 
+def test_a_sink_can_stop_a_finetune_run_at_a_checkpoint_and_resume_finishes_it(work, tmp_path):
+    "A budget guard's should_stop(record): the run stops after that log with a checkpoint; --resume ends where an unbroken run does."
+    from legalnb.hf import finetune
+    from legalnb.train import metric_lines
+    from dataclasses import replace
+    from legalnb.presets import get_preset
+    p = replace(get_preset('lora', 'fast'), steps=6, micro_batch=2, grad_accum=1, global_batch=2)
+
+    class StopAt:   # a real sink, as legalnb.run's BudgetGuard: asked after each log interval
+        def __init__(self, step): self.step, self.seen = step, []
+        def should_stop(self, r):
+            self.seen.append((r['step'], r['max_steps'], r['elapsed_s'] > 0))
+            return f"step {r['step']} reached" if r['step'] >= self.step else None
+
+    guard, run = StopAt(3), tmp_path/'run'
+    s = finetune(work/'model', work/'sft.jsonl', run, p, sinks=[guard], dataloader_num_workers=0, logging_steps=1,
+                 save_steps=100)
+    assert s['stopped'] == 'step 3 reached' and s['step'] == 3 and s['max_steps'] == 6
+    assert guard.seen == [(1, 6, True), (2, 6, True), (3, 6, True)]
+    assert Path(s['checkpoint']).name == 'checkpoint-3' and not (run/'final').exists()
+    events = [r['event'] for _, r in metric_lines(run/'metrics.jsonl')]
+    assert events == ['step'] * 3 + ['stop']
+    done = finetune(work/'model', work/'sft.jsonl', run, p, resume=True, dataloader_num_workers=0, logging_steps=1,
+                    save_steps=100)
+    assert 'stopped' not in done and done['steps'] == 6 and (run/'final'/'adapter_model.safetensors').is_file()
+    assert [r['step'] for _, r in metric_lines(run/'metrics.jsonl') if r['event'] == 'step'] == [1, 2, 3, 4, 5, 6]
+
+
 def test_lora_on_an_8bit_base_trains_and_bad_bits_are_refused(work, tmp_path):
     "qlora_bits=8 loads the frozen base with LLM.int8 (bitsandbytes' Linear8bitLt) and trains the adapter."
     from legalnb.hf import finetune, qlora_unavailable

@@ -189,6 +189,28 @@ def test_a_hugging_face_model_finetunes_through_the_same_stages(sample, tmp_path
     assert '| finetune | `run/` | 2 steps' in (tmp_path/'work'/'report.md').read_text()
     assert main(argv) == 0 and capsys.readouterr().out.count('skipped, up to date') == 6
 
+def test_a_hugging_face_run_stops_under_the_budget_guard_and_resumes_from_its_staged_corpus(sample, tmp_path, capsys):
+    from legalnb.hf import build_tiny_model
+    model, work, local = build_tiny_model(tmp_path/'llama', 'llama'), tmp_path/'work', tmp_path/'local'
+    argv = ['run', '--input', str(sample), '--out', str(work), '--model', str(model), '--target-tokens', '1M',
+            '--seq-len', '32', '--shards', '2', '--val-docs', '0.1', '--force-single', '--max-steps', '4',
+            '--logging-steps', '1', '--batch-size', '2', '--grad-accum', '1', '--workers', '0', '--citations', '10',
+            '--samples', '1', '--device', 'cpu', '--yes', '--stage-to', str(local), '--price-per-hour', '3.6e6']
+    assert main([*argv, '--max-cost', '1']) == 3   # $1,000 per GPU-second: the second log's forecast passes $1
+    out = capsys.readouterr().out
+    assert 'every checksum verified' in out and 'passes --max-cost $1.00' in out, out
+    assert 'stopped cleanly at step 2 of 4 (50%)' in out and '--resume --max-cost' in out, out
+    assert (work/'run'/'checkpoint-2').is_dir() and not (work/'run'/'final').exists()
+    shards = sorted((work/'corpus').glob('shard_*.npy'))
+    assert shards and all((local/'corpus'/p.name).read_bytes() == p.read_bytes() for p in shards)
+    assert main([*argv, '--resume', '--max-cost', '1e9']) == 0
+    out = capsys.readouterr().out
+    assert '[5/6] finetune (resuming)' in out and (work/'run'/'final').is_dir(), out
+    assert json.loads((work/'run'/'finetune.json').read_text())['steps'] == 4
+    from legalnb.run import read_record
+    assert str(local/'corpus') in read_record(work, 'finetune')['argv'], 'finetune read the staged copy'
+
+
 def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(reference, sample, tmp_path, capsys):
     model = hf_folder(tmp_path, 64)
     cfg = json.loads((model/'config.json').read_text()); cfg['vocab_size'] = 256
