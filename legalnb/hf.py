@@ -652,7 +652,8 @@ def trainer_records(sinks: Sequence = ()):   # objects with on_step / on_eval / 
         def on_log(self, args, state, control, logs=None, **kw):
             if 'loss' not in (logs or {}): return   # every rank logs the (gathered) loss
             if state.is_world_process_zero: self._record(state, logs)
-            asks = [s.should_stop for s in self.sinks if hasattr(s, 'should_stop')] if state.is_world_process_zero else []
+            main = state.is_world_process_zero
+            asks = [s.should_stop for s in self.sinks if hasattr(s, 'should_stop')] if main else []
             if why := _agreed(next((w for ask in asks if (w := ask(self.last))), None)):
                 self.stopped, control.should_save, control.should_training_stop = why, True, True   # checkpoint, stop
         def _record(self, state, logs):
@@ -673,7 +674,8 @@ def trainer_records(sinks: Sequence = ()):   # objects with on_step / on_eval / 
             if not state.is_world_process_zero: return
             end = {**(self.last or {}), 'step': state.global_step}
             if self.stopped:   # the checkpoint of the stopping step was saved just after the log that asked for it
-                end.update(stopped=self.stopped, checkpoint=str(Path(args.output_dir)/f'checkpoint-{state.global_step}'))
+                newest = Path(args.output_dir)/f'checkpoint-{state.global_step}'
+                end.update(stopped=self.stopped, checkpoint=str(newest))
             notify(self.sinks, 'on_stop' if self.stopped else 'on_end', end)
     return TrainerRecords()
 
@@ -854,7 +856,8 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
     if records.stopped:   # a sink (the budget guard) stopped it: the checkpoint is the result; --resume goes on
         newest = get_last_checkpoint(str(out))
         return {**summary, 'stopped': records.stopped, 'step': trainer.state.global_step,
-                'max_steps': trainer.state.max_steps, 'checkpoint': newest, 'elapsed_s': result.metrics['train_runtime']}
+                'max_steps': trainer.state.max_steps, 'checkpoint': newest,
+                'elapsed_s': result.metrics['train_runtime']}
     trainer.save_model(out/'final')
     evals = [h['eval_loss'] for h in trainer.state.log_history if 'eval_loss' in h]
     summary.update(batches=how, rows=len(train), steps=trainer.state.global_step, losses=_losses(trainer),

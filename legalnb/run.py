@@ -499,7 +499,7 @@ def _train(s: Stage, work: Path, top: dict, info: dict, opts: dict, resuming: bo
     return summary
 
 def _finetune(argv: list[str], opts: dict) -> dict:
-    "The finetune stage under the budget guard: {} when it finished, the stop record (`stopped`) when the guard ended it."
+    "The finetune stage under the budget guard: {} when it finished, the stop record when the guard ended it."
     from legalnb.hf import finetune_command, finetune_parser
     guard = BudgetGuard(opts['max_cost'], opts['deadline'], opts['price_per_hour'], max(1, _gpus()))
     rc = finetune_command(**vars(finetune_parser().parse_args(argv)), command=shlex.join(argv), sinks=[guard])
