@@ -137,6 +137,35 @@ def test_no_terminal_needs_yes(sample, tmp_path, capsys):
     err = capsys.readouterr().err
     assert '--yes is required when stdin is not a terminal' in err and not (tmp_path/'work').exists()
 
+def _on_a_terminal(argv: list[str], answer: str, cwd: Path) -> tuple[int, str]:
+    "Run `legalnb ARGV` with a pseudo-terminal as stdin and stdout; type `answer` at the question; (exit code, output)."
+    import pty, select
+    leader, follower = pty.openpty()
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': str(ROOT)}
+    p = subprocess.Popen([sys.executable, '-m', 'legalnb.cli', *argv], stdin=follower, stdout=follower, stderr=follower,
+                         cwd=cwd, env=env, close_fds=True)
+    os.close(follower)
+    out, asked, deadline = b'', False, time.time() + 300
+    while time.time() < deadline:
+        if select.select([leader], [], [], 0.5)[0]:
+            try: chunk = os.read(leader, 65536)
+            except OSError: break   # the child closed the terminal
+            if not chunk: break
+            out += chunk
+        if not asked and b'[y/N]' in out: os.write(leader, answer.encode() + b'\n'); asked = True
+        if p.poll() is not None and not select.select([leader], [], [], 0.2)[0]: break
+    os.close(leader)
+    return p.wait(timeout=60), out.decode(errors='replace')
+
+def test_on_a_terminal_the_run_asks_before_training(sample, tmp_path):
+    argv = ['run', '--input', str(sample), '--out', 'work', *[a for a in TINY if a != '--yes']]
+    rc, out = _on_a_terminal(argv, 'n', tmp_path)
+    assert 'start training? [y/N]' in out and rc == 2 and 'training not started: not confirmed' in out, out
+    assert not (tmp_path/'work'/'run').exists()
+    rc, out = _on_a_terminal(argv, 'y', tmp_path)
+    assert rc == 0 and out.count('skipped, up to date') == 4 and (tmp_path/'work'/'report.md').exists(), out
+
+
 def test_write_plan_is_a_plan(capsys):
     assert main(['run', '--write-plan', '--input', 'docs', '--out', 'w']) == 0
     text = capsys.readouterr().out
