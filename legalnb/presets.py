@@ -10,10 +10,11 @@ from fastcore.basics import patch
 from .core import LegalnbError, PRECISIONS, resolve_precision
 
 # %% auto #0
-__all__ = ['GPUS', 'TASKS', 'PRESET_NAMES', 'STRATEGIES', 'PRESETS', 'SIZE_BATCHES', 'GPT3_LRS', 'PRESET_VOCAB', 'LONG_CONTEXT',
-           'LONG_MICRO_TOKENS', 'GPU', 'find_gpu', 'gpu_precision', 'peak_tflops', 'Preset', 'seq_len_stages',
-           'seq_len_at', 'human', 'lr_for_params', 'size_params', 'long_context_preset', 'get_preset',
-           'packed_accumulation', 'lora_steps']
+__all__ = ['GPUS', 'TASKS', 'PRESET_NAMES', 'STRATEGIES', 'BATCH_LR_RULES', 'PRESETS', 'SIZE_BATCHES', 'GPT3_LRS', 'PRESET_VOCAB',
+           'LONG_CONTEXT', 'LONG_MICRO_TOKENS', 'GPU', 'find_gpu', 'gpu_precision', 'peak_tflops', 'Preset',
+           'seq_len_stages', 'seq_len_at', 'parse_batch_schedule', 'accum_at', 'micro_steps_before', 'batch_lr_factor',
+           'human', 'lr_for_params', 'size_params', 'long_context_preset', 'get_preset', 'packed_accumulation',
+           'lora_steps']
 
 # %% ../nbs/07_presets.ipynb #04acae05
 @dataclass(frozen=True)
@@ -170,6 +171,49 @@ def seq_len_at(step: int,            # optimizer step, counted from 0
     if not warmup_steps or start is None or step >= warmup_steps: return full
     short = seq_len_stages(full, start)[:-1]
     return short[step * len(short) // warmup_steps] if short else full
+
+# %% ../nbs/07_presets.ipynb #6fcf3ee6
+BATCH_LR_RULES = ('sqrt', 'linear', 'none')   # how the learning rate follows a batch change (sqrt: Malladi et al. 2022)
+
+def parse_batch_schedule(text: str | None,              # 'FROM_STEP:GRAD_ACCUM,...', e.g. '0:64,500:32,1500:16'
+                         flag: str = '--batch-schedule'  # the flag or field named in errors
+                        ) -> list[tuple[int, int]]:
+    "The (from_step, grad_accum) pairs of a batch schedule: the first from step 0, steps increasing, accumulation > 0."
+    if not text: return []
+    pairs = []
+    for i, part in enumerate(str(text).replace(' ', '').split(','), 1):
+        m = re.fullmatch(r'(\d+):(\d+)', part)
+        if not m: raise LegalnbError(f'{flag} {text!r}: pair {i} {part!r} is not FROM_STEP:GRAD_ACCUM; '
+                                     'write e.g. 0:64,500:32,1500:16')
+        pairs.append((int(m[1]), int(m[2])))
+    steps = [s for s, _ in pairs]
+    if steps[0] != 0: raise LegalnbError(f'{flag} {text!r}: the first pair must start at step 0, e.g. 0:{pairs[0][1]}')
+    if any(b <= a for a, b in zip(steps, steps[1:])):
+        raise LegalnbError(f'{flag} {text!r}: the from steps must increase ({", ".join(map(str, steps))})')
+    if any(a < 1 for _, a in pairs): raise LegalnbError(f'{flag} {text!r}: every accumulation must be >= 1')
+    return pairs
+
+def accum_at(step: int,                          # optimizer step, counted from 0
+             schedule: list[tuple[int, int]],    # parse_batch_schedule's pairs ([]: no schedule)
+             default: int = 1                    # the accumulation without a schedule
+            ) -> int:
+    "The gradient accumulation at `step`: the last pair that starts at or before it."
+    return next((a for s, a in reversed(schedule) if s <= step), default)
+
+def micro_steps_before(step: int, schedule: list[tuple[int, int]], default: int = 1) -> int:
+    "Micro-batches in the optimizer steps before `step`: where step `step` starts in the data order."
+    if not schedule: return step * default
+    bounds = [s for s, _ in schedule][1:] + [math.inf]
+    return sum(a * max(0, min(step, end) - s) for (s, a), end in zip(schedule, bounds))
+
+def batch_lr_factor(accum: int,             # the accumulation now
+                    base: int,              # the accumulation the learning rate was given for (the schedule's first)
+                    rule: str = 'sqrt'      # sqrt, linear or none
+                   ) -> float:
+    "What the learning rate is multiplied by at accumulation `accum`: sqrt or linear in accum ÷ base, or 1."
+    if rule not in BATCH_LR_RULES:
+        raise LegalnbError(f'batch_lr_rule must be one of {", ".join(BATCH_LR_RULES)}, got {rule!r}')
+    return {'sqrt': math.sqrt(accum / base), 'linear': accum / base, 'none': 1.0}[rule]
 
 # %% ../nbs/07_presets.ipynb #622676e5
 def human(n: float | None, unit: str = '') -> str:
