@@ -1,0 +1,52 @@
+"bench/recall.py: the MQAR rows are what the paper describes, and a tiny configuration learns above chance."
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from legalnb.core import LegalnbError
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    "bench/recall.py as a module, with its own folder first on the path (as `python bench/recall.py` has it)."
+    bench_dir = Path(__file__).resolve().parents[1]/'bench'
+    monkeypatch.syspath_prepend(str(bench_dir))
+    spec = importlib.util.spec_from_file_location('bench_recall', bench_dir/'recall.py')
+    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+    return mod
+
+
+def test_mqar_rows(bench):
+    "Pairs first, every key asked once in the second half, the target at a query is that key's value."
+    x, y = bench.mqar_batch(5, 64, 8, generator=torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (5, 64)
+    for r in range(5):
+        keys, values = x[r, 0:16:2].tolist(), x[r, 1:16:2].tolist()
+        assert len(set(keys)) == 8 and all(1 <= k <= 64 for k in keys) and all(65 <= v <= 128 for v in values)
+        asked = (y[r] != -100).nonzero().flatten()
+        assert len(asked) == 8 and asked.min() >= 32 and asked.max() < 63
+        assert sorted(x[r, asked].tolist()) == sorted(keys)
+        assert all(y[r, t] == values[keys.index(x[r, t])] for t in asked.tolist())
+        rest = torch.ones(64, dtype=torch.bool); rest[:16] = False; rest[asked] = False
+        assert (x[r, rest] == 0).all(), 'filler elsewhere'
+    with pytest.raises(LegalnbError, match='8 pairs need seq_len >= 32'): bench.mqar_batch(2, 16, 8)
+
+
+def test_model_names(bench):
+    "A model is `name` or `name:field=value,...`; lists survive the commas inside them."
+    assert bench.parse_model('gpt') == ('gpt', {})
+    assert bench.parse_model('resonance:attention_layers=[0, 1],attention_window=64') == \
+        ('resonance', {'attention_layers': [0, 1], 'attention_window': 64})
+    with pytest.raises(LegalnbError, match='expected field=value'): bench.parse_model('gpt:dim')
+
+
+def test_gpt_learns_single_key_recall(bench):
+    "A few seconds of training: the gpt baseline recalls a key far above chance (12.5%); the table shows it."
+    torch.set_num_threads(1)
+    r = bench.train_and_score('gpt', 'single', 64, 1, 3e-3, steps=150, batch=16, dim=64, layers=2, frequencies=8)
+    assert r['acc'] > 0.5, r
+    results = {('single', 64, 1): {'gpt': r, 'resonance': dict(r, acc=r['acc'] / 2)}}
+    t = bench.table(results, ['gpt', 'resonance'])
+    assert '| resonance / gpt |' in t and '0.50 |' in t and '12.5%' in t
