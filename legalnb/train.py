@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 from .core import (LegalnbError, atomic_write, read_json, format_duration, parse_number, PRECISIONS,
                           resolve_precision, cuda_capability, command_parser, refuse_overwriting_inputs)
-from .presets import seq_len_at
+from .presets import (seq_len_at, BATCH_LR_RULES, parse_batch_schedule, accum_at, micro_steps_before,
+                             batch_lr_factor)
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'DEVICES', 'STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHANGE', 'RUN_OUTPUTS', 'TrainConfig', 'from_preset',
@@ -26,9 +27,9 @@ __all__ = ['SCHEDULES', 'DEVICES', 'STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHAN
            'unpack_batch', 'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows', 'model_config',
            'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run', 'evaluate', 'val_bytes_per_token',
            'bits_per_byte', 'peak_flops', 'shard_model', 'save_shards', 'load_shards', 'consolidated_model', 'Interval',
-           'check_new_run', 'Run', 'setup', 'resume', 'train_step', 'end_interval', 'stop_requested', 'save_run',
-           'summarize', 'record_architecture', 'stopped_summary', 'train', 'train_parser', 'config_from_args',
-           'train_main']
+           'check_new_run', 'Run', 'setup', 'resume', 'init_weights', 'train_step', 'end_interval', 'stop_requested',
+           'save_run', 'summarize', 'record_architecture', 'stopped_summary', 'train', 'train_parser',
+           'config_from_args', 'train_main']
 
 # %% ../nbs/05_train.ipynb #a6da8542
 SCHEDULES = ('cosine', 'restarts', 'constant')
@@ -59,6 +60,8 @@ class TrainConfig:
     batch_size: int = 8                 # micro-batch: sequences per device per forward pass
     grad_accum: int = 1                 # micro-batches per optimizer step
     batch_tokens: int | None = None     # tokens per step, all ranks: grad_accum = it / (batch x ranks x row length)
+    batch_schedule: str | None = None   # FROM_STEP:GRAD_ACCUM pairs, e.g. 0:64,500:32,1500:16 (replaces grad_accum)
+    batch_lr_rule: Literal[BATCH_LR_RULES] = 'sqrt'  # lr at a scheduled batch: x sqrt(accum/first), x accum/first, x 1
     seq_warmup_steps: int = 0           # steps of the sequence-length warm-up (rows cut shorter, doubling to full)
     seq_warmup_start: int | None = None  # first row length of that warm-up: a divisor of the data's row length
     max_steps: int = 2000               # optimizer steps in the run
@@ -81,6 +84,8 @@ class TrainConfig:
     vocab_size: int | None = None       # override the manifest's vocabulary size (data without a manifest)
     device: Literal[DEVICES] = 'auto'   # auto: cuda when a GPU is visible
     cpu_threads: int | None = None      # torch's CPU threads (None: torch's default); 1 suits tiny models on a busy CPU
+    init_from: str | None = None        # start from these weights: a model folder (RUN/model) or a checkpoint folder
+    init_optimizer: bool = False        # with --init-from a checkpoint: carry its AdamW state too (else a fresh one)
     resume: str | None = None           # continue from 'latest' (the default of a bare --resume) or a checkpoint folder
     overwrite: bool = False             # start a new run in an out that holds one, deleting its checkpoints and metrics
     progress: bool = True               # progress bar (a plain line per log interval when not a TTY)
@@ -113,6 +118,12 @@ class TrainConfig:
             if getattr(self, name) not in allowed:
                 _invalid(name, f' must be one of {", ".join(allowed)}, got {getattr(self, name)!r}')
         if self.epochs is not None and self.epochs <= 0: _invalid('epochs', f' must be > 0, got {self.epochs}')
+        try: parse_batch_schedule(self.batch_schedule, flag='')
+        except LegalnbError as e: _invalid('batch_schedule', str(e))   # named as the field, or as the CLI's flag
+        if self.batch_schedule and self.batch_tokens:
+            _invalid('batch_schedule', ' and batch_tokens both set the accumulation: pass one of them')
+        if self.init_optimizer and not self.init_from:
+            _invalid('init_optimizer', ' carries the optimizer of --init-from: pass --init-from CHECKPOINT')
         if self.resume and self.overwrite:
             raise LegalnbError('--resume continues the run in --out and --overwrite deletes it: pass one of them')
 
@@ -226,6 +237,10 @@ def describe(self: TrainConfig, world_size: int = 1, seq_len: int | None = None)
         batch = f'{self.batch_tokens:,} tokens: {self.batch_size} rows x accumulation ({accum}) x {world_size} rank(s)'
     else: batch = (f'{self.batch_size} seq x {self.grad_accum} accumulation x {world_size} rank(s) = {gb} sequences'
                    f'{tok} per step')
+    if self.batch_schedule:
+        pairs = ', '.join(f'{a} from step {s:,}' for s, a in parse_batch_schedule(self.batch_schedule))
+        batch = (f'{self.batch_size} seq x accumulation ({pairs}) x {world_size} rank(s), the lr following the '
+                 f'{self.batch_lr_rule} rule')
     seq_warmup = ([f'  sequence-length warm-up: rows cut to {self.seq_warmup_start:,} tokens, doubling, over the first '
                    f'{self.seq_warmup_steps:,} steps; the same tokens per step'] if self.seq_warmup_steps else [])
     floor = f'{self.lr * self.min_lr_ratio:.1e}'
@@ -542,9 +557,11 @@ def train_loader(ds, cfg: TrainConfig, d: Dist, start_step: int = 0):
     "Micro-batches for this rank from optimizer step `start_step` on, in the sampler's order."
     from legalnb.data import StepSampler, make_loader
     # one sampler step per micro-batch: optimizer step s, micro-batch m is sampler step s * grad_accum + m, so a
-    # run with N ranks sees the same rows per optimizer step as one rank with N times the accumulation
+    # run with N ranks sees the same rows per optimizer step as one rank with N times the accumulation; a batch
+    # schedule groups the same micro-batches into steps differently (the data order in tokens seen is the same)
     order = StepSampler(len(ds), cfg.batch_size, seed=cfg.seed, rank=d.rank, world_size=d.world_size,
-                        start_step=start_step * cfg.grad_accum)
+                        start_step=micro_steps_before(start_step, parse_batch_schedule(cfg.batch_schedule),
+                                                      cfg.grad_accum))
     loader = make_loader(ds, order, cfg.num_workers, cfg.pin_memory, cfg.prefetch_factor)
     loader.generator = torch.Generator().manual_seed(cfg.seed)  # worker seeds from here, not the global RNG
     return loader
@@ -745,7 +762,7 @@ class Interval:
     def record(self, run: Run, step: int) -> dict:
         "The step record of the interval ending at `step`: its one host sync (the loss averaged over ranks)."
         secs, n = time.perf_counter() - self.t0, self.steps
-        tps = run.tokens_per_step * n / secs
+        tps = self.tokens * run.d.world_size / secs   # all ranks' tokens: right under a batch schedule too
         return dict(step=step, loss=(all_mean(self.loss, run.d) / n).item(), lr=run.lr,
                     grad_norm=(self.grad_norm / n).item(), tokens_per_sec=tps,
                     mfu=run.fpt * tps / run.peak if run.peak else None, step_ms=1000 * secs / n,
@@ -823,6 +840,12 @@ class Run:
     def global_batch(self) -> int: return self.cfg.batch_size * self.cfg.grad_accum * self.d.world_size
     @property
     def tokens_per_step(self) -> int: return self.global_batch * self.train_ds.seq_len
+    @property
+    def schedule(self) -> list: return parse_batch_schedule(self.cfg.batch_schedule)
+    def tokens_before(self, step: int) -> int:
+        "Tokens of all ranks in the optimizer steps before `step` (a batch schedule changes them per step)."
+        return (micro_steps_before(step, self.schedule, self.cfg.grad_accum) * self.cfg.batch_size
+                * self.d.world_size * self.train_ds.seq_len)
 
     def state(self, step: int) -> dict:
         "What a checkpoint holds besides the weights and the optimizer (those depend on the strategy)."
@@ -851,6 +874,10 @@ def setup(cfg: TrainConfig) -> Run:
     if out.exists() and not out.is_dir(): raise LegalnbError(f'--out {out} is a file; --out names a run folder')
     global_batch = cfg.batch_size * cfg.grad_accum * d.world_size
     max_steps = math.ceil(cfg.epochs * len(train_ds) / global_batch) if cfg.epochs else cfg.max_steps
+    if cfg.epochs and cfg.batch_schedule:   # the steps whose micro-batches cover the epochs
+        need, sched, max_steps = math.ceil(cfg.epochs * len(train_ds) / (cfg.batch_size * d.world_size)), \
+            parse_batch_schedule(cfg.batch_schedule), 0
+        while micro_steps_before(max_steps, sched) < need: max_steps += 1
     # -- the architecture the registry names, sharded under FSDP; precision (float32 on the CPU); optimizer
     spec, mc = get_model(cfg.model), model_config(cfg, train_ds.vocab_size, train_ds.seq_len)
     model, sharded = spec.build(mc).to(d.device), cfg.strategy == 'fsdp' and d.world_size > 1
@@ -863,7 +890,7 @@ def setup(cfg: TrainConfig) -> Run:
     run.fpt, run.peak = spec.matmul_flops_per_token(mc), peak_flops(d.device, precision)  # MFU counts matmuls
     # -- the run folder: resume its run (weights, optimizer, scaler, RNG, data position), or refuse to clobber one
     if cfg.resume: resume(run)
-    else: check_new_run(out, cfg.overwrite)
+    else: check_new_run(out, cfg.overwrite); init_weights(run)   # a second stage starts from --init-from
     net = DDP(model, device_ids=[d.device.index] if d.device.type == 'cuda' else None) if (
         d.world_size > 1 and not sharded) else model
     run.net = torch.compile(net) if cfg.compile else net
@@ -892,6 +919,26 @@ def resume(run: Run):
     run.scaler.load_state_dict(ck['scaler']); set_rng_state(ck['rng'])
     run.start = run.step = ck['step']; run.elapsed0 = ck['elapsed']
 
+def init_weights(run: Run):
+    "A second stage: the weights of `--init-from` (a model folder or a checkpoint), and its optimizer if asked."
+    src = run.cfg.init_from
+    if not src: return
+    from legalnb.models import load_model
+    path = Path(src)
+    if (path/'model.pt').exists(): ck = load_checkpoint(path); state, saved = ck['model'], ck['model_config']
+    elif (path/'config.json').exists():
+        loaded, ck = load_model(path), {}; state, saved = loaded.state_dict(), loaded.config.to_dict()
+    else: raise LegalnbError(f'--init-from {path}: not a model folder (RUN/model) nor a checkpoint folder '
+                             '(RUN/checkpoints/step-N); pass the first stage\'s model/ or one of its checkpoints')
+    check_resume(saved, run.model_config, path)   # the same shape, or a message naming the differences
+    if run.sharded: raise LegalnbError('--init-from: not with FSDP yet; start the second stage with --strategy ddp')
+    run.model.load_state_dict(state)
+    if run.cfg.init_optimizer:
+        if 'optimizer' not in ck:
+            raise LegalnbError(f'--init-optimizer: {path} is a model folder without optimizer state; pass a '
+                               'checkpoint folder (RUN/checkpoints/step-N) or leave --init-optimizer out')
+        run.opt.load_state_dict(ck['optimizer'])
+
 
 # %% ../nbs/05_train.ipynb #a1b2c304
 def _sync_grads(run: Run, last: bool):
@@ -900,18 +947,19 @@ def _sync_grads(run: Run, last: bool):
     return run.net.no_sync() if run.d.world_size > 1 and not last else nullcontext()
 
 def train_step(run: Run, batches: Iterator) -> int:
-    "One optimizer step: `grad_accum` micro-batches forward and backward, clip, AdamW. Returns the steps done."
-    cfg, d, iv = run.cfg, run.d, run.interval
-    run.lr = lr_at(run.step, cfg)
+    "One optimizer step: `grad_accum` (or the schedule's) micro-batches forward and backward, clip, AdamW."
+    cfg, d, iv, sched = run.cfg, run.d, run.interval, run.schedule
+    accum = accum_at(run.step, sched, cfg.grad_accum)   # the batch schedule's accumulation at this step
+    run.lr = lr_at(run.step, cfg) * (batch_lr_factor(accum, sched[0][1], cfg.batch_lr_rule) if sched else 1.0)
     for g in run.opt.param_groups: g['lr'] = run.lr
-    window_tokens = cfg.batch_size * cfg.grad_accum * run.train_ds.seq_len  # this rank's tokens in the step
+    window_tokens = cfg.batch_size * accum * run.train_ds.seq_len  # this rank's tokens in the step
     run.seq_len = seq_len_at(run.step, run.train_ds.seq_len, cfg.seq_warmup_start, cfg.seq_warmup_steps)
-    for micro in range(cfg.grad_accum):
+    for micro in range(accum):
         tw = time.perf_counter(); x, y, starts = unpack_batch(next(batches)); iv.wait += time.perf_counter() - tw
         if run.seq_len < x.shape[1]: x, y, starts = cut_rows(x, y, starts, run.seq_len)  # the warm-up: same tokens
         iv.tokens += y.numel()
         x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
-        with _sync_grads(run, micro == cfg.grad_accum - 1):
+        with _sync_grads(run, micro == accum - 1):
             with autocast_for(run.precision, d.device): loss = model_loss(run.net, x, y, starts, run.doc_starts)
             loss = loss * (y.numel() / window_tokens)  # this micro-batch's share of the window's tokens
             run.scaler.scale(loss).backward()
@@ -975,7 +1023,7 @@ def summarize(run: Run) -> dict:
     summary = dict(step=run.max_steps, steps=run.max_steps - run.start, resumed_from=run.start if cfg.resume else None,
                    loss=last and last['loss'], val_loss=val and val['val_loss'], val_ppl=val and val['val_ppl'],
                    val_bpb=val and val['val_bpb'],
-                   tokens=run.tokens_per_step * run.max_steps,
+                   tokens=run.tokens_before(run.max_steps),
                    tokens_per_sec=float(np.median(run.speeds)) if run.speeds else None,
                    mfu=last and last['mfu'], step_ms=last and last['step_ms'], precision=run.precision,
                    device=str(d.device), world_size=d.world_size, params=run.model.num_params(),

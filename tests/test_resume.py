@@ -122,3 +122,25 @@ def test_a_full_disk_during_a_save_loses_no_checkpoint(reference, tmp_path):
     subprocess.run(train_cmd(split_dir, out, '--resume'), check=True, env=ENV, capture_output=True)
     summary = json.loads((out/'summary.json').read_text())
     assert summary['resumed_from'] == 6 and [checkpoint_step(p) for p in list_checkpoints(out)] == [9, 12]
+
+def test_kill_9_after_a_batch_change_then_resume_is_bit_exact(references, tmp_path):
+    "A progressive batch (accumulation 3, 2 from step 4, 1 from step 8): killed after step 7, resumed from step 6."
+    split_dir = references('gpt')[0]
+    sched = ('--batch-schedule', '0:3,4:2,8:1')
+    straight, killed = tmp_path/'straight', tmp_path/'killed'
+    subprocess.run(train_cmd(split_dir, straight, *sched, model='gpt'), check=True, env=ENV, capture_output=True)
+    proc = subprocess.Popen(train_cmd(split_dir, killed, *sched, model='gpt'), env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_for_step(killed/'metrics.jsonl', 7, proc)
+    proc.send_signal(signal.SIGKILL); proc.wait()
+    assert proc.returncode == -signal.SIGKILL, 'the run ended before the kill'
+    resumed_from = checkpoint_step(find_checkpoint(killed))
+    assert resumed_from >= 6, 'the checkpoint lies after the first change of the batch'
+    subprocess.run(train_cmd(split_dir, killed, *sched, '--resume', model='gpt'), check=True, env=ENV, capture_output=True)
+    want, got = final_weights(straight), final_weights(killed)
+    assert all(torch.equal(got[k], want[k]) for k in want), f'resumed from step {resumed_from}: other weights'
+    recs = read_metrics(killed/'metrics.jsonl')
+    assert [r['loss'] for r in recs] == [r['loss'] for r in read_metrics(straight/'metrics.jsonl')]
+    assert [r['step_tokens'] for r in recs] == [3 * 4 * 16] * 4 + [2 * 4 * 16] * 4 + [4 * 16] * 4
+    summary = json.loads((killed/'summary.json').read_text())
+    assert summary['tokens'] == (3 + 2 + 1) * 4 * 4 * 16 and summary['resumed_from'] == resumed_from
