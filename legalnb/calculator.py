@@ -10,7 +10,8 @@ from typing import Any, Callable, Literal
 from fastcore.basics import patch
 from .core import LegalnbError, PRECISIONS, format_duration, parse_count, parse_number, run_command
 from .models import MODELS
-from .presets import (GPU, PRESETS, STRATEGIES, TASKS, find_gpu, get_preset, gpu_precision, human, lora_steps,
+from .presets import (parse_batch_schedule, micro_steps_before,
+                             GPU, PRESETS, STRATEGIES, TASKS, find_gpu, get_preset, gpu_precision, human, lora_steps,
                              peak_tflops)
 
 # %% auto #0
@@ -34,6 +35,7 @@ class Plan:
     steps: int | None = None             # optimizer steps (instead of epochs)
     micro_batch: int = 1                 # sequences per forward pass per GPU (--batch-size)
     grad_accum: int = 1                  # micro-batches accumulated per optimizer step
+    batch_schedule: str | None = None    # FROM_STEP:GRAD_ACCUM pairs (0:64,500:32): the accumulation by step
     gpus: int = 1                        # data-parallel GPUs
     seq_len: int | None = None           # tokens per sequence (LoRA: per example, the mean length when packed)
     sec_per_step: float | None = None    # measured or claimed seconds per optimizer step
@@ -76,6 +78,9 @@ class Plan:
             raise LegalnbError('plan: qlora (--qlora) quantises the frozen base of a LoRA run: give task lora '
                                '(--preset lora/NAME) or lora_params (--lora-params)')
         if self.qlora_bits not in (4, 8): raise LegalnbError(f'plan: qlora_bits must be 4 or 8, got {self.qlora_bits}')
+        if self.batch_schedule:   # the first pair's accumulation is the plan's grad_accum (its global_batch)
+            self.grad_accum = parse_batch_schedule(self.batch_schedule, 'plan: batch_schedule')[0][1]
+            if self.lora: raise LegalnbError('plan: batch_schedule is for rows of seq_len (cpt, scratch), not LoRA')
         if isinstance(self.gpu, str): self.gpu = find_gpu(self.gpu)
         gpu_precision(self.precision, self.gpu)
 
@@ -142,6 +147,11 @@ def _need(plan: Plan, why: str, *names: str):
 
 def run_seconds(plan: Plan, steps: int, tokens: float | None) -> tuple[float | None, str | None]:
     "Seconds for the run from sec_per_step, tokens_per_sec or mfu (None if none given), with the arithmetic."
+    if plan.sec_per_step and plan.batch_schedule:   # sec_per_step: a step at the first accumulation; ∝ micro-batches
+        first, micro = plan.grad_accum, micro_steps_before(steps, parse_batch_schedule(plan.batch_schedule))
+        s = micro * plan.sec_per_step / first
+        return s, (f'time = {micro:,} micro-batches × {plan.sec_per_step:.4g} s ÷ {first} (a step of {first} takes '
+                   f'{plan.sec_per_step:.4g} s) = {s:,.0f} s = {format_duration(s)}')
     if plan.sec_per_step:
         s = steps * plan.sec_per_step
         return s, f'time = {steps:,} steps × {plan.sec_per_step:.4g} s = {s:,.0f} s = {format_duration(s)}'
@@ -297,9 +307,33 @@ class Estimate:
     def hours(self) -> float | None: return None if self.seconds is None else self.seconds / 3600
 
 # %% ../nbs/08_calculator.ipynb #bb4d85f1
+def _steps_for(micro: int, schedule: list[tuple[int, int]]) -> int:
+    "The fewest optimizer steps of `schedule` that hold `micro` micro-batches."
+    for (s, a), end in zip(schedule, [s for s, _ in schedule][1:] + [math.inf]):
+        if micro <= (end - s) * a: return s + math.ceil(micro / a)
+        micro -= (end - s) * a
+
+def _scheduled_steps(plan: Plan, data: int | None) -> tuple[int, int, int | None, list[str]]:
+    "Steps and sequences of a plan whose accumulation follows `batch_schedule`, with the arithmetic."
+    sched, per_micro = parse_batch_schedule(plan.batch_schedule), plan.micro_batch * plan.gpus
+    if plan.steps: steps, lines = plan.steps, [f'steps = {plan.steps:,} (given)']
+    else:
+        if data is None: raise LegalnbError('plan: give steps, or examples (or tokens and seq_len) to count them')
+        ep = plan.epochs or 1
+        need = math.ceil(ep * data / per_micro - 1e-9)
+        steps = _steps_for(need, sched)
+        lines = [f'micro-batches needed = ceil({ep:g} × {data:,} ÷ ({plan.micro_batch} × {plan.gpus})) = {need:,}; '
+                 f'the schedule holds them in {steps:,} steps']
+    micro, ends = micro_steps_before(steps, sched), [s for s, _ in sched][1:] + [steps]
+    parts = [f'{min(e, steps) - s:,} × {a}' for (s, a), e in zip(sched, ends) if min(e, steps) > s]
+    lines.append(f'micro-batches = {" + ".join(parts)} (steps × accumulation, --batch-schedule '
+                 f'{plan.batch_schedule}) = {micro:,}; sequences = {micro:,} × {plan.micro_batch} × {plan.gpus}')
+    return steps, micro * per_micro, data, lines
+
 def _steps(plan: Plan) -> tuple[int, int | None, int | None, list[str]]:
     "Optimizer steps, sequences fed, sequences in the data, and the arithmetic."
     data, gb, unit = data_sequences(plan), plan.global_batch, 'examples' if plan.lora else 'sequences'
+    if plan.batch_schedule: return _scheduled_steps(plan, data)
     if plan.steps: return plan.steps, plan.steps * gb, data, [f'steps = {plan.steps:,} (given), {gb} {unit} each']
     ep = plan.epochs or 1
     if plan.lora:   # a LoRA batch counts examples, packed or not: the presets' one rule, as the trainer runs it
@@ -384,6 +418,7 @@ def _memory_cell(m: Memory) -> str:
 def _batch_cell(p: Plan) -> str:
     "The batch row: LoRA counts examples (packed or not), CPT and scratch count rows of seq_len tokens."
     made = f'{p.micro_batch} micro × {p.grad_accum} accumulation × {p.gpus} GPU'
+    if p.batch_schedule: made += f' at first; accumulation by step {p.batch_schedule}'
     if p.lora: return f'{p.global_batch} examples = {made} (packed: the accumulation holds it on average)'
     rows = f' rows × {p.seq_len:,} tokens = {human(p.global_batch * p.seq_len)} tokens' if p.seq_len else ''
     return f'{p.global_batch}{rows} = {made}'
@@ -409,7 +444,8 @@ def to_json(self: Estimate) -> dict:
     return dict(steps=self.steps, sequences=self.sequences, tokens=self.tokens, epochs=self.epochs,
                 seconds=self.seconds, hours=self.hours, cost=self.cost, flops=self.flops, implied_mfu=self.implied_mfu,
                 memory_gib=m and m.total / GIB, fits=m and m.fits, warnings=self.warnings, lines=self.lines,
-                global_batch=p.global_batch, gpus=p.gpus, seq_len=p.seq_len, gpu=p.gpu.name if p.gpu else None)
+                global_batch=p.global_batch,
+                batch_schedule=p.batch_schedule, gpus=p.gpus, seq_len=p.seq_len, gpu=p.gpu.name if p.gpu else None)
 
 # %% ../nbs/08_calculator.ipynb #75472e7d
 def plan_for(task: str, name: str,
@@ -554,6 +590,7 @@ def estimate_command(
         steps: _count = None,          # optimizer steps (instead of --epochs)
         batch_size: int = None,        # micro-batch: sequences per forward pass per GPU
         grad_accum: int = None,        # micro-batches accumulated per optimizer step
+        batch_schedule: str = None,    # FROM_STEP:GRAD_ACCUM pairs, e.g. 0:64,500:32,1500:16 (instead of --grad-accum)
         gpus: int = None,              # data-parallel GPUs
         seq_len: int = None,           # tokens per sequence
         sec_per_step: float = None,    # speed, one of three: seconds per optimizer step
@@ -585,7 +622,8 @@ def estimate_command(
     if mfu is not None and not 1 < mfu <= 100:
         raise LegalnbError(f'--mfu is a percent of the dense peak (40 for 40%), above 1 and at most 100, got {mfu:g}')
     fields = dict(examples=examples, tokens=tokens, epochs=epochs, steps=steps, micro_batch=batch_size,
-                  grad_accum=grad_accum, gpus=gpus, seq_len=seq_len, sec_per_step=sec_per_step,
+                  grad_accum=grad_accum, batch_schedule=batch_schedule,
+                  gpus=gpus, seq_len=seq_len, sec_per_step=sec_per_step,
                   tokens_per_sec=tokens_per_sec, mfu=mfu and mfu / 100, params=params, lora_params=lora_params,
                   mixing_flops_per_token=mixing_flops, gpu=gpu, precision=precision, price_per_hour=price_per_hour,
                   claimed_hours=claimed_hours, layers=layers, d_model=d_model, vocab=vocab,

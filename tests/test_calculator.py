@@ -388,3 +388,18 @@ def test_no_hours_formatted_outside_the_one_duration_formatter():
                           price_per_hour=2.0, claimed_hours=1)):
         text = estimate(plan).table()
         assert not re.search(r'\b0\.\d h\b', text), text
+
+
+def test_a_batch_schedule_is_priced_by_its_micro_batches(capsys):
+    "The guide's progressive batch from the command line: 72,000 micro-batches, not 2,000 × 64; time in proportion."
+    assert main(['estimate', '--steps', '2000', '--batch-size', '1', '--batch-schedule', '0:64,500:32,1500:16',
+                 '--seq-len', '1024', '--sec-per-step', '30', '--json']) == 0
+    j = json.loads(capsys.readouterr().out)
+    assert (j['steps'], j['sequences'], j['tokens'], j['seconds']) == (2000, 72_000, 72_000 * 1024, 72_000 * 30 / 64)
+    assert j['batch_schedule'] == '0:64,500:32,1500:16' and j['global_batch'] == 64
+    assert any('micro-batches = 500 × 64 + 1,000 × 32 + 500 × 16' in l for l in j['lines'])
+    # by epochs: the fewest steps whose micro-batches cover the data; on 2 GPUs each micro-batch is 2 sequences
+    e = estimate(Plan(examples=1000, micro_batch=1, gpus=2, batch_schedule='0:8,10:4', seq_len=16))
+    assert (e.steps, e.sequences) == (10 + 105, 2 * (80 + 420))
+    assert main(['estimate', '--steps', '10', '--batch-schedule', '3:4', '--seq-len', '8']) == 2
+    assert "batch_schedule '3:4': the first pair must start at step 0" in capsys.readouterr().err
