@@ -28,7 +28,7 @@ test: export OMP_NUM_THREADS := 1
 test: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python .ci/check_sync.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/nbdev_test --n_workers 2 --timing
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests -q -ra
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests -q -ra --durations=25
 
 # Developer helpers: export the notebooks, clean them, and render README.md from nbs/index.ipynb.
 sync: $(STAMP)
