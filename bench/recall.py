@@ -9,6 +9,11 @@ filters (a linear time-invariant convolution) cannot do it: which earlier token 
 Single-key recall: `legalnb.resonance.recall_task(key_pos=None)`: one of 8 keys anywhere in the first quarter
 of the row, asked at the last position (chance 12.5%).
 
+Held-out loss: the same models trained as byte-level language models on the generated sample
+(`legalnb.sources.write_sample`, 60 documents, the last 8 held out whole), packed with an EOS byte after each
+document and `doc_starts` after every EOS (each model resets or masks at them), on random windows of `--loss-lengths`
+bytes; the loss is the mean over fixed held-out windows.
+
 Every model is built through the registry (`legalnb.models.get_model`) at the same width and depth (dim, layers,
 and for ResonanceNet K resonances; the GPT with dim/32 heads), trained with AdamW on fresh rows for the same
 number of steps at each learning rate of a small sweep, and scored on a fixed held-out batch; the best
@@ -113,8 +118,65 @@ def train_and_score(name: str, task: str, seq_len: int, pairs: int, lr: float, s
                 non_embedding=model.num_params(non_embedding=True))
 
 
+def sample_bytes(docs: int = 60, held_out: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    "The generated sample as packed bytes (EOS = 0 after each document): training documents, held-out documents."
+    import tempfile
+    from pathlib import Path
+    from legalnb.sources import read_documents, write_sample
+    with tempfile.TemporaryDirectory() as d:
+        write_sample(Path(d)/'sample', docs=docs, seed=0)
+        ds = sorted(read_documents(Path(d)/'sample'), key=lambda doc: (doc.celex, doc.lang))
+    packed = lambda part: torch.tensor([b for doc in part for b in [*doc.text.encode('utf-8'), 0]])
+    return packed(ds[:-held_out]), packed(ds[-held_out:])
+
+
+def byte_rows(src: torch.Tensor, starts, L: int):
+    "(input, target, doc_starts) windows of L bytes at `starts`; a document starts after every EOS."
+    w = torch.stack([src[j:j + L + 1] for j in starts]); x, y = w[:, :-1], w[:, 1:]
+    ds = torch.zeros_like(x, dtype=torch.bool); ds[:, 0] = True; ds[:, 1:] = x[:, :-1] == 0
+    return x, y, ds
+
+
+def sample_loss(name: str, seq_len: int, lr: float, steps: int, batch: int, dim: int, layers: int,
+                frequencies: int, data: tuple, seed: int = 0) -> dict:
+    "Train one model on the sample's packed bytes; its mean loss on 32 fixed held-out windows (nats per byte)."
+    train, val = data
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    model = build(name, 256, seq_len, dim, layers, frequencies).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.98))
+    warm = max(1, steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1, (s + 1) / warm) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(s, steps) / steps))))
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        x, y, ds = byte_rows(train, torch.randint(0, len(train) - seq_len - 1, (batch,), generator=g).tolist(), seq_len)
+        model(x, y, doc_starts=ds)[1].backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step(); opt.zero_grad(set_to_none=True); sched.step()
+    model.eval()
+    starts = torch.linspace(0, len(val) - seq_len - 1, 32).long().tolist()
+    x, y, ds = byte_rows(val, starts, seq_len)
+    with torch.no_grad(): loss = sum(model(x[i:i + 8], y[i:i + 8], doc_starts=ds[i:i + 8])[1].item()
+                                     for i in range(0, 32, 8)) / 4
+    return dict(model=name, loss=loss, lr=lr, seconds=time.perf_counter() - t0)
+
+
+def loss_table(results: dict, models: list[str]) -> str:
+    "Held-out loss per model (best learning rate in brackets) and the difference to the gpt baseline."
+    base = 'gpt' if 'gpt' in models else None
+    cols = ['L'] + models + ([f'{m} - gpt' for m in models if m != base] if base else [])
+    lines = []
+    for L, per in results.items():
+        row = [f'{L:,}'] + [f"{per[m]['loss']:.3f} ({per[m]['lr']:g})" for m in models]
+        if base: row += [f"{per[m]['loss'] - per[base]['loss']:+.3f}" for m in models if m != base]
+        lines.append(row)
+    return markdown_table(cols, lines)
+
+
 def tasks(lengths: list[int], pairs: list[int], single: bool) -> list[tuple[str, int, int]]:
     "(task, seq_len, pairs) for each row of the table."
+    lengths = [L for L in lengths if L > 0]          # 0: no recall tasks (only the held-out loss)
     out = [('mqar', L, p) for L in lengths for p in pairs if 4 * p <= L]
     return out + ([('single', L, 1) for L in lengths[:1]] if single else [])
 
@@ -144,6 +206,8 @@ def main(models: list[str] = ['gpt', 'resonance'],  # registered models, each `n
          dim: int = 64,                     # width of every model
          layers: int = 2,                   # depth of every model
          frequencies: int = 16,             # ResonanceNet's K
+         loss_lengths: list[int] = [512],   # held-out loss on the sample at these row lengths (0: skip)
+         loss_steps: int = 300,             # optimizer steps per held-out-loss run
          threads: int = 1):                 # torch CPU threads
     "Train each model on each task at each learning rate; print the accuracy table."
     torch.set_num_threads(threads)
@@ -160,7 +224,20 @@ def main(models: list[str] = ['gpt', 'resonance'],  # registered models, each `n
                   f"({per[m]['non_embedding']:,} non-embedding parameters, {sum(r['seconds'] for r in runs):.0f} s)",
                   flush=True)
         results[(task, L, p)] = per
-    print(table(results, models))
+    if results: print(table(results, models))
+    losses, data = {}, None
+    for L in [L for L in loss_lengths if L > 0]:
+        data = data or sample_bytes()
+        per = {}
+        for m in models:
+            runs = [sample_loss(m, L, lr, loss_steps, batch, dim, layers, frequencies, data) for lr in lrs]
+            per[m] = min(runs, key=lambda r: r['loss'])
+            print(f"#   sample loss L={L} {m}: {per[m]['loss']:.3f} at lr {per[m]['lr']:g} "
+                  f"({sum(r['seconds'] for r in runs):.0f} s)", flush=True)
+        losses[L] = per
+    if losses:
+        print(f'# held-out loss on the generated sample (nats per byte, {loss_steps} steps of {batch} rows)')
+        print(loss_table(losses, models))
 
 
 if __name__ == '__main__': sys.exit(run(main))

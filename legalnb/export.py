@@ -22,8 +22,9 @@ RESONANCE_TYPE = 'legalnb_resonance'    # the model_type of an exported Resonanc
 _HEADER = '''"""ResonanceNet for transformers, written by `legalnb export`: self-contained (no legalnb needed).
 
 The model classes below are copied from legalnb.resonance; the last section wraps them in a PreTrainedModel whose
-`generate()` carries the recurrent state (K complex resonances per channel, the short convolutions' last inputs) as
-its cache: one token costs the same whatever the context's length."""
+`generate()` carries the recurrent state (K complex resonances per channel, the short convolutions' last inputs,
+and the keys and values of any attention block) as its cache: in a resonance block one token costs the same
+whatever the context's length."""
 from __future__ import annotations
 import math
 from dataclasses import dataclass, asdict, fields
@@ -122,8 +123,9 @@ class LegalnbResonanceForCausalLM(PreTrainedModel, GenerationMixin):
                     use_cache=use_cache)
 
     def _reorder_cache(self, past_key_values, beam_idx):
-        for layer in past_key_values.layers:
-            for k in layer: layer[k] = layer[k].index_select(0, beam_idx)
+        for layer in past_key_values.layers:   # every entry is per row except the poles z and amplitudes a
+            for k in layer:
+                if k not in ('z', 'a'): layer[k] = layer[k].index_select(0, beam_idx)
         past_key_values.position = past_key_values.position.index_select(0, beam_idx)
         return past_key_values
 '''
@@ -148,7 +150,8 @@ class LegalnbResonanceConfig(PretrainedConfig):
 '''
 
 MODELING_SOURCES = ('ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length',
-                    'ResonanceFilter', 'ResonanceLayer', 'ResonanceBlock', 'ResonanceNet', 'ResonanceLanguageModel',
+                    'ResonanceFilter', 'ResonanceLayer', 'attention_mask', 'ResonanceAttention', 'ResonanceBlock',
+                    'ResonanceNet', 'ResonanceLanguageModel',
                     'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv', 'ResonanceState',
                     'ResonanceLayer.recurrent_state', 'ResonanceLayer.step', 'ResonanceLanguageModel.prefill',
                     'ResonanceLanguageModel.step')

@@ -19,9 +19,9 @@ from .core import LegalnbError, atomic_write, read_json
 
 # %% auto #0
 __all__ = ['MODEL_SIZES', 'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length', 'ResonanceFilter',
-           'ResonanceLayer', 'ResonanceBlock', 'ResonanceNet', 'ResonanceLanguageModel', 'document_positions',
-           'short_conv_reset', 'resonance_states', 'document_fft_conv', 'causality_violation', 'config_for',
-           'ResonanceState', 'recall_task']
+           'ResonanceLayer', 'attention_mask', 'ResonanceAttention', 'ResonanceBlock', 'ResonanceNet',
+           'ResonanceLanguageModel', 'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv',
+           'causality_violation', 'config_for', 'ResonanceState', 'recall_task']
 
 # %% ../nbs/04_resonance.ipynb #7d0ba3a2
 @dataclass
@@ -39,6 +39,9 @@ class ResonanceConfig:
     tie_embeddings: bool = True   # LM head shares the token embedding matrix (saves vocab*dim parameters)
     init_std: float = 0.02        # std of the normal initialisation of linear and embedding weights (GPT-2)
     document_resets: bool = True  # with doc_starts, restart mixing and positions at each document (False: ignore)
+    attention_layers: tuple = ()  # blocks whose mixer is causal softmax attention (a hybrid, as StripedHyena and
+                                  # Jamba): recall by content; () is the all-resonance model of checkpoints before it
+    attention_window: int = 0     # those blocks read the latest `attention_window` tokens (O(L W)); 0: all (O(L^2))
 
     def __post_init__(self):
         for name in ('vocab_size', 'dim', 'num_layers', 'num_frequencies', 'max_seq_len', 'short_conv'):
@@ -49,6 +52,15 @@ class ResonanceConfig:
         if not 0 <= self.dropout < 1:
             raise LegalnbError(f'ResonanceConfig: dropout must be in [0, 1), got {self.dropout!r}')
         if not self.init_std > 0: raise LegalnbError(f'ResonanceConfig: init_std must be > 0, got {self.init_std!r}')
+        layers = self.attention_layers   # JSON gives a list: kept as a sorted tuple of block indices
+        if isinstance(layers, (str, bytes)) or not hasattr(layers, '__iter__') or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.num_layers for i in layers):
+            raise LegalnbError(f'ResonanceConfig: attention_layers must be block indices in [0, {self.num_layers}), '
+                               f'got {layers!r}')
+        self.attention_layers = tuple(sorted(set(layers)))
+        w = self.attention_window
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise LegalnbError(f'ResonanceConfig: attention_window must be an integer >= 0 (0: no window), got {w!r}')
 
     @property
     def hidden_dim(self) -> int:
@@ -185,13 +197,84 @@ class ResonanceLayer(nn.Module):
         if states is not None: states.append(self.recurrent_state(z, kv, doc_starts))
         return self.out_proj((q * y).to(q.dtype).transpose(1, 2))  # (B, L, D), in the activations' dtype
 
-# %% ../nbs/04_resonance.ipynb #cb5c0026
-class ResonanceBlock(nn.Module):
-    "Pre-norm residual block: resonance mixer, then a GELU MLP."
+# %% ../nbs/04_resonance.ipynb #ae4a06a4
+def attention_mask(L: int,                                  # tokens in the row
+                   window: int = 0,                         # 0: every earlier token; W: the latest W only
+                   doc_starts: torch.Tensor | None = None,  # (B, L) bool: no attention across a document start
+                   device: torch.device | None = None,
+                  ) -> torch.Tensor:                        # (B or 1, 1, L, L) bool, True where query t reads key s
+    "The causal mask, limited to the latest `window` tokens and to each token's own document."
+    t = torch.arange(L, device=device)
+    m = t[:, None] >= t[None, :]
+    if window: m = m & (t[:, None] - t[None, :] < window)
+    if doc_starts is None: return m[None, None]
+    seg = doc_starts.long().cumsum(1)                       # (B, L): the document number of each token
+    return (m & (seg[:, :, None] == seg[:, None, :]))[:, None]
+
+class ResonanceAttention(nn.Module):
+    "Causal softmax attention as a block's mixer (the hybrid): recall by content, and a KV cache for generation."
     def __init__(self, config: ResonanceConfig):
         super().__init__()
+        D = config.dim
+        self.heads = D // 64 if D % 64 == 0 else 1    # head_dim 64 (GPT-2's) when the width allows, else one head
+        self.window = config.attention_window
+        self.qkv = nn.Linear(D, 3 * D, bias=False)
+        self.out_proj = nn.Linear(D, D, bias=False)
+
+    def split(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:   # (B, L, D) -> q, k, v each (B, H, L, D/H)
+        "Queries, keys and values, heads first."
+        B, L, D = x.shape
+        return self.qkv(x).view(B, L, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def forward(self, x: torch.Tensor,                     # (B, L, D)
+                doc_starts: torch.Tensor | None = None,    # (B, L) bool: attend only within each document
+                states: list | None = None,                # prefill: the KV cache after x is appended here
+               ) -> torch.Tensor:                          # (B, L, D)
+        "Attend causally (within each document, within the window)."
+        B, L, D = x.shape
+        q, k, v = self.split(x)
+        if doc_starts is None and not self.window: y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            mask = attention_mask(L, self.window, doc_starts, x.device)   # (B or 1, 1, L, L)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if states is not None: states.append(self.recurrent_state(k, v, doc_starts))
+        return self.out_proj(y.transpose(1, 2).reshape(B, L, D))
+
+    def recurrent_state(self, k: torch.Tensor, v: torch.Tensor,    # (B, H, L, D/H) the row's keys and values
+                        doc_starts: torch.Tensor | None = None,    # (B, L) bool
+                       ) -> dict:                 # 'k', 'v' (B, H, n, D/H) and 'valid' (B, n): in the last document
+        "The KV cache after the last position: the latest window - 1 keys (all without a window), those of the "
+        "last document marked valid."
+        B, H, L, _ = k.shape
+        last = (document_positions(doc_starts)[:, -1] if doc_starts is not None
+                else torch.full((B,), L - 1, device=k.device))
+        valid = torch.arange(L, device=k.device) >= (L - 1 - last)[:, None]   # (B, L)
+        n = L if not self.window else min(L, self.window - 1)
+        return {'k': k[:, :, L - n:], 'v': v[:, :, L - n:], 'valid': valid[:, L - n:]}
+
+    def step(self, x: torch.Tensor,   # (B, D) the new token's normalised activations
+             state: dict,             # the layer's `recurrent_state`, updated in place
+            ) -> torch.Tensor:        # (B, D)
+        "Attend from one new token to the cache plus itself: O(D min(L, W))."
+        B, D = x.shape
+        q, k, v = self.split(x[:, None])                                       # (B, H, 1, D/H)
+        K, V = torch.cat([state['k'], k], 2), torch.cat([state['v'], v], 2)
+        valid = torch.cat([state['valid'], state['valid'].new_ones(B, 1)], 1)
+        y = F.scaled_dot_product_attention(q, K, V, attn_mask=valid[:, None, None])
+        n = K.shape[2] if not self.window else min(K.shape[2], self.window - 1)
+        cut = K.shape[2] - n                                                  # the keys that left the window
+        state['k'], state['v'], state['valid'] = K[:, :, cut:], V[:, :, cut:], valid[:, cut:]
+        return self.out_proj(y.reshape(B, D))
+
+
+# %% ../nbs/04_resonance.ipynb #cb5c0026
+class ResonanceBlock(nn.Module):
+    "Pre-norm residual block: resonance (or, in `config.attention_layers`, attention) mixer, then a GELU MLP."
+    def __init__(self, config: ResonanceConfig, layer: int = 0):
+        super().__init__()
         D, H = config.dim, config.hidden_dim
-        self.norm1, self.mixer = nn.LayerNorm(D), ResonanceLayer(config)
+        mixer = ResonanceAttention if layer in config.attention_layers else ResonanceLayer
+        self.norm1, self.mixer = nn.LayerNorm(D), mixer(config)
         self.norm2 = nn.LayerNorm(D)
         self.mlp = nn.Sequential(nn.Linear(D, H, bias=False), nn.GELU(), nn.Linear(H, D, bias=False))
         self.drop = nn.Dropout(config.dropout)
@@ -206,7 +289,7 @@ class ResonanceNet(nn.Module):
     def __init__(self, config: ResonanceConfig):
         super().__init__()
         self.config = config
-        self.blocks = nn.ModuleList(ResonanceBlock(config) for _ in range(config.num_layers))
+        self.blocks = nn.ModuleList(ResonanceBlock(config, i) for i in range(config.num_layers))
 
     def forward(self, x: torch.Tensor, doc_starts=None, states=None) -> torch.Tensor:  # (B, L, D) -> (B, L, D)
         "Run every block, recomputing activations in backward when `config.checkpointing` is on."
@@ -250,7 +333,8 @@ class ResonanceLanguageModel(nn.Module):
             elif name.endswith(('mixer.out_proj.weight', 'mlp.2.weight')):
                 nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.config.num_layers))
             else: nn.init.normal_(p, 0.0, std)
-        for block in self.backbone.blocks: nn.init.zeros_(block.mixer.short.bias)
+        for block in self.backbone.blocks:
+            if isinstance(block.mixer, ResonanceLayer): nn.init.zeros_(block.mixer.short.bias)
 
     def embed(self, input_ids: torch.Tensor,                 # (B, L) int
               doc_starts: torch.Tensor | None = None,        # (B, L) bool: positions restart at each document
@@ -406,12 +490,16 @@ def matmul_flops_per_token(self: ResonanceConfig) -> float:
 
 @patch
 def flops_per_token(self: ResonanceConfig, seq_len: int) -> float:
-    "Training FLOPs per token at `seq_len`: 6*N_matmul + 3 * (FFT mixing + filter generation) / L per layer."
+    "Training FLOPs per token at `seq_len`: 6*N_matmul + 3 * (FFT mixing + filter generation) / L per resonance "
+    "layer + 12 * D * (keys read per query) per attention layer."
     L, D, K, n = seq_len, self.dim, self.num_frequencies, fft_size(seq_len)
     fft = 2.5 * n * math.log2(n)
     mixing = D * (2 * fft + 6 * (n // 2 + 1))  # per sequence: rfft(u), irfft(U*H), the product
     filt = 4 * D * K * L + D * fft             # per sequence (shared by the batch): resonance sum + rfft(h)
-    return self.matmul_flops_per_token() + 3.0 * self.num_layers * (mixing + filt) / L
+    W = self.attention_window if 0 < self.attention_window < L else L
+    keys = (W * (W + 1) / 2 + (L - W) * W) / L  # mean keys per query: t + 1 up to the window, then W
+    n_att = len(self.attention_layers)          # QK^T and AV: 2 * 2 * D * keys forward, x3 for training
+    return self.matmul_flops_per_token() + 3.0 * (self.num_layers - n_att) * (mixing + filt) / L + n_att * 12 * D * keys
 
 # %% ../nbs/04_resonance.ipynb #57a5eb3c
 MODEL_SIZES = {  # name: shape; the true parameter counts are printed below
@@ -433,7 +521,8 @@ def config_for(size: str,        # one of MODEL_SIZES
 @dataclass
 class ResonanceState:
     "What generation carries from one token to the next: per layer the resonance states and short-conv inputs."
-    layers: list[dict]        # per block: 'x' (B, D, K) complex states, 'window' (B, 3D, short_conv-1), poles z, a
+    layers: list[dict]        # per block: 'x' (B, D, K) complex states, 'window' (B, 3D, short_conv-1), poles z,
+                              # a; for an attention block its KV cache 'k', 'v' (B, H, n, D/H), 'valid' (B, n)
     position: torch.Tensor    # (B,) int64: the next token's position in its document (its row of the position table)
     length: int               # tokens in the context so far
 

@@ -54,8 +54,10 @@ def without_legalnb(tmp_path, code: str) -> dict:
     return torch.load(run_dir/'result.pt')
 
 
-def test_resonance_export_round_trip_without_legalnb(tmp_path, tok):
-    m = resonance()
+@pytest.mark.parametrize('kw', [{}, dict(attention_layers=[1], attention_window=150)], ids=['resonance', 'hybrid'])
+def test_resonance_export_round_trip_without_legalnb(tmp_path, tok, kw):
+    "Also the hybrid with a (windowed) attention block: its KV cache is part of the generation state."
+    m = resonance(**kw)
     native(tmp_path/'run'/'model', m, tok)
     files = export_model(tmp_path/'run', tmp_path/'hf')
     assert {'config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json',

@@ -318,3 +318,86 @@ def test_bench_generate_worker_and_table(monkeypatch):
     assert rows[0]['tokens'][:3] == rows[1]['tokens'] and rows[0]['ms_per_token'] > 0 and rows[0]['prefill_s'] > 0
     table = bench.fmt_table(rows)
     assert table.splitlines()[2].split('|')[1].strip() == '101' and table.rstrip().endswith('yes |')
+
+
+# The hybrid (issue 19): attention mixers in the blocks of `attention_layers`, full or windowed. Every guarantee
+# of the all-resonance model must hold for it too: causality, document resets, exact recurrent generation.
+HYBRIDS = [dict(attention_layers=[1]), dict(attention_layers=[0], attention_window=7)]
+
+
+@pytest.mark.parametrize('kw', HYBRIDS, ids=['full', 'window'])
+def test_hybrid_causality_and_document_alone_float64(kw):
+    m = tiny(**kw).double().eval()
+    for L, t in [(5, 2), (65, 64), (211, 100)]:
+        change, grad = causality_violation(m, L, t, seed=L)
+        assert change < 1e-10 and grad < 1e-10, (L, t, change, grad)
+    L = 131
+    ds = random_starts(1, L, 9, seed=5); ds[0, L - 1] = True
+    ids = torch.randint(0, 97, (1, L))
+    with torch.no_grad():
+        packed = m(ids, doc_starts=ds)
+        edges = ds[0].nonzero().flatten().tolist() + [L]
+        for s, e in zip(edges, edges[1:]):
+            assert (packed[:, s:e] - m(ids[:, s:e])).abs().max() < 1e-10, (s, e)
+
+
+@pytest.mark.parametrize('kw', HYBRIDS, ids=['full', 'window'])
+@pytest.mark.parametrize('L,n', [(97, 3), (301, 40), (64, 63)])
+def test_hybrid_leakage_probe_float32(kw, L, n):
+    m = tiny(init_std=0.1, **kw).eval()
+    ds = random_starts(2, L, n, seed=L)
+    assert document_leakage(m, ds) <= 1e-5
+    assert document_leakage(m, ds, mask=False) > 1e-4, 'the probe can fail: without resets documents leak'
+
+
+@pytest.mark.parametrize('kw', HYBRIDS, ids=['full', 'window'])
+@pytest.mark.parametrize('P,starts,new', [(37, None, 256), (101, [0, 20, 21, 77], 256), (150, [0, 149], 64)])
+def test_hybrid_recurrent_generation_equals_recompute(kw, P, starts, new):
+    "The KV cache of the attention block continues the FFT path exactly: greedy tokens equal, logits within 1e-4."
+    m = tiny(max_seq_len=600, init_std=0.2, seed=P, **kw).eval()
+    ids = torch.randint(0, 97, (2, P))
+    ds = None
+    if starts is not None:
+        ds = torch.zeros(2, P, dtype=torch.bool); ds[0, starts] = True; ds[1, starts[-1]] = True
+    fast = m.generate(ids, new, temperature=0, doc_starts=ds)
+    assert torch.equal(fast, m.generate(ids, new, temperature=0, doc_starts=ds, recurrent=False))
+    full_ds = None if ds is None else torch.cat([ds, torch.zeros(2, new, dtype=torch.bool)], 1)
+    with torch.no_grad(): ref = m(fast, doc_starts=full_ds)
+    logits, state = m.prefill(ids, ds)
+    assert (logits - ref[:, :P]).abs().max() < 1e-4
+    worst = 0.0
+    for t in range(P, P + new - 1): worst = max(worst, (m.step(fast[:, t], state) - ref[:, t]).abs().max().item())
+    assert worst < 1e-4, worst
+    if kw.get('attention_window'): assert state.layers[0]['k'].shape[2] == kw['attention_window'] - 1, 'bounded cache'
+
+
+def test_hybrid_save_load_and_old_configs(tmp_path):
+    "A hybrid round-trips; a config.json written before the switch existed loads as the all-resonance model."
+    from legalnb.resonance import ResonanceAttention, ResonanceLayer
+    h = tiny(**HYBRIDS[1]).eval()
+    h.save(tmp_path/'h')
+    assert json.loads((tmp_path/'h'/'config.json').read_text())['attention_layers'] == [0]
+    h2 = ResonanceLanguageModel.load(tmp_path/'h')
+    assert h2.config == h.config and isinstance(h2.backbone.blocks[0].mixer, ResonanceAttention)
+    ids = torch.randint(0, 97, (1, 50))
+    with torch.no_grad(): assert torch.equal(h(ids), h2.eval()(ids))
+    old = tiny().eval()
+    old.save(tmp_path/'old')
+    cfg = json.loads((tmp_path/'old'/'config.json').read_text())
+    for f in ('attention_layers', 'attention_window'): del cfg[f]
+    (tmp_path/'old'/'config.json').write_text(json.dumps(cfg))
+    o2 = ResonanceLanguageModel.load(tmp_path/'old').eval()
+    assert all(isinstance(b.mixer, ResonanceLayer) for b in o2.backbone.blocks)
+    with torch.no_grad(): assert torch.equal(old(ids), o2(ids))
+
+
+def test_hybrid_flops_and_parameters():
+    "An attention block has the resonance mixer's matrices; its FLOPs grow with L, a window's stop at W."
+    base, full = ResonanceConfig(**TINY), ResonanceConfig(**TINY, attention_layers=[1])
+    win = ResonanceConfig(**TINY, attention_layers=[1], attention_window=64)
+    assert full.matmul_params() == base.matmul_params()
+    assert full.flops_per_token(4096) > 2 * full.flops_per_token(1024) > 0
+    assert win.flops_per_token(8192) - win.matmul_flops_per_token() < 1.2 * (win.flops_per_token(1024)
+                                                                              - win.matmul_flops_per_token())
+    n_res, n_hyb = tiny().num_params(non_embedding=True), tiny(attention_layers=[1]).num_params(non_embedding=True)
+    assert 0.9 * n_res < n_hyb < n_res
