@@ -46,6 +46,9 @@ train: {{}}                # flags of `legalnb train`: max_steps, dim, num_layer
 finetune: {{}}             # flags of `legalnb finetune` (a Hugging Face model): max_steps, lr, force_single ...
 evaluate:
   citations: 500
+# stage2:                # two-stage training (native models): then a second run on the best documents only
+#   select: {{target_tokens: 200M}}   # flags of `legalnb select` for the subset (the best by score; or threshold)
+#   train: {{lr: 1.0e-4, batch_size: 8, max_steps: 500}}   # its own train flags; init_optimizer: true carries AdamW
 '''
 
 def write_plan(input: list[str] | None = None, out: str | None = None, preset: str | None = None,
@@ -56,7 +59,8 @@ def write_plan(input: list[str] | None = None, out: str | None = None, preset: s
 
 # %% ../nbs/14_run.ipynb #b7150321
 def _command(stage: str):
-    "The documented function and parser of `legalnb STAGE`."
+    "The documented function and parser of `legalnb STAGE` (a second stage's `select-2` is `legalnb select`)."
+    stage = stage.removesuffix('-2')
     if stage == 'parse':
         from legalnb.sources import parse_command as f
     elif stage == 'select':
@@ -109,13 +113,18 @@ def read_plan(path: str | Path | None) -> tuple[dict, Path]:
         raise LegalnbError(f'{path}: not valid YAML ({f"line {mark.line + 1}: " if mark else ""}'
                            f'{getattr(e, "problem", None) or e})') from None
     if not isinstance(raw, dict): raise LegalnbError(f'{path}: expected a mapping (input:, out:, parse:, ...)')
-    sections = {*TOP, *STAGES, 'finetune'}
+    sections = {*TOP, *STAGES, 'finetune', 'stage2'}
     if bad := sorted(map(str, set(raw) - sections)):
         raise LegalnbError(f'{path}: unknown key(s) {", ".join(bad)}; a plan has {", ".join(sorted(sections))} '
                            '(legalnb run --write-plan prints one)')
-    for k in {*STAGES, 'finetune'} & set(raw):
+    for k in {*STAGES, 'finetune', 'stage2'} & set(raw):
         if raw[k] is None: raw[k] = {}
         if not isinstance(raw[k], dict): raise LegalnbError(f'{path}: {k}: expected a mapping of flag: value')
+    for k, v in (raw.get('stage2') or {}).items():
+        if k not in ('select', 'train'):
+            raise LegalnbError(f'{path}: stage2.{k}: unknown; stage2 has select: and train: (the flags of each)')
+        if v is None: raw['stage2'][k] = {}
+        elif not isinstance(v, dict): raise LegalnbError(f'{path}: stage2.{k}: expected a mapping of flag: value')
     return raw, path.parent
 
 # %% ../nbs/14_run.ipynb #1788a77b
@@ -208,10 +217,37 @@ def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None)
         t = {'preset': None if preset == 'none' else preset, 'model': model, 'size': size} | sec['train']
         stages.append(Stage('train', ['--data', str(data), '--out', str(work/'run'), *_argv('train', t, '')],
                             [work/'split'/'split.json'], work/OUTPUTS['train']))
+        if plan.get('stage2') is not None: stages += _second_stage(plan['stage2'], t, b, work, stage_to)
+    final = stages[-1]
     e = sec['evaluate'] | {'data': str(work/'corpus'/'heldout.jsonl'), 'progress': False}
-    stages.append(Stage('evaluate', [str(work/'run'), '--out', str(work/'eval'), *_argv('evaluate', e, '')],
-                        [work/OUTPUTS[trainer]], work/OUTPUTS['evaluate']))
+    stages.append(Stage('evaluate', [str(final.output.parent), '--out', str(work/'eval'), *_argv('evaluate', e, '')],
+                        [final.output], work/OUTPUTS['evaluate']))
     return stages, top | {'sections': sec}
+
+def _second_stage(s2: dict, first: dict, b: dict, work: Path, stage_to: str | None) -> list[Stage]:
+    "select-2, build-corpus-2, split-2, train-2: the best documents, the first corpus's tokenizer and held-out acts."
+    from legalnb.train import config_from_args
+    sel, t = {'target_tokens': '2B'} | dict(s2.get('select') or {}), first | dict(s2.get('train') or {})
+    for k in ('data', 'out', 'init_from'):
+        if k in t: raise LegalnbError(f'stage2.train.{k}: set by legalnb run (the first run\'s weights); drop it')
+    if t.get('init_optimizer'):   # AdamW's state lives in the checkpoints: the first run's last one
+        steps = config_from_args(_argv('train', first, '')).max_steps
+        start = work/'run'/'checkpoints'/f'step-{steps:08d}'
+    else: start = work/'run'/'model'
+    # the same share and seed of held-out acts: an act is held out by a hash of its key, in any subset of the acts
+    c = {k: v for k, v in b.items() if k != 'train_tokenizer'} | {'tokenizer': str(work/'corpus'/'tokenizer.json')}
+    data = Path(stage_to)/'split-2' if stage_to else work/'split-2'
+    return [Stage('select-2', [str(work/'parsed.jsonl'), '--out', str(work/'selected-2.jsonl'), '--report',
+                               str(work/'selection-2.json'), *_argv('select', sel, 'stage2.')],
+                  [work/'parsed.jsonl'], work/'selected-2.jsonl'),
+            Stage('build-corpus-2', [str(work/'selected-2.jsonl'), '--out', str(work/'corpus-2'),
+                                     *_argv('build-corpus', c, '')],
+                  [work/'selected-2.jsonl', work/'corpus'/'tokenizer.json'], work/'corpus-2'/'manifest.json'),
+            Stage('split-2', [str(work/'corpus-2'), '--out', str(work/'split-2')],
+                  [work/'corpus-2'/'manifest.json'], work/'split-2'/'split.json'),
+            Stage('train-2', ['--data', str(data), '--out', str(work/'run-2'), '--init-from', str(start),
+                              *_argv('train', t, 'stage2.')],
+                  [work/'split-2'/'split.json', work/OUTPUTS['train']], work/'run-2'/'summary.json')]
 
 def _is_hf(model: str, base: Path) -> bool:
     "Is `model` a Hugging Face model folder (a config.json with a model_type) rather than a registered name?"
@@ -235,6 +271,9 @@ def check_plan(stages: list[Stage], top: dict) -> dict:
         except LegalnbError as e: raise LegalnbError(f'{s.name}: {e}') from None
     sec, b = top['sections'], top['sections']['build-corpus']
     seq_len = int(parse_number(b['seq_len']))
+    if any(s.name == 'train-2' for s in stages) and not 0 < float(b.get('val_docs') or 0) < 1:
+        raise LegalnbError(f"stage2 and build-corpus.val_docs {b.get('val_docs')}: the second corpus holds out the "
+                           'same acts only when val_docs is a share (0.01), not a count; set a share')
     if float(b.get('val_docs') or 0) == 0:
         raise LegalnbError('build-corpus.val_docs is 0, and evaluate (and the validation loss) scores held-out acts: '
                            'set build-corpus.val_docs (0.01 holds out 1% of the acts)')
@@ -467,7 +506,7 @@ def _run_stage(s: Stage, argv: list[str]):
     "Run `legalnb STAGE ARGV` in this process; a failure stops the run."
     from legalnb.cli import COMMANDS
     import importlib
-    module, func = COMMANDS[s.name][0].split(':')
+    module, func = COMMANDS[s.name.removesuffix('-2')][0].split(':')   # select-2 is legalnb select
     if getattr(importlib.import_module(module), func)(argv):
         raise LegalnbError(f'the {s.name} stage failed; see its messages above')
 
@@ -476,7 +515,7 @@ def _train(s: Stage, work: Path, top: dict, info: dict, opts: dict, resuming: bo
     from legalnb.presets import get_preset
     from legalnb.train import config_from_args, train, list_checkpoints
     man = read_json(work/'corpus'/'manifest.json', 'a corpus manifest')
-    argv = [*s.argv, *(['--resume'] if resuming else ['--overwrite'] if (work/'run').exists() else [])]
+    argv = [*s.argv, *(['--resume'] if resuming else ['--overwrite'] if s.output.parent.exists() else [])]
     cfg = config_from_args(argv)
     why = 'no preset: the trainer\'s defaults and the train flags' if top['preset'] == 'none' else get_preset(
         'scratch', top['preset'], top['size'], model=top['model']).why
@@ -493,7 +532,7 @@ def _train(s: Stage, work: Path, top: dict, info: dict, opts: dict, resuming: bo
               'steps agree')
     if not confirm(opts['yes']): raise LegalnbError('training not started: not confirmed (--yes skips the question)')
     guard = BudgetGuard(opts['max_cost'], opts['deadline'], opts['price_per_hour'], max(1, _gpus()))
-    if resuming: print(f'train: resuming {work/"run"} from its newest checkpoint')
+    if resuming: print(f'{s.name}: resuming {s.output.parent} from its newest checkpoint')
     summary = train(cfg, [guard])
     summary.update(estimate_s=e.seconds, forecast=guard.forecast)
     return summary
@@ -529,12 +568,15 @@ def _stopped_message(summary: dict, opts: dict) -> str:
             f"continue with:  {shlex.join(['legalnb', 'run', *again, '--resume', *need])}")
 
 # %% ../nbs/14_run.ipynb #b5f92eea
-WORK_NAMES = {'parsed.jsonl', 'parse_report.json', 'selected.jsonl', 'selection.json', 'corpus', 'split', 'run', 'eval',
-              'report.md', 'loss.png', RECORDS}   # what legalnb run writes in its work folder
+WORK_NAMES = {  # what legalnb run writes in its work folder (a second stage's too)
+              'parsed.jsonl', 'parse_report.json', 'selected.jsonl', 'selection.json', 'corpus', 'split', 'run', 'eval',
+              'report.md', 'loss.png', RECORDS,
+              'selected-2.jsonl', 'selection-2.json', 'corpus-2', 'split-2', 'run-2'}
 
 def _ours(rel: Path) -> bool:
     "Did legalnb run (or one of its stages: temporary files, a corpus rebuild) write this file of the work folder?"
     return rel.parts[0] in WORK_NAMES or rel.parts[0].startswith(('.parsed.jsonl', '.selected.jsonl', '.corpus.',
+                                                                  '.selected-2.jsonl', '.corpus-2.', '.split-2.',
                                                                   '.split.', '.report.md', '.loss.png'))
 
 def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> dict:
@@ -552,8 +594,9 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
     info = check_plan(stages, top)
     work, names = top['out'], [s.name for s in stages]
     refuse_foreign_files(work, lambda rel: _ours(rel) or rel.parts[0] in opts.get('ours', ()), '--out')
-    t = names.index('finetune' if top['hf'] else 'train')
+    trainers = [i for i, n in enumerate(names) if n in ('train', 'train-2', 'finetune')]
     reasons = [why_stale(s, read_record(work, s.name)) for s in stages]
+    t = next((i for i in trainers if reasons[i]), trainers[-1])   # the training to run (or resume) first
     first = next((i for i, r in enumerate(reasons) if r), len(stages))
     if opts['resume'] and reasons[t] != 'interrupted: resuming':
         raise LegalnbError(f'--resume continues a stopped or interrupted training, and {work} holds none ('
@@ -576,11 +619,12 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
         write_record(work, s.name, dict(stage=s.name, argv=s.argv, inputs=inputs, finished=False))
         print(f'\n[{i + 1}/{len(stages)}] {s.name}' + (' (resuming)' if resuming and i >= t else ''), flush=True)
         t0 = time.perf_counter()
-        if s.name == 'split': shutil.rmtree(work/'split', ignore_errors=True)   # split writes a new folder
-        if s.name == 'train':
-            if opts['stage_to']: stage_split(work/'split', Path(opts['stage_to'])/'split')
+        if s.name in ('split', 'split-2'): shutil.rmtree(s.output.parent, ignore_errors=True)   # a new folder
+        if s.name in ('train', 'train-2'):
+            split_dir = Path(_value(s.argv, '--data'))
+            if opts['stage_to']: stage_split(work/split_dir.name, split_dir)
             from legalnb.train import list_checkpoints
-            summary = _train(s, work, top, info, opts, resuming and bool(list_checkpoints(work/'run')))
+            summary = _train(s, work, top, info, opts, resuming and bool(list_checkpoints(s.output.parent)))
             if summary.get('stopped'): return dict(stopped=summary, stages=stages, work=work)
         elif s.name == 'finetune':
             _before_finetune(top, opts)
@@ -592,7 +636,8 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
         else: _run_stage(s, s.argv)
         write_record(work, s.name, dict(stage=s.name, argv=s.argv, inputs=inputs, finished=True,
                                         output=fingerprint(s.output), seconds=round(time.perf_counter() - t0, 3),
-                                        **({'estimate_s': summary.get('estimate_s')} if s.name == 'train' else {})))
+                                        **({'estimate_s': summary.get('estimate_s')} if s.name in ('train', 'train-2')
+                                           else {})))
     return dict(stages=stages, work=work, top=top, summary=summary)
 
 # %% ../nbs/14_run.ipynb #ec4d9824
@@ -617,6 +662,11 @@ def write_report(work: Path, stages: list[Stage], top: dict) -> Path:
     if s: made['train'] = ('`run/`', f'{s["steps"]:,} steps, {s["tokens"]:,} tokens, {s["params"]:,} parameters')
     if (work/'run'/'finetune.json').exists():
         f = read_json(work/'run'/'finetune.json'); made['finetune'] = ('`run/`', f'{f["steps"]:,} steps')
+    for n, out in (('select-2', 'selected-2.jsonl'), ('build-corpus-2', 'corpus-2'), ('split-2', 'split-2')):
+        if (work/out).exists(): made[n] = (f'`{out}`', 'the second stage\'s data: the best documents')
+    if (work/'run-2'/'summary.json').exists():
+        s2 = read_json(work/'run-2'/'summary.json', 'a run summary')
+        made['train-2'] = ('`run-2/`', f'{s2["steps"]:,} steps, {s2["tokens"]:,} tokens from the weights of run/')
     r = read_json(work/'eval'/'eval.json', 'an evaluation') if (work/'eval'/'eval.json').exists() else None
     if r: made['evaluate'] = ('`eval/`', f'loss {r["overall"]["loss"]:.3f}, '
                               f'{r["overall"]["bits_per_byte"]:.3f} bits per byte')

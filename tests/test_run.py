@@ -258,3 +258,33 @@ def test_command_line_paths_start_from_the_shell_plan_paths_from_the_plan(sample
     assert main(['run', str(tmp_path/'plans'/'plan.yaml'), '--out', 'elsewhere', '--seq-warmup-steps', '0']) == 2
     err = capsys.readouterr().err
     assert f'--out {tmp_path/"cwd"/"elsewhere"} holds files legalnb did not write (notes.txt)' in err, err
+
+def test_a_second_stage_on_the_best_documents_from_the_first_run_weights(sample, tmp_path, capsys):
+    "stage2: in the plan adds select-2, build-corpus-2, split-2, train-2 (from run/model); evaluate scores run-2."
+    plan, work = tmp_path/'plan.yaml', tmp_path/'work'
+    plan.write_text(yaml.safe_dump({'input': [str(sample)], 'out': str(work)}))
+    assert main(['run', str(plan), *TINY]) == 0
+    plan.write_text(yaml.safe_dump({'input': [str(sample)], 'out': str(work), 'stage2': {
+        'select': {'target_tokens': '30k'}, 'train': {'lr': 3e-4, 'batch_size': 2}}}))
+    capsys.readouterr()
+    assert main(['run', str(plan), *TINY, '--max-cost', '1', '--price-per-hour', '3.6e6']) == 3
+    out = capsys.readouterr().out
+    assert 'train: skipped, up to date' in out and 'select-2: not run yet: it runs' in out, out
+    assert 'stopped cleanly at step 10 of 20' in out and not (work/'run-2'/'summary.json').exists(), out
+    assert main(['run', str(plan), *TINY, '--resume', '--max-cost', '1e9', '--price-per-hour', '3.6e6']) == 0
+    out = capsys.readouterr().out
+    assert out.count('skipped, up to date') == 8 and '[9/10] train-2 (resuming)' in out, out
+    s2 = json.loads((work/'run-2'/'summary.json').read_text())
+    assert s2['resumed_from'] == 10 and s2['steps'] == 10
+    argv = json.loads((work/'.legalnb-run'/'train-2.json').read_text())['argv']
+    assert argv[argv.index('--init-from') + 1] == str(work/'run'/'model') and str(work/'split-2') in argv
+    ev = json.loads((work/'.legalnb-run'/'evaluate.json').read_text())['argv']
+    assert ev[0] == str(work/'run-2')
+    assert '| train-2 | `run-2/` | 10 steps' in (work/'report.md').read_text(), 'steps of the resumed process'
+    held = set(json.loads((work/'corpus'/'manifest.json').read_text())['heldout_celex'])
+    m2 = json.loads((work/'corpus-2'/'manifest.json').read_text())
+    assert m2['tokenizer_sha256'] == json.loads((work/'corpus'/'manifest.json').read_text())['tokenizer_sha256']
+    trained = {json.loads(l)['celex'] for l in (work/'selected-2.jsonl').read_text().splitlines()} - set(m2['heldout_celex'])
+    assert not trained & held, 'no act held out by the first corpus is trained on in the second stage'
+    ck = json.loads((work/'run-2'/'checkpoints'/'step-00000020'/'config.json').read_text())['config']
+    assert (ck['init_from'], ck['lr'], ck['batch_size']) == (str(work/'run'/'model'), 3e-4, 2), 'its own values'
