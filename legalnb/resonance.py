@@ -215,16 +215,19 @@ class ResonanceAttention(nn.Module):
     "Causal softmax attention as a block's mixer (the hybrid): recall by content, and a KV cache for generation."
     def __init__(self, config: ResonanceConfig):
         super().__init__()
-        D = config.dim
+        D, k = config.dim, config.short_conv
         self.heads = D // 64 if D % 64 == 0 else 1    # head_dim 64 (GPT-2's) when the width allows, else one head
         self.window = config.attention_window
         self.qkv = nn.Linear(D, 3 * D, bias=False)
+        # the resonance mixer's short convolution, on q, k, v: a key can carry the token before it, so that one
+        # attention block finds "the token after this key" (MQAR) without an induction head of two blocks
+        self.short = nn.Conv1d(3 * D, 3 * D, k, groups=3 * D, padding=k - 1)
         self.out_proj = nn.Linear(D, D, bias=False)
 
-    def split(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:   # (B, L, D) -> q, k, v each (B, H, L, D/H)
-        "Queries, keys and values, heads first."
-        B, L, D = x.shape
-        return self.qkv(x).view(B, L, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+    def heads_first(self, zs: torch.Tensor) -> tuple[torch.Tensor, ...]:  # (B, 3D, L) -> q, k, v (B, H, L, D/H)
+        "Queries, keys and values from the short convolution's output, heads first."
+        B, _, L = zs.shape
+        return zs.view(B, 3, self.heads, -1, L).permute(1, 0, 2, 4, 3).unbind(0)
 
     def forward(self, x: torch.Tensor,                     # (B, L, D)
                 doc_starts: torch.Tensor | None = None,    # (B, L) bool: attend only within each document
@@ -232,32 +235,41 @@ class ResonanceAttention(nn.Module):
                ) -> torch.Tensor:                          # (B, L, D)
         "Attend causally (within each document, within the window)."
         B, L, D = x.shape
-        q, k, v = self.split(x)
+        z = self.qkv(x).transpose(1, 2)                        # (B, 3D, L)
+        if doc_starts is None: zs = self.short(z)[..., :L]
+        else: zs = short_conv_reset(self.short, z, document_positions(doc_starts))
+        q, k, v = self.heads_first(zs)
         if doc_starts is None and not self.window: y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             mask = attention_mask(L, self.window, doc_starts, x.device)   # (B or 1, 1, L, L)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        if states is not None: states.append(self.recurrent_state(k, v, doc_starts))
+        if states is not None: states.append(self.recurrent_state(z, k, v, doc_starts))
         return self.out_proj(y.transpose(1, 2).reshape(B, L, D))
 
-    def recurrent_state(self, k: torch.Tensor, v: torch.Tensor,    # (B, H, L, D/H) the row's keys and values
+    def recurrent_state(self, z: torch.Tensor,                    # (B, 3D, L) the short convolution's input
+                        k: torch.Tensor, v: torch.Tensor,          # (B, H, L, D/H) the row's keys and values
                         doc_starts: torch.Tensor | None = None,    # (B, L) bool
-                       ) -> dict:                 # 'k', 'v' (B, H, n, D/H) and 'valid' (B, n): in the last document
-        "The KV cache after the last position: the latest window - 1 keys (all without a window), those of the "
-        "last document marked valid."
+                       ) -> dict:   # 'k', 'v' (B, H, n, D/H), 'valid' (B, n), 'window' (B, 3D, short_conv-1)
+        "The KV cache after the last position (the latest window - 1 keys, all without a window; those of the "
+        "last document marked valid) and the short convolution's last inputs."
         B, H, L, _ = k.shape
         last = (document_positions(doc_starts)[:, -1] if doc_starts is not None
                 else torch.full((B,), L - 1, device=k.device))
         valid = torch.arange(L, device=k.device) >= (L - 1 - last)[:, None]   # (B, L)
         n = L if not self.window else min(L, self.window - 1)
-        return {'k': k[:, :, L - n:], 'v': v[:, :, L - n:], 'valid': valid[:, L - n:]}
+        back = torch.arange(self.short.kernel_size[0] - 1, 0, -1, device=z.device)   # as ResonanceLayer's state
+        window = F.pad(z, (len(back), 0))[..., L:] * (last[:, None] + 1 >= back)[:, None]
+        return {'k': k[:, :, L - n:], 'v': v[:, :, L - n:], 'valid': valid[:, L - n:], 'window': window}
 
     def step(self, x: torch.Tensor,   # (B, D) the new token's normalised activations
              state: dict,             # the layer's `recurrent_state`, updated in place
             ) -> torch.Tensor:        # (B, D)
         "Attend from one new token to the cache plus itself: O(D min(L, W))."
         B, D = x.shape
-        q, k, v = self.split(x[:, None])                                       # (B, H, 1, D/H)
+        buf = torch.cat([state['window'], self.qkv(x)[..., None]], -1)        # (B, 3D, k): oldest input first
+        zs = (buf * self.short.weight[:, 0]).sum(-1) + self.short.bias          # (B, 3D)
+        q, k, v = self.heads_first(zs[..., None])                              # (B, H, 1, D/H)
+        state['window'] = buf[..., 1:]
         K, V = torch.cat([state['k'], k], 2), torch.cat([state['v'], v], 2)
         valid = torch.cat([state['valid'], state['valid'].new_ones(B, 1)], 1)
         y = F.scaled_dot_product_attention(q, K, V, attn_mask=valid[:, None, None])
@@ -334,7 +346,7 @@ class ResonanceLanguageModel(nn.Module):
                 nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.config.num_layers))
             else: nn.init.normal_(p, 0.0, std)
         for block in self.backbone.blocks:
-            if isinstance(block.mixer, ResonanceLayer): nn.init.zeros_(block.mixer.short.bias)
+            nn.init.zeros_(block.mixer.short.bias)
 
     def embed(self, input_ids: torch.Tensor,                 # (B, L) int
               doc_starts: torch.Tensor | None = None,        # (B, L) bool: positions restart at each document

@@ -50,3 +50,12 @@ def test_gpt_learns_single_key_recall(bench):
     results = {('single', 64, 1): {'gpt': r, 'resonance': dict(r, acc=r['acc'] / 2)}}
     t = bench.table(results, ['gpt', 'resonance'])
     assert '| resonance / gpt |' in t and '0.50 |' in t and '12.5%' in t
+
+
+def test_hybrid_recalls(bench):
+    "The switch of issue 19: with one attention block (block 0) ResonanceNet recalls the key (the all-resonance model"
+    "stays at chance: the notebook's negative result and bench/recall.py's table)."
+    torch.set_num_threads(1)
+    hybrid = bench.train_and_score('resonance:attention_layers=[0]', 'single', 64, 1, 3e-3, steps=150, batch=16,
+                                   dim=64, layers=2, frequencies=8)
+    assert hybrid['acc'] > 0.5, hybrid

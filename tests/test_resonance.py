@@ -350,8 +350,8 @@ def test_hybrid_leakage_probe_float32(kw, L, n):
     assert document_leakage(m, ds, mask=False) > 1e-4, 'the probe can fail: without resets documents leak'
 
 
-@pytest.mark.parametrize('kw', HYBRIDS, ids=['full', 'window'])
-@pytest.mark.parametrize('P,starts,new', [(37, None, 256), (101, [0, 20, 21, 77], 256), (150, [0, 149], 64)])
+@pytest.mark.parametrize('kw,P,starts,new', [(HYBRIDS[0], 37, None, 256), (HYBRIDS[0], 101, [0, 20, 21, 77], 256),
+                                             (HYBRIDS[1], 101, [0, 20, 21, 77], 256), (HYBRIDS[1], 150, [0, 149], 64)])
 def test_hybrid_recurrent_generation_equals_recompute(kw, P, starts, new):
     "The KV cache of the attention block continues the FFT path exactly: greedy tokens equal, logits within 1e-4."
     m = tiny(max_seq_len=600, init_std=0.2, seed=P, **kw).eval()
