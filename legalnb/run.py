@@ -452,6 +452,7 @@ def training_estimate(cfg, seq_len: int, vocab: int, price: float,
         try: find_gpu(gpu)
         except LegalnbError: print(f'estimate: {gpu} is not in the GPU table: no time or cost'); gpu = None
     plan = Plan(steps=cfg.max_steps, seq_len=seq_len, micro_batch=cfg.batch_size, grad_accum=cfg.grad_accum,
+                batch_schedule=cfg.batch_schedule,
                 gpus=max(1, n), params=matmul / 6, mixing_flops_per_token=spec.flops_per_token(mc, seq_len) - matmul,
                 layers=getattr(mc, 'num_layers', None), d_model=getattr(mc, 'dim', None), vocab=vocab,
                 gpu=gpu, mfu=0.4 if gpu else None, price_per_hour=price if gpu else None, task='scratch',

@@ -288,3 +288,11 @@ def test_a_second_stage_on_the_best_documents_from_the_first_run_weights(sample,
     assert not trained & held, 'no act held out by the first corpus is trained on in the second stage'
     ck = json.loads((work/'run-2'/'checkpoints'/'step-00000020'/'config.json').read_text())['config']
     assert (ck['init_from'], ck['lr'], ck['batch_size']) == (str(work/'run'/'model'), 3e-4, 2), 'its own values'
+
+def test_the_estimate_before_training_prices_a_batch_schedule():
+    from legalnb.run import training_estimate
+    from legalnb.train import TrainConfig
+    cfg = TrainConfig(batch_size=2, batch_schedule='0:8,10:2', max_steps=20, device='cpu', dim=16, num_layers=1,
+                      num_frequencies=4)
+    e = training_estimate(cfg, 32, 300, 2.5)
+    assert (e.steps, e.sequences, e.tokens) == (20, 2 * (10 * 8 + 10 * 2), 2 * (10 * 8 + 10 * 2) * 32)
