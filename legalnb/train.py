@@ -634,7 +634,8 @@ def check_resume(saved: dict,  # the model config stored in the checkpoint
                  current,      # the model config this run builds (ResonanceConfig, GPTConfig, ...)
                  path: Path):
     "Raise if a checkpoint's model config differs from this run's in shape."
-    now = current.to_dict()
+    now = json.loads(json.dumps(current.to_dict()))   # as the checkpoint stores it: a tuple field reads back a list
+    saved = json.loads(json.dumps(saved))
     diff = [f'{k} {saved.get(k)!r} != {now[k]!r}' for k in now if k != 'checkpointing' and saved.get(k) != now[k]]
     if diff: raise LegalnbError(f'{path}: checkpoint is from another model ({", ".join(diff)}); pass the --model, '
                                 '--size and overrides (--dim, --num-layers, ...) it was trained with, or a new --out')
