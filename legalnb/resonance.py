@@ -226,8 +226,9 @@ class ResonanceAttention(nn.Module):
 
     def heads_first(self, zs: torch.Tensor) -> tuple[torch.Tensor, ...]:  # (B, 3D, L) -> q, k, v (B, H, L, D/H)
         "Queries, keys and values from the short convolution's output, heads first."
-        B, _, L = zs.shape
-        return zs.view(B, 3, self.heads, -1, L).permute(1, 0, 2, 4, 3).unbind(0)
+        B, _, L = zs.shape   # head_dim made the contiguous axis: the fused (flash) kernels need it, and without
+        # them SDPA falls back to the L x L matrix (20 GB at 32k on the CPU)
+        return zs.transpose(1, 2).contiguous().view(B, L, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
 
     def forward(self, x: torch.Tensor,                     # (B, L, D)
                 doc_starts: torch.Tensor | None = None,    # (B, L) bool: attend only within each document
