@@ -68,8 +68,11 @@ class ResonanceConfig:
         return int(round(self.mlp_ratio * self.dim))
 
     def to_dict(self) -> dict:
-        "A JSON-ready dict of the fields."
-        return asdict(self)
+        "A JSON-ready dict of the fields; the hybrid's only when used, so an all-resonance config is the one older "
+        "versions wrote and read (and a resumed run's saved config compares equal)."
+        d = asdict(self)
+        if not self.attention_layers: del d['attention_layers'], d['attention_window']
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> 'ResonanceConfig':
