@@ -16,11 +16,11 @@ from fastcore.basics import patch
 from safetensors.torch import save_file, load_file
 
 from .core import LegalnbError, atomic_write, read_json
+from .resonance import next_token   # the one sampling rule of every model
 
 # %% auto #0
 __all__ = ['MODEL_SIZES', 'ARCHITECTURE', 'GPTConfig', 'rope_angles', 'apply_rope', 'document_mask', 'KVCache',
-           'CausalSelfAttention', 'SwiGLU', 'GPTBlock', 'GPTLanguageModel', 'document_leakage', 'config_for',
-           'next_token']
+           'CausalSelfAttention', 'SwiGLU', 'GPTBlock', 'GPTLanguageModel', 'document_leakage', 'config_for']
 
 # %% ../nbs/04a_gpt.ipynb #9e815b39
 _POSITIVE_INTS = ('vocab_size', 'dim', 'num_layers', 'num_heads', 'max_seq_len', 'mlp_multiple_of')
@@ -306,19 +306,6 @@ def config_for(size: str,        # one of MODEL_SIZES
     return GPTConfig(vocab_size=vocab_size, **{**MODEL_SIZES[size], **overrides})
 
 # %% ../nbs/04a_gpt.ipynb #757fc69c
-def next_token(logits: torch.Tensor,                 # (B, V) float logits of the last position
-               temperature: float = 1.0,             # 0 = greedy; < 1 sharper, > 1 flatter
-               top_k: int | None = None,             # sample only among the k most likely tokens
-               generator: torch.Generator | None = None,
-              ) -> torch.Tensor:                     # (B, 1) int64
-    "The next token of each row: argmax at temperature 0, else a sample from the tempered, top-k softmax."
-    if temperature == 0: return logits.argmax(-1, keepdim=True)
-    logits = logits / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float('-inf'))
-    return torch.multinomial(logits.softmax(-1), 1, generator=generator)
-
 @patch
 @torch.no_grad()
 def generate(self: GPTLanguageModel,

@@ -21,7 +21,7 @@ from .core import LegalnbError, atomic_write, read_json
 __all__ = ['MODEL_SIZES', 'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length', 'ResonanceFilter',
            'ResonanceLayer', 'attention_mask', 'ResonanceAttention', 'ResonanceBlock', 'ResonanceNet',
            'ResonanceLanguageModel', 'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv',
-           'causality_violation', 'config_for', 'ResonanceState', 'recall_task']
+           'causality_violation', 'config_for', 'ResonanceState', 'next_token', 'recall_task']
 
 # %% ../nbs/04_resonance.ipynb #7d0ba3a2
 @dataclass
@@ -609,9 +609,12 @@ def step(self: ResonanceLanguageModel,
     state.position, state.length = state.position + 1, state.length + 1
     return self.head(x)
 
-def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
-                generator: torch.Generator | None) -> torch.Tensor:   # (B, V) -> (B, 1)
-    "Greedy at temperature 0, else a sample from the tempered, top-k softmax."
+def next_token(logits: torch.Tensor,                 # (B, V) float logits of the last position
+               temperature: float = 1.0,             # 0 = greedy; < 1 sharper, > 1 flatter
+               top_k: int | None = None,             # sample only among the k most likely tokens
+               generator: torch.Generator | None = None,
+              ) -> torch.Tensor:                     # (B, 1) int64
+    "The next token of each row: argmax at temperature 0, else a sample from the tempered, top-k softmax."
     if temperature == 0: return logits.argmax(-1, keepdim=True)
     logits = logits / temperature
     if top_k is not None:
@@ -643,7 +646,7 @@ def generate(self: ResonanceLanguageModel,
             if recurrent: logits, state = self.prefill(window, ds)
             else: logits = self(window, doc_starts=ds)
             logits = logits[:, -1]
-        ids = torch.cat([ids, _next_token(logits.float(), temperature, top_k, generator)], dim=1)
+        ids = torch.cat([ids, next_token(logits.float(), temperature, top_k, generator)], dim=1)
         if starts is not None: starts = torch.cat([starts, starts.new_zeros(starts.shape[0], 1)], dim=1)
     self.train(was_training)
     return ids
