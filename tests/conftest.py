@@ -68,3 +68,11 @@ def dist_runs(tmp_path_factory):
         return made[key]
     get.split_dir = split_dir
     return get
+
+def load_bench(name: str, monkeypatch):
+    "bench/NAME.py as a module, with bench/ first on the path (as `python bench/NAME.py` has it)."
+    import importlib.util
+    monkeypatch.syspath_prepend(str(ROOT/'bench'))
+    spec = importlib.util.spec_from_file_location(f'bench_{name}', ROOT/'bench'/f'{name}.py')
+    module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
+    return module

@@ -1,21 +1,15 @@
 "bench/recall.py: the MQAR rows are what the paper describes, and a tiny configuration learns above chance."
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
+from conftest import load_bench
 from legalnb.core import LegalnbError
 
 
 @pytest.fixture
 def bench(monkeypatch):
     "bench/recall.py as a module, with its own folder first on the path (as `python bench/recall.py` has it)."
-    bench_dir = Path(__file__).resolve().parents[1]/'bench'
-    monkeypatch.syspath_prepend(str(bench_dir))
-    spec = importlib.util.spec_from_file_location('bench_recall', bench_dir/'recall.py')
-    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
-    return mod
+    return load_bench('recall', monkeypatch)
 
 
 def test_mqar_rows(bench):

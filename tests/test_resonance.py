@@ -179,12 +179,9 @@ def test_recall_task_rows():
 
 def test_bench_worker_and_table(monkeypatch):
     "bench/model.py: one in-process measurement per model, equal non-embedding sizes, and the table."
-    import argparse, importlib.util
-    from pathlib import Path
-    bench_dir = Path(__file__).resolve().parents[1]/'bench'
-    monkeypatch.syspath_prepend(str(bench_dir))  # as `python bench/model.py` has it: its own folder first (bench/common.py)
-    spec = importlib.util.spec_from_file_location('bench_model', bench_dir/'model.py')
-    bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench)
+    import argparse
+    from conftest import load_bench
+    bench = load_bench('model', monkeypatch)
     args = argparse.Namespace(model=None, size=None, vocab=64, dim=64, layers=1, frequencies=4, max_seq_len=128,
                               seq_len=64, batch=1, device='cpu', compile=False, checkpointing=False, warmup=1,
                               reps=2, max_time=10.0, threads=1)
@@ -273,18 +270,14 @@ def test_document_fft_conv_gradient_float64():
     assert torch.autograd.gradcheck(lambda u: document_fft_conv(u, f, ds), (u,))
 
 
-@pytest.mark.parametrize('P,starts,new', [(37, None, 256), (101, [0, 20, 21, 77], 256), (1, None, 64),
-                                          (150, [0, 149], 64), (63, [0, 60], 64)])
-def test_recurrent_generation_equals_recompute(P, starts, new):
-    "256 greedy tokens identical to the recompute path; every step's logits within 1e-4 of the FFT path's."
-    m = tiny(max_seq_len=600, init_std=0.2, seed=P).eval()
-    ids = torch.randint(0, 97, (2, P))
+def assert_recurrent_equals_recompute(m, ids, starts, new: int):
+    "Greedy tokens of the recurrent path equal recomputing; prefill and each step's logits within 1e-4. The state."
+    P = ids.shape[1]
     ds = None
     if starts is not None:
         ds = torch.zeros(2, P, dtype=torch.bool); ds[0, starts] = True; ds[1, starts[-1]] = True
     fast = m.generate(ids, new, temperature=0, doc_starts=ds)
-    slow = m.generate(ids, new, temperature=0, doc_starts=ds, recurrent=False)
-    assert torch.equal(fast, slow)
+    assert torch.equal(fast, m.generate(ids, new, temperature=0, doc_starts=ds, recurrent=False))
     full_ds = None if ds is None else torch.cat([ds, torch.zeros(2, new, dtype=torch.bool)], 1)
     with torch.no_grad(): ref = m(fast, doc_starts=full_ds)
     logits, state = m.prefill(ids, ds)
@@ -292,6 +285,16 @@ def test_recurrent_generation_equals_recompute(P, starts, new):
     worst = 0.0
     for t in range(P, P + new - 1): worst = max(worst, (m.step(fast[:, t], state) - ref[:, t]).abs().max().item())
     assert worst < 1e-4, worst
+    return state
+
+
+@pytest.mark.parametrize('P,starts,new', [(37, None, 256), (101, [0, 20, 21, 77], 256), (1, None, 64),
+                                          (150, [0, 149], 64), (63, [0, 60], 64)])
+def test_recurrent_generation_equals_recompute(P, starts, new):
+    "256 greedy tokens identical to the recompute path; every step's logits within 1e-4 of the FFT path's."
+    m = tiny(max_seq_len=600, init_std=0.2, seed=P).eval()
+    ids = torch.randint(0, 97, (2, P))
+    assert_recurrent_equals_recompute(m, ids, starts, new)
 
 
 def test_recurrent_generation_crops_at_max_seq_len_and_samples():
@@ -307,12 +310,8 @@ def test_recurrent_generation_crops_at_max_seq_len_and_samples():
 
 def test_bench_generate_worker_and_table(monkeypatch):
     "bench/generate.py: both paths in-process on a short prompt agree on their greedy tokens; the table says so."
-    import importlib.util
-    from pathlib import Path
-    bench_dir = Path(__file__).resolve().parents[1]/'bench'
-    monkeypatch.syspath_prepend(str(bench_dir))
-    spec = importlib.util.spec_from_file_location('bench_generate', bench_dir/'generate.py')
-    bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench)
+    from conftest import load_bench
+    bench = load_bench('generate', monkeypatch)
     base = dict(device='cpu', dim=16, layers=1, frequencies=4, vocab=64, threads=1, prompt=101)
     rows = [bench.worker({**base, 'path': 'recurrent', 'new': 6}), bench.worker({**base, 'path': 'recompute', 'new': 3})]
     assert rows[0]['tokens'][:3] == rows[1]['tokens'] and rows[0]['ms_per_token'] > 0 and rows[0]['prefill_s'] > 0
@@ -356,18 +355,7 @@ def test_hybrid_recurrent_generation_equals_recompute(kw, P, starts, new):
     "The KV cache of the attention block continues the FFT path exactly: greedy tokens equal, logits within 1e-4."
     m = tiny(max_seq_len=600, init_std=0.2, seed=P, **kw).eval()
     ids = torch.randint(0, 97, (2, P))
-    ds = None
-    if starts is not None:
-        ds = torch.zeros(2, P, dtype=torch.bool); ds[0, starts] = True; ds[1, starts[-1]] = True
-    fast = m.generate(ids, new, temperature=0, doc_starts=ds)
-    assert torch.equal(fast, m.generate(ids, new, temperature=0, doc_starts=ds, recurrent=False))
-    full_ds = None if ds is None else torch.cat([ds, torch.zeros(2, new, dtype=torch.bool)], 1)
-    with torch.no_grad(): ref = m(fast, doc_starts=full_ds)
-    logits, state = m.prefill(ids, ds)
-    assert (logits - ref[:, :P]).abs().max() < 1e-4
-    worst = 0.0
-    for t in range(P, P + new - 1): worst = max(worst, (m.step(fast[:, t], state) - ref[:, t]).abs().max().item())
-    assert worst < 1e-4, worst
+    state = assert_recurrent_equals_recompute(m, ids, starts, new)
     if kw.get('attention_window'): assert state.layers[0]['k'].shape[2] == kw['attention_window'] - 1, 'bounded cache'
 
 
