@@ -10,7 +10,7 @@ from typing import Any, Callable, Literal
 from fastcore.basics import patch
 from .core import LegalnbError, PRECISIONS, format_duration, parse_count, parse_number, run_command
 from .models import MODELS
-from .presets import (parse_batch_schedule, micro_steps_before,
+from .presets import (parse_batch_schedule, micro_steps_before, steps_holding,
                              GPU, PRESETS, STRATEGIES, TASKS, find_gpu, get_preset, gpu_precision, human, lora_steps,
                              peak_tflops)
 
@@ -80,7 +80,6 @@ class Plan:
         if self.qlora_bits not in (4, 8): raise LegalnbError(f'plan: qlora_bits must be 4 or 8, got {self.qlora_bits}')
         if self.batch_schedule:   # the first pair's accumulation is the plan's grad_accum (its global_batch)
             self.grad_accum = parse_batch_schedule(self.batch_schedule, 'plan: batch_schedule')[0][1]
-            if self.lora: raise LegalnbError('plan: batch_schedule is for rows of seq_len (cpt, scratch), not LoRA')
         if isinstance(self.gpu, str): self.gpu = find_gpu(self.gpu)
         gpu_precision(self.precision, self.gpu)
 
@@ -307,12 +306,6 @@ class Estimate:
     def hours(self) -> float | None: return None if self.seconds is None else self.seconds / 3600
 
 # %% ../nbs/08_calculator.ipynb #bb4d85f1
-def _steps_for(micro: int, schedule: list[tuple[int, int]]) -> int:
-    "The fewest optimizer steps of `schedule` that hold `micro` micro-batches."
-    for (s, a), end in zip(schedule, [s for s, _ in schedule][1:] + [math.inf]):
-        if micro <= (end - s) * a: return s + math.ceil(micro / a)
-        micro -= (end - s) * a
-
 def _scheduled_steps(plan: Plan, data: int | None) -> tuple[int, int, int | None, list[str]]:
     "Steps and sequences of a plan whose accumulation follows `batch_schedule`, with the arithmetic."
     sched, per_micro = parse_batch_schedule(plan.batch_schedule), plan.micro_batch * plan.gpus
@@ -321,9 +314,10 @@ def _scheduled_steps(plan: Plan, data: int | None) -> tuple[int, int, int | None
         if data is None: raise LegalnbError('plan: give steps, or examples (or tokens and seq_len) to count them')
         ep = plan.epochs or 1
         need = math.ceil(ep * data / per_micro - 1e-9)
-        steps = _steps_for(need, sched)
+        steps = steps_holding(need, sched)
         lines = [f'micro-batches needed = ceil({ep:g} × {data:,} ÷ ({plan.micro_batch} × {plan.gpus})) = {need:,}; '
-                 f'the schedule holds them in {steps:,} steps']
+                 f'the schedule holds them in {steps:,} steps' + ('; LoRA: one example per row (packing fits more '
+                 'in a row: fewer steps; finetune counts its packed rows)' if plan.lora else '')]
     micro, ends = micro_steps_before(steps, sched), [s for s, _ in sched][1:] + [steps]
     parts = [f'{min(e, steps) - s:,} × {a}' for (s, a), e in zip(sched, ends) if min(e, steps) > s]
     lines.append(f'micro-batches = {" + ".join(parts)} (steps × accumulation, --batch-schedule '

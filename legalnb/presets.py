@@ -12,9 +12,9 @@ from .core import LegalnbError, PRECISIONS, resolve_precision
 # %% auto #0
 __all__ = ['GPUS', 'TASKS', 'PRESET_NAMES', 'STRATEGIES', 'BATCH_LR_RULES', 'PRESETS', 'SIZE_BATCHES', 'GPT3_LRS', 'PRESET_VOCAB',
            'LONG_CONTEXT', 'LONG_MICRO_TOKENS', 'GPU', 'find_gpu', 'gpu_precision', 'peak_tflops', 'Preset',
-           'seq_len_stages', 'seq_len_at', 'parse_batch_schedule', 'accum_at', 'micro_steps_before', 'batch_lr_factor',
-           'human', 'lr_for_params', 'size_params', 'long_context_preset', 'get_preset', 'packed_accumulation',
-           'lora_steps']
+           'seq_len_stages', 'seq_len_at', 'parse_batch_schedule', 'accum_at', 'micro_steps_before', 'steps_holding',
+           'batch_lr_factor', 'human', 'lr_for_params', 'size_params', 'long_context_preset', 'get_preset',
+           'packed_accumulation', 'lora_steps']
 
 # %% ../nbs/07_presets.ipynb #04acae05
 @dataclass(frozen=True)
@@ -205,6 +205,12 @@ def micro_steps_before(step: int, schedule: list[tuple[int, int]], default: int 
     if not schedule: return step * default
     bounds = [s for s, _ in schedule][1:] + [math.inf]
     return sum(a * max(0, min(step, end) - s) for (s, a), end in zip(schedule, bounds))
+
+def steps_holding(micro_batches: int, schedule: list[tuple[int, int]]) -> int:
+    "The fewest optimizer steps of `schedule` whose accumulations hold `micro_batches` micro-batches."
+    for (s, a), end in zip(schedule, [s for s, _ in schedule][1:] + [math.inf]):
+        if micro_batches <= (end - s) * a: return s + math.ceil(micro_batches / a)
+        micro_batches -= (end - s) * a
 
 def batch_lr_factor(accum: int,             # the accumulation now
                     base: int,              # the accumulation the learning rate was given for (the schedule's first)
