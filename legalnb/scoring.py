@@ -16,16 +16,18 @@ import yaml
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 
-from .core import LegalnbError, atomic_write, jsonl_records, parse_count, refuse_overwriting_inputs, run_command
+from .core import (LegalnbError, atomic_write, jsonl_records, parse_count, parse_number,
+                          refuse_overwriting_inputs, run_command)
 from .sources import Document, DOC_TYPES, write_jsonl, record_fields, skip_reason
 
 # %% auto #0
 __all__ = ['PRIORITY_TOPICS', 'CHARS_PER_TOKEN', 'PREFER', 'ScoringRules', 'recency_points', 'type_points', 'length_points',
            'topic_flags', 'subject_points', 'language_points', 'Score', 'score_document', 'estimate_tokens',
            'split_long_text', 'tokenizer_counter', 'Candidate', 'year_band', 'gc_paused', 'scan_documents', 'act_of',
-           'prefer_versions', 'language_quotas', 'rank', 'choose_documents', 'with_score', 'copy_selected',
-           'write_selected', 'synthetic_documents', 'select_documents', 'selection_report', 'report_table',
-           'write_report', 'plot_report', 'token_target', 'select_command', 'select_main']
+           'prefer_versions', 'language_quotas', 'rank', 'choose_documents', 'split_by_share', 'document_quotas',
+           'with_score', 'copy_selected', 'write_selected', 'synthetic_documents', 'select_documents',
+           'selection_report', 'report_table', 'write_report', 'plot_report', 'top_count', 'token_target',
+           'select_command', 'select_main']
 
 # %% ../nbs/01_scoring.ipynb #718167de
 PRIORITY_TOPICS = ('data protection', 'gdpr', 'privacy', 'consumer rights', 'environment', 'climate',
@@ -326,18 +328,43 @@ def rank(c: Candidate) -> tuple:
     "Sort key, best first: higher score, then CELEX, then language (then input position, for documents without CELEX)."
     return (-c.score, c.celex, c.lang, c.offset)
 
-def choose_documents(found: list[Candidate], quotas: dict[str, float], target: int, threshold: int
+def choose_documents(found: list[Candidate], quotas: dict[str, float], target: float, threshold: int,
+                     top: int | None = None,   # take at most this many documents (None: no limit)
+                     unit: Literal['tokens', 'docs'] = 'tokens'  # what `quotas` and `target` count
                      ) -> tuple[list[Candidate], Counter]:
-    "Take eligible candidates best first while their language is under quota, up to `target` tokens; count why not."
+    "Take eligible candidates best first while their language is under quota, up to `target` and `top`; count why not."
     why, taken, total, chosen = Counter(), Counter(), 0, []
     eligible = [c for c in found if c.score >= threshold]
     why['dropped.below_threshold'] = len(found) - len(eligible)
     ranked = sorted(eligible, key=rank)
     for i, c in enumerate(ranked):
         if total >= target: why['dropped.budget_reached'] += len(ranked) - i; break   # all the rest
-        if taken[c.lang] + c.tokens / 2 > quotas.get(c.lang, 0): why['dropped.language_quota'] += 1
-        else: chosen.append(c); taken[c.lang] += c.tokens; total += c.tokens
+        if len(chosen) == top: why['dropped.top_reached'] += len(ranked) - i; break
+        size = c.tokens if unit == 'tokens' else 1
+        if taken[c.lang] + size / 2 > quotas.get(c.lang, 0): why['dropped.language_quota'] += 1
+        else: chosen.append(c); taken[c.lang] += size; total += size
     return chosen, why
+
+# %% ../nbs/01_scoring.ipynb #78b33f34
+def split_by_share(weights: dict[str, int], n: int) -> dict[str, int]:
+    "`n` split in proportion to `weights` into whole numbers that add up to `n` (largest remainder; ties by name)."
+    total = sum(weights.values())
+    if not total: return dict.fromkeys(weights, 0)
+    parts = {k: n * w // total for k, w in weights.items()}
+    for k in sorted(weights, key=lambda k: (-(n * weights[k] % total), k))[:n - sum(parts.values())]: parts[k] += 1
+    return parts
+
+def document_quotas(input_tokens: dict[str, int], eligible: list[Candidate], top: int) -> dict[str, int]:
+    "Documents each language may take of `top`: its input share, capped by its eligible ones, plus what short ones leave."
+    have = Counter(c.lang for c in eligible)
+    quotas = {lang: min(n, have[lang]) for lang, n in split_by_share(input_tokens, top).items()}
+    spare, seen = top - sum(quotas.values()), Counter()
+    for c in sorted(eligible, key=rank):   # the slots short languages leave go to the next best documents, any language
+        if spare <= 0: break
+        seen[c.lang] += 1
+        if seen[c.lang] > quotas[c.lang]: quotas[c.lang] += 1; spare -= 1
+    return quotas
+
 
 # %% ../nbs/01_scoring.ipynb #c738033b
 def with_score(line: bytes, score: int, tokens: int, rewrite: bool = False) -> bytes:
@@ -395,17 +422,24 @@ def _refuse_outputs(inputs: list, out, report):
         if Path(report).resolve() == Path(out).resolve():
             raise LegalnbError(f'--report {report} is the same file as --out; choose another --report')
 
-def select_documents(src: str | Path, out: str | Path, target_tokens: int, rules: ScoringRules | None = None,
+def select_documents(src: str | Path, out: str | Path,
+                     target_tokens: int | None,   # token budget; None: no budget (then `top` is required)
+                     rules: ScoringRules | None = None,
                      tokenizer: str | Path | None = None,  # tokenizer.json to count tokens with; None: characters / 4
                      tolerance: float = 0.02,   # allowed gap between a language's selected and target share
                      report: str | Path | None = None,     # where to write the report too (JSON); None: not written
                      prefer: str = 'both',   # versions of an act: 'both', 'consolidated' or 'original' (see below)
                      strict: bool = False,   # stop at the first line that cannot be read (else: skipped, counted)
+                     top: int | None = None,  # at most this many documents, the best (see "The best N documents")
                      ) -> dict:
-    "Score every document of the JSONL `src`, write the best up to `target_tokens` to `out`, and return the report."
+    "Score every document of the JSONL `src`, write the best up to `target_tokens` (and `top`) to `out`; the report."
     src, rules, t0 = Path(src), rules or ScoringRules(), time.perf_counter()
-    if not isinstance(target_tokens, int) or target_tokens <= 0:
+    if target_tokens is None and top is None:
+        raise LegalnbError('target_tokens or top is required: a token budget, a number of documents, or both')
+    if target_tokens is not None and (not isinstance(target_tokens, int) or target_tokens <= 0):
         raise LegalnbError(f'target tokens must be a positive integer, got {target_tokens!r}')
+    if top is not None and (not isinstance(top, int) or isinstance(top, bool) or top < 1):
+        raise LegalnbError(f'top must be a whole number of documents of at least 1, got {top!r}')
     if not 0 < tolerance < 1:
         raise LegalnbError(f'tolerance must be a fraction between 0 and 1 (0.02 = 2 percentage points), '
                            f'got {tolerance!r}')
@@ -421,15 +455,19 @@ def select_documents(src: str | Path, out: str | Path, target_tokens: int, rules
     for c in found:
         input_tokens[c.lang] += c.tokens
         if c.score >= rules.threshold: eligible_tokens[c.lang] += c.tokens
-    quotas = language_quotas(input_tokens, eligible_tokens, target_tokens)
-    chosen, why = choose_documents(found, quotas, target_tokens, rules.threshold)
+    if target_tokens is None:   # top alone: no token budget, so the language mix is kept in documents
+        quotas = document_quotas(input_tokens, [c for c in found if c.score >= rules.threshold], top)
+        chosen, why = choose_documents(found, quotas, float('inf'), rules.threshold, top, unit='docs')
+    else:
+        quotas = language_quotas(input_tokens, eligible_tokens, target_tokens)
+        chosen, why = choose_documents(found, quotas, target_tokens, rules.threshold, top)
     token_source = f'tokenizer {tokenizer}' if tokenizer else f'estimate: characters / {CHARS_PER_TOKEN}'
     counters.update(why)
     with atomic_write(out) as tmp:   # the report is written inside: if it fails, the selection is not replaced either
         copy_selected(src, tmp, chosen, rewrite=counters['kept.rescored'] > 0)
         result = selection_report(found, chosen, counters, quotas, rules, target_tokens, tolerance, token_source,
                                   dict(input=str(src), output=str(out), seconds=round(time.perf_counter() - t0, 3),
-                                       prefer=prefer, skipped=skipped[:1000]))
+                                       prefer=prefer, skipped=skipped[:1000]), top)
         if report: write_report(result, report)
     return result
 
@@ -448,9 +486,9 @@ def _tally(groups: dict, index: int, order: list | None = None) -> dict:
     t = {}
     for key, (docs, tokens) in groups.items():
         row = t.setdefault(key[index], dict.fromkeys(('docs', 'tokens', 'docs_selected', 'tokens_selected',
-                                                      'eligible_tokens'), 0))
+                                                      'eligible_docs', 'eligible_tokens'), 0))
         row['docs'] += docs; row['tokens'] += tokens
-        if key[3]: row['eligible_tokens'] += tokens
+        if key[3]: row['eligible_docs'] += docs; row['eligible_tokens'] += tokens
         if key[4]: row['docs_selected'] += docs; row['tokens_selected'] += tokens
     position = {k: i for i, k in enumerate(order or [])}
     return dict(sorted(t.items(), key=lambda kv: (position.get(kv[0], len(position)), -kv[1]['tokens'])))
@@ -461,47 +499,52 @@ def _histogram(scores: Iterable[int], top: int, width: int = 10) -> list[int]:
     for s in scores: bins[min(max(s, 0) // width, len(bins) - 1)] += 1
     return bins
 
-def _language_rows(langs: dict, quotas: dict, target: int) -> list[dict]:
-    "Add shares, quota and shortfall to each language's tally; return the shortfalls."
+def _language_rows(langs: dict, quotas: dict, target: int, unit: str = 'tokens') -> list[dict]:
+    "Add shares, quota and shortfall to each language's tally (`unit`: 'tokens', or 'docs' for top alone)."
     n_in, n_quota = sum(r['tokens'] for r in langs.values()) or 1, sum(quotas.values()) or 1
-    n_sel = sum(r['tokens_selected'] for r in langs.values()) or 1
+    n_sel = sum(r[f'{unit}_selected'] for r in langs.values()) or 1
+    wanted = (split_by_share({l: r['tokens'] for l, r in langs.items()}, target) if unit == 'docs'
+              else {l: r['tokens'] / n_in * target for l, r in langs.items()})   # the plain input share of the target
     for lang, row in langs.items():
-        wanted = row['tokens'] / n_in * target      # its plain input share of the target
-        row.update(quota_tokens=round(quotas.get(lang, 0)), input_share=row['tokens'] / n_in,
-                   target_share=quotas.get(lang, 0) / n_quota, selected_share=row['tokens_selected'] / n_sel,
-                   short=row['eligible_tokens'] < wanted, wanted_tokens=round(wanted))
-    return [{'lang': l, 'eligible_tokens': r['eligible_tokens'], 'wanted_tokens': r['wanted_tokens']}
+        row.update({f'quota_{unit}': round(quotas.get(lang, 0)), 'input_share': row['tokens'] / n_in,
+                    'target_share': quotas.get(lang, 0) / n_quota, 'selected_share': row[f'{unit}_selected'] / n_sel,
+                    'short': row[f'eligible_{unit}'] < wanted[lang], f'wanted_{unit}': round(wanted[lang])})
+    return [{'lang': l, f'eligible_{unit}': r[f'eligible_{unit}'], f'wanted_{unit}': r[f'wanted_{unit}']}
             for l, r in langs.items() if r['short']]
 
 def selection_report(found: list[Candidate], chosen: list[Candidate], counters: Counter, quotas: dict,
-                     rules: ScoringRules, target: int, tolerance: float, token_source: str, meta: dict) -> dict:
+                     rules: ScoringRules, target: int | None, tolerance: float, token_source: str, meta: dict,
+                     top: int | None = None) -> dict:
     "The selection report: counters, tallies per language / type / year band, score distributions, shortfalls, balance."
+    unit = 'tokens' if target is not None else 'docs'   # top alone: quotas and shares count documents
     groups = _groups(found, {c.offset for c in chosen}, rules.threshold)
     langs = _tally(groups, 0)
-    shortfalls = _language_rows(langs, quotas, target)
+    shortfalls = _language_rows(langs, quotas, target if unit == 'tokens' else top, unit)
     gaps = {lang: abs(r['selected_share'] - r['target_share']) for lang, r in langs.items()}
+    limit = tolerance if unit == 'tokens' else 1 / max(len(chosen), 1) + 1e-12   # documents: within one document
     starts = [1] + [y for y, _ in rules.recency][::-1]
     bands = [year_band(None, rules)] + [year_band(date(y, 1, 1), rules) for y in starts]
     tables = ([p for _, p in rules.recency], rules.types.values(), [p for _, p in rules.length])
-    top = sum(max(points, default=0) for points in tables) + rules.priority_points + rules.language_points
+    highest = sum(max(points, default=0) for points in tables) + rules.priority_points + rules.language_points
     for name in ('dropped.below_threshold', 'dropped.budget_reached', 'dropped.language_quota', 'dropped.duplicate',
-                 'dropped.other_version',
+                 'dropped.other_version', 'dropped.top_reached',
                  'kept.no_date', 'kept.unknown_type', 'kept.rescored'):
         counters.setdefault(name, 0)   # every reason is reported, 0 included
     n_sel = sum(r['tokens_selected'] for r in langs.values())
     counters.update({'documents.unique': len(found), 'documents.selected': len(chosen), 'tokens.selected': n_sel,
                      'tokens.input': sum(r['tokens'] for r in langs.values()),
                      'tokens.eligible': sum(r['eligible_tokens'] for r in langs.values())})
-    return dict(meta, target_tokens=target, threshold=rules.threshold, tolerance=tolerance, token_counter=token_source,
-                counters={k: counters[k] for k in sorted(counters)}, target_fill=n_sel / target,
+    return dict(meta, target_tokens=target, top=top, threshold=rules.threshold, tolerance=tolerance,
+                token_counter=token_source, share_unit=unit, counters={k: counters[k] for k in sorted(counters)},
+                target_fill=n_sel / target if target else None,
                 average_score={'all': sum(c.score for c in found) / len(found),
                                'selected': sum(c.score for c in chosen) / (len(chosen) or 1)},
                 languages=langs, doc_types=_tally(groups, 1, list(DOC_TYPES)), year_bands=_tally(groups, 2, bands),
-                score_histogram={'bin_width': 10, 'all': _histogram((c.score for c in found), top),
-                                 'selected': _histogram((c.score for c in chosen), top)},
+                score_histogram={'bin_width': 10, 'all': _histogram((c.score for c in found), highest),
+                                 'selected': _histogram((c.score for c in chosen), highest)},
                 shortfalls=shortfalls, balance={'max_gap': max(gaps.values()),
-                                                'ok': all(g <= tolerance for g in gaps.values()),
-                                                'outside': sorted(l for l, g in gaps.items() if g > tolerance)},
+                                                'ok': all(g <= limit for g in gaps.values()),
+                                                'outside': sorted(l for l, g in gaps.items() if g > limit)},
                 rules=asdict(rules))
 
 # %% ../nbs/01_scoring.ipynb #6fecf882
@@ -523,11 +566,13 @@ def _summary(report: dict) -> list[str]:
     c, avg = report['counters'], report['average_score']
     def named(prefix):
         return ' · '.join(f'{k[len(prefix):]} {v:,}' for k, v in c.items() if k.startswith(prefix)) or 'none'
+    top, target = report.get('top'), report['target_tokens']
     return [f'read {c["documents.read"]:,} documents ({c["documents.unique"]:,} unique), '
-            f'selected {c["documents.selected"]:,} with score >= {report["threshold"]}',
-            f'tokens: {c["tokens.selected"]:,} selected of a {report["target_tokens"]:,} target '
-            f'({100 * report["target_fill"]:.1f}%); '
-            f'{c["tokens.input"]:,} in the input; counted by {report["token_counter"]}',
+            f'selected {c["documents.selected"]:,} with score >= {report["threshold"]}'
+            + (f', at most the best {top:,} (--top {top})' if top else ''),
+            f'tokens: {c["tokens.selected"]:,} selected '
+            + (f'of a {target:,} target ({100 * report["target_fill"]:.1f}%); ' if target else '(no token target); ')
+            + f'{c["tokens.input"]:,} in the input; counted by {report["token_counter"]}',
             f'average score: all {avg["all"]:.1f}, selected {avg["selected"]:.1f}',
             f'dropped: {named("dropped.")}', f'kept and counted: {named("kept.")}',
             f'lines skipped (could not be read): {named("skipped.")}', '']
@@ -541,13 +586,17 @@ def _score_rows(report: dict) -> list[str]:
 
 def _balance_lines(report: dict) -> list[str]:
     "Shortfalls, then whether every language stayed within the tolerance of its target share."
-    bal, tol = report['balance'], 100 * report['tolerance']
-    lines = [f'shortfall: {s["lang"]} has {s["eligible_tokens"]:,} eligible tokens, its input share of the target '
-             'asks for '
-             f'{s["wanted_tokens"]:,}; the other languages filled the gap' for s in report['shortfalls']]
+    bal, tol, u = report['balance'], 100 * report['tolerance'], report.get('share_unit', 'tokens')
+    word, of = ('tokens', 'the target') if u == 'tokens' else ('documents', f'the top {report.get("top") or 0:,}')
+    lines = [f'shortfall: {s["lang"]} has {s[f"eligible_{u}"]:,} eligible {word}, its input share of {of} asks for '
+             f'{s[f"wanted_{u}"]:,}; the other languages filled the gap' for s in report['shortfalls']]
     if not report['counters']['documents.selected']:
         return lines + ['language balance: nothing selected, no document reaches the threshold of '
                         f'{report["threshold"]}']
+    if u == 'docs':   # top alone: the mix is kept in documents
+        return lines + [f'language balance: {", ".join(bal["outside"]) or "every language"} '
+                        f'{"within" if bal["ok"] else "more than"} one document of its target share of documents '
+                        '(--top without --target-tokens)']
     if bal['ok']: return lines + [f'language balance: every language within {tol:.1f} points of its target share '
                                   f'(largest gap {100 * bal["max_gap"]:.2f})']
     return lines + [f'language balance: {", ".join(bal["outside"])} more than {tol:.1f} points from the target share '
@@ -587,6 +636,12 @@ def plot_report(report: dict):
     return fig
 
 # %% ../nbs/01_scoring.ipynb #8825a288
+def top_count(text: str) -> int:
+    "A number of documents of at least 1 from '10000', '10,000' or '10K' (a flag type: core's parser names the flag)."
+    if (n := parse_number(text)) < 1 or n != int(n):
+        raise LegalnbError(f'expected a whole number of documents of at least 1, such as 10000 or 10K, got {text!r}')
+    return int(n)
+
 def token_target(text: str) -> int:
     "A token budget of at least 1 from '2,000,000', '2e9', '500M' or '2B' (a flag type: core's parser names the flag)."
     if (n := parse_count(text)) < 1:
@@ -595,7 +650,8 @@ def token_target(text: str) -> int:
 
 def select_command(input: str,                         # JSONL of documents (the output of legalnb parse)
                    out: str = 'selected.jsonl',        # where to write the selected documents (JSONL, with scores)
-                   target_tokens: token_target = None, # token budget (required): 2,000,000, 2e9, 500M, 2B
+                   target_tokens: token_target = None, # token budget: 2,000,000, 2e9, 500M, 2B (or --top, or both)
+                   top: top_count = None,              # keep at most the N best documents: 10000, 10K
                    threshold: int | None = None,       # minimum score to be eligible; without it, the rules' threshold
                    report: str | None = None,          # also write the selection report here (JSON)
                    rules: str | None = None,           # YAML or JSON file naming the scoring rules it changes
@@ -604,13 +660,14 @@ def select_command(input: str,                         # JSONL of documents (the
                    prefer: Literal['both', 'consolidated', 'original'] = 'both',  # versions of one act to keep
                    strict: bool = False):              # stop at the first line that cannot be read
     "Score documents and select the best up to a token target, keeping the language mix."
-    if target_tokens is None:
-        raise LegalnbError('--target-tokens is required: a token budget such as 2M; see legalnb select --help')
+    if target_tokens is None and top is None:
+        raise LegalnbError('--target-tokens or --top is required: a token budget such as 2M, or a number of '
+                           'documents such as 10K; see legalnb select --help')
     _refuse_outputs([input, rules, tokenizer], out, report)
     chosen_rules = ScoringRules.load(rules) if rules else ScoringRules()
     if threshold is not None: chosen_rules = replace(chosen_rules, threshold=threshold)
     result = select_documents(input, out, target_tokens, chosen_rules, tokenizer, tolerance, report, prefer,
-                              strict)
+                              strict, top)
     print(report_table(result)); print(f'\nwrote {out}' + (f' and {report}' if report else ''))
 
 def select_main(argv: list[str]) -> int: return run_command(select_command, argv, 'legalnb select')

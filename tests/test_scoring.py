@@ -303,3 +303,64 @@ def test_language_balance_over_the_24_languages(tmp_path):
     assert sorted(report['languages']) == sorted(EU_LANGUAGES)
     assert report['balance']['ok'], report['balance']
     assert all(abs(r['selected_share'] - r['input_share']) <= 0.02 for r in report['languages'].values())
+
+
+# --- issue 20: the best N documents (`select --top N`), for the second stage of two-stage training -------------------
+
+def test_select_top_on_the_generated_sample(tmp_path):
+    "`legalnb select --top N` alone: exactly N, each language's best by rank, its share of N kept within a document."
+    from legalnb.sources import document_from_record
+    assert run_cli('sample', tmp_path/'sample', '--docs', 80, '--seed', 4).returncode == 0
+    assert run_cli('parse', tmp_path/'sample', '--out', tmp_path/'parsed.jsonl').returncode == 0
+    parsed = lines(tmp_path/'parsed.jsonl')
+    r = run_cli('select', tmp_path/'parsed.jsonl', '--out', tmp_path/'top.jsonl', '--top', 20, '--report', tmp_path/'r.json')
+    assert r.returncode == 0, r.stderr
+    top, report = lines(tmp_path/'top.jsonl'), json.loads((tmp_path/'r.json').read_text())
+    c, L = report['counters'], report['languages']
+    assert len(top) == c['documents.selected'] == 20 and (report['top'], report['target_tokens'], report['share_unit']) == (20, None, 'docs')
+    assert c['dropped.top_reached'] > 0 and c['dropped.budget_reached'] == 0
+    assert c['documents.unique'] == 20 + c['dropped.below_threshold'] + c['dropped.language_quota'] + c['dropped.top_reached']
+    assert 'at most the best 20 (--top 20)' in r.stdout and 'one document of its target share of documents' in r.stdout
+    scores = {(d['celex'], d['lang']): score_document(document_from_record(d)).total for d in parsed}
+    for lang, row in L.items():   # each language's documents are its best (score, then CELEX), as many as its share
+        ranked = sorted((-s, celex) for (celex, l), s in scores.items() if l == lang and s >= 70)
+        assert {celex for _, celex in ranked[:row['docs_selected']]} == {d['celex'] for d in top if d['lang'] == lang}, lang
+        assert abs(row['wanted_docs'] - 20 * row['input_share']) < 1   # its share of the 20, within a document
+        if row['short']: assert row['docs_selected'] == row['eligible_docs'] < row['wanted_docs'], lang
+        else: assert row['docs_selected'] >= row['wanted_docs'], lang
+    # a short language's missing documents went to the others, one for one
+    missing = sum(r['wanted_docs'] - r['docs_selected'] for r in L.values() if r['short'])
+    assert sum(r['docs_selected'] - r['wanted_docs'] for r in L.values() if not r['short']) == missing
+    if not missing: assert all(abs(r['docs_selected'] - 20 * r['input_share']) < 1 for r in L.values())
+    # with --target-tokens too, whichever comes first: 20 documents in a large budget, a small budget before 20 documents
+    args = ['select', str(tmp_path/'parsed.jsonl'), '--report', str(tmp_path/'r.json')]
+    assert main(args + ['--out', str(tmp_path/'a.jsonl'), '--target-tokens', '1B', '--top', '20']) == 0
+    a = json.loads((tmp_path/'r.json').read_text())['counters']
+    assert len(lines(tmp_path/'a.jsonl')) == a['documents.selected'] == 20 and a['dropped.top_reached'] > 0 == a['dropped.budget_reached']
+    assert main(args + ['--out', str(tmp_path/'b.jsonl'), '--target-tokens', '5K', '--top', '20']) == 0
+    b = json.loads((tmp_path/'r.json').read_text())['counters']
+    assert 0 < b['documents.selected'] < 20 and b['dropped.budget_reached'] > 0 == b['dropped.top_reached']
+    assert main(args + ['--out', str(tmp_path/'c.jsonl'), '--target-tokens', '5K']) == 0
+    assert (tmp_path/'b.jsonl').read_bytes() == (tmp_path/'c.jsonl').read_bytes()
+
+def test_top_ignores_input_order_and_ties_go_to_the_lower_celex(tmp_path):
+    docs = [Document(f'32020R{n:04d}', 'Regulation on data protection', 'x' * 4_000, 'en', date(2020, 1, 1), 'regulation') for n in range(20)]
+    outs = []
+    for seed in range(3):
+        shuffled = random.Random(seed).sample(docs, len(docs))
+        select_documents(write_docs(tmp_path/f'in{seed}.jsonl', shuffled), tmp_path/f'out{seed}.jsonl', None, top=5)
+        outs.append(sorted(d['celex'] for d in lines(tmp_path/f'out{seed}.jsonl')))
+    assert outs[0] == outs[1] == outs[2] == [f'32020R{n:04d}' for n in range(5)]
+
+@pytest.mark.parametrize('argv, expected', [
+    (['--top', '0'], "--top: expected a whole number of documents of at least 1, such as 10000 or 10K, got '0'"),
+    (['--top', '-3'], "--top: expected a whole number of documents of at least 1, such as 10000 or 10K, got '-3'"),
+    (['--top', 'x', '--target-tokens', '1M'], "--top: expected a number such as"),
+    ([], '--target-tokens or --top is required: a token budget such as 2M, or a number of documents such as 10K'),
+])
+def test_bad_top_is_one_line(tmp_path, capsys, argv, expected):
+    src = write_docs(tmp_path/'in.jsonl', synthetic_documents(20, seed=24))
+    assert main(['select', str(src), '--out', str(tmp_path/'out.jsonl'), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and err.startswith('legalnb select: error: ') and expected in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['in.jsonl']
