@@ -355,7 +355,7 @@ def split_by_share(weights: dict[str, int], n: int) -> dict[str, int]:
     return parts
 
 def document_quotas(input_tokens: dict[str, int], eligible: list[Candidate], top: int) -> dict[str, int]:
-    "Documents each language may take of `top`: its input share, capped by its eligible ones, plus what short ones leave."
+    "Documents per language of `top`: its input share, capped by its eligible ones, plus what short ones leave."
     have = Counter(c.lang for c in eligible)
     quotas = {lang: min(n, have[lang]) for lang, n in split_by_share(input_tokens, top).items()}
     spare, seen = top - sum(quotas.values()), Counter()
@@ -432,7 +432,7 @@ def select_documents(src: str | Path, out: str | Path,
                      strict: bool = False,   # stop at the first line that cannot be read (else: skipped, counted)
                      top: int | None = None,  # at most this many documents, the best (see "The best N documents")
                      ) -> dict:
-    "Score every document of the JSONL `src`, write the best up to `target_tokens` (and `top`) to `out`; the report."
+    "Score the documents of the JSONL `src`, write the best (up to `target_tokens`, `top`) to `out`, return the report."
     src, rules, t0 = Path(src), rules or ScoringRules(), time.perf_counter()
     if target_tokens is None and top is None:
         raise LegalnbError('target_tokens or top is required: a token budget, a number of documents, or both')
@@ -651,7 +651,7 @@ def token_target(text: str) -> int:
 def select_command(input: str,                         # JSONL of documents (the output of legalnb parse)
                    out: str = 'selected.jsonl',        # where to write the selected documents (JSONL, with scores)
                    target_tokens: token_target = None, # token budget: 2,000,000, 2e9, 500M, 2B (or --top, or both)
-                   top: top_count = None,              # keep at most the N best documents: 10000, 10K
+                   top: top_count = None,              # at most the N best documents: 10000, 10K (alone: no budget)
                    threshold: int | None = None,       # minimum score to be eligible; without it, the rules' threshold
                    report: str | None = None,          # also write the selection report here (JSON)
                    rules: str | None = None,           # YAML or JSON file naming the scoring rules it changes
@@ -659,7 +659,7 @@ def select_command(input: str,                         # JSONL of documents (the
                    tolerance: float = 0.02,            # allowed gap between a language's selected and target share
                    prefer: Literal['both', 'consolidated', 'original'] = 'both',  # versions of one act to keep
                    strict: bool = False):              # stop at the first line that cannot be read
-    "Score documents and select the best up to a token target, keeping the language mix."
+    "Score documents and select the best up to a token target and/or a number of documents, keeping the language mix."
     if target_tokens is None and top is None:
         raise LegalnbError('--target-tokens or --top is required: a token budget such as 2M, or a number of '
                            'documents such as 10K; see legalnb select --help')
