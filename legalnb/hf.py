@@ -4,18 +4,19 @@
 
 # %% ../nbs/06_hf.ipynb #ec90bc37
 from __future__ import annotations
-import argparse, importlib.util, json, math, os, random, shlex, sys, tempfile, time
+import argparse, contextlib, importlib.util, itertools, json, math, os, random, shlex, sys, tempfile, time
 from dataclasses import dataclass, asdict, replace
 from pathlib import Path
 from typing import Iterable, Literal, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from .core import (LegalnbError, PRECISIONS, CommandParser, atomic_write, command_parser, cuda_capability,
                           format_duration, jsonl_records, read_json, refuse_foreign_files, refuse_overwriting_inputs,
                           resolve_precision)
-from .presets import PRESET_NAMES, Preset, get_preset, lora_steps, packed_accumulation
+from .presets import (BATCH_LR_RULES, PRESET_NAMES, Preset, accum_at, batch_lr_factor, get_preset, lora_steps,
+                             packed_accumulation, parse_batch_schedule, steps_holding)
 from .train import MetricsFile, metric_lines, notify
 
 # %% auto #0
@@ -28,7 +29,8 @@ __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', '
            'training_args_from_preset', 'deepspeed_zero3_config', 'write_launch_configs', 'launch_environment',
            'launch_plugin', 'launch_commands', 'launch_flags', 'check_run_folder', 'trainer_records', 'start_metrics',
            'split_off', 'qlora_unavailable', 'quantization_4bit', 'quantization_for', 'packs_here',
-           'refuse_single_process', 'finetune', 'finetune_command', 'finetune_parser', 'finetune_main']
+           'refuse_single_process', 'finetune', 'finetune_command', 'finetune_parser', 'finetune_main',
+           'ScheduledBatches', 'StepCollator', 'check_resumed_schedule', 'scheduled_trainer']
 
 # %% ../nbs/06_hf.ipynb #c3d5eafa
 _SUBJECTS = ('the Commission', 'each Member State', 'the competent authority', 'the controller', 'the Agency',
@@ -432,6 +434,7 @@ def _warmup(preset, steps: int) -> tuple[int | float, str]:
 def plan_training_args(preset, out: str | Path,
                        examples_per_row: float = 1.0,   # SFT: mean examples per packed row; CPT: row / preset seq_len
                        evaluation: bool = False,        # an evaluation split exists: evaluate at every checkpoint
+                       batch_schedule: str | None = None,  # FROM_STEP:GRAD_ACCUM pairs: accumulated inside each step
                        **overrides) -> dict[str, tuple]:
     "`{name: (value, why)}` of the TrainingArguments for `preset` on this machine, `overrides` applied last."
     cap, world = cuda_capability(), _world_size()   # cap: (major, minor) of this machine's GPU, None without one
@@ -485,6 +488,10 @@ def plan_training_args(preset, out: str | Path,
         'report_to': ('none', 'no experiment tracker unless asked'),
         'seed': (0, 'reproducible order and initialisation'),
     }
+    if sched := parse_batch_schedule(batch_schedule):   # ScheduledTrainer: one batch per step, split in its steps
+        plan['gradient_accumulation_steps'] = (1, f'--batch-schedule {batch_schedule}: each step accumulates its '
+                                                  f'micro-batches itself (first {sched[0][1]} x micro '
+                                                  f'{preset.micro_batch} x {world} process(es))')
     for k, v in overrides.items(): plan[k] = (v, 'override')
     if not plan['dataloader_num_workers'][0]:
         plan['dataloader_prefetch_factor'] = (None, 'no workers, nothing to prefetch')
@@ -498,10 +505,10 @@ def format_plan(plan: dict[str, tuple]) -> str:
     return '\n'.join(f'{k:<{w}} = {v!r:<24} # {why}' for k, (v, why) in plan.items() if k != 'output_dir')
 
 def training_args_from_preset(preset, out: str | Path, verbose: bool = True, examples_per_row: float = 1.0,
-                              evaluation: bool = False, **overrides):
+                              evaluation: bool = False, batch_schedule: str | None = None, **overrides):
     "transformers `TrainingArguments` for `preset` on this machine (printing what each sets and why)."
     from transformers import TrainingArguments
-    plan = plan_training_args(preset, out, examples_per_row, evaluation, **overrides)
+    plan = plan_training_args(preset, out, examples_per_row, evaluation, batch_schedule, **overrides)
     if verbose: print(format_plan(plan))
     return TrainingArguments(**{k: v for k, (v, _) in plan.items()})
 
@@ -763,6 +770,8 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
              qlora: bool = False,               # LoRA on 4-bit NF4 base weights (bitsandbytes)
              qlora_bits: int = 4,               # the base's bits under qlora: 4 (NF4) or 8 (LLM.int8)
              force_single: bool = False,        # train a multi-GPU preset on this one process anyway
+             batch_schedule: str | None = None, # FROM_STEP:GRAD_ACCUM pairs (0:64,500:32): the accumulation by step
+             batch_lr_rule: str = 'sqrt',       # the lr at a scheduled batch: x sqrt(accum/first), x accum/first, x 1
              sinks: Sequence = (),              # more record sinks (on_step/on_eval/on_end), e.g. a LiveLossPlot
              command: str | None = None,        # the flags to repeat in a refusal's launch command
              **overrides) -> dict:              # TrainingArguments overrides
@@ -778,9 +787,14 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
     if qlora and not use_lora: raise LegalnbError('--qlora trains a LoRA adapter on 4-bit weights; drop --full')
     if qlora: quantization_for(qlora_bits, torch.float32)   # a bad --qlora-bits fails before anything loads
     if qlora and (why := qlora_unavailable()): raise LegalnbError(f'--qlora: {why}; use --lora (16-bit base) here')
+    sched = parse_batch_schedule(batch_schedule)
+    batch_lr_factor(1, 1, batch_lr_rule)   # a bad rule fails before anything loads
+    if sched and overrides.get('gradient_accumulation_steps'):
+        raise LegalnbError('--batch-schedule and --grad-accum both set the accumulation: give one of them')
     last = get_last_checkpoint(str(out)) if resume and out.is_dir() else None
     if resume and last is None:
         raise LegalnbError(f'--resume: {out} holds no checkpoint-* folder; drop --resume to start the run')
+    if last: check_resumed_schedule(last, batch_schedule, batch_lr_rule)
     examples = read_examples(data) if task == 'lora' else None   # bad data fails before the model loads
     shards = CausalLMShards(data) if task == 'cpt' else None
     cfg, world = model_config(model), _world_size()
@@ -790,14 +804,17 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
     _, tok = load_model(model, tokenizer_only=True)
     summary = dict(task='continued pretraining' if task == 'cpt' else 'sft', mode='lora' if use_lora else 'full',
                    preset=f'{p.task}/{p.name}', qlora=qlora,
-                   qlora_bits=qlora_bits if qlora else None, attention=attention)
-    per_row, rows = 1.0, None
+                   qlora_bits=qlora_bits if qlora else None, attention=attention, batch_schedule=batch_schedule,
+                   batch_lr_rule=batch_lr_rule if sched else None)
+    per_row, rows, fixed = 1.0, None, p.steps
+    one_pass = lambda rows: steps_holding(math.ceil(rows / (p.micro_batch * world)), sched)   # scheduled steps
     if task == 'lora' and not packing: overrides.setdefault('train_sampling_strategy', 'group_by_length')
     if task == 'cpt':
         train, evald, held = _eval_rows(data, shards, eval_share)
         per_row = shards.seq_len / p.seq_len if p.seq_len else 1.0   # the preset's batch is in tokens
         accum = overrides.get('gradient_accumulation_steps') or packed_accumulation(p, per_row, p.micro_batch, world)
-        if main and per_row != 1:
+        if sched: p = replace(p, steps=fixed or one_pass(len(train)))
+        if main and per_row != 1 and not sched:
             print(f'rows of {shards.seq_len} tokens, preset sequences of {p.seq_len}: accumulation {accum}, so a step '
                   f'sees ~{p.global_batch * p.seq_len:,} tokens')
         summary.update(seq_len=shards.seq_len, doc_boundaries=shards.boundaries, eval=held, grad_accum=accum)
@@ -808,17 +825,23 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
         keep, held = split_off(len(items), eval_share, overrides.get('seed', 0))
         train, evald = [items[i] for i in keep], [items[i] for i in held] or None
         if packing: rows = pack_examples(train, choice.max_length); per_row = len(train) / len(rows)
-        steps = p.steps or lora_steps(p, len(train))   # the one rule, the calculator's too
+        steps = fixed or (one_pass(len(rows or train)) if sched else lora_steps(p, len(train)))   # the calculator's
         accum = overrides.get('gradient_accumulation_steps') or packed_accumulation(p, per_row, p.micro_batch, world)
-        if main: print(f'{len(train)} examples ({len(held)} held out for evaluation) in {len(rows or train)} rows '
-                       f'({per_row:.2f} per row): accumulation {accum}, so a step sees ~{p.global_batch} examples; '
-                       f'{steps} steps' + ('' if p.steps else f' = ceil({len(train)} / {p.global_batch})'))
+        if main and not sched:
+            print(f'{len(train)} examples ({len(held)} held out for evaluation) in {len(rows or train)} rows '
+                  f'({per_row:.2f} per row): accumulation {accum}, so a step sees ~{p.global_batch} examples; '
+                  f'{steps} steps' + ('' if p.steps else f' = ceil({len(train)} / {p.global_batch})'))
         p = replace(p, steps=steps)
         summary.update(length=asdict(choice), examples=len(train), eval_examples=len(held), grad_accum=accum,
                        examples_per_row=round(per_row, 3))
+    if main and sched:
+        print(f'--batch-schedule {batch_schedule}: accumulation ' + ', '.join(f'{a} from step {s:,}' for s, a in sched)
+              + f' of micro-batches of {p.micro_batch} rows x {world} process(es); lr x {batch_lr_rule} rule; '
+              f'{p.steps:,} steps' + ('' if fixed else ' (one pass over the rows)'))
     # the TrainingArguments (and a DeepSpeed config) exist before the weights load: ZeRO-3 shards at load time
     make_args = lambda per_row: training_args_from_preset(p, out, verbose=main, examples_per_row=per_row,
-                                                           evaluation=evald is not None, **overrides)
+                                                           evaluation=evald is not None, batch_schedule=batch_schedule,
+                                                           **overrides)
     args = make_args(per_row)
     prec = resolve_precision(p.precision, cuda_capability())
     compute = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(prec, torch.float32)
@@ -833,6 +856,7 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
     else:
         if rows is not None and not packs_here(net):
             rows, overrides['train_sampling_strategy'] = None, 'group_by_length'
+            if sched: p = replace(p, steps=fixed or one_pass(len(train)))   # one example per row now
             args = make_args(1.0)
             if main: print(f'{type(net).__name__} mixes packed examples: padded, length-grouped batches instead')
         flat = 'flash' in str(attention or '')
@@ -850,8 +874,10 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
     if use_lora: net = add_lora(net, lora_settings)
     sinks = [start_metrics(out/'metrics.jsonl', int(Path(last).name.split('-')[-1]) if last else None), *sinks] \
         if main else []
-    trainer = Trainer(model=net, args=args, train_dataset=train, eval_dataset=evald, data_collator=collate,
-                      processing_class=tok, callbacks=[records := trainer_records(sinks)])
+    kw = dict(model=net, args=args, train_dataset=train, eval_dataset=evald, data_collator=collate,
+              processing_class=tok, callbacks=[records := trainer_records(sinks)])
+    trainer = scheduled_trainer(batch_schedule, p.micro_batch, batch_lr_rule, tok.pad_token_id, **kw) if sched \
+        else Trainer(**kw)
     result = trainer.train(resume_from_checkpoint=last)
     if records.stopped:   # a sink (the budget guard) stopped it: the checkpoint is the result; --resume goes on
         newest = get_last_checkpoint(str(out))
@@ -922,6 +948,8 @@ def finetune_command(
         qlora: bool = False,           # LoRA on 4-bit NF4 base weights (bitsandbytes: CUDA, or CPUs from 0.48)
         qlora_bits: Literal[4, 8] = 4,  # --qlora's base weights: 4 bits (NF4) or 8 (LLM.int8)
         force_single: bool = False,    # train a multi-GPU preset on this one process anyway
+        batch_schedule: str = None,    # FROM_STEP:GRAD_ACCUM pairs, e.g. 0:64,500:32,1500:16 (instead of --grad-accum)
+        batch_lr_rule: Literal[BATCH_LR_RULES] = 'sqrt',  # lr at a scheduled batch: x sqrt(accum/first), x accum/first
         lora: bool = None,             # True: LoRA adapter (SFT's default), False: full fine-tuning (CPT's default)
         command: str = None,           # the command line, repeated in a refusal's launch command
         sinks: list = ()):             # (Python only) record sinks, e.g. legalnb.run's budget guard
@@ -946,6 +974,10 @@ def finetune_command(
                                              or not torch.cuda.is_available()):
         raise LegalnbError('--attention flash_attention_2 needs a CUDA GPU and the flash-attn package '
                            '(pip install flash-attn); use --attention sdpa here')
+    if sched := parse_batch_schedule(batch_schedule):
+        if grad_accum:
+            raise LegalnbError('--batch-schedule and --grad-accum both set the accumulation: give one of them')
+        grad_accum_first = sched[0][1]
     if not Path(data).exists():
         raise LegalnbError(f'--data {data}: no such file or folder; expected {_REQUIRED["--data"]}')
     if deepspeed:
@@ -953,8 +985,8 @@ def finetune_command(
         if importlib.util.find_spec('deepspeed') is None:
             raise LegalnbError(f'--deepspeed {deepspeed}: the deepspeed package is not installed '
                                '(pip install deepspeed)')
-    p = _override_preset(get_preset('cpt' if Path(data).is_dir() else 'lora', preset), batch_size, grad_accum, lr,
-                         max_steps, precision, warmup_steps)
+    p = _override_preset(get_preset('cpt' if Path(data).is_dir() else 'lora', preset), batch_size,
+                         grad_accum or (grad_accum_first if sched else None), lr, max_steps, precision, warmup_steps)
     over = dict(save_steps=save_steps, dataloader_num_workers=workers, logging_steps=logging_steps, seed=seed,
                 deepspeed=deepspeed, activation_checkpointing=activation_checkpointing, eval_steps=eval_steps,
                 gradient_accumulation_steps=grad_accum)   # an explicit accumulation wins over the recomputed one
@@ -963,7 +995,7 @@ def finetune_command(
     lora_settings = LoraSettings(lora_r, lora_alpha, lora_dropout, lora_scope)
     s = finetune(model, data, out, p, lora, lora_settings, max_length, percentile, packing, resume=resume,
                  eval_share=eval_share, attention=attention, qlora=qlora, qlora_bits=qlora_bits,
-                 force_single=force_single,
+                 force_single=force_single, batch_schedule=batch_schedule, batch_lr_rule=batch_lr_rule,
                  command=command, sinks=sinks, **over)
     if s.get('stopped'):
         print(f"legalnb finetune: stopped at step {s['step']} of {s['max_steps']}: {s['stopped']}; checkpoint "
@@ -989,3 +1021,105 @@ def finetune_parser() -> CommandParser:
 def finetune_main(argv: list[str]) -> int:
     "`legalnb finetune ARGV`."
     return finetune_command(**vars(finetune_parser().parse_args(argv)), command=shlex.join(argv))
+
+# %% ../nbs/06_hf.ipynb #3afd661d
+class ScheduledBatches(Sampler):
+    "Each optimizer step's row indices under a batch schedule: step `k` takes the next `accum_at(k)` × `micro` × "
+    "`world` rows of one fixed order, and this process (`rank`) its share of them."
+    def __init__(self, rows: int, micro: int, schedule: list[tuple[int, int]], steps: int, world: int = 1,
+                 rank: int = 0, seed: int = 0):
+        self.rows, self.micro, self.schedule, self.steps = rows, micro, schedule, steps
+        self.world, self.rank, self.seed = world, rank, seed
+
+    def order(self):
+        "Row indices in training order: pass `p` over the rows is a permutation drawn with `seed + p`."
+        for p in itertools.count():
+            yield from torch.randperm(self.rows, generator=torch.Generator().manual_seed(self.seed + p)).tolist()
+
+    def __iter__(self):
+        order = self.order()
+        for k in range(self.steps):
+            n = accum_at(k, self.schedule) * self.micro
+            rows = list(itertools.islice(order, n * self.world))
+            yield rows[self.rank * n:(self.rank + 1) * n]
+
+    def __len__(self) -> int: return self.steps
+
+class StepCollator:
+    "One step's rows as micro-batches of `micro` rows, each collated by `collate`, stacked (padded to the longest), "
+    "with `micro_batches`: each one's (rows, length), so that the step splits back into exactly those batches."
+    def __init__(self, collate, micro: int, pad_id: int = 0):
+        self.collate, self.micro, self.pad_id = collate, micro, pad_id
+    def __call__(self, rows: list[dict]) -> dict:
+        parts = [self.collate(rows[i:i + self.micro]) for i in range(0, len(rows), self.micro)]
+        L, fill = max(p['input_ids'].shape[-1] for p in parts), {'labels': -100, 'input_ids': self.pad_id}
+        pad = lambda t, k: torch.nn.functional.pad(t, (0, L - t.shape[-1]), value=fill.get(k, 0))
+        out = {k: torch.cat([pad(p[k], k) for p in parts]) for k in parts[0]}
+        out['micro_batches'] = torch.tensor([tuple(p['input_ids'].shape[:2]) for p in parts])
+        return out
+
+
+# %% ../nbs/06_hf.ipynb #5dd33689
+def check_resumed_schedule(checkpoint: str | Path,   # a checkpoint-* folder of the run
+                           schedule: str | None,     # the --batch-schedule given now
+                           lr_rule: str = 'sqrt'):   # the --batch-lr-rule given now
+    "Refuse to resume `checkpoint` under another batch schedule than its own (the rows and the lr follow it)."
+    state = read_json(Path(checkpoint)/'trainer_state.json', 'the Trainer state of a checkpoint')
+    saved = (state.get('stateful_callbacks') or {}).get('ScheduleRecord') or {}
+    saved = (saved[0] if isinstance(saved, list) else saved).get('args', {})
+    key = lambda s, r: (parse_batch_schedule(s), r if s else None)
+    if key(saved.get('schedule'), saved.get('lr_rule')) != key(schedule, lr_rule):
+        was = (f"--batch-schedule {saved['schedule']} --batch-lr-rule {saved['lr_rule']}" if saved.get('schedule')
+               else 'no --batch-schedule')
+        raise LegalnbError(f'--resume: {checkpoint} was trained with {was}; resume with the same, or start a new --out')
+
+def scheduled_trainer(schedule: str,          # FROM_STEP:GRAD_ACCUM pairs, e.g. '0:64,500:32,1500:16'
+                      micro: int,             # rows per micro-batch per process
+                      lr_rule: str = 'sqrt',  # how the lr follows the batch (BATCH_LR_RULES)
+                      pad_id: int = 0,        # the tokenizer's pad id: micro-batches are stacked to a step's longest
+                      **kwargs):              # the Trainer's own arguments (model, args, datasets, collator ...)
+    "A transformers `Trainer` whose step `k` accumulates `accum_at(k)` micro-batches of `micro` rows (its own "
+    "accumulation set to 1), with the lr scaled by `batch_lr_factor` and the schedule recorded in its checkpoints."
+    from transformers import Trainer, TrainerCallback
+    from transformers.trainer_callback import ExportableState
+    pairs = parse_batch_schedule(schedule)
+
+    class ScheduleRecord(TrainerCallback, ExportableState):   # kept in each checkpoint's trainer_state.json
+        def __init__(self, schedule: str = schedule, lr_rule: str = lr_rule):
+            self.schedule, self.lr_rule = schedule, lr_rule
+        def state(self) -> dict: return {'args': {'schedule': self.schedule, 'lr_rule': self.lr_rule}, 'attributes': {}}
+
+    class ScheduledTrainer(Trainer):
+        def get_train_dataloader(self) -> DataLoader:
+            a, workers = self.args, self.args.dataloader_num_workers
+            steps = ScheduledBatches(len(self.train_dataset), micro, pairs, a.max_steps, a.world_size, a.process_index,
+                                     a.seed)
+            loader = self.accelerator.prepare(DataLoader(
+                self.train_dataset, batch_sampler=steps, collate_fn=StepCollator(self.data_collator, micro, pad_id),
+                num_workers=workers, pin_memory=a.dataloader_pin_memory,
+                prefetch_factor=a.dataloader_prefetch_factor if workers else None))
+            shard = getattr(loader, 'batch_sampler', None)   # accelerate deals batches out; these are shares already
+            if getattr(shard, 'batch_sampler', None) is steps: shard.num_processes, shard.process_index = 1, 0
+            return loader
+
+        def create_scheduler(self, num_training_steps: int, optimizer=None):
+            lr = super().create_scheduler(num_training_steps, optimizer)
+            if not getattr(lr, 'follows_batch', False):   # once, however often the Trainer asks
+                factor = lambda s: batch_lr_factor(accum_at(s, pairs), pairs[0][1], lr_rule)
+                lr.lr_lambdas, lr.follows_batch = [lambda s, f=f: f(s) * factor(s) for f in lr.lr_lambdas], True
+            return lr
+
+        def training_step(self, model, inputs: dict, num_items_in_batch=None) -> torch.Tensor:
+            sizes, start, loss = inputs.pop('micro_batches').tolist(), 0, 0.0
+            self.current_gradient_accumulation_steps = len(sizes)   # for a loss not normalised by the step's labels
+            for i, (rows, length) in enumerate(sizes):
+                part = {k: v[start:start + rows, :length] for k, v in inputs.items()}
+                start, last = start + rows, i == len(sizes) - 1
+                self.accelerator.gradient_state._set_sync_gradients(last)   # DDP reduces, DeepSpeed steps: at the last
+                with contextlib.nullcontext() if last else self.accelerator.no_sync(model):
+                    loss = loss + super().training_step(model, part, num_items_in_batch)
+            return loss
+
+    callbacks = [*(kwargs.pop('callbacks', None) or ()), ScheduleRecord()]
+    return ScheduledTrainer(**kwargs, callbacks=callbacks)
+

@@ -326,6 +326,12 @@ def folder(work, tmp_path):
     (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--attention', 'flash_attention_2'],
      '--attention flash_attention_2 needs a CUDA GPU and the flash-attn package'),
     (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--attention', 'mystery'], "--attention: invalid choice: 'mystery'"),
+    (['--model', 'model', '--data', 'corpus', '--out', 'run', '--batch-schedule', '0:4', '--grad-accum', '2'],
+     '--batch-schedule and --grad-accum both set the accumulation: give one of them'),
+    (['--model', 'model', '--data', 'corpus', '--out', 'run', '--batch-schedule', '3:4,9:2'],
+     "--batch-schedule '3:4,9:2': the first pair must start at step 0"),
+    (['--model', 'model', '--data', 'sft.jsonl', '--out', 'run', '--batch-schedule', '0:4', '--batch-lr-rule', 'cubic'],
+     "--batch-lr-rule: invalid choice: 'cubic'"),
 ])
 def test_finetune_bad_input_is_one_line_and_writes_nothing(folder, capsys, argv, expect):
     assert expect in _fails(argv, capsys, folder)
@@ -653,3 +659,55 @@ def test_cpt_steps_carry_the_presets_tokens_whatever_the_corpus_row_length(work,
                 strategy='single', warmup_steps=0)
     s = finetune(work/'model', work/'corpus', tmp_path/'run', p, dataloader_num_workers=0, eval_share=0)
     assert s['grad_accum'] == 4 and s['tokens'] == 2 * 4 * 128
+
+
+@pytest.mark.parametrize('data,extra', [('corpus', ['--max-steps', '6', '--batch-lr-rule', 'linear']),
+                                        ('sft.jsonl', ['--no-packing'])])
+def test_batch_schedule_resumed_after_the_changes_equals_the_unbroken_run(folder, capsys, data, extra):
+    "Continued pretraining (full) and LoRA SFT (one pass, padded, adapter dropout) with accumulation 4, 2, then 1: "
+    "the rows per step follow the schedule, the lr its rule, and a run resumed after both changes ends bit-identical."
+    import shutil
+    from safetensors.torch import load_file
+    from legalnb.train import read_metrics
+    args = ['finetune', '--model', str(folder/'model'), '--data', str(folder/data), '--batch-schedule', '0:4,2:2,4:1',
+            '--batch-size', '2', '--save-steps', '2', '--logging-steps', '1', '--workers', '0', '--lr', '1e-2',
+            '--warmup-steps', '0', '--force-single', *extra]
+    a, b = folder/'a', folder/'b'
+    assert cli(args + ['--out', str(a)]) == 0
+    s = json.loads((a/'finetune.json').read_text())
+    recs = read_metrics(a/'metrics.jsonl')
+    accum = [4, 4, 2, 2] + [1] * (s['steps'] - 4)
+    cosine = [0.5 * (1 + np.cos(np.pi * k / s['steps'])) for k in range(s['steps'])]
+    if data == 'corpus':   # rows of 64 tokens, 2 per micro-batch; the linear rule: lr x accumulation / 4
+        assert s['steps'] == 6 and np.diff([0] + [r['tokens'] for r in recs]).tolist() == [n * 2 * 64 for n in accum]
+        assert np.allclose([r['lr'] / 1e-2 for r in recs], [c * n / 4 for c, n in zip(cosine, accum)])
+    else:   # one pass over 38 examples (2 held out), 2 per micro-batch: 19 micro-batches = 4+4+2+2 + 7 x 1
+        assert s['steps'] == 11 and s['batch_schedule'] == '0:4,2:2,4:1' and s['batch_lr_rule'] == 'sqrt'
+        assert np.allclose([r['lr'] / 1e-2 for r in recs], [c * (n / 4) ** 0.5 for c, n in zip(cosine, accum)])
+    kept = sorted(int(c.name.split('-')[1]) for c in a.glob('checkpoint-*'))
+    start = min(k for k in kept if k >= 4)   # after both changes (the newest 3 checkpoints are kept)
+    shutil.copytree(a, b, ignore=shutil.ignore_patterns('final', 'finetune.json'))
+    for c in b.glob('checkpoint-*'):
+        if int(c.name.split('-')[1]) > start: shutil.rmtree(c)
+    capsys.readouterr()
+    assert cli([x if x != '0:4,2:2,4:1' else '0:4,2:2' for x in args] + ['--out', str(b), '--resume']) == 2
+    assert 'was trained with --batch-schedule 0:4,2:2,4:1' in capsys.readouterr().err
+    assert cli(args + ['--out', str(b), '--resume']) == 0
+    assert json.loads((b/'finetune.json').read_text())['resumed_from'] == f'checkpoint-{start}'
+    name = 'model.safetensors' if data == 'corpus' else 'adapter_model.safetensors'
+    wa, wb = load_file(a/'final'/name), load_file(b/'final'/name)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_batch_schedule_on_two_cpu_processes(work, tmp_path):
+    "Under torchrun each process takes its share of every scheduled step: tokens = sum of accumulation x micro x 2 x 64."
+    run = tmp_path/'ddp'
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': str(ROOT)}
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', '-m', 'legalnb.cli', 'finetune',
+           '--model', str(work/'model'), '--data', str(work/'corpus'), '--out', str(run), '--max-steps', '3',
+           '--batch-schedule', '0:2,1:1', '--batch-size', '1', '--workers', '0', '--logging-steps', '1', '--lr', '1e-2',
+           '--force-single']
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    s = json.loads((run/'finetune.json').read_text())
+    assert (s['world_size'], s['steps'], s['tokens']) == (2, 3, (2 + 1 + 1) * 1 * 2 * 64)
