@@ -19,9 +19,9 @@ from .core import LegalnbError, atomic_write, read_json
 
 # %% auto #0
 __all__ = ['MODEL_SIZES', 'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length', 'ResonanceFilter',
-           'ResonanceLayer', 'attention_mask', 'ResonanceAttention', 'ResonanceBlock', 'ResonanceNet',
-           'ResonanceLanguageModel', 'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv',
-           'causality_violation', 'config_for', 'ResonanceState', 'next_token', 'recall_task']
+           'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention', 'ResonanceBlock',
+           'ResonanceNet', 'ResonanceLanguageModel', 'document_positions', 'short_conv_reset', 'resonance_states',
+           'document_fft_conv', 'causality_violation', 'config_for', 'ResonanceState', 'next_token', 'recall_task']
 
 # %% ../nbs/04_resonance.ipynb #7d0ba3a2
 @dataclass
@@ -214,6 +214,27 @@ def attention_mask(L: int,                                  # tokens in the row
     seg = doc_starts.long().cumsum(1)                       # (B, L): the document number of each token
     return (m & (seg[:, :, None] == seg[:, None, :]))[:, None]
 
+def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # (B, H, L, E) queries, keys, values
+                    window: int,                                        # each query reads the latest `window` keys
+                    doc_starts: torch.Tensor | None = None,             # (B, L) bool: not across a document start
+                   ) -> torch.Tensor:                                   # (B, H, L, E)
+    "`attention_mask`'s windowed attention in blocks of `window` queries, each reading its own block and the one "
+    "before: O(L W) time and memory where the dense mask is O(L^2)."
+    B, H, L, E = q.shape
+    W, n = window, -(-L // window)
+    blocks = lambda t: F.pad(t, (0, 0, 0, n * W - L)).view(B, H, n, W, E)   # (B, H, n, W, E), zeros after the end
+    before = lambda t: torch.cat([F.pad(t, (0, 0, 0, 0, 1, 0))[:, :, :-1], t], 3)   # (B, H, n, 2W, E): b-1, b
+    r, c = torch.arange(W, device=q.device)[:, None], torch.arange(2 * W, device=q.device)[None]
+    gap = r + W - c                                      # query position - key position
+    mask = ((gap >= 0) & (gap < W))[None].repeat(n, 1, 1)   # (n, W, 2W)
+    mask[0, :, :W] = False                               # the first block has no block before it
+    if doc_starts is not None:
+        seg = F.pad(doc_starts.long().cumsum(1), (0, n * W - L), value=-1).view(B, n, W)   # (B, n, W) documents
+        keys = before(seg[:, None, :, :, None])[:, 0, ..., 0]   # (B, n, 2W): the keys' documents
+        mask = (mask & (seg[..., :, None] == keys[..., None, :]))[:, None]   # (B, 1, n, W, 2W)
+    y = F.scaled_dot_product_attention(blocks(q), before(blocks(k)), before(blocks(v)), attn_mask=mask)
+    return y.reshape(B, H, n * W, E)[:, :, :L]
+
 class ResonanceAttention(nn.Module):
     "Causal softmax attention as a block's mixer (the hybrid): recall by content, and a KV cache for generation."
     def __init__(self, config: ResonanceConfig):
@@ -244,6 +265,7 @@ class ResonanceAttention(nn.Module):
         else: zs = short_conv_reset(self.short, z, document_positions(doc_starts))
         q, k, v = self.heads_first(zs)
         if doc_starts is None and not self.window: y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif 0 < self.window < L: y = local_attention(q, k, v, self.window, doc_starts)   # O(L W)
         else:
             mask = attention_mask(L, self.window, doc_starts, x.device)   # (B or 1, 1, L, L)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
