@@ -413,6 +413,7 @@ def _batch_cell(p: Plan) -> str:
     "The batch row: LoRA counts examples (packed or not), CPT and scratch count rows of seq_len tokens."
     made = f'{p.micro_batch} micro × {p.grad_accum} accumulation × {p.gpus} GPU'
     if p.batch_schedule: made += f' at first; accumulation by step {p.batch_schedule}'
+    if p.lora and p.batch_schedule: return f'{p.global_batch} rows = {made} (a row: one example, more when packed)'
     if p.lora: return f'{p.global_batch} examples = {made} (packed: the accumulation holds it on average)'
     rows = f' rows × {p.seq_len:,} tokens = {human(p.global_batch * p.seq_len)} tokens' if p.seq_len else ''
     return f'{p.global_batch}{rows} = {made}'
