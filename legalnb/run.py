@@ -35,7 +35,7 @@ size: {size}             # native: small, medium, large, xlarge
 
 parse: {{}}                # flags of `legalnb parse`: strict, notes, num_proc
 select:
-  target_tokens: 2B      # the token budget the selection fills (2M, 500M, 2B)
+  target_tokens: 2B      # the token budget the selection fills (2M, 500M, 2B); or top: N, the N best documents
 build-corpus:
   train_tokenizer: 32768 # a byte-level BPE of this size (or tokenizer: PATH; an HF model's own is used for it)
   shards: 16
@@ -46,9 +46,11 @@ train: {{}}                # flags of `legalnb train`: max_steps, dim, num_layer
 finetune: {{}}             # flags of `legalnb finetune` (a Hugging Face model): max_steps, lr, force_single ...
 evaluate:
   citations: 500
-# stage2:                # two-stage training (native models): then a second run on the best documents only
-#   select: {{target_tokens: 200M}}   # flags of `legalnb select` for the subset (the best by score; or threshold)
-#   train: {{lr: 1.0e-4, batch_size: 8, max_steps: 500}}   # its own train flags; init_optimizer: true carries AdamW
+# stage2:                # two-stage training: a second run, from the first one's weights, on the best documents only
+#   select: {{top: 10000}}  # flags of `legalnb select` for the subset: the 10k best by score (or target_tokens: 200M)
+#   train: {{lr: 1.0e-4, batch_size: 8, max_steps: 500}}   # a native model's own train flags (init_optimizer: true
+#                                                         # carries AdamW), from run/model
+#   finetune: {{lr: 1.0e-5, max_steps: 500}}   # a Hugging Face model's own finetune flags instead, from run/final
 '''
 
 def write_plan(input: list[str] | None = None, out: str | None = None, preset: str | None = None,
@@ -121,8 +123,9 @@ def read_plan(path: str | Path | None) -> tuple[dict, Path]:
         if raw[k] is None: raw[k] = {}
         if not isinstance(raw[k], dict): raise LegalnbError(f'{path}: {k}: expected a mapping of flag: value')
     for k, v in (raw.get('stage2') or {}).items():
-        if k not in ('select', 'train'):
-            raise LegalnbError(f'{path}: stage2.{k}: unknown; stage2 has select: and train: (the flags of each)')
+        if k not in ('select', 'train', 'finetune'):
+            raise LegalnbError(f'{path}: stage2.{k}: unknown; stage2 has select:, train: (a native model) and '
+                               'finetune: (a Hugging Face model), the flags of each')
         if v is None: raw['stage2'][k] = {}
         elif not isinstance(v, dict): raise LegalnbError(f'{path}: stage2.{k}: expected a mapping of flag: value')
     return raw, path.parent
@@ -187,7 +190,7 @@ def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None)
         if s in plan and owned in (plan[s] or {}):
             raise LegalnbError(f'{s}.{owned}: set by legalnb run (inside the work folder {work}); '
                                'drop it from the plan')
-    sec['select'].setdefault('target_tokens', '2B')
+    if 'top' not in sec['select']: sec['select'].setdefault('target_tokens', '2B')   # top alone: no token budget
     b = sec['build-corpus']
     if hf: b.setdefault('tokenizer', model)
     elif 'tokenizer' not in b: b.setdefault('train_tokenizer', 32768)
@@ -217,17 +220,31 @@ def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None)
         t = {'preset': None if preset == 'none' else preset, 'model': model, 'size': size} | sec['train']
         stages.append(Stage('train', ['--data', str(data), '--out', str(work/'run'), *_argv('train', t, '')],
                             [work/'split'/'split.json'], work/OUTPUTS['train']))
-        if plan.get('stage2') is not None: stages += _second_stage(plan['stage2'], t, b, work, stage_to)
+    if plan.get('stage2') is not None: stages += _second_stage(plan['stage2'], t, b, work, stage_to, hf)
     final = stages[-1]
     e = sec['evaluate'] | {'data': str(work/'corpus'/'heldout.jsonl'), 'progress': False}
     stages.append(Stage('evaluate', [str(final.output.parent), '--out', str(work/'eval'), *_argv('evaluate', e, '')],
                         [final.output], work/OUTPUTS['evaluate']))
     return stages, top | {'sections': sec}
 
-def _second_stage(s2: dict, first: dict, b: dict, work: Path, stage_to: str | None) -> list[Stage]:
-    "select-2, build-corpus-2, split-2, train-2: the best documents, the first corpus's tokenizer and held-out acts."
+def _second_stage(s2: dict, first: dict, b: dict, work: Path, stage_to: str | None, hf: bool) -> list[Stage]:
+    "select-2 (the best documents), build-corpus-2, then split-2 and train-2 (native) or finetune-2 (Hugging Face)."
+    own, other = ('finetune', 'train') if hf else ('train', 'finetune')
+    if other in s2:
+        raise LegalnbError(f'stage2.{other}: ' + ('a Hugging Face model is fine-tuned by legalnb finetune' if hf else
+                           'a native model is trained by legalnb train') + f'; use stage2.{own}')
+    sel = dict(s2.get('select') or {})
+    if 'top' not in sel: sel.setdefault('target_tokens', '2B')   # the N best documents, or the best up to a budget
+    select = Stage('select-2', [str(work/'parsed.jsonl'), '--out', str(work/'selected-2.jsonl'), '--report',
+                                str(work/'selection-2.json'), *_argv('select', sel, 'stage2.')],
+                   [work/'parsed.jsonl'], work/'selected-2.jsonl')
+    rest = (_second_finetune if hf else _second_train)(dict(s2.get(own) or {}), first, b, work, stage_to)
+    return [select, *rest]
+
+def _second_train(own: dict, first: dict, b: dict, work: Path, stage_to: str | None) -> list[Stage]:
+    "build-corpus-2, split-2, train-2: the first corpus's tokenizer and held-out acts, from the first run's weights."
     from legalnb.train import config_from_args
-    sel, t = {'target_tokens': '2B'} | dict(s2.get('select') or {}), first | dict(s2.get('train') or {})
+    t = first | own
     for k in ('data', 'out', 'init_from'):
         if k in t: raise LegalnbError(f'stage2.train.{k}: set by legalnb run (the first run\'s weights); drop it')
     if t.get('init_optimizer'):   # AdamW's state lives in the checkpoints: the first run's last one
@@ -237,10 +254,7 @@ def _second_stage(s2: dict, first: dict, b: dict, work: Path, stage_to: str | No
     # the same share and seed of held-out acts: an act is held out by a hash of its key, in any subset of the acts
     c = {k: v for k, v in b.items() if k != 'train_tokenizer'} | {'tokenizer': str(work/'corpus'/'tokenizer.json')}
     data = Path(stage_to)/'split-2' if stage_to else work/'split-2'
-    return [Stage('select-2', [str(work/'parsed.jsonl'), '--out', str(work/'selected-2.jsonl'), '--report',
-                               str(work/'selection-2.json'), *_argv('select', sel, 'stage2.')],
-                  [work/'parsed.jsonl'], work/'selected-2.jsonl'),
-            Stage('build-corpus-2', [str(work/'selected-2.jsonl'), '--out', str(work/'corpus-2'),
+    return [Stage('build-corpus-2', [str(work/'selected-2.jsonl'), '--out', str(work/'corpus-2'),
                                      *_argv('build-corpus', c, '')],
                   [work/'selected-2.jsonl', work/'corpus'/'tokenizer.json'], work/'corpus-2'/'manifest.json'),
             Stage('split-2', [str(work/'corpus-2'), '--out', str(work/'split-2')],
@@ -248,6 +262,23 @@ def _second_stage(s2: dict, first: dict, b: dict, work: Path, stage_to: str | No
             Stage('train-2', ['--data', str(data), '--out', str(work/'run-2'), '--init-from', str(start),
                               *_argv('train', t, 'stage2.')],
                   [work/'split-2'/'split.json', work/OUTPUTS['train']], work/'run-2'/'summary.json')]
+
+def _second_finetune(own: dict, first: dict, b: dict, work: Path, stage_to: str | None) -> list[Stage]:
+    "build-corpus-2 in the model's tokenizer, the same row length and held-out acts; finetune-2 from run/final."
+    for k in ('model', 'data', 'out'):
+        if k in own: raise LegalnbError(f'stage2.finetune.{k}: set by legalnb run (run/final, corpus-2, run-2); '
+                                        'drop it')
+    if lora := next((k for k in ('lora', 'qlora') if first.get(k)), None):
+        raise LegalnbError(f'stage2 and finetune.{lora}: the first run\'s final/ would be a LoRA adapter, which '
+                           'finetune-2 cannot start from; fine-tune fully (drop finetune.lora) or merge the adapter '
+                           'into its base first and run from the merged model')
+    corpus = Path(stage_to)/'corpus-2' if stage_to else work/'corpus-2'   # --stage-to: a verified copy
+    t = first | own | {'model': str(work/'run'/'final'), 'data': str(corpus)}   # transformers: a fresh AdamW
+    return [Stage('build-corpus-2', [str(work/'selected-2.jsonl'), '--out', str(work/'corpus-2'),
+                                     *_argv('build-corpus', b, '')],
+                  [work/'selected-2.jsonl'], work/'corpus-2'/'manifest.json'),
+            Stage('finetune-2', ['--out', str(work/'run-2'), *_argv('finetune', t, 'stage2.')],
+                  [work/'corpus-2'/'manifest.json', work/OUTPUTS['finetune']], work/'run-2'/'finetune.json')]
 
 def _is_hf(model: str, base: Path) -> bool:
     "Is `model` a Hugging Face model folder (a config.json with a model_type) rather than a registered name?"
@@ -271,7 +302,7 @@ def check_plan(stages: list[Stage], top: dict) -> dict:
         except LegalnbError as e: raise LegalnbError(f'{s.name}: {e}') from None
     sec, b = top['sections'], top['sections']['build-corpus']
     seq_len = int(parse_number(b['seq_len']))
-    if any(s.name == 'train-2' for s in stages) and not 0 < float(b.get('val_docs') or 0) < 1:
+    if any(s.name in ('train-2', 'finetune-2') for s in stages) and not 0 < float(b.get('val_docs') or 0) < 1:
         raise LegalnbError(f"stage2 and build-corpus.val_docs {b.get('val_docs')}: the second corpus holds out the "
                            'same acts only when val_docs is a share (0.01), not a count; set a share')
     if float(b.get('val_docs') or 0) == 0:
@@ -511,6 +542,12 @@ def _run_stage(s: Stage, argv: list[str]):
     if getattr(importlib.import_module(module), func)(argv):
         raise LegalnbError(f'the {s.name} stage failed; see its messages above')
 
+def _ask_once(opts: dict, what: str):
+    "The question before training, once per `legalnb run`: the answer covers a second stage's training too."
+    if opts.get('confirmed'): return
+    if not confirm(opts['yes']): raise LegalnbError(f'{what} not started: not confirmed (--yes skips the question)')
+    opts['confirmed'] = True
+
 def _train(s: Stage, work: Path, top: dict, info: dict, opts: dict, resuming: bool) -> dict:
     "The training stage: machine, estimate, provenance, confirmation, then train under the budget guard."
     from legalnb.presets import get_preset
@@ -531,7 +568,7 @@ def _train(s: Stage, work: Path, top: dict, info: dict, opts: dict, resuming: bo
     if e.seconds is not None and opts['deadline'] is not None and time.time() + e.seconds > opts['deadline']:
         print('! the estimate already ends after --deadline: the budget guard stops the run as soon as the measured '
               'steps agree')
-    if not confirm(opts['yes']): raise LegalnbError('training not started: not confirmed (--yes skips the question)')
+    _ask_once(opts, 'training')
     guard = BudgetGuard(opts['max_cost'], opts['deadline'], opts['price_per_hour'], max(1, _gpus()))
     if resuming: print(f'{s.name}: resuming {s.output.parent} from its newest checkpoint')
     summary = train(cfg, [guard])
@@ -547,14 +584,17 @@ def _finetune(argv: list[str], opts: dict) -> dict:
     if rc: raise LegalnbError('the finetune stage failed; see its messages above')
     return {}
 
-def _before_finetune(top: dict, opts: dict):
+def _before_finetune(s: Stage, top: dict, opts: dict):
     "The finetune stage's preamble: the machine, the preset's provenance, the calculator's command, the question."
     from legalnb.presets import get_preset
     p = get_preset('cpt', top['preset'])
     print('\n'.join(machine_lines(top['out'])))
     print(f"preset {top['preset']} (cpt, {Path(top['model']).name}): {p.why}")
     print(f"estimate: legalnb estimate --preset cpt/{top['preset']} --params N --gpu GPU (N: the model's parameters)")
-    if not confirm(opts['yes']): raise LegalnbError('fine-tuning not started: not confirmed (--yes skips the question)')
+    if s.name == 'finetune-2':
+        print(f"{s.name}: from {_value(s.argv, '--model')} (the first run's weights) with a fresh AdamW (transformers "
+              'does not carry the optimizer state)')
+    _ask_once(opts, 'fine-tuning')
 
 def _stopped_message(summary: dict, opts: dict) -> str:
     "What the budget guard says when it stops a run: how far it got, and the command that continues it."
@@ -595,7 +635,7 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
     info = check_plan(stages, top)
     work, names = top['out'], [s.name for s in stages]
     refuse_foreign_files(work, lambda rel: _ours(rel) or rel.parts[0] in opts.get('ours', ()), '--out')
-    trainers = [i for i, n in enumerate(names) if n in ('train', 'train-2', 'finetune')]
+    trainers = [i for i, n in enumerate(names) if n in ('train', 'train-2', 'finetune', 'finetune-2')]
     reasons = [why_stale(s, read_record(work, s.name)) for s in stages]
     t = next((i for i in trainers if reasons[i]), trainers[-1])   # the training to run (or resume) first
     first = next((i for i, r in enumerate(reasons) if r), len(stages))
@@ -627,11 +667,12 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
             from legalnb.train import list_checkpoints
             summary = _train(s, work, top, info, opts, resuming and bool(list_checkpoints(s.output.parent)))
             if summary.get('stopped'): return dict(stopped=summary, stages=stages, work=work)
-        elif s.name == 'finetune':
-            _before_finetune(top, opts)
-            again = resuming and any((work/'run').glob('checkpoint-*'))
-            if not again: shutil.rmtree(work/'run', ignore_errors=True)
-            if opts['stage_to']: stage_split(work/'corpus', Path(opts['stage_to'])/'corpus')
+        elif s.name in ('finetune', 'finetune-2'):
+            _before_finetune(s, top, opts)
+            out, data = Path(_value(s.argv, '--out')), Path(_value(s.argv, '--data'))   # run/, corpus/ (or -2)
+            again = resuming and any(out.glob('checkpoint-*'))
+            if not again: shutil.rmtree(out, ignore_errors=True)
+            if opts['stage_to']: stage_split(work/data.name, data)
             summary = _finetune([*s.argv, *(['--resume'] if again else [])], opts)
             if summary.get('stopped'): return dict(stopped=summary, stages=stages, work=work)
         else: _run_stage(s, s.argv)
@@ -668,6 +709,9 @@ def write_report(work: Path, stages: list[Stage], top: dict) -> Path:
     if (work/'run-2'/'summary.json').exists():
         s2 = read_json(work/'run-2'/'summary.json', 'a run summary')
         made['train-2'] = ('`run-2/`', f'{s2["steps"]:,} steps, {s2["tokens"]:,} tokens from the weights of run/')
+    if (work/'run-2'/'finetune.json').exists():
+        f2 = read_json(work/'run-2'/'finetune.json')
+        made['finetune-2'] = ('`run-2/`', f'{f2["steps"]:,} steps from the weights of run/final')
     r = read_json(work/'eval'/'eval.json', 'an evaluation') if (work/'eval'/'eval.json').exists() else None
     if r: made['evaluate'] = ('`eval/`', f'loss {r["overall"]["loss"]:.3f}, '
                               f'{r["overall"]["bits_per_byte"]:.3f} bits per byte')

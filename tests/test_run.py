@@ -42,6 +42,15 @@ def sample(tmp_path_factory) -> Path:
     assert main(['sample', str(d/'formex'), '--docs', '40']) == 0
     return d/'formex'
 
+def hf_folder(tmp_path: Path, context: int) -> Path:
+    "A folder that says it holds a Hugging Face model (its config.json), enough for the plan's checks."
+    (tmp_path/'llama').mkdir()
+    (tmp_path/'llama'/'config.json').write_text(json.dumps({'model_type': 'llama', 'max_position_embeddings': context}))
+    return tmp_path/'llama'
+
+@pytest.fixture(scope='module')
+def config_only_model(tmp_path_factory) -> Path: return hf_folder(tmp_path_factory.mktemp('hf'), 64)
+
 @pytest.fixture(scope='module')
 def reference(sample, tmp_path_factory):
     "One uninterrupted run, from the CLI, and its outputs."
@@ -120,11 +129,24 @@ def test_budget_guard_stops_and_resume_finishes(reference, sample, tmp_path, cap
     ({'build-corpus': {'seq_lenn': 3}}, 'build-corpus.seq_lenn: `legalnb build-corpus` has no flag --seq-lenn'),
     ({'train': {'lr': 0}}, 'train: --lr must be > 0'),
     ({'stages': {}}, 'unknown key(s) stages'),
+    ({'stage2': {'trian': {}}}, 'stage2.trian: unknown; stage2 has select:, train: (a native model) and finetune: '
+                                '(a Hugging Face model)'),
+    ({'stage2': {'finetune': {'lr': 1e-4}}}, 'stage2.finetune: a native model is trained by legalnb train; use '
+                                             'stage2.train'),
+    ({'model': 'HF', 'stage2': {'train': {'lr': 1e-4}}},
+     'stage2.train: a Hugging Face model is fine-tuned by legalnb finetune; use stage2.finetune'),
+    ({'model': 'HF', 'stage2': {'finetune': {'model': 'other'}}}, 'stage2.finetune.model: set by legalnb run'),
+    ({'model': 'HF', 'stage2': {'finetune': {'out': 'other'}}}, 'stage2.finetune.out: set by legalnb run'),
+    ({'model': 'HF', 'finetune': {'lora': True}, 'stage2': {}},
+     "stage2 and finetune.lora: the first run's final/ would be a LoRA adapter"),
+    ({'model': 'HF', 'stage2': {'finetune': {'init_optimizer': True}}},
+     'stage2.finetune.init_optimizer: `legalnb finetune` has no flag --init-optimizer'),
 ])
-def test_inconsistent_plans_are_refused_before_any_stage(plan, expect, sample, tmp_path, capsys):
+def test_inconsistent_plans_are_refused_before_any_stage(plan, expect, sample, config_only_model, tmp_path, capsys):
     base = {'input': [str(sample)], 'out': 'work', 'build-corpus': {'train_tokenizer': 300, 'seq_len': 32},
             'train': {'seq_warmup_steps': 0, 'device': 'cpu'}}
     for k, v in plan.items(): base[k] = {**base.get(k, {}), **v} if isinstance(v, dict) else v
+    if base.get('model') == 'HF': base['model'] = str(config_only_model)   # a stage2 refused before any check
     (tmp_path/'plan.yaml').write_text(yaml.safe_dump(base))
     assert main(['run', str(tmp_path/'plan.yaml'), '--yes']) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -185,11 +207,6 @@ def test_stage_to_copies_the_split_verified_and_trains_from_it(reference, sample
     from legalnb.train import load_checkpoint
     assert load_checkpoint(work/'run'/'checkpoints'/'step-00000020')['config']['data'] == str(tmp_path/'local'/'split')
 
-def hf_folder(tmp_path: Path, context: int) -> Path:
-    "A folder that says it holds a Hugging Face model (its config.json), enough for the plan's checks."
-    (tmp_path/'llama').mkdir()
-    (tmp_path/'llama'/'config.json').write_text(json.dumps({'model_type': 'llama', 'max_position_embeddings': context}))
-    return tmp_path/'llama'
 
 @pytest.mark.parametrize('flags,expect', [
     (['--seq-len', '64'], 'build-corpus.seq_len 64 is longer than the context of model'),
@@ -296,3 +313,52 @@ def test_the_estimate_before_training_prices_a_batch_schedule():
                       num_frequencies=4)
     e = training_estimate(cfg, 32, 300, 2.5)
     assert (e.steps, e.sequences, e.tokens) == (20, 2 * (10 * 8 + 10 * 2), 2 * (10 * 8 + 10 * 2) * 32)
+
+def test_a_native_second_stage_of_the_top_documents_has_no_token_budget():
+    "stage2: {select: {top: 5}}: select-2 takes the 5 best documents, with no --target-tokens (2B when neither is set)."
+    from legalnb.run import build_stages, stage_flags, _command
+    stages, _ = build_stages({'input': ['formex'], 'out': 'work', 'stage2': {'select': {'top': 5}}}, Path('.'), {})
+    select2 = next(s for s in stages if s.name == 'select-2')
+    assert '--target-tokens' not in select2.argv and select2.argv[-2:] == ['--top', '5'], select2.argv
+    assert _command('select-2').parse_args(select2.argv).top == 5
+    stages, _ = build_stages({'input': ['formex'], 'out': 'work', 'stage2': {}}, Path('.'), {})
+    assert next(s for s in stages if s.name == 'select-2').argv[-2:] == ['--target-tokens', '2B']
+
+def test_a_hugging_face_second_stage_finetunes_run_final_on_the_top_documents(sample, tmp_path, capsys):
+    "stage2 with an HF model: select-2 (top), build-corpus-2 in the model's tokenizer, finetune-2 from run/final; "
+    "one question on a terminal, the budget guard's stop and --resume, then every stage up to date."
+    from legalnb.hf import build_tiny_model
+    model, work, local = build_tiny_model(tmp_path/'llama'), tmp_path/'work', tmp_path/'local'
+    plan = tmp_path/'plan.yaml'
+    write = lambda steps: plan.write_text(yaml.safe_dump({'input': [str(sample)], 'out': str(work), 'model': str(model),
+        'stage2': {'select': {'top': 10}, 'finetune': {'max_steps': steps, 'logging_steps': 1, 'lr': 1e-4}}}))
+    argv = ['run', str(plan), '--target-tokens', '1M', '--seq-len', '32', '--shards', '2', '--val-docs', '0.1',
+            '--force-single', '--max-steps', '2', '--batch-size', '2', '--grad-accum', '1', '--workers', '0',
+            '--citations', '10', '--samples', '1', '--device', 'cpu', '--stage-to', str(local)]
+    write(2)
+    rc, out = _on_a_terminal(argv, 'y', tmp_path)
+    assert rc == 0 and out.count('[y/N]') == 1 and '[8/9] finetune-2' in out, out
+    assert f"finetune-2: from {work/'run'/'final'} (the first run's weights)" in out, out
+    rec = lambda name: json.loads((work/'.legalnb-run'/f'{name}.json').read_text())['argv']
+    f2 = rec('finetune-2')
+    assert (f2[f2.index('--model') + 1], f2[f2.index('--data') + 1], f2[f2.index('--lr') + 1]) == (
+        str(work/'run'/'final'), str(local/'corpus-2'), '0.0001'), 'run/final, the staged corpus-2, its own lr'
+    assert '--target-tokens' not in rec('select-2') and len((work/'selected-2.jsonl').read_text().splitlines()) <= 10
+    assert rec('evaluate')[0] == str(work/'run-2') and (work/'run-2'/'final').is_dir()
+    m1, m2 = (json.loads((work/c/'manifest.json').read_text()) for c in ('corpus', 'corpus-2'))
+    assert m2['tokenizer_sha256'] == m1['tokenizer_sha256'] and m2['seq_len'] == m1['seq_len'] == 32
+    trained = {json.loads(l)['celex'] for l in (work/'selected-2.jsonl').read_text().splitlines()}
+    assert not (trained - set(m2['heldout_celex'])) & set(m1['heldout_celex']), \
+        'no act held out by the first corpus is trained on in the second stage'
+    write(4)   # its own max_steps changed: finetune-2 runs again, and the budget guard stops it
+    budget = ['--yes', '--price-per-hour', '3.6e6', '--max-cost']
+    assert main([*argv, *budget, '1']) == 3
+    out = capsys.readouterr().out
+    assert out.count('skipped, up to date') == 7 and 'stopped cleanly at step 2 of 4 (50%)' in out, out
+    assert main([*argv, *budget, '1e9', '--resume']) == 0
+    out = capsys.readouterr().out
+    assert '[8/9] finetune-2 (resuming)' in out and 'fine-tuning not started' not in out, out
+    s2 = json.loads((work/'run-2'/'finetune.json').read_text())
+    assert s2['steps'] == 4 and s2['resumed_from'] == 'checkpoint-2', s2
+    assert '| finetune-2 | `run-2/` | 4 steps from the weights of run/final' in (work/'report.md').read_text()
+    assert main([*argv, '--yes']) == 0 and capsys.readouterr().out.count('skipped, up to date') == 9
