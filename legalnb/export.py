@@ -150,8 +150,8 @@ class LegalnbResonanceConfig(PretrainedConfig):
 '''
 
 MODELING_SOURCES = ('ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length',
-                    'ResonanceFilter', 'ResonanceLayer', 'attention_mask', 'ResonanceAttention', 'ResonanceBlock',
-                    'ResonanceNet', 'ResonanceLanguageModel',
+                    'ResonanceFilter', 'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention',
+                    'ResonanceBlock', 'ResonanceNet', 'ResonanceLanguageModel',
                     'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv', 'ResonanceState',
                     'ResonanceLayer.recurrent_state', 'ResonanceLayer.step', 'ResonanceLanguageModel.prefill',
                     'ResonanceLanguageModel.step')
