@@ -19,9 +19,10 @@ from .core import LegalnbError, atomic_write, read_json
 
 # %% auto #0
 __all__ = ['MODEL_SIZES', 'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length', 'ResonanceFilter',
-           'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention', 'ResonanceBlock',
-           'ResonanceNet', 'ResonanceLanguageModel', 'document_positions', 'short_conv_reset', 'resonance_states',
-           'document_fft_conv', 'causality_violation', 'config_for', 'ResonanceState', 'next_token', 'recall_task']
+           'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention', 'taylor_features',
+           'linear_attention', 'short_conv_window', 'LinearAttention', 'ResonanceBlock', 'ResonanceNet',
+           'ResonanceLanguageModel', 'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv',
+           'causality_violation', 'config_for', 'ResonanceState', 'next_token', 'recall_task']
 
 # %% ../nbs/04_resonance.ipynb #7d0ba3a2
 @dataclass
@@ -42,6 +43,9 @@ class ResonanceConfig:
     attention_layers: tuple = ()  # blocks whose mixer is causal softmax attention (a hybrid, as StripedHyena and
                                   # Jamba): recall by content; () is the all-resonance model of checkpoints before it
     attention_window: int = 0     # those blocks read the latest `attention_window` tokens (O(L W)); 0: all (O(L^2))
+    linear_layers: tuple = ()     # blocks whose mixer is linear attention with a Taylor feature map (Based): recall by
+                                  # content over the whole document in O(L F^2 D), a fixed-size state for generation
+    feature_dim: int = 16         # those blocks' query/key width F (the feature map has 1 + F + F^2 entries)
 
     def __post_init__(self):
         for name in ('vocab_size', 'dim', 'num_layers', 'num_frequencies', 'max_seq_len', 'short_conv'):
@@ -52,12 +56,18 @@ class ResonanceConfig:
         if not 0 <= self.dropout < 1:
             raise LegalnbError(f'ResonanceConfig: dropout must be in [0, 1), got {self.dropout!r}')
         if not self.init_std > 0: raise LegalnbError(f'ResonanceConfig: init_std must be > 0, got {self.init_std!r}')
-        layers = self.attention_layers   # JSON gives a list: kept as a sorted tuple of block indices
-        if isinstance(layers, (str, bytes)) or not hasattr(layers, '__iter__') or not all(
-                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.num_layers for i in layers):
-            raise LegalnbError(f'ResonanceConfig: attention_layers must be block indices in [0, {self.num_layers}), '
-                               f'got {layers!r}')
-        self.attention_layers = tuple(sorted(set(layers)))
+        for name in ('attention_layers', 'linear_layers'):   # JSON gives a list: kept as a sorted tuple of indices
+            layers = getattr(self, name)
+            if isinstance(layers, (str, bytes)) or not hasattr(layers, '__iter__') or not all(
+                    isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.num_layers for i in layers):
+                raise LegalnbError(f'ResonanceConfig: {name} must be block indices in [0, {self.num_layers}), '
+                                   f'got {layers!r}')
+            setattr(self, name, tuple(sorted(set(layers))))
+        if both := set(self.attention_layers) & set(self.linear_layers):
+            raise LegalnbError(f'ResonanceConfig: block(s) {sorted(both)} are in attention_layers and linear_layers; '
+                               'a block has one mixer')
+        if isinstance(self.feature_dim, bool) or not isinstance(self.feature_dim, int) or self.feature_dim < 1:
+            raise LegalnbError(f'ResonanceConfig: feature_dim must be an integer >= 1, got {self.feature_dim!r}')
         w = self.attention_window
         if isinstance(w, bool) or not isinstance(w, int) or w < 0:
             raise LegalnbError(f'ResonanceConfig: attention_window must be an integer >= 0 (0: no window), got {w!r}')
@@ -72,6 +82,7 @@ class ResonanceConfig:
         "versions wrote and read (and a resumed run's saved config compares equal)."
         d = asdict(self)
         if not self.attention_layers: del d['attention_layers'], d['attention_window']
+        if not self.linear_layers: del d['linear_layers'], d['feature_dim']
         return d
 
     @classmethod
@@ -283,8 +294,7 @@ class ResonanceAttention(nn.Module):
                 else torch.full((B,), L - 1, device=k.device))
         valid = torch.arange(L, device=k.device) >= (L - 1 - last)[:, None]   # (B, L)
         n = L if not self.window else min(L, self.window - 1)
-        back = torch.arange(self.short.kernel_size[0] - 1, 0, -1, device=z.device)   # as ResonanceLayer's state
-        window = F.pad(z, (len(back), 0))[..., L:] * (last[:, None] + 1 >= back)[:, None]
+        window = short_conv_window(z, last, self.short.kernel_size[0])
         return {'k': k[:, :, L - n:], 'v': v[:, :, L - n:], 'valid': valid[:, L - n:], 'window': window}
 
     def step(self, x: torch.Tensor,   # (B, D) the new token's normalised activations
@@ -305,13 +315,98 @@ class ResonanceAttention(nn.Module):
         return self.out_proj(y.reshape(B, D))
 
 
+# %% ../nbs/04_resonance.ipynb #ad7c4827
+def taylor_features(x: torch.Tensor) -> torch.Tensor:   # (..., F) -> (..., 1 + F + F^2)
+    "phi(x) with phi(q).phi(k) = 1 + a + a^2/2, a = q.k / sqrt(F): the exponential's second-order Taylor series "
+    "(Based, Arora et al. 2024), > 0 for every a, so the weights need no max and the normaliser is never 0."
+    x = x / x.shape[-1] ** 0.25
+    square = (x[..., :, None] * x[..., None, :]).flatten(-2) / math.sqrt(2)
+    return torch.cat([torch.ones_like(x[..., :1]), x, square], -1)
+
+def linear_attention(fq: torch.Tensor, fk: torch.Tensor,   # (B, L, Fd) features of the queries and keys
+                     v: torch.Tensor,                      # (B, L, D) values
+                     doc_starts: torch.Tensor | None = None,   # (B, L) bool: not across a document start
+                     chunk: int = 64,                      # positions per chunk
+                    ) -> tuple[torch.Tensor, torch.Tensor]:    # (B, L, D) and the state (B, Fd, D + 1)
+    "y_t = sum_s w_ts v_s / sum_s w_ts over s <= t in t's document, w_ts = fq_t . fk_s: within a chunk directly, "
+    "from earlier chunks through the sums S = sum_s fk_s [v_s, 1] of the document open at each chunk's end, O(L Fd D)."
+    "The state: S over the last document, which `LinearAttention.step` continues one token at a time."
+    B, L, _ = fq.shape
+    n, pad = -(-L // chunk), -L % chunk
+    seg = (doc_starts.long().cumsum(1) if doc_starts is not None
+           else torch.zeros(B, L, dtype=torch.long, device=fq.device))
+    seg = torch.cat([seg, seg[:, -1:].expand(B, pad)], 1).view(B, n, chunk)   # padding: the last document, no keys
+    vv = torch.cat([v, torch.ones_like(v[..., :1])], -1)                       # the last column sums the weights
+    Q, K, V = (F.pad(t, (0, 0, 0, pad)).view(B, n, chunk, -1) for t in (fq, fk, vv))
+    t = torch.arange(chunk, device=fq.device)
+    same = (seg[..., :, None] == seg[..., None, :]) & (t[:, None] >= t[None, :])        # (B, n, C, C)
+    out = ((Q @ K.transpose(-1, -2)) * same) @ V                                       # within each chunk
+    ends = seg[..., -1]                                           # (B, n): the document open at each chunk's end
+    P = (K * (seg == ends[..., None])[..., None]).transpose(-1, -2) @ V   # (B, n, Fd, D+1): its keys in the chunk
+    sums = P.cumsum(1)                            # a document's chunks are consecutive: S_c = sums_c - sums_{r-1}
+    c = torch.arange(n, device=fq.device)
+    first = torch.where(F.pad(ends[:, 1:] != ends[:, :-1], (1, 0), value=True), c, 0).cummax(1).values   # r(c)
+    S = sums - torch.gather(F.pad(sums, (0, 0, 0, 0, 1, 0)), 1, first[..., None, None].expand_as(sums))
+    opened = F.pad(ends, (1, 0), value=-1)[:, :-1]                # the document open before each chunk (-1: none)
+    out = out + (Q * (seg == opened[..., None])[..., None]) @ F.pad(S, (0, 0, 0, 0, 1, 0))[:, :-1]
+    out = out.reshape(B, n * chunk, -1)[:, :L]                    # cut the padding before dividing (0 / 0 there)
+    return out[..., :-1] / out[..., -1:], S[:, -1]
+
+def short_conv_window(z: torch.Tensor,             # (B, C, L) a short convolution's input
+                      last: torch.Tensor,          # (B,) the position of the last token in its document
+                      taps: int) -> torch.Tensor:  # (B, C, taps - 1): its last inputs, 0 before the last document
+    "The inputs a causal short convolution of `taps` taps keeps for the next token."
+    back = torch.arange(taps - 1, 0, -1, device=z.device)     # columns: inputs L-taps+1 .. L-1, `back` before L
+    return F.pad(z, (taps - 1, 0))[..., z.shape[-1]:] * (last[:, None] + 1 >= back)[:, None]
+
+class LinearAttention(nn.Module):
+    "Linear attention with a Taylor feature map as a block's mixer (Based): content-based weights over the whole "
+    "document at a cost linear in its length, after the same short convolution as the attention block."
+    def __init__(self, config: ResonanceConfig):
+        super().__init__()
+        D, Fq, k = config.dim, config.feature_dim, config.short_conv
+        self.sizes = [Fq, Fq, D]                                      # q, k, v
+        self.proj = nn.Linear(D, 2 * Fq + D, bias=False)
+        self.short = nn.Conv1d(2 * Fq + D, 2 * Fq + D, k, groups=2 * Fq + D, padding=k - 1)
+        self.out_proj = nn.Linear(D, D, bias=False)
+
+    def forward(self, x: torch.Tensor,                     # (B, L, D)
+                doc_starts: torch.Tensor | None = None,    # (B, L) bool
+                states: list | None = None,                # prefill: the state after x is appended here
+               ) -> torch.Tensor:                          # (B, L, D)
+        B, L, D = x.shape
+        z = self.proj(x).transpose(1, 2)                           # (B, 2F + D, L)
+        if doc_starts is None: zs = self.short(z)[..., :L]
+        else: zs = short_conv_reset(self.short, z, document_positions(doc_starts))
+        q, k, v = zs.transpose(1, 2).split(self.sizes, -1)
+        y, S = linear_attention(taylor_features(q), taylor_features(k), v, doc_starts)
+        if states is not None:
+            last = (document_positions(doc_starts)[:, -1] if doc_starts is not None
+                    else torch.full((B,), L - 1, device=x.device))
+            states.append({'S': S, 'window': short_conv_window(z, last, self.short.kernel_size[0])})
+        return self.out_proj(y)
+
+    def step(self, x: torch.Tensor,   # (B, D) the new token's normalised activations
+             state: dict,             # 'S' (B, Fd, D+1) and 'window', updated in place
+            ) -> torch.Tensor:        # (B, D)
+        "Add the new key's features times [value, 1] to S and read it with the query's: O(F^2 D) per token."
+        buf = torch.cat([state['window'], self.proj(x)[..., None]], -1)
+        q, k, v = ((buf * self.short.weight[:, 0]).sum(-1) + self.short.bias).split(self.sizes, -1)
+        S = state['S'] + taylor_features(k)[..., :, None] * torch.cat([v, torch.ones_like(v[..., :1])], -1)[:, None]
+        out = (taylor_features(q)[:, None] @ S)[:, 0]
+        state['S'], state['window'] = S, buf[..., 1:]
+        return self.out_proj(out[..., :-1] / out[..., -1:])
+
+
 # %% ../nbs/04_resonance.ipynb #cb5c0026
 class ResonanceBlock(nn.Module):
-    "Pre-norm residual block: resonance (or, in `config.attention_layers`, attention) mixer, then a GELU MLP."
+    "Pre-norm residual block: a mixer (resonance; attention or linear attention in the blocks the config names), "
+    "then a GELU MLP."
     def __init__(self, config: ResonanceConfig, layer: int = 0):
         super().__init__()
         D, H = config.dim, config.hidden_dim
-        mixer = ResonanceAttention if layer in config.attention_layers else ResonanceLayer
+        mixer = (ResonanceAttention if layer in config.attention_layers else
+                 LinearAttention if layer in config.linear_layers else ResonanceLayer)
         self.norm1, self.mixer = nn.LayerNorm(D), mixer(config)
         self.norm2 = nn.LayerNorm(D)
         self.mlp = nn.Sequential(nn.Linear(D, H, bias=False), nn.GELU(), nn.Linear(H, D, bias=False))
@@ -519,7 +614,9 @@ def num_params(self: ResonanceLanguageModel, non_embedding: bool = False) -> int
 def matmul_params(self: ResonanceConfig) -> int:
     "Weights used in matrix products per token: projections, MLP and the LM head."
     D, H = self.dim, self.hidden_dim
-    return self.num_layers * (3 * D * D + D * D + 2 * D * H) + self.vocab_size * D
+    n_lin = len(self.linear_layers)   # a linear-attention block projects to q, k of width F and v of width D
+    return (self.num_layers * (3 * D * D + D * D + 2 * D * H) - n_lin * 2 * D * (D - self.feature_dim)
+            + self.vocab_size * D)
 
 @patch
 def matmul_flops_per_token(self: ResonanceConfig) -> float:
@@ -536,8 +633,11 @@ def flops_per_token(self: ResonanceConfig, seq_len: int) -> float:
     filt = 4 * D * K * L + D * fft             # per sequence (shared by the batch): resonance sum + rfft(h)
     W = self.attention_window if 0 < self.attention_window < L else L
     keys = (W * (W + 1) / 2 + (L - W) * W) / L  # mean keys per query: t + 1 up to the window, then W
-    n_att = len(self.attention_layers)          # QK^T and AV: 2 * 2 * D * keys forward, x3 for training
-    return self.matmul_flops_per_token() + 3.0 * (self.num_layers - n_att) * (mixing + filt) / L + n_att * 12 * D * keys
+    n_att, n_lin = len(self.attention_layers), len(self.linear_layers)   # QK^T and AV: 4 D keys forward, x3
+    Fd, C = 1 + self.feature_dim + self.feature_dim ** 2, min(64, L)   # linear (chunks of 64): C/2 keys within,
+    linear = 2 * (C / 2 * (Fd + D + 1) + 2 * Fd * (D + 1))             # the sums across, and each chunk's sums
+    return (self.matmul_flops_per_token() + 3.0 * (self.num_layers - n_att - n_lin) * (mixing + filt) / L
+            + n_att * 12 * D * keys + n_lin * 3 * linear)
 
 # %% ../nbs/04_resonance.ipynb #57a5eb3c
 MODEL_SIZES = {  # name: shape; the true parameter counts are printed below
@@ -579,9 +679,7 @@ def recurrent_state(self: ResonanceLayer,
         if (cut := last < L - 1).any():       # x(L-1) - z^(L-b) x(b-1): the part before the last document out
             b = (L - 1 - last)[cut]
             x = x.index_add(0, rows[cut], -f.powers(L - b) * resonance_states(kv, f, rows[cut], b))
-    back = torch.arange(k - 1, 0, -1, device=z.device)           # columns: inputs L-k+1 .. L-1, `back` before L
-    window = F.pad(z, (k - 1, 0))[..., L:] * (last[:, None] + 1 >= back)[:, None]   # 0 before the last document
-    return {'x': x, 'window': window, 'z': f.powers(torch.tensor(1, device=kv.device)), 'a': f.amplitudes()}
+    return {'x': x, 'window': short_conv_window(z, last, k), 'z': f.powers(torch.tensor(1, device=kv.device)), 'a': f.amplitudes()}
 
 @patch
 def step(self: ResonanceLayer,

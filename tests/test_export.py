@@ -54,7 +54,8 @@ def without_legalnb(tmp_path, code: str) -> dict:
     return torch.load(run_dir/'result.pt')
 
 
-@pytest.mark.parametrize('kw', [{}, dict(attention_layers=[1], attention_window=150)], ids=['resonance', 'hybrid'])
+@pytest.mark.parametrize('kw', [{}, dict(attention_layers=[1], attention_window=150), dict(linear_layers=[0])],
+                         ids=['resonance', 'hybrid', 'linear'])
 def test_resonance_export_round_trip_without_legalnb(tmp_path, tok, kw):
     "Also the hybrid with a (windowed) attention block: its KV cache is part of the generation state."
     m = resonance(**kw)

@@ -321,10 +321,12 @@ def test_bench_generate_worker_and_table(monkeypatch):
 
 # The hybrid (issue 19): attention mixers in the blocks of `attention_layers`, full or windowed. Every guarantee
 # of the all-resonance model must hold for it too: causality, document resets, exact recurrent generation.
-HYBRIDS = [dict(attention_layers=[1]), dict(attention_layers=[0], attention_window=7)]
+HYBRIDS = [dict(attention_layers=[1]), dict(attention_layers=[0], attention_window=7), dict(linear_layers=[0]),
+           dict(linear_layers=[1], attention_layers=[0], attention_window=5, feature_dim=3)]
+NAMES = ['full', 'window', 'linear', 'linear+window']
 
 
-@pytest.mark.parametrize('kw', HYBRIDS, ids=['full', 'window'])
+@pytest.mark.parametrize('kw', HYBRIDS, ids=NAMES)
 def test_hybrid_causality_and_document_alone_float64(kw):
     m = tiny(**kw).double().eval()
     for L, t in [(5, 2), (65, 64), (211, 100)]:
@@ -340,7 +342,7 @@ def test_hybrid_causality_and_document_alone_float64(kw):
             assert (packed[:, s:e] - m(ids[:, s:e])).abs().max() < 1e-10, (s, e)
 
 
-@pytest.mark.parametrize('kw', HYBRIDS, ids=['full', 'window'])
+@pytest.mark.parametrize('kw', HYBRIDS, ids=NAMES)
 @pytest.mark.parametrize('L,n', [(97, 3), (301, 40), (64, 63)])
 def test_hybrid_leakage_probe_float32(kw, L, n):
     m = tiny(init_std=0.1, **kw).eval()
@@ -350,7 +352,9 @@ def test_hybrid_leakage_probe_float32(kw, L, n):
 
 
 @pytest.mark.parametrize('kw,P,starts,new', [(HYBRIDS[0], 37, None, 256), (HYBRIDS[0], 101, [0, 20, 21, 77], 256),
-                                             (HYBRIDS[1], 101, [0, 20, 21, 77], 256), (HYBRIDS[1], 150, [0, 149], 64)])
+                                             (HYBRIDS[1], 101, [0, 20, 21, 77], 256), (HYBRIDS[1], 150, [0, 149], 64),
+                                             (HYBRIDS[2], 150, [0, 149], 64), (HYBRIDS[2], 101, [0, 20, 21, 77], 256),
+                                             (HYBRIDS[3], 37, None, 128)])
 def test_hybrid_recurrent_generation_equals_recompute(kw, P, starts, new):
     "The KV cache of the attention block continues the FFT path exactly: greedy tokens equal, logits within 1e-4."
     m = tiny(max_seq_len=600, init_std=0.2, seed=P, **kw).eval()
