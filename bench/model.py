@@ -14,6 +14,7 @@ GPU torch.cuda.max_memory_allocated. A step is forward + backward + AdamW step a
     python bench/model.py --device cuda   # GPU: small and medium sizes in bf16, with MFU
     python bench/model.py --lengths 512 2048 --dim 64   # a quicker look
     python bench/model.py --attention-layers 1 --lengths 2048 8192   # the hybrid ResonanceNet (issue 19)
+    python bench/model.py --linear-layers 0 --models resonance   # linear attention (Based) in block 0
     python bench/model.py --default-malloc   # CPU: glibc's default allocator (slower at 32k, see CPU_MALLOC_ENV)
 
 MFU counts matrix-product FLOPs only (the tensor cores' peak is for matrix products): for ResonanceNet
@@ -41,7 +42,8 @@ def build(kind: str, args) -> tuple[nn.Module, float, int]:
                                       num_heads=max(1, args.dim // 64))  # CPU: the same width and depth for both
     if kind == 'resonance':   # the hybrid (issue 19): attention mixers in these blocks, optionally windowed
         shape.update(attention_layers=list(getattr(args, 'attention_layers', ())),
-                     attention_window=getattr(args, 'attention_window', 0))
+                     attention_window=getattr(args, 'attention_window', 0),
+                     linear_layers=list(getattr(args, 'linear_layers', ())))
     cfg = spec.config(args.size or 'small', args.vocab, args.max_seq_len, checkpointing=args.checkpointing,
                       **{k: v for k, v in shape.items() if k in has})
     m = spec.build(cfg)
@@ -168,20 +170,23 @@ def main(device: str = 'cuda' if torch.cuda.is_available() else 'cpu',  # cpu or
          default_malloc: bool = False,                    # CPU: glibc malloc's defaults (slower at 32k; CPU_MALLOC_ENV)
          models: list[str] = ('resonance', 'gpt'),       # which models to measure
          attention_layers: list[int] = (),               # ResonanceNet: blocks with an attention mixer (the hybrid)
-         attention_window: int = 0):                     # ResonanceNet: those blocks' window (0: full causal)
+         attention_window: int = 0,                      # ResonanceNet: those blocks' window (0: full causal)
+         linear_layers: list[int] = ()):                 # ResonanceNet: blocks with a linear-attention mixer (Based)
     "Training-step speed and peak memory: ResonanceLanguageModel against a GPT of the same non-embedding size."
     if vocab is None: vocab = 256 if device == 'cpu' else 32768
     common = dict(device=device, threads=threads, vocab=vocab, max_seq_len=max_seq_len, batch=batch, max_time=max_time,
                   compile=compile, checkpointing=checkpointing, size=None, dim=dim, layers=layers,
-                  frequencies=frequencies, attention_layers=list(attention_layers), attention_window=attention_window)
+                  frequencies=frequencies, attention_layers=list(attention_layers), attention_window=attention_window,
+                  linear_layers=list(linear_layers))
     if device == 'cpu': torch.set_num_threads(threads)   # as the workers do, so that the header says what they use
     header(__file__)
     if device == 'cpu':
         print(f'fp32, batch {batch}, fused AdamW, {threads} thread(s); a shared machine: timings vary; malloc: '
               + ('glibc defaults' if default_malloc else ' '.join(f'{k}={v}' for k, v in CPU_MALLOC_ENV.items())))
         print('GPU: run with --device cuda' if torch.cuda.is_available() else 'GPU: not measured (no GPU available)')
-        hybrid = f', ResonanceNet attention in blocks {list(attention_layers)} (window {attention_window or "full"})'
-        setups = [('dim %d, %d layers, K %d' % (dim, layers, frequencies) + (hybrid if attention_layers else ''), {})]
+        hybrid = (f', ResonanceNet attention in blocks {list(attention_layers)} (window {attention_window or "full"})'
+                  * bool(attention_layers) + f', linear attention in blocks {list(linear_layers)}' * bool(linear_layers))
+        setups = [('dim %d, %d layers, K %d' % (dim, layers, frequencies) + hybrid, {})]
         peak = None
     else:
         print(f'bf16 autocast (FFT island fp32), batch {batch}, compile={compile}')

@@ -679,7 +679,8 @@ def recurrent_state(self: ResonanceLayer,
         if (cut := last < L - 1).any():       # x(L-1) - z^(L-b) x(b-1): the part before the last document out
             b = (L - 1 - last)[cut]
             x = x.index_add(0, rows[cut], -f.powers(L - b) * resonance_states(kv, f, rows[cut], b))
-    return {'x': x, 'window': short_conv_window(z, last, k), 'z': f.powers(torch.tensor(1, device=kv.device)), 'a': f.amplitudes()}
+    return {'x': x, 'window': short_conv_window(z, last, k), 'z': f.powers(torch.tensor(1, device=kv.device)),
+            'a': f.amplitudes()}
 
 @patch
 def step(self: ResonanceLayer,
