@@ -812,7 +812,8 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
     if task == 'cpt':
         train, evald, held = _eval_rows(data, shards, eval_share)
         per_row = shards.seq_len / p.seq_len if p.seq_len else 1.0   # the preset's batch is in tokens
-        accum = overrides.get('gradient_accumulation_steps') or packed_accumulation(p, per_row, p.micro_batch, world)
+        accum = (sched[0][1] if sched else overrides.get('gradient_accumulation_steps')
+                 or packed_accumulation(p, per_row, p.micro_batch, world))   # a schedule's: its first
         if sched: p = replace(p, steps=fixed or one_pass(len(train)))
         if main and per_row != 1 and not sched:
             print(f'rows of {shards.seq_len} tokens, preset sequences of {p.seq_len}: accumulation {accum}, so a step '
@@ -826,7 +827,8 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
         train, evald = [items[i] for i in keep], [items[i] for i in held] or None
         if packing: rows = pack_examples(train, choice.max_length); per_row = len(train) / len(rows)
         steps = fixed or (one_pass(len(rows or train)) if sched else lora_steps(p, len(train)))   # the calculator's
-        accum = overrides.get('gradient_accumulation_steps') or packed_accumulation(p, per_row, p.micro_batch, world)
+        accum = (sched[0][1] if sched else overrides.get('gradient_accumulation_steps')
+                 or packed_accumulation(p, per_row, p.micro_batch, world))
         if main and not sched:
             print(f'{len(train)} examples ({len(held)} held out for evaluation) in {len(rows or train)} rows '
                   f'({per_row:.2f} per row): accumulation {accum}, so a step sees ~{p.global_batch} examples; '

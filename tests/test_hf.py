@@ -677,6 +677,7 @@ def test_batch_schedule_resumed_after_the_changes_equals_the_unbroken_run(folder
     s = json.loads((a/'finetune.json').read_text())
     recs = read_metrics(a/'metrics.jsonl')
     accum = [4, 4, 2, 2] + [1] * (s['steps'] - 4)
+    assert s['grad_accum'] == 4, "the summary's accumulation is the schedule's first"
     cosine = [0.5 * (1 + np.cos(np.pi * k / s['steps'])) for k in range(s['steps'])]
     if data == 'corpus':   # rows of 64 tokens, 2 per micro-batch; the linear rule: lr x accumulation / 4
         assert s['steps'] == 6 and np.diff([0] + [r['tokens'] for r in recs]).tolist() == [n * 2 * 64 for n in accum]
