@@ -700,15 +700,27 @@ def test_batch_schedule_resumed_after_the_changes_equals_the_unbroken_run(folder
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_batch_schedule_on_two_cpu_processes(work, tmp_path):
-    "Under torchrun each process takes its share of every scheduled step: tokens = sum of accumulation x micro x 2 x 64."
-    run = tmp_path/'ddp'
+def test_batch_schedule_on_two_cpu_processes_under_ddp_and_deepspeed_zero3(work, tmp_path):
+    "Each process takes its share of every scheduled step; DeepSpeed steps once per step (accelerate's boundary "
+    "flag), so ZeRO-3 ends where DDP does, a full step of accumulation 2 included."
+    pytest.importorskip('deepspeed')
+    from safetensors.torch import load_file
+    cfg = write_launch_configs(tmp_path/'launch', gpus_per_node=2)['deepspeed-zero3']
     env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': str(ROOT)}
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', '-m', 'legalnb.cli', 'finetune',
-           '--model', str(work/'model'), '--data', str(work/'corpus'), '--out', str(run), '--max-steps', '3',
-           '--batch-schedule', '0:2,1:1', '--batch-size', '1', '--workers', '0', '--logging-steps', '1', '--lr', '1e-2',
-           '--force-single']
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert p.returncode == 0, p.stderr[-3000:]
-    s = json.loads((run/'finetune.json').read_text())
-    assert (s['world_size'], s['steps'], s['tokens']) == (2, 3, (2 + 1 + 1) * 1 * 2 * 64)
+    flags = ['-m', 'legalnb.cli', 'finetune', '--model', str(work/'model'), '--data', str(work/'sft.jsonl'), '--full',
+             '--max-steps', '3', '--batch-size', '1', '--workers', '0', '--logging-steps', '1', '--lr', '1e-2',
+             '--save-steps', '3', '--warmup-steps', '0', '--batch-schedule', '0:2,2:1']
+    launch = {'ddp': [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2'],
+              'zero3': [sys.executable, '-m', 'accelerate.commands.launch', '--config_file', str(cfg)]}
+    runs = {}
+    for name, cmd in launch.items():
+        p = subprocess.run(cmd + flags + ['--out', str(tmp_path/name)], env=env, capture_output=True, text=True,
+                           timeout=400)
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs[name] = json.loads((tmp_path/name/'finetune.json').read_text())
+    assert [(r['world_size'], r['steps']) for r in runs.values()] == [(2, 3), (2, 3)]
+    assert runs['ddp']['tokens'] == runs['zero3']['tokens'] and runs['zero3']['distributed'] == 'DEEPSPEED'
+    a, b = (load_file(tmp_path/name/'final'/'model.safetensors') for name in launch)
+    init = load_file(work/'model'/'model.safetensors')
+    moved = max((a[k].float() - init[k].float()).abs().max().item() for k in a)
+    assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) < 1e-4 < moved / 10
