@@ -213,21 +213,28 @@ def test_leakage_probe_float32(L, n):
     assert document_leakage(m, ds, mask=False) > 1e-4, 'the probe can fail: without resets documents leak'
 
 
+def assert_each_document_alone(m, ids, ds):
+    "Each document's logits in the packed row equal those of the document run alone (float64: within 1e-10)."
+    with torch.no_grad():
+        packed = m(ids, doc_starts=ds)
+        edges = ds[0].nonzero().flatten().tolist() + [ids.shape[1]]
+        for s, e in zip(edges, edges[1:]):
+            assert (packed[:, s:e] - m(ids[:, s:e])).abs().max() < 1e-10, (s, e)
+
+
 def test_document_alone_float64_and_causality():
     "Each document's logits equal the document run alone (positions from 0); changing the future changes nothing."
     m = tiny().double().eval()
     L = 211
     ds = random_starts(1, L, 12, seed=3); ds[0, [L - 1, L - 2]] = True          # one-token documents too
     ids = torch.randint(0, 97, (1, L))
+    assert_each_document_alone(m, ids, ds)
     with torch.no_grad():
         packed = m(ids, doc_starts=ds)
-        edges = ds[0].nonzero().flatten().tolist() + [L]
-        for s, e in zip(edges, edges[1:]):
-            assert (packed[:, s:e] - m(ids[:, s:e])).abs().max() < 1e-10, (s, e)
         for t in (0, 50, 150, L - 3):
             b = ids.clone(); b[:, t + 1:] = torch.randint(0, 97, (1, L - t - 1))
             assert (m(b, doc_starts=ds)[:, :t + 1] - packed[:, :t + 1]).abs().max() < 1e-10
-    assert document_positions(ds)[0, edges[1]] == 0
+    assert document_positions(ds)[0, ds[0].nonzero().flatten()[1]] == 0
 
 
 def test_resets_flag_default_and_gradients():
@@ -334,12 +341,7 @@ def test_hybrid_causality_and_document_alone_float64(kw):
         assert change < 1e-10 and grad < 1e-10, (L, t, change, grad)
     L = 131
     ds = random_starts(1, L, 9, seed=5); ds[0, L - 1] = True
-    ids = torch.randint(0, 97, (1, L))
-    with torch.no_grad():
-        packed = m(ids, doc_starts=ds)
-        edges = ds[0].nonzero().flatten().tolist() + [L]
-        for s, e in zip(edges, edges[1:]):
-            assert (packed[:, s:e] - m(ids[:, s:e])).abs().max() < 1e-10, (s, e)
+    assert_each_document_alone(m, torch.randint(0, 97, (1, L)), ds)
 
 
 @pytest.mark.parametrize('kw', HYBRIDS, ids=NAMES)
