@@ -1021,8 +1021,11 @@ def finetune_parser() -> CommandParser:
     return p
 
 def finetune_main(argv: list[str]) -> int:
-    "`legalnb finetune ARGV`."
-    return finetune_command(**vars(finetune_parser().parse_args(argv)), command=shlex.join(argv))
+    "`legalnb finetune ARGV`; under a launcher, the process group is taken down before the process exits."
+    try: return finetune_command(**vars(finetune_parser().parse_args(argv)), command=shlex.join(argv))
+    finally:   # left to interpreter exit, gloo's threads can abort a finished run ("terminate called ...", exit -6)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 # %% ../nbs/06_hf.ipynb #3afd661d
 class ScheduledBatches(Sampler):
