@@ -18,7 +18,11 @@ Every model is built through the registry (`legalnb.models.get_model`) at the sa
 and for ResonanceNet K resonances; the GPT with dim/32 heads), trained with AdamW on fresh rows for the same
 number of steps at each learning rate of a small sweep, and scored on a fixed held-out batch; the best
 learning rate counts. A model is named `name` or `name:field=value,field=value` (config overrides), e.g.
-`resonance:attention_layers=[1]` for the hybrid with an attention mixer in block 1.
+`resonance:attention_layers=[1]` for the hybrid with an attention mixer in block 1. `resonance` is today's default
+(the recall branch in block 0); `resonance:recall_layers=[]` is the plain resonance mixer of earlier checkpoints.
+
+    python bench/recall.py --models gpt resonance 'resonance:recall_layers=[]' --lengths 256 --pairs 8 \
+        --no-single --lrs 1e-3 --steps 1000 --loss-lengths 0    # the MQAR row of the notebook's table
 
     python bench/recall.py                      # the CPU table: tiny models, see --help for the scale
     python bench/recall.py --steps 200 --lengths 256 --pairs 8   # a quicker look

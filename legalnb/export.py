@@ -151,7 +151,8 @@ class LegalnbResonanceConfig(PretrainedConfig):
 
 MODELING_SOURCES = ('ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length',
                     'ResonanceFilter', 'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention',
-                    'taylor_features', 'linear_attention', 'short_conv_window', 'LinearAttention',
+                    'taylor_features', 'linear_attention', 'linear_attention_step', 'short_conv_window',
+                    'LinearAttention',
                     'ResonanceBlock', 'ResonanceNet', 'ResonanceLanguageModel',
                     'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv', 'ResonanceState',
                     'ResonanceLayer.recurrent_state', 'ResonanceLayer.step', 'ResonanceLanguageModel.prefill',
@@ -167,10 +168,12 @@ def resonance_modeling_code() -> str:
     return _HEADER + '\n\n' + '\n\n'.join(source(n) for n in MODELING_SOURCES) + _WRAPPER
 
 def resonance_config_code() -> str:
-    "configuration_legalnb_resonance.py: a PretrainedConfig with ResonanceConfig's fields and defaults."
-    from dataclasses import MISSING, fields
+    "configuration_legalnb_resonance.py: a PretrainedConfig with ResonanceConfig's fields, each defaulting to what "
+    "`ResonanceConfig.from_dict` gives a config.json without it (a field added since reads as before it)."
+    from dataclasses import fields
     from legalnb.resonance import ResonanceConfig
-    fs = [(f.name, 32768 if f.default is MISSING else f.default) for f in fields(ResonanceConfig)]
+    unwritten = ResonanceConfig.from_dict({'vocab_size': 32768})
+    fs = [(f.name, getattr(unwritten, f.name)) for f in fields(ResonanceConfig)]
     return _CONFIG.format(fields=tuple(n for n, _ in fs), model_type=RESONANCE_TYPE,
                           signature=',\n'.join(f'                 {n}={v!r}' for n, v in fs),
                           assignments='\n'.join(f'        self.{n} = {n}' for n, _ in fs))

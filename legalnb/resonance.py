@@ -20,9 +20,9 @@ from .core import LegalnbError, atomic_write, read_json
 # %% auto #0
 __all__ = ['MODEL_SIZES', 'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length', 'ResonanceFilter',
            'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention', 'taylor_features',
-           'linear_attention', 'short_conv_window', 'LinearAttention', 'ResonanceBlock', 'ResonanceNet',
-           'ResonanceLanguageModel', 'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv',
-           'causality_violation', 'config_for', 'ResonanceState', 'next_token', 'recall_task']
+           'linear_attention', 'linear_attention_step', 'short_conv_window', 'LinearAttention', 'ResonanceBlock',
+           'ResonanceNet', 'ResonanceLanguageModel', 'document_positions', 'short_conv_reset', 'resonance_states',
+           'document_fft_conv', 'causality_violation', 'config_for', 'ResonanceState', 'next_token', 'recall_task']
 
 # %% ../nbs/04_resonance.ipynb #7d0ba3a2
 @dataclass
@@ -46,6 +46,8 @@ class ResonanceConfig:
     linear_layers: tuple = ()     # blocks whose mixer is linear attention with a Taylor feature map (Based): recall by
                                   # content over the whole document in O(L F^2 D), a fixed-size state for generation
     feature_dim: int = 16         # those blocks' query/key width F (the feature map has 1 + F + F^2 entries)
+    recall_layers: tuple = (0,)   # the resonance blocks among these also read by content: a linear-attention branch
+                                  # beside the long convolution (same F); () is the mixer of checkpoints before it
 
     def __post_init__(self):
         for name in ('vocab_size', 'dim', 'num_layers', 'num_frequencies', 'max_seq_len', 'short_conv'):
@@ -56,7 +58,7 @@ class ResonanceConfig:
         if not 0 <= self.dropout < 1:
             raise LegalnbError(f'ResonanceConfig: dropout must be in [0, 1), got {self.dropout!r}')
         if not self.init_std > 0: raise LegalnbError(f'ResonanceConfig: init_std must be > 0, got {self.init_std!r}')
-        for name in ('attention_layers', 'linear_layers'):   # JSON gives a list: kept as a sorted tuple of indices
+        for name in ('attention_layers', 'linear_layers', 'recall_layers'):   # JSON gives a list: a sorted tuple
             layers = getattr(self, name)
             if isinstance(layers, (str, bytes)) or not hasattr(layers, '__iter__') or not all(
                     isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.num_layers for i in layers):
@@ -66,6 +68,8 @@ class ResonanceConfig:
         if both := set(self.attention_layers) & set(self.linear_layers):
             raise LegalnbError(f'ResonanceConfig: block(s) {sorted(both)} are in attention_layers and linear_layers; '
                                'a block has one mixer')
+        other = set(self.attention_layers) | set(self.linear_layers)   # the branch is a resonance mixer's:
+        self.recall_layers = tuple(i for i in self.recall_layers if i not in other)   # an attention block has none
         if isinstance(self.feature_dim, bool) or not isinstance(self.feature_dim, int) or self.feature_dim < 1:
             raise LegalnbError(f'ResonanceConfig: feature_dim must be an integer >= 1, got {self.feature_dim!r}')
         w = self.attention_window
@@ -82,7 +86,9 @@ class ResonanceConfig:
         "versions wrote and read (and a resumed run's saved config compares equal)."
         d = asdict(self)
         if not self.attention_layers: del d['attention_layers'], d['attention_window']
-        if not self.linear_layers: del d['linear_layers'], d['feature_dim']
+        if not self.recall_layers: del d['recall_layers']
+        if not self.linear_layers: del d['linear_layers']
+        if not self.linear_layers and not self.recall_layers: del d['feature_dim']
         return d
 
     @classmethod
@@ -91,7 +97,7 @@ class ResonanceConfig:
         known = {f.name for f in fields(cls)}
         if unknown := sorted(set(d) - known):
             raise LegalnbError(f'ResonanceConfig: unknown field(s) {unknown}; expected some of {sorted(known)}')
-        return cls(**d)
+        return cls(**{'recall_layers': (), **d})   # written before the branch: the plain resonance mixer
 
 # %% ../nbs/04_resonance.ipynb #6da2ae2f
 class ComplexWeight(nn.Module):
@@ -183,13 +189,17 @@ class ResonanceFilter(nn.Module):
 # %% ../nbs/04_resonance.ipynb #ac0450e1
 class ResonanceLayer(nn.Module):
     "Causal token mixer: projection, short depthwise conv, gated long resonance convolution, projection."
-    def __init__(self, config: ResonanceConfig):
+    def __init__(self, config: ResonanceConfig,
+                 recall: bool = False):   # add the linear-attention branch: q, k of width F read v by content
         super().__init__()
         D, k = config.dim, config.short_conv
-        self.in_proj = nn.Linear(D, 3 * D, bias=False)
-        self.short = nn.Conv1d(3 * D, 3 * D, k, groups=3 * D, padding=k - 1)  # depthwise, left part kept: causal
+        self.sizes = [D, D, D] + [config.feature_dim] * 2 * recall        # q, k, v (and the branch's q, k)
+        self.in_proj = nn.Linear(D, sum(self.sizes), bias=False)
+        self.short = nn.Conv1d(sum(self.sizes), sum(self.sizes), k, groups=sum(self.sizes),
+                               padding=k - 1)   # depthwise, left part kept: causal
         self.filter = ResonanceFilter(D, config.num_frequencies, config.max_seq_len)
         self.skip = nn.Parameter(torch.ones(D))  # D in the formula: the h[0]-like direct path
+        if recall: self.recall_gate = nn.Parameter(torch.ones(D))   # the branch's share per channel, learned
         self.out_proj = nn.Linear(D, D, bias=False)
 
     def forward(self, x: torch.Tensor,                     # (B, L, D)
@@ -203,13 +213,19 @@ class ResonanceLayer(nn.Module):
         z = torch.bmm(self.in_proj.weight.expand(B, -1, -1), x.transpose(1, 2))
         if doc_starts is None: zs = self.short(z)[..., :L]  # the conv pads k-1 on both sides: first L are causal
         else: zs = short_conv_reset(self.short, z, document_positions(doc_starts))
-        q, k, v = zs.chunk(3, dim=1)                           # (B, D, L) each
+        q, k, v, *branch = zs.split(self.sizes, 1)             # (B, D, L) each, and (B, F, L) q, k of the branch
         kv = k * v
         if doc_starts is None: y = causal_fft_conv(kv, self.filter(L))   # (B, D, L) float32 (float64 inputs: 64)
         else: y = document_fft_conv(kv, self.filter, doc_starts)
-        y = y + self.skip[:, None] * kv.to(y.dtype)
-        if states is not None: states.append(self.recurrent_state(z, kv, doc_starts))
-        return self.out_proj((q * y).to(q.dtype).transpose(1, 2))  # (B, L, D), in the activations' dtype
+        y = ((q * (y + self.skip[:, None] * kv.to(y.dtype))).to(q.dtype)).transpose(1, 2)   # (B, L, D)
+        if branch:
+            fq, fk = (taylor_features(f.transpose(1, 2)) for f in branch)
+            read, S = linear_attention(fq, fk, v.transpose(1, 2), doc_starts)
+            y = y + (self.recall_gate * read).to(y.dtype)
+        if states is not None:
+            states.append(self.recurrent_state(z, kv, doc_starts))
+            if branch: states[-1]['S'] = S
+        return self.out_proj(y)  # (B, L, D), in the activations' dtype
 
 # %% ../nbs/04_resonance.ipynb #ae4a06a4
 def attention_mask(L: int,                                  # tokens in the row
@@ -352,6 +368,15 @@ def linear_attention(fq: torch.Tensor, fk: torch.Tensor,   # (B, L, Fd) features
     out = out.reshape(B, n * chunk, -1)[:, :L]                    # cut the padding before dividing (0 / 0 there)
     return out[..., :-1] / out[..., -1:], S[:, -1]
 
+def linear_attention_step(state: dict,                # holds 'S' (B, Fd, D+1), `linear_attention`'s state; updated
+                          q: torch.Tensor, k: torch.Tensor,   # (B, F) the new token's query and key
+                          v: torch.Tensor,             # (B, D) its value
+                         ) -> torch.Tensor:            # (B, D)
+    "One token of `linear_attention`: add phi(k) [v, 1] to S and read it with phi(q), O(F^2 D) at any length."
+    state['S'] = state['S'] + taylor_features(k)[..., :, None] * F.pad(v, (0, 1), value=1.0)[:, None]
+    out = (taylor_features(q)[:, None] @ state['S'])[:, 0]
+    return out[..., :-1] / out[..., -1:]
+
 def short_conv_window(z: torch.Tensor,             # (B, C, L) a short convolution's input
                       last: torch.Tensor,          # (B,) the position of the last token in its document
                       taps: int) -> torch.Tensor:  # (B, C, taps - 1): its last inputs, 0 before the last document
@@ -392,10 +417,8 @@ class LinearAttention(nn.Module):
         "Add the new key's features times [value, 1] to S and read it with the query's: O(F^2 D) per token."
         buf = torch.cat([state['window'], self.proj(x)[..., None]], -1)
         q, k, v = ((buf * self.short.weight[:, 0]).sum(-1) + self.short.bias).split(self.sizes, -1)
-        S = state['S'] + taylor_features(k)[..., :, None] * torch.cat([v, torch.ones_like(v[..., :1])], -1)[:, None]
-        out = (taylor_features(q)[:, None] @ S)[:, 0]
-        state['S'], state['window'] = S, buf[..., 1:]
-        return self.out_proj(out[..., :-1] / out[..., -1:])
+        state['window'] = buf[..., 1:]
+        return self.out_proj(linear_attention_step(state, q, k, v))
 
 
 # %% ../nbs/04_resonance.ipynb #cb5c0026
@@ -405,9 +428,10 @@ class ResonanceBlock(nn.Module):
     def __init__(self, config: ResonanceConfig, layer: int = 0):
         super().__init__()
         D, H = config.dim, config.hidden_dim
-        mixer = (ResonanceAttention if layer in config.attention_layers else
-                 LinearAttention if layer in config.linear_layers else ResonanceLayer)
-        self.norm1, self.mixer = nn.LayerNorm(D), mixer(config)
+        self.norm1 = nn.LayerNorm(D)
+        self.mixer = (ResonanceAttention(config) if layer in config.attention_layers else
+                      LinearAttention(config) if layer in config.linear_layers else
+                      ResonanceLayer(config, recall=layer in config.recall_layers))
         self.norm2 = nn.LayerNorm(D)
         self.mlp = nn.Sequential(nn.Linear(D, H, bias=False), nn.GELU(), nn.Linear(H, D, bias=False))
         self.drop = nn.Dropout(config.dropout)
@@ -615,8 +639,9 @@ def matmul_params(self: ResonanceConfig) -> int:
     "Weights used in matrix products per token: projections, MLP and the LM head."
     D, H = self.dim, self.hidden_dim
     n_lin = len(self.linear_layers)   # a linear-attention block projects to q, k of width F and v of width D
+    n_rec = len(self.recall_layers)   # a recall branch adds q, k of width F to the resonance mixer's projection
     return (self.num_layers * (3 * D * D + D * D + 2 * D * H) - n_lin * 2 * D * (D - self.feature_dim)
-            + self.vocab_size * D)
+            + n_rec * 2 * D * self.feature_dim + self.vocab_size * D)
 
 @patch
 def matmul_flops_per_token(self: ResonanceConfig) -> float:
@@ -626,7 +651,8 @@ def matmul_flops_per_token(self: ResonanceConfig) -> float:
 @patch
 def flops_per_token(self: ResonanceConfig, seq_len: int) -> float:
     "Training FLOPs per token at `seq_len`: 6*N_matmul + 3 * (FFT mixing + filter generation) / L per resonance "
-    "layer + 12 * D * (keys read per query) per attention layer."
+    "layer + 12 * D * (keys read per query) per attention layer + the chunked linear attention of linear-attention "
+    "layers and recall branches."
     L, D, K, n = seq_len, self.dim, self.num_frequencies, fft_size(seq_len)
     fft = 2.5 * n * math.log2(n)
     mixing = D * (2 * fft + 6 * (n // 2 + 1))  # per sequence: rfft(u), irfft(U*H), the product
@@ -637,7 +663,7 @@ def flops_per_token(self: ResonanceConfig, seq_len: int) -> float:
     Fd, C = 1 + self.feature_dim + self.feature_dim ** 2, min(64, L)   # linear (chunks of 64): C/2 keys within,
     linear = 2 * (C / 2 * (Fd + D + 1) + 2 * Fd * (D + 1))             # the sums across, and each chunk's sums
     return (self.matmul_flops_per_token() + 3.0 * (self.num_layers - n_att - n_lin) * (mixing + filt) / L
-            + n_att * 12 * D * keys + n_lin * 3 * linear)
+            + n_att * 12 * D * keys + (n_lin + len(self.recall_layers)) * 3 * linear)
 
 # %% ../nbs/04_resonance.ipynb #57a5eb3c
 MODEL_SIZES = {  # name: shape; the true parameter counts are printed below
@@ -692,13 +718,15 @@ def step(self: ResonanceLayer,
     z = self.in_proj(x)                                          # (B, 3D)
     buf = torch.cat([state['window'], z[..., None]], -1)         # (B, 3D, k): oldest input first, as the conv's taps
     zs = (buf * self.short.weight[:, 0]).sum(-1) + self.short.bias
-    q, k, v = zs.chunk(3, dim=-1)
+    q, k, v, *branch = zs.split(self.sizes, -1)
     kv = k * v                                                   # (B, D)
     with torch.autocast(device_type=x.device.type, enabled=False):
         xs = state['z'] * state['x'] + kv.to(f.dtype())[..., None]            # x = z x + u, (B, D, K) complex
         y = (state['a'] * xs).real.sum(-1) + self.skip * kv.to(f.dtype())    # y = Re sum_k a_k x_k + skip u
     state['x'], state['window'] = xs, buf[..., 1:]
-    return self.out_proj((q * y).to(q.dtype))
+    y = (q * y).to(q.dtype)
+    if branch: y = y + (self.recall_gate * linear_attention_step(state, *branch, v)).to(y.dtype)
+    return self.out_proj(y)
 
 @patch
 @torch.no_grad()

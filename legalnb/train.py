@@ -25,11 +25,11 @@ __all__ = ['SCHEDULES', 'DEVICES', 'STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHAN
            'rng_state', 'set_rng_state', 'seed_everything', 'checkpoint_step', 'list_checkpoints', 'save_checkpoint',
            'find_checkpoint', 'load_checkpoint', 'load_for_resume', 'open_split', 'train_loader', 'val_loader',
            'unpack_batch', 'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows', 'model_config',
-           'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run', 'evaluate', 'val_bytes_per_token',
-           'bits_per_byte', 'peak_flops', 'shard_model', 'save_shards', 'load_shards', 'consolidated_model', 'Interval',
-           'check_new_run', 'Run', 'setup', 'resume', 'init_weights', 'train_step', 'end_interval', 'stop_requested',
-           'save_run', 'summarize', 'record_architecture', 'stopped_summary', 'train', 'train_parser',
-           'config_from_args', 'train_main']
+           'saved_model_config', 'predated', 'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run',
+           'evaluate', 'val_bytes_per_token', 'bits_per_byte', 'peak_flops', 'shard_model', 'save_shards',
+           'load_shards', 'consolidated_model', 'Interval', 'check_new_run', 'Run', 'setup', 'resume', 'init_weights',
+           'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize', 'record_architecture',
+           'stopped_summary', 'train', 'train_parser', 'config_from_args', 'train_main']
 
 # %% ../nbs/05_train.ipynb #a6da8542
 SCHEDULES = ('cosine', 'restarts', 'constant')
@@ -617,10 +617,37 @@ def cut_rows(x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor | None, leng
 
 # %% ../nbs/05_train.ipynb #0e100099
 def model_config(cfg: TrainConfig, vocab_size: int, seq_len: int):
-    "The model config a run builds: the architecture's named size, its overrides, the data's sequence length."
+    "The model config a run builds: the architecture's named size, its overrides, the data's sequence length; "
+    "resuming (or starting a second stage), the fields its checkpoint predates as that checkpoint was trained."
     from legalnb.models import get_model
     extra = {'checkpointing': True} if cfg.activation_checkpointing else {}
-    return get_model(cfg.model).config(cfg.size, vocab_size, seq_len, **cfg.model_overrides, **extra)
+    mc = get_model(cfg.model).config(cfg.size, vocab_size, seq_len, **cfg.model_overrides, **extra)
+    saved = saved_model_config(cfg)
+    return mc if saved is None else predated(mc, saved, cfg.model_overrides)
+
+def saved_model_config(cfg: TrainConfig) -> dict | None:
+    "The model config of the checkpoint `--resume` or `--init-from` names; None without one, or where none reads "
+    "(`resume` and `init_weights` then say why)."
+    try:
+        if cfg.resume: path = find_checkpoint(cfg.out, cfg.resume)
+        elif cfg.init_from: path = Path(cfg.init_from)
+        else: return None
+        if cfg.resume or (path/'model.pt').exists():
+            return read_json(path/'config.json', 'a checkpoint')['model_config']
+        return {k: v for k, v in read_json(path/'config.json', 'a model folder').items() if k != 'architecture'}
+    except (LegalnbError, KeyError, TypeError, AttributeError): return None
+
+def predated(mc,               # the model config this run builds
+             saved: dict,      # a checkpoint's model config
+             overrides: dict,  # the run's model_overrides
+            ):
+    "`mc` with each field that `saved` lacks (added since it was written) and the run does not set, as `from_dict` "
+    "reads it from `saved`: a default changed since a checkpoint does not change the model that resumes it."
+    absent = [k for k in mc.to_dict() if k not in saved and k not in overrides]
+    if not absent: return mc
+    try: then = type(mc).from_dict(saved)
+    except (LegalnbError, TypeError): return mc    # check_resume names what differs
+    return dataclasses.replace(mc, **{k: getattr(then, k) for k in absent})
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     "AdamW with weight decay where the architecture's spec says (matrices, not norms or filters), fused."

@@ -54,17 +54,23 @@ def without_legalnb(tmp_path, code: str) -> dict:
     return torch.load(run_dir/'result.pt')
 
 
-@pytest.mark.parametrize('kw', [{}, dict(attention_layers=[1], attention_window=150), dict(linear_layers=[0])],
-                         ids=['resonance', 'hybrid', 'linear'])
+@pytest.mark.parametrize('kw', [{}, dict(recall_layers=[]), dict(attention_layers=[1], attention_window=150),
+                                dict(linear_layers=[0])], ids=['resonance', 'no-recall-branch', 'hybrid', 'linear'])
 def test_resonance_export_round_trip_without_legalnb(tmp_path, tok, kw):
-    "Also the hybrid with a (windowed) attention block: its KV cache is part of the generation state."
+    "The default (a recall branch in block 0, its gate drawn so that it counts), the plain mixer of older "
+    "checkpoints (its config.json has no `recall_layers`), and the hybrid with a (windowed) attention block: its KV "
+    "cache is part of the generation state."
     m = resonance(**kw)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith('recall_gate'): p.normal_()
     native(tmp_path/'run'/'model', m, tok)
     files = export_model(tmp_path/'run', tmp_path/'hf')
     assert {'config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json',
             'configuration_legalnb_resonance.py', 'modeling_legalnb_resonance.py'} <= set(files)
     cfg = json.loads((tmp_path/'hf'/'config.json').read_text())
     assert cfg['auto_map']['AutoModelForCausalLM'] == 'modeling_legalnb_resonance.LegalnbResonanceForCausalLM'
+    assert cfg.get('recall_layers', []) == list(m.config.recall_layers), 'unwritten: none (the config class default)'
     ids = torch.randint(3, 300, (2, 37)); ids[0, 5] = 0            # an odd length, a special id inside
     torch.save(ids, tmp_path/'ids.pt')
     res = without_legalnb(tmp_path, f'''

@@ -46,11 +46,20 @@ def test_gpt_learns_single_key_recall(bench):
     assert '| resonance / gpt |' in t and '0.50 |' in t and '12.5%' in t
 
 
-@pytest.mark.parametrize('model,least', [('resonance:attention_layers=[0]', 0.5), ('resonance:linear_layers=[0]', 0.3)])
+@pytest.mark.parametrize('model,least', [('resonance', 0.5), ('resonance:attention_layers=[0]', 0.5),
+                                         ('resonance:linear_layers=[0]', 0.3)])
 def test_hybrids_recall(bench, model, least):
-    "The switches of issue 19: with softmax attention (block 0) ResonanceNet recalls the key, with linear attention "
-    "(Based, sub-quadratic) it learns it above chance (chance 12.5%; the all-resonance model stays at chance: the "
-    "notebook's negative result and bench/recall.py's table)."
+    "Issue 19: the default (the recall branch in block 0) and the switches, softmax attention or linear attention "
+    "(Based) as block 0's mixer, learn to recall the key (chance 12.5%)."
     torch.set_num_threads(1)
     r = bench.train_and_score(model, 'single', 64, 1, 3e-3, steps=150, batch=16, dim=64, layers=2, frequencies=8)
     assert r['acc'] > least, r
+
+
+def test_without_the_recall_branch_resonance_does_not_recall(bench):
+    "The negative result that started issue 19, kept as a check that the task can fail: the plain resonance mixer "
+    "(`recall_layers=[]`, every checkpoint before the branch) stays near chance (12.5%) in the same steps."
+    torch.set_num_threads(1)
+    r = bench.train_and_score('resonance:recall_layers=[]', 'single', 64, 1, 3e-3, steps=150, batch=16, dim=64,
+                              layers=2, frequencies=8)
+    assert r['acc'] < 0.3, r

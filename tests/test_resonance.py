@@ -14,8 +14,14 @@ TINY = dict(vocab_size=97, dim=24, num_layers=2, num_frequencies=6, max_seq_len=
 
 
 def tiny(**kw) -> ResonanceLanguageModel:
+    "A small model; its recall branches' gates (0 at initialisation: the branch then adds nothing) drawn at random, "
+    "so that every check here runs through the branch too."
     torch.manual_seed(kw.pop('seed', 0))
-    return ResonanceLanguageModel(ResonanceConfig(**{**TINY, **kw}))
+    m = ResonanceLanguageModel(ResonanceConfig(**{**TINY, **kw}))
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith('recall_gate'): p.normal_()
+    return m
 
 
 @pytest.mark.parametrize('L,t', [(2, 0), (5, 2), (63, 31), (64, 10), (65, 64), (211, 100), (513, 1)])
@@ -76,9 +82,11 @@ def test_sizes_param_counts_on_meta():
         with torch.device('meta'): m = ResonanceLanguageModel(c)
         D, K, n = c.dim, c.num_frequencies, c.num_layers
         per_block = 12 * D * D + 4 * K * D + 3 * D * c.short_conv + 3 * D + D + 4 * D
-        assert m.num_params(non_embedding=True) == n * per_block + 2 * D
+        Fq = c.feature_dim   # block 0's recall branch: q, k of width F (projection, short conv and bias) and a gate
+        branch = 2 * Fq * D + 2 * Fq * c.short_conv + 2 * Fq + D
+        assert c.recall_layers == (0,) and m.num_params(non_embedding=True) == n * per_block + branch + 2 * D
         assert m.num_params() == m.num_params(non_embedding=True) + (32768 + c.max_seq_len) * D
-        assert c.flops_per_token(32768) > c.matmul_flops_per_token() == 6 * (n * 12 * D * D + 32768 * D)
+        assert c.flops_per_token(32768) > c.matmul_flops_per_token() == 6 * (n * 12 * D * D + 2 * Fq * D + 32768 * D)
         counts[name] = m.num_params(non_embedding=True)
     assert counts['small'] < counts['medium'] < counts['large'] < counts['xlarge']
     assert (MODEL_SIZES['medium']['dim'], MODEL_SIZES['medium']['num_frequencies'], MODEL_SIZES['medium']['num_layers']) == (1024, 128, 12)
@@ -329,8 +337,9 @@ def test_bench_generate_worker_and_table(monkeypatch):
 # The hybrid (issue 19): attention mixers in the blocks of `attention_layers`, full or windowed. Every guarantee
 # of the all-resonance model must hold for it too: causality, document resets, exact recurrent generation.
 HYBRIDS = [dict(attention_layers=[1]), dict(attention_layers=[0], attention_window=7), dict(linear_layers=[0]),
-           dict(linear_layers=[1], attention_layers=[0], attention_window=5, feature_dim=3)]
-NAMES = ['full', 'window', 'linear', 'linear+window']
+           dict(linear_layers=[1], attention_layers=[0], attention_window=5, feature_dim=3),
+           dict(recall_layers=[]), dict(recall_layers=[0, 1], feature_dim=5)]
+NAMES = ['full', 'window', 'linear', 'linear+window', 'no recall branch', 'recall branch in both blocks']
 
 
 @pytest.mark.parametrize('kw', HYBRIDS, ids=NAMES)
@@ -356,7 +365,8 @@ def test_hybrid_leakage_probe_float32(kw, L, n):
 @pytest.mark.parametrize('kw,P,starts,new', [(HYBRIDS[0], 37, None, 256), (HYBRIDS[0], 101, [0, 20, 21, 77], 256),
                                              (HYBRIDS[1], 101, [0, 20, 21, 77], 256), (HYBRIDS[1], 150, [0, 149], 64),
                                              (HYBRIDS[2], 150, [0, 149], 64), (HYBRIDS[2], 101, [0, 20, 21, 77], 256),
-                                             (HYBRIDS[3], 37, None, 128)])
+                                             (HYBRIDS[3], 37, None, 128), (HYBRIDS[4], 101, [0, 20, 21, 77], 64),
+                                             (HYBRIDS[5], 150, [0, 149], 64), (HYBRIDS[5], 101, [0, 20, 21, 77], 256)])
 def test_hybrid_recurrent_generation_equals_recompute(kw, P, starts, new):
     "The KV cache of the attention block continues the FFT path exactly: greedy tokens equal, logits within 1e-4."
     m = tiny(max_seq_len=600, init_std=0.2, seed=P, **kw).eval()
@@ -382,6 +392,45 @@ def test_hybrid_save_load_and_old_configs(tmp_path):
     o2 = ResonanceLanguageModel.load(tmp_path/'old').eval()
     assert all(isinstance(b.mixer, ResonanceLayer) for b in o2.backbone.blocks)
     with torch.no_grad(): assert torch.equal(old(ids), o2(ids))
+
+
+def test_recall_branch_default_and_configs_written_before_it(tmp_path):
+    "The default has the recall branch in block 0; a config.json without `recall_layers` (every checkpoint before "
+    "it) loads as the plain resonance mixer, weights and outputs unchanged; blocks with another mixer get no branch."
+    from legalnb.resonance import ResonanceLayer
+    new = tiny().eval()
+    assert new.config.recall_layers == (0,) and hasattr(new.backbone.blocks[0].mixer, 'recall_gate')
+    assert not hasattr(new.backbone.blocks[1].mixer, 'recall_gate')
+    assert json.loads(json.dumps(new.config.to_dict()))['recall_layers'] == [0]
+    plain = tiny(recall_layers=[]).eval()
+    plain.save(tmp_path/'plain')
+    written = json.loads((tmp_path/'plain'/'config.json').read_text())
+    assert 'recall_layers' not in written and 'feature_dim' not in written, 'written as before the branch'
+    back = ResonanceLanguageModel.load(tmp_path/'plain').eval()
+    assert back.config.recall_layers == () and isinstance(back.backbone.blocks[0].mixer, ResonanceLayer)
+    assert back.backbone.blocks[0].mixer.in_proj.weight.shape == (3 * TINY['dim'], TINY['dim'])
+    ids = torch.randint(0, 97, (1, 50))
+    with torch.no_grad(): assert torch.equal(plain(ids), back(ids))
+    assert ResonanceConfig(**TINY, attention_layers=[0]).recall_layers == (), 'an attention block has no branch'
+    assert ResonanceConfig(**TINY, linear_layers=[0], recall_layers=[0, 1]).recall_layers == (1,)
+
+
+def test_recall_branch_closed_is_the_plain_mixer():
+    "The branch is added to the resonance mixer's output and nothing else: with its gate at 0 the same weights give "
+    "the plain model's logits (and with the gate as initialised, 1, they do not)."
+    torch.manual_seed(0)
+    new = ResonanceLanguageModel(ResonanceConfig(**TINY)).eval()
+    assert torch.equal(new.backbone.blocks[0].mixer.recall_gate.detach(), torch.ones(TINY['dim']))
+    plain = ResonanceLanguageModel(ResonanceConfig(**TINY, recall_layers=[])).eval()
+    state = {k: (v[:3 * TINY['dim']] if k.endswith(('0.mixer.in_proj.weight', '0.mixer.short.weight',
+                                                    '0.mixer.short.bias')) else v)
+             for k, v in new.state_dict().items() if not k.endswith('recall_gate')}
+    plain.load_state_dict(state)
+    ids = torch.randint(0, 97, (2, 77))
+    with torch.no_grad():
+        assert not torch.allclose(new(ids), plain(ids), atol=1e-3)
+        new.backbone.blocks[0].mixer.recall_gate.zero_()
+        assert torch.allclose(new(ids), plain(ids), atol=1e-6)
 
 
 def test_hybrid_flops_and_parameters():

@@ -144,3 +144,23 @@ def test_kill_9_after_a_batch_change_then_resume_is_bit_exact(references, tmp_pa
     assert [r['step_tokens'] for r in recs] == [3 * 4 * 16] * 4 + [2 * 4 * 16] * 4 + [4 * 16] * 4
     summary = json.loads((killed/'summary.json').read_text())
     assert summary['tokens'] == (3 + 2 + 1) * 4 * 4 * 16 and summary['resumed_from'] == resumed_from
+
+def test_a_checkpoint_from_before_the_recall_branch_resumes_as_it_was_trained(tmp_path):
+    "A run started before `recall_layers` existed (its checkpoints name no such field: the plain resonance mixer) "
+    "resumes under today's default, which has the branch, as the model it was: bit-exact against a straight run."
+    split_dir = make_split(tmp_path)
+    plain = ('--model-overrides', 'recall_layers=[]')
+    subprocess.run(train_cmd(split_dir, tmp_path/'straight', *plain), check=True, env=ENV, capture_output=True)
+    out = tmp_path/'old'
+    subprocess.run(train_cmd(split_dir, out, *plain), check=True, env=ENV, capture_output=True)
+    for f in out.rglob('config.json'):   # as the version before the branch wrote them
+        d = json.loads(f.read_text())
+        assert 'recall_layers' not in d.get('model_config', {}), 'an empty recall_layers is not written'
+        if 'config' in d: d['config']['model_overrides'].pop('recall_layers', None)
+        f.write_text(json.dumps(d))
+    r = subprocess.run(train_cmd(split_dir, out, '--resume', str(out/'checkpoints'/'step-00000009')),
+                       env=ENV, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    want, got = final_weights(tmp_path/'straight'), final_weights(out)
+    assert not any(k.endswith('recall_gate') for k in got) and want.keys() == got.keys()
+    assert all(torch.equal(want[k], got[k]) for k in want)
