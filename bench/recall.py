@@ -12,7 +12,9 @@ of the row, asked at the last position (chance 12.5%).
 Held-out loss: the same models trained as byte-level language models on the generated sample
 (`legalnb.sources.write_sample`, 60 documents, the last 8 held out whole), packed with an EOS byte after each
 document and `doc_starts` after every EOS (each model resets or masks at them), on random windows of `--loss-lengths`
-bytes; the loss is the mean over fixed held-out windows.
+bytes; the loss is the mean over fixed held-out windows. `--loss-data FOLDER` does the same on real EUR-Lex text:
+the acts of the Formex publications in FOLDER, the newest held out whole (`../shared/fixtures/formex`: trained on
+Regulation (EC) No 1137/2008, scored on Regulation (EU) 2024/903).
 
 Every model is built through the registry (`legalnb.models.get_model`) at the same width and depth (dim, layers,
 and for ResonanceNet K resonances; the GPT with dim/32 heads), trained with AdamW on fresh rows for the same
@@ -134,6 +136,20 @@ def sample_bytes(docs: int = 60, held_out: int = 8) -> tuple[torch.Tensor, torch
     return packed(ds[:-held_out]), packed(ds[-held_out:])
 
 
+def formex_bytes(folder: str) -> tuple[torch.Tensor, torch.Tensor]:
+    "Real EUR-Lex text: the acts of the Formex publications under `folder` as packed bytes, the newest act held out "
+    "whole, the others to train on."
+    from pathlib import Path
+    from legalnb.sources import read_documents
+    ds = sorted(read_documents(Path(folder)), key=lambda doc: doc.celex)
+    if len(ds) < 2: raise LegalnbError(f'--loss-data {folder}: {len(ds)} act(s) found; need two, one to hold out')
+    packed = lambda part: torch.tensor([b for doc in part for b in [*doc.text.encode('utf-8'), 0]])
+    print(f'# held-out loss on {folder}: trained on {", ".join(d.celex for d in ds[:-1])} '
+          f'({sum(len(d.text.encode()) for d in ds[:-1]):,} bytes), held out {ds[-1].celex} '
+          f'({len(ds[-1].text.encode()):,} bytes)')
+    return packed(ds[:-1]), packed(ds[-1:])
+
+
 def byte_rows(src: torch.Tensor, starts, L: int):
     "(input, target, doc_starts) windows of L bytes at `starts`; a document starts after every EOS."
     w = torch.stack([src[j:j + L + 1] for j in starts]); x, y = w[:, :-1], w[:, 1:]
@@ -212,6 +228,7 @@ def main(models: list[str] = ['gpt', 'resonance'],  # registered models, each `n
          frequencies: int = 16,             # ResonanceNet's K
          loss_lengths: list[int] = [512],   # held-out loss on the sample at these row lengths (0: skip)
          loss_steps: int = 300,             # optimizer steps per held-out-loss run
+         loss_data: str = 'sample',         # 'sample' (generated) or a folder of Formex publications (real acts)
          threads: int = 1):                 # torch CPU threads
     "Train each model on each task at each learning rate; print the accuracy table."
     torch.set_num_threads(threads)
@@ -231,7 +248,7 @@ def main(models: list[str] = ['gpt', 'resonance'],  # registered models, each `n
     if results: print(table(results, models))
     losses, data = {}, None
     for L in [L for L in loss_lengths if L > 0]:
-        data = data or sample_bytes()
+        data = data or (sample_bytes() if loss_data == 'sample' else formex_bytes(loss_data))
         per = {}
         for m in models:
             runs = [sample_loss(m, L, lr, loss_steps, batch, dim, layers, frequencies, data) for lr in lrs]
@@ -240,7 +257,8 @@ def main(models: list[str] = ['gpt', 'resonance'],  # registered models, each `n
                   f"({sum(r['seconds'] for r in runs):.0f} s)", flush=True)
         losses[L] = per
     if losses:
-        print(f'# held-out loss on the generated sample (nats per byte, {loss_steps} steps of {batch} rows)')
+        print(f'# held-out loss on {"the generated sample" if loss_data == "sample" else loss_data} (nats per byte, '
+              f'{loss_steps} steps of {batch} rows)')
         print(loss_table(losses, models))
 
 

@@ -1,4 +1,6 @@
 "bench/recall.py: the MQAR rows are what the paper describes, and a tiny configuration learns above chance."
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -63,3 +65,19 @@ def test_without_the_recall_branch_resonance_does_not_recall(bench):
     r = bench.train_and_score('resonance:recall_layers=[]', 'single', 64, 1, 3e-3, steps=150, batch=16, dim=64,
                               layers=2, frequencies=8)
     assert r['acc'] < 0.3, r
+
+
+FORMEX = Path(__file__).resolve().parents[2]/'shared'/'fixtures'/'formex'
+
+
+@pytest.mark.skipif(not FORMEX.exists(), reason=f'real Formex fixtures not found at {FORMEX} (../shared beside the repo)')
+def test_real_text_holds_out_the_newest_act_whole(bench):
+    "`--loss-data`: the real acts packed as bytes, the newest (Regulation (EU) 2024/903) only in the held-out part."
+    train, val = bench.formex_bytes(str(FORMEX))
+    text = lambda t: bytes(t.tolist()).decode('utf-8')
+    assert text(val).startswith('THE EUROPEAN PARLIAMENT AND THE COUNCIL OF THE EUROPEAN UNION,\nHaving regard to '
+                                'the Treaty on the Functioning of the European Union, and in particular Article 172')
+    assert 'Having regard to the Treaty establishing the European Community' in text(train)
+    assert text(val)[:500] not in text(train)
+    assert (val == 0).sum() == 1 and len(val) > 50_000 and len(train) > 100_000
+
