@@ -342,7 +342,7 @@ def taylor_features(x: torch.Tensor) -> torch.Tensor:   # (..., F) -> (..., 1 + 
 def linear_attention(fq: torch.Tensor, fk: torch.Tensor,   # (B, L, Fd) features of the queries and keys
                      v: torch.Tensor,                      # (B, L, D) values
                      doc_starts: torch.Tensor | None = None,   # (B, L) bool: not across a document start
-                     chunk: int = 64,                      # positions per chunk
+                     chunk: int = 256,                     # positions per chunk (256: twice as fast as 64 on a CPU)
                     ) -> tuple[torch.Tensor, torch.Tensor]:    # (B, L, D) and the state (B, Fd, D + 1)
     "y_t = sum_s w_ts v_s / sum_s w_ts over s <= t in t's document, w_ts = fq_t . fk_s: within a chunk directly, "
     "from earlier chunks through the sums S = sum_s fk_s [v_s, 1] of the document open at each chunk's end, O(L Fd D)."
@@ -660,7 +660,7 @@ def flops_per_token(self: ResonanceConfig, seq_len: int) -> float:
     W = self.attention_window if 0 < self.attention_window < L else L
     keys = (W * (W + 1) / 2 + (L - W) * W) / L  # mean keys per query: t + 1 up to the window, then W
     n_att, n_lin = len(self.attention_layers), len(self.linear_layers)   # QK^T and AV: 4 D keys forward, x3
-    Fd, C = 1 + self.feature_dim + self.feature_dim ** 2, min(64, L)   # linear (chunks of 64): C/2 keys within,
+    Fd, C = 1 + self.feature_dim + self.feature_dim ** 2, min(256, L)  # linear (chunks of 256): C/2 keys within,
     linear = 2 * (C / 2 * (Fd + D + 1) + 2 * Fd * (D + 1))             # the sums across, and each chunk's sums
     return (self.matmul_flops_per_token() + 3.0 * (self.num_layers - n_att - n_lin) * (mixing + filt) / L
             + n_att * 12 * D * keys + (n_lin + len(self.recall_layers)) * 3 * linear)
