@@ -151,7 +151,8 @@ class LegalnbResonanceConfig(PretrainedConfig):
 
 MODELING_SOURCES = ('ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length',
                     'ResonanceFilter', 'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention',
-                    'taylor_features', 'linear_attention', 'linear_attention_step', 'short_conv_window',
+                    'taylor_features', 'linear_attention', 'read_by_content', 'linear_attention_step',
+                    'short_conv_window',
                     'LinearAttention',
                     'ResonanceBlock', 'ResonanceNet', 'ResonanceLanguageModel',
                     'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv', 'ResonanceState',

@@ -20,9 +20,10 @@ from .core import LegalnbError, atomic_write, read_json
 # %% auto #0
 __all__ = ['MODEL_SIZES', 'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length', 'ResonanceFilter',
            'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention', 'taylor_features',
-           'linear_attention', 'linear_attention_step', 'short_conv_window', 'LinearAttention', 'ResonanceBlock',
-           'ResonanceNet', 'ResonanceLanguageModel', 'document_positions', 'short_conv_reset', 'resonance_states',
-           'document_fft_conv', 'causality_violation', 'config_for', 'ResonanceState', 'next_token', 'recall_task']
+           'linear_attention', 'read_by_content', 'linear_attention_step', 'short_conv_window', 'LinearAttention',
+           'ResonanceBlock', 'ResonanceNet', 'ResonanceLanguageModel', 'document_positions', 'short_conv_reset',
+           'resonance_states', 'document_fft_conv', 'causality_violation', 'config_for', 'ResonanceState', 'next_token',
+           'recall_task']
 
 # %% ../nbs/04_resonance.ipynb #7d0ba3a2
 @dataclass
@@ -219,8 +220,7 @@ class ResonanceLayer(nn.Module):
         else: y = document_fft_conv(kv, self.filter, doc_starts)
         y = ((q * (y + self.skip[:, None] * kv.to(y.dtype))).to(q.dtype)).transpose(1, 2)   # (B, L, D)
         if branch:
-            fq, fk = (taylor_features(f.transpose(1, 2)) for f in branch)
-            read, S = linear_attention(fq, fk, v.transpose(1, 2), doc_starts)
+            read, S = read_by_content(*(t.transpose(1, 2) for t in (*branch, v)), doc_starts)
             y = y + (self.recall_gate * read).to(y.dtype)
         if states is not None:
             states.append(self.recurrent_state(z, kv, doc_starts))
@@ -368,11 +368,22 @@ def linear_attention(fq: torch.Tensor, fk: torch.Tensor,   # (B, L, Fd) features
     out = out.reshape(B, n * chunk, -1)[:, :L]                    # cut the padding before dividing (0 / 0 there)
     return out[..., :-1] / out[..., -1:], S[:, -1]
 
+def read_by_content(q: torch.Tensor, k: torch.Tensor,   # (B, L, F) queries and keys
+                    v: torch.Tensor,                      # (B, L, D) values
+                    doc_starts: torch.Tensor | None = None,   # (B, L) bool
+                   ) -> tuple[torch.Tensor, torch.Tensor]:    # `linear_attention`'s output and state
+    "`linear_attention` on the Taylor features of q and k, in float32 (float64 stays) even under autocast, as the "
+    "FFT island: its sums run over the whole document, too long for bfloat16."
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q, k, v = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k, v))
+        return linear_attention(taylor_features(q), taylor_features(k), v, doc_starts)
+
 def linear_attention_step(state: dict,                # holds 'S' (B, Fd, D+1), `linear_attention`'s state; updated
                           q: torch.Tensor, k: torch.Tensor,   # (B, F) the new token's query and key
                           v: torch.Tensor,             # (B, D) its value
                          ) -> torch.Tensor:            # (B, D)
     "One token of `linear_attention`: add phi(k) [v, 1] to S and read it with phi(q), O(F^2 D) at any length."
+    q, k, v = (t.to(state['S'].dtype) for t in (q, k, v))   # in S's precision (float32 from `read_by_content`)
     state['S'] = state['S'] + taylor_features(k)[..., :, None] * F.pad(v, (0, 1), value=1.0)[:, None]
     out = (taylor_features(q)[:, None] @ state['S'])[:, 0]
     return out[..., :-1] / out[..., -1:]
@@ -404,7 +415,7 @@ class LinearAttention(nn.Module):
         if doc_starts is None: zs = self.short(z)[..., :L]
         else: zs = short_conv_reset(self.short, z, document_positions(doc_starts))
         q, k, v = zs.transpose(1, 2).split(self.sizes, -1)
-        y, S = linear_attention(taylor_features(q), taylor_features(k), v, doc_starts)
+        y, S = read_by_content(q, k, v, doc_starts)
         if states is not None:
             last = (document_positions(doc_starts)[:, -1] if doc_starts is not None
                     else torch.full((B,), L - 1, device=x.device))

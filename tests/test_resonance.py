@@ -150,6 +150,20 @@ def test_fft_island_float32_under_bf16_autocast():
     assert lb.dtype == torch.bfloat16 and (lb.float() - lf).abs().max() < 0.05 * lf.abs().max()
 
 
+def test_recall_branch_sums_in_float32_under_bf16_autocast(monkeypatch):
+    "The branch's linear attention sums over the whole document: under bf16 autocast it runs in float32, as the FFT."
+    import legalnb.resonance as R
+    seen, orig = [], R.linear_attention
+    def spy(fq, fk, v, *a, **kw):
+        seen.append((fq.dtype, fk.dtype, v.dtype, torch.is_autocast_enabled('cpu'))); return orig(fq, fk, v, *a, **kw)
+    monkeypatch.setattr(R, 'linear_attention', spy)
+    m, ids = tiny().eval(), torch.randint(0, 97, (2, 300))
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16): lb = m(ids)
+    assert seen == [(torch.float32, torch.float32, torch.float32, False)]
+    with torch.no_grad(): lf = m(ids)
+    assert lb.dtype == torch.bfloat16 and (lb.float() - lf).abs().max() < 0.05 * lf.abs().max()
+
+
 def test_checkpointing_same_gradients():
     ids, tg = torch.randint(0, 97, (2, 2, 50))
     grads = []
@@ -435,8 +449,9 @@ def test_recall_branch_closed_is_the_plain_mixer():
 
 def test_hybrid_flops_and_parameters():
     "An attention block has the resonance mixer's matrices; its FLOPs grow with L, a window's stop at W."
-    base, full = ResonanceConfig(**TINY), ResonanceConfig(**TINY, attention_layers=[1])
-    win = ResonanceConfig(**TINY, attention_layers=[1], attention_window=64)
+    plain = dict(TINY, recall_layers=[])   # the attention's FLOPs alone, without the recall branch's
+    base, full = ResonanceConfig(**plain), ResonanceConfig(**plain, attention_layers=[1])
+    win = ResonanceConfig(**plain, attention_layers=[1], attention_window=64)
     assert full.matmul_params() == base.matmul_params()
     assert full.flops_per_token(4096) > 2 * full.flops_per_token(1024) > 0
     assert win.flops_per_token(8192) - win.matmul_flops_per_token() < 1.2 * (win.flops_per_token(1024)
