@@ -348,6 +348,7 @@ def linear_attention(fq: torch.Tensor, fk: torch.Tensor,   # (B, L, Fd) features
     "from earlier chunks through the sums S = sum_s fk_s [v_s, 1] of the document open at each chunk's end, O(L Fd D)."
     "The state: S over the last document, which `LinearAttention.step` continues one token at a time."
     B, L, _ = fq.shape
+    chunk = min(chunk, L)                        # a short row is one chunk, not padded to a long one
     n, pad = -(-L // chunk), -L % chunk
     seg = (doc_starts.long().cumsum(1) if doc_starts is not None
            else torch.zeros(B, L, dtype=torch.long, device=fq.device))
