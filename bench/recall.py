@@ -132,8 +132,12 @@ def sample_bytes(docs: int = 60, held_out: int = 8) -> tuple[torch.Tensor, torch
     with tempfile.TemporaryDirectory() as d:
         write_sample(Path(d)/'sample', docs=docs, seed=0)
         ds = sorted(read_documents(Path(d)/'sample'), key=lambda doc: (doc.celex, doc.lang))
-    packed = lambda part: torch.tensor([b for doc in part for b in [*doc.text.encode('utf-8'), 0]])
-    return packed(ds[:-held_out]), packed(ds[-held_out:])
+    return packed_bytes(ds[:-held_out]), packed_bytes(ds[-held_out:])
+
+
+def packed_bytes(docs) -> torch.Tensor:
+    "The documents' UTF-8 bytes, each followed by an EOS byte (0)."
+    return torch.tensor([b for doc in docs for b in [*doc.text.encode('utf-8'), 0]])
 
 
 def formex_bytes(folder: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,11 +147,10 @@ def formex_bytes(folder: str) -> tuple[torch.Tensor, torch.Tensor]:
     from legalnb.sources import read_documents
     ds = sorted(read_documents(Path(folder)), key=lambda doc: doc.celex)
     if len(ds) < 2: raise LegalnbError(f'--loss-data {folder}: {len(ds)} act(s) found; need two, one to hold out')
-    packed = lambda part: torch.tensor([b for doc in part for b in [*doc.text.encode('utf-8'), 0]])
     print(f'# held-out loss on {folder}: trained on {", ".join(d.celex for d in ds[:-1])} '
           f'({sum(len(d.text.encode()) for d in ds[:-1]):,} bytes), held out {ds[-1].celex} '
           f'({len(ds[-1].text.encode()):,} bytes)')
-    return packed(ds[:-1]), packed(ds[-1:])
+    return packed_bytes(ds[:-1]), packed_bytes(ds[-1:])
 
 
 def byte_rows(src: torch.Tensor, starts, L: int):
