@@ -1,19 +1,25 @@
 # The two README commands: `make quickstart` (the main job) and `make test` (the whole test suite).
-# Both create .venv and install legalnb with its dev extras the first time.
+# Both create .venv and install legalnb with its dev extras the first time, every package at the version
+# requirements.lock pins (torch aside: TORCH picks the build for the machine).
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
-VENV  := .venv
+LOCK  ?= requirements.lock
+VENV  ?= .venv
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 WORKDIR ?= quickstart
 
-.PHONY: install quickstart test sync readme clean-notebooks
+.PHONY: install quickstart test test-latest lock sync
 
-$(STAMP): settings.ini setup.py
+# The lock as pip constraints: every package installed is the version it names; check_lock.py fails the install
+# when one is not (a stale lock). `make install LOCK=` installs the newest versions settings.ini's ranges allow.
+CONSTRAIN := $(if $(LOCK),-c $(LOCK))
+$(STAMP): settings.ini setup.py $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(CONSTRAIN) --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q $(CONSTRAIN) -e ".[dev]"
+	$(if $(LOCK),$(BIN)/python .ci/check_lock.py)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -29,6 +35,18 @@ test: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python .ci/check_sync.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/nbdev_test --n_workers 2 --timing
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests -q -ra --durations=25
+
+# Drift, caught on our side: a new environment (.venv-latest) with the newest releases settings.ini's ranges allow,
+# and the whole test suite on it. A weekly GitHub workflow runs it; what it finds becomes a fix or a tighter range.
+test-latest:
+	rm -rf .venv-latest
+	$(MAKE) install VENV=.venv-latest LOCK=
+	.venv-latest/bin/python .ci/check_lock.py --report
+	$(MAKE) test VENV=.venv-latest LOCK=
+
+# Resolve settings.ini's requirements afresh into requirements.lock (uv pip compile) and print what changed.
+lock: $(STAMP)
+	TORCH="$(TORCH)" $(BIN)/python .ci/lock.py
 
 # Developer helpers: export the notebooks, clean them, and render README.md from nbs/index.ipynb.
 sync: $(STAMP)

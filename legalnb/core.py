@@ -13,9 +13,9 @@ from fastcore.docments import docments
 
 # %% auto #0
 __all__ = ['NUMBER_EXAMPLES', 'PRECISIONS', 'LegalnbError', 'atomic_write', 'jsonl_record', 'jsonl_records', 'read_json',
-           'parse_number', 'parse_count', 'format_duration', 'resolve_precision', 'cuda_capability',
-           'refuse_overwriting_inputs', 'foreign_files', 'refuse_foreign_files', 'CommandParser', 'command_parser',
-           'run_command']
+           'parse_number', 'parse_count', 'format_duration', 'resolve_precision', 'cuda_capability', 'usable_cores',
+           'loader_workers', 'refuse_overwriting_inputs', 'foreign_files', 'refuse_foreign_files', 'CommandParser',
+           'command_parser', 'run_command']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -159,6 +159,16 @@ def cuda_capability(device: int | str | None = None) -> tuple[int, int] | None:
     import torch
     if not torch.cuda.is_available(): return None
     return tuple(torch.cuda.get_device_capability(device))
+
+# %% ../nbs/00_core.ipynb #653164a7
+def usable_cores() -> int:
+    "The CPU cores this process may run on (its affinity mask, which containers and `taskset` narrow), at least 1."
+    try: return len(os.sched_getaffinity(0)) or 1
+    except AttributeError: return os.cpu_count() or 1   # macOS and Windows have no affinity call
+
+def loader_workers(limit: int = 4) -> int:  # most workers worth starting: 4 keep one GPU fed on legalnb's rows
+    "Data-loader worker processes by default: `limit`, but never more than the cores this process may use."
+    return min(limit, usable_cores())
 
 # %% ../nbs/00_core.ipynb #b5ff26f1
 def _same(a: Path, b: Path) -> bool:

@@ -15,7 +15,7 @@ import torch
 from fastcore.basics import patch
 from fastcore.meta import delegates
 from tqdm.auto import tqdm
-from .core import LegalnbError, read_json, refuse_overwriting_inputs, run_command
+from .core import LegalnbError, loader_workers, read_json, refuse_overwriting_inputs, run_command
 
 # %% auto #0
 __all__ = ['ROWS_INDEX', 'ID_CAP', 'CHUNK_TOKENS', 'NOMINAL_PARAMS', 'TOKENS_PER_PARAM', 'MAX_GOOD_EPOCHS', 'SPLIT_MODES',
@@ -404,12 +404,13 @@ def epoch(self: StepSampler) -> int: return self.step // self.steps_per_epoch
 # %% ../nbs/03_data.ipynb #ddc1e4e7
 def make_loader(ds: PretokenizedDataset,   # the rows
                 sampler: StepSampler,      # the order: one list of rows per step
-                num_workers: int = 4,      # reader processes; 0 reads in the training process
+                num_workers: int | None = None,  # reader processes; 0 reads in the training process; None: loader_workers()
                 pin_memory: bool | None = None,  # page-locked batches for faster copies; default: with CUDA
                 prefetch_factor: int = 4,  # batches each worker reads ahead (ignored without workers)
                 ) -> torch.utils.data.DataLoader:
     "A DataLoader of `(input_ids, targets[, doc_starts])` batches (batch_size, seq_len) in the sampler's step order."
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory and torch.cuda.is_available()
+    num_workers = loader_workers() if num_workers is None else num_workers
     workers = dict(prefetch_factor=prefetch_factor, persistent_workers=True) if num_workers > 0 else {}
     return torch.utils.data.DataLoader(ds, sampler=sampler, batch_size=None, num_workers=num_workers,
                                        pin_memory=pin, **workers)

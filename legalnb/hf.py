@@ -4,7 +4,8 @@
 
 # %% ../nbs/06_hf.ipynb #ec90bc37
 from __future__ import annotations
-import argparse, contextlib, importlib.util, itertools, json, math, os, random, shlex, sys, tempfile, time
+import argparse, contextlib, importlib.util, itertools, json, logging, math, os, random, shlex, sys, tempfile, time
+import warnings
 from dataclasses import dataclass, asdict, replace
 from pathlib import Path
 from typing import Iterable, Literal, Sequence
@@ -13,8 +14,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from .core import (LegalnbError, PRECISIONS, CommandParser, atomic_write, command_parser, cuda_capability,
-                          format_duration, jsonl_records, read_json, refuse_foreign_files, refuse_overwriting_inputs,
-                          resolve_precision)
+                          format_duration, jsonl_records, loader_workers, read_json, refuse_foreign_files,
+                          refuse_overwriting_inputs, resolve_precision, usable_cores)
 from .presets import (BATCH_LR_RULES, PRESET_NAMES, Preset, accum_at, batch_lr_factor, get_preset, lora_steps,
                              packed_accumulation, parse_batch_schedule, steps_holding)
 from .train import MetricsFile, metric_lines, notify
@@ -29,8 +30,8 @@ __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', '
            'training_args_from_preset', 'deepspeed_zero3_config', 'write_launch_configs', 'launch_environment',
            'launch_plugin', 'launch_commands', 'launch_flags', 'check_run_folder', 'trainer_records', 'start_metrics',
            'split_off', 'qlora_unavailable', 'quantization_4bit', 'quantization_for', 'packs_here',
-           'refuse_single_process', 'finetune', 'finetune_command', 'finetune_parser', 'finetune_main',
-           'ScheduledBatches', 'StepCollator', 'check_resumed_schedule', 'scheduled_trainer']
+           'refuse_single_process', 'unpack_4bit_on_cpu', 'finetune', 'finetune_command', 'finetune_parser',
+           'finetune_main', 'ScheduledBatches', 'StepCollator', 'check_resumed_schedule', 'scheduled_trainer']
 
 # %% ../nbs/06_hf.ipynb #c3d5eafa
 _SUBJECTS = ('the Commission', 'each Member State', 'the competent authority', 'the controller', 'the Agency',
@@ -468,7 +469,8 @@ def plan_training_args(preset, out: str | Path,
                                      ('; FSDP checkpoints through its own config' * (preset.strategy == 'fsdp'))),
         'activation_checkpointing_kwargs': ({'use_reentrant': False},
                                             'the non-reentrant form works with frozen (LoRA) base weights'),
-        'dataloader_num_workers': (4, 'load batches in 4 worker processes so the GPU never waits'),
+        'dataloader_num_workers': (loader_workers(), f'reader processes so the GPU never waits: up to 4, at most the '
+                                                     f'{usable_cores()} cores here'),
         'dataloader_pin_memory': (cuda, 'pinned host memory: faster, asynchronous copies to the GPU'),
         'dataloader_prefetch_factor': (4, 'each worker keeps 4 batches ready'),
         'save_steps': (save, f'every {CHECKPOINT_EVERY:,} steps, or a fifth of a shorter run'),
@@ -754,6 +756,24 @@ def refuse_single_process(p: Preset, model: str | Path, command: str):
                        f'run  accelerate launch {flags} -m legalnb.cli finetune {command}  '
                        '(or add --force-single to train on this one process)')
 
+# %% ../nbs/06_hf.ipynb #aa6411c3
+# Messages from dependencies that leave the user nothing to do, silenced one by one (every other warning still shows):
+# bitsandbytes (>= 0.50) looks for the optional `kernels` package on AVX512-BF16 CPUs and runs its own kernel without it
+logging.getLogger('bitsandbytes.backends.cpu.ops').addFilter(lambda r: 'kernels-community' not in r.getMessage())
+# peft asks transformers 5 for `is_gradient_checkpointing`, which warns that the name goes away in version 6
+warnings.filterwarnings('ignore', message='`is_gradient_checkpointing` is deprecated', category=FutureWarning)
+# two checkpoints written within a second (short runs) make the Trainer doubt the file system's clock
+logging.getLogger('transformers.trainer_utils').addFilter(lambda r: 'mtime may not be reliable' not in r.getMessage())
+
+def unpack_4bit_on_cpu(net: torch.nn.Module) -> int:
+    "Keep bitsandbytes' 4-bit layers off its AVX512-BF16 CPU inference kernel, which trains wrong; returns how many."
+    # bitsandbytes 0.50 repacks a layer's NF4 weights for that kernel the first time the layer runs without gradients
+    # (the first evaluation), and the repacked layer has no backward: the LoRA gradients of every later step are
+    # silently wrong (below). The kernel also asserts that each layer's width is a multiple of 32.
+    layers = [m for m in net.modules() if getattr(m, 'support_avx512bf16_for_cpu', False)]
+    for m in layers: m.support_avx512bf16_for_cpu = False
+    return len(layers)
+
 # %% ../nbs/06_hf.ipynb #9eafa480
 def finetune(model: str | Path,                 # folder written by save_pretrained (weights, config, tokenizer)
              data: str | Path,                  # shard folder (continued pretraining) or JSONL file (SFT)
@@ -851,6 +871,7 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
     # LoRA's base is frozen, so it loads in the compute precision and peft keeps the adapter in fp32
     dtype = compute if use_lora else torch.float32
     net, _ = load_model(model, dtype, attention, quantization_for(qlora_bits, compute) if qlora else None)
+    if qlora: unpack_4bit_on_cpu(net)   # before the first forward without gradients (packs_here runs one)
     sharded = any(hasattr(w, 'ds_id') for w in net.parameters())   # built under deepspeed.zero.Init
     if task == 'cpt':
         collate, how = default_data_collator, 'packed shards' + ', positions restart at documents' * shards.boundaries
@@ -929,7 +950,7 @@ def finetune_command(
         grad_accum: int = None,        # gradient accumulation steps (default: sized for the preset's global batch)
         warmup_steps: float = None,    # warmup steps (< 1: a fraction of the steps; at most a tenth of the run)
         save_steps: int = None,        # steps between checkpoints (default: 2,000, or a fifth of a shorter run)
-        workers: int = None,           # DataLoader worker processes (default 4)
+        workers: int = None,           # DataLoader worker processes (default 4, at most the machine's cores)
         logging_steps: int = None,     # steps between loss logs
         max_length: int = None,        # SFT: fixed length in tokens (default: right-sized from the examples)
         percentile: float = None,      # SFT: size the length on this percentile of the example lengths

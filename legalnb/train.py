@@ -14,7 +14,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from .core import (LegalnbError, atomic_write, read_json, format_duration, parse_number, PRECISIONS,
-                          resolve_precision, cuda_capability, command_parser, refuse_overwriting_inputs)
+                          resolve_precision, cuda_capability, command_parser, refuse_overwriting_inputs,
+                          loader_workers, usable_cores)
 from .presets import (seq_len_at, BATCH_LR_RULES, parse_batch_schedule, accum_at, micro_steps_before,
                              batch_lr_factor)
 
@@ -78,7 +79,7 @@ class TrainConfig:
     eval_batches: int = 20              # micro-batches of the val split per evaluation
     log_every: int = 10                 # steps between log lines (the only host syncs of the loop)
     seed: int = 1337                    # seeds model init, data order and every RNG
-    num_workers: int = 4                # DataLoader worker processes per rank
+    num_workers: int | None = None      # DataLoader worker processes per rank (None: 4, at most the machine's cores)
     pin_memory: bool = True             # page-locked host batches for async copies (CUDA only)
     prefetch_factor: int = 4            # batches each worker prepares ahead
     vocab_size: int | None = None       # override the manifest's vocabulary size (data without a manifest)
@@ -108,6 +109,7 @@ class TrainConfig:
         if self.seq_warmup_steps and self.seq_warmup_start is None:
             _invalid('seq_warmup_steps', f' {self.seq_warmup_steps} needs seq_warmup_start, the first row length of '
                      'the warm-up (e.g. 1024)')
+        if self.num_workers is None: self.num_workers = loader_workers()
         for name in ('warmup_steps', 'eval_every', 'num_workers', 'weight_decay', 'grad_clip', 'seq_warmup_steps'):
             if getattr(self, name) < 0: _invalid(name, f' must be >= 0, got {getattr(self, name)!r}')
         if not 0 <= self.min_lr_ratio <= 1: _invalid('min_lr_ratio', f' must be in [0, 1], got {self.min_lr_ratio}')
@@ -263,7 +265,7 @@ def describe(self: TrainConfig, world_size: int = 1, seq_len: int | None = None)
         + (f', {self.strategy.upper()} over the ranks' if world_size > 1 else ''),
         f'  eval every {self.eval_every or "-"} steps on {self.eval_batches} val batches; '
         f'checkpoint every {self.save_every} steps keeping {self.keep}; seed {self.seed}',
-        f'  data loader: {self.num_workers} workers, prefetch {self.prefetch_factor}, '
+        f'  data loader: {self.num_workers} workers ({usable_cores()} cores here), prefetch {self.prefetch_factor}, '
         f'pinned memory {on(self.pin_memory)}'
         + (f'; resume from {self.resume}' if self.resume else '')
         + ('; overwrite the run in out' if self.overwrite else '')])
