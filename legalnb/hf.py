@@ -73,12 +73,13 @@ def tiny_config(arch: str, vocab_size: int, hidden: int = 48, layers: int = 2, m
                                 **special)
 
 def build_tiny_model(out: str | Path, arch: str = 'llama', texts: Sequence[str] | None = None, seed: int = 0,
-                     dtype: torch.dtype = torch.float32) -> Path:   # dtype: bfloat16 writes a checkpoint like most hubs
+                     dtype: torch.dtype = torch.float32,   # bfloat16 writes a checkpoint like most hubs
+                     hidden: int = 48) -> Path:            # the model's width
     "Write a tiny randomly initialised causal LM and its tokenizer to `out`, like a user's `save_pretrained` folder."
     from transformers import AutoModelForCausalLM
     tok = train_tiny_tokenizer(texts or legal_sentences(300, seed))
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch, len(tok))).to(dtype)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, len(tok), hidden)).to(dtype)
     model.save_pretrained(out); tok.save_pretrained(out)
     return Path(out)
 
