@@ -404,7 +404,7 @@ def epoch(self: StepSampler) -> int: return self.step // self.steps_per_epoch
 # %% ../nbs/03_data.ipynb #ddc1e4e7
 def make_loader(ds: PretokenizedDataset,   # the rows
                 sampler: StepSampler,      # the order: one list of rows per step
-                num_workers: int | None = None,  # reader processes; 0 reads in the training process; None: loader_workers()
+                num_workers: int | None = None,  # reader processes (0: in the training process; None: loader_workers())
                 pin_memory: bool | None = None,  # page-locked batches for faster copies; default: with CUDA
                 prefetch_factor: int = 4,  # batches each worker reads ahead (ignored without workers)
                 ) -> torch.utils.data.DataLoader:
