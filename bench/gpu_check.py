@@ -96,15 +96,24 @@ def install_wheels(folder: Path, site: Path) -> list[str]:
     return [w.name for w in wheels]
 
 
+def missing(needs: tuple) -> list[str]:
+    "The packages of `needs` that cannot be imported here."
+    def absent(name):
+        try: return importlib.util.find_spec(name) is None
+        except (ImportError, ValueError): return True
+    return [n for n in needs if absent(n)]
+
+
 def bootstrap(argv: list[str]) -> list[str]:
     "Before legalnb is imported: --wheels DIR installed, fastcore importable, the environment offline."
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument('--wheels'); pre.add_argument('--out', default='gpu-check')
     known, _ = pre.parse_known_args(argv)
     installed = install_wheels(Path(known.wheels), Path(known.out)/'site') if known.wheels else []
+    if installed: os.environ['LEGALNB_GPU_CHECK_SITE'] = str(Path(known.out, 'site').resolve())   # for the report
     os.environ['PYTHONPATH'] = os.pathsep.join(dict.fromkeys(
         [p for p in sys.path[:3] if p] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
-    if importlib.util.find_spec('fastcore') is None:
+    if missing(('fastcore',)):
         sys.exit('bench/gpu_check.py: error: legalnb needs fastcore, which is not installed here; carry its wheel '
                  '(python -m pip download --no-deps fastcore==1.14.5 -d wheels, where pip works) and pass '
                  '--wheels wheels')
@@ -289,6 +298,9 @@ def check_environment(ctx: Ctx) -> dict:
                cudnn=torch.backends.cudnn.version() if cuda else None, cpu=cpu_name(), cores=os.cpu_count(),
                memory_gib=round(memory_gib(), 1), os=f'{platform.system()} {platform.release()}', hardware=hardware(),
                packages={p: ver(p) for p in PACKAGES}, gpu=None)
+    if site := os.environ.get('LEGALNB_GPU_CHECK_SITE'):   # what --wheels installed, importable in a check's process?
+        env['wheel_modules'] = {m.name: importlib.util.find_spec(m.name) is not None for m in Path(site).iterdir()
+                                if m.is_dir() and m.name.isidentifier()}
     if cuda:
         props = torch.cuda.get_device_properties(0)
         smi = subprocess.run(['nvidia-smi', '--query-gpu=driver_version', '--format=csv,noheader'], capture_output=True,
@@ -608,14 +620,6 @@ def preload(dry: bool) -> list[str]:
 
 # -- running a check in its own process -----------------------------------------------------------------------------
 
-def missing(needs: tuple) -> list[str]:
-    "The packages of `needs` that cannot be imported here."
-    def absent(name):
-        try: return importlib.util.find_spec(name) is None
-        except (ImportError, ValueError): return True
-    return [n for n in needs if absent(n)]
-
-
 def child(name: str, dry: bool, work: str, shared: str, result: str, log: str):
     "The check's process: its own session (a timeout ends it and what it started), its output into its log."
     os.setsid()
@@ -744,6 +748,17 @@ def markdown(report: dict) -> str:
     return '\n'.join(lines)
 
 
+def parse_cap(text: str) -> tuple[str, float]:
+    "('compile-gpt', 180.0) from --cap compile-gpt=180; one line naming the flag otherwise."
+    name, eq, secs = text.partition('=')
+    try: value = float(secs)
+    except ValueError: value = float('nan')
+    if not eq or name not in BY_NAME or not value > 0:
+        raise LegalnbError(f'--cap {text}: expected NAME=SECONDS with a check name ({", ".join(BY_NAME)}) and '
+                           'seconds > 0, e.g. compile-gpt=180')
+    return name, value
+
+
 def ours(rel: Path) -> bool:
     "Files a gpu check writes into its --out folder."
     return rel.parts[0] in ('report.md', 'report.json', 'logs', 'work', 'site')
@@ -754,11 +769,13 @@ def main(dry_run: bool = False,       # every check at toy size on the CPU (unde
          only: list[str] = None,      # run only these checks (names as in the report)
          skip: list[str] = None,      # leave these checks out
          budget: float = 480,         # seconds for the whole command, imports included; checks get what is left
+         cap: list[str] = None,       # NAME=SECONDS: another cap for a check (a slower GPU, a longer compile)
          wheels: str = None,          # a folder of .whl files installed first, offline (fastcore, bitsandbytes, ...)
          keep_work: bool = False):    # keep work/ (runs, checkpoints, data) after the report
     "Exercise every CUDA path of legalnb on this GPU and measure it; write OUT/report.md and OUT/report.json."
     for n in (only or []) + (skip or []):
         if n not in BY_NAME: raise LegalnbError(f'unknown check {n!r}; the checks: {", ".join(BY_NAME)}')
+    caps = dict(parse_cap(c) for c in cap or [])
     out_dir = Path(out)
     refuse_foreign_files(out_dir, ours, '--out')
     shutil.rmtree(out_dir/'work', ignore_errors=True); shutil.rmtree(out_dir/'logs', ignore_errors=True)
@@ -770,7 +787,7 @@ def main(dry_run: bool = False,       # every check at toy size on the CPU (unde
                 and c.name not in (skip or [])]
     checks, gpu_missing = {}, False
     for c in selected:
-        cap = c.dry_cap_s if dry_run else c.cap_s
+        cap = caps.get(c.name, c.dry_cap_s if dry_run else c.cap_s)
         entry = dict(cap_s=cap, about=(c.run.__doc__ or '').strip().splitlines()[0], log=str(out_dir/'logs'/f'{c.name}.log'))
         left = deadline - time.monotonic() - 5   # five seconds for the report
         if gpu_missing: got = dict(status='not run', numbers={}, notes=['no CUDA GPU'])

@@ -8,7 +8,7 @@ import json, math, statistics, time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal
 from fastcore.basics import patch
-from .core import LegalnbError, PRECISIONS, format_duration, parse_count, parse_number, run_command
+from .core import LegalnbError, PRECISIONS, format_duration, parse_count, parse_number, read_json, run_command
 from .models import MODELS
 from .presets import (parse_batch_schedule, micro_steps_before, steps_holding,
                              GPU, PRESETS, STRATEGIES, TASKS, find_gpu, get_preset, gpu_precision, human, lora_steps,
