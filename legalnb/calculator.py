@@ -266,11 +266,12 @@ def _activations(plan: Plan) -> tuple[float, float, list[str]]:
     b, s, d, L = plan.micro_batch, plan.seq_len, plan.d_model, plan.layers
     k = 2 if plan.compute_precision in ('bf16', 'fp16') else 4  # bytes per activation value
     c = plan.activation_bytes or ACTIVATION_BYTES[k]   # a GPU check's measurement, else the HF Llama's (below)
-    src = f'; {c:.1f} B measured: {plan.activation_source}' if plan.activation_bytes and plan.activation_source else ''
+    src = f'; measured: {plan.activation_source}' if plan.activation_bytes and plan.activation_source else ''
+    cb = f'{c:.1f}'.removesuffix('.0')   # 45.6, 83, a measured 131.4
     if plan.checkpointing or plan.qlora:   # peft's prepare_model_for_kbit_training turns checkpointing on
         a, why = (L * k + c) * b * s * d, 'checkpointing' + ('' if plan.checkpointing else ', on with QLoRA')
-        al = f'activations ({L} × {k} + {c:.4g}) B × {b} × {s:,} × {d:,} ({why}: layer inputs + one layer{src})'
-    else: a, al = L * c * b * s * d, f'activations {L} × {c:.4g} B × {b} × {s:,} × {d:,} (no checkpointing{src})'
+        al = f'activations ({L} × {k} + {cb}) B × {b} × {s:,} × {d:,} ({why}: layer inputs + one layer{src})'
+    else: a, al = L * c * b * s * d, f'activations {L} × {cb} B × {b} × {s:,} × {d:,} (no checkpointing{src})'
     lines = [f'{al} = {a / GIB:.2f} GiB']
     lg = 4 * b * s * plan.vocab if plan.vocab else 0.0
     if lg: lines.append(f'logits      4 B × {b} × {s:,} × {plan.vocab:,} = {lg / GIB:.2f} GiB')
@@ -572,6 +573,7 @@ class Measurement:
     check: str               # the check's name in the report: train-resonance, long-gpt-32k, hf-lora, ...
     model: str               # a registered architecture (resonance, gpt), or 'hf-llama' for the transformers path
     plan: Plan               # the run as a plan: shape, batch, precision, GPU
+    params: float            # all of the model's parameters (the plan's `params` may count only matrix products)
     peak_bytes: float        # its peak memory
     tokens_per_sec: float    # its steady speed
     activation_bytes: float  # measured_activation_bytes of the plan at that peak
@@ -592,7 +594,7 @@ def _measurement(name: str, check: dict) -> Measurement:
     plan = Plan(**c['plan'])
     mfu = (c['tokens_per_sec'] * flops_per_token(plan)[0] / (peak_tflops(plan.gpu, plan.precision) * 1e12)
            if plan.gpu and c.get('tokens_per_sec') else None)
-    return Measurement(name, c['model'], plan, c['peak_bytes'], c['tokens_per_sec'],
+    return Measurement(name, c['model'], plan, c.get('params') or plan.params, c['peak_bytes'], c['tokens_per_sec'],
                        measured_activation_bytes(plan, c['peak_bytes'], c.get('params')), mfu)
 
 def read_gpu_check(path) -> GpuCheck:  # report.json written by bench/gpu_check.py (make gpu-check)

@@ -2,7 +2,7 @@
 report whose structure and values are asserted, so that the script cannot rot between GPU sessions. Also: a missing
 optional package is a skip naming it, a check over its cap is stopped (with what it started) while the others run,
 carried wheels are installed offline, and the calculator reads the report (`legalnb estimate --calibration`)."""
-import base64, hashlib, json, os, subprocess, sys, zipfile
+import base64, hashlib, json, os, re, subprocess, sys, zipfile
 from pathlib import Path
 
 import pytest
@@ -127,7 +127,7 @@ def test_report_md_names_the_machine_every_check_and_the_calculator_table(dry):
     md = (out/'report.md').read_text()
     assert md.startswith('# legalnb GPU check (DRY RUN on the CPU') and f"torch {r['environment']['torch']}" in md
     for name in CHECKS: assert f'| {name} ' in md
-    assert '## The calculator against the measurements' in md and '| hf-llama |' in md
+    assert '## The calculator against the measurements' in md and re.search(r'\| hf-full +\| +hf-llama +\| +64 \|', md)
 
 
 def test_the_calculator_reads_the_report(dry, capsys):
@@ -144,7 +144,7 @@ def test_the_calculator_reads_the_report(dry, capsys):
              '--steps', '100', '--gpu', 'h100-sxm']
     assert cli(flags) == 0
     table = capsys.readouterr().out   # 2,048 tokens: the run at 256 is the nearest by ratio
-    assert f'B measured: long-resonance-32k of {out/"report.json"}: resonance at 256 tokens on a CPU (dry run)' in table
+    assert f'B × 1 × 2,048 × 768 (no checkpointing; measured: long-resonance-32k of {out/"report.json"}: resonance at 256 tokens on a CPU (dry run)' in table
     assert cli(flags + ['--json']) == 0
     j = json.loads(capsys.readouterr().out)
     plain = estimate(Plan(**{**r['checks']['train-resonance']['calibration']['plan'], 'activation_bytes': None}))
