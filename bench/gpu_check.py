@@ -601,8 +601,8 @@ CHECKS = [Check('environment', 30, check_environment),
           Check('hf-full', 45, check_hf('full'), ('transformers', 'accelerate')),
           Check('hf-lora', 40, check_hf('lora'), ('transformers', 'peft', 'accelerate')),
           Check('hf-qlora', 40, check_hf('qlora'), ('transformers', 'peft', 'accelerate', 'bitsandbytes')),
-          Check('torchrun-ddp', 45, check_torchrun('ddp'), dry_cap_s=90),
-          Check('torchrun-fsdp', 45, check_torchrun('fsdp'), dry_cap_s=90),
+          Check('torchrun-ddp', 60, check_torchrun('ddp'), dry_cap_s=90),
+          Check('torchrun-fsdp', 60, check_torchrun('fsdp'), dry_cap_s=90),
           Check('deepspeed-zero3', 60, check_deepspeed, ('transformers', 'accelerate', 'deepspeed'), dry_cap_s=180),
           Check('recall-1k', 40, check_recall(0)), Check('recall-4k', 50, check_recall(1)),
           Check('compile-resonance', 90, check_compile('resonance')), Check('compile-gpt', 90, check_compile('gpt'))]
@@ -636,6 +636,35 @@ def child(name: str, dry: bool, work: str, shared: str, result: str, log: str):
     sys.stdout.flush(); sys.stderr.flush()
 
 
+def descendants(pid: int) -> list[int]:
+    "Every process below `pid` (from /proc): torchrun starts its workers in sessions of their own, so a process "
+    "group does not hold them."
+    children = {}
+    for d in Path('/proc').iterdir():
+        if not d.name.isdigit(): continue
+        try: ppid = int((d/'stat').read_text().rsplit(')', 1)[1].split()[1])
+        except (OSError, ValueError, IndexError): continue
+        children.setdefault(ppid, []).append(int(d.name))
+    found, todo = [], [pid]
+    while todo: kids = children.get(todo.pop(), []); found += kids; todo += kids
+    return found
+
+
+def end_tree(pid: int):
+    "Stop `pid` and everything below it (stopped, none can start another or be orphaned), then kill them all."
+    def signal_(p, sig):
+        try: os.kill(p, sig)
+        except (ProcessLookupError, PermissionError): pass
+    stopped = set()
+    for _ in range(10):   # until no new process appears below the stopped ones
+        new = [p for p in [pid, *descendants(pid)] if p not in stopped]
+        if not new: break
+        for p in new: signal_(p, signal.SIGSTOP); stopped.add(p)
+    for p in stopped: signal_(p, signal.SIGKILL)
+    try: os.killpg(pid, signal.SIGKILL)   # and the check's own session, in case /proc could not be read
+    except (ProcessLookupError, PermissionError): pass
+
+
 def run_check(check: Check, dry: bool, out: Path, timeout: float, starter) -> dict:
     "Run one check in a fresh process with `timeout`; its result, or why there is none (timeout, crash)."
     work, logs = out/'work'/check.name, out/'logs'
@@ -646,9 +675,7 @@ def run_check(check: Check, dry: bool, out: Path, timeout: float, starter) -> di
                                             str(log)))
     p.start(); p.join(timeout)
     if p.is_alive():   # over its cap: the check and everything it started (torchrun, workers) are ended
-        try: os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError: pass
-        p.join()
+        end_tree(p.pid); p.join()
         got = dict(status='timeout', numbers={}, notes=[f'stopped at its cap of {timeout:.0f} s'])
     elif result.exists(): got = json.loads(result.read_text())
     else:

@@ -180,15 +180,40 @@ def test_a_missing_package_is_a_skip_naming_it(tmp_path):
 
 def test_a_check_over_its_cap_is_stopped_with_what_it_started_and_the_others_run(tmp_path):
     out = tmp_path/'out'
-    p = gpu_check(out, '--only', 'torchrun-ddp', 'generate', '--cap', 'torchrun-ddp=3')
+    p = gpu_check(out, '--only', 'torchrun-ddp', 'recall-1k', '--cap', 'torchrun-ddp=20')
     assert p.returncode == 0, p.stderr[-2000:]
     r = json.loads((out/'report.json').read_text())
     c = r['checks']['torchrun-ddp']
-    assert c['status'] == 'timeout' and c['cap_s'] == 3 and c['notes'] == ['stopped at its cap of 3 s']
-    assert 3 <= c['seconds'] < 15 and r['checks']['generate']['status'] == 'pass'
+    assert c['status'] == 'timeout' and c['cap_s'] == 20 and c['notes'] == ['stopped at its cap of 20 s']
+    assert 20 <= c['seconds'] < 30 and r['checks']['recall-1k']['status'] == 'pass', 'the next check ran'
     left = [d for d in Path('/proc').iterdir() if d.name.isdigit() and str(out) in _cmdline(d)]
     assert not left, 'torchrun and its worker were ended with the check'
     assert gpu_check(tmp_path/'bad', '--cap', 'compile=5').returncode == 2
+
+
+def test_end_tree_ends_processes_in_sessions_of_their_own(monkeypatch):
+    "torchrun starts its workers in new sessions: ending a check's process group alone would leave them running."
+    import importlib.util, time
+    monkeypatch.syspath_prepend(str(ROOT/'bench'))
+    spec = importlib.util.spec_from_file_location('bench_gpu_check', ROOT/'bench'/'gpu_check.py')
+    gc = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, 'bench_gpu_check', gc)   # its dataclasses look their module up
+    spec.loader.exec_module(gc)
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+            "start_new_session=True); time.sleep(120)")
+    p = subprocess.Popen([sys.executable, '-c', code])
+    for _ in range(200):
+        if (kids := gc.descendants(p.pid)): break
+        time.sleep(0.05)
+    assert kids and os.getsid(kids[0]) != os.getsid(p.pid), 'the grandchild runs in a session of its own'
+    gc.end_tree(p.pid); p.wait(timeout=10)
+    time.sleep(0.5)
+    assert all(_state(k) in (None, 'Z') for k in kids), 'killed (gone, or a zombie waiting for init)'
+
+
+def _state(pid: int) -> str | None:
+    try: return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0]
+    except OSError: return None
 
 
 def _cmdline(proc: Path) -> str:
