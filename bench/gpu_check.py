@@ -665,8 +665,9 @@ def end_tree(pid: int):
     except (ProcessLookupError, PermissionError): pass
 
 
-def run_check(check: Check, dry: bool, out: Path, timeout: float, starter) -> dict:
-    "Run one check in a fresh process with `timeout`; its result, or why there is none (timeout, crash)."
+def run_check(check: Check, dry: bool, out: Path, timeout: float, starter, keep_work: bool = False) -> dict:
+    "Run one check in a fresh process with `timeout`; its result, or why there is none (timeout, crash). Its runs "
+    "(checkpoints of GBs on a GPU) are deleted after it unless `keep_work`."
     work, logs = out/'work'/check.name, out/'logs'
     shutil.rmtree(work, ignore_errors=True); work.mkdir(parents=True); logs.mkdir(exist_ok=True)
     result, log = work/'result.json', logs/f'{check.name}.log'
@@ -683,6 +684,7 @@ def run_check(check: Check, dry: bool, out: Path, timeout: float, starter) -> di
         got = dict(status='fail', numbers={}, notes=[f'the process ended with exit code {p.exitcode} and no result'
                                                      + (f': {tail[0][:200]}' if tail else '')])
     got['seconds'] = time.monotonic() - t
+    if not keep_work: shutil.rmtree(work, ignore_errors=True)
     return got
 
 
@@ -795,7 +797,7 @@ def main(dry_run: bool = False,       # every check at toy size on the CPU (unde
          out: str = 'gpu-check',      # folder for report.md, report.json and logs/ (and work/ while it runs)
          only: list[str] = None,      # run only these checks (names as in the report)
          skip: list[str] = None,      # leave these checks out
-         budget: float = 480,         # seconds for the whole command, imports included; checks get what is left
+         budget: float = None,        # seconds for the whole command, imports included (480; a dry run 900)
          cap: list[str] = None,       # NAME=SECONDS: another cap for a check (a slower GPU, a longer compile)
          wheels: str = None,          # a folder of .whl files installed first, offline (fastcore, bitsandbytes, ...)
          keep_work: bool = False):    # keep work/ (runs, checkpoints, data) after the report
@@ -807,6 +809,7 @@ def main(dry_run: bool = False,       # every check at toy size on the CPU (unde
     refuse_foreign_files(out_dir, ours, '--out')
     shutil.rmtree(out_dir/'work', ignore_errors=True); shutil.rmtree(out_dir/'logs', ignore_errors=True)
     (out_dir/'work'/'shared').mkdir(parents=True)
+    budget = budget or (900 if dry_run else 480)   # a dry run on a busy shared CPU: its launchers take minutes
     deadline = T0 + budget
     starter = mp.get_context('forkserver')
     starter.set_forkserver_preload(preload(dry_run))
@@ -824,7 +827,7 @@ def main(dry_run: bool = False,       # every check at toy size on the CPU (unde
         else:
             entry['timeout_s'] = min(cap, left)
             print(f'{c.name:<20} cap {entry["timeout_s"]:3.0f} s ...', end=' ', flush=True)
-            got = run_check(c, dry_run, out_dir, entry['timeout_s'], starter)
+            got = run_check(c, dry_run, out_dir, entry['timeout_s'], starter, keep_work)
             if c.name == 'environment' and not dry_run and 'CUDA' in ' '.join(got.get('notes', [])) and \
                     got['status'] != 'pass':   # CUDA refused a process forked from the preloading one: start afresh
                 starter = mp.get_context('spawn')
