@@ -39,7 +39,7 @@ def test_every_check_is_reported_with_its_status_cap_time_and_numbers(dry):
     for name, c in r['checks'].items():
         assert c['status'] in ('pass', 'skip'), f"{name}: {c['status']} {c['notes']}"
         assert c['cap_s'] > 0 and c['about']
-        if c['status'] == 'pass': assert c['numbers'] and 0 < c['seconds'] <= c['timeout_s'] <= c['cap_s']
+        if c['status'] == 'pass': assert c['numbers'] and 0 < c['seconds'] <= c['timeout_s'] + 5 and c['timeout_s'] <= c['cap_s']
         else: assert 'not installed' in c['notes'][0] or name == 'hf-qlora' and 'bitsandbytes' in c['notes'][0]
     assert r['summary']['pass'] + r['summary']['skip'] == len(CHECKS) and r['summary']['fail'] == 0
     assert f"{r['summary']['pass']} passed, 0 failed" in p.stdout
@@ -180,12 +180,12 @@ def test_a_missing_package_is_a_skip_naming_it(tmp_path):
 
 def test_a_check_over_its_cap_is_stopped_with_what_it_started_and_the_others_run(tmp_path):
     out = tmp_path/'out'
-    p = gpu_check(out, '--only', 'torchrun-ddp', 'recall-1k', '--cap', 'torchrun-ddp=20')
+    p = gpu_check(out, '--only', 'torchrun-ddp', 'recall-1k', '--cap', 'torchrun-ddp=6')
     assert p.returncode == 0, p.stderr[-2000:]
     r = json.loads((out/'report.json').read_text())
     c = r['checks']['torchrun-ddp']
-    assert c['status'] == 'timeout' and c['cap_s'] == 20 and c['notes'] == ['stopped at its cap of 20 s']
-    assert 20 <= c['seconds'] < 30 and r['checks']['recall-1k']['status'] == 'pass', 'the next check ran'
+    assert c['status'] == 'timeout' and c['cap_s'] == 6 and c['notes'] == ['stopped at its cap of 6 s']
+    assert 6 <= c['seconds'] < 16 and r['checks']['recall-1k']['status'] == 'pass', 'the next check ran'
     left = [d for d in Path('/proc').iterdir() if d.name.isdigit() and str(out) in _cmdline(d)]
     assert not left, 'torchrun and its worker were ended with the check'
     assert gpu_check(tmp_path/'bad', '--cap', 'compile=5').returncode == 2
