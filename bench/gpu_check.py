@@ -99,7 +99,7 @@ def install_wheels(folder: Path, site: Path) -> list[str]:
     if r.returncode:
         last = (r.stderr.strip().splitlines() or ['?'])[-1]
         sys.exit(f'bench/gpu_check.py: error: --wheels {folder}: pip could not install them ({last})')
-    sys.path.insert(0, str(site))
+    sys.path.insert(0, str(site.resolve()))
     return [w.name for w in wheels]
 
 
@@ -118,8 +118,9 @@ def bootstrap(argv: list[str]) -> list[str]:
     known, _ = pre.parse_known_args(argv)
     installed = install_wheels(Path(known.wheels), Path(known.out)/'site') if known.wheels else []
     if installed: os.environ['LEGALNB_GPU_CHECK_SITE'] = str(Path(known.out, 'site').resolve())   # for the report
+    first = [str(Path(known.out, 'site').resolve())] * bool(installed) + [str(ROOT)]   # for every process started
     os.environ['PYTHONPATH'] = os.pathsep.join(dict.fromkeys(
-        [p for p in sys.path[:3] if p] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
+        first + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
     if missing(('fastcore',)):
         sys.exit('bench/gpu_check.py: error: legalnb needs fastcore, which is not installed here; carry its wheel '
                  '(python -m pip download --no-deps fastcore==1.14.5 -d wheels, where pip works) and pass '
@@ -300,7 +301,7 @@ def check_environment(ctx: Ctx) -> dict:
     def ver(name):
         try: return version(VERSION_NAMES.get(name, name))
         except PackageNotFoundError: return None
-    cuda = torch.cuda.is_available()
+    cuda = torch.cuda.is_available() and not ctx.dry   # a dry run on a GPU machine is still the CPU's
     env = dict(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
                cudnn=torch.backends.cudnn.version() if cuda else None, cpu=cpu_name(), cores=os.cpu_count(),
                memory_gib=round(memory_gib(), 1), os=f'{platform.system()} {platform.release()}', hardware=hardware(),
