@@ -416,6 +416,7 @@ def llama_folder(ctx: Ctx) -> Path:
     tok = train_tiny_tokenizer(legal_sentences(300))
     cfg = tiny_config('llama', max(c['vocab'], len(tok)), hidden=c['hidden'], layers=c['layers'], max_len=4096)
     cfg.num_attention_heads, cfg.num_key_value_heads = c['heads'], c['kv_heads']   # heads of 64 channels
+    cfg.head_dim = c['hidden'] // c['heads']   # set from the config's own 4 heads when it was made
     torch.manual_seed(0)
     tmp = folder.with_name('llama.tmp'); shutil.rmtree(tmp, ignore_errors=True)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp); tok.save_pretrained(tmp)
