@@ -20,7 +20,7 @@ FIXTURE = ROOT/'tests'/'fixtures'/'gpu_check_dry_run.json'
 def gpu_check(out: Path, *args, env=None) -> subprocess.CompletedProcess:
     "`python bench/gpu_check.py --dry-run --out OUT ARGS` from the checkout, as a user runs it."
     return subprocess.run([sys.executable, 'bench/gpu_check.py', '--dry-run', '--out', str(out), *map(str, args)],
-                          cwd=ROOT, env=env or ENV, capture_output=True, text=True, timeout=900)
+                          cwd=ROOT, env=env or ENV, capture_output=True, text=True, timeout=1800)
 
 
 @pytest.fixture(scope='module')
