@@ -621,10 +621,13 @@ PRELOAD = ['__main__', 'numpy', 'torch', 'legalnb.train', 'legalnb.data', 'legal
            'legalnb.gpt', 'legalnb.evaluate', 'legalnb.cli', 'transformers', 'accelerate', 'legalnb.hf', 'peft']
 
 
-def preload(dry: bool) -> list[str]:
-    "What the process that starts the checks imports once, so that each check starts in milliseconds: never CUDA "
+HF_MODULES = {'transformers', 'accelerate', 'legalnb.hf', 'peft'}
+
+def preload(dry: bool, names: list[str]) -> list[str]:
+    "What the process that starts the checks `names` imports once, so that each starts in milliseconds: never CUDA "
     "(peft imports bitsandbytes where it is installed, which probes the GPU: then peft loads in each check)."
     skip = {'peft'} if not dry and not missing(('bitsandbytes',)) else set()
+    if not any(n.startswith(('hf-', 'deepspeed')) for n in names): skip |= HF_MODULES   # nothing of theirs runs
     return [m for m in PRELOAD if m == '__main__' or (m not in skip and not missing((m.split('.')[0],)))]
 
 
@@ -821,10 +824,10 @@ def main(dry_run: bool = False,       # every check at toy size on the CPU: the 
     (out_dir/'work'/'shared').mkdir(parents=True)
     budget = budget or (1500 if dry_run else 480)   # a dry run on a busy shared CPU: its launchers take minutes
     deadline = T0 + budget
-    starter = mp.get_context('forkserver')
-    starter.set_forkserver_preload(preload(dry_run))
     selected = [c for c in CHECKS if (not only or c.name in only or c.name == 'environment')
                 and c.name not in (skip or [])]
+    starter = mp.get_context('forkserver')
+    starter.set_forkserver_preload(preload(dry_run, [c.name for c in selected if not missing(c.needs)]))
     checks, gpu_missing = {}, False
     for c in selected:
         cap = caps.get(c.name, c.dry_cap_s if dry_run else c.cap_s)
