@@ -65,7 +65,10 @@ the calculator notebook's example (clearly a CPU's figures, not a GPU's).
 
 It takes longer than the minute it was meant to: 167 s on the shared 2-core development machine (load 7), 250-330 s
 under heavier load (at load 10 one `accelerate launch` with DeepSpeed took 2.5 minutes, so a dry run's caps are
-generous: 120 s a check, 240 s per torchrun check, 420 s for ZeRO-3, 1,500 s in all). The checks themselves take seconds: the six launcher starts (torchrun twice per FSDP and DDP
+generous: 120 s a check, 240 s per torchrun check, 420 s for ZeRO-3, 1,500 s in all). DeepSpeed on a CPU builds its
+shared-memory op with the C++ compiler at every start (a minute the first time; then ninja finds it built); a check
+ended in the middle of that leaves torch's build lock, on which every later DeepSpeed start on the machine would wait,
+so a check over its cap has the build locks made while it ran removed (and the report says which). The checks themselves take seconds: the six launcher starts (torchrun twice per FSDP and DDP
 check, `accelerate launch` twice for ZeRO-3) each start fresh interpreters that import torch (and DeepSpeed,
 transformers, peft), 28-58 s per launcher check there, and the one-time import of torch, transformers and peft
 by the process that forks the checks is 19 s. Everything else is preloaded once and forked, a few seconds in all.
@@ -559,7 +562,7 @@ def check_deepspeed(ctx: Ctx) -> dict:
     s, out = ctx.size, ctx.work/'run'
     first, last = s['dist_steps']
     head = [sys.executable, '-m', 'accelerate.commands.launch', *launch_flags('deepspeed-zero3', 1, ctx.precision).split(),
-            '-m', 'legalnb.cli']
+            '--main_process_port', '0', '-m', 'legalnb.cli']   # a free port: on 29500 it may join another job's store
     flags = finetune_args(ctx, llama_corpus(ctx), out, first, '--full', '--save-steps', str(first))
     code1, t1 = launch(head + flags, ctx)
     saved = (out/f'checkpoint-{first}').is_dir()
@@ -678,19 +681,29 @@ def end_tree(pid: int):
     except (ProcessLookupError, PermissionError): pass
 
 
+def build_locks_since(t: float) -> list[Path]:
+    "Locks of torch's C++ extension builds made since `t` (DeepSpeed builds its CPU ops on first use, and a process "
+    "ended mid-build leaves its lock behind: every later DeepSpeed start on the machine would wait for it forever)."
+    root = Path(os.environ.get('TORCH_EXTENSIONS_DIR') or Path.home()/'.cache'/'torch_extensions')
+    try: return [p for p in root.glob('*/*/lock') if p.stat().st_mtime >= t - 1]
+    except OSError: return []
+
+
 def run_check(check: Check, dry: bool, out: Path, timeout: float, starter, keep_work: bool = False) -> dict:
     "Run one check in a fresh process with `timeout`; its result, or why there is none (timeout, crash). Its runs "
     "(checkpoints of GBs on a GPU) are deleted after it unless `keep_work`."
     work, logs = out/'work'/check.name, out/'logs'
     shutil.rmtree(work, ignore_errors=True); work.mkdir(parents=True); logs.mkdir(exist_ok=True)
     result, log = work/'result.json', logs/f'{check.name}.log'
-    t = time.monotonic()
+    t, wall = time.monotonic(), time.time()
     p = starter.Process(target=child, args=(check.name, dry, str(work), str(out/'work'/'shared'), str(result),
                                             str(log)))
     p.start(); p.join(timeout)
     if p.is_alive():   # over its cap: the check and everything it started (torchrun, workers) are ended
         end_tree(p.pid); p.join()
         got = dict(status='timeout', numbers={}, notes=[f'stopped at its cap of {timeout:.0f} s'])
+        for lock in build_locks_since(wall):   # a JIT build cut short leaves its lock: every later build would wait
+            lock.unlink(missing_ok=True); got['notes'].append(f'removed the build lock it left: {lock}')
     elif result.exists(): got = json.loads(result.read_text())
     else:
         tail = log.read_text(errors='replace').strip().splitlines()[-1:] if log.exists() else []

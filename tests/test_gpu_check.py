@@ -191,14 +191,34 @@ def test_a_check_over_its_cap_is_stopped_with_what_it_started_and_the_others_run
     assert gpu_check(tmp_path/'bad', '--cap', 'compile=5').returncode == 2
 
 
-def test_end_tree_ends_processes_in_sessions_of_their_own(monkeypatch):
-    "torchrun starts its workers in new sessions: ending a check's process group alone would leave them running."
-    import importlib.util, time
+def bench_gpu_check(monkeypatch):
+    "bench/gpu_check.py as a module, as `python bench/gpu_check.py` finds its helpers."
+    import importlib.util
     monkeypatch.syspath_prepend(str(ROOT/'bench'))
     spec = importlib.util.spec_from_file_location('bench_gpu_check', ROOT/'bench'/'gpu_check.py')
     gc = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, 'bench_gpu_check', gc)   # its dataclasses look their module up
     spec.loader.exec_module(gc)
+    return gc
+
+
+def test_a_build_lock_left_by_an_ended_check_is_found(monkeypatch, tmp_path):
+    "DeepSpeed JIT-builds its CPU ops; a check ended mid-build leaves torch's build lock, which would hang every later "
+    "DeepSpeed start on the machine: the locks made during the check are found (and removed after a timeout)."
+    import time
+    gc = bench_gpu_check(monkeypatch)
+    monkeypatch.setenv('TORCH_EXTENSIONS_DIR', str(tmp_path))
+    old = tmp_path/'py311_cpu'/'older_op'/'lock'; old.parent.mkdir(parents=True); old.touch()
+    os.utime(old, (time.time() - 3600,) * 2)
+    t = time.time()
+    new = tmp_path/'py311_cpu'/'deepspeed_shm_comm'/'lock'; new.parent.mkdir(parents=True); new.touch()
+    assert gc.build_locks_since(t) == [new]
+
+
+def test_end_tree_ends_processes_in_sessions_of_their_own(monkeypatch):
+    "torchrun starts its workers in new sessions: ending a check's process group alone would leave them running."
+    import time
+    gc = bench_gpu_check(monkeypatch)
     code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
             "start_new_session=True); time.sleep(120)")
     p = subprocess.Popen([sys.executable, '-c', code])
