@@ -9,7 +9,7 @@ BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 WORKDIR ?= quickstart
 
-.PHONY: install quickstart test test-latest lock sync
+.PHONY: install quickstart test test-latest lock sync gpu-check
 
 # The lock as pip constraints: every package installed is the version it names; check_lock.py fails the install
 # when one is not (a stale lock). `make install LOCK=` installs the newest versions settings.ini's ranges allow.
@@ -52,3 +52,10 @@ lock: $(STAMP)
 # Developer helpers: export the notebooks, clean them, and render README.md from nbs/index.ipynb.
 sync: $(STAMP)
 	$(BIN)/nbdev_clean && $(BIN)/nbdev_export && $(BIN)/python .ci/render_readme.py
+
+# One GPU, eight minutes: every CUDA path exercised and measured, into gpu-check/report.md and report.json (see
+# bench/gpu_check.py). It runs from the checkout with the machine's own Python (no venv, no install, nothing
+# downloaded): GPU_PYTHON=.venv/bin/python to use this one; WHEELS=DIR installs carried wheels first (fastcore).
+GPU_PYTHON ?= python3
+gpu-check:
+	PYTHONPATH=. $(GPU_PYTHON) bench/gpu_check.py $(if $(WHEELS),--wheels $(WHEELS)) $(GPU_CHECK_FLAGS)

@@ -97,26 +97,28 @@ def build(name: str, vocab: int, seq_len: int, dim: int, layers: int, frequencie
 
 
 def train_and_score(name: str, task: str, seq_len: int, pairs: int, lr: float, steps: int, batch: int,
-                    dim: int, layers: int, frequencies: int, eval_rows: int = 256, seed: int = 0) -> dict:
+                    dim: int, layers: int, frequencies: int, eval_rows: int = 256, seed: int = 0,
+                    device: str = 'cpu') -> dict:
     "Train one model on fresh rows of one task for `steps` steps; accuracy on the held-out rows' answer tokens."
     torch.manual_seed(seed)
+    dev = torch.device(device)   # rows are drawn on the CPU (the same rows on every device), then moved
     g, gv = torch.Generator().manual_seed(seed + 1), torch.Generator().manual_seed(10_000 + seed)
     if task == 'mqar': rows, vocab = (lambda n, gen: mqar_batch(n, seq_len, pairs, generator=gen)), 129
     else: rows, vocab = (lambda n, gen: single_key_batch(n, seq_len, generator=gen)), 32
-    model = build(name, vocab, seq_len, dim, layers, frequencies).train()
+    model = build(name, vocab, seq_len, dim, layers, frequencies).to(dev).train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.98))
     warm = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(      # linear warm-up, cosine decay to 10%
         opt, lambda s: min(1, (s + 1) / warm) * (0.1 + 0.45 * (1 + math.cos(math.pi * min(s, steps) / steps))))
     t0 = time.perf_counter()
     for _ in range(steps):
-        x, y = rows(batch, g)
+        x, y = (t.to(dev) for t in rows(batch, g))
         loss = model(x, y)[1]
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step(); opt.zero_grad(set_to_none=True); sched.step()
     model.eval()
-    x, y = rows(eval_rows, gv)
+    x, y = (t.to(dev) for t in rows(eval_rows, gv))
     with torch.no_grad(): pred = model(x).argmax(-1)
     asked = y != -100
     acc = (pred[asked] == y[asked]).float().mean().item()
@@ -232,7 +234,8 @@ def main(models: list[str] = ['gpt', 'resonance'],  # registered models, each `n
          loss_lengths: list[int] = [512],   # held-out loss on the sample at these row lengths (0: skip)
          loss_steps: int = 300,             # optimizer steps per held-out-loss run
          loss_data: str = 'sample',         # 'sample' (generated) or a folder of Formex publications (real acts)
-         threads: int = 1):                 # torch CPU threads
+         threads: int = 1,                  # torch CPU threads
+         device: str = 'cpu'):              # where the recall models train: cpu or cuda (the held-out loss: the CPU)
     "Train each model on each task at each learning rate; print the accuracy table."
     torch.set_num_threads(threads)
     header(__file__)
@@ -242,7 +245,8 @@ def main(models: list[str] = ['gpt', 'resonance'],  # registered models, each `n
     for task, L, p in tasks(lengths, pairs, single):
         per = {}
         for m in models:
-            runs = [train_and_score(m, task, L, p, lr, steps, batch, dim, layers, frequencies) for lr in lrs]
+            runs = [train_and_score(m, task, L, p, lr, steps, batch, dim, layers, frequencies, device=device)
+                    for lr in lrs]
             per[m] = max(runs, key=lambda r: r['acc'])
             print(f"#   {task} L={L} pairs={p} {m}: {per[m]['acc']:.1%} at lr {per[m]['lr']:g} "
                   f"({per[m]['non_embedding']:,} non-embedding parameters, {sum(r['seconds'] for r in runs):.0f} s)",

@@ -8,7 +8,7 @@ import json, math, statistics, time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal
 from fastcore.basics import patch
-from .core import LegalnbError, PRECISIONS, format_duration, parse_count, parse_number, run_command
+from .core import LegalnbError, PRECISIONS, format_duration, parse_count, parse_number, read_json, run_command
 from .models import MODELS
 from .presets import (parse_batch_schedule, micro_steps_before, steps_holding,
                              GPU, PRESETS, STRATEGIES, TASKS, find_gpu, get_preset, gpu_precision, human, lora_steps,
@@ -18,13 +18,13 @@ from .presets import (parse_batch_schedule, micro_steps_before, steps_holding,
 __all__ = ['GIB', 'USABLE', 'SHARDED', 'ACTIVATION_BYTES', 'NF4_BYTES', 'INT8_BYTES', 'Plan', 'count_steps', 'data_sequences',
            'sci', 'attention_flops_per_token', 'flops_per_token', 'mfu_of', 'run_seconds', 'run_cost', 'scale_lr',
            'Memory', 'estimate_memory', 'Estimate', 'check_claim', 'estimate', 'plan_for', 'model_plan_fields',
-           'Calibration', 'calibrate', 'Comparison', 'compare', 'calibration_from_metrics', 'estimate_command',
-           'estimate_main']
+           'Calibration', 'calibrate', 'Comparison', 'compare', 'calibration_from_metrics', 'measured_activation_bytes',
+           'Measurement', 'GpuCheck', 'read_gpu_check', 'estimate_command', 'estimate_main']
 
 # %% ../nbs/08_calculator.ipynb #89f33b7c
 _POSITIVE = ('examples', 'tokens', 'epochs', 'steps', 'micro_batch', 'grad_accum', 'gpus', 'seq_len', 'sec_per_step',
              'tokens_per_sec', 'mfu', 'params', 'lora_params', 'price_per_hour', 'claimed_hours', 'layers', 'd_model',
-             'vocab')   # fields that must be > 0
+             'vocab', 'activation_bytes')   # fields that must be > 0
 
 @dataclass
 class Plan:
@@ -57,6 +57,9 @@ class Plan:
     task: str | None = None              # 'cpt' | 'lora' | 'scratch' (plan_for sets it): 'lora' counts examples, 4·N
     qlora: bool = False                  # LoRA on a 4-bit NF4 base (bitsandbytes, double quantisation): QLoRA memory
     qlora_bits: int = 4                  # with qlora: 4 (NF4) or 8 (LLM.int8) bits per frozen base weight
+    activation_bytes: float | None = None  # bytes kept for backward per token per unit of width per layer, measured
+                                         # (a GPU check, `GpuCheck.calibrate`); None: the HF Llama's ACTIVATION_BYTES
+    activation_source: str | None = None # where activation_bytes was measured, named in the arithmetic
 
     def __post_init__(self):
         for f in _POSITIVE + ('mixing_flops_per_token',):
@@ -262,11 +265,13 @@ def _activations(plan: Plan) -> tuple[float, float, list[str]]:
     if not (plan.layers and plan.d_model and plan.seq_len): return 0.0, 0.0, []
     b, s, d, L = plan.micro_batch, plan.seq_len, plan.d_model, plan.layers
     k = 2 if plan.compute_precision in ('bf16', 'fp16') else 4  # bytes per activation value
-    c = ACTIVATION_BYTES[k]   # measured for the Hugging Face Llama layout (below)
+    c = plan.activation_bytes or ACTIVATION_BYTES[k]   # a GPU check's measurement, else the HF Llama's (below)
+    src = f'; measured: {plan.activation_source}' if plan.activation_bytes and plan.activation_source else ''
+    cb = f'{c:.1f}'.removesuffix('.0')   # 45.6, 83, a measured 131.4
     if plan.checkpointing or plan.qlora:   # peft's prepare_model_for_kbit_training turns checkpointing on
         a, why = (L * k + c) * b * s * d, 'checkpointing' + ('' if plan.checkpointing else ', on with QLoRA')
-        al = f'activations ({L} × {k} + {c:g}) B × {b} × {s:,} × {d:,} ({why}: layer inputs + one layer)'
-    else: a, al = L * c * b * s * d, f'activations {L} × {c:g} B × {b} × {s:,} × {d:,} (no checkpointing)'
+        al = f'activations ({L} × {k} + {cb}) B × {b} × {s:,} × {d:,} ({why}: layer inputs + one layer{src})'
+    else: a, al = L * c * b * s * d, f'activations {L} × {cb} B × {b} × {s:,} × {d:,} (no checkpointing{src})'
     lines = [f'{al} = {a / GIB:.2f} GiB']
     lg = 4 * b * s * plan.vocab if plan.vocab else 0.0
     if lg: lines.append(f'logits      4 B × {b} × {s:,} × {plan.vocab:,} = {lg / GIB:.2f} GiB')
@@ -457,12 +462,13 @@ def plan_for(task: str, name: str,
 def model_plan_fields(size: str,              # a named size of the model: small, medium, large, xlarge
                       seq_len: int,           # tokens per sequence (the mixing FLOPs depend on it)
                       vocab: int = 32768,     # tokenizer vocabulary
-                      model: str = 'resonance'  # a registered architecture (legalnb.models.MODELS)
+                      model: str = 'resonance', # a registered architecture (legalnb.models.MODELS)
+                      **overrides               # config fields to change (dim=..., num_layers=...), as the trainer's
                      ) -> dict:
     "Plan fields (params, mixing FLOPs, layers, width, vocab) for a named size of a registered model."
     from legalnb.models import get_model
     spec = get_model(model)
-    c = spec.config(size, vocab, max(seq_len, 1))
+    c = spec.config(size, vocab, max(seq_len, 1), **overrides)
     matmul = spec.matmul_flops_per_token(c)   # 6 N_matmul
     return dict(params=round(matmul / 6), mixing_flops_per_token=spec.flops_per_token(c, seq_len) - matmul,
                 layers=getattr(c, 'num_layers', None), d_model=getattr(c, 'dim', None), vocab=vocab)
@@ -546,6 +552,97 @@ def calibration_from_metrics(records: list[dict],  # step records: legalnb.train
     mfu = sum(m * k for m, k in mfus) / sum(k for _, k in mfus) if mfus else None
     return Calibration(sps, [r['step_ms'] / 1000 for r in kept], steps[skip - 1] if skip else 0, mfu)
 
+# %% ../nbs/08_calculator.ipynb #75593bfe
+def measured_activation_bytes(plan: Plan,                # the measured run as a plan: shape, batch, precision
+                              peak_bytes: float,         # its peak memory (torch.cuda.max_memory_allocated)
+                              params: float | None = None  # all of the model's parameters (default: plan.params)
+                             ) -> float:
+    "The activation constant with which `estimate_memory(plan)` equals a measured peak (bytes per token, unit of width "
+    "and layer)."
+    _need(plan, 'an activation measurement', 'params', 'layers', 'd_model', 'seq_len')
+    m = estimate_memory(replace(plan, params=params or plan.params, activation_bytes=None))
+    b, s, d, L = plan.micro_batch, plan.seq_len, plan.d_model, plan.layers
+    rest = peak_bytes - (m.total - m.activations)   # what the weights, gradients, AdamW and logits leave
+    if plan.checkpointing or plan.qlora: return rest / (b * s * d) - L * (4 if plan.compute_precision == 'fp32' else 2)
+    return rest / (L * b * s * d)
+
+# %% ../nbs/08_calculator.ipynb #bb6c7790
+@dataclass
+class Measurement:
+    "One training run of a GPU check, as the calculator reads it."
+    check: str               # the check's name in the report: train-resonance, long-gpt-32k, hf-lora, ...
+    model: str               # a registered architecture (resonance, gpt), or 'hf-llama' for the transformers path
+    plan: Plan               # the run as a plan: shape, batch, precision, GPU
+    params: float            # all of the model's parameters (the plan's `params` may count only matrix products)
+    peak_bytes: float        # its peak memory
+    tokens_per_sec: float    # its steady speed
+    activation_bytes: float  # measured_activation_bytes of the plan at that peak
+    mfu: float | None        # tokens/s × the plan's FLOPs per token ÷ the GPU's dense peak (None: a CPU, a GPU unknown)
+
+@dataclass
+class GpuCheck:
+    "A report of bench/gpu_check.py as calibration: measured MFU and activation bytes per architecture and length."
+    path: str                # the report.json
+    date: str                # when it was measured
+    gpu: str | None          # the device it ran on (None: the CPU of a dry run)
+    dry_run: bool            # toy sizes on a CPU: a CPU's figures, not a GPU's
+    runs: list[Measurement]  # its training checks that passed
+
+def _measurement(name: str, check: dict) -> Measurement:
+    "A check's calibration entry (the plan's fields, peak bytes, parameters, tokens/s) as a `Measurement`."
+    c = check['calibration']
+    plan = Plan(**c['plan'])
+    mfu = (c['tokens_per_sec'] * flops_per_token(plan)[0] / (peak_tflops(plan.gpu, plan.precision) * 1e12)
+           if plan.gpu and c.get('tokens_per_sec') else None)
+    return Measurement(name, c['model'], plan, c.get('params') or plan.params, c['peak_bytes'], c['tokens_per_sec'],
+                       measured_activation_bytes(plan, c['peak_bytes'], c.get('params')), mfu)
+
+def read_gpu_check(path) -> GpuCheck:  # report.json written by bench/gpu_check.py (make gpu-check)
+    "The measurements of a GPU check's report; a damaged or foreign file is one line naming it."
+    what = 'the report.json that bench/gpu_check.py writes (make gpu-check)'
+    r = read_json(path, what)
+    if r.get('kind') != 'gpu-check' or not isinstance(r.get('checks'), dict):
+        raise LegalnbError(f'{path}: not a GPU check report (no "kind": "gpu-check" with its checks); expected {what}')
+    runs = []
+    for name, check in r['checks'].items():
+        if not isinstance(check, dict) or check.get('status') != 'pass' or not check.get('calibration'): continue
+        try: runs.append(_measurement(name, check))
+        except (KeyError, TypeError, LegalnbError) as e:
+            raise LegalnbError(f'{path}: check {name}: its calibration entry is damaged ({e}); run the check again')
+    if not runs: raise LegalnbError(f'{path}: no training check passed, so nothing to calibrate from; expected {what}')
+    return GpuCheck(str(path), r.get('date', '?'), (r.get('environment') or {}).get('gpu'), bool(r.get('dry_run')), runs)
+
+@patch
+def nearest(self: GpuCheck, model: str, seq_len: int | None, checkpointing: bool = False) -> Measurement | None:
+    "The run of `model` nearest `seq_len` (by ratio), with the same activation checkpointing where one has it."
+    runs = [m for m in self.runs if m.model == model]
+    same = [m for m in runs if bool(m.plan.checkpointing or m.plan.qlora) == checkpointing] or runs
+    return min(same, key=lambda m: abs(math.log((seq_len or m.plan.seq_len) / m.plan.seq_len)), default=None)
+
+@patch
+def calibrate(self: GpuCheck, plan: Plan, model: str) -> tuple[Plan, list[str], list[str]]:
+    "`plan` with `model`'s measured activation bytes (and MFU, when the plan gives no speed), its lines and warnings."
+    m = self.nearest(model, plan.seq_len, bool(plan.checkpointing or plan.qlora))
+    if m is None:
+        return plan, [], [f'calibration {self.path}: no run of {model} passed there (only of '
+                          f'{", ".join(sorted({r.model for r in self.runs}))}); the built-in figures are used']
+    what = f'{m.check} of {self.path}: {model} at {m.plan.seq_len:,} tokens on {self.gpu or "a CPU (dry run)"}'
+    kw, lines, warnings = {}, [], []
+    if m.activation_bytes > 0: kw.update(activation_bytes=m.activation_bytes, activation_source=what)
+    else: warnings.append(f'calibration {what}: its peak is below the weights, gradients and AdamW state the '
+                          'calculator counts, so its activation bytes are not used')
+    given = [f for f in ('sec_per_step', 'tokens_per_sec', 'mfu') if getattr(plan, f) is not None]
+    if m.mfu is not None and not given and plan.params and plan.seq_len:
+        kw.update(mfu=m.mfu, gpu=plan.gpu or m.plan.gpu)
+        lines.append(f'calibration: MFU {m.mfu:.1%} measured ({what})')
+    elif m.mfu is not None: lines.append(f'calibration: {what} measured MFU {m.mfu:.1%}; not applied ('
+                                         + (f'{given[0]} given' if given else 'the plan has no params or seq_len') + ')')
+    if plan.gpu and m.plan.gpu and plan.gpu.name != m.plan.gpu.name:
+        warnings.append(f'calibration measured on {m.plan.gpu.name}, the plan is for {plan.gpu.name}: its MFU and '
+                        'memory carry over only roughly')
+    if self.dry_run: warnings.append(f"calibration {self.path} is a CPU dry run: a CPU's figures, not a GPU's")
+    return replace(plan, **kw), lines, warnings
+
 # %% ../nbs/08_calculator.ipynb #b1f32ac9
 _count, _number = parse_count, parse_number   # flag types: core names the flag in their errors
 
@@ -607,6 +704,7 @@ def estimate_command(
         strategy: Literal[STRATEGIES] = None,  # deepspeed-zero3 and fsdp shard the model's states over the GPUs
         qlora: bool = None,            # LoRA on a 4-bit NF4 base (QLoRA, bitsandbytes): the frozen weights' memory
         qlora_bits: Literal[4, 8] = None,  # --qlora's bits per base weight: 4 (NF4) or 8 (LLM.int8)
+        calibration: str = None,       # a GPU check's report.json (make gpu-check): its measured MFU and activation bytes
         json: bool = False):           # print one JSON object instead of the table
     "Time and cost of a training plan, checked against the hardware."
     if sum(v is not None for v in (sec_per_step, tokens_per_sec, mfu)) > 1:
@@ -628,6 +726,12 @@ def estimate_command(
     for k, v in fields.items():
         if k in _POSITIVE and k != 'mfu' and v is not None and not v > 0:
             raise LegalnbError(f'--{flags.get(k, k.replace("_", "-"))} must be more than 0, got {v:g}')
-    print(_show(estimate(_plan(preset, model_size, {k: v for k, v in fields.items() if v is not None}, model)), json))
+    plan, lines, warnings = _plan(preset, model_size, {k: v for k, v in fields.items() if v is not None}, model), [], []
+    if calibration:   # --model-size plans a registered architecture; without it, the Hugging Face path (a Llama)
+        try: plan, lines, warnings = read_gpu_check(calibration).calibrate(plan, model if model_size else 'hf-llama')
+        except LegalnbError as e: raise LegalnbError(f'--calibration {e}') from None
+    e = estimate(plan)
+    e.lines[:0], e.warnings = lines, e.warnings + warnings
+    print(_show(e, json))
 
 def estimate_main(argv: list[str]) -> int: return run_command(estimate_command, argv, 'legalnb estimate')

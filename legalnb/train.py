@@ -395,6 +395,8 @@ class Dist:
     world_size: int = 1               # number of processes
     local_rank: int = 0               # rank on this machine (picks the GPU)
     device: torch.device = torch.device('cpu')
+    launched: bool = False            # started by torchrun (one rank too): the process group is joined, and the
+                                      # model wrapped as --strategy says (DDP or FSDP), as on many ranks
     @property
     def main(self) -> bool: return self.rank == 0
 
@@ -405,9 +407,10 @@ def setup_distributed(device: str = 'auto') -> Dist:
     if device == 'cuda' and not torch.cuda.is_available(): raise LegalnbError('--device cuda: no CUDA GPU is visible')
     dev = torch.device('cuda', local) if cuda else torch.device('cpu')
     if cuda: torch.cuda.set_device(dev)
-    if world > 1 and not dist.is_initialized():
+    launched = world > 1 or 'TORCHELASTIC_RUN_ID' in os.environ   # torchrun sets it, --nproc_per_node 1 too
+    if launched and not dist.is_initialized():
         dist.init_process_group('nccl' if cuda else 'gloo', **({'device_id': dev} if cuda else {}))
-    return Dist(rank, world, local, dev)
+    return Dist(rank, world, local, dev, launched)
 
 def all_mean(x: torch.Tensor, d: Dist) -> torch.Tensor:
     "Mean of `x` over all ranks (itself when there is one rank)."
@@ -910,7 +913,7 @@ def setup(cfg: TrainConfig) -> Run:
         while micro_steps_before(max_steps, sched) < need: max_steps += 1
     # -- the architecture the registry names, sharded under FSDP; precision (float32 on the CPU); optimizer
     spec, mc = get_model(cfg.model), model_config(cfg, train_ds.vocab_size, train_ds.seq_len)
-    model, sharded = spec.build(mc).to(d.device), cfg.strategy == 'fsdp' and d.world_size > 1
+    model, sharded = spec.build(mc).to(d.device), cfg.strategy == 'fsdp' and d.launched
     if sharded: shard_model(model)
     precision = resolve_precision(cfg.precision, cuda_capability(d.device)) if d.device.type == 'cuda' else 'fp32'
     run = Run(cfg, d, out, train_ds, val_ds, spec, mc, model, make_optimizer(model, cfg, d.device),
@@ -922,7 +925,7 @@ def setup(cfg: TrainConfig) -> Run:
     if cfg.resume: resume(run)
     else: check_new_run(out, cfg.overwrite); init_weights(run)   # a second stage starts from --init-from
     net = DDP(model, device_ids=[d.device.index] if d.device.type == 'cuda' else None) if (
-        d.world_size > 1 and not sharded) else model
+        d.launched and not sharded) else model
     run.net = torch.compile(net) if cfg.compile else net
     return run
 
@@ -968,7 +971,6 @@ def init_weights(run: Run):
             raise LegalnbError(f'--init-optimizer: {path} is a model folder without optimizer state; pass a '
                                'checkpoint folder (RUN/checkpoints/step-N) or leave --init-optimizer out')
         run.opt.load_state_dict(ck['optimizer'])
-
 
 # %% ../nbs/05_train.ipynb #a1b2c304
 def _sync_grads(run: Run, last: bool):

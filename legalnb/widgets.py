@@ -6,13 +6,14 @@
 from __future__ import annotations
 import io, math, sys
 import html
+from pathlib import Path
 import ipywidgets as W
 from fastcore.basics import patch
 from matplotlib.figure import Figure
 from .core import LegalnbError, format_duration
 from .presets import GPUS, PRESET_NAMES, TASKS, get_preset
 from .models import MODELS, get_model
-from .calculator import Estimate, estimate, model_plan_fields, plan_for
+from .calculator import Estimate, estimate, model_plan_fields, plan_for, read_gpu_check
 from .train import TrainConfig, format_log_line, read_metrics
 
 # %% auto #0
@@ -120,14 +121,17 @@ class PresetPicker:
                  gpu: str = 'h100-sxm',            # a presets.GPUS key
                  price_per_hour: float = 2.5,      # dollars per GPU-hour
                  params_b: float = 7.0,            # model parameters, billions (cpt and lora)
-                 mfu_pct: float = 40.0,            # expected MFU, percent of the dense peak
+                 mfu_pct: float | None = None,     # expected MFU, percent of the dense peak (None: measured, else 40)
                  examples: int = 63_000,           # fine-tuning examples (lora)
                  seq_len: int = 1536,              # tokens per example (lora)
                  model: str = 'resonance',         # a registered architecture, legalnb.models.MODELS (scratch)
                  size: str = 'small',              # named size of that model (scratch)
                  scaling: str = 'tokens',          # other GPU counts: 'tokens' (time falls) or 'batch' (data grows)
-                 out: str = 'run'):                # output folder of the config handed back
+                 out: str = 'run',                 # output folder of the config handed back
+                 calibration=None):                # a GPU check's report.json (or GpuCheck): measured memory and MFU
         if scaling not in SCALING: raise LegalnbError(f"scaling must be 'tokens' or 'batch', got {scaling!r}")
+        self.calibration = read_gpu_check(calibration) if isinstance(calibration, (str, Path)) else calibration
+        if mfu_pct is None: mfu_pct = self.measured_mfu(task, preset, model, size) or 40.0
         self.task = W.Dropdown(options=TASKS, value=task, description='task')
         self.preset = W.Dropdown(options=PRESET_NAMES, value=preset, description='preset')
         self.gpu = W.Dropdown(options=list(GPUS), value=gpu, description='GPU')
@@ -188,12 +192,30 @@ def plan(self: PresetPicker, name: str | None = None):
               micro_batch=p.micro_batch, **scale_to_gpus(p, self.gpus.value, self.scaling.value))
     if task == 'scratch':   # the model's own preset for this size (ResonanceNet: long context)
         kw |= dict(seq_len=p.seq_len, **model_plan_fields(self.size.value, p.seq_len, model=self.model.value))
-        return plan_for(task, p.name, model=self.model.value, size=self.size.value, **kw)
+        return self.calibrated(plan_for(task, p.name, model=self.model.value, size=self.size.value, **kw))
     kw |= dict(params=self.params.value * 1e9)
     if task == 'lora':
         kw |= dict(examples=self.examples.value, seq_len=self.seq_len.value,
                    lora_params=self.params.value * 1e9 * LORA_SHARE)
-    return plan_for(task, p.name, **kw)
+    return self.calibrated(plan_for(task, p.name, **kw))
+
+def _measured_key(task: str, model: str) -> str:
+    "The architecture a GPU check measured for this task: the registered model from scratch, else the HF Llama."
+    return model if task == 'scratch' else 'hf-llama'
+
+@patch
+def calibrated(self: PresetPicker, plan):
+    "`plan` with the activation bytes the picker's GPU check measured (the MFU stays the slider's)."
+    if self.calibration is None: return plan
+    return self.calibration.calibrate(plan, _measured_key(self.task.value, self.model.value))[0]
+
+@patch
+def measured_mfu(self: PresetPicker, task: str, preset: str, model: str, size: str) -> float | None:
+    "The MFU in percent the GPU check measured for this choice (nearest sequence length), for the slider; None without."
+    if self.calibration is None: return None
+    p = get_preset(task, preset, size if task == 'scratch' else None, model=model if task == 'scratch' else None)
+    m = self.calibration.nearest(_measured_key(task, model), p.seq_len)
+    return None if m is None or m.mfu is None else min(80.0, max(5.0, round(100 * m.mfu, 1)))
 
 @patch
 def judge(self: PresetPicker, name: str | None = None) -> tuple[Estimate | None, str | None]:
@@ -278,7 +300,8 @@ def png(self: PresetPicker) -> bytes:
 # %% ../nbs/09_widgets.ipynb #4b8e08b0
 @patch
 def _task_changed(self: PresetPicker, change):
-    "A new task brings its preset's GPU count (which refreshes the estimate)."
+    "A new task brings its preset's GPU count (which refreshes the estimate), and a GPU check's MFU for it."
+    if mfu := self.measured_mfu(change.new, self.preset.value, self.model.value, self.size.value): self.mfu.value = mfu
     gpus = get_preset(change.new, self.preset.value).gpus
     if self.gpus.value != gpus: self.gpus.value = gpus
     else: self.refresh()
@@ -290,6 +313,7 @@ def _model_changed(self: PresetPicker, change):
     if list(self.size.options) != sizes:
         keep = self.size.value if self.size.value in sizes else sizes[0]
         self.size.options = sizes; self.size.value = keep
+    if mfu := self.measured_mfu(self.task.value, self.preset.value, change.new, self.size.value): self.mfu.value = mfu
     self.refresh()
 
 @patch
