@@ -4,7 +4,7 @@
 
 # %% ../nbs/11_evaluate.ipynb #3d0132df
 from __future__ import annotations
-import json, math, random, re, sys, tempfile
+import functools, json, math, random, re, sys, tempfile
 from bisect import bisect_left
 from collections import defaultdict
 from contextlib import nullcontext
@@ -671,6 +671,10 @@ _GENERAL_MODULES = ('argparse', 'bisect', 'calendar', 'configparser', 'csv', 'da
 
 def general_texts(max_chars: int = 3000) -> list[dict]:  # characters per module at most
     "A general-text set built offline: docstrings of Python standard-library modules (PSF-2.0), one record per module."
+    return [dict(g) for g in _general_texts(max_chars)]
+
+@functools.lru_cache(maxsize=4)
+def _general_texts(max_chars: int) -> tuple[dict, ...]:   # parsed once per process: 33 modules take a second or two
     import ast, importlib.util, platform
     out = []
     for name in _GENERAL_MODULES:
@@ -686,7 +690,7 @@ def general_texts(max_chars: int = 3000) -> list[dict]:  # characters per module
         if text.strip():
             out.append(dict(id=f'python:{name}', lang='en', text=text.strip(), licence='PSF-2.0',
                             source=f'docstrings of the {name} module of Python {platform.python_version()}'))
-    return out
+    return tuple(out)
 
 def write_general_texts(path: str | Path, max_chars: int = 3000) -> Path:
     "Write the built-in general-text set as JSON lines, the form `--general` reads."
