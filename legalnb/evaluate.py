@@ -1003,9 +1003,10 @@ def harness_scores(lm: EvalModel, tasks: list[str], batch_size: int = 8, iters: 
                 m = out.setdefault(task, {}).setdefault(key, dict(higher_is_better=better.get(metric), rows=[]))
                 m['rows'].append(dict(celex=f'item {s["doc_id"]}', num=nd[0], den=nd[1]))
     for task in out:   # the suite's items are its units: a public suite has no acts
-        for m in out[task].values():
+        for key, m in out[task].items():
             m['value'], m['value_ci'] = estimate(lambda a: a, [m['rows']], 'ratio', iters=iters, seed=seed)
-            m['items'] = len(m['rows'])
+            reported = res['results'].get(task, {}).get(key if ',' in key else f'{key},none')
+            m.update(items=len(m['rows']), lm_eval=reported)   # lm-eval's own aggregate, beside ours
     return out
 
 # %% ../nbs/11_evaluate.ipynb #c2ef600c
@@ -1071,11 +1072,11 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
         if export_lm_eval: return 0
         raise LegalnbError('MODEL is required: a run folder (legalnb train --out), a Hugging Face model folder '
                            'or a finetune output')
+    if lm_eval_tasks: suite_tasks(lm_eval_tasks)   # a missing task file fails before the model loads
     if (harness or lm_eval_tasks) and model_kind(model)[0] == 'native':
         raise LegalnbError(f'--harness and --lm-eval-tasks score Hugging Face models and finetune outputs; {model} is '
                            'a native run')
     model_kind(model)
-    if lm_eval_tasks: suite_tasks(lm_eval_tasks)   # a missing task file fails before the model loads
     refuse_overwriting_inputs([model, data], [out])
     refuse_foreign_files(out, written_by_evaluate, '--out')
     lm = load_eval_model(model, tokenizer, base, context, device, precision)
