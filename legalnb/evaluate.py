@@ -24,17 +24,17 @@ from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, 
 
 # %% auto #0
 __all__ = ['FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'LEVEL',
-           'BOOTSTRAP', 'GROUPS', 'FIGURES', 'GENERAL_BUILTIN', 'REPORT_FILES', 'TASKS', 'EXPORT_FILES', 'PROMPT_CHARS',
-           'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'heldout_path', 'year_band', 'read_heldout', 'EvalModel',
-           'load_native', 'model_kind', 'native_tokenizer', 'legalnb_remote_code', 'lora_base', 'load_eval_model',
-           'as_model', 'document_windows', 'position_buckets', 'bucket_label', 'document_batches', 'score_documents',
-           'metrics', 'grouped', 'generate_ids', 'TextStream', 'generate', 'extract_citations', 'citation_items',
-           'score_citations', 'LookupModel', 'summarize_citations', 'opening', 'generate_samples', 'rouge_l',
-           'rouge_openings', 'score_rouge', 'document_rows', 'citation_marks', 'resample_counts', 'unit_sums',
-           'estimate', 'add_intervals', 'general_texts', 'write_general_texts', 'read_general', 'score_general',
-           'evaluate', 'format_table', 'report_markdown', 'write_report', 'write_lm_eval_tasks', 'run_harness',
-           'suite_tasks', 'harness_scores', 'written_by_evaluate', 'clear_other_modes', 'evaluate_command',
-           'evaluate_parser', 'evaluate_main', 'generate_command', 'generate_main']
+           'BOOTSTRAP', 'MIN_ACTS', 'GROUPS', 'FIGURES', 'GENERAL_BUILTIN', 'REPORT_FILES', 'TASKS', 'EXPORT_FILES',
+           'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'heldout_path', 'year_band', 'read_heldout',
+           'EvalModel', 'load_native', 'model_kind', 'native_tokenizer', 'legalnb_remote_code', 'lora_base',
+           'load_eval_model', 'as_model', 'document_windows', 'position_buckets', 'bucket_label', 'document_batches',
+           'score_documents', 'metrics', 'grouped', 'generate_ids', 'TextStream', 'generate', 'extract_citations',
+           'citation_items', 'score_citations', 'LookupModel', 'summarize_citations', 'opening', 'generate_samples',
+           'rouge_l', 'rouge_openings', 'score_rouge', 'document_rows', 'citation_marks', 'resample_counts',
+           'unit_sums', 'estimate', 'add_intervals', 'general_texts', 'write_general_texts', 'read_general',
+           'score_general', 'evaluate', 'format_table', 'report_markdown', 'write_report', 'write_lm_eval_tasks',
+           'run_harness', 'suite_tasks', 'harness_scores', 'written_by_evaluate', 'clear_other_modes',
+           'evaluate_command', 'evaluate_parser', 'evaluate_main', 'generate_command', 'generate_main']
 
 # %% ../nbs/11_evaluate.ipynb #76359c74
 FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
@@ -595,6 +595,7 @@ def score_rouge(lm: EvalModel, docs: list[dict], openings: list[dict], max_new_t
 # %% ../nbs/11_evaluate.ipynb #04cd2bd7
 LEVEL = 0.95       # the coverage of every interval
 BOOTSTRAP = 1000   # bootstrap resamples of the held-out acts per interval
+MIN_ACTS = 5       # fewer acts than this: no interval (two acts would give an 'interval' that is just their values)
 GROUPS = {'by_language': 'lang', 'by_doc_type': 'doc_type', 'by_year_band': 'band'}   # report key: document field
 FIGURES = {'bits_per_byte': ('nll', 'bytes', 1 / LN2),   # figure: (numerator field, denominator field, scale);
            'accuracy': ('right', None, 1.0),             # a denominator of None counts each row once
@@ -629,7 +630,8 @@ def estimate(stat: Callable,               # the figures of the runs -> the numb
              runs: list[list[dict]],       # the rows of each evaluation, on the same acts
              figure: str,                  # a key of FIGURES: bits_per_byte, accuracy, rouge_l, ratio
              where: Callable | None = None,  # keep the rows this says yes to (a language, a type, a decade)
-             iters: int = BOOTSTRAP, seed: int = 0, level: float = LEVEL) -> tuple[float | None, list | None]:
+             iters: int = BOOTSTRAP, seed: int = 0, level: float = LEVEL,
+             min_units: int = MIN_ACTS) -> tuple[float | None, list | None]:  # fewer units: no interval
     "`stat` of each run's figure, and its percentile interval over bootstrap resamples of the acts (the same for all)."
     runs = [[r for r in rows if where is None or where(r)] for rows in runs]
     units = sorted({r['celex'] for r in runs[0]})
@@ -639,7 +641,7 @@ def estimate(stat: Callable,               # the figures of the runs -> the numb
     if not units or any(d.sum() == 0 for _, d in sums): return None, None
     with np.errstate(divide='ignore', invalid='ignore'):
         point = float(stat(*[n.sum() / d.sum() for n, d in sums]))
-        if len(units) < 2 or iters < 1: return (point if math.isfinite(point) else None), None
+        if len(units) < max(2, min_units) or iters < 1: return (point if math.isfinite(point) else None), None
         counts = resample_counts(len(units), iters, seed)
         values = np.asarray(stat(*[(counts @ n) / (counts @ d) for n, d in sums]), dtype=float)
     values = values[np.isfinite(values)]
@@ -1046,7 +1048,7 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
                      progress: bool = True,       # progress bar in tokens on stderr
                      rouge: int = 20,             # held-out openings continued greedily for ROUGE-L (0: none)
                      general: str = None,         # general (non-legal) text for forgetting: JSONL file, or python-docs
-                     bootstrap: int = BOOTSTRAP,  # bootstrap resamples of the held-out acts per 95% interval (0: none)
+                     bootstrap: int = BOOTSTRAP,  # bootstrap resamples of the held-out acts per interval (0: none)
                      against: str = None,         # also score this reference and report the change (bare: the base)
                      retained: list[str] = None,  # BASE FAST FULL: the share of the full run's gain the fast run kept
                      lm_eval_tasks: list[str] = None,  # lm-eval suites too: task names, task YAML files or folders

@@ -45,25 +45,32 @@ def rows(act: str, bpb: float, lang: str = 'en', docs: int = 3, nbytes: int = 50
                  bytes=nbytes) for _ in range(docs)]
 
 
+def acts(*bpbs: float, lang: str = 'en', docs: int = 3) -> list[dict]:
+    "One act per figure (A, B, ...), each of `docs` documents at exactly that many bits per byte."
+    return [r for i, b in enumerate(bpbs) for r in rows('ABCDEFGH'[i], b, lang, docs)]
+
+
 def test_bootstrap_resamples_acts_not_documents():
-    "Two acts at 1 and 3 bits per byte: a quarter of the resamples draw each act twice, so the interval is [1, 3]."
-    two = rows('A', 1.0, docs=12) + rows('B', 3.0, docs=12)
-    value, ci = estimate(lambda a: a, [two], 'bits_per_byte')
-    assert value == pytest.approx(2.0) and ci == pytest.approx([1.0, 3.0])
-    # three acts of equal bytes at 1, 2 and 6: the exact bootstrap distribution puts 1/27 on each extreme (> 2.5%)
-    value, ci = estimate(lambda a: a, [rows('A', 1) + rows('B', 2) + rows('C', 6)], 'bits_per_byte', iters=4000)
-    assert value == pytest.approx(3.0) and ci == pytest.approx([1.0, 6.0])
+    "Five acts, one hard: a resample's figure is 1 + k (k ~ Binomial(5, 1/5) draws of it), so the interval is [1, 4]."
+    five = acts(1, 1, 1, 1, 6, docs=12)
+    value, ci = estimate(lambda a: a, [five], 'bits_per_byte')
+    assert value == pytest.approx(2.0) and ci == pytest.approx([1.0, 4.0])
+    lo, hi = estimate(lambda a: a, [[dict(r, celex=str(i)) for i, r in enumerate(five)]], 'bits_per_byte')[1]
+    assert 1.3 < lo < 1.8 and 2.2 < hi < 2.8   # the 60 documents as units: an interval too narrow for a new act
+    # six acts, one at 11: 1 + 10k/6 with k ~ Binomial(6, 1/6); P(k <= 2) = 94% < 97.5% <= P(k <= 3) = 99%
+    value, ci = estimate(lambda a: a, [acts(1, 1, 1, 1, 1, 11)], 'bits_per_byte', iters=4000)
+    assert value == pytest.approx(8 / 3) and ci == pytest.approx([1.0, 6.0])
+    assert estimate(lambda a: a, [acts(1, 2, 3, 4)], 'bits_per_byte')[1] is None   # fewer than 5 acts: no interval
     # bytes weigh: an act of twice the bytes counts twice in the ratio of sums
     value, _ = estimate(lambda a: a, [rows('A', 1.0, nbytes=1000) + rows('B', 4.0, nbytes=500)], 'bits_per_byte')
     assert value == pytest.approx((1.0 * 1000 + 4.0 * 500) / 1500)
 
 
 def test_paired_change_and_its_verdict():
-    ref = rows('A', 1.0) + rows('B', 3.0) + rows('C', 2.0)
-    shift, ci = estimate(lambda a, b: a - b, [rows('A', 0.9) + rows('B', 2.9) + rows('C', 1.9), ref], 'bits_per_byte')
+    ref = acts(1, 3, 2, 2, 2)
+    shift, ci = estimate(lambda a, b: a - b, [acts(0.9, 2.9, 1.9, 1.9, 1.9), ref], 'bits_per_byte')
     assert shift == pytest.approx(-0.1) and ci == pytest.approx([-0.1, -0.1]) and verdict(shift, ci) == 'better'
-    mixed = rows('A', 0.5) + rows('B', 3.5) + rows('C', 2.0)
-    d, ci = estimate(lambda a, b: a - b, [mixed, ref], 'bits_per_byte')
+    d, ci = estimate(lambda a, b: a - b, [acts(0.5, 3.5, 2, 2, 2), ref], 'bits_per_byte')
     assert d == pytest.approx(0) and ci[0] < 0 < ci[1] and verdict(d, ci) == NO_DIFFERENCE
     assert verdict(0.1, [0.05, 0.2], lower_is_better=True) == 'worse'
     assert verdict(0.1, [0.05, 0.2], lower_is_better=False) == 'better'
@@ -71,7 +78,7 @@ def test_paired_change_and_its_verdict():
 
 
 def evaluation(bpb: dict[str, tuple[str, float]], right: dict[str, int], general: float | None = None) -> dict:
-    "An eval.json-shaped dict with the rows a comparison reads."
+    "An eval.json-shaped dict with the rows a comparison reads: acts {celex: (lang, bits per byte)}, right per act."
     marks = [dict(celex=a, lang=l, doc_type='regulation', band='2010s', kind='act', start=i, right=int(i < right[a]))
              for a, (l, _) in bpb.items() for i in range(10)]
     e = dict(format='legalnb.eval/2', model=dict(name='m', kind='hf', context=64, tokenizer='t', params=1),
@@ -79,27 +86,31 @@ def evaluation(bpb: dict[str, tuple[str, float]], right: dict[str, int], general
              by_year_band={'2010s': {}}, documents=[r for a, (l, b) in bpb.items() for r in rows(a, b, l)],
              citations=dict(marks=marks))
     if general is not None:
-        e['general'] = dict(source='g', documents=[r for i in range(4) for r in rows(f'g{i}', general + i / 10)])
+        e['general'] = dict(source='g', documents=[r for i in range(6) for r in rows(f'g{i}', general + i / 10)])
     return e
 
 
 def test_compare_evaluations_reports_groups_citations_and_forgetting():
-    base = evaluation({'A': ('en', 2.0), 'B': ('en', 3.0), 'C': ('de', 2.5)}, {'A': 1, 'B': 2, 'C': 1}, general=1.0)
-    tuned = evaluation({'A': ('en', 1.5), 'B': ('en', 2.5), 'C': ('de', 2.4)}, {'A': 5, 'B': 6, 'C': 3}, general=1.2)
+    en = 'ABCDE'
+    base = evaluation({a: ('en', 2.0 + i / 10) for i, a in enumerate(en)} | {'F': ('de', 2.5)},
+                      dict.fromkeys(en, 1) | {'F': 1}, general=1.0)
+    tuned = evaluation({a: ('en', 1.5 + i / 10) for i, a in enumerate(en)} | {'F': ('de', 2.4)},
+                       dict.fromkeys(en, 5) | {'F': 3}, general=1.2)
     c = compare_evaluations(tuned, base)
-    assert c['overall']['bits_per_byte']['change'] == pytest.approx((-0.5 - 0.5 - 0.1) / 3)
+    assert c['overall']['bits_per_byte']['change'] == pytest.approx((5 * -0.5 - 0.1) / 6)
     assert c['by_language']['en']['bits_per_byte']['change_ci'] == pytest.approx([-0.5, -0.5])
-    assert c['by_language']['de']['bits_per_byte']['verdict'] == 'no interval (one act)'
-    assert c['overall']['accuracy']['change'] == pytest.approx((14 - 4) / 30) and \
+    assert c['by_language']['de']['bits_per_byte']['verdict'] == 'no interval (fewer than 5 acts)'
+    assert c['overall']['accuracy']['change'] == pytest.approx((5 * 4 + 2) / 60) and \
         c['overall']['accuracy']['verdict'] == 'better'
     assert c['forgetting']['change'] == pytest.approx(0.2) and c['forgetting']['change_ci'] == pytest.approx([0.2, 0.2])
     assert c['forgetting']['verdict'] == 'worse'   # bits per byte on general text went up: forgot
 
 
 def test_retained_share_on_hand_made_numbers():
-    base = evaluation({'A': ('en', 2.0), 'B': ('en', 3.0), 'C': ('de', 2.5)}, {'A': 2, 'B': 2, 'C': 2})
-    fast = evaluation({'A': ('en', 1.7), 'B': ('en', 2.7), 'C': ('de', 2.2)}, {'A': 5, 'B': 5, 'C': 5})
-    full = evaluation({'A': ('en', 1.6), 'B': ('en', 2.6), 'C': ('de', 2.1)}, {'A': 6, 'B': 6, 'C': 6})
+    def run(en: float, de: float, right: int) -> dict:   # five English acts a tenth apart, one German act
+        return evaluation({a: ('en', en + i / 10) for i, a in enumerate('ABCDE')} | {'F': ('de', de)},
+                          dict.fromkeys('ABCDEF', right))
+    base, fast, full = run(2.0, 2.5, 2), run(1.7, 2.2, 5), run(1.6, 2.1, 6)
     r = retained(base, fast, full)
     assert r['overall']['share'] == pytest.approx(0.75) and r['overall']['share_ci'] == pytest.approx([0.75, 0.75])
     assert r['by_language']['de']['share'] == pytest.approx(0.75) and r['by_language']['de']['share_ci'] is None
