@@ -242,7 +242,8 @@ def quickstart_main(argv: list[str]) -> int:
           f'  report.md     what each stage made, training and held-out numbers, a generated text, the H100 estimate\n'
           f'  loss.png      train and val loss\n'
           f'  run/          the trained model (run/model), checkpoints (--resume), metrics.jsonl\n'
-          f'  eval/         eval.md and eval.json: the held-out evaluation, its plots\n'
+          f'  eval/         eval.md, eval.json: the held-out evaluation, its plots; against.md: against the baseline\n'
+          f'  baseline/     the same-size transformer the run is held against\n'
           f'  corpus/       shards and tokenizer.json;  split/  train/ and val/;  selection.json  the selection report')
     return 0
 

@@ -582,10 +582,11 @@ def rouge_openings(docs: list[dict], n: int = 20, seed: int = 0) -> list[dict]:
     return [dict(doc=found[j][0], prompt=_tail(found[j][1][0], ROUGE_PROMPT_CHARS), reference=found[j][1][1])
             for j in pick]
 
-def score_rouge(lm: EvalModel, docs: list[dict], openings: list[dict], max_new_tokens: int = 64) -> list[dict]:
+def score_rouge(lm: EvalModel, docs: list[dict], openings: list[dict], max_new_tokens: int = 64,
+                progress: bool = False) -> list[dict]:   # a bar over the openings on stderr
     "Per opening: its act and groups, the greedy continuation (cut to the true text's length) and its ROUGE-L."
     rows = []
-    for o in openings:
+    for o in tqdm(openings, desc='ROUGE-L', unit='opening', disable=not progress, file=sys.stderr):
         d = docs[o['doc']]
         text = generate(lm, prompt=o['prompt'], max_new_tokens=max_new_tokens, temperature=0)[:len(o['reference'])]
         rows.append(dict(celex=d['celex'], lang=d['lang'], doc_type=d['doc_type'], band=d['band'],
@@ -723,9 +724,9 @@ def read_general(source: str | Path) -> list[dict]:
     return docs
 
 def score_general(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384, eos: bool = True,
-                  source: str | None = None) -> dict:
+                  source: str | None = None, progress: bool = False) -> dict:
     "Loss, perplexity and bits per byte of general text, and its rows for the intervals."
-    s = score_documents(lm, docs, batch_tokens, eos)
+    s = score_documents(lm, docs, batch_tokens, eos, progress)
     return dict(source=source, docs=len(docs), units=len({d['celex'] for d in docs}),
                 overall=metrics(sum(s['doc_nll']), sum(s['doc_tokens']), sum(s['doc_bytes']), len(docs)),
                 documents=document_rows(docs, s))
@@ -772,12 +773,13 @@ def evaluate(model,                       # an EvalModel, a model folder (run, H
              citations=cites | dict(marks=citation_marks(docs, items, right)),
              samples=generate_samples(lm, docs, samples, max_new_tokens, seed), documents=document_rows(docs, s))
     if rouge:
-        rows = score_rouge(lm, docs, rouge_openings(docs, rouge, seed), max_new_tokens)
+        rows = score_rouge(lm, docs, rouge_openings(docs, rouge, seed), max_new_tokens, progress)
         r['rouge'] = dict(openings=len(rows), rouge_l=sum(x['rouge_l'] for x in rows) / len(rows) if rows else None,
                           rows=rows)
     if general is not None:
         gdocs = general if isinstance(general, list) else read_general(general)
-        r['general'] = score_general(lm, gdocs, batch_tokens, eos, None if isinstance(general, list) else str(general))
+        r['general'] = score_general(lm, gdocs, batch_tokens, eos, None if isinstance(general, list) else str(general),
+                                     progress)
     return add_intervals(r, bootstrap, seed)
 
 # %% ../nbs/11_evaluate.ipynb #8145960d

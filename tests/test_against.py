@@ -66,6 +66,30 @@ def test_bootstrap_resamples_acts_not_documents():
     assert value == pytest.approx((1.0 * 1000 + 4.0 * 500) / 1500)
 
 
+def test_accuracy_and_rouge_intervals_on_known_answers():
+    "Accuracy and ROUGE-L are ratios of sums over acts too: the same known answers as bits per byte."
+    marks = [dict(celex=a, lang='en', doc_type='regulation', band='2010s', kind='act', start=i, right=int(i < r))
+             for a, r in zip('ABCDE', (1, 1, 1, 1, 6)) for i in range(10)]
+    value, ci = estimate(lambda a: a, [marks], 'accuracy')   # 0.1 + 0.1k, k ~ Binomial(5, 1/5) draws of act E
+    assert value == pytest.approx(0.2) and ci == pytest.approx([0.1, 0.4])
+    openings = [dict(celex=a, rouge_l=float(a == 'E')) for a in 'ABCDE']
+    value, ci = estimate(lambda a: a, [openings], 'rouge_l')
+    assert value == pytest.approx(0.2) and ci == pytest.approx([0.0, 0.6])
+
+
+def test_lm_eval_items_sum_as_lm_eval_aggregates_them():
+    "Per-item rows from lm-eval's samples give back lm-eval's own aggregate: accuracy and bits per byte."
+    from lm_eval.api.metrics import bits_per_byte, mean
+    from legalnb.evaluate import _per_item
+    pairs = [(-120.0, 50), (-30.5, 20), (-410.0, 130)]   # lm-eval's per-document (log-likelihood, bytes)
+    rows_ = [dict(celex=str(i), num=n, den=d) for i, (n, d) in enumerate(_per_item(p, 'bits_per_byte') for p in pairs)]
+    assert estimate(lambda a: a, [rows_], 'ratio', iters=0)[0] == pytest.approx(bits_per_byte(pairs))
+    accs = [1.0, 0.0, 1.0, 1.0]
+    rows_ = [dict(celex=str(i), num=n, den=d) for i, (n, d) in enumerate(_per_item(a, 'acc') for a in accs)]
+    assert estimate(lambda a: a, [rows_], 'ratio', iters=0)[0] == pytest.approx(mean(accs))
+    assert _per_item((1.0, 2.0), 'word_perplexity') is None   # an exponential of a ratio: left out
+
+
 def test_paired_change_and_its_verdict():
     ref = acts(1, 3, 2, 2, 2)
     shift, ci = estimate(lambda a, b: a - b, [acts(0.9, 2.9, 1.9, 1.9, 1.9), ref], 'bits_per_byte')
