@@ -4,7 +4,7 @@
 
 # %% ../nbs/11a_against.ipynb #ac5080d6
 from __future__ import annotations
-import json, math, shutil, sys
+import json
 from pathlib import Path
 from typing import Callable
 
