@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
 # %% ../nbs/10_cli.ipynb #1ee51b6e
 QUICKSTART_PROMPT = 'Article 1\nSubject matter\nThis Regulation lays down'
-QUICKSTART_OUTPUTS = ('sample', 'corpus', 'split', 'run', 'eval', 'compare', '.legalnb-run')  # an earlier quickstart's
+QUICKSTART_OUTPUTS = ('sample', 'corpus', 'split', 'run', 'baseline', 'eval', 'compare', '.legalnb-run')   # earlier
 
 def prepare_workdir(workdir: str | Path) -> Path:
     "Create the quickstart folder, or clear what an earlier quickstart wrote in it."
@@ -103,13 +103,27 @@ def h100_estimate(metrics: Path,            # the run's metrics.jsonl
 # %% ../nbs/10_cli.ipynb #c86194b7
 def _count_lines(path: Path) -> int: return sum(1 for _ in open(path, encoding='utf-8'))
 
+def _interval(ci: list | None) -> str:
+    "' (95% interval 1.201 to 1.268)', or '' without one."
+    return f' (95% interval {ci[0]:.3f} to {ci[1]:.3f})' if ci else ''
+
 def evaluation_lines(r: dict) -> list[str]:
     "Report lines for an evaluation (legalnb.evaluate): bits per byte, citations, loss by position."
     o, c, d = r['overall'], r['citations'], r['data']
-    cites = (f'{c["right"]:,} of {c["items"]:,} citation numbers completed exactly ({c["accuracy"]:.0%})'
+    ci = c.get('accuracy_ci')
+    cites = (f'{c["right"]:,} of {c["items"]:,} citation numbers completed exactly ({c["accuracy"]:.0%}'
+             + (f', 95% interval {ci[0]:.0%} to {ci[1]:.0%})' if ci else ')')
              if c['items'] else 'no citations found in the held-out acts')
+    extra = []
+    if (g := r.get('general')): extra.append(f'{g["overall"]["bits_per_byte"]:.3f} bits per byte on general text'
+                                             f'{_interval(g["overall"].get("bits_per_byte_ci"))}')
+    if (x := r.get('rouge')) and x.get('rouge_l') is not None:
+        extra.append(f'ROUGE-L {x["rouge_l"]:.3f}{_interval(x.get("rouge_l_ci"))} of greedy continuations of '
+                     f'{x["openings"]} openings')
     return [f'On {d["docs"]:,} held-out documents ({d["acts"]:,} acts never trained on): loss {o["loss"]:.3f}, '
-            f'perplexity {o["perplexity"]:.1f}, **{o["bits_per_byte"]:.3f} bits per byte**; {cites}.', '',
+            f'perplexity {o["perplexity"]:.1f}, **{o["bits_per_byte"]:.3f} bits per byte**'
+            f'{_interval(o.get("bits_per_byte_ci"))}; {cites}' + ''.join(f'; {e}' for e in extra) + '. Intervals: '
+            'bootstrap over the held-out acts.', '',
             '![loss by position](eval/loss_by_position.png)', '',
             'Everything else (per language, type and decade; examples; generated continuations) is in `eval/eval.md`.']
 
@@ -131,13 +145,19 @@ def write_report(wd: Path, summary: dict, sample: str, vocab_size: int, stage_s:
             f'{m["vocab_size"]:,} tokens; {held.get("acts", 0)} acts held out |',
             '| split | `split/` | train/ and val/ (the held-out acts) |',
             f'| train | `run/` | {s["steps"]} steps, {s["tokens"]:,} tokens, {s["params"]:,} parameters |',
+            *([f'| baseline | `baseline/` | the same rows and steps for a same-size '
+               f'{read_json(wd/"baseline"/"summary.json")["params"]:,}-parameter transformer |']
+              if (wd/'baseline'/'summary.json').exists() else []),
             f'| evaluate | `eval/` | held-out loss, bits per byte, citations, loss by position |', '',
             f'Data stages {format_duration(stage_s)}, training {format_duration(train_s)}.', '', '## Training', '',
             f'- final train loss {s["loss"]:.3f}; **val loss {s["val_loss"]:.3f}, perplexity {s["val_ppl"]:.1f}** '
             f'(knowing nothing scores ln {vocab_size} = {math.log(vocab_size):.2f}, perplexity {vocab_size})',
             f'- {s["tokens_per_sec"]:,.0f} tokens/s on {s["device"]} ({s["precision"]})'
             + (f', MFU {s["mfu"]:.0%}' if s.get('mfu') else ''), '', '![loss](loss.png)', '']
-    if evaluation: text += ['## On acts it never saw', '', *evaluation_lines(evaluation), '']
+    if evaluation:
+        from legalnb.run import reference_lines
+        text += ['## On acts it never saw', '', *evaluation_lines(evaluation), '',
+                 *reference_lines(wd/'eval', 'a same-size baseline'), '']
     if (wd/'compare'/'compare.md').exists():
         text += ['## Against a transformer', '', 'ResonanceNet and the gpt baseline on the same data order and tokens, '
                  'the best of three learning rates each: `compare/compare.md`.', '',
@@ -165,7 +185,8 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
                dim: int = 64,            # model width (2 blocks, 16 resonances per channel)
                batch_size: int = 16,     # sequences per step
                device: Literal['auto', 'cuda', 'cpu'] = 'auto',  # 'auto': the GPU when there is one
-               compare: bool = False) -> dict:  # then train the gpt baseline too and compare them (a few minutes more)
+               compare: bool = False,    # then train the gpt baseline too and compare them (a few minutes more)
+               baseline: str = 'gpt:num_heads=2') -> dict:  # the same-size model the run is reported against, or none
     "A sample corpus through `legalnb run` (a tiny model trained and evaluated), report.md and loss.png; the summary."
     sizes = dict(docs=docs, vocab_size=vocab_size, seq_len=seq_len, steps=steps, dim=dim, batch_size=batch_size)
     for name, value in sizes.items():
@@ -185,7 +206,8 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
              max(1, steps // 3), '--eval-batches', 8, '--log-every', max(1, steps // 30), '--save-every', steps,
              '--num-workers', 0, '--device', device, '--seed', 0, '--citations', 200, '--samples', 1,
              '--cpu-threads', 1]  # tiny models run 27x faster on 1 thread than on 2 on a busy 2-core CPU
-    top = dict(input=[str(wd/'sample')], out=str(wd), preset='none', model='resonance', size='small')
+    top = dict(input=[str(wd/'sample')], out=str(wd), preset='none', model='resonance', size='small',
+               baseline=None if baseline == 'none' else baseline)
     opts = dict(yes=True, resume=False, max_cost=None, deadline=None, price_per_hour=H100_PRICE, stage_to=None,
                 argv=[], ours=('sample', 'compare', '.legalnb-quickstart'))
     run_plan(None, top, [str(f) for f in flags], opts)
@@ -220,7 +242,8 @@ def quickstart_main(argv: list[str]) -> int:
           f'  report.md     what each stage made, training and held-out numbers, a generated text, the H100 estimate\n'
           f'  loss.png      train and val loss\n'
           f'  run/          the trained model (run/model), checkpoints (--resume), metrics.jsonl\n'
-          f'  eval/         eval.md and eval.json: the held-out evaluation, its plots\n'
+          f'  eval/         eval.md, eval.json: the held-out evaluation, its plots; against.md: against the baseline\n'
+          f'  baseline/     the same-size transformer the run is held against\n'
           f'  corpus/       shards and tokenizer.json;  split/  train/ and val/;  selection.json  the selection report')
     return 0
 

@@ -4,7 +4,7 @@
 
 # %% ../nbs/11_evaluate.ipynb #3d0132df
 from __future__ import annotations
-import json, math, random, re, sys, tempfile
+import functools, json, math, random, re, sys, tempfile
 from bisect import bisect_left
 from collections import defaultdict
 from contextlib import nullcontext
@@ -23,17 +23,21 @@ from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, 
                    refuse_foreign_files, refuse_overwriting_inputs, resolve_precision, run_command)
 
 # %% auto #0
-__all__ = ['FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'REPORT_FILES', 'TASKS', 'EXPORT_FILES',
-           'PROMPT_CHARS', 'heldout_path', 'year_band', 'read_heldout', 'EvalModel', 'load_native', 'model_kind',
-           'native_tokenizer', 'legalnb_remote_code', 'lora_base', 'load_eval_model', 'as_model', 'document_windows',
-           'position_buckets', 'bucket_label', 'document_batches', 'score_documents', 'metrics', 'grouped',
-           'generate_ids', 'TextStream', 'generate', 'extract_citations', 'citation_items', 'score_citations',
-           'LookupModel', 'summarize_citations', 'opening', 'generate_samples', 'evaluate', 'format_table',
-           'report_markdown', 'write_report', 'write_lm_eval_tasks', 'run_harness', 'evaluate_command',
-           'evaluate_parser', 'evaluate_main', 'generate_command', 'generate_main']
+__all__ = ['FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'LEVEL',
+           'BOOTSTRAP', 'MIN_ACTS', 'GROUPS', 'FIGURES', 'GENERAL_BUILTIN', 'REPORT_FILES', 'TASKS', 'EXPORT_FILES',
+           'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'heldout_path', 'year_band', 'read_heldout',
+           'EvalModel', 'load_native', 'model_kind', 'native_tokenizer', 'legalnb_remote_code', 'lora_base',
+           'load_eval_model', 'as_model', 'document_windows', 'position_buckets', 'bucket_label', 'document_batches',
+           'score_documents', 'metrics', 'grouped', 'generate_ids', 'TextStream', 'generate', 'extract_citations',
+           'citation_items', 'score_citations', 'LookupModel', 'summarize_citations', 'opening', 'generate_samples',
+           'rouge_l', 'rouge_openings', 'score_rouge', 'document_rows', 'citation_marks', 'resample_counts',
+           'unit_sums', 'estimate', 'add_intervals', 'general_texts', 'write_general_texts', 'read_general',
+           'score_general', 'evaluate', 'format_table', 'report_markdown', 'write_report', 'write_lm_eval_tasks',
+           'run_harness', 'suite_tasks', 'harness_scores', 'written_by_evaluate', 'clear_other_modes',
+           'evaluate_command', 'evaluate_parser', 'evaluate_main', 'generate_command', 'generate_main']
 
 # %% ../nbs/11_evaluate.ipynb #76359c74
-FORMAT = 'legalnb.eval/1'   # the schema of eval.json: a reader checks it before it trusts the fields
+FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
 
 def heldout_path(data: str | Path) -> Path:
     "The held-out JSONL file: `data` itself, or `heldout.jsonl` in the folder `data`."
@@ -551,7 +555,188 @@ def generate_samples(lm: EvalModel, docs: list[dict], n: int = 3, max_new_tokens
                         reference=reference))
     return out
 
+# %% ../nbs/11_evaluate.ipynb #025ed739
+ROUGE_CHARS = 200          # characters of true text each greedy continuation is held against
+ROUGE_PROMPT_CHARS = 2000  # the opening's last characters are the prompt: the same text for every tokenizer
+
+class _Words:
+    "rouge-score's tokenizer interface: lower-cased Unicode words (its default keeps only a-z and 0-9)."
+    def tokenize(self, text: str) -> list[str]: return re.findall(r'\w+', text.lower())
+
+def rouge_l(reference: str, generated: str) -> float:
+    "ROUGE-L F1 of `generated` against `reference`: the longest common subsequence of their words (rouge-score)."
+    from rouge_score.rouge_scorer import RougeScorer
+    return RougeScorer(['rougeL'], tokenizer=_Words()).score(reference, generated)['rougeL'].fmeasure
+
+def _tail(text: str, chars: int) -> str:
+    "The last `chars` characters of `text`, from the start of a word."
+    if len(text) <= chars: return text
+    cut = text[-chars:]
+    m = re.search(r'\s', cut)
+    return cut[m.end():] if m else cut
+
+def rouge_openings(docs: list[dict], n: int = 20, seed: int = 0) -> list[dict]:
+    "A seeded choice of `n` held-out openings: the prompt (the opening's end) and the true text that follows it."
+    found = [(i, o) for i, d in enumerate(docs) if (o := opening(d['text'], ROUGE_CHARS))]
+    pick = sorted(random.Random(seed).sample(range(len(found)), min(n, len(found))))
+    return [dict(doc=found[j][0], prompt=_tail(found[j][1][0], ROUGE_PROMPT_CHARS), reference=found[j][1][1])
+            for j in pick]
+
+def score_rouge(lm: EvalModel, docs: list[dict], openings: list[dict], max_new_tokens: int = 64,
+                progress: bool = False) -> list[dict]:   # a bar over the openings on stderr
+    "Per opening: its act and groups, the greedy continuation (cut to the true text's length) and its ROUGE-L."
+    rows = []
+    for o in tqdm(openings, desc='ROUGE-L', unit='opening', disable=not progress, file=sys.stderr):
+        d = docs[o['doc']]
+        text = generate(lm, prompt=o['prompt'], max_new_tokens=max_new_tokens, temperature=0)[:len(o['reference'])]
+        rows.append(dict(celex=d['celex'], lang=d['lang'], doc_type=d['doc_type'], band=d['band'],
+                         rouge_l=rouge_l(o['reference'], text), generated=text, reference=o['reference']))
+    return rows
+
+# %% ../nbs/11_evaluate.ipynb #04cd2bd7
+LEVEL = 0.95       # the coverage of every interval
+BOOTSTRAP = 1000   # bootstrap resamples of the held-out acts per interval
+MIN_ACTS = 5       # fewer acts than this: no interval (two acts would give an 'interval' that is just their values)
+GROUPS = {'by_language': 'lang', 'by_doc_type': 'doc_type', 'by_year_band': 'band'}   # report key: document field
+FIGURES = {'bits_per_byte': ('nll', 'bytes', 1 / LN2),   # figure: (numerator field, denominator field, scale);
+           'accuracy': ('right', None, 1.0),             # a denominator of None counts each row once
+           'rouge_l': ('rouge_l', None, 1.0),
+           'ratio': ('num', 'den', 1.0)}                 # any other mean or ratio (lm-eval's per-item metrics)
+
+def document_rows(docs: list[dict], scores: dict) -> list[dict]:
+    "Per document, what the intervals resample: its act (the unit), language, type, decade, NLL (nats), tokens, bytes."
+    return [dict(celex=d['celex'], lang=d['lang'], doc_type=d['doc_type'], band=d['band'], nll=n, tokens=t, bytes=b)
+            for d, n, t, b in zip(docs, scores['doc_nll'], scores['doc_tokens'], scores['doc_bytes'])]
+
+def citation_marks(docs: list[dict], items: list[dict], right: list[bool]) -> list[dict]:
+    "Per citation item: its act, language, type, decade, kind, position and whether greedy decoding got it right."
+    return [dict(celex=docs[it['doc']]['celex'], lang=docs[it['doc']]['lang'], doc_type=docs[it['doc']]['doc_type'],
+                 band=docs[it['doc']]['band'], kind=it['kind'], start=it['start'], right=int(r))
+            for it, r in zip(items, right)]
+
+# %% ../nbs/11_evaluate.ipynb #277e4de6
+def resample_counts(units: int, iters: int = BOOTSTRAP, seed: int = 0) -> np.ndarray:
+    "(iters, units): how often each unit is drawn in each bootstrap resample (`units` draws with replacement)."
+    return np.random.default_rng(seed).multinomial(units, np.full(units, 1 / units), size=iters)
+
+def unit_sums(rows: list[dict], figure: str, units: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    "Per unit (act) of `units`, the sums of the figure's numerator (scaled) and denominator over its rows."
+    num_f, den_f, scale = FIGURES[figure]
+    at, num, den = {u: i for i, u in enumerate(units)}, np.zeros(len(units)), np.zeros(len(units))
+    for r in rows:
+        i = at[r['celex']]; num[i] += r[num_f] * scale; den[i] += r[den_f] if den_f else 1
+    return num, den
+
+def estimate(stat: Callable,               # the figures of the runs -> the number: lambda a: a, lambda a, b: a - b
+             runs: list[list[dict]],       # the rows of each evaluation, on the same acts
+             figure: str,                  # a key of FIGURES: bits_per_byte, accuracy, rouge_l, ratio
+             where: Callable | None = None,  # keep the rows this says yes to (a language, a type, a decade)
+             iters: int = BOOTSTRAP, seed: int = 0, level: float = LEVEL,
+             min_units: int = MIN_ACTS) -> tuple[float | None, list | None]:  # fewer units: no interval
+    "`stat` of each run's figure, and its percentile interval over bootstrap resamples of the acts (the same for all)."
+    runs = [[r for r in rows if where is None or where(r)] for rows in runs]
+    units = sorted({r['celex'] for r in runs[0]})
+    if any(sorted({r['celex'] for r in rows}) != units for rows in runs[1:]):
+        raise LegalnbError('the evaluations cover different acts; score every model on the same held-out documents')
+    sums = [unit_sums(rows, figure, units) for rows in runs]
+    if not units or any(d.sum() == 0 for _, d in sums): return None, None
+    with np.errstate(divide='ignore', invalid='ignore'):
+        point = float(stat(*[n.sum() / d.sum() for n, d in sums]))
+        if len(units) < max(2, min_units) or iters < 1: return (point if math.isfinite(point) else None), None
+        counts = resample_counts(len(units), iters, seed)
+        values = np.asarray(stat(*[(counts @ n) / (counts @ d) for n, d in sums]), dtype=float)
+    values = values[np.isfinite(values)]
+    if not math.isfinite(point) or not len(values): return (point if math.isfinite(point) else None), None
+    lo, hi = np.percentile(values, [50 * (1 - level), 50 * (1 + level)])
+    return point, [float(lo), float(hi)]
+
+# %% ../nbs/11_evaluate.ipynb #9a2d6156
+def add_intervals(r: dict, iters: int = BOOTSTRAP, seed: int = 0, level: float = LEVEL) -> dict:
+    "Put a bootstrap interval over acts beside every bits-per-byte, accuracy and ROUGE-L figure of an evaluation."
+    one = lambda rows, figure, where=None: estimate(lambda a: a, [rows], figure, where, iters, seed, level)[1]
+    docs, c = r['documents'], r['citations']
+    r['overall']['bits_per_byte_ci'] = one(docs, 'bits_per_byte')
+    for key, field in GROUPS.items():
+        for k, m in r[key].items(): m['bits_per_byte_ci'] = one(docs, 'bits_per_byte', lambda x: x[field] == k)
+    c['accuracy_ci'] = one(c['marks'], 'accuracy')
+    for k, m in c['by_kind'].items(): m['accuracy_ci'] = one(c['marks'], 'accuracy', lambda x: x['kind'] == k)
+    if 'rouge' in r: r['rouge']['rouge_l_ci'] = one(r['rouge']['rows'], 'rouge_l')
+    if 'general' in r: r['general']['overall']['bits_per_byte_ci'] = one(r['general']['documents'], 'bits_per_byte')
+    r['settings'].update(bootstrap=iters, level=level, unit='act')
+    return r
+
+# %% ../nbs/11_evaluate.ipynb #6dc59566
+GENERAL_BUILTIN = 'python-docs'   # --general's built-in set: the docstrings of Python's standard library
+_GENERAL_MODULES = ('argparse', 'bisect', 'calendar', 'configparser', 'csv', 'dataclasses', 'difflib', 'enum',
+                    'fractions', 'ftplib', 'functools', 'gettext', 'heapq', 'imaplib', 'ipaddress', 'locale', 'logging',
+                    'mailbox', 'optparse', 'pathlib', 'pickle', 'pprint', 'random', 'shlex', 'shutil', 'smtplib',
+                    'statistics', 'string', 'tarfile', 'tempfile', 'textwrap', 'threading', 'zipfile')
+
+def general_texts(max_chars: int = 3000) -> list[dict]:  # characters per module at most
+    "A general-text set built offline: docstrings of Python standard-library modules (PSF-2.0), one record per module."
+    return [dict(g) for g in _general_texts(max_chars)]
+
+@functools.lru_cache(maxsize=4)
+def _general_texts(max_chars: int) -> tuple[dict, ...]:   # parsed once per process: 33 modules take a second or two
+    import ast, importlib.util, platform
+    out = []
+    for name in _GENERAL_MODULES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not str(spec.origin).endswith('.py'): continue   # compiled in, or absent from this Python
+        text = ''
+        for node in ast.walk(ast.parse(Path(spec.origin).read_bytes())):   # the module, then its classes, functions
+            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)): continue
+            doc = ast.get_docstring(node) or ''
+            if len(doc) < 80 or '>>>' in doc: continue   # one-liners and doctests are not prose
+            if len(text) + len(doc) > max_chars: break
+            text += doc + '\n\n'
+        if text.strip():
+            out.append(dict(id=f'python:{name}', lang='en', text=text.strip(), licence='PSF-2.0',
+                            source=f'docstrings of the {name} module of Python {platform.python_version()}'))
+    return tuple(out)
+
+def write_general_texts(path: str | Path, max_chars: int = 3000) -> Path:
+    "Write the built-in general-text set as JSON lines, the form `--general` reads."
+    with atomic_write(path) as tmp:
+        tmp.write_text(''.join(json.dumps(g, ensure_ascii=False) + '\n' for g in general_texts(max_chars)),
+                       encoding='utf-8')
+    return Path(path)
+
+# %% ../nbs/11_evaluate.ipynb #02cda1a8
+def _general_doc(rec: dict, where: str) -> dict | None:
+    "A general-text record as evaluate's documents are (its unit under celex); None for a blank text."
+    if not isinstance(rec.get('text'), str):
+        raise LegalnbError(f'{where}: no "text" string; expected general text as {{"text": "..."}}, one per line')
+    if not rec['text'].strip(): return None
+    return dict(celex=str(rec.get('id') or where), lang=str(rec.get('lang') or 'unknown').lower(), doc_type='general',
+                band='unknown', text=rec['text'])
+
+def read_general(source: str | Path) -> list[dict]:
+    "General (non-legal) documents: a JSON-lines file of {\"text\": ...}, or 'python-docs' (built in, see above)."
+    if str(source) == GENERAL_BUILTIN and not Path(source).exists():
+        return [_general_doc(g, g['id']) for g in general_texts()]
+    p = Path(source)
+    if not p.is_file():
+        raise LegalnbError(f'--general {p}: no such file; expected general (non-legal) text, one {{"text": "..."}} '
+                           f'per line, or {GENERAL_BUILTIN} (built in: Python\'s docstrings)')
+    docs = [d for n, _, _, rec in jsonl_records(p) if (d := _general_doc(rec, f'{p}, line {n}'))]
+    if not docs: raise LegalnbError(f'{p}: no general text; expected one {{"text": "..."}} per line')
+    return docs
+
+def score_general(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384, eos: bool = True,
+                  source: str | None = None, progress: bool = False) -> dict:
+    "Loss, perplexity and bits per byte of general text, and its rows for the intervals."
+    s = score_documents(lm, docs, batch_tokens, eos, progress)
+    return dict(source=source, docs=len(docs), units=len({d['celex'] for d in docs}),
+                overall=metrics(sum(s['doc_nll']), sum(s['doc_tokens']), sum(s['doc_bytes']), len(docs)),
+                documents=document_rows(docs, s))
+
 # %% ../nbs/11_evaluate.ipynb #5ec3bb3b
+def _tokenizer_id(lm: EvalModel) -> str:
+    "A short fingerprint of the tokenizer: two models with the same one are scored on the same windows."
+    import hashlib
+    return hashlib.sha256(lm.tokenizer.to_str().encode('utf-8')).hexdigest()[:16]
+
 def evaluate(model,                       # an EvalModel, a model folder (run, Hugging Face, finetune), or an nn.Module
              data,                        # held-out JSONL (or a folder holding heldout.jsonl), or a list of documents
              tokenizer=None,              # tokenizer.json or folder (default: found beside the model or its data)
@@ -559,48 +744,79 @@ def evaluate(model,                       # an EvalModel, a model folder (run, H
              citations: int = 500,        # citation items at most (a seeded sample of the references)
              samples: int = 3,            # generated continuations of held-out openings
              max_new_tokens: int = 64,    # tokens per continuation
-             seed: int = 0,               # seeds the citation sample, the openings and the sampling
+             seed: int = 0,               # seeds the citation sample, the openings, the sampling and the bootstrap
              eos: bool = True,            # score the end-of-document token after each text
              progress: bool = False,      # progress bar in tokens on stderr
+             rouge: int = 20,             # held-out openings continued greedily for ROUGE-L (0: none)
+             general=None,                # general text for forgetting: JSONL, 'python-docs', or a list of documents
+             bootstrap: int = BOOTSTRAP,  # bootstrap resamples of the acts per interval (0: no intervals)
              **load) -> dict:             # load_eval_model's options for a folder (base, context, device, precision)
     "Loss, perplexity and bits per byte (overall, per language, type and decade), loss by position, citations, samples."
     docs = data if isinstance(data, list) else read_heldout(data)
     lm = as_model(model, tokenizer, **load)
     s = score_documents(lm, docs, batch_tokens, eos, progress)
     items = citation_items(docs, citations, seed)
-    cites = summarize_citations(lm, docs, items, score_citations(lm, docs, items, batch_tokens))
-    return dict(format=FORMAT,
-                model=dict(name=lm.name, kind=lm.kind, context=lm.context, precision=lm.precision,
-                           params=sum(p.numel() for p in lm.module.parameters())),
-                data=dict(source=None if isinstance(data, list) else str(data), docs=len(docs),
-                          acts=len({d['celex'] for d in docs})),
-                settings=dict(windows=f'rolling, {lm.context} tokens', eos=eos, seed=seed, citations=citations,
-                              samples=samples, max_new_tokens=max_new_tokens),
-                overall=metrics(sum(s['doc_nll']), sum(s['doc_tokens']), sum(s['doc_bytes']), len(docs)),
-                by_language=grouped(docs, s, 'lang'), by_doc_type=grouped(docs, s, 'doc_type'),
-                by_year_band=grouped(docs, s, 'band'),
-                by_position=[dict(bucket=b['bucket'], lo=b['lo'], hi=b['hi'], tokens=b['tokens'],
-                                  loss=b['nll'] / b['tokens'] if b['tokens'] else None) for b in s['buckets']],
-                citations=cites, samples=generate_samples(lm, docs, samples, max_new_tokens, seed))
+    right = score_citations(lm, docs, items, batch_tokens)
+    cites = summarize_citations(lm, docs, items, right)
+    r = dict(format=FORMAT,
+             model=dict(name=lm.name, kind=lm.kind, context=lm.context, precision=lm.precision,
+                        params=sum(p.numel() for p in lm.module.parameters()), tokenizer=_tokenizer_id(lm)),
+             data=dict(source=None if isinstance(data, list) else str(data), docs=len(docs),
+                       acts=len({d['celex'] for d in docs})),
+             settings=dict(windows=f'rolling, {lm.context} tokens', eos=eos, seed=seed, citations=citations,
+                           samples=samples, max_new_tokens=max_new_tokens, rouge=rouge),
+             overall=metrics(sum(s['doc_nll']), sum(s['doc_tokens']), sum(s['doc_bytes']), len(docs)),
+             by_language=grouped(docs, s, 'lang'), by_doc_type=grouped(docs, s, 'doc_type'),
+             by_year_band=grouped(docs, s, 'band'),
+             by_position=[dict(bucket=b['bucket'], lo=b['lo'], hi=b['hi'], tokens=b['tokens'],
+                               loss=b['nll'] / b['tokens'] if b['tokens'] else None) for b in s['buckets']],
+             citations=cites | dict(marks=citation_marks(docs, items, right)),
+             samples=generate_samples(lm, docs, samples, max_new_tokens, seed), documents=document_rows(docs, s))
+    if rouge:
+        rows = score_rouge(lm, docs, rouge_openings(docs, rouge, seed), max_new_tokens, progress)
+        r['rouge'] = dict(openings=len(rows), rouge_l=sum(x['rouge_l'] for x in rows) / len(rows) if rows else None,
+                          rows=rows)
+    if general is not None:
+        gdocs = general if isinstance(general, list) else read_general(general)
+        r['general'] = score_general(lm, gdocs, batch_tokens, eos, None if isinstance(general, list) else str(general),
+                                     progress)
+    return add_intervals(r, bootstrap, seed)
 
 # %% ../nbs/11_evaluate.ipynb #8145960d
+def _ci(ci: list | None, digits: int = 3) -> str:
+    "An interval as '[1.201, 1.268]'; '-' when there is none (a single act)."
+    return f'[{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]' if ci else '-'
+
 def _cells(m: dict) -> str:
-    return f'{m["docs"]:>6,} {m["tokens"]:>12,} {m["loss"]:>7.3f} {m["perplexity"]:>10.2f} {m["bits_per_byte"]:>9.3f}'
+    return (f'{m["docs"]:>6,} {m["tokens"]:>12,} {m["loss"]:>7.3f} {m["perplexity"]:>10.2f} {m["bits_per_byte"]:>9.3f} '
+            f'{_ci(m.get("bits_per_byte_ci")):>16}')
 
 def _pct(c: dict) -> str:
-    return f'{c["right"]:,}/{c["items"]:,} exact ({c["accuracy"]:.1%})' if c['items'] else 'no items'
+    if not c['items']: return 'no items'
+    ci = c.get('accuracy_ci')
+    return f'{c["right"]:,}/{c["items"]:,} exact ({c["accuracy"]:.1%}' + (
+        f', 95% interval {ci[0]:.1%} to {ci[1]:.1%})' if ci else ')')
 
 def format_table(r: dict) -> str:
     "The evaluation as a fixed-width table: overall, per language, type and decade, by position, citations."
-    lines = [f'{"":<20} {"docs":>6} {"tokens":>12} {"loss":>7} {"perplexity":>10} {"bits/byte":>9}',
+    head = f'{"":<20} {"docs":>6} {"tokens":>12} {"loss":>7} {"perplexity":>10} {"bits/byte":>9}'
+    lines = [f'{head} {"95% interval":>16}',
              f'{"overall":<20} {_cells(r["overall"])}']
     for title, key in (('lang', 'by_language'), ('type', 'by_doc_type'), ('years', 'by_year_band')):
         lines += [f'{title + " " + k:<20} {_cells(m)}' for k, m in r[key].items()]
+    if 'general' in r: lines.append(f'{"general text":<20} {_cells(r["general"]["overall"])}')
     lines += ['', f'{"loss by position":<20} {"":>6} {"tokens":>12} {"loss":>7}']
     lines += [f'{b["bucket"]:<20} {"":>6} {b["tokens"]:>12,} '
               + (f'{"-":>7}' if b['loss'] is None else f'{b["loss"]:>7.3f}') for b in r['by_position']]
     c = r['citations']
     lines += ['', f'citations: {_pct(c)}' + ''.join(f'; {k} {_pct(v)}' for k, v in c['by_kind'].items())]
+    if r.get('rouge', {}).get('rouge_l') is not None:
+        g = r['rouge']
+        lines.append(f'ROUGE-L of greedy continuations of {g["openings"]} openings: {g["rouge_l"]:.3f} '
+                     f'{_ci(g.get("rouge_l_ci"))}')
+    for task, ms in r.get('suites', {}).items():
+        lines += [f'lm-eval {task} {k}: {m["value"]:.4f} {_ci(m["value_ci"], 4)} over {m["items"]:,} items'
+                  for k, m in ms.items()]
     return '\n'.join(lines)
 
 # %% ../nbs/11_evaluate.ipynb #5fc86694
@@ -614,15 +830,19 @@ def _figures(r: dict) -> dict:
     ax.set_ylabel('loss (nats/token)'); ax.set_title('Loss by position'); ax.grid(alpha=0.3); f1.tight_layout()
     langs = r['by_language']
     f2 = Figure(figsize=(6, 3.2)); ax = f2.add_subplot()
-    ax.bar(list(langs), [m['bits_per_byte'] for m in langs.values()])
-    ax.set_ylabel('bits per byte'); ax.set_title('Bits per byte by language'); ax.grid(axis='y', alpha=0.3)
-    f2.tight_layout()
+    values = [m['bits_per_byte'] for m in langs.values()]
+    cis = [m.get('bits_per_byte_ci') or [v, v] for m, v in zip(langs.values(), values)]
+    below, above = [max(0, v - c[0]) for v, c in zip(values, cis)], [max(0, c[1] - v) for v, c in zip(values, cis)]
+    ax.bar(list(langs), values, yerr=[below, above], capsize=3)
+    ax.set_ylabel('bits per byte'); ax.set_title('Bits per byte by language (95% interval over acts)')
+    ax.grid(axis='y', alpha=0.3); f2.tight_layout()
     return {'loss_by_position.png': f1, 'bpb_by_language.png': f2}
 
 def _md_table(rows: dict, first: str) -> list[str]:
-    out = [f'| {first} | docs | tokens | loss | perplexity | bits/byte |', '|---|---:|---:|---:|---:|---:|']
+    out = [f'| {first} | docs | tokens | loss | perplexity | bits/byte | 95% interval |',
+           '|---|---:|---:|---:|---:|---:|---:|']
     return out + [f'| {k} | {m["docs"]:,} | {m["tokens"]:,} | {m["loss"]:.3f} | {m["perplexity"]:.2f} | '
-                  f'{m["bits_per_byte"]:.3f} |' for k, m in rows.items()]
+                  f'{m["bits_per_byte"]:.3f} | {_ci(m.get("bits_per_byte_ci"))} |' for k, m in rows.items()]
 
 def _quote(text: str) -> str: return '`' + ' '.join(text.split()).replace('`', "'") + '`'
 
@@ -649,19 +869,34 @@ def report_markdown(r: dict) -> str:
         md += [f'### {s["celex"]} ({s["lang"]})', '', '```text', s['prompt'][-200:].lstrip(), '```', '',
                'Generated:', '', '```text', s['generated'], '```', '',
                'Reference:', '', '```text', s['reference'], '```', '']
+    if r.get('rouge', {}).get('rouge_l') is not None:
+        g = r['rouge']
+        md += ['## ROUGE-L', '', f'Greedy continuations of {g["openings"]:,} held-out openings against the true text: '
+               f'ROUGE-L {g["rouge_l"]:.3f}, 95% interval {_ci(g.get("rouge_l_ci"))}.', '']
+    if 'general' in r:
+        g = r['general']
+        md += ['## General text', '', f'{g["docs"]:,} documents of general (non-legal) text from '
+               f'{g["source"] or "memory"}; its change against a reference is forgetting.', '',
+               *_md_table({'general text': g['overall']}, ''), '']
     if 'harness' in r:
         md += ['## lm-evaluation-harness', '', '| task | metric | value |', '|---|---|---:|']
         md += [f'| {t} | {k} | {v:.4f} |' for t, res in r['harness'].items() for k, v in res.items()] + ['']
+    if 'suites' in r:
+        md += ['## Public suites (lm-eval)', '', '| task | metric | value | 95% interval | items |',
+               '|---|---|---:|---:|---:|']
+        md += [f'| {t} | {k} | {m["value"]:.4f} | {_ci(m["value_ci"], 4)} | {m["items"]:,} |'
+               for t, ms in r['suites'].items() for k, m in ms.items()] + ['']
     return '\n'.join(md)
 
 def _json_text(r: dict) -> str: return json.dumps(r, indent=1, ensure_ascii=False)
 
 REPORT_FILES = ('eval.json', 'eval.md', 'loss_by_position.png', 'bpb_by_language.png')
 
-def write_report(r: dict, out: str | Path) -> list[Path]:
+def write_report(r: dict, out: str | Path,
+                 ours: Callable[[Path], bool] | None = None) -> list[Path]:  # other files `out` may hold (--against's)
     "Write eval.json, eval.md and its plots into the folder `out` (each atomically); refuse a folder with other files."
     out = Path(out)
-    refuse_foreign_files(out, lambda p: str(p) in REPORT_FILES, '--out')
+    refuse_foreign_files(out, lambda p: str(p) in REPORT_FILES or bool(ours and ours(p)), '--out')
     with atomic_write(out/'eval.json') as tmp: tmp.write_text(_json_text(r) + '\n', encoding='utf-8')
     for name, fig in _figures(r).items():
         with atomic_write(out/name) as tmp: fig.savefig(tmp, format='png', dpi=100, metadata={'Software': None})
@@ -725,7 +960,76 @@ def run_harness(model,                        # an EvalModel of a Hugging Face m
                           bootstrap_iters=0, log_samples=False)['results']
     return {t: {k.split(',')[0]: float(v) for k, v in res[t].items() if ',' in k and 'stderr' not in k} for t in names}
 
+# %% ../nbs/11_evaluate.ipynb #c98a3292
+def suite_tasks(tasks: list[str]) -> tuple[list[str], list[str]]:
+    "lm-eval task names and folders to include, from --lm-eval-tasks: registered names, task YAML files or folders."
+    names, folders = [], []
+    for t in tasks:
+        p = Path(t)
+        if p.suffix in ('.yaml', '.yml') and not p.is_file():
+            raise LegalnbError(f'--lm-eval-tasks {t}: no such file; expected a task name, a task YAML file or a folder')
+        ymls = sorted(p.glob('*.y*ml')) if p.is_dir() else [p] if p.is_file() else []
+        found = [m[1] for y in ymls if (m := re.search(r'^task:\s*([\w.-]+)', y.read_text(encoding='utf-8'), re.M))]
+        if (p.is_dir() or p.is_file()) and not found:
+            raise LegalnbError(f'--lm-eval-tasks {t}: no `task:` name in {", ".join(map(str, ymls)) or "the folder"}; '
+                               'expected lm-eval task YAML files')
+        if found: folders.append(str((p if p.is_dir() else p.parent).resolve())); names += found
+        else: names.append(t)   # a task (or group) lm-eval ships: belebele_deu_Latn, legalbench_proa
+    return names, folders
+
+def _per_item(value, metric: str) -> tuple[float, float] | None:
+    "An lm-eval per-item metric as (numerator, denominator): a number counts once; bits_per_byte is (ll, bytes)."
+    if isinstance(value, (int, float)): return float(value), 1.0
+    if metric == 'bits_per_byte' and isinstance(value, (list, tuple)) and len(value) == 2:
+        return -float(value[0]) / LN2, float(value[1])
+    return None   # perplexities are exponentials of ratios: their bits per byte says the same
+
+def harness_scores(lm: EvalModel, tasks: list[str], batch_size: int = 8, iters: int = BOOTSTRAP, seed: int = 0,
+                   task_manager=None) -> dict:  # a TaskManager to reuse (it indexes every task lm-eval ships)
+    "Every task's metrics from lm-eval on a Hugging Face model, with intervals over its items and the per-item rows."
+    if lm.hf_tokenizer is None:
+        raise LegalnbError(f'--lm-eval-tasks scores Hugging Face models and finetune outputs; {lm.name} is a '
+                           f'{lm.kind} model')
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+    names, folders = suite_tasks(tasks)
+    hflm = HFLM(pretrained=lm.module, tokenizer=lm.hf_tokenizer, batch_size=batch_size, max_length=lm.context)
+    manager = task_manager or TaskManager(include_path=folders or None)
+    res = simple_evaluate(model=hflm, tasks=names, task_manager=manager, bootstrap_iters=0, log_samples=True)
+    out = {}
+    for task, items in res['samples'].items():
+        better = res.get('higher_is_better', {}).get(task, {})
+        for s in items:
+            for metric in s['metrics']:
+                if (nd := _per_item(s[metric], metric)) is None: continue
+                key = metric if s.get('filter', 'none') == 'none' else f'{metric},{s["filter"]}'
+                m = out.setdefault(task, {}).setdefault(key, dict(higher_is_better=better.get(metric), rows=[]))
+                m['rows'].append(dict(celex=f'item {s["doc_id"]}', num=nd[0], den=nd[1]))
+    for task in out:   # the suite's items are its units: a public suite has no acts
+        for key, m in out[task].items():
+            m['value'], m['value_ci'] = estimate(lambda a: a, [m['rows']], 'ratio', iters=iters, seed=seed)
+            reported = res['results'].get(task, {}).get(key if ',' in key else f'{key},none')
+            m.update(items=len(m['rows']), lm_eval=reported)   # lm-eval's own aggregate, beside ours
+    return out
+
 # %% ../nbs/11_evaluate.ipynb #c2ef600c
+AGAINST_FILES = ('against.json', 'against.md', 'against.png')     # --against writes these beside eval.json
+RETAINED_FILES = ('retained.json', 'retained.md', 'retained.png')  # --retained writes these
+RUN_DIRS = ('reference', 'base', 'fast', 'full')   # ... and each other model's own eval.json, eval.md in one of these
+
+def written_by_evaluate(p: Path) -> bool:
+    "Is this path (relative to --out) one that `legalnb evaluate` writes, in any of its modes?"
+    if len(p.parts) == 1: return p.name in (*REPORT_FILES, *AGAINST_FILES, *RETAINED_FILES)
+    return len(p.parts) == 2 and p.parts[0] in RUN_DIRS and p.name in REPORT_FILES
+
+def clear_other_modes(out: Path, keep: Callable[[Path], bool]):
+    "Delete what an earlier evaluate of another mode wrote into `out` (a stale comparison must not be read as new)."
+    for p in sorted(out.rglob('*'), reverse=True) if out.is_dir() else ():
+        rel = p.relative_to(out)
+        if p.is_file() and written_by_evaluate(rel) and not keep(rel): p.unlink()
+        elif p.is_dir() and rel.name in RUN_DIRS and not any(p.iterdir()): p.rmdir()
+
 def evaluate_command(model: str,                  # run folder (legalnb train --out), HF model folder or finetune output
                      data: str = None,            # held-out documents: a JSONL file, or a folder holding heldout.jsonl
                      out: str = 'eval',           # folder for eval.json, eval.md and the plots
@@ -736,20 +1040,33 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
                      citations: int = 500,        # citation items at most (a seeded sample of the references)
                      samples: int = 3,            # generated continuations of held-out openings
                      max_new_tokens: int = 64,    # tokens per continuation
-                     seed: int = 0,               # seeds the citation sample, the openings and the sampling
+                     seed: int = 0,               # seeds the citation sample, the openings, the sampling, the bootstrap
                      eos: bool = True,            # score the end-of-document token (--no-eos: as lm-eval does)
                      device: Literal['auto', 'cuda', 'cpu'] = 'auto',  # 'auto': the GPU when there is one
                      precision: Literal['auto', 'bf16', 'fp16', 'fp32'] = 'auto',  # 'auto': bf16 where the GPU has it
                      json: bool = False,          # print eval.json to stdout instead of the table
                      export_lm_eval: str = None,  # also write the held-out set as lm-eval tasks into this folder
                      harness: bool = False,       # also score the model with lm-evaluation-harness on those tasks
-                     progress: bool = True):      # progress bar in tokens on stderr
+                     progress: bool = True,       # progress bar in tokens on stderr
+                     rouge: int = 20,             # held-out openings continued greedily for ROUGE-L (0: none)
+                     general: str = None,         # general (non-legal) text for forgetting: JSONL file, or python-docs
+                     bootstrap: int = BOOTSTRAP,  # bootstrap resamples of the held-out acts per interval (0: none)
+                     against: str = None,         # also score this reference and report the change (bare: the base)
+                     retained: list[str] = None,  # BASE FAST FULL: the share of the full run's gain the fast run kept
+                     lm_eval_tasks: list[str] = None,  # lm-eval suites too: task names, task YAML files or folders
+                     price_per_hour: float = 2.50):    # dollars per GPU-hour, for the cost of each --retained run
     "Score a model on held-out acts: loss, perplexity, bits per byte, loss by position, citations, samples."
+    opts = dict(locals())
     if data is None: raise LegalnbError('--data is required: the held-out documents (heldout.jsonl, or its folder)')
     for flag, value, least in (('--batch-tokens', batch_tokens, 1), ('--max-new-tokens', max_new_tokens, 1),
-                               ('--samples', samples, 0), ('--citations', citations, 0)):
+                               ('--samples', samples, 0), ('--citations', citations, 0), ('--rouge', rouge, 0),
+                               ('--bootstrap', bootstrap, 0)):
         if value < least: raise LegalnbError(f'{flag} must be at least {least}, got {value}')
+    if against is not None or retained:   # two or three models: legalnb.against
+        from legalnb.against import against_command
+        return against_command(**opts)
     docs = read_heldout(data)
+    gdocs = read_general(general) if general and general != 'none' else None
     if export_lm_eval:
         refuse_overwriting_inputs([data] + ([model] if model else []), [export_lm_eval], '--export-lm-eval')
         written = write_lm_eval_tasks(docs, export_lm_eval, citations, seed)
@@ -759,33 +1076,42 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
         if export_lm_eval: return 0
         raise LegalnbError('MODEL is required: a run folder (legalnb train --out), a Hugging Face model folder '
                            'or a finetune output')
-    if harness and model_kind(model)[0] == 'native':
-        raise LegalnbError(f'--harness scores Hugging Face models and finetune outputs; {model} is a native run')
+    if lm_eval_tasks: suite_tasks(lm_eval_tasks)   # a missing task file fails before the model loads
+    if (harness or lm_eval_tasks) and model_kind(model)[0] == 'native':
+        raise LegalnbError(f'--harness and --lm-eval-tasks score Hugging Face models and finetune outputs; {model} is '
+                           'a native run')
     model_kind(model)
     refuse_overwriting_inputs([model, data], [out])
-    refuse_foreign_files(out, lambda p: str(p) in REPORT_FILES, '--out')
+    refuse_foreign_files(out, written_by_evaluate, '--out')
     lm = load_eval_model(model, tokenizer, base, context, device, precision)
     r = evaluate(lm, docs, batch_tokens=batch_tokens, citations=citations, samples=samples,
-                 max_new_tokens=max_new_tokens, seed=seed, eos=eos, progress=progress)
+                 max_new_tokens=max_new_tokens, seed=seed, eos=eos, progress=progress, rouge=rouge, general=gdocs,
+                 bootstrap=bootstrap)
     r['data']['source'] = str(data)
+    if gdocs: r['general']['source'] = str(general)
     if harness:
         with tempfile.TemporaryDirectory() as tmp:
             r['harness'] = run_harness(lm, export_lm_eval or write_lm_eval_tasks(docs, tmp, citations, seed)[0].parent)
-    files = write_report(r, out)
+    if lm_eval_tasks:
+        r['suites'] = harness_scores(lm, lm_eval_tasks, iters=bootstrap, seed=seed)
+    files = write_report(r, out, written_by_evaluate)
+    clear_other_modes(Path(out), lambda p: str(p) in REPORT_FILES)
     if json: print(_json_text(r))
     else: print(format_table(r) + f'\n\nwrote {", ".join(str(p) for p in files)}')
     return 0
 
 
 def evaluate_parser():
-    "`legalnb evaluate`'s parser: MODEL may be left out with --export-lm-eval alone."
+    "`legalnb evaluate`'s parser: MODEL may be left out (--export-lm-eval, --retained); a bare --against is the base."
     p = command_parser(evaluate_command, 'legalnb evaluate')
-    action = next(a for a in p._actions if a.dest == 'model')
-    action.nargs, action.default = '?', None
+    acts = {a.dest: a for a in p._actions}
+    acts['model'].nargs, acts['model'].default = '?', None
+    acts['against'].nargs, acts['against'].const, acts['against'].metavar = '?', 'base', 'REFERENCE'
+    acts['retained'].nargs, acts['retained'].metavar = 3, ('BASE', 'FAST', 'FULL')
     return p
 
 def evaluate_main(argv: list[str]) -> int:
-    "`legalnb evaluate RUN_OR_MODEL --data HELDOUT [--json] [--out DIR]`."
+    "`legalnb evaluate RUN_OR_MODEL --data HELDOUT [--against [REF]] [--json] [--out DIR]`."
     return evaluate_command(**vars(evaluate_parser().parse_args(list(map(str, argv))))) or 0
 
 # %% ../nbs/11_evaluate.ipynb #b5c60226

@@ -827,6 +827,7 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
                    preset=f'{p.task}/{p.name}', qlora=qlora,
                    qlora_bits=qlora_bits if qlora else None, attention=attention, batch_schedule=batch_schedule,
                    batch_lr_rule=batch_lr_rule if sched else None)
+    summary.update(base=str(Path(model).resolve()), device='cuda' if torch.cuda.is_available() else 'cpu')  # --against
     per_row, rows, fixed = 1.0, None, p.steps
     one_pass = lambda rows: steps_holding(math.ceil(rows / (p.micro_batch * world)), sched)   # scheduled steps
     if task == 'lora' and not packing: overrides.setdefault('train_sampling_strategy', 'group_by_length')

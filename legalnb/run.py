@@ -13,14 +13,14 @@ from .core import LegalnbError, atomic_write, command_parser, format_duration, r
 __all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'PLAN_TEMPLATE', 'WORK_NAMES', 'write_plan', 'stage_flags', 'read_plan',
            'cli_overrides', 'Stage', 'build_stages', 'check_plan', 'fingerprint', 'read_record', 'write_record',
            'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines', 'training_estimate', 'confirm', 'stage_split',
-           'run_plan', 'write_report', 'run_command', 'run_parser', 'run_main']
+           'run_plan', 'reference_lines', 'write_report', 'run_command', 'run_parser', 'run_main']
 
 # %% ../nbs/14_run.ipynb #79e39887
 STAGES = ('parse', 'select', 'build-corpus', 'split', 'train', 'evaluate')  # 'train' is 'finetune' for an HF model
 OUTPUTS = {'parse': 'parsed.jsonl', 'select': 'selected.jsonl', 'build-corpus': 'corpus/manifest.json',
            'split': 'split/split.json', 'train': 'run/summary.json', 'finetune': 'run/finetune.json',
            'evaluate': 'eval/eval.json'}   # the file that says a stage finished: its checksum is the next one's input
-TOP = ('input', 'out', 'preset', 'model', 'size')   # plan keys outside the stage sections
+TOP = ('input', 'out', 'preset', 'model', 'size', 'baseline')   # plan keys outside the stage sections
 RECORDS = '.legalnb-run'                             # the per-stage records, inside the work folder
 
 PLAN_TEMPLATE = '''\
@@ -32,6 +32,8 @@ out: {out}               # work folder: every stage's output, the stage records 
 preset: {preset}            # fast, full, aggressive (legalnb.presets, shown with its provenance), or none
 model: {model}        # a native model (resonance, gpt) or a Hugging Face model folder (then finetune)
 size: {size}             # native: small, medium, large, xlarge
+# baseline: gpt          # native: also train this model at the same size on the same data (baseline/), and report
+#                        # the run against it (gpt:num_heads=2 sets a shape field); an HF model: against its base
 
 parse: {{}}                # flags of `legalnb parse`: strict, notes, num_proc
 select:
@@ -46,6 +48,7 @@ train: {{}}                # flags of `legalnb train`: max_steps, dim, num_layer
 finetune: {{}}             # flags of `legalnb finetune` (a Hugging Face model): max_steps, lr, force_single ...
 evaluate:
   citations: 500
+  general: python-docs   # general text, for forgetting (built in; or your JSONL). against: the base, or baseline/
 # stage2:                # two-stage training: a second run, from the first one's weights, on the best documents only
 #   select: {{top: 10000}}  # flags of `legalnb select` for the subset: the 10k best by score (or target_tokens: 200M)
 #   train: {{lr: 1.0e-4, batch_size: 8, max_steps: 500}}   # a native model's own train flags (init_optimizer: true
@@ -71,7 +74,7 @@ def _command(stage: str):
         from legalnb.corpus import build_corpus_command as f
     elif stage == 'split':
         from legalnb.data import split_command as f
-    elif stage == 'train':
+    elif stage in ('train', 'baseline'):
         from legalnb.train import train_parser; return train_parser()
     elif stage == 'finetune':
         from legalnb.hf import finetune_parser; return finetune_parser()
@@ -221,11 +224,38 @@ def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None)
         stages.append(Stage('train', ['--data', str(data), '--out', str(work/'run'), *_argv('train', t, '')],
                             [work/'split'/'split.json'], work/OUTPUTS['train']))
     if plan.get('stage2') is not None: stages += _second_stage(plan['stage2'], t, b, work, stage_to, hf)
-    final = stages[-1]
-    e = sec['evaluate'] | {'data': str(work/'corpus'/'heldout.jsonl'), 'progress': False}
+    final, against = stages[-1], {'against': model} if hf else {}   # a Hugging Face model: against its base
+    if top.get('baseline'):
+        if hf: raise LegalnbError(f'baseline {top["baseline"]}: a Hugging Face model is reported against its base '
+                                  f'({model}); drop baseline')
+        stages.append(_baseline_stage(top['baseline'], next(s for s in stages if s.name == 'train'), t, data, work))
+        against = {'against': str(stages[-1].output.parent)}
+    e = {'general': 'python-docs', **against} | sec['evaluate'] | {'data': str(work/'corpus'/'heldout.jsonl'),
+                                                                   'progress': False}
     stages.append(Stage('evaluate', [str(final.output.parent), '--out', str(work/'eval'), *_argv('evaluate', e, '')],
-                        [final.output], work/OUTPUTS['evaluate']))
+                        [final.output, *([stages[-1].output] if top.get('baseline') else [])],
+                        work/OUTPUTS['evaluate']))
     return stages, top | {'sections': sec}
+
+_SAME_SCHEDULE = ('lr', 'max_steps', 'epochs', 'batch_size', 'grad_accum', 'batch_tokens', 'batch_schedule',
+                  'warmup_steps', 'seq_warmup_steps', 'seq_warmup_start', 'precision', 'seed')
+
+def _baseline_stage(spec: str, train: Stage, t: dict, data: Path, work: Path) -> Stage:
+    "baseline: model NAME[:FIELD=VALUE,...] at the same size, on the same split with the run's steps, batch, schedule."
+    from legalnb.models import MODELS, get_model
+    from legalnb.train import SHAPE_FLAGS, config_from_args
+    from dataclasses import fields
+    name, _, shape = str(spec).partition(':')   # gpt:num_heads=2 sets what the run's shape flags leave open
+    if name not in MODELS: raise LegalnbError(f'baseline {spec!r}: {name!r} is not a registered model; choose from '
+                                              f'{", ".join(MODELS)} (optionally NAME:FIELD=VALUE,...)')
+    try: cfg = config_from_args(train.argv)   # the run as resolved (preset, flags): its schedule is the baseline's
+    except LegalnbError as e: raise LegalnbError(f'train: {e}') from None
+    has = {f.name for f in fields(get_model(name).config_class)}
+    flags = {k: v for k, v in t.items() if k != 'model_overrides' and (k not in SHAPE_FLAGS or k in has)}
+    flags |= {k: getattr(cfg, k) for k in _SAME_SCHEDULE} | {'model': name}
+    if shape: flags['model_overrides'] = [kv.strip() for kv in shape.split(',') if kv.strip()]
+    return Stage('baseline', ['--data', str(data), '--out', str(work/'baseline'), *_argv('train', flags, 'baseline.')],
+                 [work/'split'/'split.json'], work/'baseline'/'summary.json')
 
 def _second_stage(s2: dict, first: dict, b: dict, work: Path, stage_to: str | None, hf: bool) -> list[Stage]:
     "select-2 (the best documents), build-corpus-2, then split-2 and train-2 (native) or finetune-2 (Hugging Face)."
@@ -556,10 +586,10 @@ def _train(s: Stage, work: Path, top: dict, info: dict, opts: dict, resuming: bo
     argv = [*s.argv, *(['--resume'] if resuming else ['--overwrite'] if s.output.parent.exists() else [])]
     cfg = config_from_args(argv)
     why = 'no preset: the trainer\'s defaults and the train flags' if top['preset'] == 'none' else get_preset(
-        'scratch', top['preset'], top['size'], model=top['model']).why
+        'scratch', top['preset'], top['size'], model=cfg.model).why
     e = training_estimate(cfg, man['seq_len'], man['vocab_size'], opts['price_per_hour'])
     print('\n'.join(machine_lines(work)))
-    print(f"preset {top['preset']} (scratch, {top['model']} {top['size']}): {why}")
+    print(f"preset {top['preset']} (scratch, {cfg.model} {top['size']}): {why}")
     print(cfg.describe(max(1, _gpus()), man['seq_len']))
     print('estimate:\n' + '\n'.join('  ' + l for l in e.table().splitlines()))
     if e.cost is not None and opts['max_cost'] is not None and e.cost > opts['max_cost']:
@@ -612,7 +642,7 @@ def _stopped_message(summary: dict, opts: dict) -> str:
 WORK_NAMES = {  # what legalnb run writes in its work folder (a second stage's too)
               'parsed.jsonl', 'parse_report.json', 'selected.jsonl', 'selection.json', 'corpus', 'split', 'run', 'eval',
               'report.md', 'loss.png', RECORDS,
-              'selected-2.jsonl', 'selection-2.json', 'corpus-2', 'split-2', 'run-2'}
+              'selected-2.jsonl', 'selection-2.json', 'corpus-2', 'split-2', 'run-2', 'baseline'}
 
 def _ours(rel: Path) -> bool:
     "Did legalnb run (or one of its stages: temporary files, a corpus rebuild) write this file of the work folder?"
@@ -635,7 +665,7 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
     info = check_plan(stages, top)
     work, names = top['out'], [s.name for s in stages]
     refuse_foreign_files(work, lambda rel: _ours(rel) or rel.parts[0] in opts.get('ours', ()), '--out')
-    trainers = [i for i, n in enumerate(names) if n in ('train', 'train-2', 'finetune', 'finetune-2')]
+    trainers = [i for i, n in enumerate(names) if n in ('train', 'train-2', 'finetune', 'finetune-2', 'baseline')]
     reasons = [why_stale(s, read_record(work, s.name)) for s in stages]
     t = next((i for i in trainers if reasons[i]), trainers[-1])   # the training to run (or resume) first
     first = next((i for i, r in enumerate(reasons) if r), len(stages))
@@ -661,12 +691,13 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
         print(f'\n[{i + 1}/{len(stages)}] {s.name}' + (' (resuming)' if resuming and i >= t else ''), flush=True)
         t0 = time.perf_counter()
         if s.name in ('split', 'split-2'): shutil.rmtree(s.output.parent, ignore_errors=True)   # a new folder
-        if s.name in ('train', 'train-2'):
+        if s.name in ('train', 'train-2', 'baseline'):
             split_dir = Path(_value(s.argv, '--data'))
             if opts['stage_to']: stage_split(work/split_dir.name, split_dir)
             from legalnb.train import list_checkpoints
-            summary = _train(s, work, top, info, opts, resuming and bool(list_checkpoints(s.output.parent)))
-            if summary.get('stopped'): return dict(stopped=summary, stages=stages, work=work)
+            got = _train(s, work, top, info, opts, resuming and bool(list_checkpoints(s.output.parent)))
+            if got.get('stopped'): return dict(stopped=got, stages=stages, work=work)
+            if s.name != 'baseline': summary = got
         elif s.name in ('finetune', 'finetune-2'):
             _before_finetune(s, top, opts)
             out, data = Path(_value(s.argv, '--out')), Path(_value(s.argv, '--data'))   # run/, corpus/ (or -2)
@@ -684,6 +715,16 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
 
 # %% ../nbs/14_run.ipynb #ec4d9824
 def _lines(path: Path) -> int: return sum(1 for _ in open(path, encoding='utf-8'))
+
+def reference_lines(folder: Path, what: str) -> list[str]:
+    "The report's comparison section: the change against the reference (eval/against.json), or how to get one."
+    from legalnb.against import against_lines
+    if not (folder/'against.json').exists():
+        return ['## Against a reference', '', 'Nothing to hold the numbers above against: a native run is compared '
+                'with a same-size baseline (`baseline: gpt` in the plan, or `--baseline gpt`) or another run '
+                '(`evaluate: {against: RUN}`).']
+    c = read_json(folder/'against.json', 'a comparison (legalnb evaluate --against)')
+    return [f'## Against {what}', '', *against_lines(c, folder.name)]
 
 def write_report(work: Path, stages: list[Stage], top: dict) -> Path:
     "Write report.md in the work folder: what each stage made and took, estimate against measurement, evaluation."
@@ -712,6 +753,10 @@ def write_report(work: Path, stages: list[Stage], top: dict) -> Path:
     if (work/'run-2'/'finetune.json').exists():
         f2 = read_json(work/'run-2'/'finetune.json')
         made['finetune-2'] = ('`run-2/`', f'{f2["steps"]:,} steps from the weights of run/final')
+    if (work/'baseline'/'summary.json').exists():
+        sb = read_json(work/'baseline'/'summary.json', 'a run summary')
+        made['baseline'] = ('`baseline/`', f'{sb["steps"]:,} steps, {sb["tokens"]:,} tokens, {sb["params"]:,} '
+                            'parameters: the same-size baseline')
     r = read_json(work/'eval'/'eval.json', 'an evaluation') if (work/'eval'/'eval.json').exists() else None
     if r: made['evaluate'] = ('`eval/`', f'loss {r["overall"]["loss"]:.3f}, '
                               f'{r["overall"]["bits_per_byte"]:.3f} bits per byte')
@@ -727,6 +772,8 @@ def write_report(work: Path, stages: list[Stage], top: dict) -> Path:
                      f'(estimate error {(est - s["elapsed_s"]) / s["elapsed_s"]:+.0%})' if est else
                      'no time (no GPU: the calculator times GPUs)'), '', '![loss](loss.png)']
     if r: text += ['', '## On acts it never saw', '', *evaluation_lines(r)]
+    if r: text += ['', *reference_lines(work/'eval', 'a same-size baseline' if (work/'baseline').exists() else
+                                        'its base' if top['hf'] else 'a reference')]
     with atomic_write(work/'report.md') as tmp: tmp.write_text('\n'.join(text) + '\n', encoding='utf-8')
     if s:
         from legalnb.widgets import plot_metrics
@@ -740,6 +787,7 @@ def run_command(plan: str = None,            # the plan (YAML): `legalnb run --w
                 preset: str = None,          # fast, full, aggressive or none (default: the plan's, else fast)
                 model: str = None,           # resonance, gpt, or a Hugging Face model folder (then finetune)
                 size: str = None,            # the native model's size: small, medium, large, xlarge
+                baseline: str = None,        # native: also train this model (gpt) at the same size; report against it
                 write_plan: bool = False,    # print a commented plan to start from, and run nothing
                 yes: bool = False,           # start training without asking (required when stdin is not a terminal)
                 resume: bool = False,        # continue a training the budget guard stopped (or a crash interrupted)
@@ -771,7 +819,7 @@ def run_main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     opts = dict(yes=a.yes, resume=a.resume, max_cost=a.max_cost, price_per_hour=a.price_per_hour,
                 deadline=parse_deadline(a.deadline) if a.deadline else None, stage_to=a.stage_to, argv=argv)
-    top = dict(input=a.input, out=a.out, preset=a.preset, model=a.model, size=a.size)
+    top = dict(input=a.input, out=a.out, preset=a.preset, model=a.model, size=a.size, baseline=a.baseline)
     done = run_plan(plan, top, rest, opts)
     if 'stopped' in done:
         print(_stopped_message(done['stopped'], opts)); return 3

@@ -24,7 +24,7 @@ from legalnb.sources import parse_documents, read_formex, write_sample
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMEX = ROOT.parent/'shared'/'fixtures'/'formex'
-FAST = ['--citations', '30', '--samples', '1', '--max-new-tokens', '8', '--no-progress']
+FAST = ['--citations', '30', '--samples', '1', '--max-new-tokens', '8', '--rouge', '3', '--no-progress']
 
 
 # ---------------------------------------------------------------- fixtures: documents, models, runs
@@ -246,10 +246,10 @@ def test_streaming_waits_for_whole_characters(tiny):
 
 def test_evaluate_hf_model_and_its_lora_adapter(hf, corpus, tmp_path):
     small = corpus['dir']/'small.jsonl'
-    base = evaluate(hf/'tiny', small, citations=20, samples=1, max_new_tokens=8)
+    base = evaluate(hf/'tiny', small, citations=20, samples=1, max_new_tokens=8, rouge=2)
     assert base['model']['kind'] == 'hf' and base['model']['context'] == 2048
-    lora = evaluate(hf/'ft', small, citations=20, samples=1, max_new_tokens=8)   # finetune output: final/ inside
-    merged = evaluate(hf/'merged', small, citations=20, samples=1, max_new_tokens=8)
+    lora = evaluate(hf/'ft', small, citations=20, samples=1, max_new_tokens=8, rouge=2)   # a finetune output
+    merged = evaluate(hf/'merged', small, citations=20, samples=1, max_new_tokens=8, rouge=2)
     assert lora['model']['kind'] == 'lora'
     assert lora['overall']['tokens'] == base['overall']['tokens']
     assert lora['overall']['bits_per_byte'] != pytest.approx(base['overall']['bits_per_byte'], rel=1e-4)
@@ -267,7 +267,7 @@ def test_lm_eval_tasks_load_and_score_a_tiny_llama(hf, corpus, tmp_path, monkeyp
                                        'legalnb_citations.yaml'}
     lm = load_eval_model(hf/'tiny')
     h = run_harness(lm, tmp_path/'tasks', batch_size=4)
-    ours = evaluate(lm, docs, eos=False, citations=0, samples=0)['overall']
+    ours = evaluate(lm, docs, eos=False, citations=0, samples=0, rouge=0)['overall']
     # the same windows, prefix token and bytes: lm-eval's bits per byte is ours without the EOS
     assert h['legalnb_heldout']['bits_per_byte'] == pytest.approx(ours['bits_per_byte'], rel=1e-5)
     assert 0 <= h['legalnb_citations']['acc'] <= 1
@@ -277,7 +277,7 @@ def test_evaluate_harness_flag(hf, corpus, tmp_path, monkeypatch):
     monkeypatch.setenv('HF_DATASETS_CACHE', str(tmp_path/'datasets-cache'))
     run_cli(evaluate_main, [hf/'tiny', '--data', corpus['dir']/'small.jsonl', '--out', tmp_path/'eval', '--harness',
                             '--no-eos', '--export-lm-eval', tmp_path/'tasks', '--citations', 5, '--samples', 0,
-                            '--no-progress'])
+                            '--rouge', 0, '--no-progress'])
     r = json.loads((tmp_path/'eval'/'eval.json').read_text(encoding='utf-8'))
     assert r['harness']['legalnb_heldout']['bits_per_byte'] == pytest.approx(r['overall']['bits_per_byte'], rel=1e-5)
     assert (tmp_path/'tasks'/'legalnb_heldout.yaml').is_file()

@@ -17,13 +17,15 @@ def restore_threads():
 FAST_STEPS = get_preset('scratch', 'fast', 'small', model='resonance').steps   # what the report's H100 estimate plans
 TINY = ['--docs', '40', '--steps', '12', '--vocab-size', '300', '--seq-len', '32', '--device', 'cpu']
 
+def summary_bpb(path) -> float: return json.loads(path.read_text())['overall']['bits_per_byte']
+
 def test_quickstart_end_to_end(tmp_path, capsys):
     wd = tmp_path/'qs'
     assert main(['quickstart', '--workdir', str(wd), *TINY]) == 0
     out = capsys.readouterr().out
-    assert '[sample]' in out and all(f'[{i}/6]' in out for i in range(1, 7)) and f'everything is in {wd}/' in out
+    assert '[sample]' in out and all(f'[{i}/7]' in out for i in range(1, 8)) and f'everything is in {wd}/' in out
     assert '[report]' in out and sorted(p.stem for p in (wd/'.legalnb-run').glob('*.json')) == sorted(
-        ['parse', 'select', 'build-corpus', 'split', 'train', 'evaluate']), 'the stages of legalnb run'
+        ['parse', 'select', 'build-corpus', 'split', 'train', 'baseline', 'evaluate']), 'the stages of legalnb run'
     summary = json.loads((wd/'run'/'summary.json').read_text())
     assert math.isfinite(summary['val_loss']) and summary['val_loss'] < math.log(300), summary['val_loss']
     assert summary['steps'] == 12 and summary['device'] == 'cpu'
@@ -35,8 +37,17 @@ def test_quickstart_end_to_end(tmp_path, capsys):
     assert (wd/'loss.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     report = (wd/'report.md').read_text()
     for part in ('## What each stage made', f"val loss {summary['val_loss']:.3f}", '![loss](loss.png)',
-                 '## A generated continuation', 'H100 SXM', f'steps        {FAST_STEPS:,}', '## Where everything is'):
+                 '## A generated continuation', 'H100 SXM', f'steps        {FAST_STEPS:,}', '## Where everything is',
+                 '## Against a same-size baseline', 'bits per byte: overall', 'bits per byte: general text',
+                 '![the change against the reference](eval/against.png)', '| baseline | `baseline/` |'):
         assert part in report, part
+    # the baseline: a transformer of the run's width and depth, on the same rows for the same steps
+    base = json.loads((wd/'baseline'/'summary.json').read_text())
+    assert (base['steps'], base['tokens']) == (summary['steps'], summary['tokens'])
+    c = json.loads((wd/'eval'/'against.json').read_text())
+    assert c['reference']['name'].endswith('baseline') and c['windows'].startswith('the same windows')
+    assert c['overall']['bits_per_byte']['change'] == pytest.approx(
+        summary_bpb(wd/'eval'/'eval.json') - summary_bpb(wd/'eval'/'reference'/'eval.json'))
     assert (wd/'run'/'model'/'model.safetensors').exists() and (wd/'corpus'/'tokenizer.json').exists()
     # the same workdir again: the earlier outputs are replaced, not an error
     assert main(['quickstart', '--workdir', str(wd), *TINY, '--steps', '3']) == 0

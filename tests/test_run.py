@@ -15,7 +15,7 @@ TINY = ['--target-tokens', '1M', '--seq-len', '32', '--train-tokenizer', '300', 
         '--dim', '16', '--num-layers', '1', '--num-frequencies', '4', '--batch-size', '4', '--batch-tokens', '128',
         '--seq-warmup-steps', '0', '--max-steps', '20', '--eval-every', '10', '--eval-batches', '2', '--log-every', '5',
         '--save-every', '10', '--num-workers', '0', '--cpu-threads', '1', '--device', 'cpu', '--citations', '20',
-        '--samples', '1', '--no-progress', '--yes']
+        '--samples', '1', '--rouge', '2', '--no-progress', '--yes']
 
 @pytest.fixture(autouse=True)
 def restore_threads():
@@ -227,7 +227,7 @@ def test_a_hugging_face_model_finetunes_through_the_same_stages(sample, tmp_path
     argv = ['run', '--input', str(sample), '--out', str(tmp_path/'work'), '--model', str(model), '--target-tokens', '1M',
             '--seq-len', '32', '--shards', '2', '--val-docs', '0.1', '--force-single', '--max-steps', '2',
             '--batch-size', '2', '--grad-accum', '1', '--workers', '0', '--citations', '10', '--samples', '1',
-            '--device', 'cpu', '--yes']
+            '--rouge', '2', '--device', 'cpu', '--yes']
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert '[5/6] finetune' in out and 'preset fast (cpt, llama)' in out
@@ -241,7 +241,8 @@ def test_a_hugging_face_run_stops_under_the_budget_guard_and_resumes_from_its_st
     argv = ['run', '--input', str(sample), '--out', str(work), '--model', str(model), '--target-tokens', '1M',
             '--seq-len', '32', '--shards', '2', '--val-docs', '0.1', '--force-single', '--max-steps', '4',
             '--logging-steps', '1', '--batch-size', '2', '--grad-accum', '1', '--workers', '0', '--citations', '10',
-            '--samples', '1', '--device', 'cpu', '--yes', '--stage-to', str(local), '--price-per-hour', '3.6e6']
+            '--samples', '1', '--rouge', '2', '--device', 'cpu', '--yes', '--stage-to', str(local),
+            '--price-per-hour', '3.6e6']
     assert main([*argv, '--max-cost', '1']) == 3   # $1,000 per GPU-second: the second log's forecast passes $1
     out = capsys.readouterr().out
     assert 'every checksum verified' in out and 'passes --max-cost $1.00' in out, out
@@ -334,7 +335,7 @@ def test_a_hugging_face_second_stage_finetunes_run_final_on_the_top_documents(sa
         'stage2': {'select': {'top': 10}, 'finetune': {'max_steps': steps, 'logging_steps': 1, 'lr': 1e-4}}}))
     argv = ['run', str(plan), '--target-tokens', '1M', '--seq-len', '32', '--shards', '2', '--val-docs', '0.1',
             '--force-single', '--max-steps', '2', '--batch-size', '2', '--grad-accum', '1', '--workers', '0',
-            '--citations', '10', '--samples', '1', '--device', 'cpu', '--stage-to', str(local)]
+            '--citations', '10', '--samples', '1', '--rouge', '2', '--device', 'cpu', '--stage-to', str(local)]
     write(2)
     rc, out = _on_a_terminal(argv, 'y', tmp_path)
     assert rc == 0 and out.count('[y/N]') == 1 and '[8/9] finetune-2' in out, out

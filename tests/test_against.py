@@ -1,0 +1,368 @@
+"""What a run bought against its reference, end to end: a LoRA continued-pretraining run of a tiny Llama through
+`legalnb run` reporting base against trained with intervals and forgetting; `legalnb evaluate --retained` on three
+runs; a public-suite-style lm-eval task read from a local file, compared with --against offline; bad inputs as one
+LegalnbError line that leaves nothing behind; and the arithmetic of every new number on cases with known answers."""
+import os
+for _k in ('HF_DATASETS_OFFLINE', 'HF_HUB_OFFLINE', 'TRANSFORMERS_OFFLINE'): os.environ.setdefault(_k, '1')
+
+import io, json, math, random
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+import torch
+
+from legalnb.against import compare_evaluations, retained, run_facts, verdict, NO_DIFFERENCE
+from legalnb.cli import main
+from legalnb.core import LegalnbError
+from legalnb.corpus import train_tokenizer
+from legalnb.evaluate import (AGAINST_FILES, LN2, REPORT_FILES, RETAINED_FILES, EvalModel, estimate, evaluate,
+                              evaluate_main, general_texts, read_general, read_heldout, write_general_texts)
+from legalnb.resonance import ResonanceLanguageModel
+from legalnb.sources import parse_documents, write_sample
+
+QUICK = ['--citations', '20', '--samples', '0', '--rouge', '2', '--max-new-tokens', '8', '--no-progress']
+
+
+@pytest.fixture(autouse=True)
+def restore_threads():
+    "train(cpu_threads=1) sets torch's threads for the process: give the next test back what it had."
+    n = torch.get_num_threads(); yield; torch.set_num_threads(n)
+
+
+def run_cli(argv) -> str:
+    "stdout of `legalnb ARGV`, which must succeed."
+    out = io.StringIO()
+    with redirect_stdout(out): assert main([str(a) for a in argv]) == 0
+    return out.getvalue()
+
+
+# ---------------------------------------------------------------- the arithmetic, on hand-made cases
+
+def rows(act: str, bpb: float, lang: str = 'en', docs: int = 3, nbytes: int = 500) -> list[dict]:
+    "`docs` documents of one act at exactly `bpb` bits per byte."
+    return [dict(celex=act, lang=lang, doc_type='regulation', band='2010s', nll=bpb * nbytes * LN2, tokens=100,
+                 bytes=nbytes) for _ in range(docs)]
+
+
+def acts(*bpbs: float, lang: str = 'en', docs: int = 3) -> list[dict]:
+    "One act per figure (A, B, ...), each of `docs` documents at exactly that many bits per byte."
+    return [r for i, b in enumerate(bpbs) for r in rows('ABCDEFGH'[i], b, lang, docs)]
+
+
+def test_bootstrap_resamples_acts_not_documents():
+    "Five acts, one hard: a resample's figure is 1 + k (k ~ Binomial(5, 1/5) draws of it), so the interval is [1, 4]."
+    five = acts(1, 1, 1, 1, 6, docs=12)
+    value, ci = estimate(lambda a: a, [five], 'bits_per_byte')
+    assert value == pytest.approx(2.0) and ci == pytest.approx([1.0, 4.0])
+    lo, hi = estimate(lambda a: a, [[dict(r, celex=str(i)) for i, r in enumerate(five)]], 'bits_per_byte')[1]
+    assert 1.3 < lo < 1.8 and 2.2 < hi < 2.8   # the 60 documents as units: an interval too narrow for a new act
+    # six acts, one at 11: 1 + 10k/6 with k ~ Binomial(6, 1/6); P(k <= 2) = 94% < 97.5% <= P(k <= 3) = 99%
+    value, ci = estimate(lambda a: a, [acts(1, 1, 1, 1, 1, 11)], 'bits_per_byte', iters=4000)
+    assert value == pytest.approx(8 / 3) and ci == pytest.approx([1.0, 6.0])
+    assert estimate(lambda a: a, [acts(1, 2, 3, 4)], 'bits_per_byte')[1] is None   # fewer than 5 acts: no interval
+    # bytes weigh: an act of twice the bytes counts twice in the ratio of sums
+    value, _ = estimate(lambda a: a, [rows('A', 1.0, nbytes=1000) + rows('B', 4.0, nbytes=500)], 'bits_per_byte')
+    assert value == pytest.approx((1.0 * 1000 + 4.0 * 500) / 1500)
+
+
+def test_accuracy_and_rouge_intervals_on_known_answers():
+    "Accuracy and ROUGE-L are ratios of sums over acts too: the same known answers as bits per byte."
+    marks = [dict(celex=a, lang='en', doc_type='regulation', band='2010s', kind='act', start=i, right=int(i < r))
+             for a, r in zip('ABCDE', (1, 1, 1, 1, 6)) for i in range(10)]
+    value, ci = estimate(lambda a: a, [marks], 'accuracy')   # 0.1 + 0.1k, k ~ Binomial(5, 1/5) draws of act E
+    assert value == pytest.approx(0.2) and ci == pytest.approx([0.1, 0.4])
+    openings = [dict(celex=a, rouge_l=float(a == 'E')) for a in 'ABCDE']
+    value, ci = estimate(lambda a: a, [openings], 'rouge_l')
+    assert value == pytest.approx(0.2) and ci == pytest.approx([0.0, 0.6])
+
+
+def test_lm_eval_items_sum_as_lm_eval_aggregates_them():
+    "Per-item rows from lm-eval's samples give back lm-eval's own aggregate: accuracy and bits per byte."
+    from lm_eval.api.metrics import bits_per_byte, mean
+    from legalnb.evaluate import _per_item
+    pairs = [(-120.0, 50), (-30.5, 20), (-410.0, 130)]   # lm-eval's per-document (log-likelihood, bytes)
+    rows_ = [dict(celex=str(i), num=n, den=d) for i, (n, d) in enumerate(_per_item(p, 'bits_per_byte') for p in pairs)]
+    assert estimate(lambda a: a, [rows_], 'ratio', iters=0)[0] == pytest.approx(bits_per_byte(pairs))
+    accs = [1.0, 0.0, 1.0, 1.0]
+    rows_ = [dict(celex=str(i), num=n, den=d) for i, (n, d) in enumerate(_per_item(a, 'acc') for a in accs)]
+    assert estimate(lambda a: a, [rows_], 'ratio', iters=0)[0] == pytest.approx(mean(accs))
+    assert _per_item((1.0, 2.0), 'word_perplexity') is None   # an exponential of a ratio: left out
+
+
+def test_paired_change_and_its_verdict():
+    ref = acts(1, 3, 2, 2, 2)
+    shift, ci = estimate(lambda a, b: a - b, [acts(0.9, 2.9, 1.9, 1.9, 1.9), ref], 'bits_per_byte')
+    assert shift == pytest.approx(-0.1) and ci == pytest.approx([-0.1, -0.1]) and verdict(shift, ci) == 'better'
+    d, ci = estimate(lambda a, b: a - b, [acts(0.5, 3.5, 2, 2, 2), ref], 'bits_per_byte')
+    assert d == pytest.approx(0) and ci[0] < 0 < ci[1] and verdict(d, ci) == NO_DIFFERENCE
+    assert verdict(0.1, [0.05, 0.2], lower_is_better=True) == 'worse'
+    assert verdict(0.1, [0.05, 0.2], lower_is_better=False) == 'better'
+    assert verdict(-0.1, [-0.2, 0.0]) == NO_DIFFERENCE   # 0 on the edge is inside
+
+
+def evaluation(bpb: dict[str, tuple[str, float]], right: dict[str, int], general: float | None = None) -> dict:
+    "An eval.json-shaped dict with the rows a comparison reads: acts {celex: (lang, bits per byte)}, right per act."
+    marks = [dict(celex=a, lang=l, doc_type='regulation', band='2010s', kind='act', start=i, right=int(i < right[a]))
+             for a, (l, _) in bpb.items() for i in range(10)]
+    e = dict(format='legalnb.eval/2', model=dict(name='m', kind='hf', context=64, tokenizer='t', params=1),
+             data=dict(docs=3, acts=3), by_language={l: {} for l, _ in bpb.values()}, by_doc_type={'regulation': {}},
+             by_year_band={'2010s': {}}, documents=[r for a, (l, b) in bpb.items() for r in rows(a, b, l)],
+             citations=dict(marks=marks))
+    if general is not None:
+        e['general'] = dict(source='g', documents=[r for i in range(6) for r in rows(f'g{i}', general + i / 10)])
+    return e
+
+
+def test_compare_evaluations_reports_groups_citations_and_forgetting():
+    en = 'ABCDE'
+    base = evaluation({a: ('en', 2.0 + i / 10) for i, a in enumerate(en)} | {'F': ('de', 2.5)},
+                      dict.fromkeys(en, 1) | {'F': 1}, general=1.0)
+    tuned = evaluation({a: ('en', 1.5 + i / 10) for i, a in enumerate(en)} | {'F': ('de', 2.4)},
+                       dict.fromkeys(en, 5) | {'F': 3}, general=1.2)
+    c = compare_evaluations(tuned, base)
+    assert c['overall']['bits_per_byte']['change'] == pytest.approx((5 * -0.5 - 0.1) / 6)
+    assert c['by_language']['en']['bits_per_byte']['change_ci'] == pytest.approx([-0.5, -0.5])
+    assert c['by_language']['de']['bits_per_byte']['verdict'] == 'no interval (fewer than 5 acts)'
+    assert c['overall']['accuracy']['change'] == pytest.approx((5 * 4 + 2) / 60) and \
+        c['overall']['accuracy']['verdict'] == 'better'
+    assert c['forgetting']['change'] == pytest.approx(0.2) and c['forgetting']['change_ci'] == pytest.approx([0.2, 0.2])
+    assert c['forgetting']['verdict'] == 'worse'   # bits per byte on general text went up: forgot
+
+
+def test_retained_share_on_hand_made_numbers():
+    def run(en: float, de: float, right: int) -> dict:   # five English acts a tenth apart, one German act
+        return evaluation({a: ('en', en + i / 10) for i, a in enumerate('ABCDE')} | {'F': ('de', de)},
+                          dict.fromkeys('ABCDEF', right))
+    base, fast, full = run(2.0, 2.5, 2), run(1.7, 2.2, 5), run(1.6, 2.1, 6)
+    r = retained(base, fast, full)
+    assert r['overall']['share'] == pytest.approx(0.75) and r['overall']['share_ci'] == pytest.approx([0.75, 0.75])
+    assert r['by_language']['de']['share'] == pytest.approx(0.75) and r['by_language']['de']['share_ci'] is None
+    assert r['citations']['share'] == pytest.approx((0.2 - 0.5) / (0.2 - 0.6))
+    assert retained(base, fast, base)['overall']['share'] is None
+
+
+def test_run_facts_time_and_cost(tmp_path):
+    (tmp_path/'gpu').mkdir(); (tmp_path/'cpu').mkdir(); (tmp_path/'base').mkdir()
+    (tmp_path/'gpu'/'summary.json').write_text(json.dumps(dict(elapsed_s=7200, device='cuda:0', world_size=2)))
+    (tmp_path/'cpu'/'finetune.json').write_text(json.dumps(dict(seconds=90, device='cpu', world_size=1)))
+    assert run_facts(tmp_path/'gpu', 2.5)['cost'] == pytest.approx(2 * 2 * 2.5)   # 2 h x 2 GPUs x $2.50
+    assert run_facts(tmp_path/'cpu')['cost'] is None and run_facts(tmp_path/'cpu')['seconds'] == 90
+    assert run_facts(tmp_path/'base') == dict(seconds=None, device=None, gpus=None, cost=None, trained=False)
+
+
+def test_the_built_in_general_text():
+    g = general_texts()
+    assert len(g) >= 25 and all(r['licence'] == 'PSF-2.0' and 'Python' in r['source'] for r in g)
+    assert g == general_texts() and len({r['id'] for r in g}) == len(g)
+    assert all(len(r['text']) <= 600 for r in general_texts(600))
+    docs = read_general('python-docs')
+    assert [d['celex'] for d in docs] == [r['id'] for r in g] and {d['lang'] for d in docs} == {'en'}
+
+
+# ---------------------------------------------------------------- tiny native runs: --against, --retained, bad input
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+    "Held-out acts of the sample and three tiny native runs trained 0, 15 and 60 steps, saved as run folders."
+    d = tmp_path_factory.mktemp('against')
+    write_sample(d/'sample', docs=40, seed=3)
+    parse_documents([d/'sample'], d/'parsed.jsonl', progress=False)
+    recs = [json.loads(l) for l in (d/'parsed.jsonl').read_text(encoding='utf-8').splitlines()]
+    held = set(random.Random(0).sample(sorted({r['celex'] for r in recs}), 5))
+    (d/'heldout.jsonl').write_text(''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in recs
+                                           if r['celex'] in held), encoding='utf-8')
+    texts = [r['text'] for r in recs if r['celex'] not in held]
+    tok = train_tokenizer(texts, 400)
+    ids = torch.tensor([i for t in texts for i in tok.encode(t).ids + [0]])
+    for steps in (0, 15, 60):
+        torch.manual_seed(0)
+        m = ResonanceLanguageModel.from_kwargs(vocab_size=400, dim=32, num_layers=1, num_frequencies=4, max_seq_len=96)
+        opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+        for _ in range(steps):
+            x = torch.stack([ids[s:s + 97] for s in torch.randint(0, len(ids) - 97, (16,))])
+            _, loss = m(x[:, :-1], x[:, 1:]); opt.zero_grad(); loss.backward(); opt.step()
+        m.save(d/f'run{steps}'/'model'); tok.save(str(d/f'run{steps}'/'model'/'tokenizer.json'))
+    # what `legalnb train` records of a run: the 60-step one as if it had trained 2 h on 2 GPUs, to check the cost
+    (d/'run15'/'summary.json').write_text(json.dumps(dict(elapsed_s=30, device='cpu', world_size=1)))
+    (d/'run60'/'summary.json').write_text(json.dumps(dict(elapsed_s=7200, device='cuda', world_size=2)))
+    write_general_texts(d/'general.jsonl', max_chars=400)
+    return d
+
+
+def test_against_from_the_command_line(runs, tmp_path):
+    out = tmp_path/'cmp'
+    text = run_cli(['evaluate', runs/'run60', '--against', runs/'run0', '--data', runs/'heldout.jsonl', '--general',
+                    runs/'general.jsonl', '--out', out, *QUICK])
+    assert sorted(p.name for p in out.iterdir()) == sorted([*AGAINST_FILES, *REPORT_FILES, 'reference'])
+    c = json.loads((out/'against.json').read_text())
+    mine, ref = (json.loads(p.read_text()) for p in (out/'eval.json', out/'reference'/'eval.json'))
+    o = c['overall']['bits_per_byte']
+    assert o['change'] == pytest.approx(mine['overall']['bits_per_byte'] - ref['overall']['bits_per_byte'])
+    assert o['model_ci'] == mine['overall']['bits_per_byte_ci'] and o['verdict'] == 'better' and o['change_ci'][1] < 0
+    assert c['windows'].startswith('the same windows') and c['reference_is_base'] is False
+    assert 'general text' in c['forgetting']['source'] or c['forgetting']['source'].endswith('general.jsonl')
+    assert 'bits per byte: overall' in text and 'bits per byte: general text ' in text and 'forgetting' not in text
+    # the plain evaluate into the same folder replaces the comparison: no stale against.json is left to be read
+    run_cli(['evaluate', runs/'run60', '--data', runs/'heldout.jsonl', '--out', out, *QUICK])
+    assert sorted(p.name for p in out.iterdir()) == sorted(REPORT_FILES)
+
+
+def test_retained_prints_the_share_for_three_runs(runs, tmp_path):
+    out = tmp_path/'kept'
+    text = run_cli(['evaluate', '--retained', runs/'run0', runs/'run15', runs/'run60', '--data', runs/'heldout.jsonl',
+                    '--out', out, '--price-per-hour', '2.5', *QUICK])
+    assert sorted(p.name for p in out.iterdir()) == sorted([*RETAINED_FILES, 'base', 'fast', 'full'])
+    r = json.loads((out/'retained.json').read_text())
+    b, f, F = (json.loads((out/k/'eval.json').read_text())['overall']['bits_per_byte'] for k in ('base', 'fast', 'full'))
+    assert r['overall']['share'] == pytest.approx((b - f) / (b - F)) and 0 < r['overall']['share'] < 1.2
+    for lang, s in r['by_language'].items():
+        assert s['share'] == pytest.approx((s['base'] - s['fast']) / (s['base'] - s['full']))
+    assert r['facts']['full']['cost'] == pytest.approx(10.0) and r['facts']['fast']['cost'] is None
+    assert '$10.00 (2 GPU)' in text and 'not trained here' in text and 'fast kept [95% interval]' in text
+
+
+def bad_cases(runs: Path, tmp: Path):
+    (tmp/'notext.jsonl').write_text('{"title": "x"}\n')
+    (tmp/'foreign').mkdir(exist_ok=True); (tmp/'foreign'/'mine.txt').write_text('mine')
+    (tmp/'lora').mkdir(exist_ok=True)
+    (tmp/'lora'/'adapter_config.json').write_text('{"base_model_name_or_path": "meta-llama/Llama-3-8B"}')
+    data = runs/'heldout.jsonl'
+    return [
+        (['evaluate', runs/'run60', '--against', '--data', data], 'trained from scratch has no base; pass --against'),
+        (['evaluate', tmp/'lora', '--against', '--data', data], 'is not a local model folder; pass --base'),
+        (['evaluate', runs/'run60', '--against', tmp/'nowhere', '--data', data], 'nowhere: no such folder'),
+        (['evaluate', runs/'run60', '--against', runs/'run0', '--data', data, '--general', tmp/'none.jsonl'],
+         'none.jsonl: no such file'),
+        (['evaluate', runs/'run60', '--against', runs/'run0', '--data', data, '--general', tmp/'notext.jsonl'],
+         'line 1: no "text" string'),
+        (['evaluate', runs/'run60', '--against', runs/'run0', '--data', data, '--harness'], 'with --against use'),
+        (['evaluate', runs/'run60', '--against', runs/'run0', '--data', data, '--out', tmp/'foreign'],
+         'holds files legalnb did not write'),
+        (['evaluate', runs/'run60', '--against', runs/'run0', '--data', data, '--lm-eval-tasks', 'belebele_deu_Latn'],
+         'Hugging Face models and finetune outputs'),
+        (['evaluate', runs/'run60', '--data', data, '--lm-eval-tasks', tmp/'missing.yaml'], 'no such file'),
+        (['evaluate', '--retained', runs/'run0', runs/'run60', '--data', data], 'expected 3 argument'),
+        (['evaluate', runs/'run60', '--retained', runs/'run0', runs/'run15', runs/'run60', '--data', data],
+         'drop MODEL'),
+        (['evaluate', runs/'run60', '--data', data, '--rouge', '-1'], '--rouge must be at least 0'),
+        (['evaluate', runs/'run60', '--data', data, '--bootstrap', '-5'], '--bootstrap must be at least 0'),
+    ]
+
+
+def test_bad_inputs_are_one_line_and_leave_nothing(runs, tmp_path, capsys):
+    cases = bad_cases(runs, tmp_path)
+    before = sorted(tmp_path.rglob('*')) + sorted(runs.rglob('*'))
+    here = Path.cwd(); os.chdir(tmp_path)   # the default --out (eval/) would land here
+    try:
+        for argv, expect in cases:
+            assert main([str(a) for a in argv]) == 2, argv
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and expect in err[0], (argv, err)
+    finally: os.chdir(here)
+    assert sorted(tmp_path.rglob('*')) + sorted(runs.rglob('*')) == before
+
+
+# ---------------------------------------------------------------- a tiny Llama: LoRA CPT through legalnb run; lm-eval
+
+def test_a_lora_cpt_run_of_a_tiny_llama_reports_base_against_trained(tmp_path):
+    "The issue's end-to-end case: `legalnb run` on the sample, LoRA continued pretraining, report.md shows the change."
+    from legalnb.hf import build_tiny_model
+    from legalnb.run import read_record
+    model = build_tiny_model(tmp_path/'llama')
+    assert main(['sample', str(tmp_path/'formex'), '--docs', '40']) == 0
+    work = tmp_path/'work'
+    run_cli(['run', '--input', tmp_path/'formex', '--out', work, '--model', model, '--lora', '--target-tokens', '1M',
+             '--seq-len', '32', '--shards', '2', '--val-docs', '0.25', '--force-single', '--max-steps', '12',
+             '--lr', '3e-3', '--batch-size', '4', '--grad-accum', '1', '--save-steps', '100', '--workers', '0',
+             '--context', '256', *QUICK[:-1], '--device', 'cpu', '--yes'])
+    ev = read_record(work, 'evaluate')['argv']
+    assert ev[ev.index('--against') + 1] == str(model) and ev[ev.index('--general') + 1] == 'python-docs'
+    c = json.loads((work/'eval'/'against.json').read_text())
+    assert c['model']['kind'] == 'lora' and c['reference_is_base'] is True and c['data']['acts'] >= 2
+    o = c['overall']['bits_per_byte']
+    assert o['change'] < 0 and o['change_ci'] is not None and o['verdict'] == 'better', o
+    assert c['forgetting']['change_ci'] is not None and c['forgetting']['verdict'] in ('worse', 'better', NO_DIFFERENCE)
+    report = (work/'report.md').read_text()
+    for part in ('## Against its base', 'bits per byte: overall', 'general text (forgetting)', '95% interval',
+                 '![the change against the reference](eval/against.png)'):
+        assert part in report, part
+    assert (work/'eval'/'against.png').read_bytes()[:4] == b'\x89PNG'
+
+
+BELEBELE_LOCAL = '''\
+task: belebele_local
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "P: {{{{flores_passage}}}}\\nQ: {{{{question.strip()}}}}\\nA: {{{{mc_answer1}}}}\\nB: {{{{mc_answer2}}}}\\nC: {{{{mc_answer3}}}}\\nD: {{{{mc_answer4}}}}\\nAnswer:"
+doc_to_choice: ["A", "B", "C", "D"]
+doc_to_target: "{{{{['1', '2', '3', '4'].index(correct_answer_num)}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+'''
+
+LEGALBENCH_LOCAL = r"""task: legalbench_proa_local
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+description: "A private right of action is when a regular person, a private citizen, is legally entitled to enforce their rights under a given statute. Does the clause specify a private right of action? Answer Yes or No.\n\n"
+doc_to_text: "Statute: {{{{text}}}}\nAnswer:"
+doc_to_target: "{{{{answer}}}}"
+target_delimiter: " "
+generation_kwargs: {{until: ["\n"], do_sample: false, temperature: 0.0, max_gen_toks: 15}}
+filter_list:
+  - name: get-answer
+    filter: [{{function: remove_whitespace}}, {{function: take_first}}]
+metric_list:
+  - {{metric: exact_match, aggregation: mean, higher_is_better: true, ignore_case: true, ignore_punctuation: true}}
+"""
+
+
+def test_a_local_lm_eval_task_compared_against_the_base(tmp_path, monkeypatch):
+    "A Belebele-shaped task read from a local file (as the docs show), scored on a LoRA model and its base offline."
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    from legalnb.hf import build_tiny_model
+    monkeypatch.setenv('HF_DATASETS_CACHE', str(tmp_path/'datasets-cache'))
+    base = build_tiny_model(tmp_path/'tiny')
+    peft = get_peft_model(AutoModelForCausalLM.from_pretrained(base),
+                          LoraConfig(r=4, lora_alpha=8, target_modules=['q_proj', 'v_proj'], task_type='CAUSAL_LM'))
+    torch.manual_seed(0)
+    for name, p in peft.named_parameters():
+        if 'lora_B' in name: torch.nn.init.normal_(p, std=0.5)
+    peft.save_pretrained(tmp_path/'ft'/'final')
+    rng = random.Random(0)
+    items = [dict(flores_passage=f'The Regulation applies from {1990 + i}.', question=f'From when, case {i}?',
+                  mc_answer1=str(1990 + i), mc_answer2=str(2000 + i), mc_answer3='never', mc_answer4='always',
+                  correct_answer_num=str(rng.randint(1, 4))) for i in range(12)]
+    (tmp_path/'belebele.jsonl').write_text(''.join(json.dumps(x) + '\n' for x in items))
+    (tmp_path/'tasks').mkdir()
+    (tmp_path/'tasks'/'belebele_local.yaml').write_text(BELEBELE_LOCAL.format(data=tmp_path/'belebele.jsonl'))
+    (tmp_path/'proa.jsonl').write_text(''.join(json.dumps(dict(text=f'Any person injured by clause {i} may sue.',
+                                                               answer='Yes' if i % 2 else 'No')) + '\n' for i in range(4)))
+    (tmp_path/'tasks'/'legalbench_proa_local.yaml').write_text(LEGALBENCH_LOCAL.format(data=tmp_path/'proa.jsonl'))
+    docs = [dict(celex=f'a{i}', lang='en', doc_type='regulation', date='2016-04-27',
+                 text=f'Article 1\nThis Regulation {i} applies to operators.\n(2) Member States shall report.')
+            for i in range(3)]
+    (tmp_path/'held.jsonl').write_text(''.join(json.dumps(d) + '\n' for d in docs))
+    out = tmp_path/'eval'
+    text = run_cli(['evaluate', tmp_path/'ft', '--against', '--data', tmp_path/'held.jsonl', '--out', out,
+                    '--lm-eval-tasks', tmp_path/'tasks', *QUICK])   # the folder: both its tasks
+    c = json.loads((out/'against.json').read_text())
+    acc = c['suites']['belebele_local']['acc']
+    mine = json.loads((out/'eval.json').read_text())['suites']['belebele_local']['acc']
+    assert acc['items'] == 12 and mine['value'] == pytest.approx(mine['lm_eval'])   # our per-item mean is lm-eval's
+    assert mine['value'] == pytest.approx(sum(r['num'] for r in mine['rows']) / 12)
+    assert acc['change'] == pytest.approx(acc['model'] - acc['reference']) and acc['verdict']
+    assert 'belebele_local' in text and Path(c['reference']['name']) == base
+    em = c['suites']['legalbench_proa_local']['exact_match,get-answer']   # a generation task, scored after its filter
+    assert em['items'] == 4 and 0 <= em['model'] <= 1 and em['verdict']
