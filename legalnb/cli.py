@@ -8,6 +8,7 @@ import argparse, importlib, json, math, os, shutil, sys, time
 from pathlib import Path
 from typing import Literal
 from .core import LegalnbError, atomic_write, command_parser, format_duration, read_json
+from .core import Output, remove_owned, run_writing
 
 # %% auto #0
 __all__ = ['COMMANDS', 'QUICKSTART_PROMPT', 'QUICKSTART_OUTPUTS', 'H100_PRICE', 'usage', 'main', 'prepare_workdir',
@@ -69,7 +70,7 @@ def prepare_workdir(workdir: str | Path) -> Path:
     if wd.is_dir() and any(wd.iterdir()) and not marker.exists():
         raise LegalnbError(f'{wd}: exists, is not empty and was not written by the quickstart; '
                            'choose another --workdir')
-    for name in QUICKSTART_OUTPUTS: shutil.rmtree(wd/name, ignore_errors=True)
+    for name in QUICKSTART_OUTPUTS: remove_owned(wd, name, '--workdir')   # only what legalnb wrote there
     wd.mkdir(parents=True, exist_ok=True); marker.touch()
     return wd
 
@@ -215,7 +216,7 @@ def quickstart_main(argv: list[str]) -> int:
     "`legalnb quickstart [--workdir DIR]`: the whole pipeline on a sample corpus, a tiny model, a report."
     a = command_parser(quickstart, 'legalnb quickstart').parse_args(list(map(str, argv)))
     t0 = time.perf_counter()
-    quickstart(**vars(a))
+    run_writing(quickstart, vars(a), 'legalnb quickstart', [Output('workdir', '--workdir')])
     print(f'quickstart done in {format_duration(time.perf_counter() - t0)}; everything is in {a.workdir}/:\n'
           f'  report.md     what each stage made, training and held-out numbers, a generated text, the H100 estimate\n'
           f'  loss.png      train and val loss\n'

@@ -20,17 +20,17 @@ from .presets import (seq_len_at, BATCH_LR_RULES, parse_batch_schedule, accum_at
                              batch_lr_factor)
 
 # %% auto #0
-__all__ = ['SCHEDULES', 'DEVICES', 'STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHANGE', 'RUN_OUTPUTS', 'TrainConfig', 'from_preset',
-           'from_yaml', 'describe', 'lr_at', 'format_log_line', 'notify', 'MetricsFile', 'metric_lines', 'read_metrics',
-           'ProgressBar', 'TensorBoardLog', 'WandbLog', 'autocast_for', 'Dist', 'setup_distributed', 'all_mean',
-           'rng_state', 'set_rng_state', 'seed_everything', 'checkpoint_step', 'list_checkpoints', 'save_checkpoint',
-           'find_checkpoint', 'load_checkpoint', 'load_for_resume', 'open_split', 'train_loader', 'val_loader',
-           'unpack_batch', 'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows', 'model_config',
+__all__ = ['SCHEDULES', 'DEVICES', 'STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHANGE', 'RUN_OUTPUTS', 'RUN_LISTED', 'TrainConfig',
+           'from_preset', 'from_yaml', 'describe', 'lr_at', 'format_log_line', 'notify', 'MetricsFile', 'metric_lines',
+           'read_metrics', 'ProgressBar', 'TensorBoardLog', 'WandbLog', 'autocast_for', 'Dist', 'setup_distributed',
+           'all_mean', 'rng_state', 'set_rng_state', 'seed_everything', 'checkpoint_step', 'list_checkpoints',
+           'save_checkpoint', 'find_checkpoint', 'load_checkpoint', 'load_for_resume', 'open_split', 'train_loader',
+           'val_loader', 'unpack_batch', 'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows', 'model_config',
            'saved_model_config', 'predated', 'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run',
            'evaluate', 'val_bytes_per_token', 'bits_per_byte', 'peak_flops', 'shard_model', 'save_shards',
-           'load_shards', 'consolidated_model', 'Interval', 'check_new_run', 'Run', 'setup', 'resume', 'init_weights',
-           'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize', 'record_architecture',
-           'stopped_summary', 'train', 'train_parser', 'config_from_args', 'train_main']
+           'load_shards', 'consolidated_model', 'Interval', 'run_folder', 'check_new_run', 'Run', 'setup', 'resume',
+           'init_weights', 'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize',
+           'record_architecture', 'stopped_summary', 'train', 'train_parser', 'config_from_args', 'train_main']
 
 # %% ../nbs/05_train.ipynb #a6da8542
 SCHEDULES = ('cosine', 'restarts', 'constant')
@@ -88,7 +88,7 @@ class TrainConfig:
     init_from: str | None = None        # start from these weights: a model folder (RUN/model) or a checkpoint folder
     init_optimizer: bool = False        # with --init-from a checkpoint: carry its AdamW state too (else a fresh one)
     resume: str | None = None           # continue from 'latest' (the default of a bare --resume) or a checkpoint folder
-    overwrite: bool = False             # start a new run in an out that holds one, deleting its checkpoints and metrics
+    overwrite: bool = False             # start a new run in an out that holds one: deletes its checkpoints/, metrics.jsonl, summary.json, model/ and tb/
     progress: bool = True               # progress bar (a plain line per log interval when not a TTY)
     tensorboard: bool = False           # write TensorBoard scalars to OUT/tb (needs tensorboard)
     wandb: bool = False                 # log to Weights & Biases (needs wandb and its login)
@@ -814,13 +814,20 @@ def _trim_metrics(path: Path, step: int):
     with atomic_write(path) as tmp: tmp.write_text(''.join(l + '\n' for l in keep), encoding='utf-8')
 
 RUN_OUTPUTS = ('checkpoints', 'metrics.jsonl', 'summary.json', 'model', 'tb')  # what a run writes into --out
+RUN_LISTED = 'checkpoints/, metrics.jsonl, summary.json, model/ and tb/'   # the same, as --overwrite's help says it
+
+def run_folder(out: str | Path):
+    "`legalnb train`'s guard on --out: locked while it trains; what it writes there (RUN_OUTPUTS) must be legalnb's."
+    from legalnb.core import output_folder
+    return output_folder(out, 'legalnb train', lambda rel: rel.parts[0] in RUN_OUTPUTS, strict=False,
+                         what=f'train writes {RUN_LISTED} there, and --overwrite deletes them')
 
 def check_new_run(out: Path, overwrite: bool):
     "Refuse to start a new run in `out` if an earlier run is there (checkpoints or a final model), unless `overwrite`."
     earlier = list_checkpoints(out)[::-1] + [p for p in (out/'summary.json', out/'model') if p.exists()]
     if earlier and not overwrite:
         raise LegalnbError(f'--out {out} holds an earlier run ({earlier[0].relative_to(out)}); continue it with '
-                           '--resume, or start a new run there with --overwrite (deletes its checkpoints and metrics)')
+                           f'--resume, or start a new run there with --overwrite (deletes its {RUN_LISTED})')
 
 @contextmanager
 def _removed_if_failed(out: Path, main: bool):
@@ -830,7 +837,6 @@ def _removed_if_failed(out: Path, main: bool):
     except BaseException:
         if main and new and out.is_dir() and not list_checkpoints(out): shutil.rmtree(out, ignore_errors=True)
         raise
-
 
 # %% ../nbs/05_train.ipynb #a1b2c301
 @dataclass(eq=False)
@@ -1164,10 +1170,12 @@ def train_main(argv: list[str]) -> int:
     "`legalnb train`: print what the run will do, train, print where everything is."
     cfg = config_from_args(argv)
     main_rank = int(os.environ.get('RANK', 0)) == 0
-    if main_rank: print(cfg.describe(int(os.environ.get('WORLD_SIZE', 1))), flush=True)
-    try: s = train(cfg)
-    finally:
-        if dist.is_initialized(): dist.destroy_process_group()
+    with run_folder(cfg.out) if main_rank else nullcontext(Path(cfg.out)) as out:   # rank 0 locks and records --out
+        if out != Path(cfg.out): cfg.out = str(out)   # a link: the folder it leads to
+        if main_rank: print(cfg.describe(int(os.environ.get('WORLD_SIZE', 1))), flush=True)
+        try: s = train(cfg)
+        finally:
+            if dist.is_initialized(): dist.destroy_process_group()
     if main_rank:
         mfu = f", MFU {100 * s['mfu']:.0f}%" if s['mfu'] else ''
         bpb = f", {s['val_bpb']:.3f} bits per byte" if s.get('val_bpb') else ''
