@@ -674,6 +674,9 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
     ours = lambda rel: _ours(rel) or rel.parts[0] in opts.get('ours', ())
     if hold := opts.get('hold'): hold(output_folder(work, 'legalnb run', ours))   # locked and recorded to the end
     else: refuse_unowned(work, ours)   # the caller holds the folder
+    for s in stages if opts.get('stage_to') else ():   # a copy trained on holds only copies legalnb made: checked now
+        if s.name in ('train', 'train-2', 'finetune', 'finetune-2'):
+            refuse_unowned(Path(_value(s.argv, '--data')), flag='--stage-to')
     trainers = [i for i, n in enumerate(names) if n in ('train', 'train-2', 'finetune', 'finetune-2')]
     reasons = [why_stale(s, read_record(work, s.name)) for s in stages]
     t = next((i for i in trainers if reasons[i]), trainers[-1])   # the training to run (or resume) first
