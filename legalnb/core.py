@@ -16,8 +16,9 @@ __all__ = ['NUMBER_EXAMPLES', 'PRECISIONS', 'OWNED', 'OWNED_FORMAT', 'LOCK', 'Le
            'jsonl_records', 'read_json', 'parse_number', 'parse_count', 'format_duration', 'resolve_precision',
            'cuda_capability', 'usable_cores', 'loader_workers', 'available_memory', 'refuse_oversized',
            'refuse_overwriting_inputs', 'bookkeeping', 'foreign_files', 'refuse_foreign_files', 'folder_files',
-           'owned_files', 'record_written', 'remove_owned', 'lock_path', 'holder_alive', 'folder_lock', 'followed',
-           'refuse_unowned', 'output_folder', 'CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command']
+           'owned_files', 'unowned_stamps', 'record_written', 'remove_owned', 'lock_path', 'holder_alive',
+           'folder_lock', 'followed', 'refuse_unowned', 'output_folder', 'CommandParser', 'command_parser', 'Output',
+           'run_writing', 'run_command']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -273,16 +274,31 @@ def owned_files(folder: str | Path) -> set[Path]:
                       if os.path.lexists(Path(root)/rel)}
     return owned
 
+def unowned_stamps(folder: str | Path) -> dict[Path, tuple]:
+    "The files under `folder` no record owns, with their inode and modification time: what was there before a command."
+    folder = Path(folder)
+    if not folder.is_dir(): return {}
+    owned = owned_files(folder)
+    return {rel: _stamp(folder/rel) for rel in folder_files(folder) if rel not in owned}
+
+def _stamp(path: Path) -> tuple[int, int]:
+    "Inode and modification time (ns) of a file or link: a file written again has other ones."
+    st = path.lstat()
+    return st.st_ino, st.st_mtime_ns
+
 def record_written(folder: str | Path,                     # an output folder
                    command: str,                           # the command that wrote the new files
-                   ours: Callable[[Path], bool] | None = None):  # which files it may write (relative paths); None: all
-    "Add the files `ours` matches that no record owns yet to `folder`'s record (they are `command`'s); drop gone ones."
-    folder = Path(folder)
+                   ours: Callable[[Path], bool] | None = None,  # which files it may write (relative paths); None: all
+                   before: dict | None = None):            # `unowned_stamps` when it started: those it did not write
+    "Add the files `ours` matches that no record owns yet to `folder`'s record (they are `command`'s), leaving out "
+    "those that were there, unchanged, before it started; drop the records of files that are gone."
+    folder, before = Path(folder), before or {}
     if not folder.is_dir(): return
     old, owned = _records(folder), owned_files(folder)
     new = {k: v for k, v in old.items() if os.path.lexists(folder/k)}
     for rel in folder_files(folder):
-        if rel not in owned and (ours is None or ours(rel)): new[rel.as_posix()] = command
+        if rel not in owned and (ours is None or ours(rel)) and before.get(rel) != _stamp(folder/rel):
+            new[rel.as_posix()] = command
     if new == old: return
     if not new: (folder/OWNED).unlink(); return
     with atomic_write(folder/OWNED) as tmp:
@@ -299,8 +315,8 @@ def remove_owned(folder: str | Path,   # an output folder
     files = [rel/f for f in folder_files(target)] if tree else [rel]
     owned = owned_files(folder)
     if theirs := [f for f in files if f not in owned]:
-        raise LegalnbError(f'{flag} {folder}: {theirs[0]} was not written by legalnb, and '
-                           f'{rel}{"/" if tree else ""} would be deleted with it: move it away, or choose another {flag}')
+        raise LegalnbError(f'{flag} {folder}: {theirs[0]} was not written by legalnb, and {rel}{"/" if tree else ""} '
+                           f'would be deleted with it: move it away, or choose another {flag}')
     shutil.rmtree(target) if tree else target.unlink()
 
 # %% ../nbs/00_core.ipynb #a29b9fa7
@@ -449,7 +465,8 @@ def output_folder(folder: str | Path,                    # the folder the comman
                   ours: Callable[[Path], bool] | None = None,  # the files it writes or deletes there; None: all
                   flag: str = '--out',                   # how the user named it
                   strict: bool = True,                   # refuse every file legalnb did not write, not only ours
-                  what: str = '') -> Iterator[Path]:     # what it would do to the files `ours` matches (message)
+                  what: str = '',                        # what it would do to the files `ours` matches (message)
+                  check: bool = True) -> Iterator[Path]: # False: the command checks the folder itself (lock, record)
     "Lock `folder` while the block writes it, refuse the files legalnb did not write, record the ones it wrote. "
     "Yields the folder to write (a link's target)."
     p = Path(folder)
@@ -460,9 +477,10 @@ def output_folder(folder: str | Path,                    # the folder the comman
         if stale and real.is_dir():   # the files of a holder that was killed are legalnb's: take them over
             record_written(real, stale.get('command') or command, ours)
             print(f'{name}: took over the lock of {_holder(stale)}, which has ended')
-        refuse_unowned(real, ours, flag, strict, what, p if p == real else f'{p} (-> {real})')
+        if check: refuse_unowned(real, ours, flag, strict, what, p if p == real else f'{p} (-> {real})')
+        before = unowned_stamps(real)   # the user's files it may not touch (check=False, strict=False): never its own
         try: yield real
-        finally: record_written(real, command, ours)
+        finally: record_written(real, command, ours, before)
 
 # %% ../nbs/00_core.ipynb #c1c28776
 class CommandParser(argparse.ArgumentParser):
@@ -556,13 +574,14 @@ class Output:
     ours: Callable[[Path], bool] | None = None   # the files the command writes or deletes there; None: every file
     strict: bool = True                          # refuse any file legalnb did not write (False: those `ours` matches)
     what: str = ''                               # what the command does to the files `ours` matches (refusals)
+    check: bool = True                           # False: the command's own check of the folder is the stricter one
 
 def run_writing(func: Callable, kwargs: dict, prog: str, outputs: Iterable[Output] = ()) -> int:
     "Call `func(**kwargs)` with every output folder locked, checked and recorded (a link: the folder it leads to)."
     with ExitStack() as held:
         for o in outputs:
             if (given := kwargs.get(o.arg)) is None: continue
-            folder = held.enter_context(output_folder(given, prog, o.ours, o.flag, o.strict, o.what))
+            folder = held.enter_context(output_folder(given, prog, o.ours, o.flag, o.strict, o.what, o.check))
             if folder != Path(given): kwargs[o.arg] = str(folder)
         return func(**kwargs) or 0
 

@@ -746,4 +746,5 @@ def split_command(path: str,              # folder of .npy/.pt row files (a corp
     print(f'({how}; no data copied; linked: {", ".join(info["linked"]) or "nothing"})')
     return 0
 
-def split_main(argv: list[str]) -> int: return run_command(split_command, argv, 'legalnb split', [Output()])
+def split_main(argv: list[str]) -> int:
+    return run_command(split_command, argv, 'legalnb split', [Output(check=False)])   # --out new or empty

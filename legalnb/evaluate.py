@@ -782,7 +782,7 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
                      export_lm_eval: str = None,  # also write the held-out set as lm-eval tasks into this folder
                      harness: bool = False,       # also score the model with lm-evaluation-harness on those tasks
                      progress: bool = True,       # progress bar in tokens on stderr
-                     trust_remote_code: bool = False):  # run the Python code a Hugging Face model folder names (auto_map)
+                     trust_remote_code: bool = False):  # run the Python code a model folder names (auto_map)
     "Score a model on held-out acts: loss, perplexity, bits per byte, loss by position, citations, samples."
     if data is None: raise LegalnbError('--data is required: the held-out documents (heldout.jsonl, or its folder)')
     for flag, value, least in (('--batch-tokens', batch_tokens, 1), ('--max-new-tokens', max_new_tokens, 1),
@@ -840,12 +840,13 @@ def generate_command(model: str,                 # run folder, Hugging Face mode
                      base: str = None,           # LoRA: the base model folder (default: the one the adapter names)
                      device: Literal['auto', 'cuda', 'cpu'] = 'auto',  # 'auto': the GPU when there is one
                      precision: Literal['auto', 'bf16', 'fp16', 'fp32'] = 'auto',  # 'auto': bf16 where the GPU has it
-                     trust_remote_code: bool = False):  # run the Python code a Hugging Face model folder names (auto_map)
+                     trust_remote_code: bool = False):  # run the Python code a model folder names (auto_map)
     "Continue a prompt with a trained model, streaming the text as it comes."
     if prompt is None: raise LegalnbError("--prompt is required: the text to continue, e.g. --prompt 'Article 1'")
     if max_new_tokens < 1: raise LegalnbError(f'--max-new-tokens must be at least 1, got {max_new_tokens}')
     if temperature < 0 or top_k < 0: raise LegalnbError('--temperature and --top-k must be 0 or more')
-    lm = load_eval_model(model, tokenizer, base, device=device, precision=precision, trust_remote_code=trust_remote_code)
+    lm = load_eval_model(model, tokenizer, base, device=device, precision=precision,
+                         trust_remote_code=trust_remote_code)
     def write(piece: str): sys.stdout.write(piece); sys.stdout.flush()
     write(prompt)
     generate(lm, prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,

@@ -176,7 +176,7 @@ def model_footprint(directory: str | Path) -> tuple[int, int]:
     return params, sum(t.numel() * 4 for t in tensors)
 
 def refuse_nonfinite(model, weights: str | Path):
-    "Refuse a model whose weights hold NaN or infinite values, naming the first such tensor (a diverged or damaged run)."
+    "Refuse weights holding NaN or infinite values, naming the first such tensor (a diverged or damaged run)."
     import torch
     for name, t in model.state_dict().items():
         if (t.is_floating_point() or t.is_complex()) and t.device.type != 'meta' and (
@@ -195,6 +195,7 @@ def load_model(directory: str | Path,     # a folder with config.json and model.
         raise LegalnbError(f'{path}: architecture {arch!r} is not registered; choose from {", ".join(MODELS)} '
                            '(or register it first)')
     params, nbytes = model_footprint(directory)   # from config.json alone: refused before anything is allocated
-    size = (Path(directory)/'model.safetensors').stat().st_size if (Path(directory)/'model.safetensors').is_file() else 0
+    weights = Path(directory)/'model.safetensors'
+    size = weights.stat().st_size if weights.is_file() else 0
     refuse_oversized(path, params, nbytes + size)   # the model and the file's tensors, both in memory while loading
     return MODELS[arch].load(directory, map_location=map_location)

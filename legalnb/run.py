@@ -520,9 +520,10 @@ def staged_files(src: Path) -> dict[str, Path]:
     return found
 
 def _known_sha256(src: Path) -> dict[str, str]:
-    "SHA-256 of files of the corpus behind `src`, by real path, as its manifest records them (shards, starts, held out)."
+    "SHA-256 of the corpus files behind `src`, by real path, as its manifest records them (shards, starts, held out)."
     if not (src/'manifest.json').is_file(): return {}
-    man, corpus = read_json(src/'manifest.json', 'a corpus manifest'), Path(os.path.realpath(src/'manifest.json')).parent
+    man = read_json(src/'manifest.json', 'a corpus manifest')
+    corpus = Path(os.path.realpath(src/'manifest.json')).parent   # a split links its manifest: the corpus's folder
     known = {}
     for r in man.get('shards', []) + man.get('val_shards', []) + [man.get('heldout') or {}]:
         for f, h in ((r.get('file'), r.get('sha256')), (r.get('doc_starts'), r.get('doc_starts_sha256'))):
@@ -554,7 +555,8 @@ def stage_split(split: Path, dest: Path, progress: bool = True) -> Path:
             else: todo.append(rel)
         for rel in sorted(set(done) - set(files)): remove_owned(dest, rel, '--stage-to')   # an earlier split's file
         total = sum(files[rel].stat().st_size for rel in todo)
-        with tqdm(total=total, unit='B', unit_scale=True, desc=f'stage-to {dest}', disable=None if progress else True) as bar:
+        with tqdm(total=total, unit='B', unit_scale=True, desc=f'stage-to {dest}',
+                  disable=None if progress else True) as bar:
             for rel in todo:
                 p, real = files[rel], os.path.realpath(files[rel])
                 st = p.stat()
@@ -563,11 +565,13 @@ def stage_split(split: Path, dest: Path, progress: bool = True) -> Path:
                 if read != expect or fingerprint(dest/rel) != expect:
                     raise LegalnbError(f'--stage-to: {dest/rel} does not match its source {p} (checksum); the disk or '
                                        'the source changed: run again')
-                record[rel] = dict(size=st.st_size, sha256=expect, source=real, source_stamp=[st.st_size, st.st_mtime_ns])
+                record[rel] = dict(size=st.st_size, sha256=expect, source=real,
+                                   source_stamp=[st.st_size, st.st_mtime_ns])
         write_record(dest, 'staged', dict(source=str(split.resolve()), files=record))
     if todo: print(f'stage-to: copied {len(todo)} of {len(files)} files ({total / 2**20:,.1f} MiB) to {dest}, every '
                    'checksum verified')
-    else: print(f'stage-to: {dest} already holds a verified copy of {split} ({len(files)} files, every checksum checked)')
+    else: print(f'stage-to: {dest} already holds a verified copy of {split} ({len(files)} files, every checksum '
+                'checked)')
     return dest
 
 # %% ../nbs/14_run.ipynb #0a843d82

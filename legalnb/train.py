@@ -88,7 +88,7 @@ class TrainConfig:
     init_from: str | None = None        # start from these weights: a model folder (RUN/model) or a checkpoint folder
     init_optimizer: bool = False        # with --init-from a checkpoint: carry its AdamW state too (else a fresh one)
     resume: str | None = None           # continue from 'latest' (the default of a bare --resume) or a checkpoint folder
-    overwrite: bool = False             # new run in an out holding one: deletes checkpoints/ metrics.jsonl summary.json model/ tb/
+    overwrite: bool = False             # deletes an earlier run's checkpoints/ metrics.jsonl summary.json model/ tb/
     progress: bool = True               # progress bar (a plain line per log interval when not a TTY)
     tensorboard: bool = False           # write TensorBoard scalars to OUT/tb (needs tensorboard)
     wandb: bool = False                 # log to Weights & Biases (needs wandb and its login)

@@ -570,7 +570,7 @@ OWNED_CASES = [  # 2. output folders owned: no command deletes or replaces a fil
      '{w}/ev', '--device', 'cpu'], write('ev/eval.json', '{}'), '--out {w}/ev holds files legalnb did not write (eval.json)'),
     ('quickstart: its own folder names, the user\'s files', ['quickstart', '--workdir', '{w}/qs'],
      both(write('qs/.legalnb-quickstart', ''), write('qs/corpus/mine.npy', b'mine')),
-     '--workdir {w}/qs holds files legalnb did not write (.legalnb-quickstart, corpus/mine.npy)'),
+     '--workdir {w}/qs: corpus/mine.npy was not written by legalnb, and corpus/ would be deleted with it'),
 ]
 
 STAGE_CASES = [  # 4. staged data is the data: a staging folder holds only copies legalnb made, checked first
