@@ -816,11 +816,16 @@ def _trim_metrics(path: Path, step: int):
 RUN_OUTPUTS = ('checkpoints', 'metrics.jsonl', 'summary.json', 'model', 'tb')  # what a run writes into --out
 RUN_LISTED = 'checkpoints/, metrics.jsonl, summary.json, model/ and tb/'   # the same, as --overwrite's help says it
 
-def run_folder(out: str | Path):
-    "`legalnb train`'s guard on --out: locked while it trains; what it writes there (RUN_OUTPUTS) must be legalnb's."
+@contextmanager
+def run_folder(cfg: TrainConfig):
+    "The trainer's guard on `cfg.out` (rank 0): locked while it trains; what it writes there (RUN_OUTPUTS) must be "
+    "legalnb's, and is recorded; a link is replaced in `cfg.out` by the folder it leads to."
     from legalnb.core import output_folder
-    return output_folder(out, 'legalnb train', lambda rel: rel.parts[0] in RUN_OUTPUTS, strict=False,
-                         what=f'train writes {RUN_LISTED} there, and --overwrite deletes them')
+    if int(os.environ.get('RANK', 0)) != 0: yield; return   # the other ranks: rank 0 holds the folder
+    with output_folder(cfg.out, 'legalnb train', lambda rel: rel.parts[0] in RUN_OUTPUTS, strict=False,
+                       what=f'train writes {RUN_LISTED} there, and --overwrite deletes them') as out:
+        if out != Path(cfg.out): cfg.out = str(out)
+        yield
 
 def check_new_run(out: Path, overwrite: bool):
     "Refuse to start a new run in `out` if an earlier run is there (checkpoints or a final model), unless `overwrite`."
@@ -1104,19 +1109,19 @@ def stopped_summary(run: Run) -> dict:
 def train(cfg: TrainConfig,                   # the run
           callbacks: Iterable = ()) -> dict:  # extra callbacks (rank 0 only), e.g. the live plot
     "Train the architecture `cfg.model` names as `cfg` says; the run's summary (`stopped`: a callback ended it early)."
-    run = setup(cfg)                                 # every check that can refuse the run: nothing is written before
-    with _removed_if_failed(run.out, run.d.main):    # a run folder made here goes again if no checkpoint was saved
-        _open_run_folder(run, callbacks)             # the run folder and its watchers (metrics, progress, ...)
-        batches = iter(train_loader(run.train_ds, run.cfg, run.d, run.start))  # the batches from the resumed step on
-        run.model.train(); run.interval = Interval.start(run.d.device)
-        while run.step < run.max_steps and not run.stopped:
-            step = train_step(run, batches)          # grad_accum micro-batches, clip, AdamW
-            end_interval(run, step)                  # log, NaN stop, eval, checkpoint: when their step has come
-        if run.stopped: summary = stopped_summary(run)   # a callback asked to stop: checkpointed, resumable
-        else: summary = summarize(run)               # the final model and summary.json
+    with run_folder(cfg):                                # rank 0: --out locked, what the run writes there recorded
+        run = setup(cfg)                                 # every check that can refuse the run: nothing written before
+        with _removed_if_failed(run.out, run.d.main):    # a run folder made here goes again if no checkpoint was saved
+            _open_run_folder(run, callbacks)             # the run folder and its watchers (metrics, progress, ...)
+            batches = iter(train_loader(run.train_ds, run.cfg, run.d, run.start))  # batches from the resumed step on
+            run.model.train(); run.interval = Interval.start(run.d.device)
+            while run.step < run.max_steps and not run.stopped:
+                step = train_step(run, batches)          # grad_accum micro-batches, clip, AdamW
+                end_interval(run, step)                  # log, NaN stop, eval, checkpoint: when their step has come
+            if run.stopped: summary = stopped_summary(run)   # a callback asked to stop: checkpointed, resumable
+            else: summary = summarize(run)               # the final model and summary.json
     notify(run.callbacks, 'on_stop' if run.stopped else 'on_end', summary)
     return summary
-
 
 # %% ../nbs/05_train.ipynb #d1d72a37
 def _override(text: str) -> tuple[str, object]:
@@ -1170,12 +1175,10 @@ def train_main(argv: list[str]) -> int:
     "`legalnb train`: print what the run will do, train, print where everything is."
     cfg = config_from_args(argv)
     main_rank = int(os.environ.get('RANK', 0)) == 0
-    with run_folder(cfg.out) if main_rank else nullcontext(Path(cfg.out)) as out:   # rank 0 locks and records --out
-        if out != Path(cfg.out): cfg.out = str(out)   # a link: the folder it leads to
-        if main_rank: print(cfg.describe(int(os.environ.get('WORLD_SIZE', 1))), flush=True)
-        try: s = train(cfg)
-        finally:
-            if dist.is_initialized(): dist.destroy_process_group()
+    if main_rank: print(cfg.describe(int(os.environ.get('WORLD_SIZE', 1))), flush=True)
+    try: s = train(cfg)
+    finally:
+        if dist.is_initialized(): dist.destroy_process_group()
     if main_rank:
         mfu = f", MFU {100 * s['mfu']:.0f}%" if s['mfu'] else ''
         bpb = f", {s['val_bpb']:.3f} bits per byte" if s.get('val_bpb') else ''
