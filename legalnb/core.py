@@ -266,12 +266,20 @@ def _records(folder: Path) -> dict[str, str]:
     return {k: v for k, v in rec['files'].items() if isinstance(v, str)}
 
 def owned_files(folder: str | Path) -> set[Path]:
-    "The files under `folder` that legalnb wrote, by the records there and in its subfolders (those still there)."
+    "The files under `folder` that legalnb wrote (those still there), by the records in it, in its subfolders, and in "
+    "the folders around it (`legalnb run` records what its stages wrote in its work folder)."
     folder, owned = Path(folder), set()
     for root, _, files in os.walk(folder):
         if OWNED in files:
             owned |= {(Path(root)/rel).relative_to(folder) for rel in _records(Path(root))
                       if os.path.lexists(Path(root)/rel)}
+    here = Path(os.path.realpath(folder))
+    for up in here.parents:
+        if not (up/OWNED).is_file(): continue
+        try: listed = _records(up)
+        except LegalnbError: continue   # another folder's damaged record: not this command's to judge
+        inside = here.relative_to(up).as_posix() + '/'
+        owned |= {Path(rel[len(inside):]) for rel in listed if rel.startswith(inside) and os.path.lexists(up/rel)}
     return owned
 
 def unowned_stamps(folder: str | Path) -> dict[Path, tuple]:
