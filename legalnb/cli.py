@@ -189,7 +189,7 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
                  '--batch-size', batch_size, '--max-steps', steps, '--lr', 3e-3, '--warmup-steps', max(1, steps // 10),
                  '--eval-every', max(1, steps // 3), '--eval-batches', 8, '--log-every', max(1, steps // 30),
                  '--save-every', steps, '--num-workers', 0, '--device', device, '--seed', 0, '--citations', 200,
-                 '--samples', 1, '--cpu-threads', 1]  # tiny models run 27x faster on 1 thread than on 2 on a busy 2-core CPU
+                 '--samples', 1, '--cpu-threads', 1]  # tiny models: 27x faster on 1 thread than 2 on a busy 2-core CPU
         top = dict(input=[str(wd/'sample')], out=str(wd), preset='none', model='resonance', size='small')
         opts = dict(yes=True, resume=False, max_cost=None, deadline=None, price_per_hour=H100_PRICE, stage_to=None,
                     argv=[], ours=('sample', 'compare', '.legalnb-quickstart'), hold=held.enter_context)
