@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, jsonl_records, read_json,
                    refuse_foreign_files, refuse_overwriting_inputs, resolve_precision, run_command)
-from .core import Output, refuse_oversized, run_writing
+from .core import Output, refuse_oversized, refuse_unowned, run_writing
 
 # %% auto #0
 __all__ = ['FORMAT', 'HF_DEFAULT_CONTEXT', 'TRUST_HINT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'REPORT_FILES', 'TASKS', 'EXPORT_FILES',
@@ -791,6 +791,7 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
     docs = read_heldout(data)
     if export_lm_eval:
         refuse_overwriting_inputs([data] + ([model] if model else []), [export_lm_eval], '--export-lm-eval')
+        refuse_unowned(export_lm_eval, lambda p: str(p) in EXPORT_FILES, '--export-lm-eval')   # by the records
         written = write_lm_eval_tasks(docs, export_lm_eval, citations, seed)
         print(f'lm-eval tasks in {export_lm_eval}: ' + ', '.join(p.name for p in written),
               file=sys.stderr if json else sys.stdout)
@@ -803,6 +804,7 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
     model_kind(model)
     refuse_overwriting_inputs([model, data], [out])
     refuse_foreign_files(out, lambda p: str(p) in REPORT_FILES, '--out')
+    refuse_unowned(out, lambda p: str(p) in REPORT_FILES, '--out')   # an eval.json of the user's is not replaced
     lm = load_eval_model(model, tokenizer, base, context, device, precision, trust_remote_code)
     r = evaluate(lm, docs, batch_tokens=batch_tokens, citations=citations, samples=samples,
                  max_new_tokens=max_new_tokens, seed=seed, eos=eos, progress=progress)
@@ -826,8 +828,9 @@ def evaluate_parser():
 def evaluate_main(argv: list[str]) -> int:
     "`legalnb evaluate RUN_OR_MODEL --data HELDOUT [--json] [--out DIR]`."
     return run_writing(evaluate_command, vars(evaluate_parser().parse_args(list(map(str, argv)))), 'legalnb evaluate',
-                       [Output(ours=lambda p: str(p) in REPORT_FILES),
-                        Output('export_lm_eval', '--export-lm-eval', ours=lambda p: str(p) in EXPORT_FILES)])
+                       [Output(ours=lambda p: str(p) in REPORT_FILES, check=False),   # checked after the arguments
+                        Output('export_lm_eval', '--export-lm-eval', ours=lambda p: str(p) in EXPORT_FILES,
+                               check=False)])
 
 # %% ../nbs/11_evaluate.ipynb #b5c60226
 def generate_command(model: str,                 # run folder, Hugging Face model folder or finetune output
