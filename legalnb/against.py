@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from .core import (LegalnbError, atomic_write, format_duration, read_json, refuse_foreign_files,
-                          refuse_overwriting_inputs)
+                          refuse_overwriting_inputs, refuse_unowned)
 from .evaluate import (AGAINST_FILES, BOOTSTRAP, GROUPS, HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS, REPORT_FILES,
                               RETAINED_FILES, clear_other_modes, estimate, evaluate, harness_scores, load_eval_model,
                               lora_base, model_kind, read_general, read_heldout, suite_tasks, write_report,
@@ -359,7 +359,7 @@ def declared_context(model: str | Path, base: str | Path | None = None) -> int |
 def _score(path: Path, docs: list[dict], gdocs, o: dict, context: int | None, base=None, tokenizer=None,
            manager=None) -> dict:
     "Load one model, evaluate it on the held-out documents (and general text, and lm-eval suites), let it go."
-    lm = load_eval_model(path, tokenizer, base, context, o['device'], o['precision'])
+    lm = load_eval_model(path, tokenizer, base, context, o['device'], o['precision'], o.get('trust_remote_code', False))
     r = evaluate(lm, docs, batch_tokens=o['batch_tokens'], citations=o['citations'], samples=o['samples'],
                  max_new_tokens=o['max_new_tokens'], seed=o['seed'], eos=o['eos'], progress=o['progress'],
                  rouge=o['rouge'], general=gdocs, bootstrap=o['bootstrap'])
@@ -377,6 +377,7 @@ def _prepare(paths: list[Path], o: dict) -> tuple[list[dict], list[dict] | None,
     gdocs = read_general(o['general']) if o['general'] and o['general'] != 'none' else None
     refuse_overwriting_inputs([*paths, o['data']], [o['out']])
     refuse_foreign_files(o['out'], written_by_evaluate, '--out')
+    refuse_unowned(o['out'], written_by_evaluate, '--out')   # a file of the user's in --out is not replaced
     known = [c for p in paths if (c := declared_context(p, o['base'] if p == paths[0] else None))]
     manager = None
     if o['lm_eval_tasks']:

@@ -5,9 +5,11 @@
 # %% ../nbs/10_cli.ipynb #8ee0a7d5
 from __future__ import annotations
 import argparse, importlib, json, math, os, shutil, sys, time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Literal
 from .core import LegalnbError, atomic_write, command_parser, format_duration, read_json
+from .core import output_folder, record_written, remove_owned
 
 # %% auto #0
 __all__ = ['COMMANDS', 'QUICKSTART_PROMPT', 'QUICKSTART_OUTPUTS', 'H100_PRICE', 'usage', 'main', 'prepare_workdir',
@@ -69,8 +71,9 @@ def prepare_workdir(workdir: str | Path) -> Path:
     if wd.is_dir() and any(wd.iterdir()) and not marker.exists():
         raise LegalnbError(f'{wd}: exists, is not empty and was not written by the quickstart; '
                            'choose another --workdir')
-    for name in QUICKSTART_OUTPUTS: shutil.rmtree(wd/name, ignore_errors=True)
+    for name in QUICKSTART_OUTPUTS: remove_owned(wd, name, '--workdir')   # only what legalnb wrote there
     wd.mkdir(parents=True, exist_ok=True); marker.touch()
+    record_written(wd, 'legalnb quickstart', lambda rel: rel == Path(marker.name))
     return wd
 
 # %% ../nbs/10_cli.ipynb #c2c799ea
@@ -195,42 +198,47 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
     from legalnb.evaluate import generate
     from legalnb.run import run_plan, read_record
     from legalnb.widgets import plot_metrics
-    wd = prepare_workdir(workdir)
-    print(f'\n[sample] a synthetic Formex corpus of {docs} publications', flush=True)
-    if sample_main([str(wd/'sample'), '--docs', str(docs)]):
-        raise LegalnbError('quickstart: the sample stage failed; see its messages above')
-    # the sample plan: every stage of `legalnb run`, at the quickstart's sizes
-    flags = ['--target-tokens', '2M', '--seq-len', seq_len, '--shards', 4, '--train-tokenizer', vocab_size,
-             '--val-docs', 0.05, '--dim', dim, '--num-layers', 2, '--num-frequencies', 16, '--batch-size', batch_size,
-             '--max-steps', steps, '--lr', 3e-3, '--warmup-steps', max(1, steps // 10), '--eval-every',
-             max(1, steps // 3), '--eval-batches', 8, '--log-every', max(1, steps // 30), '--save-every', steps,
-             '--num-workers', 0, '--device', device, '--seed', 0, '--citations', 200, '--samples', 1,
-             '--cpu-threads', 1]  # tiny models run 27x faster on 1 thread than on 2 on a busy 2-core CPU
-    top = dict(input=[str(wd/'sample')], out=str(wd), preset='none', model='resonance', size='small',
-               baseline=None if baseline == 'none' else baseline)
-    opts = dict(yes=True, resume=False, max_cost=None, deadline=None, price_per_hour=H100_PRICE, stage_to=None,
-                argv=[], ours=('sample', 'compare', '.legalnb-quickstart'))
-    run_plan(None, top, [str(f) for f in flags], opts)
-    summary = read_json(wd/'run'/'summary.json', 'a run summary')
-    r = read_json(wd/'eval'/'eval.json', 'an evaluation')
-    secs = {s: read_record(wd, s).get('seconds') or 0 for s in ('parse', 'select', 'build-corpus', 'split', 'train')}
-    stage_s, train_s = sum(secs.values()) - secs['train'], secs['train']
-    print(f'\n[report] val loss {summary["val_loss"]:.3f}, perplexity {summary["val_ppl"]:.1f} '
-          f'(knowing nothing: {vocab_size})', flush=True)
-    sample = generate(wd/'run', prompt=QUICKSTART_PROMPT, max_new_tokens=60, temperature=0.8, top_k=40, device=device)
-    print(f'{QUICKSTART_PROMPT}{sample}\n', flush=True)
-    plot_metrics(wd/'run'/'metrics.jsonl').save(wd/'loss.png')
-    if compare:
-        from legalnb.compare import compare_main
-        print('\ncompare: ResonanceNet and the gpt baseline, the rows and tokens of the run above, '
-              '3 learning rates each', flush=True)
-        flags = ['--data', wd/'split', '--out', wd/'compare', '--dim', dim, '--num-layers', 2, '--num-frequencies', 16,
-                 '--num-heads', 2, '--budget', steps * batch_size * seq_len, '--lr', 3e-3, '--batch-size', batch_size,
-                 '--eval-points', 4, '--eval-batches', 4, '--cpu-threads', 1, '--device', device]
-        if compare_main([str(a) for a in flags]):
-            raise LegalnbError('quickstart: the compare stage failed; see its messages above')
-    write_report(wd, summary, sample, vocab_size, stage_s, train_s, r)
-    return summary
+    with ExitStack() as held:   # the folder: locked, and what the quickstart writes recorded, to the end
+        wd = prepare_workdir(held.enter_context(output_folder(workdir, 'legalnb quickstart', flag='--workdir',
+                                                              check=False)))   # prepare_workdir checks it
+        print(f'\n[sample] a synthetic Formex corpus of {docs} publications', flush=True)
+        if sample_main([str(wd/'sample'), '--docs', str(docs)]):
+            raise LegalnbError('quickstart: the sample stage failed; see its messages above')
+        # the sample plan: every stage of `legalnb run`, at the quickstart's sizes
+        flags = ['--target-tokens', '2M', '--seq-len', seq_len, '--shards', 4, '--train-tokenizer', vocab_size,
+                 '--val-docs', 0.05, '--dim', dim, '--num-layers', 2, '--num-frequencies', 16,
+                 '--batch-size', batch_size, '--max-steps', steps, '--lr', 3e-3, '--warmup-steps', max(1, steps // 10),
+                 '--eval-every', max(1, steps // 3), '--eval-batches', 8, '--log-every', max(1, steps // 30),
+                 '--save-every', steps, '--num-workers', 0, '--device', device, '--seed', 0, '--citations', 200,
+                 '--samples', 1, '--cpu-threads', 1]  # tiny models: 27x faster on 1 thread than 2 on a busy 2-core CPU
+        top = dict(input=[str(wd/'sample')], out=str(wd), preset='none', model='resonance', size='small',
+                   baseline=None if baseline == 'none' else baseline)
+        opts = dict(yes=True, resume=False, max_cost=None, deadline=None, price_per_hour=H100_PRICE, stage_to=None,
+                    argv=[], ours=('sample', 'compare', '.legalnb-quickstart'), hold=held.enter_context)
+        run_plan(None, top, [str(f) for f in flags], opts)
+        summary = read_json(wd/'run'/'summary.json', 'a run summary')
+        r = read_json(wd/'eval'/'eval.json', 'an evaluation')
+        secs = {s: read_record(wd, s).get('seconds') or 0
+                for s in ('parse', 'select', 'build-corpus', 'split', 'train')}
+        stage_s, train_s = sum(secs.values()) - secs['train'], secs['train']
+        print(f'\n[report] val loss {summary["val_loss"]:.3f}, perplexity {summary["val_ppl"]:.1f} '
+              f'(knowing nothing: {vocab_size})', flush=True)
+        sample = generate(wd/'run', prompt=QUICKSTART_PROMPT, max_new_tokens=60, temperature=0.8, top_k=40,
+                          device=device)
+        print(f'{QUICKSTART_PROMPT}{sample}\n', flush=True)
+        plot_metrics(wd/'run'/'metrics.jsonl').save(wd/'loss.png')
+        if compare:
+            from legalnb.compare import compare_main
+            print('\ncompare: ResonanceNet and the gpt baseline, the rows and tokens of the run above, '
+                  '3 learning rates each', flush=True)
+            flags = ['--data', wd/'split', '--out', wd/'compare', '--dim', dim, '--num-layers', 2,
+                     '--num-frequencies', 16, '--num-heads', 2, '--budget', steps * batch_size * seq_len, '--lr', 3e-3,
+                     '--batch-size', batch_size,
+                     '--eval-points', 4, '--eval-batches', 4, '--cpu-threads', 1, '--device', device]
+            if compare_main([str(a) for a in flags]):
+                raise LegalnbError('quickstart: the compare stage failed; see its messages above')
+        write_report(wd, summary, sample, vocab_size, stage_s, train_s, r)
+        return summary
 
 # %% ../nbs/10_cli.ipynb #885f9161
 def quickstart_main(argv: list[str]) -> int:

@@ -419,4 +419,6 @@ def compare_command(data: str = None,                 # split folder from `legal
     print(f"\nwrote {Path(out)/REPORT}, {Path(out)/RESULTS}, {', '.join(str(Path(out)/p) for p in PLOTS)}")
     return 0
 
-def compare_main(argv: list[str]) -> int: return run_command(compare_command, argv, 'legalnb compare')
+def compare_main(argv: list[str]) -> int:
+    from legalnb.core import Output
+    return run_command(compare_command, argv, 'legalnb compare', [Output(check=False)])   # its plan and names decide

@@ -4,18 +4,21 @@
 
 # %% ../nbs/00_core.ipynb #c05bf6d8
 from __future__ import annotations
-import argparse, inspect, json, math, os, re, sys, tempfile, types, typing
-from contextlib import contextmanager
-from dataclasses import is_dataclass
+import argparse, inspect, json, math, os, re, shutil, sys, tempfile, time, types, typing
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, is_dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Literal
 from fastcore.docments import docments
 
 # %% auto #0
-__all__ = ['NUMBER_EXAMPLES', 'PRECISIONS', 'LegalnbError', 'atomic_write', 'jsonl_record', 'jsonl_records', 'read_json',
-           'parse_number', 'parse_count', 'format_duration', 'resolve_precision', 'cuda_capability', 'usable_cores',
-           'loader_workers', 'refuse_overwriting_inputs', 'foreign_files', 'refuse_foreign_files', 'CommandParser',
-           'command_parser', 'run_command']
+__all__ = ['NUMBER_EXAMPLES', 'PRECISIONS', 'OWNED', 'OWNED_FORMAT', 'LOCK', 'LegalnbError', 'atomic_write', 'jsonl_record',
+           'jsonl_records', 'read_json', 'parse_number', 'parse_count', 'format_duration', 'resolve_precision',
+           'cuda_capability', 'usable_cores', 'loader_workers', 'available_memory', 'refuse_oversized',
+           'refuse_overwriting_inputs', 'bookkeeping', 'foreign_files', 'refuse_foreign_files', 'folder_files',
+           'owned_files', 'unowned_stamps', 'record_written', 'remove_owned', 'lock_path', 'holder_alive',
+           'folder_lock', 'followed', 'refuse_unowned', 'output_folder', 'CommandParser', 'command_parser', 'Output',
+           'run_writing', 'run_command']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -170,6 +173,38 @@ def loader_workers(limit: int = 4) -> int:  # most workers worth starting: 4 kee
     "Data-loader worker processes by default: `limit`, but never more than the cores this process may use."
     return min(limit, usable_cores())
 
+# %% ../nbs/00_core.ipynb #f8dfe20c
+def available_memory(device: str = 'cpu') -> int | None:
+    "Bytes free for new tensors: on the CPU what Linux calls available (within a container's limit), on a GPU its "
+    "free memory; None where it cannot be read."
+    if str(device).startswith('cuda'):
+        import torch
+        return torch.cuda.mem_get_info(torch.device(device))[0] if torch.cuda.is_available() else None
+    free = None
+    try: free = next(int(l.split()[1]) * 1024 for l in open('/proc/meminfo') if l.startswith('MemAvailable:'))
+    except (OSError, StopIteration, ValueError):
+        try: free = os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+        except (ValueError, OSError, AttributeError): pass
+    try:   # a container's limit (cgroup v2) may be below what the host has free
+        limit = Path('/sys/fs/cgroup/memory.max').read_text().strip()
+        if limit != 'max':
+            left = int(limit) - int(Path('/sys/fs/cgroup/memory.current').read_text())
+            free = left if free is None else min(free, left)
+    except (OSError, ValueError): pass
+    return free
+
+def refuse_oversized(path: str | Path,     # the config.json the sizes come from
+                     params: int,          # parameters it describes
+                     nbytes: int,          # bytes loading it takes (weights and buffers, at the dtype it loads in)
+                     device: str = 'cpu'): # where they would be allocated
+    "Refuse, in one line naming `path`, a model that would not fit the memory free on `device`."
+    free = available_memory(device)
+    if free is not None and nbytes > free:
+        where = 'on the GPU' if str(device).startswith('cuda') else 'in memory'
+        raise LegalnbError(f'{path}: a model of {params:,} parameters needs {nbytes / 2**30:,.1f} GiB, and '
+                           f'{free / 2**30:,.1f} GiB are free {where}; check its sizes (a damaged or hostile '
+                           'config.json), or load it on a machine with more memory')
+
 # %% ../nbs/00_core.ipynb #b5ff26f1
 def _same(a: Path, b: Path) -> bool:
     "Whether two paths name the same file (the same inode, or the same resolved path before it exists)."
@@ -186,13 +221,22 @@ def refuse_overwriting_inputs(inputs: Iterable[str | Path],  # files or folders 
                 raise LegalnbError(f'{flag} {o} is also an input; writing it would destroy what is read: '
                                    f'choose another {flag}')
 
+OWNED = '.legalnb-owned.json'   # in an output folder: what legalnb wrote there (relative path -> command)
+OWNED_FORMAT = 'legalnb.owned/1'
+LOCK = '.legalnb-lock'          # the lock of a folder while a command writes it: `.NAME.legalnb-lock` beside it
+
+def bookkeeping(name: str) -> bool:
+    "Whether a file name is legalnb's bookkeeping (an ownership record, a lock, their temporary files), not an output."
+    return name == OWNED or name.startswith(f'.{OWNED}.') or name.endswith(LOCK)
+
+
 def foreign_files(folder: str | Path,           # the output folder a command is about to write into
                   ours: Callable[[Path], bool]    # is this file (relative to folder) one the command writes?
                  ) -> list[Path]:
     "Files under `folder` that the command did not write (by `ours`), sorted; [] for a missing folder."
     folder = Path(folder)
     if not folder.exists(): return []
-    files = (p.relative_to(folder) for p in folder.rglob('*') if not p.is_dir())
+    files = (p.relative_to(folder) for p in folder.rglob('*') if not p.is_dir() and not bookkeeping(p.name))
     return sorted(p for p in files if not ours(p))
 
 def refuse_foreign_files(folder: str | Path, ours: Callable[[Path], bool], flag: str = '--out'):
@@ -201,6 +245,250 @@ def refuse_foreign_files(folder: str | Path, ours: Callable[[Path], bool], flag:
         names = ', '.join(map(str, found[:3])) + (f' and {len(found) - 3} more' if len(found) > 3 else '')
         raise LegalnbError(f'{flag} {folder} holds files legalnb did not write ({names}); '
                            'choose an empty or new folder')
+
+# %% ../nbs/00_core.ipynb #24593614
+def folder_files(folder: str | Path) -> list[Path]:
+    "Every file and link under `folder` (links not followed), relative and sorted; legalnb's bookkeeping left out."
+    folder, found = Path(folder), []
+    for root, dirs, files in os.walk(folder):
+        rel = Path(root).relative_to(folder)
+        found += [rel/n for n in files if not bookkeeping(n)]
+        found += [rel/d for d in dirs if os.path.islink(os.path.join(root, d))]   # a linked folder: one entry
+    return sorted(found)
+
+def _records(folder: Path) -> dict[str, str]:
+    "The ownership record in `folder` itself: relative path -> the command that wrote it; {} when there is none."
+    if not (folder/OWNED).is_file(): return {}
+    rec = read_json(folder/OWNED, "legalnb's record of the files it wrote there")
+    if rec.get('format') != OWNED_FORMAT or not isinstance(rec.get('files'), dict):
+        raise LegalnbError(f'{folder/OWNED}: not a record of legalnb ({OWNED_FORMAT}); delete it, and the files '
+                           'legalnb wrote there count as yours')
+    return {k: v for k, v in rec['files'].items() if isinstance(v, str)}
+
+def owned_files(folder: str | Path) -> set[Path]:
+    "The files under `folder` that legalnb wrote (those still there), by the records in it, in its subfolders, and in "
+    "the folders around it (`legalnb run` records what its stages wrote in its work folder)."
+    folder, owned = Path(folder), set()
+    for root, _, files in os.walk(folder):
+        if OWNED in files:
+            owned |= {(Path(root)/rel).relative_to(folder) for rel in _records(Path(root))
+                      if os.path.lexists(Path(root)/rel)}
+    here = Path(os.path.realpath(folder))
+    for up in here.parents:
+        if not (up/OWNED).is_file(): continue
+        try: listed = _records(up)
+        except LegalnbError: continue   # another folder's damaged record: not this command's to judge
+        inside = here.relative_to(up).as_posix() + '/'
+        owned |= {Path(rel[len(inside):]) for rel in listed if rel.startswith(inside) and os.path.lexists(up/rel)}
+    return owned
+
+def unowned_stamps(folder: str | Path) -> dict[Path, tuple]:
+    "The files under `folder` no record owns, with their inode and modification time: what was there before a command."
+    folder = Path(folder)
+    if not folder.is_dir(): return {}
+    owned = owned_files(folder)
+    return {rel: _stamp(folder/rel) for rel in folder_files(folder) if rel not in owned}
+
+def _stamp(path: Path) -> tuple[int, int]:
+    "Inode and modification time (ns) of a file or link: a file written again has other ones."
+    st = path.lstat()
+    return st.st_ino, st.st_mtime_ns
+
+def record_written(folder: str | Path,                     # an output folder
+                   command: str,                           # the command that wrote the new files
+                   ours: Callable[[Path], bool] | None = None,  # which files it may write (relative paths); None: all
+                   before: dict | None = None):            # `unowned_stamps` when it started: those it did not write
+    "Add the files `ours` matches that no record owns yet to `folder`'s record (they are `command`'s), leaving out "
+    "those that were there, unchanged, before it started; drop the records of files that are gone."
+    folder, before = Path(folder), before or {}
+    if not folder.is_dir(): return
+    old, owned = _records(folder), owned_files(folder)
+    new = {k: v for k, v in old.items() if os.path.lexists(folder/k)}
+    for rel in folder_files(folder):
+        if rel not in owned and (ours is None or ours(rel)) and before.get(rel) != _stamp(folder/rel):
+            new[rel.as_posix()] = command
+    if new == old: return
+    if not new: (folder/OWNED).unlink(); return
+    with atomic_write(folder/OWNED) as tmp:
+        tmp.write_text(json.dumps(dict(format=OWNED_FORMAT, files=dict(sorted(new.items()))), indent=0) + '\n')
+
+def remove_owned(folder: str | Path,   # an output folder
+                 rel: str | Path,      # the file or subfolder of it to delete
+                 flag: str = '--out'): # the flag that named the folder, for the message
+    "Delete `folder/rel` (a file or a folder) when legalnb wrote every file in it; else refuse, naming one it did not."
+    folder, rel = Path(folder), Path(rel)
+    target = folder/rel
+    if not os.path.lexists(target): return
+    tree = target.is_dir() and not target.is_symlink()
+    files = [rel/f for f in folder_files(target)] if tree else [rel]
+    owned = owned_files(folder)
+    if theirs := [f for f in files if f not in owned]:
+        raise LegalnbError(f'{flag} {folder}: {theirs[0]} was not written by legalnb, and {rel}{"/" if tree else ""} '
+                           f'would be deleted with it: move it away, or choose another {flag}')
+    shutil.rmtree(target) if tree else target.unlink()
+
+# %% ../nbs/00_core.ipynb #a29b9fa7
+_HELD: dict[str, list] = {}   # the locks this process holds: lock path -> [file descriptor, depth]
+
+def lock_path(folder: str | Path) -> Path:
+    "The lock of output folder `folder`: `.NAME.legalnb-lock` beside the folder its links lead to."
+    real = Path(os.path.realpath(folder))
+    return real.parent/f'.{real.name}{LOCK}'
+
+def _lock_record(fd: int) -> dict:
+    "The holder a lock file names ({} when it is empty or half-written)."
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        rec = json.loads(os.read(fd, 1 << 16).decode() or '{}')
+        return rec if isinstance(rec, dict) else {}
+    except (OSError, ValueError): return {}
+
+def _started(pid: int) -> float | None:
+    "When process `pid` started (Unix time, from /proc), or None where that cannot be read."
+    try:
+        ticks = int(Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[19])
+        boot = next(float(l.split()[1]) for l in open('/proc/stat') if l.startswith('btime'))
+        return boot + ticks / os.sysconf('SC_CLK_TCK')
+    except (OSError, ValueError, IndexError, StopIteration): return None
+
+def holder_alive(rec: dict) -> bool:
+    "Whether the process a lock record names still runs (same host, its pid there, started before the lock was taken)."
+    import socket
+    pid = rec.get('pid')
+    if rec.get('host') != socket.gethostname() or not isinstance(pid, int): return True   # cannot tell: assume so
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: pass   # another user's process
+    t = _started(pid)
+    return t is None or t <= rec.get('started', math.inf) + 1   # started later: the number was reused
+
+def _holder(rec: dict) -> str:
+    "'pid 4242 on host1 (legalnb train, since 2026-11-26 10:42:00)', or 'another process'."
+    if not rec.get('pid'): return 'another process'
+    since = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(rec['started'])) if isinstance(
+        rec.get('started'), (int, float)) else '?'
+    return f"pid {rec['pid']} on {rec.get('host', '?')} ({rec.get('command', '?')}, since {since})"
+
+def _held_by_other(lock: Path) -> dict | None:
+    "The record of the process holding `lock` ({} if unreadable), or None when no other process holds it."
+    import fcntl
+    if str(lock) in _HELD: return None
+    try: fd = os.open(lock, os.O_RDONLY)
+    except OSError: return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB); fcntl.flock(fd, fcntl.LOCK_UN)
+        rec = _lock_record(fd)
+        return rec if rec and holder_alive(rec) and rec.get('pid') != os.getpid() else None
+    except BlockingIOError: return _lock_record(fd)
+    finally: os.close(fd)
+
+@contextmanager
+def folder_lock(folder: str | Path,   # the output folder to lock (it need not exist yet)
+                command: str,         # what holds it, for the message of a process that is refused
+                flag: str = '--out'   # how the user named the folder, for messages
+               ) -> Iterator[dict]:
+    "Hold the lock of `folder` while the block runs; refuse in one line while another process holds it. Yields the "
+    "record of an earlier holder that died without releasing it ({} if none)."
+    import fcntl, socket
+    path, name = lock_path(folder), f'{flag} {folder}'.strip()
+    if str(path) in _HELD:   # this process holds it already (legalnb run inside the quickstart): nested
+        _HELD[str(path)][1] += 1
+        try: yield {}
+        finally: _HELD[str(path)][1] -= 1
+        return
+    made = _missing_parents(path.parent)
+    try: path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e: raise LegalnbError(f'{name}: cannot be written ({e.strerror})') from None
+    while True:
+        try: fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise LegalnbError(f'{name}: cannot be locked ({e.strerror} for {path}); the folder that holds it '
+                               'must be writable') from None
+        try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            rec = _lock_record(fd); os.close(fd)
+            raise LegalnbError(f'{name} is being written by {_holder(rec)}: wait for it to finish, or choose '
+                               f'another folder (lock: {path})') from None
+        try: same = os.fstat(fd).st_ino == os.stat(path).st_ino   # not a lock file its holder just deleted
+        except FileNotFoundError: same = False
+        if same: break
+        os.close(fd)
+    stale = _lock_record(fd)
+    if stale and stale.get('pid') != os.getpid() and holder_alive(stale):   # a file system without working flock
+        os.close(fd)
+        raise LegalnbError(f'{name} is being written by {_holder(stale)}: wait for it to finish, or choose another '
+                           f'folder (lock: {path})')
+    mine = dict(pid=os.getpid(), host=socket.gethostname(), command=command, started=time.time())
+    os.ftruncate(fd, 0); os.lseek(fd, 0, os.SEEK_SET); os.write(fd, json.dumps(mine).encode())
+    _HELD[str(path)] = [fd, 1]
+    try: yield stale
+    finally:
+        del _HELD[str(path)]
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino: os.unlink(path)
+        except OSError: pass
+        os.close(fd)
+        for p in reversed(made):
+            try: p.rmdir()
+            except OSError: break
+
+# %% ../nbs/00_core.ipynb #b99605b6
+def followed(path: str | Path) -> Path:
+    "The folder a symbolic link `path` leads to (a rebuild renames that folder, never the link); other paths as given."
+    return Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
+
+def _refuse_nested_writers(real: Path, name: str):
+    "Refuse a folder inside one that another process is writing, or holding one that another process is writing."
+    for up in real.absolute().parents:
+        if up.parent != up and (rec := _held_by_other(up.parent/f'.{up.name}{LOCK}')) is not None:
+            raise LegalnbError(f'{name} is inside {up}, which is being written by {_holder(rec)}: wait for it to '
+                               'finish, or choose another folder')
+    for root, _, files in os.walk(real) if real.is_dir() else ():
+        for n in files:
+            if n.endswith(LOCK) and (rec := _held_by_other(Path(root)/n)) is not None:
+                raise LegalnbError(f'{name} holds {Path(root)/n[1:-len(LOCK)]}, which is being written by '
+                                   f'{_holder(rec)}: wait for it to finish, or choose another folder')
+
+def refuse_unowned(folder: str | Path,                    # the output folder
+                   ours: Callable[[Path], bool] | None = None,  # the files the command writes or deletes; None: all
+                   flag: str = '--out',                   # how the user named the folder
+                   strict: bool = True,                   # refuse every file legalnb did not write, not only ours
+                   what: str = '',                        # what the command would do to them, for the message
+                   shown: str | Path | None = None):      # the folder as the user wrote it (default: `folder`)
+    "Raise, naming a few, if `folder` holds files legalnb did not write (by its records) that the command could touch."
+    folder = Path(folder)
+    if not folder.is_dir(): return
+    owned, mine = owned_files(folder), ours or (lambda rel: True)
+    found = [f for f in folder_files(folder) if ((f not in owned or not mine(f)) if strict else
+                                                 (mine(f) and f not in owned))]
+    if found:
+        names = ', '.join(map(str, found[:3])) + (f' and {len(found) - 3} more' if len(found) > 3 else '')
+        raise LegalnbError(f'{flag} {shown or folder} holds files legalnb did not write ({names}); '.lstrip() +
+                           (f'{what}: move them away, or choose another folder' if what
+                            else 'choose an empty or new folder'))
+
+@contextmanager
+def output_folder(folder: str | Path,                    # the folder the command writes (new or not)
+                  command: str,                          # the command, for the records and the lock
+                  ours: Callable[[Path], bool] | None = None,  # the files it writes or deletes there; None: all
+                  flag: str = '--out',                   # how the user named it
+                  strict: bool = True,                   # refuse every file legalnb did not write, not only ours
+                  what: str = '',                        # what it would do to the files `ours` matches (message)
+                  check: bool = True) -> Iterator[Path]: # False: the command checks the folder itself (lock, record)
+    "Lock `folder` while the block writes it, refuse the files legalnb did not write, record the ones it wrote. "
+    "Yields the folder to write (a link's target)."
+    p = Path(folder)
+    if p.exists() and not p.is_dir(): yield p; return   # a file: the command says what it expected
+    real, name = followed(p), f'{flag} {p}'.strip()
+    with folder_lock(real, command, flag) as stale:
+        _refuse_nested_writers(real, name)
+        if stale and real.is_dir():   # the files of a holder that was killed are legalnb's: take them over
+            record_written(real, stale.get('command') or command, ours)
+            print(f'{name}: took over the lock of {_holder(stale)}, which has ended')
+        if check: refuse_unowned(real, ours, flag, strict, what, p if p == real else f'{p} (-> {real})')
+        before = unowned_stamps(real)   # the user's files it may not touch (check=False, strict=False): never its own
+        try: yield real
+        finally: record_written(real, command, ours, before)
 
 # %% ../nbs/00_core.ipynb #c1c28776
 class CommandParser(argparse.ArgumentParser):
@@ -286,6 +574,26 @@ def command_parser(func: Callable,           # a function (or dataclass) whose p
         if suppress: action.shown_default = info.default   # not in the parsed result, but shown in --help
     return p
 
-def run_command(func: Callable, argv: list[str], prog: str) -> int:
+@dataclass
+class Output:
+    "An output folder of a command (`run_command`): locked while it runs, what it writes recorded, others' refused."
+    arg: str = 'out'                             # the parameter that names the folder
+    flag: str = '--out'                          # how the user names it ('' for a positional folder)
+    ours: Callable[[Path], bool] | None = None   # the files the command writes or deletes there; None: every file
+    strict: bool = True                          # refuse any file legalnb did not write (False: those `ours` matches)
+    what: str = ''                               # what the command does to the files `ours` matches (refusals)
+    check: bool = True                           # False: the command's own check of the folder is the stricter one
+
+def run_writing(func: Callable, kwargs: dict, prog: str, outputs: Iterable[Output] = ()) -> int:
+    "Call `func(**kwargs)` with every output folder locked, checked and recorded (a link: the folder it leads to)."
+    with ExitStack() as held:
+        for o in outputs:
+            if (given := kwargs.get(o.arg)) is None: continue
+            folder = held.enter_context(output_folder(given, prog, o.ours, o.flag, o.strict, o.what, o.check))
+            if folder != Path(given): kwargs[o.arg] = str(folder)
+        return func(**kwargs) or 0
+
+def run_command(func: Callable, argv: list[str], prog: str,
+                outputs: Iterable[Output] = ()) -> int:   # the folders it writes (see `Output`)
     "Parse `argv` with `command_parser(func)` and call `func` with the result; its return value is the exit code."
-    return func(**vars(command_parser(func, prog).parse_args(list(map(str, argv))))) or 0
+    return run_writing(func, vars(command_parser(func, prog).parse_args(list(map(str, argv)))), prog, outputs)

@@ -19,6 +19,7 @@ from fastcore.meta import delegates
 from tqdm import tqdm
 from .core import (LegalnbError, atomic_write, foreign_files, format_duration, jsonl_records, read_json,
                           refuse_foreign_files, refuse_overwriting_inputs, run_command, jsonl_record)
+from .core import Output, followed
 from .sources import parse_celex
 
 # %% auto #0
@@ -591,7 +592,7 @@ def build_corpus(selected: str | Path,         # selected.jsonl from `legalnb se
                  on_shard: Callable[[dict], None] | None = None,  # called with each finished shard's record
                 ) -> dict:
     "Tokenize, pack and shard a selection into `out`; return the manifest."
-    selected, out = Path(selected), Path(out)
+    selected, out = Path(selected), followed(out)   # a link: the rebuild replaces the folder it leads to
     _recover(out)
     _check_args(selected, out, seq_len, shards, tokenizer, vocab_size, val_docs)
     val_docs = int(val_docs) if val_docs >= 1 else val_docs  # a count of acts, or a share of them
@@ -725,7 +726,8 @@ def build_corpus_command(selected: str,                       # selected.jsonl w
     print(summary(m, time.perf_counter() - t0, out))
     return 0
 
-def build_corpus_main(argv: list[str]) -> int: return run_command(build_corpus_command, argv, 'legalnb build-corpus')
+def build_corpus_main(argv: list[str]) -> int:
+    return run_command(build_corpus_command, argv, 'legalnb build-corpus', [Output(check=False)])   # manifests decide
 
 def summary(m: dict, seconds: float, out) -> str:
     "A human summary of a manifest."

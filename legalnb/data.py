@@ -16,6 +16,7 @@ from fastcore.basics import patch
 from fastcore.meta import delegates
 from tqdm.auto import tqdm
 from .core import LegalnbError, loader_workers, read_json, refuse_overwriting_inputs, run_command
+from .core import Output, bookkeeping, followed
 
 # %% auto #0
 __all__ = ['ROWS_INDEX', 'ID_CAP', 'CHUNK_TOKENS', 'NOMINAL_PARAMS', 'TOKENS_PER_PARAM', 'MAX_GOOD_EPOCHS', 'SPLIT_MODES',
@@ -654,13 +655,13 @@ def split(path: str | Path,          # folder (or file) of row files
           by: Literal['auto', 'documents', 'files', 'rows'] = 'auto',  # auto: documents if held out, else files/rows
          ) -> dict:
     "Split row files into out/train and out/val of symbolic links (or row-range indexes); a summary dict."
-    out, src = Path(out), Path(path)
+    out, src = followed(out), Path(path)   # a link: the split replaces the folder it leads to
     if by not in ('auto', 'documents', 'files', 'rows'):
         raise LegalnbError(f"--by must be 'auto', 'documents', 'files' or 'rows', got {by!r}")
     if val_ratio is not None and not 0 < val_ratio < 1:
         raise LegalnbError(f'--val-ratio must be between 0 and 1, got {val_ratio}')
     refuse_overwriting_inputs([src], [out])
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and (not out.is_dir() or any(not bookkeeping(p.name) for p in out.iterdir())):
         raise LegalnbError(f'--out {out} exists and is not empty; choose a new folder or remove it')
     ds = PretokenizedDataset(path)  # checks row lengths and readability of every header
     held = _heldout_shards(src) if by in ('auto', 'documents') else None
@@ -745,4 +746,5 @@ def split_command(path: str,              # folder of .npy/.pt row files (a corp
     print(f'({how}; no data copied; linked: {", ".join(info["linked"]) or "nothing"})')
     return 0
 
-def split_main(argv: list[str]) -> int: return run_command(split_command, argv, 'legalnb split')
+def split_main(argv: list[str]) -> int:
+    return run_command(split_command, argv, 'legalnb split', [Output(check=False)])   # --out new or empty

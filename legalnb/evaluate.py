@@ -21,20 +21,22 @@ from tqdm import tqdm
 
 from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, jsonl_records, read_json,
                    refuse_foreign_files, refuse_overwriting_inputs, resolve_precision, run_command)
+from .core import Output, refuse_oversized, refuse_unowned, run_writing
 
 # %% auto #0
-__all__ = ['FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'LEVEL',
-           'BOOTSTRAP', 'MIN_ACTS', 'GROUPS', 'FIGURES', 'GENERAL_BUILTIN', 'REPORT_FILES', 'TASKS', 'EXPORT_FILES',
-           'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'heldout_path', 'year_band', 'read_heldout',
-           'EvalModel', 'load_native', 'model_kind', 'native_tokenizer', 'legalnb_remote_code', 'lora_base',
-           'load_eval_model', 'as_model', 'document_windows', 'position_buckets', 'bucket_label', 'document_batches',
-           'score_documents', 'metrics', 'grouped', 'generate_ids', 'TextStream', 'generate', 'extract_citations',
-           'citation_items', 'score_citations', 'LookupModel', 'summarize_citations', 'opening', 'generate_samples',
-           'rouge_l', 'rouge_openings', 'score_rouge', 'document_rows', 'citation_marks', 'resample_counts',
-           'unit_sums', 'estimate', 'add_intervals', 'general_texts', 'write_general_texts', 'read_general',
-           'score_general', 'evaluate', 'format_table', 'report_markdown', 'write_report', 'write_lm_eval_tasks',
-           'run_harness', 'suite_tasks', 'harness_scores', 'written_by_evaluate', 'clear_other_modes',
-           'evaluate_command', 'evaluate_parser', 'evaluate_main', 'generate_command', 'generate_main']
+__all__ = ['FORMAT', 'HF_DEFAULT_CONTEXT', 'TRUST_HINT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS',
+           'LEVEL', 'BOOTSTRAP', 'MIN_ACTS', 'GROUPS', 'FIGURES', 'GENERAL_BUILTIN', 'REPORT_FILES', 'TASKS',
+           'EXPORT_FILES', 'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'heldout_path', 'year_band',
+           'read_heldout', 'EvalModel', 'load_native', 'model_kind', 'native_tokenizer', 'legalnb_remote_code',
+           'lora_base', 'load_eval_model', 'as_model', 'document_windows', 'position_buckets', 'bucket_label',
+           'document_batches', 'score_documents', 'metrics', 'grouped', 'generate_ids', 'TextStream', 'generate',
+           'extract_citations', 'citation_items', 'score_citations', 'LookupModel', 'summarize_citations', 'opening',
+           'generate_samples', 'rouge_l', 'rouge_openings', 'score_rouge', 'document_rows', 'citation_marks',
+           'resample_counts', 'unit_sums', 'estimate', 'add_intervals', 'general_texts', 'write_general_texts',
+           'read_general', 'score_general', 'evaluate', 'format_table', 'report_markdown', 'write_report',
+           'write_lm_eval_tasks', 'run_harness', 'suite_tasks', 'harness_scores', 'written_by_evaluate',
+           'clear_other_modes', 'evaluate_command', 'evaluate_parser', 'evaluate_main', 'generate_command',
+           'generate_main']
 
 # %% ../nbs/11_evaluate.ipynb #76359c74
 FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
@@ -111,8 +113,10 @@ class EvalModel:
 # %% ../nbs/11_evaluate.ipynb #f1428122
 def load_native(path: str | Path) -> nn.Module:
     "A native model saved by `legalnb train` (RUN/model), of the architecture its config.json records."
-    from legalnb.models import load_model
-    return load_model(path)
+    from legalnb.models import load_model, refuse_nonfinite
+    model = load_model(path)   # refused from config.json alone when it cannot fit (before anything is allocated)
+    refuse_nonfinite(model, Path(path)/'model.safetensors')
+    return model
 
 def _model_config(folder: Path) -> dict:
     "The config.json of a folder, {} when there is none."
@@ -161,22 +165,42 @@ def native_tokenizer(model_dir: Path, tokenizer: str | Path | None = None):
                        'pass --tokenizer TOKENIZER.json')
 
 # %% ../nbs/11_evaluate.ipynb #5c07958b
-def legalnb_remote_code(folder: Path) -> bool:
-    "Whether `folder` holds modelling code that `legalnb export` wrote (the only remote code evaluation runs)."
-    cfg = folder/'config.json'
-    auto = read_json(cfg, 'a model config').get('auto_map', {}) if cfg.is_file() else {}
-    if not auto: return False
-    if not all(str(v).split('.')[0].startswith(('modeling_legalnb_', 'configuration_legalnb_')) for v in auto.values()):
-        raise LegalnbError(f'{cfg}: its auto_map runs modelling code that legalnb did not write; load it with '
-                           'transformers (trust_remote_code=True) yourself if you trust it')
+TRUST_HINT = ('loading it would run that code: pass --trust-remote-code if you trust it, or export the model '
+              'again with `legalnb export`')
+
+def legalnb_remote_code(folder: Path,        # a Hugging Face model or tokenizer folder
+                        trust: bool = False  # --trust-remote-code: run whatever code the folder's auto_map names
+                       ) -> bool:
+    "Whether transformers may run the code of `folder` (its auto_map): legalnb export's own files, recognised by "
+    "their exact content, or any code with `trust`; other code is refused."
+    import hashlib
+    from legalnb.export import RESONANCE_AUTO_MAP, exported_code
+    maps = {f: read_json(folder/f, 'a model config').get('auto_map') for f in ('config.json', 'tokenizer_config.json')
+            if (folder/f).is_file()}
+    if not any(maps.values()): return False
+    if trust: return True
+    if maps.get('tokenizer_config.json'):   # legalnb export writes a plain fast tokenizer: no code of its own
+        raise LegalnbError(f'{folder/"tokenizer_config.json"}: its auto_map names tokenizer code legalnb did not '
+                           f'write; {TRUST_HINT}')
+    auto = maps['config.json']
+    if not isinstance(auto, dict) or any(RESONANCE_AUTO_MAP.get(k) != v for k, v in auto.items()):
+        raise LegalnbError(f'{folder/"config.json"}: its auto_map {json.dumps(auto)[:120]} names modelling code '
+                           f'legalnb did not write; {TRUST_HINT}')
+    for name, code in exported_code().items():
+        want = hashlib.sha256(code.encode('utf-8')).hexdigest()
+        got = hashlib.sha256((folder/name).read_bytes()).hexdigest() if (folder/name).is_file() else None
+        if got != want:   # by content, not by name: a file called like legalnb's may hold anything
+            raise LegalnbError(f'{folder/name}: ' + ('missing' if got is None else f'not the code legalnb export '
+                               f'writes (sha256 {got[:12]}..., legalnb writes {want[:12]}...)') + f'; {TRUST_HINT}')
     return True
 
-def _hf_tokenizer(*folders: Path):
+def _hf_tokenizer(*folders: Path, trust: bool = False):
     "The transformers fast tokenizer saved in the first of `folders` that has one."
     from transformers import AutoTokenizer
     for f in folders:
         if any((f/n).is_file() for n in ('tokenizer.json', 'tokenizer_config.json', 'tokenizer.model')):
-            tok = AutoTokenizer.from_pretrained(f, local_files_only=True, trust_remote_code=legalnb_remote_code(f))
+            tok = AutoTokenizer.from_pretrained(f, local_files_only=True,
+                                                trust_remote_code=legalnb_remote_code(f, trust))
             if not getattr(tok, 'is_fast', False):
                 raise LegalnbError(f'{f}: only a slow tokenizer; save a fast one (tokenizer.json) with save_pretrained')
             return tok
@@ -194,6 +218,16 @@ def lora_base(adapter: Path, base: str | Path | None = None) -> Path:
         if name and (p/'config.json').is_file(): return p
     raise LegalnbError(f'{adapter/"adapter_config.json"}: its base model {name!r} is not a local model folder; '
                        'pass --base BASE_MODEL_FOLDER')
+
+def _hf_footprint(model_dir: Path, trust: bool, dtype: torch.dtype) -> tuple[int, int]:
+    "Parameters and bytes of a Hugging Face model at `dtype`, from its config.json alone (built on the meta device)."
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from legalnb.models import check_config_sizes
+    check_config_sizes(read_json(model_dir/'config.json', 'a model config'), model_dir/'config.json')
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust)
+    with torch.device('meta'): m = AutoModelForCausalLM.from_config(config, trust_remote_code=trust, dtype=dtype)
+    tensors = {id(t): t for t in [*m.parameters(), *m.buffers()]}.values()
+    return sum(p.numel() for p in m.parameters()), sum(t.numel() * t.element_size() for t in tensors)
 
 def _hf_context(config, tok) -> int:
     "The longest input a transformers model takes."
@@ -215,7 +249,8 @@ def load_eval_model(path: str | Path,                  # run folder, Hugging Fac
                     base: str | Path | None = None,    # LoRA: the base model folder (default: the adapter's)
                     context: int | None = None,        # window length (default: the model's context)
                     device: str = 'auto',              # 'auto', 'cuda' or 'cpu'
-                    precision: str = 'auto') -> EvalModel:  # 'auto': bf16 on GPUs that have it, fp32 on the CPU
+                    precision: str = 'auto',           # 'auto': bf16 on GPUs that have it, fp32 on the CPU
+                    trust_remote_code: bool = False) -> EvalModel:  # run a Hugging Face folder's own code (auto_map)
     "Load a native run, a Hugging Face model folder or a LoRA finetune output (merged into its base), all local."
     kind, folder = model_kind(path)
     dev = _device(device)
@@ -230,14 +265,18 @@ def load_eval_model(path: str | Path,                  # run folder, Hugging Fac
     else:
         from transformers import AutoModelForCausalLM
         model_dir = lora_base(folder, base) if kind == 'lora' else folder
-        hf_tok = _hf_tokenizer(*([Path(tokenizer)] if tokenizer else [folder, model_dir]))
+        trust = legalnb_remote_code(model_dir, trust_remote_code)   # refused here unless legalnb's or trusted
+        hf_tok = _hf_tokenizer(*([Path(tokenizer)] if tokenizer else [folder, model_dir]), trust=trust_remote_code)
         if hf_tok.eos_token_id is None:
             raise LegalnbError(f'{folder}: the tokenizer has no eos_token; set one in tokenizer_config.json')
+        refuse_oversized(model_dir/'config.json', *_hf_footprint(model_dir, trust, _DTYPES[prec]))
         module = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=_DTYPES[prec],
-                                                      trust_remote_code=legalnb_remote_code(model_dir))
+                                                      trust_remote_code=trust)
         if kind == 'lora':
             from peft import PeftModel
             module = PeftModel.from_pretrained(module, folder, local_files_only=True).merge_and_unload()
+        from legalnb.models import refuse_nonfinite
+        refuse_nonfinite(module, folder)
         top = _hf_context(module.config, hf_tok)
         spec = dict(tokenizer=hf_tok.backend_tokenizer, eos_id=hf_tok.eos_token_id, prefix_id=hf_tok.bos_token_id,
                     hf_tokenizer=hf_tok)
@@ -1054,7 +1093,8 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
                      against: str = None,         # also score this reference and report the change (bare: the base)
                      retained: list[str] = None,  # BASE FAST FULL: the share of the full run's gain the fast run kept
                      lm_eval_tasks: list[str] = None,  # lm-eval suites too: task names, task YAML files or folders
-                     price_per_hour: float = 2.50):    # dollars per GPU-hour, for the cost of each --retained run
+                     price_per_hour: float = 2.50,     # dollars per GPU-hour, for the cost of each --retained run
+                     trust_remote_code: bool = False):  # run the Python code a model folder names (auto_map)
     "Score a model on held-out acts: loss, perplexity, bits per byte, loss by position, citations, samples."
     opts = dict(locals())
     if data is None: raise LegalnbError('--data is required: the held-out documents (heldout.jsonl, or its folder)')
@@ -1069,6 +1109,7 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
     gdocs = read_general(general) if general and general != 'none' else None
     if export_lm_eval:
         refuse_overwriting_inputs([data] + ([model] if model else []), [export_lm_eval], '--export-lm-eval')
+        refuse_unowned(export_lm_eval, lambda p: str(p) in EXPORT_FILES, '--export-lm-eval')   # by the records
         written = write_lm_eval_tasks(docs, export_lm_eval, citations, seed)
         print(f'lm-eval tasks in {export_lm_eval}: ' + ', '.join(p.name for p in written),
               file=sys.stderr if json else sys.stdout)
@@ -1083,7 +1124,8 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
     model_kind(model)
     refuse_overwriting_inputs([model, data], [out])
     refuse_foreign_files(out, written_by_evaluate, '--out')
-    lm = load_eval_model(model, tokenizer, base, context, device, precision)
+    refuse_unowned(out, written_by_evaluate, '--out')   # an eval.json of the user's is not replaced
+    lm = load_eval_model(model, tokenizer, base, context, device, precision, trust_remote_code)
     r = evaluate(lm, docs, batch_tokens=batch_tokens, citations=citations, samples=samples,
                  max_new_tokens=max_new_tokens, seed=seed, eos=eos, progress=progress, rouge=rouge, general=gdocs,
                  bootstrap=bootstrap)
@@ -1112,7 +1154,10 @@ def evaluate_parser():
 
 def evaluate_main(argv: list[str]) -> int:
     "`legalnb evaluate RUN_OR_MODEL --data HELDOUT [--against [REF]] [--json] [--out DIR]`."
-    return evaluate_command(**vars(evaluate_parser().parse_args(list(map(str, argv))))) or 0
+    return run_writing(evaluate_command, vars(evaluate_parser().parse_args(list(map(str, argv)))), 'legalnb evaluate',
+                       [Output(ours=written_by_evaluate, check=False),   # checked after the arguments
+                        Output('export_lm_eval', '--export-lm-eval', ours=lambda p: str(p) in EXPORT_FILES,
+                               check=False)])
 
 # %% ../nbs/11_evaluate.ipynb #b5c60226
 def generate_command(model: str,                 # run folder, Hugging Face model folder or finetune output
@@ -1124,12 +1169,14 @@ def generate_command(model: str,                 # run folder, Hugging Face mode
                      tokenizer: str = None,      # tokenizer.json (native) or tokenizer folder; default: found
                      base: str = None,           # LoRA: the base model folder (default: the one the adapter names)
                      device: Literal['auto', 'cuda', 'cpu'] = 'auto',  # 'auto': the GPU when there is one
-                     precision: Literal['auto', 'bf16', 'fp16', 'fp32'] = 'auto'):  # 'auto': bf16 where the GPU has it
+                     precision: Literal['auto', 'bf16', 'fp16', 'fp32'] = 'auto',  # 'auto': bf16 where the GPU has it
+                     trust_remote_code: bool = False):  # run the Python code a model folder names (auto_map)
     "Continue a prompt with a trained model, streaming the text as it comes."
     if prompt is None: raise LegalnbError("--prompt is required: the text to continue, e.g. --prompt 'Article 1'")
     if max_new_tokens < 1: raise LegalnbError(f'--max-new-tokens must be at least 1, got {max_new_tokens}')
     if temperature < 0 or top_k < 0: raise LegalnbError('--temperature and --top-k must be 0 or more')
-    lm = load_eval_model(model, tokenizer, base, device=device, precision=precision)
+    lm = load_eval_model(model, tokenizer, base, device=device, precision=precision,
+                         trust_remote_code=trust_remote_code)
     def write(piece: str): sys.stdout.write(piece); sys.stdout.flush()
     write(prompt)
     generate(lm, prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,

@@ -11,10 +11,12 @@ from pathlib import Path
 import torch
 
 from .core import LegalnbError, refuse_foreign_files, refuse_overwriting_inputs, run_command, read_json
+from .core import Output, followed
 
 # %% auto #0
-__all__ = ['RESONANCE_TYPE', 'MODELING_SOURCES', 'EXPORT_FILES', 'resonance_modeling_code', 'resonance_config_code',
-           'export_resonance', 'export_gpt', 'export_tokenizer', 'export_model', 'export_command', 'export_main']
+__all__ = ['RESONANCE_TYPE', 'MODELING_SOURCES', 'RESONANCE_AUTO_MAP', 'EXPORT_FILES', 'resonance_modeling_code',
+           'resonance_config_code', 'exported_code', 'export_resonance', 'export_gpt', 'export_tokenizer',
+           'export_model', 'export_command', 'export_main']
 
 # %% ../nbs/13_export.ipynb #3f036d57
 RESONANCE_TYPE = 'legalnb_resonance'    # the model_type of an exported ResonanceNet (config.json)
@@ -179,19 +181,26 @@ def resonance_config_code() -> str:
                           assignments='\n'.join(f'        self.{n} = {n}' for n, _ in fs))
 
 # %% ../nbs/13_export.ipynb #3546b342
+RESONANCE_AUTO_MAP = {'AutoConfig': 'configuration_legalnb_resonance.LegalnbResonanceConfig',
+                      'AutoModelForCausalLM': 'modeling_legalnb_resonance.LegalnbResonanceForCausalLM'}
+
+def exported_code() -> dict[str, str]:
+    "The Python files `legalnb export` writes beside a ResonanceNet, by name: the only code legalnb lets "
+    "transformers run without --trust-remote-code, and only when a folder holds them byte for byte."
+    return {'configuration_legalnb_resonance.py': resonance_config_code(),
+            'modeling_legalnb_resonance.py': resonance_modeling_code()}
+
 def export_resonance(model, out: Path, eos_id: int) -> list[str]:
     "Write ResonanceNet as a trust_remote_code transformers folder: config, weights and the modelling code."
     from safetensors.torch import save_file
     c = model.config
-    (out/'configuration_legalnb_resonance.py').write_text(resonance_config_code())
-    (out/'modeling_legalnb_resonance.py').write_text(resonance_modeling_code())
+    for name, code in exported_code().items(): (out/name).write_text(code, encoding='utf-8')
     state = {f'model.{k}': v.detach().contiguous().cpu() for k, v in model.state_dict().items()
              if not (c.tie_embeddings and k == 'lm_head.weight')}
     save_file(state, str(out/'model.safetensors'), metadata={'format': 'pt'})
     import transformers
     config = {**c.to_dict(), 'model_type': RESONANCE_TYPE, 'architectures': ['LegalnbResonanceForCausalLM'],
-              'auto_map': {'AutoConfig': 'configuration_legalnb_resonance.LegalnbResonanceConfig',
-                           'AutoModelForCausalLM': 'modeling_legalnb_resonance.LegalnbResonanceForCausalLM'},
+              'auto_map': RESONANCE_AUTO_MAP,
               'max_position_embeddings': c.max_seq_len, 'tie_word_embeddings': False,
               'eos_token_id': eos_id, 'pad_token_id': eos_id, 'dtype': 'float32',
               'transformers_version': transformers.__version__}
@@ -263,7 +272,7 @@ def export_model(model: str | Path,            # run folder (legalnb train --out
     if kind != 'native':
         raise LegalnbError(f'{model}: already a Hugging Face folder ({kind}); export takes a legalnb run '
                            'or model folder')
-    out = Path(out)
+    out = followed(out)   # a link: the files go into the folder it leads to
     refuse_overwriting_inputs([model, folder], [out])
     refuse_foreign_files(out, lambda p: str(p) in EXPORT_FILES, '--out')
     arch = read_json(folder/'config.json', 'a model config').get('architecture', 'resonance')
@@ -290,4 +299,5 @@ def export_command(model: str,              # run folder (legalnb train --out) o
     print(f"load it with AutoModelForCausalLM.from_pretrained({out!r}{', trust_remote_code=True' if remote else ''})")
     return 0
 
-def export_main(argv: list[str]) -> int: return run_command(export_command, argv, 'legalnb export')
+def export_main(argv: list[str]) -> int:
+    return run_command(export_command, argv, 'legalnb export', [Output(ours=lambda p: str(p) in EXPORT_FILES)])

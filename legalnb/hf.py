@@ -1045,7 +1045,12 @@ def finetune_parser() -> CommandParser:
 
 def finetune_main(argv: list[str]) -> int:
     "`legalnb finetune ARGV`; under a launcher, the process group is taken down before the process exits."
-    try: return finetune_command(**vars(finetune_parser().parse_args(argv)), command=shlex.join(argv))
+    from legalnb.core import Output, run_writing
+    main_rank = int(os.environ.get('RANK', 0)) == 0   # rank 0 locks and records --out (under a launcher)
+    args = dict(vars(finetune_parser().parse_args(argv)), command=shlex.join(argv))
+    if main_rank and all(args.get(k) for k in ('model', 'data', 'out')):   # an input as --out, a file: said first
+        check_run_folder(args['model'], args['data'], args['out'])
+    try: return run_writing(finetune_command, args, 'legalnb finetune', [Output(ours=_run_file)] if main_rank else [])
     finally:   # left to interpreter exit, gloo's threads can abort a finished run ("terminate called ...", exit -6)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

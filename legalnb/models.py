@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fastcore.basics import patch
-from .core import LegalnbError, read_json
+from .core import LegalnbError, read_json, refuse_oversized
 
 # %% auto #0
-__all__ = ['MODELS', 'ModelSpec', 'resonance_no_decay', 'gpt_no_decay', 'get_model', 'register', 'size_table', 'load_model']
+__all__ = ['MODELS', 'MAX_LAYERS', 'MAX_CONTEXT', 'MAX_PARAMS', 'ModelSpec', 'resonance_no_decay', 'gpt_no_decay', 'get_model',
+           'register', 'size_table', 'check_config_sizes', 'model_footprint', 'refuse_nonfinite', 'load_model']
 
 # %% ../nbs/04b_models.ipynb #823bc6e4
 def _resolve(ref: Any) -> Any:
@@ -138,6 +139,51 @@ def size_table(name: str,              # a registered architecture
                          gflops_per_token=spec.flops_per_token(c, seq_len) / 1e9))
     return rows
 
+# %% ../nbs/04b_models.ipynb #301db7e7
+MAX_LAYERS = 1024        # blocks: deeper than any language model trained (DeepNet: 1,000); beyond is a bad config
+MAX_CONTEXT = 1 << 24    # tokens of context (16M): position tables and caches grow with it
+MAX_PARAMS = 2 * 10**12  # parameters: beyond the largest dense models; a config that asks for more is not a model
+
+def check_config_sizes(cfg: dict, path: str | Path):
+    "Refuse a config.json whose depth or context is beyond the sane ceilings, before anything is built from it."
+    for keys, top, what in ((('num_layers', 'num_hidden_layers', 'n_layer'), MAX_LAYERS, 'layers'),
+                            (('max_seq_len', 'max_position_embeddings', 'n_positions'), MAX_CONTEXT, 'tokens')):
+        for k in keys:
+            if isinstance(v := cfg.get(k), (int, float)) and not isinstance(v, bool) and v > top:
+                raise LegalnbError(f'{path}: {k} {v:,} is beyond {top:,} {what}, more than any language model has; '
+                                   'the config is damaged or not a model\'s')
+
+def model_footprint(directory: str | Path) -> tuple[int, int]:
+    "Parameters and bytes (float32 weights and buffers) of the model saved in `directory`, from its config.json "
+    "alone: checked against the ceilings, then built on the meta device, which allocates nothing."
+    import torch
+    path = Path(directory)/'config.json'
+    d = read_json(path, 'a model config written by model.save()')
+    arch = d.get('architecture', 'resonance')
+    if arch not in MODELS:
+        raise LegalnbError(f'{path}: architecture {arch!r} is not registered; choose from {", ".join(MODELS)} '
+                           '(or register it first)')
+    check_config_sizes(d, path)
+    spec = MODELS[arch]
+    try: config = spec.config_class.from_dict({k: v for k, v in d.items() if k != 'architecture'})
+    except (LegalnbError, TypeError, ValueError) as e: raise LegalnbError(f'{path}: {e}') from None
+    with torch.device('meta'): m = spec.build(config)
+    tensors = {id(t): t for t in [*m.parameters(), *m.buffers()]}.values()   # a tied tensor once
+    params = sum(p.numel() for p in m.parameters())
+    if params > MAX_PARAMS:
+        raise LegalnbError(f'{path}: {params:,} parameters is beyond {MAX_PARAMS:,}; the config is damaged or not a '
+                           'model\'s')
+    return params, sum(t.numel() * 4 for t in tensors)
+
+def refuse_nonfinite(model, weights: str | Path):
+    "Refuse weights holding NaN or infinite values, naming the first such tensor (a diverged or damaged run)."
+    import torch
+    for name, t in model.state_dict().items():
+        if (t.is_floating_point() or t.is_complex()) and t.device.type != 'meta' and (
+                bad := int((~torch.isfinite(t)).sum())):
+            raise LegalnbError(f'{weights}: tensor {name} holds {bad:,} NaN or infinite value(s) of {t.numel():,}; '
+                               'the model diverged or the file is damaged: use an earlier checkpoint')
+
 # %% ../nbs/04b_models.ipynb #2c39b317
 def load_model(directory: str | Path,     # a folder with config.json and model.safetensors
                map_location='cpu',        # device for the weights
@@ -148,4 +194,8 @@ def load_model(directory: str | Path,     # a folder with config.json and model.
     if arch not in MODELS:
         raise LegalnbError(f'{path}: architecture {arch!r} is not registered; choose from {", ".join(MODELS)} '
                            '(or register it first)')
+    params, nbytes = model_footprint(directory)   # from config.json alone: refused before anything is allocated
+    weights = Path(directory)/'model.safetensors'
+    size = weights.stat().st_size if weights.is_file() else 0
+    refuse_oversized(path, params, nbytes + size)   # the model and the file's tensors, both in memory while loading
     return MODELS[arch].load(directory, map_location=map_location)

@@ -5,6 +5,7 @@
 # %% ../nbs/14_run.ipynb #7f0c9df4
 from __future__ import annotations
 import argparse, hashlib, json, math, os, re, shlex, shutil, sys, time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from .core import LegalnbError, atomic_write, command_parser, format_duration, read_json, parse_number
@@ -12,8 +13,9 @@ from .core import LegalnbError, atomic_write, command_parser, format_duration, r
 # %% auto #0
 __all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'PLAN_TEMPLATE', 'WORK_NAMES', 'write_plan', 'stage_flags', 'read_plan',
            'cli_overrides', 'Stage', 'build_stages', 'check_plan', 'fingerprint', 'read_record', 'write_record',
-           'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines', 'training_estimate', 'confirm', 'stage_split',
-           'run_plan', 'reference_lines', 'write_report', 'run_command', 'run_parser', 'run_main']
+           'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines', 'training_estimate', 'confirm',
+           'staged_files', 'stage_split', 'run_plan', 'reference_lines', 'write_report', 'run_command', 'run_parser',
+           'run_main']
 
 # %% ../nbs/14_run.ipynb #79e39887
 STAGES = ('parse', 'select', 'build-corpus', 'split', 'train', 'evaluate')  # 'train' is 'finetune' for an HF model
@@ -533,34 +535,74 @@ def confirm(yes: bool, what: str = 'start training') -> bool:
     return input(f'{what}? [y/N] ').strip().lower() in ('y', 'yes')
 
 # %% ../nbs/14_run.ipynb #d4d71ec8
+def staged_files(src: Path) -> dict[str, Path]:
+    "What training reads from a split (or corpus) folder, by its path in a copy: every file, links followed, and "
+    "each row file's document starts (a split links into the corpus; its doc_starts/ go beside the copied rows)."
+    from legalnb.core import bookkeeping
+    from legalnb.data import doc_starts_file
+    if rows := sorted(src.rglob('rows.json')):
+        raise LegalnbError(f'--stage-to: {rows[0]} lists row ranges of files elsewhere; --stage-to copies splits '
+                           'of whole files (legalnb split --by documents or --by files)')
+    found = {p.relative_to(src).as_posix(): p for p in sorted(src.rglob('*'))
+             if p.is_file() and not bookkeeping(p.name) and RECORDS not in p.relative_to(src).parts}
+    for rel, p in list(found.items()):
+        if p.suffix == '.npy' and 'doc_starts' not in Path(rel).parts and (starts := doc_starts_file(p)).is_file():
+            found.setdefault((Path(rel).parent/'doc_starts'/p.name).as_posix(), starts)
+    return found
+
+def _known_sha256(src: Path) -> dict[str, str]:
+    "SHA-256 of the corpus files behind `src`, by real path, as its manifest records them (shards, starts, held out)."
+    if not (src/'manifest.json').is_file(): return {}
+    man = read_json(src/'manifest.json', 'a corpus manifest')
+    corpus = Path(os.path.realpath(src/'manifest.json')).parent   # a split links its manifest: the corpus's folder
+    known = {}
+    for r in man.get('shards', []) + man.get('val_shards', []) + [man.get('heldout') or {}]:
+        for f, h in ((r.get('file'), r.get('sha256')), (r.get('doc_starts'), r.get('doc_starts_sha256'))):
+            if isinstance(f, str) and isinstance(h, str): known[os.path.realpath(corpus/f)] = h
+    return known
+
+def _copy_hashed(src: Path, dest: Path, bar) -> str:
+    "Copy `src` to `dest` atomically; the SHA-256 of the bytes read."
+    h = hashlib.sha256()
+    with atomic_write(dest) as tmp, open(src, 'rb') as f, open(tmp, 'wb') as out:
+        while chunk := f.read(1 << 22): h.update(chunk); out.write(chunk); bar.update(len(chunk))
+    return h.hexdigest()
+
 def stage_split(split: Path, dest: Path, progress: bool = True) -> Path:
-    "Copy a split (its shards, document starts, manifest, tokenizer) to `dest`, verifying every file; `dest`."
+    "Copy what training reads from `split` (shards, their document starts, manifest, tokenizer) to `dest`, each "
+    "file's content checked by SHA-256 (the manifest's, or computed once from the source); `dest`."
     from tqdm.auto import tqdm
-    files = sorted(p for p in split.rglob('*') if p.is_file())   # links followed: the shards themselves
-    man = read_json(split/'manifest.json', 'a corpus manifest') if (split/'manifest.json').exists() else {}
-    corpus = Path(os.path.realpath(split/'manifest.json')).parent   # the shards' checksums, by their real path
-    known = {os.path.realpath(corpus/r['file']): r['sha256'] for r in man.get('shards', []) + man.get('val_shards', [])
-             if 'sha256' in r}
-    done = read_record(dest, 'staged') if dest.exists() else {}
-    want = {str(p.relative_to(split)): p.stat().st_size for p in files}
-    if done.get('files') and {k: v['size'] for k, v in done['files'].items()} == want and all(
-            (dest/k).is_file() and (dest/k).stat().st_size == v for k, v in want.items()):
-        print(f'stage-to: {dest} already holds a verified copy of {split}'); return dest
-    total, record = sum(want.values()), {}
-    bar = tqdm(total=total, unit='B', unit_scale=True, desc=f'stage-to {dest}', disable=None if progress else True)
-    with bar:
-        for p in files:
-            rel = str(p.relative_to(split)); h = hashlib.sha256()
-            with atomic_write(dest/rel) as tmp, open(p, 'rb') as src, open(tmp, 'wb') as out:
-                while chunk := src.read(1 << 22): h.update(chunk); out.write(chunk); bar.update(len(chunk))
-            copied = fingerprint(dest/rel)
-            expect = known.get(os.path.realpath(p), h.hexdigest())
-            if copied != expect or h.hexdigest() != expect:
-                raise LegalnbError(f'--stage-to: {dest/rel} does not match its source {p} (checksum); the disk or '
-                                   'the source changed: run again')
-            record[rel] = dict(size=want[rel], sha256=copied)
-    write_record(dest, 'staged', dict(source=str(split.resolve()), files=record))
-    print(f'stage-to: copied {len(files)} files ({total / 2**20:,.1f} MiB) to {dest}, every checksum verified')
+    from legalnb.core import output_folder, remove_owned
+    with output_folder(dest, 'legalnb run --stage-to', flag='--stage-to') as dest:
+        files, known = staged_files(split), _known_sha256(split)
+        done = read_record(dest, 'staged').get('files') or {}
+        record, todo = {}, []
+        for rel, p in files.items():   # a copy stays when its source is as recorded and its bytes hash as recorded
+            st, real, r = p.stat(), os.path.realpath(p), done.get(rel) or {}
+            same_source = r.get('source') == real and r.get('source_stamp') == [st.st_size, st.st_mtime_ns]
+            if same_source and known.get(real, r.get('sha256')) == r.get('sha256') and (dest/rel).is_file() \
+                    and (dest/rel).stat().st_size == st.st_size and fingerprint(dest/rel) == r['sha256']:
+                record[rel] = r
+            else: todo.append(rel)
+        for rel in sorted(set(done) - set(files)): remove_owned(dest, rel, '--stage-to')   # an earlier split's file
+        total = sum(files[rel].stat().st_size for rel in todo)
+        with tqdm(total=total, unit='B', unit_scale=True, desc=f'stage-to {dest}',
+                  disable=None if progress else True) as bar:
+            for rel in todo:
+                p, real = files[rel], os.path.realpath(files[rel])
+                st = p.stat()
+                read = _copy_hashed(p, dest/rel, bar)
+                expect = known.get(real, read)   # the manifest's checksum, else the source's, read once while copying
+                if read != expect or fingerprint(dest/rel) != expect:
+                    raise LegalnbError(f'--stage-to: {dest/rel} does not match its source {p} (checksum); the disk or '
+                                       'the source changed: run again')
+                record[rel] = dict(size=st.st_size, sha256=expect, source=real,
+                                   source_stamp=[st.st_size, st.st_mtime_ns])
+        write_record(dest, 'staged', dict(source=str(split.resolve()), files=record))
+    if todo: print(f'stage-to: copied {len(todo)} of {len(files)} files ({total / 2**20:,.1f} MiB) to {dest}, every '
+                   'checksum verified')
+    else: print(f'stage-to: {dest} already holds a verified copy of {split} ({len(files)} files, every checksum '
+                'checked)')
     return dest
 
 # %% ../nbs/14_run.ipynb #0a843d82
@@ -652,7 +694,7 @@ def _ours(rel: Path) -> bool:
 
 def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> dict:
     "Check the plan, then run the stages that are not up to date; the training summary (or the stop) and the stages."
-    from legalnb.core import refuse_foreign_files
+    from legalnb.core import output_folder, refuse_unowned, remove_owned
     raw, base = read_plan(plan)
     if base != Path('.'):   # the command line's paths start from the shell's folder, the plan's from the plan's
         here = lambda v: os.path.abspath(v) if v else v
@@ -664,7 +706,12 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
     stages, top = build_stages(raw, base, cli, opts['stage_to'])
     info = check_plan(stages, top)
     work, names = top['out'], [s.name for s in stages]
-    refuse_foreign_files(work, lambda rel: _ours(rel) or rel.parts[0] in opts.get('ours', ()), '--out')
+    ours = lambda rel: _ours(rel) or rel.parts[0] in opts.get('ours', ())
+    if hold := opts.get('hold'): hold(output_folder(work, 'legalnb run', ours))   # locked and recorded to the end
+    else: refuse_unowned(work, ours)   # the caller holds the folder
+    for s in stages if opts.get('stage_to') else ():   # a copy trained on holds only copies legalnb made: checked now
+        if s.name in ('train', 'train-2', 'finetune', 'finetune-2', 'baseline'):
+            refuse_unowned(Path(_value(s.argv, '--data')), flag='--stage-to')
     trainers = [i for i, n in enumerate(names) if n in ('train', 'train-2', 'finetune', 'finetune-2', 'baseline')]
     reasons = [why_stale(s, read_record(work, s.name)) for s in stages]
     t = next((i for i in trainers if reasons[i]), trainers[-1])   # the training to run (or resume) first
@@ -690,7 +737,7 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
         write_record(work, s.name, dict(stage=s.name, argv=s.argv, inputs=inputs, finished=False))
         print(f'\n[{i + 1}/{len(stages)}] {s.name}' + (' (resuming)' if resuming and i >= t else ''), flush=True)
         t0 = time.perf_counter()
-        if s.name in ('split', 'split-2'): shutil.rmtree(s.output.parent, ignore_errors=True)   # a new folder
+        if s.name in ('split', 'split-2'): remove_owned(work, s.output.parent.name)   # a new folder (legalnb's only)
         if s.name in ('train', 'train-2', 'baseline'):
             split_dir = Path(_value(s.argv, '--data'))
             if opts['stage_to']: stage_split(work/split_dir.name, split_dir)
@@ -702,7 +749,7 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
             _before_finetune(s, top, opts)
             out, data = Path(_value(s.argv, '--out')), Path(_value(s.argv, '--data'))   # run/, corpus/ (or -2)
             again = resuming and any(out.glob('checkpoint-*'))
-            if not again: shutil.rmtree(out, ignore_errors=True)
+            if not again: remove_owned(work, out.name)
             if opts['stage_to']: stage_split(work/data.name, data)
             summary = _finetune([*s.argv, *(['--resume'] if again else [])], opts)
             if summary.get('stopped'): return dict(stopped=summary, stages=stages, work=work)
@@ -820,9 +867,10 @@ def run_main(argv: list[str]) -> int:
     opts = dict(yes=a.yes, resume=a.resume, max_cost=a.max_cost, price_per_hour=a.price_per_hour,
                 deadline=parse_deadline(a.deadline) if a.deadline else None, stage_to=a.stage_to, argv=argv)
     top = dict(input=a.input, out=a.out, preset=a.preset, model=a.model, size=a.size, baseline=a.baseline)
-    done = run_plan(plan, top, rest, opts)
-    if 'stopped' in done:
-        print(_stopped_message(done['stopped'], opts)); return 3
-    report = write_report(done['work'], done['stages'], done['top'])
+    with ExitStack() as held:   # the work folder stays locked, and what the run writes is recorded, past the report
+        done = run_plan(plan, top, rest, opts | dict(hold=held.enter_context))
+        if 'stopped' in done:
+            print(_stopped_message(done['stopped'], opts)); return 3
+        report = write_report(done['work'], done['stages'], done['top'])
     print(f'\nlegalnb run done in {format_duration(time.perf_counter() - t0)}: {report}')
     return 0

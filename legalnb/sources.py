@@ -16,6 +16,7 @@ from fastcore.basics import patch
 from tqdm.auto import tqdm
 
 from .core import LegalnbError, atomic_write, jsonl_records, refuse_overwriting_inputs, run_command
+from .core import Output, followed
 
 # %% auto #0
 __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORDS', 'EU_LANGUAGES', 'FORMEX_BLOCKS',
@@ -1711,7 +1712,7 @@ def _write_publications(tmp: Path, docs: int, seed: int) -> dict:
 
 def write_sample(out: str | Path, docs: int = 200, seed: int = 0) -> dict:
     "Write a deterministic synthetic Formex corpus of `docs` publications to folder `out`; return its manifest."
-    out = Path(out)
+    out = followed(out)   # a link: the sample replaces the folder it leads to
     if docs < 1: raise LegalnbError(f'--docs must be at least 1, got {docs}')
     if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out/'sample.json').exists()):
         raise LegalnbError(f'{out}: exists and is not a legalnb sample; choose a new folder')
@@ -1755,5 +1756,5 @@ def parse_command(inputs: list[str],           # folders, .jsonl files or Formex
     counts = parse_documents(inputs, out, None if progress else False, strict, num_proc, notes)
     print(format_parse_summary(counts, out))
 
-def sample_main(argv: list[str]) -> int: return run_command(sample_command, argv, 'legalnb sample')
+def sample_main(argv: list[str]) -> int: return run_command(sample_command, argv, 'legalnb sample', [Output(flag='')])
 def parse_main(argv: list[str]) -> int: return run_command(parse_command, argv, 'legalnb parse')

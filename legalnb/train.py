@@ -20,17 +20,17 @@ from .presets import (seq_len_at, BATCH_LR_RULES, parse_batch_schedule, accum_at
                              batch_lr_factor)
 
 # %% auto #0
-__all__ = ['SCHEDULES', 'DEVICES', 'STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHANGE', 'RUN_OUTPUTS', 'TrainConfig', 'from_preset',
-           'from_yaml', 'describe', 'lr_at', 'format_log_line', 'notify', 'MetricsFile', 'metric_lines', 'read_metrics',
-           'ProgressBar', 'TensorBoardLog', 'WandbLog', 'autocast_for', 'Dist', 'setup_distributed', 'all_mean',
-           'rng_state', 'set_rng_state', 'seed_everything', 'checkpoint_step', 'list_checkpoints', 'save_checkpoint',
-           'find_checkpoint', 'load_checkpoint', 'load_for_resume', 'open_split', 'train_loader', 'val_loader',
-           'unpack_batch', 'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows', 'model_config',
+__all__ = ['SCHEDULES', 'DEVICES', 'STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHANGE', 'RUN_OUTPUTS', 'RUN_LISTED', 'TrainConfig',
+           'from_preset', 'from_yaml', 'describe', 'lr_at', 'format_log_line', 'notify', 'MetricsFile', 'metric_lines',
+           'read_metrics', 'ProgressBar', 'TensorBoardLog', 'WandbLog', 'autocast_for', 'Dist', 'setup_distributed',
+           'all_mean', 'rng_state', 'set_rng_state', 'seed_everything', 'checkpoint_step', 'list_checkpoints',
+           'save_checkpoint', 'find_checkpoint', 'load_checkpoint', 'load_for_resume', 'open_split', 'train_loader',
+           'val_loader', 'unpack_batch', 'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows', 'model_config',
            'saved_model_config', 'predated', 'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run',
            'evaluate', 'val_bytes_per_token', 'bits_per_byte', 'peak_flops', 'shard_model', 'save_shards',
-           'load_shards', 'consolidated_model', 'Interval', 'check_new_run', 'Run', 'setup', 'resume', 'init_weights',
-           'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize', 'record_architecture',
-           'stopped_summary', 'train', 'train_parser', 'config_from_args', 'train_main']
+           'load_shards', 'consolidated_model', 'Interval', 'run_folder', 'check_new_run', 'Run', 'setup', 'resume',
+           'init_weights', 'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize',
+           'record_architecture', 'stopped_summary', 'train', 'train_parser', 'config_from_args', 'train_main']
 
 # %% ../nbs/05_train.ipynb #a6da8542
 SCHEDULES = ('cosine', 'restarts', 'constant')
@@ -88,7 +88,7 @@ class TrainConfig:
     init_from: str | None = None        # start from these weights: a model folder (RUN/model) or a checkpoint folder
     init_optimizer: bool = False        # with --init-from a checkpoint: carry its AdamW state too (else a fresh one)
     resume: str | None = None           # continue from 'latest' (the default of a bare --resume) or a checkpoint folder
-    overwrite: bool = False             # start a new run in an out that holds one, deleting its checkpoints and metrics
+    overwrite: bool = False             # deletes an earlier run's checkpoints/ metrics.jsonl summary.json model/ tb/
     progress: bool = True               # progress bar (a plain line per log interval when not a TTY)
     tensorboard: bool = False           # write TensorBoard scalars to OUT/tb (needs tensorboard)
     wandb: bool = False                 # log to Weights & Biases (needs wandb and its login)
@@ -817,13 +817,25 @@ def _trim_metrics(path: Path, step: int):
     with atomic_write(path) as tmp: tmp.write_text(''.join(l + '\n' for l in keep), encoding='utf-8')
 
 RUN_OUTPUTS = ('checkpoints', 'metrics.jsonl', 'summary.json', 'model', 'tb')  # what a run writes into --out
+RUN_LISTED = 'checkpoints/, metrics.jsonl, summary.json, model/ and tb/'   # the same, as --overwrite's help says it
+
+@contextmanager
+def run_folder(cfg: TrainConfig):
+    "The trainer's guard on `cfg.out` (rank 0): locked while it trains; what it writes there (RUN_OUTPUTS) must be "
+    "legalnb's, and is recorded; a link is replaced in `cfg.out` by the folder it leads to."
+    from legalnb.core import output_folder
+    if int(os.environ.get('RANK', 0)) != 0: yield; return   # the other ranks: rank 0 holds the folder
+    with output_folder(cfg.out, 'legalnb train', lambda rel: rel.parts[0] in RUN_OUTPUTS, strict=False,
+                       what=f'train writes {RUN_LISTED} there, and --overwrite deletes them') as out:
+        if out != Path(cfg.out): cfg.out = str(out)
+        yield
 
 def check_new_run(out: Path, overwrite: bool):
     "Refuse to start a new run in `out` if an earlier run is there (checkpoints or a final model), unless `overwrite`."
     earlier = list_checkpoints(out)[::-1] + [p for p in (out/'summary.json', out/'model') if p.exists()]
     if earlier and not overwrite:
         raise LegalnbError(f'--out {out} holds an earlier run ({earlier[0].relative_to(out)}); continue it with '
-                           '--resume, or start a new run there with --overwrite (deletes its checkpoints and metrics)')
+                           f'--resume, or start a new run there with --overwrite (deletes its {RUN_LISTED})')
 
 @contextmanager
 def _removed_if_failed(out: Path, main: bool):
@@ -833,7 +845,6 @@ def _removed_if_failed(out: Path, main: bool):
     except BaseException:
         if main and new and out.is_dir() and not list_checkpoints(out): shutil.rmtree(out, ignore_errors=True)
         raise
-
 
 # %% ../nbs/05_train.ipynb #a1b2c301
 @dataclass(eq=False)
@@ -1100,19 +1111,19 @@ def stopped_summary(run: Run) -> dict:
 def train(cfg: TrainConfig,                   # the run
           callbacks: Iterable = ()) -> dict:  # extra callbacks (rank 0 only), e.g. the live plot
     "Train the architecture `cfg.model` names as `cfg` says; the run's summary (`stopped`: a callback ended it early)."
-    run = setup(cfg)                                 # every check that can refuse the run: nothing is written before
-    with _removed_if_failed(run.out, run.d.main):    # a run folder made here goes again if no checkpoint was saved
-        _open_run_folder(run, callbacks)             # the run folder and its watchers (metrics, progress, ...)
-        batches = iter(train_loader(run.train_ds, run.cfg, run.d, run.start))  # the batches from the resumed step on
-        run.model.train(); run.interval = Interval.start(run.d.device)
-        while run.step < run.max_steps and not run.stopped:
-            step = train_step(run, batches)          # grad_accum micro-batches, clip, AdamW
-            end_interval(run, step)                  # log, NaN stop, eval, checkpoint: when their step has come
-        if run.stopped: summary = stopped_summary(run)   # a callback asked to stop: checkpointed, resumable
-        else: summary = summarize(run)               # the final model and summary.json
+    with run_folder(cfg):                                # rank 0: --out locked, what the run writes there recorded
+        run = setup(cfg)                                 # every check that can refuse the run: nothing written before
+        with _removed_if_failed(run.out, run.d.main):    # a run folder made here goes again if no checkpoint was saved
+            _open_run_folder(run, callbacks)             # the run folder and its watchers (metrics, progress, ...)
+            batches = iter(train_loader(run.train_ds, run.cfg, run.d, run.start))  # batches from the resumed step on
+            run.model.train(); run.interval = Interval.start(run.d.device)
+            while run.step < run.max_steps and not run.stopped:
+                step = train_step(run, batches)          # grad_accum micro-batches, clip, AdamW
+                end_interval(run, step)                  # log, NaN stop, eval, checkpoint: when their step has come
+            if run.stopped: summary = stopped_summary(run)   # a callback asked to stop: checkpointed, resumable
+            else: summary = summarize(run)               # the final model and summary.json
     notify(run.callbacks, 'on_stop' if run.stopped else 'on_end', summary)
     return summary
-
 
 # %% ../nbs/05_train.ipynb #d1d72a37
 def _override(text: str) -> tuple[str, object]:

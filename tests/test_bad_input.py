@@ -467,3 +467,334 @@ def test_bad_input(name, argv, setup, expect, base, tmp_path, capsys):
 
 def test_there_are_enough_cases():
     assert len(CASES) >= 60, len(CASES)
+
+
+# ---------------------------------------------------------------- issue 31: nothing lost, nothing executed, round two
+# One class per list, through the same harness (exit 2, one line, no traceback, every file unchanged); the classes
+# that need two processes, a training compared bit for bit or a command that succeeds follow as tests of their own.
+from conftest import ENV, ROOT, tree
+import json, signal, subprocess, sys, time
+
+def planted_model(rel: str, marker: str = 'pwned'):
+    "A setup step: a Hugging Face folder whose config.json names legalnb's exported code files, which hold code that "
+    "writes `w/marker` when it runs (nothing may run it without --trust-remote-code)."
+    def setup(w: Path):
+        f = w/rel; f.mkdir(parents=True)
+        run = f'open({str(w/marker)!r}, "w").write("ran")\n'
+        (f/'configuration_legalnb_resonance.py').write_text(run + 'from transformers import PretrainedConfig\n'
+            'class LegalnbResonanceConfig(PretrainedConfig):\n    model_type = "legalnb_resonance"\n')
+        (f/'modeling_legalnb_resonance.py').write_text(run)
+        auto = {'AutoConfig': 'configuration_legalnb_resonance.LegalnbResonanceConfig',
+                'AutoModelForCausalLM': 'modeling_legalnb_resonance.LegalnbResonanceForCausalLM'}
+        (f/'config.json').write_text(json.dumps(dict(model_type='legalnb_resonance', auto_map=auto,
+                                                     architectures=['LegalnbResonanceForCausalLM'])))
+        shutil.copy(w/'corpus'/'tokenizer.json', f/'tokenizer.json')
+        (f/'tokenizer_config.json').write_text(json.dumps(dict(tokenizer_class='PreTrainedTokenizerFast',
+                                                               eos_token='<|endoftext|>')))
+    return setup
+
+def exported(rel: str, change=None):
+    "A setup step: `legalnb export` of the base run into `w/rel`; `change(folder)` then alters it."
+    def setup(w: Path):
+        assert main(['export', str(w/'run'), '--out', str(w/rel)]) == 0
+        if change: change(w/rel)
+    return setup
+
+def edited_model(rel: str, **config):
+    "A setup step: a copy of the base run's model/ in `w/rel` whose config.json has `config` changed."
+    def setup(w: Path):
+        shutil.copytree(w/'run'/'model', w/rel)
+        cfg = json.loads((w/rel/'config.json').read_text())
+        (w/rel/'config.json').write_text(json.dumps({**cfg, **config}))
+    return setup
+
+def poisoned(rel: str, value: float = float('nan')):
+    "A setup step: a copy of the base run (its model/ and checkpoints) in `w/rel` with one weight set to `value`."
+    def setup(w: Path):
+        from safetensors.torch import load_file, save_file
+        shutil.copytree(w/'run', w/rel, symlinks=True)
+        state = load_file(str(w/rel/'model'/'model.safetensors'))
+        state['backbone.blocks.0.mlp.0.weight'][0, 0] = value
+        save_file(state, str(w/rel/'model'/'model.safetensors'))
+    return setup
+
+def both(*steps):
+    def setup(w: Path):
+        for s in steps: s(w)
+    return setup
+
+CODE_CASES = [  # 1. no code from data: a folder's Python runs only if legalnb wrote it, byte for byte, or when asked
+    ('evaluate a folder whose code only has the name of legalnb\'s',
+     ['evaluate', '{w}/hf', '--data', '{w}/selected.jsonl', '--out', '{w}/ev', '--device', 'cpu'], planted_model('hf'),
+     '{w}/hf/configuration_legalnb_resonance.py: not the code legalnb export writes'),
+    ('generate from a folder whose code only has the name of legalnb\'s',
+     ['generate', '{w}/hf', '--prompt', 'Article 1', '--device', 'cpu'], planted_model('hf'), '--trust-remote-code'),
+    ('generate from an export with one line of code added',
+     ['generate', '{w}/exp', '--prompt', 'Article 1', '--device', 'cpu'],
+     exported('exp', lambda f: (f/'modeling_legalnb_resonance.py').write_text(
+         (f/'modeling_legalnb_resonance.py').read_text() + f'\nopen({str(f.parent/"pwned")!r}, "w")\n')),
+     '{w}/exp/modeling_legalnb_resonance.py: not the code legalnb export writes (sha256'),
+    ('generate from a folder whose auto_map names other code',
+     ['generate', '{w}/hf', '--prompt', 'Article 1', '--device', 'cpu'],
+     both(planted_model('hf'), lambda w: (w/'hf'/'config.json').write_text(json.dumps(dict(
+         model_type='x', auto_map={'AutoModelForCausalLM': 'modeling_legalnb_resonance_v2.M'}))),
+          lambda w: (w/'hf'/'modeling_legalnb_resonance_v2.py').write_text((w/'hf'/'modeling_legalnb_resonance.py')
+                                                                           .read_text())),
+     '{w}/hf/config.json: its auto_map {{"AutoModelForCausalLM": "modeling_legalnb_resonance_v2.M"}} names modelling '
+     'code legalnb did not write; loading it would run that code: pass --trust-remote-code'),
+    ('evaluate an export whose tokenizer names code',
+     ['evaluate', '{w}/exp', '--data', '{w}/selected.jsonl', '--out', '{w}/ev', '--device', 'cpu'],
+     exported('exp', lambda f: (f/'tokenizer_config.json').write_text(json.dumps(
+         {**json.loads((f/'tokenizer_config.json').read_text()), 'auto_map': {'AutoTokenizer': ['tok.T', None]}}))),
+     '{w}/exp/tokenizer_config.json: its auto_map names tokenizer code legalnb did not write'),
+]
+
+OWNED_CASES = [  # 2. output folders owned: no command deletes or replaces a file it did not write
+    ('run: user files under the work folder\'s split/', ['run', '--input', '{w}/sample', '--out', '{w}/work', '--yes'],
+     write('work/split/mine.txt', 'my notes'), '--out {w}/work holds files legalnb did not write (split/mine.txt)'),
+    ('train --overwrite: a model/ of the user', ['train', *TRAIN_RUN[:3], '{w}/mine', *TRAIN_RUN[4:], '--overwrite'],
+     both(write('mine/model/config.json', '{"model_type": "llama"}'), write('mine/summary.json', '{}')),
+     '--out {w}/mine holds files legalnb did not write (model/config.json, summary.json); train writes '
+     'checkpoints/, metrics.jsonl, summary.json, model/ and tb/ there, and --overwrite deletes them'),
+    ('train --overwrite: a file of the user inside the run\'s model/', ['train', *TRAIN_RUN, '--overwrite'],
+     write('run/model/README.md', 'my model card'), '--out {w}/run holds files legalnb did not write (model/README.md)'),
+    ('export --out over another Hugging Face model', ['export', '{w}/run', '--out', '{w}/hf'],
+     both(write('hf/config.json', '{"model_type": "llama"}'), write('hf/model.safetensors', b'weights'),
+          write('hf/generation_config.json', '{}')),
+     '--out {w}/hf holds files legalnb did not write (config.json, generation_config.json, model.safetensors)'),
+    ('evaluate --export-lm-eval over a citations.jsonl of the user',
+     ['evaluate', '--data', '{w}/selected.jsonl', '--export-lm-eval', '{w}/tasks'],
+     write('tasks/citations.jsonl', '{"mine": 1}\n'), '--export-lm-eval {w}/tasks holds files legalnb did not write '
+                                                     '(citations.jsonl)'),
+    ('evaluate --out over an eval.json of the user', ['evaluate', '{w}/run', '--data', '{w}/selected.jsonl', '--out',
+     '{w}/ev', '--device', 'cpu'], write('ev/eval.json', '{}'), '--out {w}/ev holds files legalnb did not write (eval.json)'),
+    ('quickstart: its own folder names, the user\'s files', ['quickstart', '--workdir', '{w}/qs'],
+     both(write('qs/.legalnb-quickstart', ''), write('qs/corpus/mine.npy', b'mine')),
+     '--workdir {w}/qs: corpus/mine.npy was not written by legalnb, and corpus/ would be deleted with it'),
+]
+
+STAGE_CASES = [  # 4. staged data is the data: a staging folder holds only copies legalnb made, checked first
+    ('run --stage-to: a shard of the user in the copy', ['run', '--input', '{w}/sample', '--out', '{w}/work', '--yes',
+     '--stage-to', '{w}/local'], write('local/split/train/shard_00000.npy', b'not the data'),
+     '--stage-to {w}/local/split holds files legalnb did not write (train/shard_00000.npy)'),
+]
+
+LINK_CASES = [  # 5. links followed: the folder a link leads to is the folder checked (and written)
+    ('train --overwrite through a link to a folder with a model/ of the user',
+     ['train', *TRAIN_RUN[:3], '{w}/link', *TRAIN_RUN[4:], '--overwrite'],
+     both(write('theirs/model/config.json', '{"model_type": "llama"}'),
+          lambda w: (w/'link').symlink_to(w/'theirs', target_is_directory=True)),
+     '--out {w}/link (-> {w}/theirs) holds files legalnb did not write (model/config.json)'),
+    ('build-corpus through a link to a folder of the user',
+     ['build-corpus', '{w}/selected.jsonl', '--out', '{w}/link', '--train-tokenizer', '300'],
+     both(write('theirs/notes.txt', 'mine'), lambda w: (w/'link').symlink_to(w/'theirs', target_is_directory=True)),
+     '--out {w}/theirs holds files legalnb did not write (notes.txt)'),   # the corpus's check names the folder it leads to
+]
+
+SIZE_CASES = [  # 6. sizes and numbers checked before use
+    ('evaluate a config.json of a million-wide model', ['evaluate', '{w}/big', '--data', '{w}/selected.jsonl', '--out',
+     '{w}/ev', '--device', 'cpu', '--tokenizer', '{w}/corpus/tokenizer.json'], edited_model('big', dim=10**6),
+     '{w}/big/config.json: 12,'),
+    ('generate from a config.json of 100,000 layers', ['generate', '{w}/big', '--prompt', 'x', '--device', 'cpu',
+     '--tokenizer', '{w}/corpus/tokenizer.json'], edited_model('big', num_layers=100_000),
+     '{w}/big/config.json: num_layers 100,000 is beyond 1,024 layers'),
+    ('generate from a model that needs more memory than is free', ['generate', '{w}/big', '--prompt', 'x', '--device',
+     'cpu', '--tokenizer', '{w}/corpus/tokenizer.json'], edited_model('big', dim=2**16, vocab_size=2**20),
+     'GiB are free in memory; check its sizes'),
+    ('export a config.json with a context of 10^12 tokens', ['export', '{w}/big', '--out', '{w}/hf', '--tokenizer',
+     '{w}/corpus/tokenizer.json'], edited_model('big', max_seq_len=10**12),
+     '{w}/big/config.json: max_seq_len 1,000,000,000,000 is beyond 16,777,216 tokens'),
+    ('train --init-from a config.json of a million-wide model', ['train', *TRAIN_RUN[:3], '{w}/new', *TRAIN_RUN[4:],
+     '--init-from', '{w}/big'], edited_model('big', dim=10**6), '{w}/big/config.json: 12,'),
+    ('evaluate NaN weights', ['evaluate', '{w}/nan', '--data', '{w}/selected.jsonl', '--out', '{w}/ev', '--device', 'cpu',
+     '--tokenizer', '{w}/corpus/tokenizer.json'], poisoned('nan'),
+     '{w}/nan/model/model.safetensors: tensor backbone.blocks.0.mlp.0.weight holds 1 NaN or infinite value(s)'),
+    ('generate from infinite weights', ['generate', '{w}/inf', '--prompt', 'Article', '--device', 'cpu', '--temperature',
+     '0', '--tokenizer', '{w}/corpus/tokenizer.json'], poisoned('inf', float('inf')),
+     'tensor backbone.blocks.0.mlp.0.weight holds 1 NaN or infinite'),
+    ('export NaN weights', ['export', '{w}/nan', '--out', '{w}/hf', '--tokenizer', '{w}/corpus/tokenizer.json'],
+     poisoned('nan'), '{w}/nan/model/model.safetensors: tensor backbone.blocks.0.mlp.0.weight holds 1 NaN'),
+]
+
+ROUND_TWO = CODE_CASES + OWNED_CASES + STAGE_CASES + LINK_CASES + SIZE_CASES   # 3. locks: two processes, below
+
+@pytest.mark.parametrize('name,argv,setup,expect', ROUND_TWO, ids=[c[0] for c in ROUND_TWO])
+def test_round_two(name, argv, setup, expect, base, tmp_path, capsys):
+    "The harness above, with `tree()` (every file's bytes, links followed) beside `snapshot()`, and nothing run."
+    w = tmp_path/'w'
+    shutil.copytree(base, w, symlinks=True)
+    setup(w)
+    before, files = snapshot(w), tree(w)
+    capsys.readouterr()
+    code = main([a.format(w=w) for a in argv])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and 'Traceback' not in err, (code, err)
+    assert expect.format(w=w) in lines[0], (expect, lines[0])
+    assert snapshot(w) == before and tree(w) == files, 'files changed or appeared'
+    assert not (w/'pwned').exists(), 'code of the model folder ran'
+    assert not list(tmp_path.rglob('*.legalnb-lock')), 'a lock was left behind'
+
+
+def legalnb(*argv, timeout: int = 300) -> subprocess.CompletedProcess:
+    "`legalnb ARGV` in a process of its own (this checkout, one thread)."
+    return subprocess.run([sys.executable, '-m', 'legalnb.cli', *map(str, argv)], env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+def lock_holder(folder: Path, command: str) -> subprocess.Popen:
+    "A process that takes the lock of `folder` through legalnb and holds it until it is killed."
+    code = (f'import time\nfrom legalnb.core import folder_lock\nwith folder_lock({str(folder)!r}, {command!r}):\n'
+            '    print("locked", flush=True); time.sleep(600)')
+    p = subprocess.Popen([sys.executable, '-c', code], env=ENV, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == 'locked\n'
+    return p
+
+def one_line(p: subprocess.CompletedProcess) -> str:
+    "The one stderr line of a refused command (exit 2, no traceback)."
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and 'Traceback' not in p.stderr, (p.returncode, p.stderr[-2000:])
+    return lines[0]
+
+def test_a_folder_being_written_is_refused_and_a_killed_writers_lock_is_taken_over(base, tmp_path):
+    "3. Locked: two build-corpus runs on one --out (the first killed with -9 while it holds the lock)."
+    w = tmp_path/'w'
+    shutil.copytree(base, w, symlinks=True)
+    argv = ['build-corpus', w/'selected.jsonl', '--out', w/'corpus', '--seq-len', '16', '--shards', '2',
+            '--train-tokenizer', '300', '--no-progress']
+    holder = lock_holder(w/'corpus', f'legalnb build-corpus --out {w/"corpus"}')
+    try:
+        files = tree(w)
+        line = one_line(legalnb(*argv))
+        assert f'--out {w/"corpus"} is being written by pid {holder.pid} on ' in line and 'legalnb build-corpus' in line
+        line = one_line(legalnb('split', w/'selected.jsonl', '--out', w/'corpus'/'split'))   # a folder inside it
+        assert f'is inside {w/"corpus"}, which is being written by pid {holder.pid}' in line, line
+        line = one_line(legalnb('quickstart', '--workdir', w, '--docs', '3'))                 # a folder around it
+        assert f'holds {w/"corpus"}, which is being written by pid {holder.pid}' in line, line
+        assert tree(w) == files, 'the refused commands changed nothing'
+    finally: holder.kill(); holder.wait()
+    assert (w/'.corpus.legalnb-lock').exists(), 'kill -9: the lock file stays (its flock went with the process)'
+    p = legalnb(*argv)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert f'took over the lock of pid {holder.pid} on ' in p.stdout, p.stdout
+    assert not (w/'.corpus.legalnb-lock').exists(), 'released'
+    from legalnb.corpus import file_sha256
+    man = json.loads((w/'corpus'/'manifest.json').read_text())
+    assert man['seq_len'] == 16 and all(file_sha256(w/'corpus'/r['file']) == r['sha256'] for r in man['shards'])
+
+def test_two_trainings_of_one_folder_the_second_is_refused_and_resume_takes_over_after_kill_9(base, tmp_path):
+    "3. Locked, with two real `legalnb train` processes: one metrics.jsonl, written by one process at a time."
+    out = tmp_path/'run'
+    args = ['train', '--data', base/'split', '--out', out, '--dim', '16', '--num-layers', '1', '--num-frequencies', '4',
+            '--batch-size', '2', '--save-every', '5', '--eval-every', '0', '--log-every', '1', '--num-workers', '0',
+            '--device', 'cpu', '--cpu-threads', '1', '--no-progress']
+    a = subprocess.Popen([sys.executable, '-m', 'legalnb.cli', *map(str, args), '--max-steps', '100000'], env=ENV,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while not list((out/'checkpoints').glob('step-*')):   # training: the lock is held, a checkpoint is written
+            assert a.poll() is None, a.stderr.read()
+            assert time.time() < deadline, 'no checkpoint in 240 s'
+            time.sleep(0.2)
+        line = one_line(legalnb(*args, '--max-steps', '10'))
+        assert f'--out {out} is being written by pid {a.pid} on ' in line and '(legalnb train, since ' in line, line
+        line = one_line(legalnb(*args, '--max-steps', '10', '--overwrite'))
+        assert f'is being written by pid {a.pid}' in line, '--overwrite does not break a lock'
+    finally: a.kill(); a.wait()
+    step = max(int(p.name.split('-')[1]) for p in (out/'checkpoints').glob('step-*'))
+    c = legalnb(*args, '--max-steps', step + 3, '--resume')
+    assert c.returncode == 0, c.stderr[-2000:]
+    assert f'took over the lock of pid {a.pid} on ' in c.stdout, c.stdout
+    from legalnb.train import read_metrics
+    steps = [r['step'] for r in read_metrics(out/'metrics.jsonl')]
+    assert steps == list(range(1, step + 4)), 'one writer at a time: every step once, in order'
+    assert not (tmp_path/'.run.legalnb-lock').exists()
+
+def short_documents(path: Path, n: int = 400):
+    "Held-out-able acts of a dozen tokens each: every row of a 32-token corpus holds several documents."
+    path.write_text(''.join(json.dumps(dict(celex=f'3202{i % 10}R{i:04d}', lang='en', doc_type='regulation',
+                                            date='2020-01-01', text=f'Article {i}. This applies to item {i * 7}.'))
+                            + '\n' for i in range(n)))
+
+def test_training_from_the_staged_copy_is_training_from_the_original(tmp_path, capsys):
+    "4. Staged data is the data: the copy holds the document starts, and the weights trained on it are the same bytes."
+    from legalnb.run import stage_split
+    short_documents(tmp_path/'sel.jsonl')
+    assert main(['build-corpus', tmp_path/'sel.jsonl', '--out', tmp_path/'corpus', '--seq-len', '32', '--shards', '2',
+                 '--train-tokenizer', '300', '--val-docs', '0.1', '--no-progress']) == 0
+    assert main(['split', tmp_path/'corpus', '--out', tmp_path/'split']) == 0
+    staged = stage_split(tmp_path/'split', tmp_path/'local', progress=False)
+    assert 'every checksum verified' in capsys.readouterr().out
+    assert sorted(p.name for p in (staged/'train'/'doc_starts').iterdir()) == ['shard_00000.npy', 'shard_00001.npy']
+    assert not [p for p in staged.rglob('*') if p.is_symlink()], 'copies, not links into the corpus'
+    tiny = ['--dim', '16', '--num-layers', '1', '--num-frequencies', '4', '--batch-size', '4', '--max-steps', '6',
+            '--save-every', '6', '--eval-every', '3', '--eval-batches', '2', '--num-workers', '0', '--device', 'cpu',
+            '--cpu-threads', '1', '--no-progress', '--seed', '3']
+    for data, out in ((tmp_path/'split', 'from-original'), (staged, 'from-copy')):
+        assert main(['train', '--data', data, '--out', tmp_path/out, *tiny]) == 0
+    a, b = ((tmp_path/o/'model'/'model.safetensors').read_bytes() for o in ('from-original', 'from-copy'))
+    assert a == b, 'the same weights, bit for bit'
+    s = [json.loads((tmp_path/o/'summary.json').read_text())['val_loss'] for o in ('from-original', 'from-copy')]
+    assert s[0] == s[1]
+    # a staged file of the right size (and time) but other content is not "verified": it is copied again
+    f = staged/'train'/'doc_starts'/'shard_00000.npy'
+    st, data = f.stat(), bytearray(f.read_bytes())
+    data[-1] ^= 1; f.write_bytes(bytes(data)); os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    capsys.readouterr()
+    stage_split(tmp_path/'split', staged, progress=False)
+    assert 'copied 1 of ' in capsys.readouterr().out
+    assert f.read_bytes() == (tmp_path/'corpus'/'doc_starts'/'shard_00000.npy').read_bytes()
+
+def test_every_out_may_be_a_link_and_rebuilds_go_through_it(base, tmp_path, capsys):
+    "5. Links work: a build and a rebuild through a linked --out, and every other command's folder as a link."
+    w = tmp_path/'w'
+    shutil.copytree(base, w, symlinks=True)
+    def link(name: str) -> Path:
+        (w/f'{name}-real').mkdir(); (w/name).symlink_to(w/f'{name}-real', target_is_directory=True); return w/name
+    c = link('c')
+    for seq in (16, 24):   # a build, then a rebuild (another row length) through the link
+        assert main(['build-corpus', w/'selected.jsonl', '--out', c, '--seq-len', seq, '--shards', '2',
+                     '--train-tokenizer', '300', '--no-progress']) == 0
+        assert c.is_symlink() and json.loads((w/'c-real'/'manifest.json').read_text())['seq_len'] == seq
+    train = ['--dim', '16', '--num-layers', '1', '--num-frequencies', '4', '--batch-size', '2', '--max-steps', '2',
+             '--eval-every', '0', '--eval-batches', '1', '--num-workers', '0', '--device', 'cpu', '--cpu-threads', '1',
+             '--no-progress']
+    s, r, h, e, smp = (link(n) for n in ('s', 'r', 'h', 'e', 'smp'))
+    assert main(['split', c, '--out', s, '--val-ratio', '0.25', '--by', 'rows']) == 0
+    assert main(['train', '--data', s, '--out', r, *train]) == 0
+    assert main(['train', '--data', s, '--out', r, *train, '--overwrite']) == 0
+    assert main(['export', r, '--out', h]) == 0 and main(['export', r, '--out', h]) == 0
+    assert main(['evaluate', r, '--data', w/'selected.jsonl', '--out', e, '--device', 'cpu', '--samples', '0',
+                 '--citations', '5', '--no-progress']) == 0
+    assert main(['sample', smp, '--docs', '3']) == 0 and main(['sample', smp, '--docs', '4']) == 0
+    for name, made in (('c', 'manifest.json'), ('s', 'split.json'), ('r', 'summary.json'), ('h', 'config.json'),
+                       ('e', 'eval.json'), ('smp', 'sample.json')):
+        assert (w/name).is_symlink() and (w/f'{name}-real'/made).is_file(), name
+    assert not [p.name for p in w.iterdir() if p.name.startswith('.')], 'no .trash, .rebuild, .old or lock left'
+
+def test_trust_remote_code_is_asked_for_and_legalnb_s_own_export_needs_none(base, tmp_path, capsys):
+    "1. No code from data: the flag the refusals name runs the folder's code; legalnb's own export runs unasked."
+    w = tmp_path/'w'
+    shutil.copytree(base, w, symlinks=True)
+    exported('exp')(w)
+    assert main(['generate', w/'exp', '--prompt', 'Article 1', '--max-new-tokens', '5', '--device', 'cpu']) == 0
+    planted_model('hf')(w)
+    try: main(['generate', w/'hf', '--prompt', 'x', '--device', 'cpu', '--trust-remote-code'])
+    except Exception: pass   # the planted code is no model; the point is that it ran because the user said so
+    assert (w/'pwned').read_text() == 'ran'
+
+def test_overwrite_deletes_what_its_help_says_and_nothing_else(base, tmp_path, capsys):
+    "2. Owned: `train --overwrite` deletes the earlier run's outputs as its help lists them, and keeps the user's files."
+    from legalnb.train import RUN_OUTPUTS, train_parser
+    help = ' '.join(train_parser().format_help().split())
+    said = help.split('--overwrite, --no-overwrite', 1)[1][:120]
+    assert all(n in said for n in RUN_OUTPUTS), said
+    w = tmp_path/'w'
+    shutil.copytree(base, w, symlinks=True)
+    (w/'run'/'notes.md').write_text('mine'); (w/'run'/'tb-mine').mkdir(); (w/'run'/'tb-mine'/'x').write_text('mine')
+    before = {p.relative_to(w/'run') for p in (w/'run').rglob('*') if p.is_file()}
+    assert main(['train', *[a.format(w=w) for a in TRAIN_RUN], '--max-steps', '1', '--overwrite']) == 0
+    after = {p.relative_to(w/'run') for p in (w/'run').rglob('*') if p.is_file()}
+    assert (w/'run'/'notes.md').read_text() == 'mine' and (w/'run'/'tb-mine'/'x').read_text() == 'mine'
+    gone = before - after
+    assert gone and all(p.parts[0] in RUN_OUTPUTS for p in gone), gone   # step-00000002 of the earlier run
+    assert (w/'run'/'checkpoints'/'step-00000001').is_dir() and not (w/'run'/'checkpoints'/'step-00000002').exists()

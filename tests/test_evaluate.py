@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from legalnb.core import LegalnbError
+from legalnb.core import OWNED, LegalnbError
 from legalnb.corpus import train_tokenizer
 from legalnb.evaluate import (FORMAT, REPORT_FILES, EvalModel, LookupModel, citation_items, document_windows,
                               evaluate, evaluate_main, extract_citations, generate, generate_ids, generate_main,
@@ -204,7 +204,7 @@ def test_a_model_that_copies_scores_100_percent_and_a_random_one_about_0(tiny):
 def test_evaluate_a_native_run(quickstart_run, corpus, tmp_path):
     out = tmp_path/'eval'
     table = run_cli(evaluate_main, [quickstart_run/'run', '--data', corpus['dir'], '--out', out, *FAST])
-    assert sorted(p.name for p in out.iterdir()) == sorted(REPORT_FILES)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*REPORT_FILES, OWNED]), 'and the record of what it wrote'
     r = json.loads((out/'eval.json').read_text(encoding='utf-8'))
     assert r['format'] == FORMAT and r['model']['kind'] == 'native' and r['model']['context'] == 64
     assert r['data']['acts'] == 5 and set(r['by_language']) == {d['lang'] for d in read_heldout(corpus['dir'])}
@@ -371,4 +371,4 @@ def test_evaluate_an_exported_resonance_model(quickstart_run, corpus, tmp_path):
     cfg = json.loads((tmp_path/'hf'/'config.json').read_text())
     cfg['auto_map']['AutoModelForCausalLM'] = 'modeling_other.Model'
     (tmp_path/'hf'/'config.json').write_text(json.dumps(cfg))
-    with pytest.raises(LegalnbError, match='modelling code that legalnb did not write'): load_eval_model(tmp_path/'hf')
+    with pytest.raises(LegalnbError, match='names modelling code legalnb did not write; .*--trust-remote-code'): load_eval_model(tmp_path/'hf')
