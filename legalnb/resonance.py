@@ -50,11 +50,13 @@ class ResonanceConfig:
     recall_layers: tuple = (0,)   # the resonance blocks among these also read by content: a linear-attention branch
                                   # beside the long convolution (same F); () is the mixer of checkpoints before it
     delta_layers: tuple = ()      # blocks whose mixer is Gated DeltaNet (delta rule, input-dependent decay; issue 32)
+    filter_heads: int = 1         # long filters per channel in each resonance mixer, mixed at every position by weights
+                                  # computed from the token (input-dependent filters, issue 32); 1: one fixed filter
     recompute_from: int = 16384   # rows of at least this many tokens recompute each resonance mixer's activations in
                                   # backward instead of keeping them (memory at 32k); 0: never. Same numbers either way
 
     def __post_init__(self):
-        for name in ('vocab_size', 'dim', 'num_layers', 'num_frequencies', 'max_seq_len', 'short_conv'):
+        for name in ('vocab_size', 'dim', 'num_layers', 'num_frequencies', 'max_seq_len', 'short_conv', 'filter_heads'):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise LegalnbError(f'ResonanceConfig: {name} must be an integer >= 1, got {v!r}')
@@ -99,6 +101,7 @@ class ResonanceConfig:
         if not self.linear_layers: del d['linear_layers']
         if not self.linear_layers and not self.recall_layers: del d['feature_dim']
         if not self.delta_layers: del d['delta_layers']
+        if self.filter_heads == 1: del d['filter_heads']
         if self.recompute_from == 16384: del d['recompute_from']   # the default: a runtime choice, same numbers
         return d
 
@@ -209,6 +212,10 @@ class ResonanceLayer(nn.Module):
         self.short = nn.Conv1d(sum(self.sizes), sum(self.sizes), k, groups=sum(self.sizes),
                                padding=k - 1)   # depthwise, left part kept: causal
         self.filter = ResonanceFilter(D, config.num_frequencies, config.max_seq_len)
+        if (M := config.filter_heads) > 1:   # more filters, mixed per position by softmax weights from the token
+            self.more_filters = nn.ModuleList(ResonanceFilter(D, config.num_frequencies, config.max_seq_len)
+                                              for _ in range(M - 1))
+            self.filter_mix = nn.Sequential(nn.Linear(D, 16, bias=False), nn.Linear(16, M * D))   # low rank, 16
         self.skip = nn.Parameter(torch.ones(D))  # D in the formula: the h[0]-like direct path
         if recall: self.recall_gate = nn.Parameter(torch.ones(D))   # the branch's share per channel, learned
         self.out_proj = nn.Linear(D, D, bias=False)
@@ -228,6 +235,7 @@ class ResonanceLayer(nn.Module):
         kv = k * v
         if doc_starts is None: y = causal_fft_conv(kv, self.filter(L))   # (B, D, L) float32 (float64 inputs: 64)
         else: y = document_fft_conv(kv, self.filter, doc_starts)
+        if hasattr(self, 'more_filters'): y = self.modulate(x, kv, y, doc_starts)
         y = ((q * (y + self.skip[:, None] * kv.to(y.dtype))).to(q.dtype)).transpose(1, 2)   # (B, L, D)
         if branch:
             read, S = read_by_content(*(t.transpose(1, 2) for t in (*branch, v)), doc_starts)
@@ -236,6 +244,27 @@ class ResonanceLayer(nn.Module):
             states.append(self.recurrent_state(z, kv, doc_starts))
             if branch: states[-1]['S'] = S
         return self.out_proj(y)  # (B, L, D), in the activations' dtype
+
+# %% ../nbs/04_resonance.ipynb #7073fecb
+@patch
+def filter_weights(self: ResonanceLayer, x: torch.Tensor) -> torch.Tensor:  # (..., D) -> (..., M, D)
+    "Per position and channel, the softmax weights of the M long filters, computed from the mixer's input."
+    w = self.filter_mix(x)
+    return w.unflatten(-1, (len(self.more_filters) + 1, -1)).float().softmax(-2)
+
+@patch
+def modulate(self: ResonanceLayer,
+             x: torch.Tensor,          # (B, L, D) the mixer's input
+             kv: torch.Tensor,         # (B, D, L) the long convolution's input
+             y: torch.Tensor,          # (B, D, L) its convolution with the first filter
+             doc_starts: torch.Tensor | None = None,
+            ) -> torch.Tensor:         # (B, D, L): sum_m w_m(t) (h_m * kv)(t)
+    "Input-dependent long filters: the token at t weighs M filters, so its effective filter sum_m w_m(t) h_m "
+    "changes with the content; each is still a fixed convolution, so FFT training and the recurrence stay exact."
+    ys = [y] + [causal_fft_conv(kv, f(kv.shape[-1])) if doc_starts is None else document_fft_conv(kv, f, doc_starts)
+                for f in self.more_filters]
+    w = self.filter_weights(x).permute(0, 2, 3, 1)                        # (B, M, D, L)
+    return (torch.stack(ys, 1) * w.to(y.dtype)).sum(1)
 
 # %% ../nbs/04_resonance.ipynb #ae4a06a4
 def attention_mask(L: int,                                  # tokens in the row
@@ -789,7 +818,9 @@ def matmul_params(self: ResonanceConfig) -> int:
     n_rec = len(self.recall_layers)   # a recall branch adds q, k of width F to the resonance mixer's projection
     heads = D // 64 if D % 64 == 0 else 1   # a Gated DeltaNet block: q, k of D/2, v, gate, out: 4 D^2, and per head
     return (self.num_layers * (3 * D * D + D * D + 2 * D * H) - n_lin * 2 * D * (D - self.feature_dim)   # a decay
-            + n_rec * 2 * D * self.feature_dim + len(self.delta_layers) * 2 * D * heads + self.vocab_size * D)
+            + n_rec * 2 * D * self.feature_dim + len(self.delta_layers) * 2 * D * heads + self.vocab_size * D
+            + (self.filter_heads > 1) * (self.num_layers - len(self.attention_layers) - n_lin - len(self.delta_layers))
+            * 16 * D * (1 + self.filter_heads))     # input-dependent filters: the rank-16 mixing weights
 
 @patch
 def matmul_flops_per_token(self: ResonanceConfig) -> float:
@@ -812,6 +843,7 @@ def flops_per_token(self: ResonanceConfig, seq_len: int) -> float:
     linear = 2 * (C / 2 * (Fd + D + 1) + 2 * Fd * (D + 1))             # the sums across, and each chunk's sums
     n_del, Cd, heads = len(self.delta_layers), min(64, L), D // 64 if D % 64 == 0 else 1   # delta rule, chunks of 64:
     delta = 2 * (Cd * (D / 2 + D / 2 + D) + Cd / 2 * (D + D / 2) + 3 * D / 2 * D / heads)   # kk^T, qk^T, AV, 2 solves,
+    mixing, filt = mixing * self.filter_heads, filt * self.filter_heads   # M filters: M products and inverse FFTs
     return (self.matmul_flops_per_token() + 3.0 * (self.num_layers - n_att - n_lin - n_del) * (mixing + filt) / L
             + n_att * 12 * D * keys + (n_lin + len(self.recall_layers)) * 3 * linear + n_del * 3 * delta)  # state
 
@@ -846,17 +878,22 @@ def recurrent_state(self: ResonanceLayer,
                     kv: torch.Tensor,                       # (B, D, L) the long convolution's input
                     doc_starts: torch.Tensor | None = None, # (B, L) bool
                    ) -> dict:                               # 'x' (B, D, K), 'window' (B, 3D, k-1), 'z', 'a' (D, K)
-    "The layer's state after the last position: resonance states of the last document, its last inputs, z and a."
-    (B, D, L), k, f = kv.shape, self.short.kernel_size[0], self.filter
-    with torch.autocast(device_type=kv.device.type, enabled=False):
-        kv, rows = kv.to(f.dtype()), torch.arange(B, device=kv.device)
-        x = resonance_states(kv, f, rows, torch.full_like(rows, L))
-        last = torch.full_like(rows, L - 1) if doc_starts is None else document_positions(doc_starts)[:, -1]
-        if (cut := last < L - 1).any():       # x(L-1) - z^(L-b) x(b-1): the part before the last document out
-            b = (L - 1 - last)[cut]
-            x = x.index_add(0, rows[cut], -f.powers(L - b) * resonance_states(kv, f, rows[cut], b))
-    return {'x': x, 'window': short_conv_window(z, last, k), 'z': f.powers(torch.tensor(1, device=kv.device)),
-            'a': f.amplitudes()}
+    "The layer's state after the last position: resonance states of the last document, its last inputs, z and a "
+    "(and with `filter_heads` > 1 the same for each further filter, under 'more')."
+    (B, D, L), k = kv.shape, self.short.kernel_size[0]
+    last = (torch.full((B,), L - 1, device=kv.device) if doc_starts is None
+            else document_positions(doc_starts)[:, -1])
+    def of(f: ResonanceFilter) -> dict:
+        with torch.autocast(device_type=kv.device.type, enabled=False):
+            u, rows = kv.to(f.dtype()), torch.arange(B, device=kv.device)
+            x = resonance_states(u, f, rows, torch.full_like(rows, L))
+            if (cut := last < L - 1).any():       # x(L-1) - z^(L-b) x(b-1): the part before the last document out
+                b = (L - 1 - last)[cut]
+                x = x.index_add(0, rows[cut], -f.powers(L - b) * resonance_states(u, f, rows[cut], b))
+        return {'x': x, 'z': f.powers(torch.tensor(1, device=kv.device)), 'a': f.amplitudes()}
+    state = {**of(self.filter), 'window': short_conv_window(z, last, k)}
+    if hasattr(self, 'more_filters'): state['more'] = [of(f) for f in self.more_filters]
+    return state
 
 @patch
 def step(self: ResonanceLayer,
@@ -871,9 +908,15 @@ def step(self: ResonanceLayer,
     q, k, v, *branch = zs.split(self.sizes, -1)
     kv = k * v                                                   # (B, D)
     with torch.autocast(device_type=x.device.type, enabled=False):
-        xs = state['z'] * state['x'] + kv.to(f.dtype())[..., None]            # x = z x + u, (B, D, K) complex
-        y = (state['a'] * xs).real.sum(-1) + self.skip * kv.to(f.dtype())    # y = Re sum_k a_k x_k + skip u
-    state['x'], state['window'] = xs, buf[..., 1:]
+        def advance(s: dict) -> torch.Tensor:                    # one filter's states one step on; its output
+            s['x'] = s['z'] * s['x'] + kv.to(f.dtype())[..., None]              # x = z x + u, (B, D, K) complex
+            return (s['a'] * s['x']).real.sum(-1)                               # Re sum_k a_k x_k
+        y = advance(state)
+        if 'more' in state:                                      # input-dependent filters: this token's weights
+            w = self.filter_weights(x)                           # (B, M, D)
+            y = (torch.stack([y] + [advance(s) for s in state['more']], 1) * w.to(y.dtype)).sum(1)
+        y = y + self.skip * kv.to(f.dtype())                     # y = (filters) + skip u
+    state['window'] = buf[..., 1:]
     y = (q * y).to(q.dtype)
     if branch: y = y + (self.recall_gate * linear_attention_step(state, *branch, v)).to(y.dtype)
     return self.out_proj(y)
