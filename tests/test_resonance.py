@@ -353,7 +353,7 @@ def test_bench_generate_worker_and_table(monkeypatch):
 HYBRIDS = [dict(attention_layers=[1]), dict(attention_layers=[0], attention_window=7), dict(linear_layers=[0]),
            dict(linear_layers=[1], attention_layers=[0], attention_window=5, feature_dim=3),
            dict(recall_layers=[]), dict(recall_layers=[0, 1], feature_dim=5), dict(delta_layers=[1]),
-           dict(delta_layers=[0], attention_layers=[1], attention_window=5), dict(filter_heads=3)]
+           dict(delta_layers=[1], attention_layers=[0], attention_window=5), dict(filter_heads=3)]
 NAMES = ['full', 'window', 'linear', 'linear+window', 'no recall branch', 'recall branch in both blocks', 'delta',
          'delta+window', 'input-dependent filters']
 
