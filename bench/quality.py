@@ -25,7 +25,8 @@ For each length (`--lengths`, default 512, 2,048 and 8,192):
 Every finished run is kept in `--out`/runs.json (atomic writes), so an interrupted table continues where it stopped;
 the table is printed and written to `--out`/quality.md.
 
-    python bench/quality.py --data ../shared/fixtures/formex      # the CPU table of the notebook (~1-2 h, 2 cores)
+    python bench/quality.py --data ../shared/fixtures/formex   # the CPU table of the notebook: dim 64, 4 blocks, 300k
+                                                               # tokens per run (~1-1.5 h for two models, 2 free cores)
     python bench/quality.py --data sample --lengths 512 --tokens 100k --seeds 1   # a quick look
     python bench/quality.py --data parsed.jsonl --device cuda --dim 768 --layers 12 \\
         --tokens 300M,300M,300M --lengths 512,2048,8192             # GPU budgets: tokens (and --seconds) per length
@@ -274,13 +275,13 @@ def row_cells(name: str, base: str, kind: str, L: int, runs: list[dict], base_ru
 def main(data: str = 'sample',                  # 'sample' (generated), or a Formex folder / parsed JSONL / folder
          models: list[str] = ['gpt', 'resonance'],  # the first is the baseline; `name` or `name:field=value,...`
          lengths: list[int] = [512, 2048, 8192],    # row lengths in bytes
-         tokens: str = '400k',                  # equal-token budget per run: one value, or one per length (600k,...)
+         tokens: str = '300k',                  # equal-token budget per run: one value, or one per length (600k,...)
          seconds: str = '',                     # equal-time budget per run, per length ('' : the baseline's time for
                                                 # --tokens at its measured speed)
-         step_tokens: str = '4096,4096,8192',   # tokens per optimizer step, per length (rows = this / length)
+         step_tokens: str = '1024,2048,8192',   # tokens per optimizer step, per length (rows = this / length)
          lrs: list[float] = [1e-3, 2e-3, 4e-3],  # the starting sweep; extended x2 past an end that holds the best
          seeds: int = 2,                        # seeds (model init and data order); the sweep runs on the first
-         dim: int = 128,                        # width of every model
+         dim: int = 64,                         # width of every model
          layers: int = 4,                       # blocks of every model
          frequencies: int = 16,                 # ResonanceNet's K
          held_out: float = 0.2,                 # share of the acts held out whole (at least one)

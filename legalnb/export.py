@@ -155,6 +155,7 @@ MODELING_SOURCES = ('ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_
                     'short_conv_window', 'LinearAttention', 'gated_delta_rule', 'gated_delta_step', 'DeltaNet',
                     'ResonanceBlock', 'ResonanceNet', 'ResonanceLanguageModel',
                     'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv', 'ResonanceState',
+                    'ResonanceLayer.filter_weights', 'ResonanceLayer.modulate',
                     'ResonanceLayer.recurrent_state', 'ResonanceLayer.step', 'ResonanceLanguageModel.prefill',
                     'ResonanceLanguageModel.step')
 
