@@ -343,12 +343,14 @@ def main(data: str = 'sample',                  # 'sample' (generated), or a For
             rows.append(row_cells(m, base, 'equal tokens', L, tok_runs[m], tok_runs[base], tps, boot))
         for m in models:
             rows.append(row_cells(m, base, f'equal time ({T:,.1f} s)', L, time_runs[m], time_runs[base], tps, boot))
-    unit = 'acts' if len(val) > 1 else 'windows of the one held-out act'
+    units = max((len(r['acts']) for r in runs.runs.values() if isinstance(r, dict) and r.get('acts')), default=0)
+    unit = f'{units} held-out acts' if len(val) > 1 else f'{units} windows of the one held-out act'
     table = markdown_table(['L', 'budget', 'model', 'lr', 'steps', 'tokens', 'tok/s', 'bits per byte [95%]',
                             'seeds', f'- {base} [95%]'], rows)
     log(f'\n# non-embedding parameters: ' + ', '.join(
         f"{m} {next(r for r in runs.runs.values() if r.get('model') == m)['non_embedding']:,}" for m in models))
-    log(f'# intervals: bootstrap over {len(val)} held-out {unit} ({boot} resamples); the difference paired by act')
+    log(f'# intervals: bootstrap over {unit} ({boot} resamples; they leave out the spread between seeds, shown per '
+        'seed); the difference to the baseline paired by act')
     print(table)
     with atomic_write(out/'quality.md') as tmp: tmp.write_text('\n'.join(lines) + '\n\n' + table + '\n')
     return 0
