@@ -79,7 +79,8 @@ def eval_windows(stream: torch.Tensor, L: int, max_bytes: int) -> list[int]:
     "Starts of windows of L bytes laid end to end over `stream`, evenly thinned to about `max_bytes` bytes."
     starts = list(range(0, max(1, len(stream) - 1 - L + 1), L)) or [0]
     keep = max(1, min(len(starts), max_bytes // L))
-    return [starts[round(i * (len(starts) - 1) / max(1, keep - 1))] for i in range(keep)] if keep < len(starts) else starts
+    if keep >= len(starts): return starts
+    return [starts[round(i * (len(starts) - 1) / max(1, keep - 1))] for i in range(keep)]
 
 
 # ---- training and scoring --------------------------------------------------------------------------------------

@@ -480,7 +480,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor,   # (B, H, L, dk) queries
                      doc_starts: torch.Tensor | None = None,   # (B, L) bool: the state restarts at these positions
                      chunk: int = 64,                     # positions per chunk
                     ) -> tuple[torch.Tensor, torch.Tensor]:    # (B, H, L, dv) and the state (B, H, dk, dv)
-    "The gated delta rule S_t = e^(g_t) S_(t-1) + beta_t k_t (v_t - e^(g_t) S_(t-1)^T k_t)^T, o_t = S_t^T q_t / sqrt(dk) "
+    "The gated delta rule S_t = e^g_t S_(t-1) + beta_t k_t (v_t - e^g_t S_(t-1)^T k_t)^T, o_t = S_t^T q_t / sqrt(dk) "
     "(Gated DeltaNet, Yang et al. 2025), in chunks: within a chunk by the UT transform (a unit-triangular solve), "
     "across chunks through the state. A document start is a decay of 0 (e^g = 0): every product of decays that "
     "spans a start is masked to 0, so the state, and each output, holds its own document only."
@@ -498,7 +498,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor,   # (B, H, L, dk) queries
     same = (seg[..., :, None] == seg[..., None, :]) & (t[:, None] >= t[None, :])     # (B, 1, n, C, C): s <= t, one doc
     decay = (G[..., :, None] - G[..., None, :]).masked_fill(~same, float('-inf')).exp()  # prod of e^g over (s, t]
     before = F.pad(seg[..., -1], (1, 0), value=-1)[..., :-1]        # (B, 1, n): the document open before each chunk
-    reach = G.exp() * (seg == before[..., None])      # (B, H, n, C): decay from the previous state to t (0 past a start)
+    reach = G.exp() * (seg == before[..., None])      # (B, H, n, C): decay from the last state to t (0 past a start)
     kb = k * beta[..., None]
     A = (kb @ k.transpose(-1, -2)) * decay            # (B, H, n, C, C): its strict lower part is the UT system
     u = torch.linalg.solve_triangular(A, v * beta[..., None], upper=False, unitriangular=True)   # new values

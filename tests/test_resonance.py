@@ -481,7 +481,8 @@ def test_recompute_mixer_same_numbers_and_configs():
     assert c.recompute_from == 16384 and 'recompute_from' not in c.to_dict() and 'filter_heads' not in c.to_dict()
     assert ResonanceConfig.from_dict(c.to_dict()) == c and 'delta_layers' not in c.to_dict()
     assert ResonanceConfig(**TINY, checkpointing=True).recompute_from == 16384
-    with pytest.raises(LegalnbError, match='recompute_from must be an integer >= 0'): ResonanceConfig(**TINY, recompute_from=-1)
+    with pytest.raises(LegalnbError, match='recompute_from must be an integer >= 0'):
+        ResonanceConfig(**TINY, recompute_from=-1)
     with pytest.raises(LegalnbError, match='are in attention_layers and delta_layers'):
         ResonanceConfig(**TINY, attention_layers=[1], delta_layers=[1])
     assert ResonanceConfig(**TINY, delta_layers=[0]).recall_layers == (), 'a delta block has no recall branch'
