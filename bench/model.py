@@ -45,6 +45,9 @@ def build(kind: str, args) -> tuple[nn.Module, float, int]:
                      attention_window=getattr(args, 'attention_window', 0),
                      linear_layers=list(getattr(args, 'linear_layers', ())),
                      recall_layers=[0] if getattr(args, 'recall', True) else [])
+        if getattr(args, 'resonance', ''):   # any other fields, 'delta_layers=[1],filter_heads=2' (bench/recall.py's)
+            from recall import parse_model
+            shape.update(parse_model('resonance:' + args.resonance)[1])
     cfg = spec.config(args.size or 'small', args.vocab, args.max_seq_len, checkpointing=args.checkpointing,
                       **{k: v for k, v in shape.items() if k in has})
     m = spec.build(cfg)
@@ -173,13 +176,14 @@ def main(device: str = 'cuda' if torch.cuda.is_available() else 'cpu',  # cpu or
          attention_layers: list[int] = (),               # ResonanceNet: blocks with an attention mixer (the hybrid)
          attention_window: int = 0,                      # ResonanceNet: those blocks' window (0: full causal)
          linear_layers: list[int] = (),                  # ResonanceNet: blocks with a linear-attention mixer (Based)
-         recall: bool = True):                           # ResonanceNet: the recall branch in block 0 (the default)
+         recall: bool = True,                            # ResonanceNet: the recall branch in block 0 (the default)
+         resonance: str = ''):                           # ResonanceNet: more config fields, 'delta_layers=[1],...'
     "Training-step speed and peak memory: ResonanceLanguageModel against a GPT of the same non-embedding size."
     if vocab is None: vocab = 256 if device == 'cpu' else 32768
     common = dict(device=device, threads=threads, vocab=vocab, max_seq_len=max_seq_len, batch=batch, max_time=max_time,
                   compile=compile, checkpointing=checkpointing, size=None, dim=dim, layers=layers,
                   frequencies=frequencies, attention_layers=list(attention_layers), attention_window=attention_window,
-                  linear_layers=list(linear_layers), recall=recall)
+                  linear_layers=list(linear_layers), recall=recall, resonance=resonance)
     if device == 'cpu': torch.set_num_threads(threads)   # as the workers do, so that the header says what they use
     header(__file__)
     if device == 'cpu':
@@ -188,7 +192,8 @@ def main(device: str = 'cuda' if torch.cuda.is_available() else 'cpu',  # cpu or
         print('GPU: run with --device cuda' if torch.cuda.is_available() else 'GPU: not measured (no GPU available)')
         hybrid = (f', ResonanceNet attention in blocks {list(attention_layers)} (window {attention_window or "full"})'
                   * bool(attention_layers) + f', linear attention in blocks {list(linear_layers)}' * bool(linear_layers)
-                  + (', recall branch in block 0' if recall else ', no recall branch'))
+                  + (', recall branch in block 0' if recall else ', no recall branch')
+                  + (f', {resonance}' if resonance else ''))
         setups = [('dim %d, %d layers, K %d' % (dim, layers, frequencies) + hybrid, {})]
         peak = None
     else:

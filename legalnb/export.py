@@ -154,9 +154,10 @@ class LegalnbResonanceConfig(PretrainedConfig):
 MODELING_SOURCES = ('ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length',
                     'ResonanceFilter', 'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention',
                     'taylor_features', 'linear_attention', 'read_by_content', 'linear_attention_step',
-                    'short_conv_window', 'LinearAttention',
+                    'short_conv_window', 'LinearAttention', 'gated_delta_rule', 'gated_delta_step', 'DeltaNet',
                     'ResonanceBlock', 'ResonanceNet', 'ResonanceLanguageModel',
                     'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv', 'ResonanceState',
+                    'ResonanceLayer.filter_weights', 'ResonanceLayer.modulate',
                     'ResonanceLayer.recurrent_state', 'ResonanceLayer.step', 'ResonanceLanguageModel.prefill',
                     'ResonanceLanguageModel.step')
 

@@ -21,9 +21,9 @@ from .core import LegalnbError, atomic_write, read_json
 __all__ = ['MODEL_SIZES', 'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length', 'ResonanceFilter',
            'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention', 'taylor_features',
            'linear_attention', 'read_by_content', 'linear_attention_step', 'short_conv_window', 'LinearAttention',
-           'ResonanceBlock', 'ResonanceNet', 'ResonanceLanguageModel', 'document_positions', 'short_conv_reset',
-           'resonance_states', 'document_fft_conv', 'causality_violation', 'config_for', 'ResonanceState', 'next_token',
-           'recall_task']
+           'gated_delta_rule', 'gated_delta_step', 'DeltaNet', 'ResonanceBlock', 'ResonanceNet',
+           'ResonanceLanguageModel', 'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv',
+           'causality_violation', 'config_for', 'ResonanceState', 'next_token', 'recall_task']
 
 # %% ../nbs/04_resonance.ipynb #7d0ba3a2
 @dataclass
@@ -49,9 +49,14 @@ class ResonanceConfig:
     feature_dim: int = 16         # those blocks' query/key width F (the feature map has 1 + F + F^2 entries)
     recall_layers: tuple = (0,)   # the resonance blocks among these also read by content: a linear-attention branch
                                   # beside the long convolution (same F); () is the mixer of checkpoints before it
+    delta_layers: tuple = ()      # blocks whose mixer is Gated DeltaNet (delta rule, input-dependent decay; issue 32)
+    filter_heads: int = 1         # long filters per channel in each resonance mixer, mixed at every position by weights
+                                  # computed from the token (input-dependent filters, issue 32); 1: one fixed filter
+    recompute_from: int = 16384   # rows of at least this many tokens recompute each resonance mixer's activations in
+                                  # backward instead of keeping them (memory at 32k); 0: never. Same numbers either way
 
     def __post_init__(self):
-        for name in ('vocab_size', 'dim', 'num_layers', 'num_frequencies', 'max_seq_len', 'short_conv'):
+        for name in ('vocab_size', 'dim', 'num_layers', 'num_frequencies', 'max_seq_len', 'short_conv', 'filter_heads'):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise LegalnbError(f'ResonanceConfig: {name} must be an integer >= 1, got {v!r}')
@@ -59,23 +64,28 @@ class ResonanceConfig:
         if not 0 <= self.dropout < 1:
             raise LegalnbError(f'ResonanceConfig: dropout must be in [0, 1), got {self.dropout!r}')
         if not self.init_std > 0: raise LegalnbError(f'ResonanceConfig: init_std must be > 0, got {self.init_std!r}')
-        for name in ('attention_layers', 'linear_layers', 'recall_layers'):   # JSON gives a list: a sorted tuple
+        for name in ('attention_layers', 'linear_layers', 'recall_layers', 'delta_layers'):   # JSON: a list -> tuple
             layers = getattr(self, name)
             if isinstance(layers, (str, bytes)) or not hasattr(layers, '__iter__') or not all(
                     isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.num_layers for i in layers):
                 raise LegalnbError(f'ResonanceConfig: {name} must be block indices in [0, {self.num_layers}), '
                                    f'got {layers!r}')
             setattr(self, name, tuple(sorted(set(layers))))
-        if both := set(self.attention_layers) & set(self.linear_layers):
-            raise LegalnbError(f'ResonanceConfig: block(s) {sorted(both)} are in attention_layers and linear_layers; '
-                               'a block has one mixer')
-        other = set(self.attention_layers) | set(self.linear_layers)   # the branch is a resonance mixer's:
+        for a, b in (('attention_layers', 'linear_layers'), ('attention_layers', 'delta_layers'),
+                     ('linear_layers', 'delta_layers')):
+            if both := set(getattr(self, a)) & set(getattr(self, b)):
+                raise LegalnbError(f'ResonanceConfig: block(s) {sorted(both)} are in {a} and {b}; '
+                                   'a block has one mixer')
+        other = set(self.attention_layers) | set(self.linear_layers) | set(self.delta_layers)   # a resonance mixer's:
         self.recall_layers = tuple(i for i in self.recall_layers if i not in other)   # an attention block has none
         if isinstance(self.feature_dim, bool) or not isinstance(self.feature_dim, int) or self.feature_dim < 1:
             raise LegalnbError(f'ResonanceConfig: feature_dim must be an integer >= 1, got {self.feature_dim!r}')
         w = self.attention_window
         if isinstance(w, bool) or not isinstance(w, int) or w < 0:
             raise LegalnbError(f'ResonanceConfig: attention_window must be an integer >= 0 (0: no window), got {w!r}')
+        r = self.recompute_from
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            raise LegalnbError(f'ResonanceConfig: recompute_from must be an integer >= 0 (0: never), got {r!r}')
 
     @property
     def hidden_dim(self) -> int:
@@ -90,6 +100,9 @@ class ResonanceConfig:
         if not self.recall_layers: del d['recall_layers']
         if not self.linear_layers: del d['linear_layers']
         if not self.linear_layers and not self.recall_layers: del d['feature_dim']
+        if not self.delta_layers: del d['delta_layers']
+        if self.filter_heads == 1: del d['filter_heads']
+        if self.recompute_from == 16384: del d['recompute_from']   # the default: a runtime choice, same numbers
         return d
 
     @classmethod
@@ -199,6 +212,10 @@ class ResonanceLayer(nn.Module):
         self.short = nn.Conv1d(sum(self.sizes), sum(self.sizes), k, groups=sum(self.sizes),
                                padding=k - 1)   # depthwise, left part kept: causal
         self.filter = ResonanceFilter(D, config.num_frequencies, config.max_seq_len)
+        if (M := config.filter_heads) > 1:   # more filters, mixed per position by softmax weights from the token
+            self.more_filters = nn.ModuleList(ResonanceFilter(D, config.num_frequencies, config.max_seq_len)
+                                              for _ in range(M - 1))
+            self.filter_mix = nn.Sequential(nn.Linear(D, 16, bias=False), nn.Linear(16, M * D))   # low rank, 16
         self.skip = nn.Parameter(torch.ones(D))  # D in the formula: the h[0]-like direct path
         if recall: self.recall_gate = nn.Parameter(torch.ones(D))   # the branch's share per channel, learned
         self.out_proj = nn.Linear(D, D, bias=False)
@@ -218,6 +235,7 @@ class ResonanceLayer(nn.Module):
         kv = k * v
         if doc_starts is None: y = causal_fft_conv(kv, self.filter(L))   # (B, D, L) float32 (float64 inputs: 64)
         else: y = document_fft_conv(kv, self.filter, doc_starts)
+        if hasattr(self, 'more_filters'): y = self.modulate(x, kv, y, doc_starts)
         y = ((q * (y + self.skip[:, None] * kv.to(y.dtype))).to(q.dtype)).transpose(1, 2)   # (B, L, D)
         if branch:
             read, S = read_by_content(*(t.transpose(1, 2) for t in (*branch, v)), doc_starts)
@@ -226,6 +244,27 @@ class ResonanceLayer(nn.Module):
             states.append(self.recurrent_state(z, kv, doc_starts))
             if branch: states[-1]['S'] = S
         return self.out_proj(y)  # (B, L, D), in the activations' dtype
+
+# %% ../nbs/04_resonance.ipynb #7073fecb
+@patch
+def filter_weights(self: ResonanceLayer, x: torch.Tensor) -> torch.Tensor:  # (..., D) -> (..., M, D)
+    "Per position and channel, the softmax weights of the M long filters, computed from the mixer's input."
+    w = self.filter_mix(x)
+    return w.unflatten(-1, (len(self.more_filters) + 1, -1)).float().softmax(-2)
+
+@patch
+def modulate(self: ResonanceLayer,
+             x: torch.Tensor,          # (B, L, D) the mixer's input
+             kv: torch.Tensor,         # (B, D, L) the long convolution's input
+             y: torch.Tensor,          # (B, D, L) its convolution with the first filter
+             doc_starts: torch.Tensor | None = None,
+            ) -> torch.Tensor:         # (B, D, L): sum_m w_m(t) (h_m * kv)(t)
+    "Input-dependent long filters: the token at t weighs M filters, so its effective filter sum_m w_m(t) h_m "
+    "changes with the content; each is still a fixed convolution, so FFT training and the recurrence stay exact."
+    ys = [y] + [causal_fft_conv(kv, f(kv.shape[-1])) if doc_starts is None else document_fft_conv(kv, f, doc_starts)
+                for f in self.more_filters]
+    w = self.filter_weights(x).permute(0, 2, 3, 1)                        # (B, M, D, L)
+    return (torch.stack(ys, 1) * w.to(y.dtype)).sum(1)
 
 # %% ../nbs/04_resonance.ipynb #ae4a06a4
 def attention_mask(L: int,                                  # tokens in the row
@@ -433,24 +472,149 @@ class LinearAttention(nn.Module):
         return self.out_proj(linear_attention_step(state, q, k, v))
 
 
+# %% ../nbs/04_resonance.ipynb #915767a5
+def gated_delta_rule(q: torch.Tensor, k: torch.Tensor,   # (B, H, L, dk) queries and keys, L2-normalised
+                     v: torch.Tensor,                     # (B, H, L, dv) values
+                     g: torch.Tensor,                     # (B, H, L) log decay, <= 0: the state is scaled by e^g
+                     beta: torch.Tensor,                  # (B, H, L) in (0, 1): how much of the error is written
+                     doc_starts: torch.Tensor | None = None,   # (B, L) bool: the state restarts at these positions
+                     chunk: int = 64,                     # positions per chunk
+                    ) -> tuple[torch.Tensor, torch.Tensor]:    # (B, H, L, dv) and the state (B, H, dk, dv)
+    "The gated delta rule S_t = e^g_t S_(t-1) + beta_t k_t (v_t - e^g_t S_(t-1)^T k_t)^T, o_t = S_t^T q_t / sqrt(dk) "
+    "(Gated DeltaNet, Yang et al. 2025), in chunks: within a chunk by the UT transform (a unit-triangular solve), "
+    "across chunks through the state. A document start is a decay of 0 (e^g = 0): every product of decays that "
+    "spans a start is masked to 0, so the state, and each output, holds its own document only."
+    B, H, L, dk = k.shape
+    C = min(chunk, L)
+    n, pad = -(-L // C), -L % C
+    seg = (doc_starts.long().cumsum(1) if doc_starts is not None
+           else torch.zeros(B, L, dtype=torch.long, device=q.device))
+    seg = torch.cat([seg, seg[:, -1:].expand(B, pad)], 1).view(B, 1, n, C)     # padding: the last document
+    q = q * dk ** -0.5
+    q, k, v = (F.pad(t, (0, 0, 0, pad)).view(B, H, n, C, -1) for t in (q, k, v))  # (B, H, n, C, d), zeros after L
+    g, beta = (F.pad(t, (0, pad)).view(B, H, n, C) for t in (g, beta))
+    G = g.cumsum(-1)                                  # (B, H, n, C): log of the decays from the chunk's start to t
+    t = torch.arange(C, device=q.device)
+    same = (seg[..., :, None] == seg[..., None, :]) & (t[:, None] >= t[None, :])     # (B, 1, n, C, C): s <= t, one doc
+    decay = (G[..., :, None] - G[..., None, :]).masked_fill(~same, float('-inf')).exp()  # prod of e^g over (s, t]
+    before = F.pad(seg[..., -1], (1, 0), value=-1)[..., :-1]        # (B, 1, n): the document open before each chunk
+    reach = G.exp() * (seg == before[..., None])      # (B, H, n, C): decay from the last state to t (0 past a start)
+    kb = k * beta[..., None]
+    A = (kb @ k.transpose(-1, -2)) * decay            # (B, H, n, C, C): its strict lower part is the UT system
+    u = torch.linalg.solve_triangular(A, v * beta[..., None], upper=False, unitriangular=True)   # new values
+    w = torch.linalg.solve_triangular(A, kb * reach[..., None], upper=False, unitriangular=True)  # their state reads
+    attn = (q @ k.transpose(-1, -2)) * decay          # (B, H, n, C, C) within the chunk
+    qs = q * reach[..., None]                         # the queries' read of the previous state
+    tail = (G[..., -1:] - G).exp() * (seg == seg[..., -1:])          # decay from s to the chunk's end, 0 across a start
+    ks = k * tail[..., None]
+    carry = G[..., -1].exp() * (seg[..., -1] == before)   # (B, H, n): the state's decay over a chunk (0: a start in it)
+    S = q.new_zeros(B, H, dk, v.shape[-1])
+    out = []
+    for c in range(n):                                # the scan over chunks: L / C steps of (dk x dv) states
+        vn = u[:, :, c] - w[:, :, c] @ S
+        out.append(qs[:, :, c] @ S + attn[:, :, c] @ vn)
+        S = S * carry[:, :, c, None, None] + ks[:, :, c].transpose(-1, -2) @ vn
+    return torch.stack(out, 2).reshape(B, H, n * C, -1)[:, :, :L], S
+
+def gated_delta_step(S: torch.Tensor,                      # (B, H, dk, dv) the state, `gated_delta_rule`'s
+                     q: torch.Tensor, k: torch.Tensor,      # (B, H, dk) the new token's query and key (normalised)
+                     v: torch.Tensor,                       # (B, H, dv)
+                     g: torch.Tensor, beta: torch.Tensor,   # (B, H)
+                    ) -> tuple[torch.Tensor, torch.Tensor]: # (B, H, dv) output and the new state
+    "One token of `gated_delta_rule`: decay the state, write beta times the error of its read of k, read it with q."
+    S = S * g.exp()[..., None, None]
+    err = (v - (k[..., None] * S).sum(-2)) * beta[..., None]     # (B, H, dv): v minus what S gives for k
+    S = S + k[..., :, None] * err[..., None, :]
+    return (q[..., :, None] * S).sum(-2) * q.shape[-1] ** -0.5, S
+
+class DeltaNet(nn.Module):
+    "Gated DeltaNet as a block's mixer: q, k, v through the short convolution and SiLU, q and k L2-normalised per "
+    "head, a decay and a write strength per head and token, the gated delta rule, a per-head RMSNorm gated by SiLU."
+    def __init__(self, config: ResonanceConfig):
+        super().__init__()
+        D, kc = config.dim, config.short_conv
+        self.heads = D // 64 if D % 64 == 0 else 1             # value heads of 64 channels (GDN's), else one head
+        dk = D // 2                                            # keys of half the width: 4 D^2 weights, as resonance
+        self.sizes = [dk, dk, D, D, self.heads, self.heads]    # q, k, v, output gate, decay, write strength
+        self.proj = nn.Linear(D, sum(self.sizes), bias=False)
+        self.short = nn.Conv1d(2 * dk + D, 2 * dk + D, kc, groups=2 * dk + D, padding=kc - 1)   # on q, k, v
+        # decay e^g, g = -e^A softplus(a + dt_bias): A in log(1..16), softplus(dt_bias) in 0.001..0.1 (Mamba-2)
+        self.A_log = nn.Parameter(torch.log(torch.empty(self.heads).uniform_(1, 16)))
+        dt = torch.exp(torch.empty(self.heads).uniform_(math.log(1e-3), math.log(0.1)))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))              # inverse softplus
+        self.norm = nn.RMSNorm(D // self.heads, eps=1e-6)
+        self.out_proj = nn.Linear(D, D, bias=False)
+
+    def rule_inputs(self, zs: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple:
+        "q, k, v with heads split off (..., H, d), q and k normalised, and g, beta (..., H), in float32 (64 stays)."
+        f32 = lambda t: t.to(torch.promote_types(t.dtype, torch.float32))
+        q, k, v = (f32(t).unflatten(-1, (self.heads, -1)) for t in F.silu(zs).split(self.sizes[:3], -1))
+        g = -f32(self.A_log).exp() * F.softplus(f32(a) + f32(self.dt_bias))
+        return F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, g, torch.sigmoid(f32(b))
+
+    def forward(self, x: torch.Tensor,                     # (B, L, D)
+                doc_starts: torch.Tensor | None = None,    # (B, L) bool: the state restarts at each document
+                states: list | None = None,                # prefill: the state after x is appended here
+               ) -> torch.Tensor:                          # (B, L, D)
+        B, L, D = x.shape
+        nc = self.short.in_channels
+        z = self.proj(x)                                                 # (B, L, 2 dk + 2 D + 2 H)
+        zc = z[..., :nc].transpose(1, 2)                                 # (B, 2 dk + D, L): q, k, v
+        if doc_starts is None: zs = self.short(zc)[..., :L]
+        else: zs = short_conv_reset(self.short, zc, document_positions(doc_starts))
+        gate, a, b = z[..., nc:].split(self.sizes[3:], -1)
+        with torch.autocast(device_type=x.device.type, enabled=False):  # sums over the document: float32
+            q, k, v, g, beta = self.rule_inputs(zs.transpose(1, 2), a, b)   # (B, L, H, d) and (B, L, H)
+            o, S = gated_delta_rule(*(t.transpose(1, 2) for t in (q, k, v, g, beta)), doc_starts)
+            o = self.norm(o.transpose(1, 2)).flatten(-2)                 # (B, L, D)
+        if states is not None:
+            last = (document_positions(doc_starts)[:, -1] if doc_starts is not None
+                    else torch.full((B,), L - 1, device=x.device))
+            states.append({'S': S, 'window': short_conv_window(zc, last, self.short.kernel_size[0])})
+        return self.out_proj(o.to(x.dtype) * F.silu(gate))
+
+    def step(self, x: torch.Tensor,   # (B, D) the new token's normalised activations
+             state: dict,             # 'S' (B, H, dk, dv) and 'window', updated in place
+            ) -> torch.Tensor:        # (B, D)
+        "One token of the gated delta rule: O(dk dv) per head whatever the context's length."
+        nc = self.short.in_channels
+        z = self.proj(x)
+        buf = torch.cat([state['window'], z[..., :nc, None]], -1)         # (B, nc, k): oldest input first
+        zs = (buf * self.short.weight[:, 0]).sum(-1) + self.short.bias
+        gate, a, b = z[..., nc:].split(self.sizes[3:], -1)
+        q, k, v, g, beta = self.rule_inputs(zs, a, b)                     # (B, H, d) and (B, H)
+        o, state['S'] = gated_delta_step(state['S'], q, k, v, g, beta)
+        state['window'] = buf[..., 1:]
+        return self.out_proj(self.norm(o).flatten(-2).to(x.dtype) * F.silu(gate))
+
 # %% ../nbs/04_resonance.ipynb #cb5c0026
 class ResonanceBlock(nn.Module):
-    "Pre-norm residual block: a mixer (resonance; attention or linear attention in the blocks the config names), "
-    "then a GELU MLP."
+    "Pre-norm residual block: a mixer (resonance; attention, linear attention or Gated DeltaNet in the blocks the "
+    "config names), then a GELU MLP."
     def __init__(self, config: ResonanceConfig, layer: int = 0):
         super().__init__()
         D, H = config.dim, config.hidden_dim
         self.norm1 = nn.LayerNorm(D)
         self.mixer = (ResonanceAttention(config) if layer in config.attention_layers else
                       LinearAttention(config) if layer in config.linear_layers else
+                      DeltaNet(config) if layer in config.delta_layers else
                       ResonanceLayer(config, recall=layer in config.recall_layers))
+        # rows of at least this length recompute the mixer in backward (a whole checkpointed block already does)
+        self.recompute = 0 if config.checkpointing else config.recompute_from
         self.norm2 = nn.LayerNorm(D)
         self.mlp = nn.Sequential(nn.Linear(D, H, bias=False), nn.GELU(), nn.Linear(H, D, bias=False))
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, doc_starts=None, states=None) -> torch.Tensor:  # (B, L, D) -> (B, L, D)
         "One residual block; `doc_starts` and `states` go to the mixer."
-        x = x + self.drop(self.mixer(self.norm1(x), doc_starts, states))
+        if 0 < self.recompute <= x.shape[1] and self.training and torch.is_grad_enabled() and states is None:
+            # the FFT island's (B, D, 2L) spectra and the recall branch's features are the largest activations at
+            # 32k: keep only the mixer's input and compute them again in backward
+            return self.mlp_part(x + self.drop(checkpoint(self.mixer, self.norm1(x), doc_starts, use_reentrant=False)))
+        return self.mlp_part(x + self.drop(self.mixer(self.norm1(x), doc_starts, states)))
+
+    def mlp_part(self, x: torch.Tensor) -> torch.Tensor:
+        "The residual MLP half of the block."
         return x + self.drop(self.mlp(self.norm2(x)))
 
 class ResonanceNet(nn.Module):
@@ -652,8 +816,11 @@ def matmul_params(self: ResonanceConfig) -> int:
     D, H = self.dim, self.hidden_dim
     n_lin = len(self.linear_layers)   # a linear-attention block projects to q, k of width F and v of width D
     n_rec = len(self.recall_layers)   # a recall branch adds q, k of width F to the resonance mixer's projection
-    return (self.num_layers * (3 * D * D + D * D + 2 * D * H) - n_lin * 2 * D * (D - self.feature_dim)
-            + n_rec * 2 * D * self.feature_dim + self.vocab_size * D)
+    heads = D // 64 if D % 64 == 0 else 1   # a Gated DeltaNet block: q, k of D/2, v, gate, out: 4 D^2, and per head
+    return (self.num_layers * (3 * D * D + D * D + 2 * D * H) - n_lin * 2 * D * (D - self.feature_dim)   # a decay
+            + n_rec * 2 * D * self.feature_dim + len(self.delta_layers) * 2 * D * heads + self.vocab_size * D
+            + (self.filter_heads > 1) * (self.num_layers - len(self.attention_layers) - n_lin - len(self.delta_layers))
+            * 16 * D * (1 + self.filter_heads))     # input-dependent filters: the rank-16 mixing weights
 
 @patch
 def matmul_flops_per_token(self: ResonanceConfig) -> float:
@@ -674,8 +841,11 @@ def flops_per_token(self: ResonanceConfig, seq_len: int) -> float:
     n_att, n_lin = len(self.attention_layers), len(self.linear_layers)   # QK^T and AV: 4 D keys forward, x3
     Fd, C = 1 + self.feature_dim + self.feature_dim ** 2, min(256, L)  # linear (chunks of 256): C/2 keys within,
     linear = 2 * (C / 2 * (Fd + D + 1) + 2 * Fd * (D + 1))             # the sums across, and each chunk's sums
-    return (self.matmul_flops_per_token() + 3.0 * (self.num_layers - n_att - n_lin) * (mixing + filt) / L
-            + n_att * 12 * D * keys + (n_lin + len(self.recall_layers)) * 3 * linear)
+    n_del, Cd, heads = len(self.delta_layers), min(64, L), D // 64 if D % 64 == 0 else 1   # delta rule, chunks of 64:
+    delta = 2 * (Cd * (D / 2 + D / 2 + D) + Cd / 2 * (D + D / 2) + 3 * D / 2 * D / heads)   # kk^T, qk^T, AV, 2 solves,
+    mixing, filt = mixing * self.filter_heads, filt * self.filter_heads   # M filters: M products and inverse FFTs
+    return (self.matmul_flops_per_token() + 3.0 * (self.num_layers - n_att - n_lin - n_del) * (mixing + filt) / L
+            + n_att * 12 * D * keys + (n_lin + len(self.recall_layers)) * 3 * linear + n_del * 3 * delta)  # state
 
 # %% ../nbs/04_resonance.ipynb #57a5eb3c
 MODEL_SIZES = {  # name: shape; the true parameter counts are printed below
@@ -708,17 +878,22 @@ def recurrent_state(self: ResonanceLayer,
                     kv: torch.Tensor,                       # (B, D, L) the long convolution's input
                     doc_starts: torch.Tensor | None = None, # (B, L) bool
                    ) -> dict:                               # 'x' (B, D, K), 'window' (B, 3D, k-1), 'z', 'a' (D, K)
-    "The layer's state after the last position: resonance states of the last document, its last inputs, z and a."
-    (B, D, L), k, f = kv.shape, self.short.kernel_size[0], self.filter
-    with torch.autocast(device_type=kv.device.type, enabled=False):
-        kv, rows = kv.to(f.dtype()), torch.arange(B, device=kv.device)
-        x = resonance_states(kv, f, rows, torch.full_like(rows, L))
-        last = torch.full_like(rows, L - 1) if doc_starts is None else document_positions(doc_starts)[:, -1]
-        if (cut := last < L - 1).any():       # x(L-1) - z^(L-b) x(b-1): the part before the last document out
-            b = (L - 1 - last)[cut]
-            x = x.index_add(0, rows[cut], -f.powers(L - b) * resonance_states(kv, f, rows[cut], b))
-    return {'x': x, 'window': short_conv_window(z, last, k), 'z': f.powers(torch.tensor(1, device=kv.device)),
-            'a': f.amplitudes()}
+    "The layer's state after the last position: resonance states of the last document, its last inputs, z and a "
+    "(and with `filter_heads` > 1 the same for each further filter, under 'more')."
+    (B, D, L), k = kv.shape, self.short.kernel_size[0]
+    last = (torch.full((B,), L - 1, device=kv.device) if doc_starts is None
+            else document_positions(doc_starts)[:, -1])
+    def of(f: ResonanceFilter) -> dict:
+        with torch.autocast(device_type=kv.device.type, enabled=False):
+            u, rows = kv.to(f.dtype()), torch.arange(B, device=kv.device)
+            x = resonance_states(u, f, rows, torch.full_like(rows, L))
+            if (cut := last < L - 1).any():       # x(L-1) - z^(L-b) x(b-1): the part before the last document out
+                b = (L - 1 - last)[cut]
+                x = x.index_add(0, rows[cut], -f.powers(L - b) * resonance_states(u, f, rows[cut], b))
+        return {'x': x, 'z': f.powers(torch.tensor(1, device=kv.device)), 'a': f.amplitudes()}
+    state = {**of(self.filter), 'window': short_conv_window(z, last, k)}
+    if hasattr(self, 'more_filters'): state['more'] = [of(f) for f in self.more_filters]
+    return state
 
 @patch
 def step(self: ResonanceLayer,
@@ -733,9 +908,15 @@ def step(self: ResonanceLayer,
     q, k, v, *branch = zs.split(self.sizes, -1)
     kv = k * v                                                   # (B, D)
     with torch.autocast(device_type=x.device.type, enabled=False):
-        xs = state['z'] * state['x'] + kv.to(f.dtype())[..., None]            # x = z x + u, (B, D, K) complex
-        y = (state['a'] * xs).real.sum(-1) + self.skip * kv.to(f.dtype())    # y = Re sum_k a_k x_k + skip u
-    state['x'], state['window'] = xs, buf[..., 1:]
+        def advance(s: dict) -> torch.Tensor:                    # one filter's states one step on; its output
+            s['x'] = s['z'] * s['x'] + kv.to(f.dtype())[..., None]              # x = z x + u, (B, D, K) complex
+            return (s['a'] * s['x']).real.sum(-1)                               # Re sum_k a_k x_k
+        y = advance(state)
+        if 'more' in state:                                      # input-dependent filters: this token's weights
+            w = self.filter_weights(x)                           # (B, M, D)
+            y = (torch.stack([y] + [advance(s) for s in state['more']], 1) * w.to(y.dtype)).sum(1)
+        y = y + self.skip * kv.to(f.dtype())                     # y = (filters) + skip u
+    state['window'] = buf[..., 1:]
     y = (q * y).to(q.dtype)
     if branch: y = y + (self.recall_gate * linear_attention_step(state, *branch, v)).to(y.dtype)
     return self.out_proj(y)

@@ -55,7 +55,8 @@ def without_legalnb(tmp_path, code: str) -> dict:
 
 
 @pytest.mark.parametrize('kw', [{}, dict(recall_layers=[]), dict(attention_layers=[1], attention_window=150),
-                                dict(linear_layers=[0])], ids=['resonance', 'no-recall-branch', 'hybrid', 'linear'])
+                                dict(linear_layers=[0]), dict(delta_layers=[1]), dict(filter_heads=2)],
+                         ids=['resonance', 'no-recall-branch', 'hybrid', 'linear', 'delta', 'filters'])
 def test_resonance_export_round_trip_without_legalnb(tmp_path, tok, kw):
     "The default (a recall branch in block 0, its gate drawn so that it counts), the plain mixer of older "
     "checkpoints (its config.json has no `recall_layers`), and the hybrid with a (windowed) attention block: its KV "

@@ -352,8 +352,10 @@ def test_bench_generate_worker_and_table(monkeypatch):
 # of the all-resonance model must hold for it too: causality, document resets, exact recurrent generation.
 HYBRIDS = [dict(attention_layers=[1]), dict(attention_layers=[0], attention_window=7), dict(linear_layers=[0]),
            dict(linear_layers=[1], attention_layers=[0], attention_window=5, feature_dim=3),
-           dict(recall_layers=[]), dict(recall_layers=[0, 1], feature_dim=5)]
-NAMES = ['full', 'window', 'linear', 'linear+window', 'no recall branch', 'recall branch in both blocks']
+           dict(recall_layers=[]), dict(recall_layers=[0, 1], feature_dim=5), dict(delta_layers=[1]),
+           dict(delta_layers=[1], attention_layers=[0], attention_window=5), dict(filter_heads=3)]
+NAMES = ['full', 'window', 'linear', 'linear+window', 'no recall branch', 'recall branch in both blocks', 'delta',
+         'delta+window', 'input-dependent filters']
 
 
 @pytest.mark.parametrize('kw', HYBRIDS, ids=NAMES)
@@ -380,7 +382,10 @@ def test_hybrid_leakage_probe_float32(kw, L, n):
                                              (HYBRIDS[1], 101, [0, 20, 21, 77], 256), (HYBRIDS[1], 150, [0, 149], 64),
                                              (HYBRIDS[2], 150, [0, 149], 64), (HYBRIDS[2], 101, [0, 20, 21, 77], 256),
                                              (HYBRIDS[3], 37, None, 128), (HYBRIDS[4], 101, [0, 20, 21, 77], 64),
-                                             (HYBRIDS[5], 150, [0, 149], 64), (HYBRIDS[5], 101, [0, 20, 21, 77], 256)])
+                                             (HYBRIDS[5], 150, [0, 149], 64), (HYBRIDS[5], 101, [0, 20, 21, 77], 256),
+                                             (HYBRIDS[6], 101, [0, 20, 21, 77], 256), (HYBRIDS[6], 150, [0, 149], 64),
+                                             (HYBRIDS[7], 37, None, 128), (HYBRIDS[7], 101, [0, 20, 21, 77], 64),
+                                             (HYBRIDS[8], 101, [0, 20, 21, 77], 256), (HYBRIDS[8], 150, [0, 149], 64)])
 def test_hybrid_recurrent_generation_equals_recompute(kw, P, starts, new):
     "The KV cache of the attention block continues the FFT path exactly: greedy tokens equal, logits within 1e-4."
     m = tiny(max_seq_len=600, init_std=0.2, seed=P, **kw).eval()
@@ -458,3 +463,36 @@ def test_hybrid_flops_and_parameters():
                                                                               - win.matmul_flops_per_token())
     n_res, n_hyb = tiny().num_params(non_embedding=True), tiny(attention_layers=[1]).num_params(non_embedding=True)
     assert 0.9 * n_res < n_hyb < n_res
+
+
+def test_recompute_mixer_same_numbers_and_configs():
+    "Rows of at least `recompute_from` tokens recompute each mixer in backward: the same loss and gradients as "
+    "keeping the activations; the default is not written, so a config.json from before it reads the same."
+    ids = torch.randint(0, 97, (2, 41))
+    grads = []
+    for r in (0, 40):
+        m = tiny(recompute_from=r, delta_layers=[1], filter_heads=2).train()
+        loss = m(ids, ids)[1]; loss.backward()
+        assert m.backbone.blocks[0].recompute == r
+        grads.append((loss.item(), [p.grad.clone() for p in m.parameters()]))
+    assert grads[0][0] == pytest.approx(grads[1][0], abs=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads[0][1], grads[1][1]))
+    c = ResonanceConfig(**TINY)
+    assert c.recompute_from == 16384 and 'recompute_from' not in c.to_dict() and 'filter_heads' not in c.to_dict()
+    assert ResonanceConfig.from_dict(c.to_dict()) == c and 'delta_layers' not in c.to_dict()
+    assert ResonanceConfig(**TINY, checkpointing=True).recompute_from == 16384
+    with pytest.raises(LegalnbError, match='recompute_from must be an integer >= 0'):
+        ResonanceConfig(**TINY, recompute_from=-1)
+    with pytest.raises(LegalnbError, match='are in attention_layers and delta_layers'):
+        ResonanceConfig(**TINY, attention_layers=[1], delta_layers=[1])
+    assert ResonanceConfig(**TINY, delta_layers=[0]).recall_layers == (), 'a delta block has no recall branch'
+
+
+def test_input_dependent_filters_depend_on_the_token():
+    "With filter_heads > 1 each position weighs its filters by its own content: two tokens, two effective filters."
+    m = tiny(filter_heads=3).eval()
+    mixer = m.backbone.blocks[0].mixer
+    assert len(mixer.more_filters) == 2
+    w = mixer.filter_weights(torch.randn(5, TINY['dim']))
+    assert w.shape == (5, 3, TINY['dim']) and torch.allclose(w.sum(1), torch.ones(5, TINY['dim']))
+    assert (w[0] - w[1]).abs().max() > 1e-3, 'the weights change with the input'
