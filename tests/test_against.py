@@ -14,7 +14,7 @@ import torch
 
 from legalnb.against import compare_evaluations, retained, run_facts, verdict, NO_DIFFERENCE
 from legalnb.cli import main
-from legalnb.core import LegalnbError
+from legalnb.core import OWNED as RECORD, LegalnbError
 from legalnb.corpus import train_tokenizer
 from legalnb.evaluate import (AGAINST_FILES, LN2, REPORT_FILES, RETAINED_FILES, EvalModel, estimate, evaluate,
                               evaluate_main, general_texts, read_general, read_heldout, write_general_texts)
@@ -194,7 +194,7 @@ def test_against_from_the_command_line(runs, tmp_path):
     out = tmp_path/'cmp'
     text = run_cli(['evaluate', runs/'run60', '--against', runs/'run0', '--data', runs/'heldout.jsonl', '--general',
                     runs/'general.jsonl', '--out', out, *QUICK])
-    assert sorted(p.name for p in out.iterdir()) == sorted([*AGAINST_FILES, *REPORT_FILES, 'reference'])
+    assert sorted(p.name for p in out.iterdir()) == sorted([*AGAINST_FILES, *REPORT_FILES, 'reference', RECORD])
     c = json.loads((out/'against.json').read_text())
     mine, ref = (json.loads(p.read_text()) for p in (out/'eval.json', out/'reference'/'eval.json'))
     o = c['overall']['bits_per_byte']
@@ -205,14 +205,14 @@ def test_against_from_the_command_line(runs, tmp_path):
     assert 'bits per byte: overall' in text and 'bits per byte: general text ' in text and 'forgetting' not in text
     # the plain evaluate into the same folder replaces the comparison: no stale against.json is left to be read
     run_cli(['evaluate', runs/'run60', '--data', runs/'heldout.jsonl', '--out', out, *QUICK])
-    assert sorted(p.name for p in out.iterdir()) == sorted(REPORT_FILES)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*REPORT_FILES, RECORD])
 
 
 def test_retained_prints_the_share_for_three_runs(runs, tmp_path):
     out = tmp_path/'kept'
     text = run_cli(['evaluate', '--retained', runs/'run0', runs/'run15', runs/'run60', '--data', runs/'heldout.jsonl',
                     '--out', out, '--price-per-hour', '2.5', *QUICK])
-    assert sorted(p.name for p in out.iterdir()) == sorted([*RETAINED_FILES, 'base', 'fast', 'full'])
+    assert sorted(p.name for p in out.iterdir()) == sorted([*RETAINED_FILES, 'base', 'fast', 'full', RECORD])
     r = json.loads((out/'retained.json').read_text())
     b, f, F = (json.loads((out/k/'eval.json').read_text())['overall']['bits_per_byte'] for k in ('base', 'fast', 'full'))
     assert r['overall']['share'] == pytest.approx((b - f) / (b - F)) and 0 < r['overall']['share'] < 1.2
