@@ -6,6 +6,7 @@
 from __future__ import annotations
 import json, math, multiprocessing, os, random, re, shutil, tempfile, unicodedata, uuid
 import xml.etree.ElementTree as ET
+import lxml.etree
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, asdict
 from datetime import date, timedelta
@@ -19,13 +20,15 @@ from .core import LegalnbError, atomic_write, jsonl_records, refuse_overwriting_
 
 # %% auto #0
 __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORDS', 'EU_LANGUAGES', 'FORMEX_BLOCKS',
-           'FORMEX_SKIP', 'FORMEX_LABELS', 'SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS', 'Document',
-           'write_jsonl', 'parse_date', 'Celex', 'parse_celex', 'base_celex', 'doc_type_from_celex',
-           'celex_from_number', 'doc_type_from_legal_value', 'doc_type_from_title', 'check_language', 'record_fields',
-           'document_from_record', 'read_jsonl_documents', 'skip_reason', 'formex_text', 'read_formex_file',
-           'formex_document', 'read_formex', 'read_items', 'read_documents', 'report_path', 'parse_documents',
-           'write_parse_report', 'format_parse_summary', 'SampleAct', 'plan_act', 'sample_publications', 'write_sample',
-           'sample_command', 'parse_command', 'sample_main', 'parse_main']
+           'FORMEX_SKIP', 'FORMEX_LABELS', 'MONTHS', 'HTML_BLOCKS', 'HTML_SKIP', 'SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES',
+           'SAMPLE_LANG_WEIGHTS', 'Document', 'write_jsonl', 'parse_date', 'Celex', 'parse_celex', 'base_celex',
+           'doc_type_from_celex', 'celex_from_number', 'doc_type_from_legal_value', 'doc_type_from_title',
+           'check_language', 'record_fields', 'document_from_record', 'read_jsonl_documents', 'skip_reason',
+           'formex_text', 'read_formex_file', 'formex_document', 'read_formex', 'date_in_words', 'number_in_title',
+           'html_root', 'Page', 'html_text', 'html_kind', 'oj_facts', 'consolidated_facts', 'eurlex_facts',
+           'eurlex_body', 'metadata_facts', 'read_html', 'html_document', 'read_items', 'read_documents', 'report_path',
+           'parse_documents', 'write_parse_report', 'format_parse_summary', 'SampleAct', 'plan_act',
+           'sample_publications', 'write_sample', 'sample_command', 'parse_command', 'sample_main', 'parse_main']
 
 # %% ../nbs/00_sources.ipynb #9cdec564
 DOC_TYPES = ('regulation', 'directive', 'decision', 'recommendation', 'other')
@@ -533,6 +536,365 @@ def read_formex(path: str | Path, notes: bool = False) -> Iterator[Document]:
     for files in _formex_folders(Path(path)):
         for act_path, act, wrapper, annexes in _publications(files):
             yield formex_document(act_path, act, wrapper, annexes, notes)
+
+# %% ../nbs/00_sources.ipynb #0fc87b00
+MONTHS = {  # month names as acts' titles write dates: CLDR's "format" forms (from babel 2.18), `_` joins two words
+    'bg': 'януари февруари март април май юни юли август септември октомври ноември декември',
+    'cs': 'ledna února března dubna května června července srpna září října listopadu prosince',
+    'da': 'januar februar marts april maj juni juli august september oktober november december',
+    'de': 'Januar Februar März April Mai Juni Juli August September Oktober November Dezember',
+    'el': 'Ιανουαρίου Φεβρουαρίου Μαρτίου Απριλίου Μαΐου Ιουνίου Ιουλίου Αυγούστου Σεπτεμβρίου Οκτωβρίου Νοεμβρίου '
+          'Δεκεμβρίου',
+    'en': 'January February March April May June July August September October November December',
+    'es': 'enero febrero marzo abril mayo junio julio agosto septiembre octubre noviembre diciembre',
+    'et': 'jaanuar veebruar märts aprill mai juuni juuli august september oktoober november detsember',
+    'fi': 'tammikuuta helmikuuta maaliskuuta huhtikuuta toukokuuta kesäkuuta heinäkuuta elokuuta syyskuuta lokakuuta '
+          'marraskuuta joulukuuta',
+    'fr': 'janvier février mars avril mai juin juillet août septembre octobre novembre décembre',
+    'ga': 'Eanáir Feabhra Márta Aibreán Bealtaine Meitheamh Iúil Lúnasa Meán_Fómhair Deireadh_Fómhair Samhain Nollaig',
+    'hr': 'siječnja veljače ožujka travnja svibnja lipnja srpnja kolovoza rujna listopada studenoga prosinca',
+    'hu': 'január február március április május június július augusztus szeptember október november december',
+    'it': 'gennaio febbraio marzo aprile maggio giugno luglio agosto settembre ottobre novembre dicembre',
+    'lt': 'sausio vasario kovo balandžio gegužės birželio liepos rugpjūčio rugsėjo spalio lapkričio gruodžio',
+    'lv': 'janvāris februāris marts aprīlis maijs jūnijs jūlijs augusts septembris oktobris novembris decembris',
+    'mt': 'Jannar Frar Marzu April Mejju Ġunju Lulju Awwissu Settembru Ottubru Novembru Diċembru',
+    'nl': 'januari februari maart april mei juni juli augustus september oktober november december',
+    'pl': 'stycznia lutego marca kwietnia maja czerwca lipca sierpnia września października listopada grudnia',
+    'pt': 'janeiro fevereiro março abril maio junho julho agosto setembro outubro novembro dezembro',
+    'ro': 'ianuarie februarie martie aprilie mai iunie iulie august septembrie octombrie noiembrie decembrie',
+    'sk': 'januára februára marca apríla mája júna júla augusta septembra októbra novembra decembra',
+    'sl': 'januar februar marec april maj junij julij avgust september oktober november december',
+    'sv': 'januari februari mars april maj juni juli augusti september oktober november december'}
+
+def _stems(names: list[str]) -> list[str]:
+    "The shortest prefix (3 letters or more) of each month name that no other month of the language starts with."
+    plain = [_plain(n.split('_')[0]) for n in names]
+    def stem(p: str) -> str:
+        k = 3
+        while k < len(p) and sum(q.startswith(p[:k]) for q in plain) > 1: k += 1
+        return p[:k]
+    return [stem(p) for p in plain]
+
+_MONTH_STEMS = {lang: _stems(names.split()) for lang, names in MONTHS.items()}
+
+def _day(word: str) -> int | None:
+    "A day of the month as titles write it: `13`, `13.`, `13ης`, `13th`."
+    m = re.fullmatch(r'(\d{1,2})\D{0,3}', word)
+    return int(m[1]) if m and 1 <= int(m[1]) <= 31 else None
+
+def date_in_words(text: str, lang: str) -> date | None:
+    "The first date written with a month name in `text` (`of 13 March 2024`, `2024. gada 13. marta`), else None."
+    words = re.findall(r'\w+', _plain(text))
+    for i, w in enumerate(words):
+        month = next((m for m, s in enumerate(_MONTH_STEMS.get(lang, ()), 1) if w.startswith(s) and len(w) <= len(s) + 9),
+                     None)
+        if month is None: continue
+        days = [d for j in (i - 1, i + 1, i - 2) if 0 <= j < len(words) and (d := _day(words[j]))]
+        near = sorted(range(max(0, i - 3), min(len(words), i + 3)), key=lambda j: (abs(j - i), j < i))
+        years = [int(w) for j in near if len(w := words[j]) == 4 and w.isdigit() and FIRST_YEAR <= int(w) <= _LAST_YEAR]
+        if days and years:
+            try: return date(years[0], month, days[0])
+            except ValueError: continue   # 31 February: not a date, look further
+    return None
+
+# %% ../nbs/00_sources.ipynb #2b516e7d
+_SERIES = r'(?:EU|UE|EC|CE|EG|EEC|EWG|CEE|EOK|EHS|EK|ES|EY|EB|WE|ΕΕ|ΕΚ|ЕС|ЕО|EÜ|EÚ|KE|AE|JI|JHA|GASP|CFSP|PESC|Euratom)'
+_ACT_NUMBERS = (  # (pattern, which group is the number); the other group is the year
+    (re.compile(rf'\({_SERIES}[^)]*\)\s+(\d{{4}})/(\d{{1,4}})\b'), 2),           # (EU) 2024/903
+    (re.compile(r'\b(?:No|Nr|n[°ºo]|č|αριθ|nr)\.?\s*(\d{1,4})/(\d{2,4})\b', re.I), 1),   # (EC) No 1137/2008, No 2913/92
+    (re.compile(rf'\b(\d{{2}}|\d{{4}})/(\d{{1,4}})/{_SERIES}\b'), 2))            # 95/46/EC, 2014/41/EU, 2002/584/JI
+
+def number_in_title(title: str) -> tuple[int, int] | None:
+    "(year, number) of an act from its name: `Regulation (EU) 2024/903`, `Regulation (EC) No 1137/2008`, `95/46/EC`."
+    for rx, number in _ACT_NUMBERS:
+        if m := rx.search(title):
+            year = int(m[3 - number])
+            return (year + (1900 if year >= 50 else 2000) if year < 100 else year), int(m[number])
+    return None
+
+# %% ../nbs/00_sources.ipynb #3dc3cde5
+_HTML_PARSER = lxml.etree.HTMLParser(remove_comments=True, remove_pis=True, encoding='utf-8')
+
+def html_root(path: str | Path, raw: bytes) -> lxml.etree._Element:
+    "The root element of an HTML or XHTML file's bytes, parsed leniently; bytes that are not UTF-8 raise, naming the byte."
+    try: raw.decode('utf-8')
+    except UnicodeDecodeError as e:
+        raise LegalnbError(f'{path}: byte {e.start} is not UTF-8; save the file as UTF-8') from None
+    root = lxml.etree.fromstring(raw.removeprefix(b'\xef\xbb\xbf'), _HTML_PARSER) if raw.strip() else None
+    if root is None: raise LegalnbError(f'{path}: an empty HTML file')
+    return root
+
+def _text_of(el) -> str:
+    "The text of an element on one line."
+    return ' '.join(''.join(el.itertext()).split())
+
+def _classes(el) -> set[str]:
+    "The classes of an element without the OJ's `oj-` prefix (CONVEX wrote `doc-ti` before 2016, `oj-doc-ti` after)."
+    return {c.removeprefix('oj-') for c in (el.get('class') or '').split()}
+
+class Page:
+    "A parsed HTML or XHTML page, its elements indexed by class (without the `oj-` prefix)."
+    def __init__(self, path: str | Path, raw: bytes):
+        self.path, self.root, self.by_class = path, html_root(path, raw), defaultdict(list)
+        for el in self.root.iter('*'):
+            for name in (el.get('class') or '').split(): self.by_class[name.removeprefix('oj-')].append(el)
+
+    def find(self, *names: str) -> list:
+        "The elements having any of the classes `names` (in document order, class by class)."
+        return [el for n in names for el in self.by_class.get(n, ())]
+
+    def meta(self, name: str) -> str:
+        "The content of `<meta name=...>` (any case), or ''."
+        m = next((m for m in self.root.iter('meta') if (m.get('name') or '').lower() == name.lower()), None)
+        return ' '.join((m.get('content') or '').split()) if m is not None else ''
+
+    def title_tag(self) -> str:
+        "The text of `<title>`, or ''."
+        t = self.root.find('.//title')
+        return _text_of(t) if t is not None else ''
+
+# %% ../nbs/00_sources.ipynb #f685249b
+HTML_BLOCKS = frozenset('p div h1 h2 h3 h4 h5 h6 li ul ol dl dt dd table tbody thead tfoot tr td th blockquote section '
+                        'article center pre address caption form fieldset figure figcaption main header footer nav'.split())
+HTML_SKIP = frozenset('script style head noscript button select input textarea img object iframe svg map'.split())
+_NOTE_HREF = re.compile(r'#(ntr|ntc|E\d{4}|footnote|fn)')
+_BIBLIO = re.compile(r'ELI: ?https?://\S+|ISSN \d{4}-\d{3}[\dX].*')   # printed after the act: not its text
+_MARKS = frozenset('— – - • · ▪ ■ ● ○ *'.split())                    # a list's dash or bullet: layout
+_CONS_MARK = re.compile(r' ?[►▼] ?[A-Z]{0,2}\d{0,3}(?=[\s,.;:]|$) ?| ?◄ ?')   # consolidation marks: ►M1 new text ◄
+
+class _Html(_Blocks):
+    "`_Blocks` for a page: the elements to leave out, and its footnote calls and footnote texts, found once."
+    def __init__(self, notes: list | None, skip: set, calls: set, note_texts: set):
+        super().__init__(notes); self.skip, self.calls, self.note_texts = skip, calls, note_texts
+
+def _walk_html(el, out: _Html, flat: bool = False):
+    "Append the text of an HTML element to `out`, block by block (`_walk` for HTML)."
+    tag = el.tag
+    if not isinstance(tag, str) or tag in HTML_SKIP or el in out.skip: return out.add(el.tail)
+    if el in out.note_texts:   # a footnote's text: after the document when kept, never inside it
+        if out.notes is not None: out.notes.append(_note_text(el, out))
+        return out.add(el.tail)
+    if el in out.calls: return _drop_call(el.tail or '', out)
+    if tag == 'p' and (el.text or '')[:1] in ('E', 'I') and _BIBLIO.fullmatch(_text_of(el)): return out.add(el.tail)
+    if tag in ('br', 'hr'):
+        out.add(' ') if flat else out.end()
+        if tag == 'hr' and not flat and 'doc-sep' in _classes(el): out.end(force=True); out.blocks.append('')  # an annex
+        return out.add(el.tail)
+    if tag == 'table' and not flat: _table(el, out); return out.add(el.tail)
+    if tag == 'div' and not flat and 'grid-list' in (el.get('class') or ''): _grid(el, out); return out.add(el.tail)
+    block = tag in HTML_BLOCKS
+    if block: out.add(' ') if flat else out.end()
+    out.add(el.text)
+    for child in el: _walk_html(child, out, flat)
+    if block: out.add(' ') if flat else out.end()
+    out.add(el.tail)
+
+def _drop_call(tail: str, out: _Html):
+    "Leave out a footnote call as Formex leaves out `NOTE`: `Committee (1),` -> `Committee,`; `Treaty (<a>1</a>),` too."
+    if out.buf and out.buf[-1].rstrip().endswith('(') and tail.lstrip().startswith(')'):   # brackets outside the link
+        out.buf[-1] = out.buf[-1].rstrip()[:-1]; tail = tail.lstrip()[1:]
+    if _GLUE.match(tail.lstrip()):   # punctuation after the call closes the words before it
+        while out.buf and not out.buf[-1].strip(): out.buf.pop()
+        if out.buf: out.buf[-1] = out.buf[-1].rstrip()
+        tail = tail.lstrip()
+    out.add(tail)
+
+# %% ../nbs/00_sources.ipynb #269dc4ca
+def _rows(table) -> Iterator:
+    "The rows of a table, not those of the tables inside it."
+    for part in table:
+        if part.tag == 'tr': yield part
+        elif part.tag in ('tbody', 'thead', 'tfoot'): yield from (r for r in part if r.tag == 'tr')
+
+def _flat(cell, out: _Html) -> str:
+    "The text of a table cell on one line (its footnotes go to `out.notes`)."
+    b = _Html(out.notes, out.skip, out.calls, out.note_texts)
+    b.add(cell.text)
+    for child in cell: _walk_html(child, b, True)
+    b.end(force=True)
+    return ' '.join(b.blocks).strip()
+
+def _numbered(labels: list, content, out: _Html):
+    "A point laid out in columns (a table row, a grid): its number, then its text on the same line."
+    out.end()
+    label = ' '.join(t for c in labels if (t := _flat(c, out)) and t not in _MARKS)
+    if label: out.add(label + ' '); out.held = True   # the number waits for its text: `(1) It is necessary ...`
+    if content is not None:
+        out.add(content.text)
+        for child in content: _walk_html(child, out)
+    out.end(force=True)
+
+def _table(el, out: _Html):
+    "A table of data: a line per row, cells joined by ' | ' (as Formex `ROW`); a layout table: numbered points."
+    out.end()
+    data = any(c.startswith(('table', 'tbl')) for c in _classes(el))
+    for row in _rows(el):
+        if not (cells := [c for c in row if c.tag in ('td', 'th')]): continue
+        if not data: _numbered(cells[:-1], cells[-1], out); continue
+        line = ' | '.join(_flat(c, out) for c in cells)
+        if line.strip(' |'): out.add(line); out.end(force=True)
+
+def _grid(el, out: _Html):
+    "A point of a consolidated text's grid list: `grid-list-column-1` holds its number, `grid-list-column-2` its text."
+    cols = [c for c in el if isinstance(c.tag, str)]
+    labels = [c for c in cols if 'grid-list-column-1' in (c.get('class') or '')]
+    rest = [c for c in cols if c not in labels]
+    _numbered(labels, rest[0] if len(rest) == 1 else None, out)
+    for c in rest[1:] if len(rest) == 1 else rest: _walk_html(c, out)
+
+def _note_text(el, out: _Html) -> str:
+    "A footnote's text without its number: `(1) OJ C 184, 25.5.2023, p. 28.` -> `OJ C 184, 25.5.2023, p. 28.`"
+    b = _Html(None, out.skip, set(), set())
+    b.add(el.text)
+    for child in el: _walk_html(child, b, True)
+    b.end(force=True)
+    return re.sub(r'^\(?\*?\d+\)?\s*', '', ' '.join(b.blocks).strip())
+
+def _footnotes(page: Page) -> tuple[set, set]:
+    "The footnote calls of a page (`<a href='#ntr1-...'>(1)</a>`) and its footnotes' texts (`p.oj-note`)."
+    calls = {r.getparent() if r.tag == 'span' and r.getparent() is not None and r.getparent().tag == 'a' else r
+             for r in page.find('note-tag', 'footnoteRef')}
+    calls |= {a for a in page.root.iter('a') if _NOTE_HREF.match(a.get('href') or '') and len(_text_of(a)) <= 8
+              and not ({'note', 'footnote'} & _classes(a.getparent()))}
+    return calls, {el for el in page.find('note', 'footnote') if el.tag in ('p', 'div', 'dl', 'table')}
+
+def html_text(page: Page, body, skip: Iterable = (),
+              notes: list | None = None,  # a list to collect footnote texts in (None: footnotes are dropped)
+              footnotes: tuple | None = None  # `_footnotes(page)`, when already found
+              ) -> str:
+    "The text of a page's `body`, without the elements `skip`: blocks on their own lines, tables as lines."
+    out = _Html(notes, set(skip), *(footnotes or _footnotes(page)))
+    out.add(body.text)
+    for child in body: _walk_html(child, out)
+    out.end(force=True)
+    lines = (' '.join(_CONS_MARK.sub(' ', l).split()) for l in '\n'.join(out.blocks).split('\n'))
+    return '\n'.join(re.sub(r'^[—•▪] ', '', l) for l in lines).strip()
+
+# %% ../nbs/00_sources.ipynb #991347ac
+_CONS_REF = re.compile(r'\b[03]?(\d{4})([A-Z]{1,3})(\d{4})\s*[—–-]+\s*([A-Z]{2})\s*[—–-]+\s*(\d{2})\.(\d{2})\.(\d{4})')
+
+def html_kind(page: Page) -> str:
+    "What a page is: 'oj' (an act as the OJ published it), 'consolidated' (a consolidated text), 'eurlex' (an EUR-Lex page), else ''."
+    if page.find('doc-ti') or page.find('hd-lg'): return 'oj'
+    ref = page.find('reference')
+    if _CONS_REF.search(page.title_tag()) or (ref and _CONS_REF.search(_text_of(ref[0]))): return 'consolidated'
+    if page.meta('DC.identifier') or page.meta('WT.z_docID') or re.search(r'EUR-Lex - \S+ - [A-Z]{2}\b', page.title_tag()):
+        return 'eurlex'
+    return ''
+
+def _title_block(page: Page) -> list:
+    "The elements of an OJ act's title: the first `eli-main-title`, else the first run of `doc-ti` paragraphs."
+    if (main := page.find('eli-main-title')): return main[:1]
+    run = page.find('doc-ti')[:1]
+    while run and (nxt := run[-1].getnext()) is not None and 'doc-ti' in _classes(nxt): run.append(nxt)
+    return run
+
+def _in_capitals(s: str) -> bool:
+    "Is `s` written in capitals, as the OJ prints an act's name (`REGULATION (EU) No 575/2013 OF THE ...`)?"
+    letters = [c for c in s if c.isalpha()]
+    return bool(letters) and sum(c.isupper() for c in letters) >= 0.8 * len(letters)
+
+def oj_facts(page: Page) -> dict:
+    "Language, title, date, type, CELEX of an act as the OJ published it, and the elements that are not its text."
+    lang = next((_text_of(e) for e in page.find('hd-lg')), '') or page.root.get('lang') or ''
+    block = _title_block(page)
+    lines = [t for b in block for p in ([b] if b.tag == 'p' else b.iter('p')) if (t := _text_of(p))]
+    first, code = (lines[0] if lines else ''), lang.strip().lower()
+    day = next((d for l in lines[1:3] or lines[:1] if (d := date_in_words(l, code))), None)
+    if day is None and (m := re.search(r'(\d{1,2})\.(\d{1,2})\.(\d{4})', ' '.join(map(_text_of, page.find('hd-date'))))):
+        day = date(int(m[3]), int(m[2]), int(m[1]))   # the date of publication, when the title has none
+    doc_type = doc_type_from_title(first)
+    n = number_in_title(first) if _in_capitals(first) and doc_type != 'other' else None
+    header = {t for e in page.find('hd-lg', 'hd-date', 'hd-ti', 'hd-oj', 'hd-uniq', 'hd-coll') for t in e.iterancestors('table')}
+    return dict(lang=lang, title=' '.join(lines), date=day, doc_type=doc_type, skip=set(block) | header,
+                celex=celex_from_number(n[0], n[1], doc_type) if n else '')
+
+def consolidated_facts(page: Page) -> dict:
+    "CELEX (`0YYYYTNNNN-YYYYMMDD`), language, date, title of a consolidated text, and the elements that are not its text."
+    ref = page.find('reference')
+    m = _CONS_REF.search(page.title_tag()) or _CONS_REF.search(_text_of(ref[0]) if ref else '')
+    celex = f'0{m[1]}{m[2]}{m[3]}-{m[7]}{m[6]}{m[5]}'
+    body = page.root.find('body')
+    head = body.find('.//table') if body is not None else None   # the title beside its ►B mark
+    skip = set(page.find('reference', 'disclaimer', 'arrow', 'modref', 'hd-modifiers', 'title-doc-first', 'title-doc-last',
+                         'title-doc-oj-reference'))
+    if head is not None: skip |= {head, *head.itersiblings(preceding=True)}   # and before it, reference and disclaimer
+    skip |= {t for e in page.find('hd-toc-1', 'title-fam-member') for t in e.iterancestors('table')}   # amending acts
+    titled = [p for p in page.root.iter('p') if {'title-doc-first', 'title-doc-last'} & _classes(p)]
+    cells = list(head.iter('td')) if head is not None else []
+    return dict(celex=celex, lang=m[4], date=date(int(m[7]), int(m[6]), int(m[5])), doc_type=_doc_type(None, celex),
+                title=' '.join(map(_text_of, titled)) if titled else (_text_of(cells[-1]) if cells else ''), skip=skip)
+
+def eurlex_facts(page: Page) -> dict:
+    "CELEX, language, title and date of an EUR-Lex page, from its `DC.*` or `WT.*` meta tags and its `<title>`."
+    m = re.search(r'CELEX(?::|%3A)([0-9A-Z()\-]+)', page.meta('DC.identifier'))
+    t = re.search(r'EUR-Lex - (\S+) - ([A-Z]{2})\b', page.title_tag())
+    lang = page.meta('DC.language') or (t[2] if t else '') or page.root.get('lang') or ''
+    title = page.meta('DC.description') or page.meta('WT.z_docTitle')
+    return dict(celex=page.meta('WT.z_docID') or (m[1] if m else '') or (t[1] if t else ''), lang=lang, title=title,
+                date=date_in_words(title, lang.strip().lower()), doc_type=doc_type_from_title(title), skip=set())
+
+def eurlex_body(page: Page):
+    "The element holding the text on an EUR-Lex page; None when there is none (a notice or search page)."
+    return next((el for el in page.root.iter('div') if el.get('id') in ('TexteOnly', 'document1', 'docHtml', 'textTabContent')
+                 and _text_of(el)), None)
+
+# %% ../nbs/00_sources.ipynb #ec4039de
+def _celex_in(value) -> str:
+    "A CELEX number in a metadata value: the value itself, or the end of a CELLAR address (`.../celex/32014L0041R(02)`)."
+    s = str(value or '').strip()
+    if '/celex/' in s: s = s.rsplit('/celex/', 1)[1]
+    try: return str(parse_celex(s.upper())) if s else ''
+    except LegalnbError: return ''
+
+def metadata_facts(meta: dict, lang: str) -> dict:
+    "What a metadata file says of the document in `lang`: CELEX, type, date, title, subjects (CELLAR-style JSON)."
+    raw = meta.get('raw') if isinstance(meta.get('raw'), dict) else {}
+    celex = next((c for v in (meta.get('celex'), raw.get('celex'), meta.get('publisher_version_identifier'),
+                              meta.get('work_identifier')) if (c := _celex_in(v))), '')
+    mine = next((e for e in meta.get('expressions') or [] if isinstance(e, dict) and str(e.get('language', '')).lower() == lang),
+                {})
+    subjects = [str(x['label']) for x in meta.get('publisher_metadata') or [] if isinstance(x, dict)
+                and x.get('kind') == 'eurovoc' and str(x.get('language', '')).lower() == lang and x.get('label')]
+    return dict(celex=celex, doc_type=meta.get('doc_type') or meta.get('document_type') or raw.get('legal_form') or '',
+                date=meta.get('date') or mine.get('valid_from') or meta.get('valid_from') or '',
+                title=mine.get('title') or meta.get('title') or '', subjects=subjects or _subjects(meta.get('subjects')))
+
+_READERS = {'oj': oj_facts, 'consolidated': consolidated_facts, 'eurlex': eurlex_facts}
+
+def read_html(path: str | Path, raw: bytes | None = None,
+              meta: dict | None = None,  # the metadata file beside it, as a dict (None: none)
+              notes: bool = False        # keep the footnotes' text, after the text (default: dropped)
+              ) -> tuple[Document, int]:
+    "A `Document` from an OJ XHTML act, a consolidated text's HTML or an EUR-Lex page, and its number of footnotes."
+    page = Page(path, Path(path).read_bytes() if raw is None else raw)
+    kind = html_kind(page)
+    if not kind: raise LegalnbError(f'{path}: an HTML page that is not an EUR-Lex document (no Official Journal title, no '
+                                    'consolidated-text reference, no EUR-Lex meta tags)')
+    facts, body = _READERS[kind](page), (eurlex_body(page) if kind == 'eurlex' else page.root.find('body'))
+    if body is None: raise LegalnbError(f'{path}: an EUR-Lex page without the text of the act (a notice or search page);'
+                                        ' download the act itself (its XHTML or Formex)')
+    if not (lang := facts['lang'].strip().lower()):
+        raise LegalnbError(f'{path}: no language in the page (no oj-hd-lg, DC.language or lang attribute)')
+    lang = check_language(lang, f'{path}: the page\'s language')
+    more, kept = (metadata_facts(meta, lang) if meta else {}), ([] if notes else None)
+    found = _footnotes(page)
+    if not (text := html_text(page, body, facts['skip'], kept, found)):
+        raise LegalnbError(f'{path}: the {kind} page has no text (a consolidated text of a repealed act lists only its '
+                           'amending acts)' if kind == 'consolidated' else f'{path}: the {kind} page has no text')
+    celex = more.get('celex') or facts['celex']
+    doc_type = facts['doc_type']
+    if doc_type == 'other': doc_type = doc_type_from_legal_value(more.get('doc_type')) if more else 'other'
+    if doc_type == 'other': doc_type = _doc_type(None, celex)
+    when = facts['date'] or parse_date(more.get('date'), f'{path}: the date in its metadata file')
+    doc = Document(celex, ' '.join((facts['title'] or more.get('title') or '').split()),
+                   text + ('\n\n' + '\n'.join(kept) if kept else ''), lang, when, doc_type, list(more.get('subjects') or []),
+                   str(path), _base_of(celex))
+    return doc, len(found[1])
+
+def html_document(path: str | Path, meta: dict | None = None, notes: bool = False) -> Document:
+    "The `Document` of one XHTML or HTML file (see `read_html`)."
+    return read_html(path, None, meta, notes)[0]
 
 # %% ../nbs/00_sources.ipynb #6efc4f1b
 def _read_one(path: Path, skip: set) -> Iterator[tuple[str, object]]:
