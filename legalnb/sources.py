@@ -4,30 +4,34 @@
 
 # %% ../nbs/00_sources.ipynb #7dc9bb63
 from __future__ import annotations
-import json, math, multiprocessing, os, random, re, shutil, tempfile, unicodedata, uuid
+import array, hashlib, itertools, json, math, multiprocessing, os, random, re, shutil, tempfile, unicodedata, uuid
 import xml.etree.ElementTree as ET
-import lxml.etree
-from collections import Counter, defaultdict
+import fcntl, lxml.etree
+from contextlib import contextmanager
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field, asdict
 from datetime import date, timedelta
 from pathlib import Path
-from typing import Iterable, Iterator, Literal
+from typing import Callable, Iterable, Iterator, Literal
+import numpy as np
 from xml.sax.saxutils import escape
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 
-from .core import LegalnbError, atomic_write, jsonl_records, refuse_overwriting_inputs, run_command
+from .core import (LegalnbError, _missing_parents, atomic_write, jsonl_records, refuse_overwriting_inputs, run_command,
+                          usable_cores)
 
 # %% auto #0
 __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORDS', 'EU_LANGUAGES', 'FORMEX_BLOCKS',
-           'FORMEX_SKIP', 'FORMEX_LABELS', 'MONTHS', 'HTML_BLOCKS', 'HTML_SKIP', 'SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES',
-           'SAMPLE_LANG_WEIGHTS', 'Document', 'write_jsonl', 'parse_date', 'Celex', 'parse_celex', 'base_celex',
-           'doc_type_from_celex', 'celex_from_number', 'doc_type_from_legal_value', 'doc_type_from_title',
-           'check_language', 'record_fields', 'document_from_record', 'read_jsonl_documents', 'skip_reason',
-           'formex_text', 'read_formex_file', 'formex_document', 'read_formex', 'date_in_words', 'number_in_title',
-           'html_root', 'Page', 'html_text', 'html_kind', 'oj_facts', 'consolidated_facts', 'eurlex_facts',
-           'eurlex_body', 'metadata_facts', 'read_html', 'html_document', 'read_items', 'read_documents', 'report_path',
-           'parse_documents', 'write_parse_report', 'format_parse_summary', 'SampleAct', 'plan_act',
+           'FORMEX_SKIP', 'FORMEX_LABELS', 'MONTHS', 'HTML_BLOCKS', 'HTML_SKIP', 'DOCUMENT_KINDS', 'NOT_DOCUMENTS',
+           'PARSE_BATCH', 'PARTS_FORMAT', 'SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS', 'Document',
+           'write_jsonl', 'parse_date', 'Celex', 'parse_celex', 'base_celex', 'doc_type_from_celex',
+           'celex_from_number', 'doc_type_from_legal_value', 'doc_type_from_title', 'check_language', 'record_fields',
+           'document_from_record', 'read_jsonl_documents', 'skip_reason', 'formex_text', 'read_formex_file',
+           'formex_document', 'read_formex', 'date_in_words', 'number_in_title', 'html_root', 'Page', 'html_text',
+           'html_kind', 'oj_facts', 'consolidated_facts', 'eurlex_facts', 'eurlex_body', 'metadata_facts', 'read_html',
+           'html_document', 'file_kind', 'parse_batches', 'in_order', 'read_items', 'read_documents', 'report_path',
+           'parts_folder', 'parse_documents', 'write_parse_report', 'format_parse_summary', 'SampleAct', 'plan_act',
            'sample_publications', 'write_sample', 'sample_command', 'parse_command', 'sample_main', 'parse_main']
 
 # %% ../nbs/00_sources.ipynb #9cdec564
@@ -255,7 +259,8 @@ def read_jsonl_documents(path: str | Path) -> Iterator[Document]:
     "Stream `Document`s from a JSON-lines file, one per line; a bad line raises with its number."
     for n, _, _, rec in jsonl_records(path): yield document_from_record(rec, f'{path}, line {n}', str(path))
 
-_REASONS = (('not UTF-8', 'not_utf8'), ('not JSON', 'not_json'), ('duplicate key', 'duplicate_key'),
+_REASONS = (('an EUR-Lex page without the text', 'notice_page'), ('HTML page that is not an EUR-Lex', 'other_html'),
+            ('no language in the page', 'no_language'), ('not UTF-8', 'not_utf8'), ('not JSON', 'not_json'), ('duplicate key', 'duplicate_key'),
             ('expected a JSON object', 'not_an_object'), ('malformed XML', 'malformed_xml'),
             ('nested too deeply', 'too_deep'), ('no LG.DOC', 'no_language'), ('"lang"', 'bad_language'),
             ('date', 'bad_date'), ('CELEX', 'bad_celex'), ('CONSLEG', 'bad_celex'), ('no text', 'no_text'),
@@ -897,24 +902,99 @@ def html_document(path: str | Path, meta: dict | None = None, notes: bool = Fals
     return read_html(path, None, meta, notes)[0]
 
 # %% ../nbs/00_sources.ipynb #6efc4f1b
-def _read_one(path: Path, skip: set) -> Iterator[tuple[str, object]]:
-    "The reading jobs of one input path, in order: ('jsonl', file) and ('formex', files of one folder)."
+_MAGIC = ((b'%PDF', 'pdf', 'a PDF file'), (b'II*\x00', 'image', 'a TIFF image'), (b'MM\x00*', 'image', 'a TIFF image'),
+          (b'\x89PNG', 'image', 'a PNG image'), (b'\xff\xd8\xff', 'image', 'a JPEG image'), (b'GIF8', 'image', 'a GIF image'),
+          (b'PK\x03\x04', 'archive', 'a ZIP archive (unpack it first)'), (b'\x1f\x8b', 'archive', 'a gzip file (unpack it first)'),
+          (b'{\\rtf', 'office', 'an RTF document'), (b'\xd0\xcf\x11\xe0', 'office', 'a Microsoft Office document'))
+_PROLOG = re.compile(rb'(?:\s+|<\?.*?\?>|<!--.*?-->|<!DOCTYPE[^>]*>)*', re.S | re.I)   # before an XML or HTML root
+DOCUMENT_KINDS = ('formex', 'html', 'jsonl')   # what parse reads; 'metadata' files are read beside them
+
+def file_kind(path: str | Path, head: bytes | None = None) -> tuple[str, str]:
+    "What a file is, from its first 16 kB: (kind, '') for a kind legalnb reads, else (reason, what the file is)."
+    if head is None:
+        with open(path, 'rb') as f: head = f.read(1 << 14)
+    head = head.removeprefix(b'\xef\xbb\xbf')
+    if Path(path).suffix == '.jsonl': return 'jsonl', ''
+    if not head.strip(): return 'empty_file', 'an empty file'
+    if (magic := next((m for m in _MAGIC if head.startswith(m[0])), None)): return magic[1], magic[2]
+    start = head.lstrip()[:1]
+    if start == b'{':
+        first, newline, rest = head.lstrip().partition(b'\n')
+        try: one = isinstance(json.loads(first), dict)
+        except ValueError: one = False   # the first line is not a whole object: one JSON object on many lines
+        return ('jsonl', '') if one and newline and rest.strip()[:1] == b'{' else ('metadata', '')
+    if start == b'<':
+        m = re.match(rb'<([\w.:-]+)', head[_PROLOG.match(head).end():])
+        root = m[1].decode('ascii', 'replace') if m else ''
+        if root.lower().rpartition(':')[2] == 'html' or b'<!doctype html' in head[:2048].lower(): return 'html', ''
+        if root.endswith('RDF') or root == 'NOTICE': return 'notice', 'a metadata notice (CELLAR\'s XML or RDF)'
+        if re.fullmatch(r'[A-Z][A-Z0-9.]*', root): return 'formex', ''   # Formex names its elements in capitals
+        return 'other_xml', f'an XML file whose root is <{root}>, neither Formex nor XHTML' if root else 'a file of markup'
+    if start == b'[': return 'other_json', 'a JSON array (JSON lines hold one object a line)'
+    try: head[:-4].decode('utf-8')
+    except UnicodeDecodeError: return 'binary', 'a binary file of unknown kind'
+    return 'text_file', 'a text file (neither XML, HTML nor JSON)'
+
+NOT_DOCUMENTS = frozenset(  # reasons for skipping a file that is not a document at all (not a broken one)
+    'empty_file pdf image archive office notice other_xml other_json binary text_file notice_page other_html'.split())
+
+# %% ../nbs/00_sources.ipynb #c7b07092
+PARSE_BATCH = 256   # files a batch: what one process reads at a time, and the most a killed parse reads again
+
+def _walk_files(path: Path, skip: set) -> Iterator[tuple[Path, list[Path]]]:
+    "(folder, its visible files sorted by name) for every folder under `path`, in sorted order, hidden ones left out."
+    for folder, dirs, files in os.walk(path):
+        dirs[:] = sorted(x for x in dirs if not x.startswith('.'))
+        found = [p for f in sorted(files) if not f.startswith('.') and (p := Path(folder)/f).resolve() not in skip]
+        if found: yield Path(folder), found
+
+def _cut(files: list[Path], size: int) -> Iterator[list[Path]]:
+    "A long list of one folder's files in runs of about `size`, cut only where the name's stem (before its first dot) changes."
+    run = []
+    for p in files:
+        if len(run) >= size and p.name.split('.', 1)[0] != run[-1].name.split('.', 1)[0]: yield run; run = []
+        run.append(p)
+    if run: yield run
+
+def _input_units(path: Path, skip: set, size: int) -> Iterator[tuple[Path, list[Path]]]:
+    "The (folder, files) units of one input path: a folder's files (cut when there are many), or one file."
     if not path.exists(): raise LegalnbError(f'{path}: no such file or folder')
     if path.is_dir():
-        for p in sorted(path.rglob('*.jsonl')):
-            if _visible(p, path) and p.resolve() not in skip: yield 'jsonl', p
-        yield from (('formex', files) for files in _formex_folders(path))
-    elif path.suffix == '.jsonl': yield 'jsonl', path
-    elif path.suffix == '.xml': yield from (('formex', files) for files in _formex_folders(path))
-    else: raise LegalnbError(f'{path}: expected a folder, a .jsonl file or a Formex .xml file')
+        for folder, files in _walk_files(path, skip):
+            docs = [p for p in files if p.suffix != '.jsonl']
+            for p in files:
+                if p.suffix == '.jsonl': yield folder, [p]
+            yield from ((folder, run) for run in _cut(docs, size) if run)
+        return
+    kind, what = file_kind(path)
+    if kind not in DOCUMENT_KINDS:
+        raise LegalnbError(f'{path}: {what or "a metadata file"}; expected a folder, a JSON-lines file, a Formex XML file or '
+                           'an XHTML/HTML page')
+    wrapper = kind == 'formex' and read_formex_file(path).tag == 'DOC'   # a wrapper names its act: read the folder
+    yield path.parent, (next(_walk_files(path.parent, skip))[1] if wrapper else [path])
 
-def _skipped(source, e: LegalnbError) -> tuple:
+def parse_batches(paths: str | Path | Iterable[str | Path], skip: Iterable[str | Path] = (),
+                  size: int = PARSE_BATCH   # files a batch, about (a folder's publication is never cut)
+                  ) -> Iterator[list[tuple[Path, list[Path]]]]:
+    "The files of the inputs in batches of about `size`: lists of (folder, files); a JSON-lines file alone."
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    skip, batch, n = {Path(p).resolve() for p in skip}, [], 0
+    for path in paths:
+        for folder, files in _input_units(Path(path), skip, size):
+            if files[0].suffix == '.jsonl':
+                if batch: yield batch; batch, n = [], 0
+                yield [(folder, files)]; continue
+            batch.append((folder, files)); n += len(files)
+            if n >= size: yield batch; batch, n = [], 0
+    if batch: yield batch
+
+# %% ../nbs/00_sources.ipynb #9087d900
+def _skipped(source, e: LegalnbError | str, reason: str | None = None) -> tuple:
     "The item for something that could not be read: ('skip', source, reason, error)."
-    return 'skip', str(source), skip_reason(str(e)), str(e)
+    return 'skip', str(source), reason or skip_reason(str(e)), str(e)
 
-def _read_folder(job: tuple[list[Path], bool]) -> list[tuple]:
+def _read_formex_files(files: list[Path], notes: bool) -> list[tuple]:
     "The publications in one folder's Formex files: ('doc', Document, footnotes) or ('skip', source, reason, error)."
-    files, notes = job
     try: parts = _formex_parts(files)
     except LegalnbError as e: return [_skipped(files[0].parent, e)]   # a malformed file: its folder is not guessed at
     out = []
@@ -934,40 +1014,86 @@ def _jsonl_items(path: Path) -> Iterator[tuple]:
             yield 'doc', document_from_record(rec, f'{path}, line {n}', str(path)), 0
         except LegalnbError as e: yield _skipped(f'{path}, line {n}', e)
 
-def read_items(paths: str | Path | Iterable[str | Path], skip: Iterable[str | Path] = (), notes: bool = False,
-               num_proc: int = 1,            # processes reading Formex folders; the order of items does not change
-               progress: bool | None = None  # progress bar in publications/s (None: only on a terminal)
-               ) -> Iterator[tuple]:
-    "('doc', Document, footnotes) or ('skip', source, reason, error) for everything in folders, JSONL and Formex files."
-    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    skip = {Path(p).resolve() for p in skip}
-    jobs = [job for path in paths for job in _read_one(Path(path), skip)]
-    folders = [(files, notes) for kind, files in jobs if kind == 'formex']
-    procs = max(1, min(num_proc, len(folders) // 32))   # a few dozen folders a process, or it is not worth starting
-    bar = tqdm(total=len(folders), desc='parse', unit=' publications',
-               disable=None if progress is None else not progress)
-    with bar, (_pool(procs) if procs > 1 else _OneProcess()) as pool:
-        read = pool.imap(_read_folder, folders, chunksize=max(1, min(64, len(folders) // (procs * 16))))
-        for kind, what in jobs:
-            if kind == 'jsonl': yield from _jsonl_items(what)
-            else: yield from next(read); bar.update(1)
+def _metadata(files: list[Path]) -> dict | None:
+    "The metadata file among a folder's files (`meta.json` first), as a dict; None when there is none or it is broken."
+    for p in sorted(files, key=lambda p: p.name != 'meta.json'):
+        try: meta = json.loads(p.read_bytes())
+        except (OSError, ValueError): continue
+        if isinstance(meta, dict): return meta
+    return None
 
+def _read_unit(files: list[Path], notes: bool, counts: Counter) -> list[tuple]:
+    "The items of one folder's files (or part of them), in order: Formex publications, pages, JSON lines, the rest."
+    kinds = {p: file_kind(p) for p in files}
+    counts.update(f'files.{k if k in DOCUMENT_KINDS or k == "metadata" else "other"}' for k, _ in kinds.values())
+    meta = _metadata([p for p, (k, _) in kinds.items() if k == 'metadata'])
+    out = _read_formex_files(formex, notes) if (formex := [p for p, (k, _) in kinds.items() if k == 'formex']) else []
+    for p, (kind, what) in kinds.items():
+        if kind == 'html':
+            try: out.append(('doc', *read_html(p, None, meta, notes)))
+            except (LegalnbError, RecursionError) as e: out.append(_skipped(p, e if isinstance(e, LegalnbError) else
+                                                                  f'{p}: elements nested too deeply; is this an HTML page?'))
+        elif kind == 'jsonl': out.extend(_jsonl_items(p))
+        elif kind not in DOCUMENT_KINDS and kind != 'metadata':
+            out.append(_skipped(p, f'{p}: {what}, not a document legalnb reads (Formex, XHTML/HTML or JSON lines)', kind))
+    return out
+
+def _read_batch(job: tuple[list[tuple[Path, list[Path]]], bool]) -> tuple[list[tuple], Counter]:
+    "The items of one batch of files, and the files counted by kind (`files.formex`, `files.html`, ...)."
+    batch, notes = job
+    counts = Counter()
+    return [item for _, files in batch for item in _read_unit(files, notes, counts)], counts
+
+# %% ../nbs/00_sources.ipynb #4c5779ab
 class _OneProcess:
-    "The one-process stand-in for a `multiprocessing.Pool`."
+    "The one-process stand-in for a `multiprocessing.Pool`: each job runs when it is handed in."
     def __enter__(self): return self
     def __exit__(self, *exc): pass
-    def imap(self, f, items, chunksize=1): return map(f, items)
+    def apply_async(self, f, args): return _Done(f(*args))
+
+class _Done:
+    "A result computed already, with the `get()` of a pool's result."
+    def __init__(self, value): self.value = value
+    def get(self): return self.value
 
 def _pool(procs: int):
-    "A pool of `procs` worker processes (forked where the system can, so nothing is imported again)."
+    "A pool of `procs` worker processes (forked where the system can, so nothing is imported again); one: this process."
+    if procs <= 1: return _OneProcess()
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context('fork' if 'fork' in methods else None).Pool(procs)
 
+def in_order(pool, f, jobs: Iterable, ahead: int) -> Iterator:
+    "`f(job)` for each job, computed by `pool` and given back in the jobs' order, never more than `ahead` jobs handed out."
+    waiting = deque()
+    for job in jobs:
+        waiting.append(pool.apply_async(f, (job,)))
+        if len(waiting) >= ahead: yield waiting.popleft().get()
+    while waiting: yield waiting.popleft().get()
+
+def _procs_for(batches: Iterator, num_proc: int) -> tuple[int, Iterator]:
+    "Processes worth starting for these batches (one when there is a single batch), and the batches again."
+    first = list(itertools.islice(batches, 2))
+    return (num_proc if len(first) > 1 else 1), itertools.chain(first, batches)
+
+def read_items(paths: str | Path | Iterable[str | Path], skip: Iterable[str | Path] = (), notes: bool = False,
+               num_proc: int = 1,            # processes reading batches of files; the order of items does not change
+               progress: bool | None = None  # progress bar in files/s (None: only on a terminal)
+               ) -> Iterator[tuple]:
+    "('doc', Document, footnotes) or ('skip', source, reason, error) for every file of folders, JSONL, Formex and HTML files."
+    procs, batches = _procs_for(parse_batches(paths, skip), num_proc)
+    bar = tqdm(desc='parse', unit=' files', disable=None if progress is None else not progress)
+    with bar, _pool(procs) as pool:
+        for items, counts in in_order(pool, _read_batch, ((b, notes) for b in batches), 2 * procs + 2):
+            yield from items
+            bar.update(sum(v for k, v in counts.items() if k.startswith('files.')))
+
 def read_documents(paths: str | Path | Iterable[str | Path], skip: Iterable[str | Path] = ()) -> Iterator[Document]:
-    "Stream `Document`s from folders, JSONL files and Formex files; the first bad input raises, empty input too."
+    "Stream `Document`s from folders and files of any kind legalnb reads; the first broken one raises, empty input too."
     n = 0
     for item in read_items(paths, skip, progress=False):
-        if item[0] == 'skip': raise LegalnbError(item[3])
+        if item[0] == 'skip':
+            if item[2] in NOT_DOCUMENTS: continue   # an image, a README: not a document, not an error
+            raise LegalnbError(item[3])
         n += 1; yield item[1]
     if n == 0: raise _nothing_found(paths)
 
@@ -975,82 +1101,243 @@ def _nothing_found(paths) -> LegalnbError:
     "The error for inputs that hold no document at all."
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     return LegalnbError(f'{", ".join(map(str, paths)) or "(no input)"}: no documents found; expected Formex '
-                        'publications (.xml) or JSON lines (.jsonl)')
+                        'publications (.xml), XHTML/HTML pages of the Official Journal or EUR-Lex, or JSON lines (.jsonl)')
 
 # %% ../nbs/00_sources.ipynb #c79008f8
-def _count(counts: Counter, doc: Document):
+def _count(counts: Counter, lang: str, doc_type: str, dated: bool, consolidated: bool):
     "Add one written document to the counters."
-    counts.update(['documents', f'lang.{doc.lang}', f'type.{doc.doc_type}', f'lang_type.{doc.lang}.{doc.doc_type}'])
-    if doc.date is None: counts['default.no_date'] += 1
-    if doc.doc_type == 'other': counts['default.other_type'] += 1
-    if doc.base_celex: counts['consolidated'] += 1
+    counts.update(['documents', f'lang.{lang}', f'type.{doc_type}', f'lang_type.{lang}.{doc_type}'])
+    if not dated: counts['default.no_date'] += 1
+    if doc_type == 'other': counts['default.other_type'] += 1
+    if consolidated: counts['consolidated'] += 1
 
 def report_path(out: str | Path) -> Path:
     "Where `parse_documents` writes its report: `parse_report.json` beside the output."
     return Path(out).with_name('parse_report.json')
 
-def parse_documents(inputs: Iterable[str | Path], out: str | Path, progress: bool | None = None,
-                    strict: bool = False,       # stop at the first publication or line that cannot be read
-                    num_proc: int | None = None,  # processes (None: all cores); the output bytes do not change
-                    notes: bool = False         # keep footnote text (after each document's text)
-                    ) -> Counter:
-    "Read `inputs`, skip and report what cannot be read, drop duplicates, write `out` and its report; the counters."
-    inputs = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
-    if num_proc is not None and num_proc < 1: raise LegalnbError(f'--num-proc must be at least 1, got {num_proc}')
-    refuse_overwriting_inputs(inputs, [out, report_path(out)])
-    if Path(out).name == report_path(out).name:
-        raise LegalnbError(f'--out {out} is the name of the parse report written beside the output; '
-                           'choose another --out')
-    target = Path(out).resolve()
-    if target.suffix == '.xml' and target.exists() and any(target.is_relative_to(Path(p).resolve()) for p in inputs):
-        raise LegalnbError(f'--out {out} is a Formex file of an input folder; writing it would destroy what is read: '
-                           'choose another --out')
-    counts, seen, skipped = Counter(), set(), []
-    def kept():
-        for item in read_items(inputs, [out], notes, num_proc or os.cpu_count() or 1, progress):
+PARTS_FORMAT = 'legalnb.parse-parts/1'
+
+def parts_folder(out: str | Path) -> Path:
+    "The hidden folder beside `out` where a parse keeps its finished batches until the output is written."
+    out = Path(os.path.abspath(out))
+    return out.with_name(f'.{out.name}.parts')
+
+def _signature(batch: list[tuple[Path, list[Path]]]) -> str:
+    "What a batch's files are now (names, sizes, modification times): a finished batch whose files changed is read again."
+    h = hashlib.sha256()
+    for _, files in batch:
+        for p in files:
+            st = p.stat(); h.update(f'{p}\0{st.st_size}\0{st.st_mtime_ns}\n'.encode())
+    return h.hexdigest()
+
+def _parse_batch(job: tuple) -> dict:
+    "Read one batch, write its documents to `parts/NNNNNNN.jsonl`, then its marker `NNNNNNN.json`; return the marker."
+    k, batch, notes, parts, signature = job
+    items, counts = _read_batch((batch, notes))
+    docs, skipped = [], []
+    with atomic_write(parts/f'{k:07d}.jsonl') as tmp, open(tmp, 'w', encoding='utf-8') as f:
+        for item in items:
             if item[0] == 'skip':
-                if strict: raise LegalnbError(item[3] + '; without --strict it would be skipped and reported')
                 counts[f'skipped.{item[2]}'] += 1; skipped.append(dict(source=item[1], reason=item[2], error=item[3]))
                 continue
             doc = item[1]; counts['notes.kept' if notes else 'notes.dropped'] += item[2]
-            if doc.celex and (doc.celex, doc.lang) in seen: counts['dropped.duplicate'] += 1; continue
-            seen.add((doc.celex, doc.lang)); _count(counts, doc)
-            yield doc.to_json()
-    with atomic_write(out) as tmp:
-        write_jsonl(kept(), tmp)
-        if not counts['documents']:
-            if not skipped: raise _nothing_found(inputs)
-            raise LegalnbError(f'{skipped[0]["error"]}' + (f' (and {len(skipped) - 1:,} more could not be read)'
-                                                           if len(skipped) > 1 else '') + '; no document was read')
-        write_parse_report(counts, skipped, inputs, out)
+            f.write(json.dumps(doc.to_json(), ensure_ascii=False) + '\n')
+            docs.append([doc.celex, doc.lang, doc.doc_type, doc.date is not None, doc.base_celex])
+    marker = dict(format=PARTS_FORMAT, batch=k, signature=signature, docs=docs, counts=dict(counts), skipped=skipped)
+    with atomic_write(parts/f'{k:07d}.json') as tmp: tmp.write_text(json.dumps(marker, ensure_ascii=False))
+    return marker
+
+def _finished(parts: Path, k: int, signature: str) -> dict | None:
+    "The marker of batch `k` when an earlier run finished it and its files have not changed since, else None."
+    try: marker = json.loads((parts/f'{k:07d}.json').read_text(encoding='utf-8'))
+    except (OSError, ValueError): return None
+    ok = marker.get('signature') == signature and (parts/f'{k:07d}.jsonl').is_file()
+    return marker if ok else None
+
+# %% ../nbs/00_sources.ipynb #b729aafc
+def _parse_or_resume(job: tuple) -> tuple[dict, bool]:
+    "The marker of a batch: an earlier run's, when that run finished it and its files are unchanged, else read now."
+    k, batch, notes, parts = job
+    signature = _signature(batch)
+    if (marker := _finished(parts, k, signature)) is not None: return marker, True
+    return _parse_batch((k, batch, notes, parts, signature)), False
+
+@contextmanager
+def _exclusive(lock: Path):
+    "Hold the lock file `lock` (a second parse of the same output waits), and remove it when done."
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:   # the holder removes the file before letting go: a waiter that got a removed file tries again
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try: same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError: same = False
+        if same: break
+        os.close(fd)
+    try: yield
+    finally: os.unlink(lock); os.close(fd)
+
+def _open_parts(out: Path, key: dict) -> Path:
+    "The parts folder of this parse: an earlier run's with the same inputs and settings (resumed), else a new one."
+    parts = parts_folder(out)
+    try: old = json.loads((parts/'key.json').read_text(encoding='utf-8'))
+    except (OSError, ValueError): old = None
+    if old == key: return parts
+    if parts.exists():
+        if not (isinstance(old, dict) and old.get('format') == PARTS_FORMAT) and any(parts.iterdir()):
+            raise LegalnbError(f'{parts}: exists and was not written by legalnb parse; remove it or choose another --out')
+        shutil.rmtree(parts)   # the parts of a parse with other inputs or settings
+    parts.mkdir(parents=True)
+    with atomic_write(parts/'key.json') as tmp: tmp.write_text(json.dumps(key))
+    return parts
+
+def _hash64(s: str) -> int:
+    "A 64-bit hash of a string, the same in every process and run (never 0)."
+    return int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), 'little') or 1
+
+def _markers(parts: Path, n: int) -> Iterator[dict]:
+    "The markers of batches 0 to n-1, in order."
+    for k in range(n): yield json.loads((parts/f'{k:07d}.json').read_text(encoding='utf-8'))
+
+def _kept(parts: Path, n: int) -> np.ndarray:
+    "Which documents of the parts to write: the first of each (CELEX, language), every one without a CELEX."
+    keys = np.concatenate([np.zeros(0, np.uint64)] + [np.array([_hash64(f'{d[0]}\0{d[1]}') if d[0] else 0 for d in m['docs']],
+                                                                np.uint64) for m in _markers(parts, n)])
+    keep = keys == 0
+    keep[np.unique(keys, return_index=True)[1]] = True
+    return keep
+
+def _versions(acts: np.ndarray) -> dict:
+    "Counters of the acts (in one language) that have several versions among the written documents."
+    _, n = np.unique(acts[acts != 0], return_counts=True)
+    several = n[n > 1]
+    return {'versions.acts': len(several), 'versions.documents': int(several.sum()),
+            'versions.extra': int((several - 1).sum()), 'versions.most': int(n.max(initial=0))}
+
+def _join_parts(parts: Path, n: int, dest: Path, counts: Counter):
+    "Write the parts' documents to the file `dest` in batch order, duplicates dropped, and count them."
+    keep, i, acts = _kept(parts, n), 0, array.array('Q')
+    with open(dest, 'wb') as w:
+        for k, marker in enumerate(_markers(parts, n)):
+            with open(parts/f'{k:07d}.jsonl', 'rb') as f:
+                for (celex, lang, doc_type, dated, base), line in zip(marker['docs'], f):
+                    if keep[i]:
+                        w.write(line); _count(counts, lang, doc_type, dated, bool(base))
+                        acts.append(_hash64(f'{base or celex}\0{lang}') if celex else 0)
+                    else: counts['dropped.duplicate'] += 1
+                    i += 1
+    counts.update(_versions(np.frombuffer(acts, np.uint64)))
+
+# %% ../nbs/00_sources.ipynb #40dc0ae6
+def _check_out(inputs: list, out: Path):
+    "Refuse an output that is an input, the report's name, or a document inside an input folder."
+    refuse_overwriting_inputs(inputs, [out, report_path(out)])
+    if out.name == report_path(out).name:
+        raise LegalnbError(f'--out {out} is the name of the parse report written beside the output; choose another --out')
+    target = out.resolve()
+    if target.is_file() and any(target.is_relative_to(Path(p).resolve()) for p in inputs) and \
+            (kind := file_kind(target)[0]) in ('formex', 'html'):
+        raise LegalnbError(f'--out {out} is a {"Formex" if kind == "formex" else "XHTML/HTML"} file of an input folder; '
+                           'writing it would destroy what is read: choose another --out')
+
+def parse_documents(inputs: Iterable[str | Path], out: str | Path, progress: bool | None = None,
+                    strict: bool = False,         # stop at the first publication, page or line that cannot be read
+                    num_proc: int | None = None,  # processes (None: all cores); the output bytes do not change
+                    notes: bool = False,          # keep footnote text (after each document's text)
+                    batch_files: int = PARSE_BATCH,  # files a batch (the unit of work and of resuming)
+                    on_batch: Callable[[dict], None] | None = None,  # called with each batch's marker, in order
+                    ) -> Counter:
+    "Read `inputs` in batches, skip and report what cannot be read, drop duplicates, write `out` and its report."
+    inputs, out = ([inputs] if isinstance(inputs, (str, Path)) else list(inputs)), Path(out)
+    if num_proc is not None and num_proc < 1: raise LegalnbError(f'--num-proc must be at least 1, got {num_proc}')
+    _check_out(inputs, out)
+    if (missing := next((p for p in inputs if not Path(p).exists()), None)) is not None:
+        raise LegalnbError(f'{missing}: no such file or folder')
+    key = dict(format=PARTS_FORMAT, inputs=[os.path.abspath(p) for p in inputs], notes=notes, batch_files=batch_files)
+    made = _missing_parents(parts_folder(out).parent)   # folders this run creates: gone again if it fails on bad input
+    try:
+        with _exclusive(parts_folder(out).with_suffix('.lock')):
+            return _parse(inputs, out, key, progress, strict, num_proc, notes, batch_files, on_batch)
+    except LegalnbError:
+        for folder in reversed(made):
+            try: folder.rmdir()
+            except OSError: break
+        raise
+
+def _parse(inputs, out, key, progress, strict, num_proc, notes, batch_files, on_batch) -> Counter:
+    "The body of `parse_documents`, once it holds the lock on `out`."
+    parts = _open_parts(out, key)
+    counts, n, first = Counter(), 0, None
+    bar = tqdm(desc='parse', unit=' files', disable=None if progress is None else not progress)
+    try:
+        procs, batches = _procs_for(parse_batches(inputs, [out], batch_files), num_proc or usable_cores())
+        with bar, _pool(procs) as pool:
+            jobs = ((k, b, notes, parts) for k, b in enumerate(batches))
+            for marker, resumed in in_order(pool, _parse_or_resume, jobs, 2 * procs + 2):
+                n += 1; counts['batches.resumed'] += resumed; counts.update(marker['counts'])
+                first = first or next((x for x in marker['skipped'] if x['reason'] not in NOT_DOCUMENTS), None)
+                if strict and first: raise LegalnbError(first['error'] + '; without --strict it would be skipped and reported')
+                bar.update(sum(v for c, v in marker['counts'].items() if c.startswith('files.')))
+                if on_batch: on_batch(marker)
+        counts['batches'] = n
+        with atomic_write(out) as tmp:
+            _join_parts(parts, n, tmp, counts)
+            if not counts['documents']:
+                if not first: raise _nothing_found(inputs)
+                more = sum(v for c, v in counts.items() if c.startswith('skipped.') and c[8:] not in NOT_DOCUMENTS) - 1
+                raise LegalnbError(first['error'] + (f' (and {more:,} more could not be read)' if more else '') +
+                                   '; no document was read')
+            write_parse_report(counts, _skipped_items(parts, n), inputs, out)
+    except LegalnbError:   # bad input: nothing is left behind
+        shutil.rmtree(parts, ignore_errors=True); raise
+    shutil.rmtree(parts)
     return counts
 
-def write_parse_report(counts: Counter, skipped: list[dict], inputs: list, out: str | Path) -> Path:
-    "Write `parse_report.json` beside `out`: the counters and every publication or line skipped, with its reason."
-    report = dict(inputs=[str(p) for p in inputs], output=str(out), documents=counts['documents'],
-                  skipped=len(skipped), counters={k: counts[k] for k in sorted(counts)}, skipped_items=skipped)
-    with atomic_write(report_path(out)) as tmp:
-        tmp.write_text(json.dumps(report, indent=1, ensure_ascii=False) + '\n', encoding='utf-8')
+def _skipped_items(parts: Path, n: int) -> Iterator[dict]:
+    "What the batches skipped, in order."
+    for marker in _markers(parts, n): yield from marker['skipped']
+
+def write_parse_report(counts: Counter, skipped: Iterable[dict], inputs: list, out: str | Path) -> Path:
+    "Write `parse_report.json` beside `out`: the counters and every file, publication or line skipped, with its reason."
+    head = dict(inputs=[str(p) for p in inputs], output=str(out), documents=counts['documents'],
+                skipped=sum(v for c, v in counts.items() if c.startswith('skipped.')),
+                counters={k: counts[k] for k in sorted(counts)})
+    with atomic_write(report_path(out)) as tmp, open(tmp, 'w', encoding='utf-8') as f:
+        f.write(json.dumps(head, indent=1, ensure_ascii=False)[:-2] + ',\n "skipped_items": [')   # streamed: a dump may
+        for i, item in enumerate(skipped):                                                        # skip millions of files
+            f.write((',' if i else '') + '\n  ' + json.dumps(item, ensure_ascii=False))
+        f.write('\n ]\n}\n')
     return report_path(out)
 
 # %% ../nbs/00_sources.ipynb #da980d20
 def format_parse_summary(counts: Counter, out: str | Path = '', skipped: Iterable[dict] = ()) -> str:
-    "A human summary of `parse_documents` counters: a language x type table, drops, defaults and what was skipped."
+    "A human summary of `parse_documents` counters: a language x type table, drops, defaults, versions, what was skipped."
     langs = sorted(k.split('.', 1)[1] for k in counts if k.startswith('lang.'))
     reasons = sorted((k.split('.', 1)[1], v) for k, v in counts.items() if k.startswith('skipped.'))
-    n_skip = sum(v for _, v in reasons)
+    bad, other = [x for x in reasons if x[0] not in NOT_DOCUMENTS], [x for x in reasons if x[0] in NOT_DOCUMENTS]
+    n_skip, n_other = sum(v for _, v in bad), sum(v for _, v in other)
+    files = {k.split('.', 1)[1]: v for k, v in counts.items() if k.startswith('files.')}
     lines = [f'parsed {counts["documents"]:,} documents' + (f' -> {out}' if out else '')
              + (f' ({counts["consolidated"]:,} consolidated texts)' if counts['consolidated'] else ''),
              f'  dropped {counts["dropped.duplicate"]:,} duplicates (same CELEX and language); kept with defaults: '
              f'{counts["default.no_date"]:,} without a date, {counts["default.other_type"]:,} of unknown type (other)',
              f'  footnotes: {counts["notes.kept"]:,} kept, {counts["notes.dropped"]:,} dropped',
              f'  skipped {n_skip:,} publications or lines that could not be read'
-             + (': ' + ', '.join(f'{r} {v:,}' for r, v in reasons) if reasons else '')
-             + (f' (listed in {report_path(out)})' if n_skip and out else ''),
+             + (': ' + ', '.join(f'{r} {v:,}' for r, v in bad) if bad else '')
+             + (f' (listed in {report_path(out)})' if (n_skip or n_other) and out else ''),
              '  ' + f'{"lang":<6}' + ''.join(f'{t:>16}' for t in DOC_TYPES) + f'{"total":>10}']
     for l in langs:
         cells = ''.join(f'{counts[f"lang_type.{l}.{t}"]:>16,}' for t in DOC_TYPES)
         lines.append('  ' + f'{l:<6}' + cells + f'{counts[f"lang.{l}"]:>10,}')
+    if files: lines.append(f'  files read: {sum(files.values()):,} (' + ', '.join(f'{k} {v:,}' for k, v in sorted(files.items()))
+                           + ')' + (f'; {n_other:,} are not documents: ' + ', '.join(f'{r} {v:,}' for r, v in other)
+                                    if other else ''))
+    if counts['versions.acts']:
+        lines.append(f'  versions: {counts["versions.acts"]:,} acts have several versions in one language '
+                     f'({counts["versions.documents"]:,} documents, up to {counts["versions.most"]:,} of one act); '
+                     f'legalnb select keeps the newest of each by default, {counts["versions.extra"]:,} fewer')
+    if counts['batches.resumed']:
+        lines.append(f'  resumed: {counts["batches.resumed"]:,} of {counts["batches"]:,} batches of files were finished by '
+                     'an earlier run and kept')
     return '\n'.join(lines)
 
 # %% ../nbs/00_sources.ipynb #54d15e83
@@ -2107,14 +2394,16 @@ def sample_command(out: str,       # folder to write (an earlier sample there is
     print(f'wrote {len(pubs):,} Formex publications ({len({x["celex"] for x in pubs}):,} acts) to {out}: '
           + ', '.join(f'{l} {n}' for l, n in langs.most_common()))
 
-def parse_command(inputs: list[str],           # folders, .jsonl files or Formex .xml files
+def parse_command(inputs: list[str],           # folders, JSON-lines files, Formex XML or XHTML/HTML files
                   out: str = 'parsed.jsonl',    # output JSONL, one Document per line; never one of the inputs
                   strict: bool = False,         # stop at the first publication or line that cannot be read
                   num_proc: int | None = None,  # processes reading publications (without it: all cores)
                   notes: bool = False,          # keep footnote (NOTE) text, after each document's text
+                  batch_files: int = PARSE_BATCH,  # files a batch: the unit of work, and what a killed parse reads again
                   progress: bool = True):       # progress bar in publications/s (on a terminal)
-    "Read Formex publications and JSONL files into one JSONL file of documents, and a report of what was skipped."
-    counts = parse_documents(inputs, out, None if progress else False, strict, num_proc, notes)
+    "Read Formex, XHTML/HTML and JSON lines into one JSONL file of documents, and a report of what was skipped."
+    if batch_files < 1: raise LegalnbError(f'--batch-files must be at least 1, got {batch_files}')
+    counts = parse_documents(inputs, out, None if progress else False, strict, num_proc, notes, batch_files)
     print(format_parse_summary(counts, out))
 
 def sample_main(argv: list[str]) -> int: return run_command(sample_command, argv, 'legalnb sample')
