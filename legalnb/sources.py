@@ -1083,7 +1083,7 @@ def read_items(paths: str | Path | Iterable[str | Path], skip: Iterable[str | Pa
     procs, batches = _procs_for(parse_batches(paths, skip), num_proc)
     bar = tqdm(desc='parse', unit=' files', disable=None if progress is None else not progress)
     with bar, _pool(procs) as pool:
-        for items, counts in in_order(pool, _read_batch, ((b, notes) for b in batches), 2 * procs + 2):
+        for items, counts in in_order(pool, _read_batch, ((b, notes) for b in batches), 2 * procs + 2 if procs > 1 else 1):
             yield from items
             bar.update(sum(v for k, v in counts.items() if k.startswith('files.')))
 
@@ -1272,7 +1272,7 @@ def _parse(inputs, out, key, progress, strict, num_proc, notes, batch_files, on_
         procs, batches = _procs_for(parse_batches(inputs, [out], batch_files), num_proc or usable_cores())
         with bar, _pool(procs) as pool:
             jobs = ((k, b, notes, parts) for k, b in enumerate(batches))
-            for marker, resumed in in_order(pool, _parse_or_resume, jobs, 2 * procs + 2):
+            for marker, resumed in in_order(pool, _parse_or_resume, jobs, 2 * procs + 2 if procs > 1 else 1):
                 n += 1; counts['batches.resumed'] += resumed; counts.update(marker['counts'])
                 first = first or next((x for x in marker['skipped'] if x['reason'] not in NOT_DOCUMENTS), None)
                 if strict and first: raise LegalnbError(first['error'] + '; without --strict it would be skipped and reported')
