@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import fcntl, lxml.etree
 from contextlib import contextmanager
 from collections import Counter, defaultdict, deque
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, field, asdict, replace
 from datetime import date, timedelta
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Literal
@@ -24,15 +24,16 @@ from .core import (LegalnbError, _missing_parents, atomic_write, jsonl_records, 
 # %% auto #0
 __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORDS', 'EU_LANGUAGES', 'FORMEX_BLOCKS',
            'FORMEX_SKIP', 'FORMEX_LABELS', 'MONTHS', 'HTML_BLOCKS', 'HTML_SKIP', 'DOCUMENT_KINDS', 'NOT_DOCUMENTS',
-           'PARSE_BATCH', 'PARTS_FORMAT', 'SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS', 'Document',
-           'write_jsonl', 'parse_date', 'Celex', 'parse_celex', 'base_celex', 'doc_type_from_celex',
+           'PARSE_BATCH', 'PARTS_FORMAT', 'SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS', 'OJ_NAMES',
+           'Document', 'write_jsonl', 'parse_date', 'Celex', 'parse_celex', 'base_celex', 'doc_type_from_celex',
            'celex_from_number', 'doc_type_from_legal_value', 'doc_type_from_title', 'check_language', 'record_fields',
            'document_from_record', 'read_jsonl_documents', 'skip_reason', 'formex_text', 'read_formex_file',
            'formex_document', 'read_formex', 'date_in_words', 'number_in_title', 'html_root', 'Page', 'html_text',
            'html_kind', 'oj_facts', 'consolidated_facts', 'eurlex_facts', 'eurlex_body', 'metadata_facts', 'read_html',
            'html_document', 'file_kind', 'parse_batches', 'in_order', 'read_items', 'read_documents', 'report_path',
            'parts_folder', 'parse_documents', 'write_parse_report', 'format_parse_summary', 'SampleAct', 'plan_act',
-           'sample_publications', 'write_sample', 'sample_command', 'parse_command', 'sample_main', 'parse_main']
+           'sample_publications', 'formex_to_xhtml', 'amended', 'sample_versions', 'dump_publications', 'write_sample',
+           'sample_command', 'parse_command', 'sample_main', 'parse_main']
 
 # %% ../nbs/00_sources.ipynb #9cdec564
 DOC_TYPES = ('regulation', 'directive', 'decision', 'recommendation', 'other')
@@ -262,7 +263,7 @@ def read_jsonl_documents(path: str | Path) -> Iterator[Document]:
 _REASONS = (('an EUR-Lex page without the text', 'notice_page'), ('HTML page that is not an EUR-Lex', 'other_html'),
             ('no language in the page', 'no_language'), ('not UTF-8', 'not_utf8'), ('not JSON', 'not_json'), ('duplicate key', 'duplicate_key'),
             ('expected a JSON object', 'not_an_object'), ('malformed XML', 'malformed_xml'),
-            ('nested too deeply', 'too_deep'), ('no LG.DOC', 'no_language'), ('"lang"', 'bad_language'),
+            ('nested too deeply', 'too_deep'), ('without LG.DOC', 'no_language'), ('"lang"', 'bad_language'),
             ('date', 'bad_date'), ('CELEX', 'bad_celex'), ('CONSLEG', 'bad_celex'), ('no text', 'no_text'),
             ('empty "text"', 'no_text'), ('"text"', 'bad_text'), ('"title"', 'bad_title'),
             ('"subjects"', 'bad_subjects'),
@@ -456,7 +457,7 @@ def formex_document(act_path: Path, act: ET.Element, wrapper: ET.Element | None 
     body = act if body is None else body
     roots = [r for r in (wrapper, body) if r is not None]
     lang = _first_text(roots, './/LG.DOC', './/LG.OJ')
-    if not lang: raise LegalnbError(f'{act_path}: no LG.DOC or LG.OJ element, so the language is unknown')
+    if not lang: raise LegalnbError(f'{act_path}: a Formex {act.tag} without LG.DOC or LG.OJ, so the language is unknown')
     lang = check_language(lang, f'{act_path}: LG.DOC')
     text = _formex_text(act_path, body, annexes, notes)
     if not text:
@@ -498,9 +499,11 @@ def _publication(group: list, wrapper: ET.Element | None
     return acts[0][0], acts[0][1], wrapper, [r for _, r in annexes]
 
 # %% ../nbs/00_sources.ipynb #5d7450b8
+_FORMEX_NAME = re.compile(r'[A-Z][A-Z0-9.]*')   # Formex names its elements in capitals, without a namespace
+
 def _formex_parts(files: list[Path]) -> list[tuple[Path, ET.Element]]:
-    "(path, root) of each Formex file, without tables of contents (`PUBLICATION`); a malformed file raises."
-    return [(p, r) for p in files if (r := read_formex_file(p)).tag != 'PUBLICATION']
+    "(path, root) of each Formex file, without tables of contents (`PUBLICATION`) and files of other XML; a malformed one raises."
+    return [(p, r) for p in files if (r := read_formex_file(p)).tag != 'PUBLICATION' and _FORMEX_NAME.fullmatch(r.tag)]
 
 def _groups(parts: list[tuple[Path, ET.Element]]) -> Iterator[tuple[list, ET.Element | None]]:
     "The (files, wrapper) of each publication among the parsed Formex files of one folder."
@@ -603,10 +606,11 @@ def date_in_words(text: str, lang: str) -> date | None:
     return None
 
 # %% ../nbs/00_sources.ipynb #2b516e7d
-_SERIES = r'(?:EU|UE|EC|CE|EG|EEC|EWG|CEE|EOK|EHS|EK|ES|EY|EB|WE|ΕΕ|ΕΚ|ЕС|ЕО|EÜ|EÚ|KE|AE|JI|JHA|GASP|CFSP|PESC|Euratom)'
+_SERIES = (r'(?:EU|UE|EC|CE|EG|EEC|EWG|CEE|EEG|EHS|EGS|EGK|EEB|EEK|EMÜ|ETY|EØF|EOK|KEE|EEZ|EK|ES|EY|EB|EF|EL|EZ|WE|EÚ|EÜ|'
+           r'ΕΕ|ΕΚ|ΕΟΚ|ЕС|ЕО|ЕИО|KE|JI|JHA|JAI|GASP|CFSP|PESC|KSZP|Euratom)')   # the series in the 24 languages
 _ACT_NUMBERS = (  # (pattern, which group is the number); the other group is the year
     (re.compile(rf'\({_SERIES}[^)]*\)\s+(\d{{4}})/(\d{{1,4}})\b'), 2),           # (EU) 2024/903
-    (re.compile(r'\b(?:No|Nr|n[°ºo]|č|αριθ|nr)\.?\s*(\d{1,4})/(\d{2,4})\b', re.I), 1),   # (EC) No 1137/2008, No 2913/92
+    (re.compile(r'\b(?:No|Nr|n\.?\s?[°ºo]?|č|αριθ)\.?\s*(\d{1,4})/(\d{2,4})\b', re.I), 1),   # (EC) No 1137/2008, n.o 2913/92
     (re.compile(rf'\b(\d{{2}}|\d{{4}})/(\d{{1,4}})/{_SERIES}\b'), 2))            # 95/46/EC, 2014/41/EU, 2002/584/JI
 
 def number_in_title(title: str) -> tuple[int, int] | None:
@@ -928,7 +932,7 @@ def file_kind(path: str | Path, head: bytes | None = None) -> tuple[str, str]:
         root = m[1].decode('ascii', 'replace') if m else ''
         if root.lower().rpartition(':')[2] == 'html' or b'<!doctype html' in head[:2048].lower(): return 'html', ''
         if root.endswith('RDF') or root == 'NOTICE': return 'notice', 'a metadata notice (CELLAR\'s XML or RDF)'
-        if re.fullmatch(r'[A-Z][A-Z0-9.]*', root): return 'formex', ''   # Formex names its elements in capitals
+        if _FORMEX_NAME.fullmatch(root): return 'formex', ''
         return 'other_xml', f'an XML file whose root is <{root}>, neither Formex nor XHTML' if root else 'a file of markup'
     if start == b'[': return 'other_json', 'a JSON array (JSON lines hold one object a line)'
     try: head[:-4].decode('utf-8')
@@ -2333,6 +2337,146 @@ def sample_publications(docs: int, seed: int = 0) -> list[tuple[SampleAct, str, 
         if rng.random() < 0.02: pubs.append((*rng.choice(pubs)[:3], uid()))   # delivered twice
     return pubs[:docs]
 
+# %% ../nbs/00_sources.ipynb #f6438dbb
+OJ_NAMES = {'en': 'Official Journal of the European Union', 'de': 'Amtsblatt der Europäischen Union',
+            'fr': 'Journal officiel de l’Union européenne', 'es': 'Diario Oficial de la Unión Europea',
+            'pt': 'Jornal Oficial da União Europeia', 'it': 'Gazzetta ufficiale dell’Unione europea',
+            'nl': 'Publicatieblad van de Europese Unie', 'pl': 'Dziennik Urzędowy Unii Europejskiej',
+            'sv': 'Europeiska unionens officiella tidning', 'cs': 'Úřední věstník Evropské unie'}   # the sample's languages
+
+def _inline(el: ET.Element, notes: list) -> str:
+    "The XHTML of an element's inline content: quotation marks as characters, footnote calls, italics; text escaped."
+    out = [escape(el.text or '')]
+    for c in el:
+        if c.tag == 'NOTE':
+            notes.append(formex_text(c, flat=True)); n = len(notes)
+            out.append(f'<a id="ntc{n}-E{n:04d}" href="#ntr{n}-E{n:04d}">(<span class="oj-super oj-note-tag">{n}</span>)</a>')
+        elif c.tag in _QUOTES: out.append(escape(_quote_mark(c)))
+        elif c.tag == 'HT': out.append(f'<span class="oj-{c.get("TYPE", "").lower()}">{_inline(c, notes)}</span>')
+        elif isinstance(c.tag, str): out.append(_inline(c, notes))
+        out.append(escape(c.tail or ''))
+    return ''.join(out)
+
+def _point(number: str, text: str) -> str:
+    "A numbered point as the OJ lays it out: a table, the number in one column and the text in the other."
+    return (f'<table width="100%" border="0" cellspacing="0" cellpadding="0"><col width="4%"/><col width="96%"/><tbody><tr>'
+            f'<td valign="top"><p class="oj-normal">{number}</p></td><td valign="top">{text}</td></tr></tbody></table>')
+
+def _xhtml_blocks(el: ET.Element, notes: list) -> str:
+    "The XHTML of a Formex block of the sample's acts and annexes (paragraphs, points, articles, tables)."
+    tag, kids = el.tag, ''.join(_xhtml_blocks(c, notes) for c in el if isinstance(c.tag, str))
+    p = lambda cls, x: f'<p class="oj-{cls}">{_inline(x, notes)}</p>'
+    if tag in ('P', 'VISA', 'GR.CONSID.INIT', 'ALINEA', 'PREAMBLE.INIT') and el.find('P') is None: return p('normal', el)
+    if tag == 'NP': return _point(escape(el.findtext('NO.P', '')), p('normal', el.find('TXT')))
+    if tag == 'PARAG':
+        return f'<div><p class="oj-normal">{escape(el.findtext("NO.PARAG", ""))}   {_inline(el.find("ALINEA"), notes)}</p></div>'
+    if tag == 'TI.ART': return p('ti-art', el)
+    if tag == 'SIGNATORY': return '<div class="oj-signatory">' + ''.join(p('signatory', x) for x in el.findall('P')) + '</div>'
+    if tag == 'TBL':
+        cells = lambda r: ''.join(f'<td><p class="oj-tbl-txt">{_inline(c.find("P"), notes)}</p></td>' for c in r.findall('CELL'))
+        return '<table class="oj-table">' + ''.join(f'<tr>{cells(r)}</tr>' for r in el.iter('ROW')) + '</table>'
+    if tag in ('TITLE',): return ''.join(p('doc-ti', x) for x in el.iter('P'))
+    if tag in ('BIB.INSTANCE', 'NO.P', 'TXT'): return ''
+    return kids
+
+def formex_to_xhtml(files: list[tuple[str, str]], lang: str, published: date, oj: str) -> str:
+    "The Official Journal's XHTML of a sample publication, made from its Formex as CONVEX makes it (the same text)."
+    roots = [ET.fromstring(xml.encode()) for _, xml in files]
+    act = next(r for r in roots if r.tag == 'ACT')
+    annexes = [r for r in roots if r.tag == 'ANNEX']
+    notes, parts = [], []
+    title = [formex_text(x, flat=True) for x in act.find('TITLE').iter('P')]
+    head = (f'<table width="100%" border="0" cellspacing="0" cellpadding="0"><col width="10%"/><col width="10%"/><col width="60%"/>'
+            f'<col width="20%"/><tbody><tr><td><p class="oj-hd-date">{published.day}.{published.month}.{published.year}</p></td>'
+            f'<td><p class="oj-hd-lg">{lang.upper()}</p></td><td><p class="oj-hd-ti">{escape(OJ_NAMES.get(lang, OJ_NAMES["en"]))}</p></td>'
+            f'<td><p class="oj-hd-oj">{oj}</p></td></tr></tbody></table><hr class="oj-separator"/>')
+    name = ''.join(f'<p class="oj-doc-ti">{escape(t.upper() if i == 0 else t)}</p>' for i, t in enumerate(title))
+    body = ''.join(_xhtml_blocks(c, notes) for c in act if c.tag not in ('BIB.INSTANCE', 'TITLE'))
+    notes_html = lambda first: ''.join(f'<p class="oj-note"><a id="ntr{n}-E{n:04d}" href="#ntc{n}-E{n:04d}">(<span class="oj-super">{n}'
+                                       f'</span>)</a>  {escape(t)}</p>' for n, t in enumerate(notes[first:], first + 1))
+    parts.append(f'<div class="eli-container"><div class="eli-main-title" id="tit_1">{name}</div>{body}</div>'
+                 + ('<hr class="oj-note"/>' + notes_html(0) if notes else ''))
+    for a in annexes:
+        first = len(notes)
+        parts.append(f'<hr class="oj-doc-sep"/><div class="eli-container">{"".join(_xhtml_blocks(c, notes) for c in a)}</div>'
+                     + ('<hr class="oj-note"/>' + notes_html(first) if len(notes) > first else ''))
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n<!DOCTYPE html PUBLIC "-//W3C//DTD XHTML//EN" "xhtml-strict.dtd">\n'
+            '<html xmlns="http://www.w3.org/1999/xhtml"><!-- CONVEX-like, made by legalnb sample --><head>'
+            '<meta http-equiv="content-type" content="text/html; charset=utf-8"/>'
+            f'<title>L_{published:%Y%m%d}{lang.upper()}.01000101.xml</title></head><body>{head}{"".join(parts)}'
+            '<hr class="oj-doc-end"/></body></html>\n')
+
+# %% ../nbs/00_sources.ipynb #2d6aead5
+def amended(act: SampleAct, rng: random.Random, share: float = 1 / 7, new_article: bool = True) -> SampleAct:
+    "The act as amended: a share of its sentences replaced by others, an article added, a new deadline."
+    swap = lambda i, n: rng.randrange(n) if rng.random() < share else i
+    articles = [[[swap(i, 7) for i in para] for para in art] for art in act.articles]
+    if new_article: articles.append([[rng.randrange(1, 7) for _ in range(rng.randint(1, 3))] for _ in range(rng.randint(1, 2))])
+    return replace(act, articles=articles, recitals=[swap(i, 6) for i in act.recitals],
+                   deadline=act.deadline + timedelta(days=rng.randint(100, 700)))
+
+def sample_versions(act: SampleAct, lang: str, rng: random.Random) -> list[tuple[SampleAct, date]]:
+    "One to five consolidated versions of an act, each amending the one before, dated after the act (before 2026)."
+    out, day = [], act.day
+    for _ in range(rng.choices((1, 2, 3, 4, 5), weights=(35, 25, 20, 12, 8))[0]):
+        day += timedelta(days=rng.randint(150, 900))
+        if day.year > 2025: break
+        act = amended(out[-1][0] if out else act, rng); out.append((act, day))
+    return out
+
+@patch
+def consolidated(self: _Writer, day: date, uid: str) -> list[tuple[str, str]]:
+    "(path, XML) of a consolidated version dated `day`: a Formex `CONS.ACT` (its text in `CONS.DOC`) and its wrapper."
+    a, LG = self.act, self.lang.upper()
+    ref = celex_from_number(a.year, a.number, self.t)[1:]   # 2016R0679
+    name = f'CL{ref}{LG}{day:%Y%m%d}.0001'
+    legal = {'regulation': 'REG', 'directive': 'DIR', 'decision': 'DEC', 'recommendation': 'RECO'}[self.t]
+    title = ''.join(f'<P>{escape(p)}</P>' for p in self.title_parts())
+    annex = ''
+    if a.annex:   # the annex, inside the consolidated text
+        annex_xml = ET.fromstring(self.annex_xml(f'{name}.doc.xml').encode())
+        annex = '<CONS.ANNEX>' + ''.join(ET.tostring(c, encoding='unicode') for c in annex_xml if c.tag != 'BIB.INSTANCE') + '</CONS.ANNEX>'
+    act = (self.open_root('CONS.ACT') + f'<INFO.CONSLEG CONSLEG.REF="{ref}" START.DATE="{day:%Y%m%d}" LEG.VAL="{legal}"/>'
+           f'<CONS.DOC><BIB.INSTANCE><DOCUMENT.REF FILE="{name}.doc.xml"><LG.OJ>{LG}</LG.OJ></DOCUMENT.REF>'
+           f'<DATE ISO="{day:%Y%m%d}">{day:%Y%m%d}</DATE><LG.DOC>{LG}</LG.DOC></BIB.INSTANCE><TITLE><TI>{title}</TI></TITLE>'
+           + self.preamble() + self.enacting_terms() + self.final() + annex + '</CONS.DOC></CONS.ACT>\n')
+    wrapper = (self.open_root('DOC') + f'<FMX><DOC.MAIN.PUB NO.SEQ="0001"><LG.DOC>{LG}</LG.DOC><LEGAL.VALUE>{legal}</LEGAL.VALUE>'
+               f'<REF.PHYS FILE="{name}.xml" TYPE="DOC.XML"/></DOC.MAIN.PUB></FMX></DOC>\n')
+    return [(f'{uid}.cons/{name}.doc.xml', wrapper), (f'{uid}.cons/{name}.xml', act)]
+
+# %% ../nbs/00_sources.ipynb #ee1c07dc
+def _uid(rng: random.Random) -> str: return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+
+def _copy(act: SampleAct, seed: int, used: set) -> SampleAct:
+    "The act published again under another number, a sentence in fifty replaced: a near-duplicate of it."
+    rng = random.Random(f'{seed}/{act.celex}/copy')
+    number = act.number + 1 + rng.randrange(50)
+    while (celex := celex_from_number(act.year, number, act.doc_type)) in used: number += 1
+    used.add(celex)
+    return replace(amended(act, rng, share=0.02, new_article=False), number=number, celex=celex, deadline=act.deadline)
+
+def dump_publications(pubs: list, seed: int, xhtml: float = 0, versions: float = 0, copies: float = 0
+                      ) -> Iterator[tuple[str, str, date, SampleAct, str, int, list[tuple[str, str]]]]:
+    "(kind, CELEX, date, act, language, Formex version, files) of each publication: originals (Formex or XHTML), versions, copies."
+    rng, done, used = random.Random(f'{seed}/dump'), {}, {a.celex for a, *_ in pubs}
+    for act, lang, fmx, uid in pubs:
+        files = _Writer(act, lang, fmx).publication(uid)
+        if act.celex not in done: done[act.celex] = (rng.random() < versions, _copy(act, seed, used) if rng.random() < copies else None,
+                                                    rng.random())
+        plan = done[act.celex]
+        if xhtml and rng.random() < xhtml:   # the act as the OJ published it in XHTML, saved as .xml or .html
+            published = act.day + timedelta(days=7 + act.number % 30)
+            page = formex_to_xhtml(files, lang, published, f'L {act.number % 400}/1')
+            name = f'{uid}.0006.03/DOC_1.html' if plan[2] < 0.5 else f'{uid}.xhtml/L_{act.year}{act.number:05d}{lang.upper()}.01000101.xml'
+            both = rng.random() < 0.05   # a few delivered in both formats
+            yield 'original', act.celex, act.day, act, lang, fmx, [(name, page)] + (files if both else [])
+        else: yield 'original', act.celex, act.day, act, lang, fmx, files
+        if plan[0]:
+            vrng = random.Random(f'{seed}/{act.celex}')   # the same versions in every language
+            for v, day in sample_versions(act, lang, vrng):
+                yield ('version', f'0{act.celex[1:]}-{day:%Y%m%d}', day, v, lang, 4, _Writer(v, lang, 4).consolidated(day, _uid(rng)))
+        if plan[1]: yield 'copy', plan[1].celex, plan[1].day, plan[1], lang, fmx, _Writer(plan[1], lang, fmx).publication(_uid(rng))
+
 # %% ../nbs/00_sources.ipynb #efcc7c18
 def _replace_folder(new: Path, dest: Path):
     "Move the finished folder `new` to `dest`, replacing what is there, by renames only (safe with concurrent writers)."
@@ -2345,32 +2489,39 @@ def _replace_folder(new: Path, dest: Path):
         finally: shutil.rmtree(old, ignore_errors=True)
     else: raise LegalnbError(f'{dest}: could not replace it; is another process writing it?')
 
-def _write_publications(tmp: Path, docs: int, seed: int) -> dict:
+def _write_publications(tmp: Path, docs: int, seed: int, dump: dict | None = None) -> dict:
     "Write the sample's publications and its `sample.json` into the folder `tmp`; return the manifest."
-    manifest = dict(seed=seed, docs=docs, publications=[])
-    for act, lang, fmx, uid in sample_publications(docs, seed):
-        files = _Writer(act, lang, fmx).publication(uid)
+    manifest = dict(seed=seed, docs=docs, **({'dump': dump} if dump else {}), publications=[])
+    for kind, celex, day, act, lang, fmx, files in dump_publications(sample_publications(docs, seed), seed, **(dump or {})):
         for rel, xml in files:
             (tmp/rel).parent.mkdir(parents=True, exist_ok=True); (tmp/rel).write_text(xml, encoding='utf-8')
-        manifest['publications'].append(dict(folder=files[0][0].split('/')[0], celex=act.celex, lang=lang,
-                                             doc_type=act.doc_type, date=act.day.isoformat(), subjects=act.subjects,
-                                             formex=fmx))
+        entry = dict(folder=files[0][0].split('/')[0], celex=celex, lang=lang, doc_type=act.doc_type, date=day.isoformat(),
+                     subjects=act.subjects, formex=fmx)
+        if dump: entry.update(kind=kind, format='xhtml' if '<html' in files[0][1][:300] else 'formex')
+        manifest['publications'].append(entry)
     (tmp/'sample.json').write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + '\n', encoding='utf-8')
     return manifest
 
-def write_sample(out: str | Path, docs: int = 200, seed: int = 0) -> dict:
-    "Write a deterministic synthetic Formex corpus of `docs` publications to folder `out`; return its manifest."
+def write_sample(out: str | Path, docs: int = 200, seed: int = 0,
+                 xhtml: float = 0,     # share of the publications written as OJ XHTML instead of Formex
+                 versions: float = 0,  # share of the acts with one to five consolidated versions (Formex CONS.ACT)
+                 copies: float = 0     # share of the acts published again under another number, with small edits
+                 ) -> dict:
+    "Write a deterministic synthetic corpus of `docs` publications (and versions, copies) to folder `out`; its manifest."
     out = Path(out)
     if docs < 1: raise LegalnbError(f'--docs must be at least 1, got {docs}')
+    for name, share in (('xhtml', xhtml), ('versions', versions), ('copies', copies)):
+        if not 0 <= share <= 1: raise LegalnbError(f'--{name} must be a share between 0 and 1, got {share}')
     if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out/'sample.json').exists()):
         raise LegalnbError(f'{out}: exists and is not a legalnb sample; choose a new folder')
+    dump = {k: v for k, v in dict(xhtml=xhtml, versions=versions, copies=copies).items() if v}
     made = [p for p in reversed([out.parent,
                                  *out.parent.parents]) if not p.exists()]   # folders we create, outermost first
     tmp = None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f'.{out.name}.', dir=out.parent))
-        manifest = _write_publications(tmp, docs, seed)
+        manifest = _write_publications(tmp, docs, seed, dump)
         umask = os.umask(0o22); os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)   # mkdtemp makes 0700; a plain mkdir gives 0777 less the umask
         _replace_folder(tmp, out)
@@ -2387,12 +2538,17 @@ def write_sample(out: str | Path, docs: int = 200, seed: int = 0) -> dict:
 # %% ../nbs/00_sources.ipynb #ee069f88
 def sample_command(out: str,       # folder to write (an earlier sample there is replaced)
                    docs: int = 200, # number of publications
-                   seed: int = 0):  # random seed: the same seed writes the same bytes
-    "Write a deterministic synthetic corpus of Formex publications."
-    pubs = write_sample(out, docs, seed)['publications']
-    langs = Counter(x['lang'] for x in pubs)
-    print(f'wrote {len(pubs):,} Formex publications ({len({x["celex"] for x in pubs}):,} acts) to {out}: '
-          + ', '.join(f'{l} {n}' for l, n in langs.most_common()))
+                   seed: int = 0,   # random seed: the same seed writes the same bytes
+                   xhtml: float = 0,     # share of publications written as OJ XHTML instead of Formex (a CELLAR dump)
+                   versions: float = 0,  # share of acts with consolidated versions (Formex CONS.ACT)
+                   copies: float = 0):   # share of acts published again under another number, with small edits
+    "Write a deterministic synthetic corpus of Formex (and XHTML) publications."
+    pubs = write_sample(out, docs, seed, xhtml, versions, copies)['publications']
+    langs, kinds = Counter(x['lang'] for x in pubs), Counter(x.get('kind', 'original') for x in pubs)
+    what = 'Formex publications' if all(x.get('format', 'formex') == 'formex' for x in pubs) else 'publications'
+    print(f'wrote {len(pubs):,} {what} ({len({x["celex"] for x in pubs}):,} acts) to {out}: '
+          + ', '.join(f'{l} {n}' for l, n in langs.most_common())
+          + ('; ' + ', '.join(f'{k} {n}' for k, n in kinds.items()) if len(kinds) > 1 else ''))
 
 def parse_command(inputs: list[str],           # folders, JSON-lines files, Formex XML or XHTML/HTML files
                   out: str = 'parsed.jsonl',    # output JSONL, one Document per line; never one of the inputs
