@@ -28,8 +28,8 @@ __all__ = ['PRIORITY_TOPICS', 'CHARS_PER_TOKEN', 'PREFER', 'SHINGLE_WORDS', 'NUM
            'Candidates', 'as_candidates', 'gc_paused', 'scan_documents', 'act_of', 'acts_of', 'prefer_versions',
            'language_quotas', 'rank', 'choose_documents', 'split_by_share', 'document_quotas', 'with_score',
            'copy_selected', 'write_selected', 'shingle_hashes', 'minhash', 'lsh_bands', 'near_duplicates',
-           'synthetic_documents', 'select_documents', 'selection_report', 'report_table', 'write_report', 'plot_report',
-           'top_count', 'token_target', 'select_command', 'select_main']
+           'near_duplicate_share', 'minhash_of', 'synthetic_documents', 'select_documents', 'selection_report',
+           'report_table', 'write_report', 'plot_report', 'top_count', 'token_target', 'select_command', 'select_main']
 
 # %% ../nbs/01_scoring.ipynb #718167de
 PRIORITY_TOPICS = ('data protection', 'gdpr', 'privacy', 'consumer rights', 'environment', 'climate',
@@ -616,6 +616,33 @@ def near_duplicates(src: Path, found: Candidates, threshold: float = 0.8,
     drop = np.zeros(n, bool); drop[order[dropped]] = True
     roots = {_root(parent, p) for p in np.flatnonzero(dropped).tolist()}
     return drop, dict(report, groups=len(roots), dropped=int(drop.sum()), seconds=round(time.perf_counter() - t0, 3))
+
+# %% ../nbs/01_scoring.ipynb #8082131a
+def near_duplicate_share(path: str | Path, threshold: float = 0.8) -> dict:
+    "The documents of a JSONL that are near-duplicates of another of its documents (exact Jaccard of 8-word shingles)."
+    from datasketch import MinHashLSH
+    shingles, langs, celex = [], [], []
+    for _, _, _, rec in jsonl_records(path):
+        shingles.append(set(shingle_hashes(rec['text']).tolist())); langs.append(rec.get('lang')); celex.append(rec.get('celex'))
+    pairs = []
+    for lang in sorted(set(langs), key=str):
+        mine = [i for i, l in enumerate(langs) if l == lang and shingles[i]]
+        lsh, sketches = MinHashLSH(threshold=max(threshold - 0.2, 0.1), num_perm=NUM_PERM), {}
+        for i in mine:
+            sketches[i] = m = minhash_of(shingles[i])
+            for j in lsh.query(m):
+                if len(shingles[i] & shingles[j]) / len(shingles[i] | shingles[j]) >= threshold: pairs.append((j, i))
+            lsh.insert(i, m)
+    near = {k for p in pairs for k in p}
+    return dict(documents=len(shingles), near_duplicates=len(near), share=len(near) / max(len(shingles), 1),
+                pairs=[(celex[a], celex[b]) for a, b in pairs[:100]], threshold=threshold)
+
+def minhash_of(hashes: Iterable[int], num_perm: int = NUM_PERM):
+    "The `datasketch.MinHash` of a set of shingle hashes."
+    from datasketch import MinHash
+    m, h = MinHash(num_perm=num_perm, hashfunc=int), list(hashes)
+    for i in range(0, len(h), 1 << 11): m.update_batch(h[i:i + (1 << 11)])
+    return m
 
 # %% ../nbs/01_scoring.ipynb #6d07e05a
 _WORDS = {'en': 'the member states shall ensure that commission measures article paragraph council annex market',

@@ -264,7 +264,7 @@ _REASONS = (('an EUR-Lex page without the text', 'notice_page'), ('HTML page tha
             ('no language in the page', 'no_language'), ('not UTF-8', 'not_utf8'), ('not JSON', 'not_json'), ('duplicate key', 'duplicate_key'),
             ('expected a JSON object', 'not_an_object'), ('malformed XML', 'malformed_xml'),
             ('nested too deeply', 'too_deep'), ('without LG.DOC', 'no_language'), ('"lang"', 'bad_language'),
-            ('date', 'bad_date'), ('CELEX', 'bad_celex'), ('CONSLEG', 'bad_celex'), ('no text', 'no_text'),
+            ('has no text', 'no_text'), ('CONSLEG', 'bad_celex'), ("date '", 'bad_date'), ('CELEX', 'bad_celex'), ('no text', 'no_text'),
             ('empty "text"', 'no_text'), ('"text"', 'bad_text'), ('"title"', 'bad_title'),
             ('"subjects"', 'bad_subjects'),
             ('expected one act', 'no_act'))
@@ -889,8 +889,8 @@ def read_html(path: str | Path, raw: bytes | None = None,
     more, kept = (metadata_facts(meta, lang) if meta else {}), ([] if notes else None)
     found = _footnotes(page)
     if not (text := html_text(page, body, facts['skip'], kept, found)):
-        raise LegalnbError(f'{path}: the {kind} page has no text (a consolidated text of a repealed act lists only its '
-                           'amending acts)' if kind == 'consolidated' else f'{path}: the {kind} page has no text')
+        raise LegalnbError(f'{path}: the {kind} page has no text' + (' (a consolidated text of a repealed act lists only '
+                                                                      'its amending acts)' if kind == 'consolidated' else ''))
     celex = more.get('celex') or facts['celex']
     doc_type = facts['doc_type']
     if doc_type == 'other': doc_type = doc_type_from_legal_value(more.get('doc_type')) if more else 'other'
