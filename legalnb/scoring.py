@@ -22,12 +22,12 @@ from .core import (LegalnbError, atomic_write, jsonl_records, parse_count, parse
 from .sources import Document, DOC_TYPES, write_jsonl, record_fields, skip_reason, _pool, in_order
 
 # %% auto #0
-__all__ = ['PRIORITY_TOPICS', 'CHARS_PER_TOKEN', 'PREFER', 'SHINGLE_WORDS', 'NUM_PERM', 'ScoringRules', 'recency_points',
-           'type_points', 'length_points', 'topic_flags', 'subject_points', 'language_points', 'Score',
-           'score_document', 'estimate_tokens', 'split_long_text', 'tokenizer_counter', 'Candidate', 'year_band',
-           'Candidates', 'as_candidates', 'gc_paused', 'scan_documents', 'act_of', 'acts_of', 'prefer_versions',
-           'language_quotas', 'rank', 'choose_documents', 'split_by_share', 'document_quotas', 'with_score',
-           'copy_selected', 'write_selected', 'shingle_hashes', 'minhash', 'lsh_bands', 'near_duplicates',
+__all__ = ['PRIORITY_TOPICS', 'CHARS_PER_TOKEN', 'PREFER', 'SHINGLE_WORDS', 'NUM_PERM', 'LSH_WEIGHTS', 'ScoringRules',
+           'recency_points', 'type_points', 'length_points', 'topic_flags', 'subject_points', 'language_points',
+           'Score', 'score_document', 'estimate_tokens', 'split_long_text', 'tokenizer_counter', 'Candidate',
+           'year_band', 'Candidates', 'as_candidates', 'gc_paused', 'scan_documents', 'act_of', 'acts_of',
+           'prefer_versions', 'language_quotas', 'rank', 'choose_documents', 'split_by_share', 'document_quotas',
+           'with_score', 'copy_selected', 'write_selected', 'shingle_hashes', 'minhash', 'lsh_bands', 'near_duplicates',
            'near_duplicate_share', 'minhash_of', 'synthetic_documents', 'select_documents', 'selection_report',
            'report_table', 'write_report', 'plot_report', 'top_count', 'token_target', 'select_command', 'select_main']
 
@@ -537,10 +537,12 @@ def minhash(text: str, num_perm: int = NUM_PERM):
     for i in range(0, len(h), 1 << 11): m.update_batch(h[i:i + (1 << 11)].tolist())   # (2048, num_perm): 1 MB at a time
     return m
 
+LSH_WEIGHTS = (0.05, 0.95)   # a missed pair stays in the selection; a false one only costs a comparison of signatures
+
 def lsh_bands(threshold: float, num_perm: int = NUM_PERM) -> tuple[int, int]:
-    "(bands, rows) `datasketch.MinHashLSH` chooses for `threshold`: the least weighted false positives and negatives."
+    "(bands, rows) `datasketch.MinHashLSH` chooses for `threshold`, weighing a missed pair 19 times a false one."
     from datasketch import MinHashLSH
-    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
+    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=LSH_WEIGHTS)
     return lsh.b, lsh.r
 
 # %% ../nbs/01_scoring.ipynb #2581f6f9
@@ -601,7 +603,7 @@ def near_duplicates(src: Path, found: Candidates, threshold: float = 0.8,
                 for p in (by_file[s:s + step] for s in range(0, n, step)))
         for s, part in zip(range(0, n, step), in_order(pool, _signatures, jobs, 2 * num_proc if num_proc > 1 else 1)):
             sigs[by_file[s:s + step]] = part
-        keys = np.lib.format.open_memmap(Path(tmp)/'bands.npy', 'w+', np.uint64, (n, bands))   # 72 bytes a document at 0.8
+        keys = np.lib.format.open_memmap(Path(tmp)/'bands.npy', 'w+', np.uint64, (n, bands))   # 128 bytes a document at 0.8
         for s in range(0, n, 1 << 16):   # 65,536 signatures (32 MB) at a time
             keys[s:s + (1 << 16)] = _band_keys(sigs[s:s + (1 << 16)], langs[s:s + (1 << 16)], bands, rows)
         parent = array.array('q', range(n))

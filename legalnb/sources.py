@@ -2421,7 +2421,7 @@ def sample_versions(act: SampleAct, lang: str, rng: random.Random) -> list[tuple
     for _ in range(rng.choices((1, 2, 3, 4, 5), weights=(35, 25, 20, 12, 8))[0]):
         day += timedelta(days=rng.randint(150, 900))
         if day.year > 2025: break
-        act = amended(out[-1][0] if out else act, rng); out.append((act, day))
+        act = amended(out[-1][0] if out else act, rng, share=1 / 20); out.append((act, day))   # a few articles amended
     return out
 
 @patch
