@@ -4,7 +4,7 @@
 
 # %% ../nbs/02_corpus.ipynb #6e2b397c
 from __future__ import annotations
-import ctypes, hashlib, json, multiprocessing as mp, os, re, shlex, shutil, signal, time
+import array, ctypes, hashlib, heapq, json, multiprocessing as mp, os, re, shlex, shutil, signal, time
 from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -292,17 +292,9 @@ def named_acts(path: str | Path) -> set[str]:
     else: celex = [l.strip() for l in path.read_text(encoding='utf-8').splitlines() if l.strip()]
     return {act_key(dict(celex=c)) for c in celex}
 
-def _act_dates(selected: Path) -> tuple[dict[str, date | None], int]:
-    "Every act with text in a selection and its date (the earliest of its documents'), and the documents read."
-    dates, n = {}, 0
-    for *_, rec in iter_selected(selected):
-        if not rec['text']: continue
-        n += 1; k = act_key(rec)
-        try: d = parse_date(rec.get('date'))
-        except LegalnbError: d = None
-        old = dates.get(k)
-        dates[k] = d if old is None else old if d is None else min(old, d)
-    return dates, n
+def _act_int(key: str, seed: int) -> int:
+    "`act_number` as the 64-bit integer it is made of (a hash of the act: equal for its every document)."
+    return int.from_bytes(hashlib.sha256(f'{seed}:{key}'.encode()).digest()[:8], 'big')
 
 def heldout_acts(selected: str | Path, val_docs: float, seed: int = 0,
                  val_after: date | str | None = None,  # also hold out the acts dated after this day
@@ -312,22 +304,42 @@ def heldout_acts(selected: str | Path, val_docs: float, seed: int = 0,
     "The acts held out of a selection (`--val-docs`, `--val-after`, `--val-acts`), and the number of acts with text in it."
     check_val_docs(val_docs)
     after = parse_date(str(val_after), '--val-after') if val_after else None
-    dates, _ = _act_dates(Path(selected))
-    acts = set(dates)
-    ranked = sorted(acts, key=lambda k: (act_number(k, seed), k))
-    n = int(val_docs) if val_docs >= 1 else sum(act_number(k, seed) < val_docs for k in acts)
-    held = {k for k in acts if after and dates[k] and dates[k] > after} | (set(named) & acts)
-    if val_docs: held |= set(ranked[:max(n, 1)])
-    if val_docs and len(held) < min(min_acts, len(acts) - 1):   # the floor: the next acts by number join
-        held |= set([k for k in ranked if k not in held][:min(min_acts, len(acts) - 1) - len(held)])
-    if after and not any(dates[k] and dates[k] > after for k in acts):
-        raise LegalnbError(f'--val-after {after}: no act of {selected} is dated after that day (the newest: '
-                           f'{max((d for d in dates.values() if d), default=None)}); choose an earlier day')
-    if len(held) >= len(acts) and held:
+    share, want, named = (val_docs if val_docs < 1 else 0), (int(val_docs) if val_docs >= 1 else 1), set(named)
+    keep = max(want, min_acts) + 1 if val_docs else 0   # the acts of smallest numbers worth naming
+    numbers, days = array.array('Q'), array.array('q')  # per document (16 bytes): its act's number, its date as a day
+    smallest, under, heap, late, found = {}, {}, [], set(), set()   # names: the `keep` smallest, those under the share,
+                                                                    # those dated after, those named and present
+    for *_, rec in iter_selected(selected):
+        if not rec['text']: continue
+        key = act_key(rec); n = _act_int(key, seed)
+        try: d = parse_date(rec.get('date'))
+        except LegalnbError: d = None
+        numbers.append(n); days.append(d.toordinal() if d else 1 << 40)
+        if keep and key not in smallest and (len(heap) < keep or (-heap[0][0], heap[0][1]) > (n, key)):
+            smallest[key] = n; heapq.heappush(heap, (-n, key))   # a max-heap of the smallest (number, name)
+            if len(heap) > keep: smallest.pop(heapq.heappop(heap)[1])
+        if n < share * 2**64: under[key] = n   # every act under the share is named
+        if after and d and d > after: late.add(key)
+        if key in named: found.add(key)
+    nums = np.frombuffer(numbers, np.uint64)
+    smallest |= under
+    n_acts, ranked = len(np.unique(nums)), sorted(smallest, key=lambda k: (smallest[k], k))
+    if late:   # an act is dated by its earliest document: keep those whose every document is after the day
+        order = np.argsort(nums, kind='stable')
+        nums, first = nums[order], np.frombuffer(days, np.int64)[order]
+        span = lambda k: slice(np.searchsorted(nums, _act_int(k, seed)), np.searchsorted(nums, _act_int(k, seed), 'right'))
+        late = {k for k in late if first[span(k)].min() > after.toordinal()}
+    held = late | found
+    if val_docs: held |= set(ranked[:max(len(under) if share else want, 1)])
+    floor = min(min_acts, n_acts - 1)
+    if val_docs and len(held) < floor: held |= set([k for k in ranked if k not in held][:floor - len(held)])
+    if after and not late:
+        raise LegalnbError(f'--val-after {after}: no act of {selected} is dated after that day; choose an earlier day')
+    if len(held) >= n_acts and held:
         what = f'--val-docs {val_docs:g}' if val_docs else f'--val-after {after}' if after else '--val-acts'
-        raise LegalnbError(f'{what} holds out all {len(acts):,} acts of {selected} and leaves none for training; hold out '
-                           f'fewer (a share such as 0.1, a count below {len(acts):,}, or a later --val-after)')
-    return held, len(acts)
+        raise LegalnbError(f'{what} holds out all {n_acts:,} acts of {selected} and leaves none for training; hold out '
+                           f'fewer (a share such as 0.1, a count below {n_acts:,}, or a later --val-after)')
+    return held, n_acts
 
 def _holds_out(args: dict) -> bool:
     "Does a build with these arguments hold acts out (`--val-docs`, `--val-after` or `--val-acts`)?"

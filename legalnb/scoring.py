@@ -459,17 +459,22 @@ def choose_documents(found: Candidates | list[Candidate], quotas: dict[str, floa
                      ) -> tuple[Candidates, Counter]:
     "Take eligible candidates best first while their language is under quota, up to `target` and `top`; count why not."
     found = as_candidates(found)
-    why, taken, total, chosen = Counter(), Counter(), 0, []
+    why, taken, total, chosen = Counter(), Counter(), 0, array.array('q')
     eligible = np.flatnonzero(found.score >= threshold)
     why['dropped.below_threshold'] = len(found) - len(eligible)
     ranked = eligible[found.take(eligible).rank_order()]
-    langs, tokens = found.names['lang'], found.tokens
-    for i, k in enumerate(ranked.tolist()):
-        if total >= target: why['dropped.budget_reached'] += len(ranked) - i; break   # all the rest
-        if len(chosen) == top: why['dropped.top_reached'] += len(ranked) - i; break
-        lang, size = langs[found.lang[k]], (int(tokens[k]) if unit == 'tokens' else 1)
-        if taken[lang] + size / 2 > quotas.get(lang, 0): why['dropped.language_quota'] += 1
-        else: chosen.append(k); taken[lang] += size; total += size
+    langs, i = found.names['lang'], 0
+    for start in range(0, len(ranked), 1 << 16):   # 65,536 at a time: Python integers for a slice, not for all
+        part = ranked[start:start + (1 << 16)]
+        for k, code, tokens in zip(part.tolist(), found.lang[part].tolist(), found.tokens[part].tolist()):
+            if total >= target: why['dropped.budget_reached'] += len(ranked) - i; break   # all the rest
+            if len(chosen) == top: why['dropped.top_reached'] += len(ranked) - i; break
+            lang, size = langs[code], (tokens if unit == 'tokens' else 1)
+            if taken[lang] + size / 2 > quotas.get(lang, 0): why['dropped.language_quota'] += 1
+            else: chosen.append(k); taken[lang] += size; total += size
+            i += 1
+        else: continue
+        break
     return found.take(np.array(chosen, np.int64)), why
 
 # %% ../nbs/01_scoring.ipynb #78b33f34
@@ -516,12 +521,11 @@ def write_selected(src: Path, out: str | Path, chosen: Candidates | Iterable[Can
 # %% ../nbs/01_scoring.ipynb #c4ee76d7
 SHINGLE_WORDS = 8   # words a shingle: documents are compared as sets of 8-word shingles
 NUM_PERM = 128      # MinHash permutations: a Jaccard of 0.8 is estimated within ±0.035 (one standard deviation)
-_WORD = re.compile(r'\w+')
 _ROLL = np.uint64(0x100000001B3)   # FNV-1a's 64-bit prime, the factor of the rolling product
 
 def shingle_hashes(text: str, k: int = SHINGLE_WORDS) -> np.ndarray:
-    "32-bit hashes of the text's `k`-word shingles (lower case, words as `\\w+`); a shorter text is one shingle."
-    words = _WORD.findall(text.lower())
+    "32-bit hashes of the text's `k`-word shingles (lower case, words split at white space); a shorter text is one shingle."
+    words = text.lower().split()
     if not words: return np.zeros(0, np.uint32)
     seen = {}
     hashed = np.array([seen[w] if w in seen else seen.setdefault(w, zlib.crc32(w.encode())) for w in words], np.uint64)
@@ -614,7 +618,7 @@ def near_duplicates(src: Path, found: Candidates, threshold: float = 0.8,
                 a, b = _root(parent, best), _root(parent, other)
                 if a != b: parent[max(a, b)] = min(a, b)   # the group's root is its best-ranked member
             report['candidate_pairs'] += int(n - len(np.unique(column)))
-        dropped = np.array([_root(parent, p) != p for p in range(n)], bool)
+        dropped = np.fromiter((_root(parent, p) != p for p in range(n)), bool, n)
     drop = np.zeros(n, bool); drop[order[dropped]] = True
     roots = {_root(parent, p) for p in np.flatnonzero(dropped).tolist()}
     return drop, dict(report, groups=len(roots), dropped=int(drop.sum()), seconds=round(time.perf_counter() - t0, 3))
