@@ -2118,7 +2118,9 @@ def plan_act(rng: random.Random, used: set) -> SampleAct:
     doc_type = rng.choices(_TYPES4, weights=(40, 25, 25, 10))[0]
     year = rng.randint(1990, 2025)
     number = rng.randint(1, 2500 if doc_type == 'regulation' else 120)
-    while (celex := celex_from_number(year, number, doc_type)) in used: number += 1
+    steps = 0   # the next free number; in a crowded year (a dump of 100,000s of acts), after 64 steps, by 997 (all 9,999 in turn)
+    while (celex := celex_from_number(year, number, doc_type)) in used:
+        steps += 1; number = number + 1 if steps < 64 else (number + 996) % 9999 + 1
     used.add(celex)
     target = math.exp(rng.uniform(math.log(300), math.log(60_000)))    # characters, log-uniform
     n_sent = max(1, round(target * 0.55 / 190))                          # about 190 characters a sentence
