@@ -67,3 +67,14 @@ def test_the_heldout_set_holds_at_least_20_acts(dump):
     assert len(m['heldout_celex']) == m['heldout']['acts'] >= 20 and 'held-out acts: ' in r.stdout
     held = [json.loads(l) for l in (dump/'corpus'/'heldout.jsonl').read_text(encoding='utf-8').splitlines()]
     assert len({d['lang'] for d in held}) > 1 and len(held) >= 20
+
+
+def test_bench_scale_prints_its_table(tmp_path):
+    "A tiny run of bench/scale.py through a symbolic link: two sizes, the three stages, the verdicts, the projection, a resume."
+    (tmp_path/'bench').symlink_to(Path(__file__).resolve().parents[1]/'bench', target_is_directory=True)
+    r = subprocess.run([sys.executable, str(tmp_path/'bench'/'scale.py'), '--sizes', '0.004', '0.008', '--num-proc', '2',
+                        '--work', str(tmp_path/'work')], capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    for stage in ('parse', 'select', 'build-corpus'): assert f'| 0.008 GB | {stage}' in r.stdout
+    assert 'time per GB at most' in r.stdout and 'h on 16 cores' in r.stdout and 'h on 64' in r.stdout
+    assert 'output byte-identical to an uninterrupted run: True' in r.stdout, r.stdout
