@@ -4,8 +4,9 @@
 
 Generates one dump with `legalnb sample` as CELLAR delivers it (--xhtml 0.3 --versions 0.3 --copies 0.05: Formex and
 OJ XHTML publications saved as .xml and .html, consolidated versions, near-copies; about 10 kB a file) of the largest
-size; each smaller size is the first of its folders (sorted by name, hard links: no copy), so the sizes are samples of
-one dump. Then, for each size, the three stages run as a user runs them (one `legalnb` process each, `--num-proc N`):
+size (or keeps the one `--work` holds, if as large); each size is the first of its folders (sorted by name, hard links:
+no copy), so the sizes are samples of one dump. Then, for each size, the three stages run as a user runs them (one
+`legalnb` process each, `--num-proc N`):
   parse         the dump -> parsed.jsonl (batches of files, N processes);
   select        parsed.jsonl -> selected.jsonl, half the input's tokens, one version of each act, near-duplicates
                 removed (N processes for the first pass and the MinHash signatures);
@@ -28,7 +29,7 @@ from common import header, markdown_table, run
 from legalnb.core import LegalnbError, format_duration
 from legalnb.sources import write_sample
 
-BYTES_PER_PUBLICATION = 21_000   # measured: a dump of these shares holds ~21 kB of files per original publication
+BYTES_PER_PUBLICATION = 33_800   # measured: a dump of these shares holds ~34 kB of files per original publication
 DUMP = dict(xhtml=0.3, versions=0.3, copies=0.05)
 
 
@@ -41,11 +42,11 @@ def tree_bytes(folder: Path) -> tuple[int, int]:
 
 
 def generate(dest: Path, gb: float, seed: int) -> tuple[int, int, float]:
-    "Write a dump of about `gb` GB to `dest` (kept when `--work` already holds it); (bytes, files, seconds)."
+    "Write a dump of about `gb` GB to `dest` (one `--work` already holds, as large or larger, is kept); (bytes, files, s)."
     t0, docs = time.perf_counter(), max(10, int(gb * 1e9 / BYTES_PER_PUBLICATION))
-    try: same = json.loads((dest/'sample.json').read_text())['docs'] == docs
-    except (OSError, ValueError, KeyError): same = False
-    if not same: write_sample(dest, docs=docs, seed=seed, **DUMP)
+    try: kept = json.loads((dest/'sample.json').read_text())['docs'] >= docs
+    except (OSError, ValueError, KeyError): kept = False
+    if not kept: write_sample(dest, docs=docs, seed=seed, **DUMP)
     return (*tree_bytes(dest), time.perf_counter() - t0)
 
 
@@ -172,11 +173,12 @@ def main(sizes: list[float] = [1, 10],   # dump sizes in GB (the largest is gene
         size, files, secs = generate(base/'dump', sizes[-1], seed)
         print(f'dump: {size / 1e9:.2f} GB, {files:,} files (Formex, OJ XHTML as .xml and .html, consolidated versions, '
               f'near-copies), written in {format_duration(secs)}; {n_proc} processes per stage')
-        dumps = {sizes[-1]: base/'dump'}
-        for gb in sizes[:-1]:
+        dumps = {}
+        for gb in sizes:
+            if gb * 1e9 >= 0.97 * size: dumps[gb] = base/'dump'; continue
             dumps[gb] = base/f'dump-{gb:g}gb'; shutil.rmtree(dumps[gb], ignore_errors=True)
-            b, f = subset(base/'dump', dumps[gb], gb / sizes[-1])
-            print(f'  {gb:g} GB: the first {gb / sizes[-1]:.0%} of its folders: {b / 1e9:.2f} GB, {f:,} files')
+            b, f = subset(base/'dump', dumps[gb], gb * 1e9 / size)
+            print(f'  {gb:g} GB: the first {gb * 1e9 / size:.1%} of its folders: {b / 1e9:.2f} GB, {f:,} files')
         tok = tokenizer(base, seed)
         rows = [r for gb in sizes for r in run_size(base, dumps[gb], gb, n_proc, tok)]
         first = {r['stage']: r for r in rows if r['gb'] == sizes[0]}
