@@ -285,10 +285,12 @@ VAL_MIN_ACTS = 20   # the fewest acts --val-docs holds out (all but one in a sel
 def named_acts(path: str | Path) -> set[str]:
     "The acts a file names: the `heldout_celex` of a corpus's manifest.json, or one CELEX number a line."
     path = Path(path)
-    if not path.is_file(): raise LegalnbError(f'--val-acts {path}: no such file; expected a manifest.json or a list of CELEX')
+    if not path.is_file():
+        raise LegalnbError(f'--val-acts {path}: no such file; expected a manifest.json or a list of CELEX')
     if path.suffix == '.json':
         celex = read_json(path, 'a corpus manifest (its heldout_celex)').get('heldout_celex')
-        if not isinstance(celex, list): raise LegalnbError(f'--val-acts {path}: no "heldout_celex" list; expected a corpus manifest')
+        if not isinstance(celex, list):
+            raise LegalnbError(f'--val-acts {path}: no "heldout_celex" list; expected a corpus manifest')
     else: celex = [l.strip() for l in path.read_text(encoding='utf-8').splitlines() if l.strip()]
     return {act_key(dict(celex=c)) for c in celex}
 
@@ -298,10 +300,10 @@ def _act_int(key: str, seed: int) -> int:
 
 def heldout_acts(selected: str | Path, val_docs: float, seed: int = 0,
                  val_after: date | str | None = None,  # also hold out the acts dated after this day
-                 min_acts: int = VAL_MIN_ACTS,          # --val-docs holds out at least this many acts (all but one of fewer)
+                 min_acts: int = VAL_MIN_ACTS,          # the fewest acts --val-docs holds out (all but one of fewer)
                  named: Iterable[str] = ()              # also hold out these acts (`named_acts`)
                  ) -> tuple[set[str], int]:
-    "The acts held out of a selection (`--val-docs`, `--val-after`, `--val-acts`), and the number of acts with text in it."
+    "The acts held out of a selection (`--val-docs`, `--val-after`, `--val-acts`), and how many acts have text in it."
     check_val_docs(val_docs)
     after = parse_date(str(val_after), '--val-after') if val_after else None
     share, want, named = (val_docs if val_docs < 1 else 0), (int(val_docs) if val_docs >= 1 else 1), set(named)
@@ -327,7 +329,8 @@ def heldout_acts(selected: str | Path, val_docs: float, seed: int = 0,
     if late:   # an act is dated by its earliest document: keep those whose every document is after the day
         order = np.argsort(nums, kind='stable')
         nums, first = nums[order], np.frombuffer(days, np.int64)[order]
-        span = lambda k: slice(np.searchsorted(nums, _act_int(k, seed)), np.searchsorted(nums, _act_int(k, seed), 'right'))
+        span = lambda k: slice(np.searchsorted(nums, _act_int(k, seed)),
+                               np.searchsorted(nums, _act_int(k, seed), 'right'))
         late = {k for k in late if first[span(k)].min() > after.toordinal()}
     held = late | found
     if val_docs: held |= set(ranked[:max(len(under) if share else want, 1)])
@@ -347,12 +350,14 @@ def _holds_out(args: dict) -> bool:
 
 def _rule(args: dict) -> dict:
     "What decided the held-out acts, for the manifest."
-    return {k: args.get(k) for k in ('val_docs', 'seed', 'val_min_acts', 'val_after', 'val_acts') if args.get(k) is not None}
+    return {k: args.get(k) for k in ('val_docs', 'seed', 'val_min_acts', 'val_after', 'val_acts')
+            if args.get(k) is not None}
 
 def _rule_words(rule: dict) -> str:
     "The held-out rule as the flags that set it: '--val-docs 0.02 (at least 20 acts), --val-after 2024-06-30'."
-    words = [f'--val-docs {rule["val_docs"]}' + (f' (at least {rule["val_min_acts"]} acts)' if rule.get('val_min_acts') else '')
-             if rule.get('val_docs') else '', f'--val-after {rule["val_after"]}' if rule.get('val_after') else '',
+    floor = f' (at least {rule["val_min_acts"]} acts)' if rule.get('val_min_acts') else ''
+    words = [f'--val-docs {rule["val_docs"]}{floor}' if rule.get('val_docs') else '',
+             f'--val-after {rule["val_after"]}' if rule.get('val_after') else '',
              f'--val-acts {rule["val_acts"]}' if rule.get('val_acts') else '']
     return ', '.join(w for w in words if w)
 
@@ -592,7 +597,8 @@ def _command_line(args: dict, out: Path) -> str:
              '--shards', args['shards'], *tok, *(['--eos', args['eos']] if args['eos'] else []),
              '--max-chars', args['max_chars'],
              *(['--val-docs', args['val_docs'], '--seed', args['seed']] if args.get('val_docs') else []),
-             *(['--val-min-acts', args['val_min_acts']] if args.get('val_docs') and args.get('val_min_acts') != VAL_MIN_ACTS else []),
+             *(['--val-min-acts', args['val_min_acts']]
+               if args.get('val_docs') and args.get('val_min_acts') != VAL_MIN_ACTS else []),
              *(['--val-after', args['val_after']] if args.get('val_after') else []),
              *(['--val-acts', args['val_acts']] if args.get('val_acts') else [])]
     return shlex.join(map(str, words))
@@ -656,9 +662,9 @@ def build_corpus(selected: str | Path,         # selected.jsonl from `legalnb se
                  max_chars: int = 100_000,     # documents longer than this are split at paragraph breaks
                  val_docs: float = 0,          # hold out whole acts: a share (0.01) or a count (50) of acts; 0: none
                  seed: int = 0,                # which acts --val-docs holds out
-                 val_min_acts: int = VAL_MIN_ACTS,  # --val-docs holds out at least this many acts (all but one of fewer)
+                 val_min_acts: int = VAL_MIN_ACTS,  # the fewest acts --val-docs holds out (all but one of fewer)
                  val_after: str | None = None,  # also hold out the acts dated after this day (yyyy-mm-dd)
-                 val_acts: str | None = None,   # also hold out the acts a file names (a corpus's manifest.json, or CELEX lines)
+                 val_acts: str | None = None,   # also hold out the acts a file names (a manifest.json, or CELEX lines)
                  batch_chars: int | None = None,  # characters per encoding batch; None: 128k per CPU core, >= 256k
                  flush_tokens: int = 1 << 20,  # write rows to disk whenever this many tokens wait (bounds memory)
                  progress: bool = True,        # show a progress bar (only on a terminal)
@@ -679,7 +685,8 @@ def build_corpus(selected: str | Path,         # selected.jsonl from `legalnb se
                 **(dict(val_after=str(val_after)) if val_after else {}),
                 **(dict(val_acts=str(val_acts), val_acts_named=named) if val_acts else {}))
     key = dict(args=args, input_sha256=file_sha256(selected))
-    held = cache(lambda: heldout_acts(selected, val_docs, seed, val_after, val_min_acts, named)   # read when first needed
+    # read when first needed
+    held = cache(lambda: heldout_acts(selected, val_docs, seed, val_after, val_min_acts, named)
                         if _holds_out(args) else None)
     tok = _get_tokenizer(selected, out, tokenizer, vocab_size, key, held)
     key['tokenizer_sha256'] = tokenizer_sha256(tok)
@@ -819,7 +826,8 @@ def _heldout_summary(m: dict) -> str:
     "The held-out line of the summary ('' without held-out acts)."
     if not (h := m.get('heldout')): return ''
     acts = m.get('heldout_celex') or []
-    return (f"\nheld out {h['acts']:,} acts of {h['acts'] + m['acts']:,} ({_rule_words(m.get('heldout_rule') or dict(val_docs=m['val_docs']))}): "
+    rule = _rule_words(m.get('heldout_rule') or dict(val_docs=m['val_docs']))
+    more = f" and {len(acts) - 30:,} more (manifest.json: heldout_celex)" if len(acts) > 30 else ''
+    return (f"\nheld out {h['acts']:,} acts of {h['acts'] + m['acts']:,} ({rule}): "
             f"{h['documents_read']:,} documents -> heldout.jsonl, {h['rows']:,} rows ({h['tokens']:,} tokens) -> val/"
-            f"\n  held-out acts: {', '.join(acts[:30])}" + (f" and {len(acts) - 30:,} more (manifest.json: heldout_celex)"
-                                                            if len(acts) > 30 else ''))
+            f"\n  held-out acts: {', '.join(acts[:30])}" + more)

@@ -257,7 +257,8 @@ def _second_train(own: dict, first: dict, b: dict, work: Path, stage_to: str | N
     else: start = work/'run'/'model'
     # the same share and seed of held-out acts (an act is held out by a hash of its key, in any subset of the acts),
     # and the first corpus's held-out acts by name: its floor of acts may have added some
-    c = {k: v for k, v in b.items() if k != 'train_tokenizer'} | {'tokenizer': str(work/'corpus'/'tokenizer.json'), **_same_acts(work)}
+    c = ({k: v for k, v in b.items() if k != 'train_tokenizer'}
+         | {'tokenizer': str(work/'corpus'/'tokenizer.json'), **_same_acts(work)})
     data = Path(stage_to)/'split-2' if stage_to else work/'split-2'
     return [Stage('build-corpus-2', [str(work/'selected-2.jsonl'), '--out', str(work/'corpus-2'),
                                      *_argv('build-corpus', c, '')],

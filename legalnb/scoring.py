@@ -246,7 +246,8 @@ class Candidates:
         code = {k: {v: i for i, v in enumerate(names[k])} for k in _CODED}
         cols = dict(score=np.array([r.score for r in rows], np.int32),
                     celex=np.array([r.celex.encode() for r in rows], 'S') if rows else np.zeros(0, 'S1'),
-                    tokens=np.array([r.tokens for r in rows], np.int64), offset=np.array([r.offset for r in rows], np.int64),
+                    tokens=np.array([r.tokens for r in rows], np.int64),
+                    offset=np.array([r.offset for r in rows], np.int64),
                     size=np.array([r.size for r in rows], np.int64),
                     **{k: np.array([code[k][getattr(r, k)] for r in rows], np.uint8) for k in _CODED})
         return cls(cols, names)
@@ -265,7 +266,8 @@ class Candidates:
     def __len__(self) -> int: return len(self.score)
     def row(self, i: int) -> Candidate:
         c = self.cols
-        return Candidate(int(c['score'][i]), c['celex'][i].decode(), self.names['lang'][c['lang'][i]], int(c['tokens'][i]),
+        return Candidate(int(c['score'][i]), c['celex'][i].decode(), self.names['lang'][c['lang'][i]],
+                         int(c['tokens'][i]),
                          int(c['offset'][i]), int(c['size'][i]), self.names['doc_type'][c['doc_type'][i]],
                          self.names['year_band'][c['year_band'][i]])
     def take(self, which) -> Candidates:
@@ -297,7 +299,8 @@ def gc_paused():
     finally:
         if was_on: gc.enable()
 
-_FLAGS = ('kept.no_date', 'kept.unknown_type', 'kept.rescored')   # bits of a candidate's `flags`, counted after deduplication
+# bits of a candidate's `flags`, counted after deduplication
+_FLAGS = ('kept.no_date', 'kept.unknown_type', 'kept.rescored')
 _SCAN: dict = {}   # what the scanning processes read (set before they are forked): rules, token counter, strict
 
 def _scan_range(job: tuple[Path, int, int, int]) -> tuple[Candidates, np.ndarray, Counter, list[dict]]:
@@ -353,7 +356,7 @@ def _count_lines(job: tuple[Path, int, int]) -> int:
     return n
 
 def _first_of_each(cands: Candidates) -> np.ndarray:
-    "A mask of the candidates that are the first of their (CELEX, language) in the input; one without a CELEX always is."
+    "A mask of the candidates first of their (CELEX, language) in the input; one without a CELEX always is."
     order = np.lexsort((cands.offset, cands.lang, cands.celex))
     c, l = cands.celex[order], cands.lang[order]
     again = np.zeros(len(order), bool)
@@ -372,11 +375,14 @@ def scan_documents(path: Path, rules: ScoringRules, count_tokens: Callable[[str]
     procs = min(num_proc, len(ranges))
     _SCAN.update(rules=rules, count_tokens=count_tokens, strict=strict)
     parts, flags, bad, first = [], [], Counter(), ''
-    with tqdm(total=path.stat().st_size, unit='B', unit_scale=True, desc='scoring', disable=None) as bar, _pool(procs) as pool:
-        lines = ([0] + list(itertools.accumulate(in_order(pool, _count_lines, [(path, a, b) for a, b in ranges[:-1]], procs)))
+    with (tqdm(total=path.stat().st_size, unit='B', unit_scale=True, desc='scoring', disable=None) as bar,
+          _pool(procs) as pool):
+        counts = in_order(pool, _count_lines, [(path, a, b) for a, b in ranges[:-1]], procs)
+        lines = ([0] + list(itertools.accumulate(counts))
                  if len(ranges) > 1 else [0])
         jobs = [(path, a, b, n) for (a, b), n in zip(ranges, lines)]
-        for (a, b), (cands, f, why, lost) in zip(ranges, in_order(pool, _scan_range, jobs, 2 * procs if procs > 1 else 1)):
+        scanned = in_order(pool, _scan_range, jobs, 2 * procs if procs > 1 else 1)
+        for (a, b), (cands, f, why, lost) in zip(ranges, scanned):
             parts.append(cands); flags.append(f); bad.update(why); bar.update(b - a)
             first = first or (lost[0]['error'] if lost else '')
             if skipped is not None: skipped.extend(lost[:max(0, 10_000 - len(skipped))])
@@ -407,7 +413,7 @@ def acts_of(celex: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return acts, consolidated
 
 def _act_groups(found: Candidates) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    "Indices of the candidates with a CELEX sorted by (act, language, CELEX), where each group starts, which are consolidated."
+    "Candidates with a CELEX in (act, language, CELEX) order, where each group starts, and which are consolidated."
     index = np.flatnonzero(found.celex != b'')
     acts, consolidated = acts_of(found.celex[index])
     order = np.lexsort((found.celex[index], found.lang[index], acts))
@@ -430,7 +436,8 @@ def prefer_versions(found: Candidates | list[Candidate], prefer: str = 'consolid
     for s, n in zip(starts.tolist(), sizes.tolist()):
         if n < 2: continue
         cons = consolidated[s:s + n]   # sorted by CELEX: the newest consolidated text last
-        if prefer == 'consolidated': keep = [s + int(np.flatnonzero(cons)[-1])] if cons.any() else [s + i for i in range(n)]
+        if prefer == 'consolidated':
+            keep = [s + int(np.flatnonzero(cons)[-1])] if cons.any() else [s + i for i in range(n)]
         else: keep = [s + i for i in np.flatnonzero(~cons)] if (~cons).any() else [s + int(np.flatnonzero(cons)[-1])]
         drop[index[s:s + n]] = True; drop[index[keep]] = False
     return found.take(~drop), int(drop.sum())
@@ -489,7 +496,8 @@ def split_by_share(weights: dict[str, int], n: int) -> dict[str, int]:
 def document_quotas(input_tokens: dict[str, int], eligible: Candidates | list[Candidate], top: int) -> dict[str, int]:
     "Documents per language of `top`: its input share, capped by its eligible ones, plus what short ones leave."
     eligible = as_candidates(eligible)
-    have = Counter(dict(zip(eligible.names['lang'], np.bincount(eligible.lang, minlength=len(eligible.names['lang'])).tolist())))
+    langs = eligible.names['lang']
+    have = Counter(dict(zip(langs, np.bincount(eligible.lang, minlength=len(langs)).tolist())))
     quotas = {lang: min(n, have[lang]) for lang, n in split_by_share(input_tokens, top).items()}
     spare, seen = top - sum(quotas.values()), Counter()
     for code in eligible.lang[eligible.rank_order()].tolist():   # the slots short languages leave go to the next best
@@ -509,7 +517,8 @@ def copy_selected(src: Path, dest: Path, chosen: Candidates | Iterable[Candidate
     "Copy the chosen documents' lines from `src` to the file `dest` in input order, adding score and tokens."
     chosen, n = as_candidates(chosen), 0
     with open(src, 'rb') as f, open(dest, 'wb', buffering=1 << 20) as w:   # 1 MB: most lines outgrow the default 8 KB
-        for k in np.argsort(chosen.offset, kind='stable').tolist():   # input order: the reads move forward through the file
+        # input order: the reads move forward through the file
+        for k in np.argsort(chosen.offset, kind='stable').tolist():
             c = chosen.row(k)
             w.write(with_score(os.pread(f.fileno(), c.size, c.offset), c.score, c.tokens, rewrite)); n += 1
     return n
@@ -524,7 +533,7 @@ NUM_PERM = 128      # MinHash permutations: a Jaccard of 0.8 is estimated within
 _ROLL = np.uint64(0x100000001B3)   # FNV-1a's 64-bit prime, the factor of the rolling product
 
 def shingle_hashes(text: str, k: int = SHINGLE_WORDS) -> np.ndarray:
-    "32-bit hashes of the text's `k`-word shingles (lower case, words split at white space); a shorter text is one shingle."
+    "32-bit hashes of the text's `k`-word shingles (lower case, split at white space); a shorter text is one shingle."
     words = text.lower().split()
     if not words: return np.zeros(0, np.uint32)
     seen = {}
@@ -535,7 +544,7 @@ def shingle_hashes(text: str, k: int = SHINGLE_WORDS) -> np.ndarray:
     return (h ^ (h >> np.uint64(32))).astype(np.uint32)
 
 def minhash(text: str, num_perm: int = NUM_PERM):
-    "The `datasketch.MinHash` of a text's shingles (the hashes go in as they are; datasketch mixes them before permuting)."
+    "The `datasketch.MinHash` of a text's shingles (hashes go in as they are; datasketch mixes them before permuting)."
     from datasketch import MinHash
     m, h = MinHash(num_perm=num_perm, hashfunc=int), shingle_hashes(text)
     for i in range(0, len(h), 1 << 11): m.update_batch(h[i:i + (1 << 11)].tolist())   # (2048, num_perm): 1 MB at a time
@@ -560,7 +569,7 @@ def _signatures(job: tuple[Path, list[int], list[int], int]) -> np.ndarray:
     return out
 
 def _band_keys(sigs: np.ndarray, langs: np.ndarray, bands: int, rows: int) -> np.ndarray:
-    "(n, bands) 64-bit keys: band b of a signature (its `rows` values) and its language; equal keys make a candidate pair."
+    "(n, bands) 64-bit keys: band b of a signature (its `rows` values) and its language; equal keys: a candidate pair."
     keys = np.empty((len(sigs), bands), np.uint64)
     for b in range(bands):
         key = np.full(len(sigs), b + 1, np.uint64) * np.uint64(0x9E3779B97F4A7C15) + langs.astype(np.uint64)
@@ -575,12 +584,13 @@ def _root(parent: array.array, i: int) -> int:
     while parent[i] != i: parent[i] = parent[parent[i]]; i = parent[i]
     return i
 
-def _similar_pairs(sigs: np.ndarray, keys: np.ndarray, threshold: float, chunk: int = 1 << 16) -> Iterator[tuple[int, int]]:
-    "(best, other) for each document sharing a key with a better-ranked one (rows are in rank order), when similar enough."
+def _similar_pairs(sigs: np.ndarray, keys: np.ndarray, threshold: float,
+                   chunk: int = 1 << 16) -> Iterator[tuple[int, int]]:
+    "(best, other) for each document sharing a key with a better-ranked one (rows in rank order), when similar enough."
     order = np.argsort(keys, kind='stable')   # equal keys: best-ranked first
     k = keys[order]
     first = np.r_[True, k[1:] != k[:-1]]
-    best = order[np.maximum.accumulate(np.where(first, np.arange(len(k)), 0))][~first]   # each one's best-ranked partner
+    best = order[np.maximum.accumulate(np.where(first, np.arange(len(k)), 0))][~first]   # each one's best partner
     others = order[~first]
     for s in range(0, len(others), chunk):
         b, o = best[s:s + chunk], others[s:s + chunk]
@@ -591,7 +601,7 @@ def near_duplicates(src: Path, found: Candidates, threshold: float = 0.8,
                     num_proc: int = 1,          # processes computing signatures
                     workdir: str | Path | None = None,  # where the signatures are kept while they are compared
                     num_perm: int = NUM_PERM) -> tuple[np.ndarray, dict]:
-    "Which candidates are near-duplicates of a better-ranked one (Jaccard of 8-word shingles >= `threshold`), and a report."
+    "Which candidates are near-duplicates of a better-ranked one (Jaccard of 8-word shingles >= `threshold`); a report."
     t0, n = time.perf_counter(), len(found)
     bands, rows = lsh_bands(threshold, num_perm)
     report = dict(threshold=threshold, shingle_words=SHINGLE_WORDS, num_perm=num_perm, bands=bands, rows=rows,
@@ -601,13 +611,15 @@ def near_duplicates(src: Path, found: Candidates, threshold: float = 0.8,
     by_file = np.argsort(found.offset[order])     # positions in file order: the reads move forward
     langs = found.lang[order]
     with tempfile.TemporaryDirectory(dir=workdir, prefix='.near-duplicates-') as tmp, _pool(num_proc) as pool:
-        sigs = np.lib.format.open_memmap(Path(tmp)/'signatures.npy', 'w+', np.uint32, (n, num_perm))   # 512 bytes a document
+        # 512 bytes a document
+        sigs = np.lib.format.open_memmap(Path(tmp)/'signatures.npy', 'w+', np.uint32, (n, num_perm))
         step = 256
         jobs = ((src, found.offset[order[p]].tolist(), found.size[order[p]].tolist(), num_perm)
                 for p in (by_file[s:s + step] for s in range(0, n, step)))
         for s, part in zip(range(0, n, step), in_order(pool, _signatures, jobs, 2 * num_proc if num_proc > 1 else 1)):
             sigs[by_file[s:s + step]] = part
-        keys = np.lib.format.open_memmap(Path(tmp)/'bands.npy', 'w+', np.uint64, (n, bands))   # 128 bytes a document at 0.8
+        # 128 bytes a document at 0.8
+        keys = np.lib.format.open_memmap(Path(tmp)/'bands.npy', 'w+', np.uint64, (n, bands))
         for s in range(0, n, 1 << 16):   # 65,536 signatures (32 MB) at a time
             keys[s:s + (1 << 16)] = _band_keys(sigs[s:s + (1 << 16)], langs[s:s + (1 << 16)], bands, rows)
         parent = array.array('q', range(n))
@@ -629,7 +641,8 @@ def near_duplicate_share(path: str | Path, threshold: float = 0.8) -> dict:
     from datasketch import MinHashLSH
     shingles, langs, celex = [], [], []
     for _, _, _, rec in jsonl_records(path):
-        shingles.append(set(shingle_hashes(rec['text']).tolist())); langs.append(rec.get('lang')); celex.append(rec.get('celex'))
+        shingles.append(set(shingle_hashes(rec['text']).tolist()))
+        langs.append(rec.get('lang')); celex.append(rec.get('celex'))
     pairs = []
     for lang in sorted(set(langs), key=str):
         mine = [i for i, l in enumerate(langs) if l == lang and shingles[i]]
@@ -690,7 +703,8 @@ def _refuse_outputs(inputs: list, out, report):
 def _tokens_per_lang(found: Candidates, mask: np.ndarray | None = None) -> Counter:
     "Tokens per language of the candidates (where `mask` is true)."
     w = found.tokens if mask is None else np.where(mask, found.tokens, 0)
-    return Counter({l: int(t) for l, t in zip(found.names['lang'], np.bincount(found.lang, w, len(found.names['lang']))) if t})
+    langs = found.names['lang']
+    return Counter({l: int(t) for l, t in zip(langs, np.bincount(found.lang, w, len(langs))) if t})
 
 def select_documents(src: str | Path, out: str | Path,
                      target_tokens: int | None,   # token budget; None: no budget (then `top` is required)
@@ -698,7 +712,7 @@ def select_documents(src: str | Path, out: str | Path,
                      tokenizer: str | Path | None = None,  # tokenizer.json to count tokens with; None: characters / 4
                      tolerance: float = 0.02,   # allowed gap between a language's selected and target share
                      report: str | Path | None = None,     # where to write the report too (JSON); None: not written
-                     prefer: str = 'consolidated',  # versions of an act: 'consolidated', 'original' or 'both' (see below)
+                     prefer: str = 'consolidated',  # versions of an act: 'consolidated', 'original' or 'both'
                      strict: bool = False,   # stop at the first line that cannot be read (else: skipped, counted)
                      top: int | None = None,  # at most this many documents, the best (see "The best N documents")
                      near_dup: float = 0.8,   # drop near-duplicates: Jaccard of 8-word shingles at least this; 0: off
@@ -716,8 +730,8 @@ def select_documents(src: str | Path, out: str | Path,
         raise LegalnbError(f'tolerance must be a fraction between 0 and 1 (0.02 = 2 percentage points), '
                            f'got {tolerance!r}')
     if not (near_dup == 0 or 0 < near_dup <= 1):
-        raise LegalnbError(f'--near-dup must be a Jaccard similarity between 0 and 1 (0.8), or 0 to keep near-duplicates, '
-                           f'got {near_dup!r}')
+        raise LegalnbError(f'--near-dup must be a Jaccard similarity between 0 and 1 (0.8), '
+                           f'or 0 to keep near-duplicates, got {near_dup!r}')
     if num_proc < 1: raise LegalnbError(f'--num-proc must be at least 1, got {num_proc}')
     _refuse_outputs([src, tokenizer], out, report)
     if not src.is_file():
@@ -753,7 +767,8 @@ def select_documents(src: str | Path, out: str | Path,
 # %% ../nbs/01_scoring.ipynb #d97402b9
 def _groups(found: Candidates, picked: np.ndarray, threshold: int) -> dict:
     "Documents and tokens per (lang, doc_type, year_band, eligible, selected): the candidates grouped with numpy."
-    key = (found.lang.astype(np.int64) << 24 | found.doc_type.astype(np.int64) << 16 | found.year_band.astype(np.int64) << 8
+    key = (found.lang.astype(np.int64) << 24 | found.doc_type.astype(np.int64) << 16
+           | found.year_band.astype(np.int64) << 8
            | (found.score >= threshold).astype(np.int64) << 1 | picked.astype(np.int64))
     keys, inverse = np.unique(key, return_inverse=True)
     docs, tokens = np.bincount(inverse, minlength=len(keys)), np.bincount(inverse, found.tokens, len(keys))
@@ -776,7 +791,8 @@ def _tally(groups: dict, index: int, order: list | None = None) -> dict:
 def _histogram(scores: np.ndarray, top: int, width: int = 10) -> list[int]:
     "Counts of scores in bins [0, width), [width, 2·width), ... up to `top`."
     bins = top // width + 1
-    return np.bincount(np.minimum(np.maximum(np.asarray(scores, np.int64), 0) // width, bins - 1), minlength=bins).tolist()
+    return np.bincount(np.minimum(np.maximum(np.asarray(scores, np.int64), 0) // width, bins - 1),
+                       minlength=bins).tolist()
 
 def _language_rows(langs: dict, quotas: dict, target: int, unit: str = 'tokens') -> list[dict]:
     "Add shares, quota and shortfall to each language's tally (`unit`: 'tokens', or 'docs' for top alone)."
@@ -791,7 +807,8 @@ def _language_rows(langs: dict, quotas: dict, target: int, unit: str = 'tokens')
     return [{'lang': l, f'eligible_{unit}': r[f'eligible_{unit}'], f'wanted_{unit}': r[f'wanted_{unit}']}
             for l, r in langs.items() if r['short']]
 
-def selection_report(found: Candidates | list[Candidate], chosen: Candidates | list[Candidate], counters: Counter, quotas: dict,
+def selection_report(found: Candidates | list[Candidate], chosen: Candidates | list[Candidate], counters: Counter,
+                     quotas: dict,
                      rules: ScoringRules, target: int | None, tolerance: float, token_source: str, meta: dict,
                      top: int | None = None) -> dict:
     "The selection report: counters, tallies per language / type / year band, score distributions, shortfalls, balance."
@@ -807,7 +824,8 @@ def selection_report(found: Candidates | list[Candidate], chosen: Candidates | l
     tables = ([p for _, p in rules.recency], rules.types.values(), [p for _, p in rules.length])
     highest = sum(max(points, default=0) for points in tables) + rules.priority_points + rules.language_points
     for name in ('dropped.below_threshold', 'dropped.budget_reached', 'dropped.language_quota', 'dropped.duplicate',
-                 'dropped.other_version', 'dropped.near_duplicate', 'dropped.top_reached', 'versions.acts', 'versions.documents',
+                 'dropped.other_version', 'dropped.near_duplicate', 'dropped.top_reached', 'versions.acts',
+                 'versions.documents',
                  'kept.no_date', 'kept.unknown_type', 'kept.rescored'):
         counters.setdefault(name, 0)   # every reason is reported, 0 included
     n_sel = sum(r['tokens_selected'] for r in langs.values())
@@ -861,10 +879,13 @@ def _versions_lines(report: dict) -> list[str]:
     "What the version policy and near-duplicate removal did, in words."
     c, near, prefer = report['counters'], report.get('near_duplicates'), report.get('prefer', 'both')
     lines = [f'versions: {c.get("versions.acts", 0):,} acts had several versions in one language '
-             f'({c.get("versions.documents", 0):,} documents); --prefer {prefer}: {c.get("dropped.other_version", 0):,} dropped']
-    if near: lines.append(f'near-duplicates: {near["dropped"]:,} dropped in {near["groups"]:,} groups among {near["compared"]:,} '
-                          f'eligible documents (Jaccard >= {near["threshold"]} of {near["shingle_words"]}-word shingles; '
-                          f'MinHash {near["num_perm"]}, LSH {near["bands"]} bands x {near["rows"]} rows; {near["seconds"]:.1f} s)')
+             f'({c.get("versions.documents", 0):,} documents); '
+             f'--prefer {prefer}: {c.get("dropped.other_version", 0):,} dropped']
+    if near: lines.append(f'near-duplicates: {near["dropped"]:,} dropped in {near["groups"]:,} groups '
+                          f'among {near["compared"]:,} eligible documents '
+                          f'(Jaccard >= {near["threshold"]} of {near["shingle_words"]}-word shingles; '
+                          f'MinHash {near["num_perm"]}, LSH {near["bands"]} bands x {near["rows"]} rows; '
+                          f'{near["seconds"]:.1f} s)')
     else: lines.append('near-duplicates: kept (--near-dup 0)')
     return lines
 
@@ -949,8 +970,8 @@ def select_command(input: str,                         # JSONL of documents (the
                    tokenizer: str | None = None,       # tokenizer.json to count tokens with; without it, characters / 4
                    tolerance: float = 0.02,            # allowed gap between a language's selected and target share
                    prefer: Literal['both', 'consolidated', 'original'] = 'consolidated',  # versions of one act to keep
-                   near_dup: float = 0.8,              # drop near-duplicates: Jaccard of 8-word shingles at least this (0: off)
-                   num_proc: int | None = None,        # processes scoring and comparing documents (without it: all cores)
+                   near_dup: float = 0.8,              # drop near-duplicates: 8-word shingles Jaccard >= this (0: off)
+                   num_proc: int | None = None,        # processes scoring and comparing documents (default: all cores)
                    strict: bool = False):              # stop at the first line that cannot be read
     "Score documents and select the best up to a token target and/or a number of documents, keeping the language mix."
     if target_tokens is None and top is None:
