@@ -12,11 +12,16 @@ corpora:
 Steps:
   read+parse   every line read (1 MB buffer) and `json.loads`-ed, nothing else (the least any stage pays to see them);
   read-docs    `legalnb.sources.read_jsonl_documents`: the project's reader, lines to validated `Document`s;
-  select       `select_documents`: parse + validate + score + count tokens, choose, write the selected lines;
-  select-full  the same with the topic search reading whole texts (`subject_scan_chars=None`), for the record.
+  select       `select_documents(..., near_dup=0)`: parse + validate + score + count tokens, choose, write the
+               selected lines (no near-duplicate removal: what select cost before issue 27);
+  +near-dups   the default `select_documents`: the same plus near-duplicate removal (a MinHash of every eligible
+               document's 8-word shingles, read again by offset, and the LSH bands sorted on disk);
+  minhash      `near_duplicates` alone on the eligible candidates of the first pass (its own cost, no scan);
+  select-full  the same as select with the topic search reading whole texts (`subject_scan_chars=None`), for the record.
 Times are CPU seconds of this process (the machine is shared, so wall time mostly measures the neighbours);
 wall seconds are printed beside them. Each step runs `--repeat` times, interleaved, and the fastest is kept.
 Target: documents/s of select / documents/s of read+parse >= 0.5 (the ratio column; vs read-docs printed after).
+The near-duplicate line says what removal costs next to merely reading the input (MB/s of minhash vs read+parse).
 """
 from __future__ import annotations
 import json, resource, sys, tempfile, time
@@ -25,7 +30,8 @@ from pathlib import Path
 
 from common import header, markdown_table, run
 from legalnb.core import format_duration
-from legalnb.scoring import ScoringRules, estimate_tokens, select_documents, synthetic_documents
+from legalnb.scoring import (ScoringRules, estimate_tokens, near_duplicates, scan_documents, select_documents,
+                             synthetic_documents)
 from legalnb.sources import read_jsonl_documents, write_jsonl
 
 def read_parse(path: Path) -> int:
@@ -58,11 +64,15 @@ def measure(d: Path, name: str, docs: int, chars: tuple[int, int], seed: int, re
     print(f'{name}: {docs:,} documents of {chars[0]:,} to {chars[1]:,} characters, {size / 1e6:,.0f} MB '
           f'({size / docs / 1e3:,.1f} kB per document), {tokens:,} tokens (estimated), '
           f'written in {format_duration(time.perf_counter() - t0)}; target 40% of the tokens')
+    rules = ScoringRules()
+    eligible = (found := scan_documents(src, rules)[0]).take(found.score >= rules.threshold)
     steps = {'read+parse': lambda: read_parse(src), 'read-docs': lambda: sum(1 for _ in read_jsonl_documents(src)),
-             'select': lambda: select_documents(src, out, int(tokens * 0.4))}
+             'select': lambda: select_documents(src, out, int(tokens * 0.4), near_dup=0),
+             '+near-dups': lambda: select_documents(src, out, int(tokens * 0.4)),
+             'minhash': lambda: near_duplicates(src, eligible, 0.8, workdir=d)}
     if full:
         whole_texts = replace(ScoringRules(), subject_scan_chars=None)
-        steps['select-full'] = lambda: select_documents(src, out, int(tokens * 0.4), whole_texts)
+        steps['select-full'] = lambda: select_documents(src, out, int(tokens * 0.4), whole_texts, near_dup=0)
     best = {k: (float('inf'), float('inf')) for k in steps}
     for _ in range(repeat):   # interleaved, fastest kept
         for k, f in steps.items():
@@ -95,6 +105,9 @@ def main(realistic_docs: int = 1_500,  # documents of the realistic corpus (3k t
         r, vs_docs = ratios[name, 'select'], ratios[name, 'select'] / ratios[name, 'read-docs']
         print(f'{name} documents: select / read+parse = {r:.2f} ({"meets" if r >= 0.5 else "misses"} the 0.5 target); '
               f'select / read-docs = {vs_docs:.2f}')
+        cost = 1 / ratios[name, 'minhash']
+        print(f'{name} documents: near-duplicate removal costs {cost:.1f}x reading the input (MinHash over the eligible '
+              f'documents, CPU of one process; select with it / select without: {ratios[name, "select"] / ratios[name, "+near-dups"]:.2f}x)')
 
 
 if __name__ == '__main__': sys.exit(run(main))

@@ -206,7 +206,8 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
             raise LegalnbError('quickstart: the sample stage failed; see its messages above')
         # the sample plan: every stage of `legalnb run`, at the quickstart's sizes
         flags = ['--target-tokens', '2M', '--seq-len', seq_len, '--shards', 4, '--train-tokenizer', vocab_size,
-                 '--val-docs', 0.05, '--dim', dim, '--num-layers', 2, '--num-frequencies', 16,
+                 '--val-docs', 0.05, '--val-min-acts', max(1, min(20, docs // 10)),  # a tiny demo: a tenth at most
+                 '--dim', dim, '--num-layers', 2, '--num-frequencies', 16,
                  '--batch-size', batch_size, '--max-steps', steps, '--lr', 3e-3, '--warmup-steps', max(1, steps // 10),
                  '--eval-every', max(1, steps // 3), '--eval-batches', 8, '--log-every', max(1, steps // 30),
                  '--save-every', steps, '--num-workers', 0, '--device', device, '--seed', 0, '--citations', 200,

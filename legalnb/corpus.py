@@ -4,11 +4,12 @@
 
 # %% ../nbs/02_corpus.ipynb #6e2b397c
 from __future__ import annotations
-import ctypes, hashlib, json, multiprocessing as mp, os, re, shlex, shutil, signal, time
+import array, ctypes, hashlib, heapq, json, multiprocessing as mp, os, re, shlex, shutil, signal, time
 from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import date
 from functools import cache
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -20,14 +21,14 @@ from tqdm import tqdm
 from .core import (LegalnbError, atomic_write, foreign_files, format_duration, jsonl_records, read_json,
                           refuse_foreign_files, refuse_overwriting_inputs, run_command, jsonl_record)
 from .core import Output, followed
-from .sources import parse_celex
+from .sources import parse_celex, parse_date
 
 # %% auto #0
-__all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'FORMAT', 'KEY', 'iter_selected', 'load_tokenizer', 'train_tokenizer',
-           'find_eos', 'configured_eos', 'special_ids', 'vocab_size_of', 'tokenizer_sha256', 'split_text',
-           'encode_texts', 'encode_stream', 'RowPacker', 'shard_dtype', 'npy_header', 'file_sha256', 'write_shard',
-           'act_key', 'act_number', 'check_val_docs', 'heldout_acts', 'Piece', 'iter_pieces', 'batch_pieces',
-           'build_corpus', 'build_corpus_command', 'build_corpus_main', 'summary']
+__all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'FORMAT', 'KEY', 'iter_selected', 'load_tokenizer',
+           'train_tokenizer', 'find_eos', 'configured_eos', 'special_ids', 'vocab_size_of', 'tokenizer_sha256',
+           'split_text', 'encode_texts', 'encode_stream', 'RowPacker', 'shard_dtype', 'npy_header', 'file_sha256',
+           'write_shard', 'act_key', 'act_number', 'check_val_docs', 'named_acts', 'heldout_acts', 'Piece',
+           'iter_pieces', 'batch_pieces', 'build_corpus', 'build_corpus_command', 'build_corpus_main', 'summary']
 
 # %% ../nbs/02_corpus.ipynb #530136c6
 def iter_selected(path: str | Path, start: int = 0, line: int = 0) -> Iterator[tuple[int, int, int, dict]]:
@@ -280,16 +281,86 @@ def check_val_docs(val_docs: float):
         raise LegalnbError(f'--val-docs must be a share of the acts below 1 (0.01 = 1%) or a whole number of acts '
                            f'(50), got {val_docs:g}')
 
-def heldout_acts(selected: str | Path, val_docs: float, seed: int = 0) -> tuple[set[str], int]:
-    "The acts `--val-docs` holds out of a selection, and the number of acts with text in it."
+VAL_MIN_ACTS = 20   # the fewest acts --val-docs holds out (all but one in a selection of fewer): one act is no test
+
+def named_acts(path: str | Path) -> set[str]:
+    "The acts a file names: the `heldout_celex` of a corpus's manifest.json, or one CELEX number a line."
+    path = Path(path)
+    if not path.is_file():
+        raise LegalnbError(f'--val-acts {path}: no such file; expected a manifest.json or a list of CELEX')
+    if path.suffix == '.json':
+        celex = read_json(path, 'a corpus manifest (its heldout_celex)').get('heldout_celex')
+        if not isinstance(celex, list):
+            raise LegalnbError(f'--val-acts {path}: no "heldout_celex" list; expected a corpus manifest')
+    else: celex = [l.strip() for l in path.read_text(encoding='utf-8').splitlines() if l.strip()]
+    return {act_key(dict(celex=c)) for c in celex}
+
+def _act_int(key: str, seed: int) -> int:
+    "`act_number` as the 64-bit integer it is made of (a hash of the act: equal for its every document)."
+    return int.from_bytes(hashlib.sha256(f'{seed}:{key}'.encode()).digest()[:8], 'big')
+
+def heldout_acts(selected: str | Path, val_docs: float, seed: int = 0,
+                 val_after: date | str | None = None,  # also hold out the acts dated after this day
+                 min_acts: int = VAL_MIN_ACTS,          # the fewest acts --val-docs holds out (all but one of fewer)
+                 named: Iterable[str] = ()              # also hold out these acts (`named_acts`)
+                 ) -> tuple[set[str], int]:
+    "The acts held out of a selection (`--val-docs`, `--val-after`, `--val-acts`), and how many acts have text in it."
     check_val_docs(val_docs)
-    acts = {act_key(rec) for *_, rec in iter_selected(selected) if rec['text']}
-    ranked = sorted(acts, key=lambda k: (act_number(k, seed), k))
-    n = int(val_docs) if val_docs >= 1 else max(1, sum(act_number(k, seed) < val_docs for k in acts)) if val_docs else 0
-    if n >= len(acts):
-        raise LegalnbError(f'--val-docs {val_docs:g} holds out all {len(acts):,} acts of {selected} and leaves none '
-                           f'for training; hold out fewer (a share such as 0.1, or a count below {len(acts):,})')
-    return set(ranked[:n]), len(acts)
+    after = parse_date(str(val_after), '--val-after') if val_after else None
+    share, want, named = (val_docs if val_docs < 1 else 0), (int(val_docs) if val_docs >= 1 else 1), set(named)
+    keep = max(want, min_acts) + 1 if val_docs else 0   # the acts of smallest numbers worth naming
+    numbers, days = array.array('Q'), array.array('q')  # per document (16 bytes): its act's number, its date as a day
+    smallest, under, heap, late, found = {}, {}, [], set(), set()   # names: the `keep` smallest, those under the share,
+                                                                    # those dated after, those named and present
+    for *_, rec in iter_selected(selected):
+        if not rec['text']: continue
+        key = act_key(rec); n = _act_int(key, seed)
+        try: d = parse_date(rec.get('date'))
+        except LegalnbError: d = None
+        numbers.append(n); days.append(d.toordinal() if d else 1 << 40)
+        if keep and key not in smallest and (len(heap) < keep or (-heap[0][0], heap[0][1]) > (n, key)):
+            smallest[key] = n; heapq.heappush(heap, (-n, key))   # a max-heap of the smallest (number, name)
+            if len(heap) > keep: smallest.pop(heapq.heappop(heap)[1])
+        if n < share * 2**64: under[key] = n   # every act under the share is named
+        if after and d and d > after: late.add(key)
+        if key in named: found.add(key)
+    nums = np.frombuffer(numbers, np.uint64)
+    smallest |= under
+    n_acts, ranked = len(np.unique(nums)), sorted(smallest, key=lambda k: (smallest[k], k))
+    if late:   # an act is dated by its earliest document: keep those whose every document is after the day
+        order = np.argsort(nums, kind='stable')
+        nums, first = nums[order], np.frombuffer(days, np.int64)[order]
+        span = lambda k: slice(np.searchsorted(nums, _act_int(k, seed)),
+                               np.searchsorted(nums, _act_int(k, seed), 'right'))
+        late = {k for k in late if first[span(k)].min() > after.toordinal()}
+    held = late | found
+    if val_docs: held |= set(ranked[:max(len(under) if share else want, 1)])
+    floor = min(min_acts, n_acts - 1)
+    if val_docs and len(held) < floor: held |= set([k for k in ranked if k not in held][:floor - len(held)])
+    if after and not late:
+        raise LegalnbError(f'--val-after {after}: no act of {selected} is dated after that day; choose an earlier day')
+    if len(held) >= n_acts and held:
+        what = f'--val-docs {val_docs:g}' if val_docs else f'--val-after {after}' if after else '--val-acts'
+        raise LegalnbError(f'{what} holds out all {n_acts:,} acts of {selected} and leaves none for training; hold out '
+                           f'fewer (a share such as 0.1, a count below {n_acts:,}, or a later --val-after)')
+    return held, n_acts
+
+def _holds_out(args: dict) -> bool:
+    "Does a build with these arguments hold acts out (`--val-docs`, `--val-after` or `--val-acts`)?"
+    return bool(args.get('val_docs') or args.get('val_after') or args.get('val_acts'))
+
+def _rule(args: dict) -> dict:
+    "What decided the held-out acts, for the manifest."
+    return {k: args.get(k) for k in ('val_docs', 'seed', 'val_min_acts', 'val_after', 'val_acts')
+            if args.get(k) is not None}
+
+def _rule_words(rule: dict) -> str:
+    "The held-out rule as the flags that set it: '--val-docs 0.02 (at least 20 acts), --val-after 2024-06-30'."
+    floor = f' (at least {rule["val_min_acts"]} acts)' if rule.get('val_min_acts') else ''
+    words = [f'--val-docs {rule["val_docs"]}{floor}' if rule.get('val_docs') else '',
+             f'--val-after {rule["val_after"]}' if rule.get('val_after') else '',
+             f'--val-acts {rule["val_acts"]}' if rule.get('val_acts') else '']
+    return ', '.join(w for w in words if w)
 
 # %% ../nbs/02_corpus.ipynb #e18e470d
 FORMAT = 'legalnb.corpus/1'
@@ -421,7 +492,7 @@ def _own_files(folder: Path) -> Callable[[Path], bool]:
         if (m := _own_manifest(folder/man)) is None: continue
         k = len(m['shards'])  # the shard being written when a build was killed is not listed yet
         names |= {man, 'tokenizer.json', f'shard_{k:05d}.npy', f'doc_starts/shard_{k:05d}.npy'}
-        if isinstance(m.get('args'), dict) and m['args'].get('val_docs'):  # a build with held-out acts
+        if isinstance(m.get('args'), dict) and _holds_out(m['args']):  # a build with held-out acts
             v = len(m.get('val_shards', []))
             names |= {'heldout.jsonl', f'val/shard_{v:05d}.npy', f'val/doc_starts/shard_{v:05d}.npy'}
         names |= {f for s in m['shards'] + m.get('val_shards', []) for f in (s['file'], s.get('doc_starts'))}
@@ -436,9 +507,11 @@ def _clear(folder: Path):
         elif own(p.relative_to(folder)): p.unlink()
 
 # %% ../nbs/02_corpus.ipynb #5e940520
-def _check_args(selected: Path, out: Path, seq_len: int, shards: int, tokenizer, vocab_size, val_docs: float = 0):
+def _check_args(selected: Path, out: Path, seq_len: int, shards: int, tokenizer, vocab_size, val_docs: float = 0,
+                val_min_acts: int = VAL_MIN_ACTS):
     "Refuse arguments that cannot give a corpus, and an `out` that would destroy something, before anything is written."
     check_val_docs(val_docs)
+    if val_min_acts < 0: raise LegalnbError(f'--val-min-acts must be 0 or more, got {val_min_acts}')
     if seq_len < 2: raise LegalnbError(f'--seq-len must be at least 2 (a row holds seq_len + 1 tokens), got {seq_len}')
     if shards < 1: raise LegalnbError(f'--shards must be at least 1, got {shards}')
     if (tokenizer is None) == (vocab_size is None):
@@ -524,7 +597,11 @@ def _command_line(args: dict, out: Path) -> str:
     words = ['legalnb', 'build-corpus', args['selected'], '--out', out, '--seq-len', args['seq_len'],
              '--shards', args['shards'], *tok, *(['--eos', args['eos']] if args['eos'] else []),
              '--max-chars', args['max_chars'],
-             *(['--val-docs', args['val_docs'], '--seed', args['seed']] if args.get('val_docs') else [])]
+             *(['--val-docs', args['val_docs'], '--seed', args['seed']] if args.get('val_docs') else []),
+             *(['--val-min-acts', args['val_min_acts']]
+               if args.get('val_docs') and args.get('val_min_acts') != VAL_MIN_ACTS else []),
+             *(['--val-after', args['val_after']] if args.get('val_after') else []),
+             *(['--val-acts', args['val_acts']] if args.get('val_acts') else [])]
     return shlex.join(map(str, words))
 
 def _start(work: Path, key: dict, tok: Tokenizer, command: str | None) -> dict:
@@ -537,7 +614,7 @@ def _start(work: Path, key: dict, tok: Tokenizer, command: str | None) -> dict:
         refuse_foreign_files(work, _own_files(work))  # the hidden sibling of an earlier rebuild: only ours goes
         _clear(work)
     (work/'doc_starts').mkdir(parents=True, exist_ok=True)
-    if key['args'].get('val_docs'): (work/'val'/'doc_starts').mkdir(parents=True, exist_ok=True)
+    if _holds_out(key['args']): (work/'val'/'doc_starts').mkdir(parents=True, exist_ok=True)
     if not kept: _write_json(work/'manifest.partial.json', _partial(command, key, done))
     saved = work/'tokenizer.json'
     try: same = saved.is_file() and tokenizer_sha256(Tokenizer.from_file(str(saved))) == key['tokenizer_sha256']
@@ -586,6 +663,9 @@ def build_corpus(selected: str | Path,         # selected.jsonl from `legalnb se
                  max_chars: int = 100_000,     # documents longer than this are split at paragraph breaks
                  val_docs: float = 0,          # hold out whole acts: a share (0.01) or a count (50) of acts; 0: none
                  seed: int = 0,                # which acts --val-docs holds out
+                 val_min_acts: int = VAL_MIN_ACTS,  # the fewest acts --val-docs holds out (all but one of fewer)
+                 val_after: str | None = None,  # also hold out the acts dated after this day (yyyy-mm-dd)
+                 val_acts: str | None = None,   # also hold out the acts a file names (a manifest.json, or CELEX lines)
                  batch_chars: int | None = None,  # characters per encoding batch; None: 128k per CPU core, >= 256k
                  flush_tokens: int = 1 << 20,  # write rows to disk whenever this many tokens wait (bounds memory)
                  progress: bool = True,        # show a progress bar (only on a terminal)
@@ -594,15 +674,21 @@ def build_corpus(selected: str | Path,         # selected.jsonl from `legalnb se
     "Tokenize, pack and shard a selection into `out`; return the manifest."
     selected, out = Path(selected), followed(out)   # a link: the rebuild replaces the folder it leads to
     _recover(out)
-    _check_args(selected, out, seq_len, shards, tokenizer, vocab_size, val_docs)
+    _check_args(selected, out, seq_len, shards, tokenizer, vocab_size, val_docs, val_min_acts)
+    if val_after: parse_date(str(val_after), '--val-after')   # a day that is not one stops here
+    named = sorted(named_acts(val_acts)) if val_acts else []
     val_docs = int(val_docs) if val_docs >= 1 else val_docs  # a count of acts, or a share of them
     path_like = tokenizer is None or isinstance(tokenizer, (str, Path))
     args = dict(selected=str(selected), seq_len=seq_len, shards=shards, train_tokenizer=vocab_size, eos=eos,
                 tokenizer=str(tokenizer) if path_like and tokenizer is not None else
                           None if tokenizer is None else type(tokenizer).__name__, max_chars=max_chars,
-                **(dict(val_docs=val_docs, seed=seed) if val_docs else {}))
+                **(dict(val_docs=val_docs, seed=seed, val_min_acts=val_min_acts) if val_docs else {}),
+                **(dict(val_after=str(val_after)) if val_after else {}),
+                **(dict(val_acts=str(val_acts), val_acts_named=named) if val_acts else {}))
     key = dict(args=args, input_sha256=file_sha256(selected))
-    held = cache(lambda: heldout_acts(selected, val_docs, seed) if val_docs else None)  # read when first needed
+    # read when first needed
+    held = cache(lambda: heldout_acts(selected, val_docs, seed, val_after, val_min_acts, named)
+                        if _holds_out(args) else None)
     tok = _get_tokenizer(selected, out, tokenizer, vocab_size, key, held)
     key['tokenizer_sha256'] = tokenizer_sha256(tok)
     if (m := _up_to_date(out, key)): return m
@@ -701,6 +787,7 @@ def _finish(out, tok, key, partial, eos_id, vocab, row_len, held) -> dict:
              dtype=shard_dtype(vocab).name, seq_len=row_len - 1, row_len=row_len, **_side(partial['shards']),
              acts=held and held[1] - len(held[0]), shards=strip(partial['shards']),
              val_docs=key['args'].get('val_docs', 0), heldout_celex=sorted(held[0]) if held else [], heldout=h,
+             heldout_rule=_rule(key['args']),
              val_shards=strip(partial['val_shards']), args=key['args'], version=__version__)
     _write_json(out/'manifest.json', m)
     (out/'manifest.partial.json').unlink(missing_ok=True)
@@ -740,5 +827,9 @@ def summary(m: dict, seconds: float, out) -> str:
 def _heldout_summary(m: dict) -> str:
     "The held-out line of the summary ('' without held-out acts)."
     if not (h := m.get('heldout')): return ''
-    return (f"\nheld out {h['acts']:,} acts of {h['acts'] + m['acts']:,} (--val-docs {m['val_docs']}): "
-            f"{h['documents_read']:,} documents -> heldout.jsonl, {h['rows']:,} rows ({h['tokens']:,} tokens) -> val/")
+    acts = m.get('heldout_celex') or []
+    rule = _rule_words(m.get('heldout_rule') or dict(val_docs=m['val_docs']))
+    more = f" and {len(acts) - 30:,} more (manifest.json: heldout_celex)" if len(acts) > 30 else ''
+    return (f"\nheld out {h['acts']:,} acts of {h['acts'] + m['acts']:,} ({rule}): "
+            f"{h['documents_read']:,} documents -> heldout.jsonl, {h['rows']:,} rows ({h['tokens']:,} tokens) -> val/"
+            f"\n  held-out acts: {', '.join(acts[:30])}" + more)

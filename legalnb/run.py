@@ -273,6 +273,10 @@ def _second_stage(s2: dict, first: dict, b: dict, work: Path, stage_to: str | No
     rest = (_second_finetune if hf else _second_train)(dict(s2.get(own) or {}), first, b, work, stage_to)
     return [select, *rest]
 
+def _same_acts(work: Path) -> dict:
+    "build-corpus flags that hold out the first corpus's acts in the second: by name, and no floor adding others."
+    return {'val_acts': str(work/'corpus'/'manifest.json'), 'val_min_acts': 0}
+
 def _second_train(own: dict, first: dict, b: dict, work: Path, stage_to: str | None) -> list[Stage]:
     "build-corpus-2, split-2, train-2: the first corpus's tokenizer and held-out acts, from the first run's weights."
     from legalnb.train import config_from_args
@@ -283,12 +287,15 @@ def _second_train(own: dict, first: dict, b: dict, work: Path, stage_to: str | N
         steps = config_from_args(_argv('train', first, '')).max_steps
         start = work/'run'/'checkpoints'/f'step-{steps:08d}'
     else: start = work/'run'/'model'
-    # the same share and seed of held-out acts: an act is held out by a hash of its key, in any subset of the acts
-    c = {k: v for k, v in b.items() if k != 'train_tokenizer'} | {'tokenizer': str(work/'corpus'/'tokenizer.json')}
+    # the same share and seed of held-out acts (an act is held out by a hash of its key, in any subset of the acts),
+    # and the first corpus's held-out acts by name: its floor of acts may have added some
+    c = ({k: v for k, v in b.items() if k != 'train_tokenizer'}
+         | {'tokenizer': str(work/'corpus'/'tokenizer.json'), **_same_acts(work)})
     data = Path(stage_to)/'split-2' if stage_to else work/'split-2'
     return [Stage('build-corpus-2', [str(work/'selected-2.jsonl'), '--out', str(work/'corpus-2'),
                                      *_argv('build-corpus', c, '')],
-                  [work/'selected-2.jsonl', work/'corpus'/'tokenizer.json'], work/'corpus-2'/'manifest.json'),
+                  [work/'selected-2.jsonl', work/'corpus'/'tokenizer.json', work/'corpus'/'manifest.json'],
+                  work/'corpus-2'/'manifest.json'),
             Stage('split-2', [str(work/'corpus-2'), '--out', str(work/'split-2')],
                   [work/'corpus-2'/'manifest.json'], work/'split-2'/'split.json'),
             Stage('train-2', ['--data', str(data), '--out', str(work/'run-2'), '--init-from', str(start),
@@ -307,8 +314,8 @@ def _second_finetune(own: dict, first: dict, b: dict, work: Path, stage_to: str 
     corpus = Path(stage_to)/'corpus-2' if stage_to else work/'corpus-2'   # --stage-to: a verified copy
     t = first | own | {'model': str(work/'run'/'final'), 'data': str(corpus)}   # transformers: a fresh AdamW
     return [Stage('build-corpus-2', [str(work/'selected-2.jsonl'), '--out', str(work/'corpus-2'),
-                                     *_argv('build-corpus', b, '')],
-                  [work/'selected-2.jsonl'], work/'corpus-2'/'manifest.json'),
+                                     *_argv('build-corpus', b | _same_acts(work), '')],
+                  [work/'selected-2.jsonl', work/'corpus'/'manifest.json'], work/'corpus-2'/'manifest.json'),
             Stage('finetune-2', ['--out', str(work/'run-2'), *_argv('finetune', t, 'stage2.')],
                   [work/'corpus-2'/'manifest.json', work/OUTPUTS['finetune']], work/'run-2'/'finetune.json')]
 

@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_scoring.ipynb #f5b7bc0a
 from __future__ import annotations
-import copy, gc, json, os, random, time
+import array, copy, gc, itertools, json, os, random, re, tempfile, time, zlib
 from collections import Counter, defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, asdict, replace
@@ -12,22 +12,24 @@ from datetime import date
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Literal, NamedTuple
 
+import numpy as np
 import yaml
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 
 from .core import (LegalnbError, atomic_write, jsonl_records, parse_count, parse_number,
-                          refuse_overwriting_inputs, run_command)
-from .sources import Document, DOC_TYPES, write_jsonl, record_fields, skip_reason
+                          refuse_overwriting_inputs, run_command, usable_cores)
+from .sources import Document, DOC_TYPES, write_jsonl, record_fields, skip_reason, _pool, in_order
 
 # %% auto #0
-__all__ = ['PRIORITY_TOPICS', 'CHARS_PER_TOKEN', 'PREFER', 'ScoringRules', 'recency_points', 'type_points', 'length_points',
-           'topic_flags', 'subject_points', 'language_points', 'Score', 'score_document', 'estimate_tokens',
-           'split_long_text', 'tokenizer_counter', 'Candidate', 'year_band', 'gc_paused', 'scan_documents', 'act_of',
+__all__ = ['PRIORITY_TOPICS', 'CHARS_PER_TOKEN', 'PREFER', 'SHINGLE_WORDS', 'NUM_PERM', 'LSH_WEIGHTS', 'ScoringRules',
+           'recency_points', 'type_points', 'length_points', 'topic_flags', 'subject_points', 'language_points',
+           'Score', 'score_document', 'estimate_tokens', 'split_long_text', 'tokenizer_counter', 'Candidate',
+           'year_band', 'Candidates', 'as_candidates', 'gc_paused', 'scan_documents', 'act_of', 'acts_of',
            'prefer_versions', 'language_quotas', 'rank', 'choose_documents', 'split_by_share', 'document_quotas',
-           'with_score', 'copy_selected', 'write_selected', 'synthetic_documents', 'select_documents',
-           'selection_report', 'report_table', 'write_report', 'plot_report', 'top_count', 'token_target',
-           'select_command', 'select_main']
+           'with_score', 'copy_selected', 'write_selected', 'shingle_hashes', 'minhash', 'lsh_bands', 'near_duplicates',
+           'near_duplicate_share', 'minhash_of', 'synthetic_documents', 'select_documents', 'selection_report',
+           'report_table', 'write_report', 'plot_report', 'top_count', 'token_target', 'select_command', 'select_main']
 
 # %% ../nbs/01_scoring.ipynb #718167de
 PRIORITY_TOPICS = ('data protection', 'gdpr', 'privacy', 'consumer rights', 'environment', 'climate',
@@ -227,6 +229,67 @@ def year_band(when: date | None, rules: ScoringRules) -> str:
         if when.year >= year: return f'{year}+' if i == 0 else f'{year}-{starts[i - 1] - 1}'
     return f'before {starts[-1]}' if starts else 'any year'
 
+# %% ../nbs/01_scoring.ipynb #343c1e2c
+_CODED = ('lang', 'doc_type', 'year_band')   # columns kept as codes into a sorted tuple of their values
+
+class Candidates:
+    "Many `Candidate`s as columns (about 50 bytes each); indexing and iterating give `Candidate`s."
+    def __init__(self, cols: dict, names: dict):
+        self.cols, self.names = cols, names   # arrays per field; sorted values of the coded fields
+        for k, v in cols.items(): setattr(self, k, v)
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Candidate]) -> Candidates:
+        "Candidates from `Candidate`s (or tuples in its field order)."
+        rows = list(rows)
+        names = {k: tuple(sorted({getattr(r, k) for r in rows})) for k in _CODED}
+        code = {k: {v: i for i, v in enumerate(names[k])} for k in _CODED}
+        cols = dict(score=np.array([r.score for r in rows], np.int32),
+                    celex=np.array([r.celex.encode() for r in rows], 'S') if rows else np.zeros(0, 'S1'),
+                    tokens=np.array([r.tokens for r in rows], np.int64),
+                    offset=np.array([r.offset for r in rows], np.int64),
+                    size=np.array([r.size for r in rows], np.int64),
+                    **{k: np.array([code[k][getattr(r, k)] for r in rows], np.uint8) for k in _CODED})
+        return cls(cols, names)
+
+    @classmethod
+    def concat(cls, parts: list[Candidates]) -> Candidates:
+        "One `Candidates` of several, in order (codes re-mapped to the values of all of them)."
+        names = {k: tuple(sorted({v for p in parts for v in p.names[k]})) for k in _CODED}
+        def codes(p, k):
+            remap = np.array([names[k].index(v) for v in p.names[k]] or [0], np.uint8)
+            return remap[p.cols[k]]
+        cols = {k: np.concatenate([codes(p, k) if k in _CODED else p.cols[k] for p in parts])
+                for k in Candidate._fields} if parts else Candidates.from_rows([]).cols
+        return cls(cols, names if parts else {k: () for k in _CODED})
+
+    def __len__(self) -> int: return len(self.score)
+    def row(self, i: int) -> Candidate:
+        c = self.cols
+        return Candidate(int(c['score'][i]), c['celex'][i].decode(), self.names['lang'][c['lang'][i]],
+                         int(c['tokens'][i]),
+                         int(c['offset'][i]), int(c['size'][i]), self.names['doc_type'][c['doc_type'][i]],
+                         self.names['year_band'][c['year_band'][i]])
+    def take(self, which) -> Candidates:
+        "The candidates at the indices (or where the mask is true) `which`, in that order."
+        return Candidates({k: v[which] for k, v in self.cols.items()}, self.names)
+    def __getitem__(self, i): return self.row(i) if isinstance(i, (int, np.integer)) else self.take(i)
+    def __iter__(self) -> Iterator[Candidate]: return (self.row(i) for i in range(len(self)))
+    def __eq__(self, other) -> bool: return list(self) == list(other)
+    def __repr__(self) -> str: return f'Candidates({len(self):,}: {list(self)[:3]}{" ..." if len(self) > 3 else ""})'
+
+    def values(self, k: str) -> np.ndarray:
+        "The values of a coded column as an object array (`lang`, `doc_type`, `year_band`)."
+        return np.array(self.names[k], object)[self.cols[k]] if len(self) else np.zeros(0, object)
+
+    def rank_order(self) -> np.ndarray:
+        "Indices from the best candidate to the worst: higher score, then CELEX, language, input position (`rank`)."
+        return np.lexsort((self.offset, self.lang, self.celex, -self.score.astype(np.int64)))
+
+def as_candidates(found: Candidates | Iterable[Candidate]) -> Candidates:
+    "`found` as `Candidates` (a list of `Candidate`s is converted)."
+    return found if isinstance(found, Candidates) else Candidates.from_rows(found)
+
 # %% ../nbs/01_scoring.ipynb #08c38613
 @contextmanager
 def gc_paused():
@@ -236,39 +299,33 @@ def gc_paused():
     finally:
         if was_on: gc.enable()
 
-def scan_documents(path: Path, rules: ScoringRules, count_tokens: Callable[[str], int] = estimate_tokens,
-                   strict: bool = False,           # stop at the first line that cannot be read
-                   skipped: list | None = None     # a list to add each skipped line to: (line, reason, error)
-                  ) -> tuple[list[Candidate], Counter]:
-    "First pass over the JSONL `path`: a `Candidate` per unique (CELEX, language), and named counters."
-    seen, found, years, name = set(), [], {}, str(path)
-    read = duplicate = no_date = unknown_type = rescored = 0   # plain ints in the hot loop; named counters at the end
-    bad, first = Counter(), ''   # lines skipped per reason, the first one's error
+# bits of a candidate's `flags`, counted after deduplication
+_FLAGS = ('kept.no_date', 'kept.unknown_type', 'kept.rescored')
+_SCAN: dict = {}   # what the scanning processes read (set before they are forked): rules, token counter, strict
+
+def _scan_range(job: tuple[Path, int, int, int]) -> tuple[Candidates, np.ndarray, Counter, list[dict]]:
+    "Score the lines of `path` from byte `start` to `end` (`line`: the number of the line before `start`)."
+    path, start, end, line = job
+    rules, count_tokens, strict = _SCAN['rules'], _SCAN['count_tokens'], _SCAN['strict']
+    rows, flags, years, bad, skipped, name = [], [], {}, Counter(), [], str(path)
     # candidates whose topics are not searched yet: (points so far, other fields); their (subjects, title, text start)
     waiting, docs, chars = [], [], 0
     def add_subject_points():
         for (points, fields), hit in zip(waiting, topic_flags(docs, rules)):
-            found.append(Candidate(points + rules.priority_points * hit, *fields))
+            rows.append(Candidate(points + rules.priority_points * hit, *fields))
         waiting.clear(); docs.clear()
-    with tqdm(total=path.stat().st_size, unit='B', unit_scale=True, desc='scoring', disable=None) as bar, gc_paused():
-        for n, offset, size, rec in jsonl_records(path, errors='yield'):
+    with gc_paused():
+        for n, offset, size, rec in jsonl_records(path, start, line, errors='yield'):
+            if offset >= end: break
             try:
                 if isinstance(rec, LegalnbError): raise rec
                 try: celex, title, text, lang, when, doc_type, subjects = record_fields(rec)
                 except LegalnbError: record_fields(rec, f'{name}, line {n}')   # the same error, naming the line
             except LegalnbError as e:   # a line that cannot be read: skipped and counted, or the end with --strict
                 if strict: raise LegalnbError(f'{e}; without --strict it would be skipped and counted') from None
-                bad[skip_reason(str(e))] += 1; first = first or str(e)
-                if skipped is not None: skipped.append(dict(line=n, reason=skip_reason(str(e)), error=str(e)))
+                bad[skip_reason(str(e))] += 1; skipped.append(dict(line=n, reason=skip_reason(str(e)), error=str(e)))
                 continue
-            read += 1
-            if not read % 4096: bar.update(offset - bar.n)
-            if celex:   # a document without a CELEX cannot be told from others: never a duplicate
-                if (key := (celex, lang)) in seen: duplicate += 1; continue
-                seen.add(key)
-            no_date += when is None
-            unknown_type += doc_type not in rules.types
-            rescored += 'score' in rec or 'tokens' in rec
+            flags.append((when is None) | (doc_type not in rules.types) << 1 | ('score' in rec or 'tokens' in rec) << 2)
             year = when and when.year
             if year not in years: years[year] = recency_points(when, rules), year_band(when, rules)
             recency, band = years[year]
@@ -278,14 +335,67 @@ def scan_documents(path: Path, rules: ScoringRules, count_tokens: Callable[[str]
             docs.append((subjects, title, text[:rules.subject_scan_chars])); chars += len(docs[-1][2])
             if chars > 1 << 20: add_subject_points(); chars = 0   # ~1M characters at a time: RE2's set-up is slow
         add_subject_points()
-        bar.update(bar.total - bar.n)
-    if not found and bad:
+    return Candidates.from_rows(rows), np.array(flags, np.uint8), bad, skipped[:1000]   # the first of each range
+
+def _line_ranges(path: Path, parts: int) -> list[tuple[int, int]]:
+    "About `parts` byte ranges of `path` that start and end at line starts."
+    size, cuts = path.stat().st_size, [0]
+    with open(path, 'rb') as f:
+        for k in range(1, parts):
+            f.seek(max(size * k // parts, cuts[-1])); f.readline()
+            if cuts[-1] < f.tell() < size: cuts.append(f.tell())
+    return list(zip(cuts, cuts[1:] + [size]))
+
+def _count_lines(job: tuple[Path, int, int]) -> int:
+    "The line breaks of `path` between bytes `start` and `end`."
+    path, start, end = job
+    n = 0
+    with open(path, 'rb') as f:
+        f.seek(start)
+        while start < end and (block := f.read(min(1 << 22, end - start))): n += block.count(b'\n'); start += len(block)
+    return n
+
+def _first_of_each(cands: Candidates) -> np.ndarray:
+    "A mask of the candidates first of their (CELEX, language) in the input; one without a CELEX always is."
+    order = np.lexsort((cands.offset, cands.lang, cands.celex))
+    c, l = cands.celex[order], cands.lang[order]
+    again = np.zeros(len(order), bool)
+    again[1:] = (c[1:] == c[:-1]) & (l[1:] == l[:-1]) & (c[1:] != b'')
+    keep = np.ones(len(cands), bool); keep[order[again]] = False
+    return keep
+
+def scan_documents(path: Path, rules: ScoringRules, count_tokens: Callable[[str], int] = estimate_tokens,
+                   strict: bool = False,           # stop at the first line that cannot be read
+                   skipped: list | None = None,    # a list to add each skipped line to: (line, reason, error)
+                   num_proc: int = 1,              # processes, each scoring a range of the file
+                  ) -> tuple[Candidates, Counter]:
+    "First pass over the JSONL `path`: a `Candidate` per unique (CELEX, language), and named counters."
+    path = Path(path)
+    ranges = _line_ranges(path, max(1, min(4 * num_proc, path.stat().st_size >> 20)) if num_proc > 1 else 1)
+    procs = min(num_proc, len(ranges))
+    _SCAN.update(rules=rules, count_tokens=count_tokens, strict=strict)
+    parts, flags, bad, first = [], [], Counter(), ''
+    with (tqdm(total=path.stat().st_size, unit='B', unit_scale=True, desc='scoring', disable=None) as bar,
+          _pool(procs) as pool):
+        counts = in_order(pool, _count_lines, [(path, a, b) for a, b in ranges[:-1]], procs)
+        lines = ([0] + list(itertools.accumulate(counts))
+                 if len(ranges) > 1 else [0])
+        jobs = [(path, a, b, n) for (a, b), n in zip(ranges, lines)]
+        scanned = in_order(pool, _scan_range, jobs, 2 * procs if procs > 1 else 1)
+        for (a, b), (cands, f, why, lost) in zip(ranges, scanned):
+            parts.append(cands); flags.append(f); bad.update(why); bar.update(b - a)
+            first = first or (lost[0]['error'] if lost else '')
+            if skipped is not None: skipped.extend(lost[:max(0, 10_000 - len(skipped))])
+    found, flags = Candidates.concat(parts), np.concatenate(flags) if flags else np.zeros(0, np.uint8)
+    read, keep = len(found), _first_of_each(found)
+    if not read and bad:
         more = sum(bad.values()) - 1
         raise LegalnbError(first + (f' (and {more:,} more lines could not be read)' if more else '')
                            + '; no document could be read')
-    if not found: raise LegalnbError(f'{path}: no documents (the file is empty); expected one JSON document per line')
-    return found, Counter({'documents.read': read, 'dropped.duplicate': duplicate, 'kept.no_date': no_date,
-                           'kept.unknown_type': unknown_type, 'kept.rescored': rescored,
+    if not read: raise LegalnbError(f'{path}: no documents (the file is empty); expected one JSON document per line')
+    found, flags = found.take(keep), flags[keep]
+    return found, Counter({'documents.read': read, 'dropped.duplicate': read - len(found),
+                           **{name: int((flags >> bit & 1).sum()) for bit, name in enumerate(_FLAGS)},
                            **{f'skipped.{r}': n for r, n in bad.items()}})
 
 PREFER = ('both', 'consolidated', 'original')
@@ -294,21 +404,43 @@ def act_of(celex: str) -> str:
     "The act a CELEX belongs to: a consolidated text's base act (`02016R0679-20160504` -> `32016R0679`), else itself."
     return '3' + celex[1:celex.index('-')] if celex[:1] == '0' and '-' in celex else celex
 
-def prefer_versions(found: list[Candidate], prefer: str = 'both') -> tuple[list[Candidate], int]:
+def acts_of(celex: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    "`act_of` for an array of CELEX numbers (bytes), and which of them are consolidated texts."
+    dash = np.strings.find(celex, b'-')
+    consolidated = np.strings.startswith(celex, b'0') & (dash > 0)
+    acts = celex.copy()
+    acts[consolidated] = np.strings.add(b'3', np.strings.slice(celex[consolidated], 1, dash[consolidated]))
+    return acts, consolidated
+
+def _act_groups(found: Candidates) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    "Candidates with a CELEX in (act, language, CELEX) order, where each group starts, and which are consolidated."
+    index = np.flatnonzero(found.celex != b'')
+    acts, consolidated = acts_of(found.celex[index])
+    order = np.lexsort((found.celex[index], found.lang[index], acts))
+    acts, langs = acts[order], found.lang[index][order]
+    starts = np.flatnonzero(np.r_[True, (acts[1:] != acts[:-1]) | (langs[1:] != langs[:-1])]) if len(order) else order
+    return index[order], starts, consolidated[order]
+
+def prefer_versions(found: Candidates | list[Candidate], prefer: str = 'consolidated',
+                    counters: Counter | None = None   # where to count the versions seen (`versions.acts`, ...)
+                    ) -> tuple[Candidates, int]:
     "Keep the versions of each act (per language) that `prefer` asks for; return them and how many were dropped."
     if prefer not in PREFER: raise LegalnbError(f'--prefer must be one of {", ".join(PREFER)}, got {prefer!r}')
+    found = as_candidates(found)
+    index, starts, consolidated = _act_groups(found)
+    sizes = np.diff(np.r_[starts, len(index)])
+    if counters is not None:
+        counters.update({'versions.acts': int((sizes > 1).sum()), 'versions.documents': int(sizes[sizes > 1].sum())})
     if prefer == 'both': return found, 0
-    versions = defaultdict(list)
-    for c in found:
-        if c.celex: versions[act_of(c.celex), c.lang].append(c)
-    drop = set()
-    for group in versions.values():
-        if len(group) < 2: continue
-        cons = sorted((c for c in group if c.celex != act_of(c.celex)), key=lambda c: c.celex)   # oldest first
-        orig = [c for c in group if c.celex == act_of(c.celex)]
-        keep = (cons[-1:] or orig) if prefer == 'consolidated' else (orig or cons[-1:])
-        drop.update(c.offset for c in group if c not in keep)
-    return [c for c in found if c.offset not in drop], len(drop)
+    drop = np.zeros(len(found), bool)
+    for s, n in zip(starts.tolist(), sizes.tolist()):
+        if n < 2: continue
+        cons = consolidated[s:s + n]   # sorted by CELEX: the newest consolidated text last
+        if prefer == 'consolidated':
+            keep = [s + int(np.flatnonzero(cons)[-1])] if cons.any() else [s + i for i in range(n)]
+        else: keep = [s + i for i in np.flatnonzero(~cons)] if (~cons).any() else [s + int(np.flatnonzero(cons)[-1])]
+        drop[index[s:s + n]] = True; drop[index[keep]] = False
+    return found.take(~drop), int(drop.sum())
 
 # %% ../nbs/01_scoring.ipynb #040c504b
 def language_quotas(input_tokens: dict[str, int], eligible_tokens: dict[str, int], target: int) -> dict[str, float]:
@@ -328,22 +460,29 @@ def rank(c: Candidate) -> tuple:
     "Sort key, best first: higher score, then CELEX, then language (then input position, for documents without CELEX)."
     return (-c.score, c.celex, c.lang, c.offset)
 
-def choose_documents(found: list[Candidate], quotas: dict[str, float], target: float, threshold: int,
+def choose_documents(found: Candidates | list[Candidate], quotas: dict[str, float], target: float, threshold: int,
                      top: int | None = None,   # take at most this many documents (None: no limit)
                      unit: Literal['tokens', 'docs'] = 'tokens'  # what `quotas` and `target` count
-                     ) -> tuple[list[Candidate], Counter]:
+                     ) -> tuple[Candidates, Counter]:
     "Take eligible candidates best first while their language is under quota, up to `target` and `top`; count why not."
-    why, taken, total, chosen = Counter(), Counter(), 0, []
-    eligible = [c for c in found if c.score >= threshold]
+    found = as_candidates(found)
+    why, taken, total, chosen = Counter(), Counter(), 0, array.array('q')
+    eligible = np.flatnonzero(found.score >= threshold)
     why['dropped.below_threshold'] = len(found) - len(eligible)
-    ranked = sorted(eligible, key=rank)
-    for i, c in enumerate(ranked):
-        if total >= target: why['dropped.budget_reached'] += len(ranked) - i; break   # all the rest
-        if len(chosen) == top: why['dropped.top_reached'] += len(ranked) - i; break
-        size = c.tokens if unit == 'tokens' else 1
-        if taken[c.lang] + size / 2 > quotas.get(c.lang, 0): why['dropped.language_quota'] += 1
-        else: chosen.append(c); taken[c.lang] += size; total += size
-    return chosen, why
+    ranked = eligible[found.take(eligible).rank_order()]
+    langs, i = found.names['lang'], 0
+    for start in range(0, len(ranked), 1 << 16):   # 65,536 at a time: Python integers for a slice, not for all
+        part = ranked[start:start + (1 << 16)]
+        for k, code, tokens in zip(part.tolist(), found.lang[part].tolist(), found.tokens[part].tolist()):
+            if total >= target: why['dropped.budget_reached'] += len(ranked) - i; break   # all the rest
+            if len(chosen) == top: why['dropped.top_reached'] += len(ranked) - i; break
+            lang, size = langs[code], (tokens if unit == 'tokens' else 1)
+            if taken[lang] + size / 2 > quotas.get(lang, 0): why['dropped.language_quota'] += 1
+            else: chosen.append(k); taken[lang] += size; total += size
+            i += 1
+        else: continue
+        break
+    return found.take(np.array(chosen, np.int64)), why
 
 # %% ../nbs/01_scoring.ipynb #78b33f34
 def split_by_share(weights: dict[str, int], n: int) -> dict[str, int]:
@@ -354,17 +493,18 @@ def split_by_share(weights: dict[str, int], n: int) -> dict[str, int]:
     for k in sorted(weights, key=lambda k: (-(n * weights[k] % total), k))[:n - sum(parts.values())]: parts[k] += 1
     return parts
 
-def document_quotas(input_tokens: dict[str, int], eligible: list[Candidate], top: int) -> dict[str, int]:
+def document_quotas(input_tokens: dict[str, int], eligible: Candidates | list[Candidate], top: int) -> dict[str, int]:
     "Documents per language of `top`: its input share, capped by its eligible ones, plus what short ones leave."
-    have = Counter(c.lang for c in eligible)
+    eligible = as_candidates(eligible)
+    langs = eligible.names['lang']
+    have = Counter(dict(zip(langs, np.bincount(eligible.lang, minlength=len(langs)).tolist())))
     quotas = {lang: min(n, have[lang]) for lang, n in split_by_share(input_tokens, top).items()}
     spare, seen = top - sum(quotas.values()), Counter()
-    for c in sorted(eligible, key=rank):   # the slots short languages leave go to the next best documents, any language
+    for code in eligible.lang[eligible.rank_order()].tolist():   # the slots short languages leave go to the next best
         if spare <= 0: break
-        seen[c.lang] += 1
-        if seen[c.lang] > quotas[c.lang]: quotas[c.lang] += 1; spare -= 1
+        lang = eligible.names['lang'][code]; seen[lang] += 1
+        if seen[lang] > quotas[lang]: quotas[lang] += 1; spare -= 1
     return quotas
-
 
 # %% ../nbs/01_scoring.ipynb #c738033b
 def with_score(line: bytes, score: int, tokens: int, rewrite: bool = False) -> bytes:
@@ -373,17 +513,155 @@ def with_score(line: bytes, score: int, tokens: int, rewrite: bool = False) -> b
     rec = json.loads(line); rec.update(score=score, tokens=tokens)
     return json.dumps(rec, ensure_ascii=False).encode() + b'\n'
 
-def copy_selected(src: Path, dest: Path, chosen: Iterable[Candidate], rewrite: bool = False) -> int:
+def copy_selected(src: Path, dest: Path, chosen: Candidates | Iterable[Candidate], rewrite: bool = False) -> int:
     "Copy the chosen documents' lines from `src` to the file `dest` in input order, adding score and tokens."
-    n = 0
+    chosen, n = as_candidates(chosen), 0
     with open(src, 'rb') as f, open(dest, 'wb', buffering=1 << 20) as w:   # 1 MB: most lines outgrow the default 8 KB
-        for c in sorted(chosen, key=lambda c: c.offset):   # in input order: the reads move forward through the file
+        # input order: the reads move forward through the file
+        for k in np.argsort(chosen.offset, kind='stable').tolist():
+            c = chosen.row(k)
             w.write(with_score(os.pread(f.fileno(), c.size, c.offset), c.score, c.tokens, rewrite)); n += 1
     return n
 
-def write_selected(src: Path, out: str | Path, chosen: Iterable[Candidate], rewrite: bool = False) -> int:
+def write_selected(src: Path, out: str | Path, chosen: Candidates | Iterable[Candidate], rewrite: bool = False) -> int:
     "`copy_selected` to `out`, atomically."
     with atomic_write(out) as tmp: return copy_selected(src, tmp, chosen, rewrite)
+
+# %% ../nbs/01_scoring.ipynb #c4ee76d7
+SHINGLE_WORDS = 8   # words a shingle: documents are compared as sets of 8-word shingles
+NUM_PERM = 128      # MinHash permutations: a Jaccard of 0.8 is estimated within ±0.035 (one standard deviation)
+_ROLL = np.uint64(0x100000001B3)   # FNV-1a's 64-bit prime, the factor of the rolling product
+
+def shingle_hashes(text: str, k: int = SHINGLE_WORDS) -> np.ndarray:
+    "32-bit hashes of the text's `k`-word shingles (lower case, split at white space); a shorter text is one shingle."
+    words = text.lower().split()
+    if not words: return np.zeros(0, np.uint32)
+    seen = {}
+    hashed = np.array([seen[w] if w in seen else seen.setdefault(w, zlib.crc32(w.encode())) for w in words], np.uint64)
+    n = max(1, len(words) - k + 1)
+    h = np.zeros(n, np.uint64)
+    for j in range(min(k, len(words))): h = h * _ROLL + hashed[j:j + n]   # (n,): shingle i's words i..i+k-1, in order
+    return (h ^ (h >> np.uint64(32))).astype(np.uint32)
+
+def minhash(text: str, num_perm: int = NUM_PERM):
+    "The `datasketch.MinHash` of a text's shingles (hashes go in as they are; datasketch mixes them before permuting)."
+    from datasketch import MinHash
+    m, h = MinHash(num_perm=num_perm, hashfunc=int), shingle_hashes(text)
+    for i in range(0, len(h), 1 << 11): m.update_batch(h[i:i + (1 << 11)].tolist())   # (2048, num_perm): 1 MB at a time
+    return m
+
+LSH_WEIGHTS = (0.05, 0.95)   # a missed pair stays in the selection; a false one only costs a comparison of signatures
+
+def lsh_bands(threshold: float, num_perm: int = NUM_PERM) -> tuple[int, int]:
+    "(bands, rows) `datasketch.MinHashLSH` chooses for `threshold`, weighing a missed pair 19 times a false one."
+    from datasketch import MinHashLSH
+    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=LSH_WEIGHTS)
+    return lsh.b, lsh.r
+
+# %% ../nbs/01_scoring.ipynb #2581f6f9
+def _signatures(job: tuple[Path, list[int], list[int], int]) -> np.ndarray:
+    "MinHash signatures (rows of `num_perm` uint32) of the documents whose lines start at `offsets`."
+    src, offsets, sizes, num_perm = job
+    out = np.empty((len(offsets), num_perm), np.uint32)
+    with open(src, 'rb') as f:
+        for i, (o, s) in enumerate(zip(offsets, sizes)):
+            out[i] = minhash(json.loads(os.pread(f.fileno(), s, o))['text'], num_perm).hashvalues
+    return out
+
+def _band_keys(sigs: np.ndarray, langs: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    "(n, bands) 64-bit keys: band b of a signature (its `rows` values) and its language; equal keys: a candidate pair."
+    keys = np.empty((len(sigs), bands), np.uint64)
+    for b in range(bands):
+        key = np.full(len(sigs), b + 1, np.uint64) * np.uint64(0x9E3779B97F4A7C15) + langs.astype(np.uint64)
+        for j in range(b * rows, (b + 1) * rows): key = key * _ROLL + sigs[:, j]
+        keys[:, b] = key
+    empty = (sigs == np.iinfo(np.uint32).max).all(1)   # no shingle at all (no word): never anyone's near-duplicate
+    keys[empty] = np.uint64(1 << 63) + np.flatnonzero(empty).astype(np.uint64)[:, None] * np.uint64(bands + 1)
+    return keys
+
+def _root(parent: array.array, i: int) -> int:
+    "The group of `i` (its best-ranked member), halving the path on the way."
+    while parent[i] != i: parent[i] = parent[parent[i]]; i = parent[i]
+    return i
+
+def _similar_pairs(sigs: np.ndarray, keys: np.ndarray, threshold: float,
+                   chunk: int = 1 << 16) -> Iterator[tuple[int, int]]:
+    "(best, other) for each document sharing a key with a better-ranked one (rows in rank order), when similar enough."
+    order = np.argsort(keys, kind='stable')   # equal keys: best-ranked first
+    k = keys[order]
+    first = np.r_[True, k[1:] != k[:-1]]
+    best = order[np.maximum.accumulate(np.where(first, np.arange(len(k)), 0))][~first]   # each one's best partner
+    others = order[~first]
+    for s in range(0, len(others), chunk):
+        b, o = best[s:s + chunk], others[s:s + chunk]
+        close = (sigs[b] == sigs[o]).mean(1) >= threshold   # (chunk,): the share of equal MinHash values
+        yield from zip(b[close].tolist(), o[close].tolist())
+
+def near_duplicates(src: Path, found: Candidates, threshold: float = 0.8,
+                    num_proc: int = 1,          # processes computing signatures
+                    workdir: str | Path | None = None,  # where the signatures are kept while they are compared
+                    num_perm: int = NUM_PERM) -> tuple[np.ndarray, dict]:
+    "Which candidates are near-duplicates of a better-ranked one (Jaccard of 8-word shingles >= `threshold`); a report."
+    t0, n = time.perf_counter(), len(found)
+    bands, rows = lsh_bands(threshold, num_perm)
+    report = dict(threshold=threshold, shingle_words=SHINGLE_WORDS, num_perm=num_perm, bands=bands, rows=rows,
+                  compared=n, candidate_pairs=0, similar_pairs=0, groups=0, dropped=0)
+    if n < 2: return np.zeros(n, bool), dict(report, seconds=round(time.perf_counter() - t0, 3))
+    order = found.rank_order()                    # position p in rank order is candidate order[p]
+    by_file = np.argsort(found.offset[order])     # positions in file order: the reads move forward
+    langs = found.lang[order]
+    with tempfile.TemporaryDirectory(dir=workdir, prefix='.near-duplicates-') as tmp, _pool(num_proc) as pool:
+        # 512 bytes a document
+        sigs = np.lib.format.open_memmap(Path(tmp)/'signatures.npy', 'w+', np.uint32, (n, num_perm))
+        step = 256
+        jobs = ((src, found.offset[order[p]].tolist(), found.size[order[p]].tolist(), num_perm)
+                for p in (by_file[s:s + step] for s in range(0, n, step)))
+        for s, part in zip(range(0, n, step), in_order(pool, _signatures, jobs, 2 * num_proc if num_proc > 1 else 1)):
+            sigs[by_file[s:s + step]] = part
+        # 128 bytes a document at 0.8
+        keys = np.lib.format.open_memmap(Path(tmp)/'bands.npy', 'w+', np.uint64, (n, bands))
+        for s in range(0, n, 1 << 16):   # 65,536 signatures (32 MB) at a time
+            keys[s:s + (1 << 16)] = _band_keys(sigs[s:s + (1 << 16)], langs[s:s + (1 << 16)], bands, rows)
+        parent = array.array('q', range(n))
+        for band in range(bands):
+            column = np.array(keys[:, band])   # (n,) in memory: 8 bytes a document
+            for best, other in _similar_pairs(sigs, column, threshold):
+                report['similar_pairs'] += 1
+                a, b = _root(parent, best), _root(parent, other)
+                if a != b: parent[max(a, b)] = min(a, b)   # the group's root is its best-ranked member
+            report['candidate_pairs'] += int(n - len(np.unique(column)))
+        dropped = np.fromiter((_root(parent, p) != p for p in range(n)), bool, n)
+    drop = np.zeros(n, bool); drop[order[dropped]] = True
+    roots = {_root(parent, p) for p in np.flatnonzero(dropped).tolist()}
+    return drop, dict(report, groups=len(roots), dropped=int(drop.sum()), seconds=round(time.perf_counter() - t0, 3))
+
+# %% ../nbs/01_scoring.ipynb #8082131a
+def near_duplicate_share(path: str | Path, threshold: float = 0.8) -> dict:
+    "The documents of a JSONL that are near-duplicates of another of its documents (exact Jaccard of 8-word shingles)."
+    from datasketch import MinHashLSH
+    shingles, langs, celex = [], [], []
+    for _, _, _, rec in jsonl_records(path):
+        shingles.append(set(shingle_hashes(rec['text']).tolist()))
+        langs.append(rec.get('lang')); celex.append(rec.get('celex'))
+    pairs = []
+    for lang in sorted(set(langs), key=str):
+        mine = [i for i, l in enumerate(langs) if l == lang and shingles[i]]
+        lsh, sketches = MinHashLSH(threshold=max(threshold - 0.2, 0.1), num_perm=NUM_PERM), {}
+        for i in mine:
+            sketches[i] = m = minhash_of(shingles[i])
+            for j in lsh.query(m):
+                if len(shingles[i] & shingles[j]) / len(shingles[i] | shingles[j]) >= threshold: pairs.append((j, i))
+            lsh.insert(i, m)
+    near = {k for p in pairs for k in p}
+    return dict(documents=len(shingles), near_duplicates=len(near), share=len(near) / max(len(shingles), 1),
+                pairs=[(celex[a], celex[b]) for a, b in pairs[:100]], threshold=threshold)
+
+def minhash_of(hashes: Iterable[int], num_perm: int = NUM_PERM):
+    "The `datasketch.MinHash` of a set of shingle hashes."
+    from datasketch import MinHash
+    m, h = MinHash(num_perm=num_perm, hashfunc=int), list(hashes)
+    for i in range(0, len(h), 1 << 11): m.update_batch(h[i:i + (1 << 11)])
+    return m
 
 # %% ../nbs/01_scoring.ipynb #6d07e05a
 _WORDS = {'en': 'the member states shall ensure that commission measures article paragraph council annex market',
@@ -422,15 +700,23 @@ def _refuse_outputs(inputs: list, out, report):
         if Path(report).resolve() == Path(out).resolve():
             raise LegalnbError(f'--report {report} is the same file as --out; choose another --report')
 
+def _tokens_per_lang(found: Candidates, mask: np.ndarray | None = None) -> Counter:
+    "Tokens per language of the candidates (where `mask` is true)."
+    w = found.tokens if mask is None else np.where(mask, found.tokens, 0)
+    langs = found.names['lang']
+    return Counter({l: int(t) for l, t in zip(langs, np.bincount(found.lang, w, len(langs))) if t})
+
 def select_documents(src: str | Path, out: str | Path,
                      target_tokens: int | None,   # token budget; None: no budget (then `top` is required)
                      rules: ScoringRules | None = None,
                      tokenizer: str | Path | None = None,  # tokenizer.json to count tokens with; None: characters / 4
                      tolerance: float = 0.02,   # allowed gap between a language's selected and target share
                      report: str | Path | None = None,     # where to write the report too (JSON); None: not written
-                     prefer: str = 'both',   # versions of an act: 'both', 'consolidated' or 'original' (see below)
+                     prefer: str = 'consolidated',  # versions of an act: 'consolidated', 'original' or 'both'
                      strict: bool = False,   # stop at the first line that cannot be read (else: skipped, counted)
                      top: int | None = None,  # at most this many documents, the best (see "The best N documents")
+                     near_dup: float = 0.8,   # drop near-duplicates: Jaccard of 8-word shingles at least this; 0: off
+                     num_proc: int = 1,       # processes scoring the input and computing MinHash signatures
                      ) -> dict:
     "Score the documents of the JSONL `src`, write the best (up to `target_tokens`, `top`) to `out`, return the report."
     src, rules, t0 = Path(src), rules or ScoringRules(), time.perf_counter()
@@ -443,20 +729,27 @@ def select_documents(src: str | Path, out: str | Path,
     if not 0 < tolerance < 1:
         raise LegalnbError(f'tolerance must be a fraction between 0 and 1 (0.02 = 2 percentage points), '
                            f'got {tolerance!r}')
+    if not (near_dup == 0 or 0 < near_dup <= 1):
+        raise LegalnbError(f'--near-dup must be a Jaccard similarity between 0 and 1 (0.8), '
+                           f'or 0 to keep near-duplicates, got {near_dup!r}')
+    if num_proc < 1: raise LegalnbError(f'--num-proc must be at least 1, got {num_proc}')
     _refuse_outputs([src, tokenizer], out, report)
     if not src.is_file():
         raise LegalnbError(f'{src}: no such file; expected a JSONL file of documents (the output of legalnb parse)')
     if prefer not in PREFER: raise LegalnbError(f'--prefer must be one of {", ".join(PREFER)}, got {prefer!r}')
     skipped = []
     found, counters = scan_documents(src, rules, tokenizer_counter(tokenizer) if tokenizer else estimate_tokens,
-                                     strict, skipped)
-    found, counters['dropped.other_version'] = prefer_versions(found, prefer)
-    input_tokens, eligible_tokens = Counter(), Counter()
-    for c in found:
-        input_tokens[c.lang] += c.tokens
-        if c.score >= rules.threshold: eligible_tokens[c.lang] += c.tokens
+                                     strict, skipped, num_proc)
+    found, counters['dropped.other_version'] = prefer_versions(found, prefer, counters)
+    near = None
+    if near_dup:
+        eligible = np.flatnonzero(found.score >= rules.threshold)   # the others cannot be chosen: not compared
+        drop, near = near_duplicates(src, found.take(eligible), near_dup, num_proc, Path(os.path.abspath(out)).parent)
+        keep = np.ones(len(found), bool); keep[eligible[drop]] = False
+        found, counters['dropped.near_duplicate'] = found.take(keep), int(drop.sum())
+    input_tokens, eligible_tokens = _tokens_per_lang(found), _tokens_per_lang(found, found.score >= rules.threshold)
     if target_tokens is None:   # top alone: no token budget, so the language mix is kept in documents
-        quotas = document_quotas(input_tokens, [c for c in found if c.score >= rules.threshold], top)
+        quotas = document_quotas(input_tokens, found.take(found.score >= rules.threshold), top)
         chosen, why = choose_documents(found, quotas, float('inf'), rules.threshold, top, unit='docs')
     else:
         quotas = language_quotas(input_tokens, eligible_tokens, target_tokens)
@@ -467,19 +760,21 @@ def select_documents(src: str | Path, out: str | Path,
         copy_selected(src, tmp, chosen, rewrite=counters['kept.rescored'] > 0)
         result = selection_report(found, chosen, counters, quotas, rules, target_tokens, tolerance, token_source,
                                   dict(input=str(src), output=str(out), seconds=round(time.perf_counter() - t0, 3),
-                                       prefer=prefer, skipped=skipped[:1000]), top)
+                                       prefer=prefer, near_duplicates=near, skipped=skipped[:1000]), top)
         if report: write_report(result, report)
     return result
 
 # %% ../nbs/01_scoring.ipynb #d97402b9
-def _groups(found: Iterable[Candidate], picked: set, threshold: int) -> dict:
-    "Documents and tokens per (lang, doc_type, year_band, eligible, selected), in one pass over the candidates."
-    groups = {}
-    for c in found:
-        key = (c.lang, c.doc_type, c.year_band, c.score >= threshold, c.offset in picked)
-        if key in groups: groups[key][0] += 1; groups[key][1] += c.tokens
-        else: groups[key] = [1, c.tokens]
-    return groups
+def _groups(found: Candidates, picked: np.ndarray, threshold: int) -> dict:
+    "Documents and tokens per (lang, doc_type, year_band, eligible, selected): the candidates grouped with numpy."
+    key = (found.lang.astype(np.int64) << 24 | found.doc_type.astype(np.int64) << 16
+           | found.year_band.astype(np.int64) << 8
+           | (found.score >= threshold).astype(np.int64) << 1 | picked.astype(np.int64))
+    keys, inverse = np.unique(key, return_inverse=True)
+    docs, tokens = np.bincount(inverse, minlength=len(keys)), np.bincount(inverse, found.tokens, len(keys))
+    name = lambda col, code: found.names[col][code]
+    return {(name('lang', k >> 24), name('doc_type', k >> 16 & 255), name('year_band', k >> 8 & 255), bool(k >> 1 & 1),
+             bool(k & 1)): [int(d), int(t)] for k, d, t in zip(keys.tolist(), docs.tolist(), tokens.tolist())}
 
 def _tally(groups: dict, index: int, order: list | None = None) -> dict:
     "Documents and tokens, all and selected, per value of one group field; in `order`, else most tokens first."
@@ -493,11 +788,11 @@ def _tally(groups: dict, index: int, order: list | None = None) -> dict:
     position = {k: i for i, k in enumerate(order or [])}
     return dict(sorted(t.items(), key=lambda kv: (position.get(kv[0], len(position)), -kv[1]['tokens'])))
 
-def _histogram(scores: Iterable[int], top: int, width: int = 10) -> list[int]:
+def _histogram(scores: np.ndarray, top: int, width: int = 10) -> list[int]:
     "Counts of scores in bins [0, width), [width, 2·width), ... up to `top`."
-    bins = [0] * (top // width + 1)
-    for s in scores: bins[min(max(s, 0) // width, len(bins) - 1)] += 1
-    return bins
+    bins = top // width + 1
+    return np.bincount(np.minimum(np.maximum(np.asarray(scores, np.int64), 0) // width, bins - 1),
+                       minlength=bins).tolist()
 
 def _language_rows(langs: dict, quotas: dict, target: int, unit: str = 'tokens') -> list[dict]:
     "Add shares, quota and shortfall to each language's tally (`unit`: 'tokens', or 'docs' for top alone)."
@@ -512,12 +807,14 @@ def _language_rows(langs: dict, quotas: dict, target: int, unit: str = 'tokens')
     return [{'lang': l, f'eligible_{unit}': r[f'eligible_{unit}'], f'wanted_{unit}': r[f'wanted_{unit}']}
             for l, r in langs.items() if r['short']]
 
-def selection_report(found: list[Candidate], chosen: list[Candidate], counters: Counter, quotas: dict,
+def selection_report(found: Candidates | list[Candidate], chosen: Candidates | list[Candidate], counters: Counter,
+                     quotas: dict,
                      rules: ScoringRules, target: int | None, tolerance: float, token_source: str, meta: dict,
                      top: int | None = None) -> dict:
     "The selection report: counters, tallies per language / type / year band, score distributions, shortfalls, balance."
     unit = 'tokens' if target is not None else 'docs'   # top alone: quotas and shares count documents
-    groups = _groups(found, {c.offset for c in chosen}, rules.threshold)
+    found, chosen = as_candidates(found), as_candidates(chosen)
+    groups = _groups(found, np.isin(found.offset, chosen.offset), rules.threshold)
     langs = _tally(groups, 0)
     shortfalls = _language_rows(langs, quotas, target if unit == 'tokens' else top, unit)
     gaps = {lang: abs(r['selected_share'] - r['target_share']) for lang, r in langs.items()}
@@ -527,7 +824,8 @@ def selection_report(found: list[Candidate], chosen: list[Candidate], counters: 
     tables = ([p for _, p in rules.recency], rules.types.values(), [p for _, p in rules.length])
     highest = sum(max(points, default=0) for points in tables) + rules.priority_points + rules.language_points
     for name in ('dropped.below_threshold', 'dropped.budget_reached', 'dropped.language_quota', 'dropped.duplicate',
-                 'dropped.other_version', 'dropped.top_reached',
+                 'dropped.other_version', 'dropped.near_duplicate', 'dropped.top_reached', 'versions.acts',
+                 'versions.documents',
                  'kept.no_date', 'kept.unknown_type', 'kept.rescored'):
         counters.setdefault(name, 0)   # every reason is reported, 0 included
     n_sel = sum(r['tokens_selected'] for r in langs.values())
@@ -537,11 +835,11 @@ def selection_report(found: list[Candidate], chosen: list[Candidate], counters: 
     return dict(meta, target_tokens=target, top=top, threshold=rules.threshold, tolerance=tolerance,
                 token_counter=token_source, share_unit=unit, counters={k: counters[k] for k in sorted(counters)},
                 target_fill=n_sel / target if target else None,
-                average_score={'all': sum(c.score for c in found) / len(found),
-                               'selected': sum(c.score for c in chosen) / (len(chosen) or 1)},
+                average_score={'all': float(found.score.mean()) if len(found) else 0.0,
+                               'selected': float(chosen.score.mean()) if len(chosen) else 0.0},
                 languages=langs, doc_types=_tally(groups, 1, list(DOC_TYPES)), year_bands=_tally(groups, 2, bands),
-                score_histogram={'bin_width': 10, 'all': _histogram((c.score for c in found), highest),
-                                 'selected': _histogram((c.score for c in chosen), highest)},
+                score_histogram={'bin_width': 10, 'all': _histogram(found.score, highest),
+                                 'selected': _histogram(chosen.score, highest)},
                 shortfalls=shortfalls, balance={'max_gap': max(gaps.values()),
                                                 'ok': all(g <= limit for g in gaps.values()),
                                                 'outside': sorted(l for l, g in gaps.items() if g > limit)},
@@ -574,8 +872,22 @@ def _summary(report: dict) -> list[str]:
             + (f'of a {target:,} target ({100 * report["target_fill"]:.1f}%); ' if target else '(no token target); ')
             + f'{c["tokens.input"]:,} in the input; counted by {report["token_counter"]}',
             f'average score: all {avg["all"]:.1f}, selected {avg["selected"]:.1f}',
-            f'dropped: {named("dropped.")}', f'kept and counted: {named("kept.")}',
+            f'dropped: {named("dropped.")}', f'kept and counted: {named("kept.")}', *_versions_lines(report),
             f'lines skipped (could not be read): {named("skipped.")}', '']
+
+def _versions_lines(report: dict) -> list[str]:
+    "What the version policy and near-duplicate removal did, in words."
+    c, near, prefer = report['counters'], report.get('near_duplicates'), report.get('prefer', 'both')
+    lines = [f'versions: {c.get("versions.acts", 0):,} acts had several versions in one language '
+             f'({c.get("versions.documents", 0):,} documents); '
+             f'--prefer {prefer}: {c.get("dropped.other_version", 0):,} dropped']
+    if near: lines.append(f'near-duplicates: {near["dropped"]:,} dropped in {near["groups"]:,} groups '
+                          f'among {near["compared"]:,} eligible documents '
+                          f'(Jaccard >= {near["threshold"]} of {near["shingle_words"]}-word shingles; '
+                          f'MinHash {near["num_perm"]}, LSH {near["bands"]} bands x {near["rows"]} rows; '
+                          f'{near["seconds"]:.1f} s)')
+    else: lines.append('near-duplicates: kept (--near-dup 0)')
+    return lines
 
 def _score_rows(report: dict) -> list[str]:
     "The score distribution, all vs selected, one row per non-empty bin."
@@ -657,7 +969,9 @@ def select_command(input: str,                         # JSONL of documents (the
                    rules: str | None = None,           # YAML or JSON file naming the scoring rules it changes
                    tokenizer: str | None = None,       # tokenizer.json to count tokens with; without it, characters / 4
                    tolerance: float = 0.02,            # allowed gap between a language's selected and target share
-                   prefer: Literal['both', 'consolidated', 'original'] = 'both',  # versions of one act to keep
+                   prefer: Literal['both', 'consolidated', 'original'] = 'consolidated',  # versions of one act to keep
+                   near_dup: float = 0.8,              # drop near-duplicates: 8-word shingles Jaccard >= this (0: off)
+                   num_proc: int | None = None,        # processes scoring and comparing documents (default: all cores)
                    strict: bool = False):              # stop at the first line that cannot be read
     "Score documents and select the best up to a token target and/or a number of documents, keeping the language mix."
     if target_tokens is None and top is None:
@@ -667,7 +981,7 @@ def select_command(input: str,                         # JSONL of documents (the
     chosen_rules = ScoringRules.load(rules) if rules else ScoringRules()
     if threshold is not None: chosen_rules = replace(chosen_rules, threshold=threshold)
     result = select_documents(input, out, target_tokens, chosen_rules, tokenizer, tolerance, report, prefer,
-                              strict, top)
+                              strict, top, near_dup, num_proc or usable_cores())
     print(report_table(result)); print(f'\nwrote {out}' + (f' and {report}' if report else ''))
 
 def select_main(argv: list[str]) -> int: return run_command(select_command, argv, 'legalnb select')

@@ -82,7 +82,8 @@ SOURCES_CASES = [
      '--out {w}/pubs/act.xml is a Formex file of an input folder'),
     ('parse: missing input', ['parse', '{w}/nowhere', '--out', '{w}/new/p.jsonl'], nothing, '{w}/nowhere: no such file'),
     ('parse: not a document file', ['parse', '{w}/notes.txt', '--out', '{w}/new/p.jsonl'], write('notes.txt', 'hello'),
-     '{w}/notes.txt: expected a folder, a .jsonl file or a Formex .xml file'),
+     '{w}/notes.txt: a text file (neither XML, HTML nor JSON); expected a folder, a JSON-lines file, a Formex XML file or an '
+     'XHTML/HTML page'),
     ('parse: deep XML', ['parse', '{w}/deep', '--out', '{w}/new/p.jsonl'],
      write('deep/act.xml', '<ACT><BIB.INSTANCE><LG.DOC>EN</LG.DOC></BIB.INSTANCE><ENACTING.TERMS>' + '<P>' * 1000 + 'x'
            + '</P>' * 1000 + '</ENACTING.TERMS></ACT>'), '{w}/deep/act.xml: elements nested too deeply'),

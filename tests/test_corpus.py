@@ -448,7 +448,7 @@ def test_heldout_lines_are_copied_and_the_shards_hold_the_other_documents(tmp_pa
     sel = docs(tmp_path/'s.jsonl', ['w1 w2', 'w3 w4 w5', 'w6', 'w7 w8 w9', 'w10 w11'])
     lines = sel.read_bytes().splitlines(keepends=True)
     held = {'32022R0001', '32023R0001'}  # documents 2 and 3 by their CELEX
-    m = build_corpus(sel, tmp_path/'c', seq_len=3, shards=1, tokenizer=tok10, val_docs=2, seed=0, progress=False)
+    m = build_corpus(sel, tmp_path/'c', seq_len=3, shards=1, tokenizer=tok10, val_docs=2, seed=0, val_min_acts=0, progress=False)
     held = set(m['heldout_celex'])
     assert len(held) == 2
     kept = [l for l in lines if json.loads(l)['celex'] in held]
@@ -464,13 +464,15 @@ def test_heldout_lines_are_copied_and_the_shards_hold_the_other_documents(tmp_pa
 
 def test_heldout_choice_is_a_function_of_the_seed_and_stable_when_documents_are_added(tmp_path):
     sel = acts_selection(tmp_path/'s.jsonl', 60)
-    a = build_corpus(sel, tmp_path/'a', seq_len=15, shards=2, vocab_size=300, val_docs=0.1, progress=False)
-    b = build_corpus(sel, tmp_path/'b', seq_len=15, shards=2, vocab_size=300, val_docs=0.1, num_proc=2, progress=False)
+    # the property holds for the share itself: the floor of 20 acts adds the next acts of each selection (off here)
+    a = build_corpus(sel, tmp_path/'a', seq_len=15, shards=2, vocab_size=300, val_docs=0.1, val_min_acts=0, progress=False)
+    b = build_corpus(sel, tmp_path/'b', seq_len=15, shards=2, vocab_size=300, val_docs=0.1, val_min_acts=0, num_proc=2,
+                     progress=False)
     assert tree_bytes(tmp_path/'a') == tree_bytes(tmp_path/'b'), 'same seed, same bytes'
-    assert heldout_acts(sel, 0.1, seed=1)[0] != set(a['heldout_celex'])
+    assert heldout_acts(sel, 0.1, seed=1, min_acts=0)[0] != set(a['heldout_celex'])
     more = tmp_path/'more.jsonl'
     more.write_bytes(sel.read_bytes() + acts_selection(tmp_path/'x.jsonl', 80, seed=5).read_bytes())
-    assert set(a['heldout_celex']) <= heldout_acts(more, 0.1)[0], 'a held-out act stays held out'
+    assert set(a['heldout_celex']) <= heldout_acts(more, 0.1, min_acts=0)[0], 'a held-out act stays held out'
 
 
 def test_tokenizer_is_trained_on_the_training_side_only(tmp_path):
@@ -526,7 +528,7 @@ def test_heldout_bad_input_is_one_line_and_leaves_nothing(tmp_path, good, capsys
                          (['--val-docs', '-1'], 'got -1'),
                          (['--val-docs', '120'], f'--val-docs 120 holds out all 120 acts of {sel} and leaves none'),
                          (['--val-docs', '0.9999999'], 'leaves none for training'),
-                         (['--val-docs', '1', '--seq-len', '4000'], f'{c}/val/shard_00000.npy: no rows for this shard: the '
+                         (['--val-docs', '1', '--val-min-acts', '0', '--seq-len', '4000'], f'{c}/val/shard_00000.npy: no rows for this shard: the '
                                                                      'held-out acts give less than one row')]:
         err = error(capsys, sel, '--out', c, '--shards', 1, '--train-tokenizer', 300, *argv)
         assert expect in err, (argv, err)
@@ -547,6 +549,36 @@ def test_cli_prints_the_heldout_side_and_the_command_to_resume(tmp_path, capsys)
                  '--train-tokenizer', '300', '--val-docs', '4', '--seed', '3', '--no-progress']) == 0
     out = capsys.readouterr().out
     m = json.loads((tmp_path/'c'/'manifest.json').read_text())
-    assert f'held out 4 acts of 40 (--val-docs 4): {m["heldout"]["documents_read"]} documents -> heldout.jsonl' in out
-    assert m['args']['val_docs'] == 4 and m['args']['seed'] == 3 and m['val_docs'] == 4
-    assert set(m['heldout_celex']) == heldout_acts(sel, 4, seed=3)[0]
+    held = m['heldout_celex']   # 4 asked for, the floor of 20 held out, listed
+    assert f'held out 20 acts of 40 (--val-docs 4 (at least 20 acts)): {m["heldout"]["documents_read"]} documents -> heldout.jsonl' in out
+    assert f'held-out acts: {", ".join(held)}' in out and len(held) == 20
+    assert m['args']['val_docs'] == 4 and m['args']['seed'] == 3 and m['val_docs'] == 4 and m['heldout_rule']['val_min_acts'] == 20
+    assert set(held) == heldout_acts(sel, 4, seed=3)[0]
+
+
+# ---- issue 27: held-out acts worth scoring: a floor, acts after a day, acts by name ------------------------------------
+
+def test_val_after_holds_out_the_newest_acts_and_val_acts_the_named_ones(tmp_path, capsys):
+    "--val-after: every act whose earliest document is dated after the day; --val-acts: the acts another manifest held out."
+    recs = [json.loads(l) for l in acts_selection(tmp_path/'s.jsonl').read_text().splitlines()]
+    for r in recs:   # acts from 2000 to 2019, dated in their year; a consolidated version keeps its own, later date
+        r['date'] = r['date'] if r['celex'].startswith('0') else f'{r["celex"][1:5]}-06-01'
+    sel = tmp_path/'dated.jsonl'; write_jsonl(recs, sel)
+    assert main(['build-corpus', str(sel), '--out', str(tmp_path/'c'), '--seq-len', '15', '--shards', '2',
+                 '--train-tokenizer', '300', '--val-after', '2016-12-31', '--no-progress']) == 0
+    out = capsys.readouterr().out
+    m = json.loads((tmp_path/'c'/'manifest.json').read_text())
+    newest = sorted({act_key(r) for r in recs if not r['celex'].startswith('0') and r['date'] > '2016-12-31'})
+    assert m['heldout_celex'] == newest and len(newest) == 6 and '(--val-after 2016-12-31)' in out
+    assert m['heldout_rule'] == {'val_after': '2016-12-31'} and m['val_docs'] == 0
+    # a second corpus from another selection holds out the same acts by name, and its own share, without a floor
+    more = tmp_path/'more.jsonl'; more.write_bytes(sel.read_bytes() + acts_selection(tmp_path/'x.jsonl', 80, seed=5).read_bytes())
+    assert main(['build-corpus', str(more), '--out', str(tmp_path/'c2'), '--seq-len', '15', '--shards', '2',
+                 '--train-tokenizer', '300', '--val-acts', str(tmp_path/'c'/'manifest.json'), '--val-docs', '0.05',
+                 '--val-min-acts', '0', '--no-progress']) == 0
+    m2 = json.loads((tmp_path/'c2'/'manifest.json').read_text())
+    assert set(newest) <= set(m2['heldout_celex']) and set(m2['heldout_celex']) == set(newest) | heldout_acts(more, 0.05, min_acts=0)[0]
+    err = error(capsys, sel, '--out', tmp_path/'c3', '--train-tokenizer', 300, '--val-after', '2021-01-01')
+    assert 'no act of' in err and 'is dated after that day' in err
+    err = error(capsys, sel, '--out', tmp_path/'c3', '--train-tokenizer', 300, '--val-after', 'yesterday')
+    assert "--val-after: date 'yesterday' is not a valid yyyy-mm-dd date" in err and not (tmp_path/'c3').exists()

@@ -70,12 +70,13 @@ def test_short_language_is_reported_and_the_others_keep_their_proportions(tmp_pa
 
 def test_tie_break_is_deterministic_and_ignores_input_order(tmp_path):
     # 20 documents with the same score and size: the target takes exactly 5, always the 5 lowest CELEX numbers
+    # (the same text 20 times: near-duplicate removal is off here, or it would keep one)
     docs = [Document(f'32020R{n:04d}', 'Regulation on data protection', 'x' * 4_000, 'en', date(2020, 1, 1), 'regulation') for n in range(20)]
     assert len({score_document(d).total for d in docs}) == 1
     outs = []
     for seed in range(3):
         shuffled = random.Random(seed).sample(docs, len(docs))
-        select_documents(write_docs(tmp_path/f'in{seed}.jsonl', shuffled), tmp_path/f'out{seed}.jsonl', 5_000)
+        select_documents(write_docs(tmp_path/f'in{seed}.jsonl', shuffled), tmp_path/f'out{seed}.jsonl', 5_000, near_dup=0)
         outs.append(sorted(d['celex'] for d in lines(tmp_path/f'out{seed}.jsonl')))
     assert outs[0] == outs[1] == outs[2] == [f'32020R{n:04d}' for n in range(5)]
 
@@ -283,12 +284,15 @@ def test_prefer_consolidated_or_original(tmp_path, prefer, kept):
             Document('02016R0679-20180525', 'GDPR', text, 'en', date(2018, 5, 25), 'regulation', ['data protection'], base_celex='32016R0679'),
             Document('32019L0001', 'ECN+', text, 'en', date(2019, 1, 1), 'directive', ['competition'])]
     src = write_docs(tmp_path/'in.jsonl', docs)
-    args = ['select', str(src), '--out', str(tmp_path/'s.jsonl'), '--report', str(tmp_path/'r.json'), '--target-tokens', '10M']
+    args = ['select', str(src), '--out', str(tmp_path/'s.jsonl'), '--report', str(tmp_path/'r.json'), '--target-tokens', '10M',
+            '--near-dup', '0']   # one text four times: near-duplicate removal would keep one whatever the versions
     assert main(args + ['--prefer', prefer]) == 0
     assert sorted(r['celex'] for r in lines(tmp_path/'s.jsonl')) == kept
     report = json.loads((tmp_path/'r.json').read_text())
     assert report['prefer'] == prefer and report['counters']['dropped.other_version'] == 4 - len(kept)
-    if prefer == 'both': assert main(args) == 0 and sorted(r['celex'] for r in lines(tmp_path/'s.jsonl')) == kept, 'both is the default'
+    assert report['counters']['versions.acts'] == 1 and report['counters']['versions.documents'] == 3
+    if prefer == 'consolidated':
+        assert main(args) == 0 and sorted(r['celex'] for r in lines(tmp_path/'s.jsonl')) == kept, 'the newest consolidated text is the default'
 
 
 def test_language_balance_over_the_24_languages(tmp_path):
@@ -299,7 +303,7 @@ def test_language_balance_over_the_24_languages(tmp_path):
                      EU_LANGUAGES[i % 24], date(2015 + i % 9, 1, 1), 'regulation', ['data protection']) for i in range(24 * 30)]
     src = write_docs(tmp_path/'in.jsonl', docs)
     total = sum(estimate_tokens(d.text) for d in docs)
-    report = select_documents(src, tmp_path/'s.jsonl', total // 3)
+    report = select_documents(src, tmp_path/'s.jsonl', total // 3, near_dup=0)   # one sentence repeated: all near-duplicates
     assert sorted(report['languages']) == sorted(EU_LANGUAGES)
     assert report['balance']['ok'], report['balance']
     assert all(abs(r['selected_share'] - r['input_share']) <= 0.02 for r in report['languages'].values())
@@ -348,7 +352,7 @@ def test_top_ignores_input_order_and_ties_go_to_the_lower_celex(tmp_path):
     outs = []
     for seed in range(3):
         shuffled = random.Random(seed).sample(docs, len(docs))
-        select_documents(write_docs(tmp_path/f'in{seed}.jsonl', shuffled), tmp_path/f'out{seed}.jsonl', None, top=5)
+        select_documents(write_docs(tmp_path/f'in{seed}.jsonl', shuffled), tmp_path/f'out{seed}.jsonl', None, top=5, near_dup=0)
         outs.append(sorted(d['celex'] for d in lines(tmp_path/f'out{seed}.jsonl')))
     assert outs[0] == outs[1] == outs[2] == [f'32020R{n:04d}' for n in range(5)]
 
@@ -364,3 +368,21 @@ def test_bad_top_is_one_line(tmp_path, capsys, argv, expected):
     err = capsys.readouterr().err
     assert err.count('\n') == 1 and err.startswith('legalnb select: error: ') and expected in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ['in.jsonl']
+
+
+# --- issue 27: versions, near-duplicates, processes --------------------------------------------------------------
+
+def test_two_processes_select_what_one_selects(tmp_path):
+    "The first pass split over processes (byte ranges of the file): the same selection, counters and skipped line numbers."
+    docs = [d.to_json() for d in synthetic_documents(400, seed=21, chars=(8_000, 30_000))]
+    raw = b''.join(json.dumps(d, ensure_ascii=False).encode() + b'\n' for d in docs)
+    bad = b'{"celex": "cut", \n'
+    lines_ = raw.splitlines(keepends=True)
+    src = tmp_path/'in.jsonl'
+    src.write_bytes(b''.join(lines_[:150]) + bad + b''.join(lines_[150:300]) + bad + b''.join(lines_[300:]))
+    assert src.stat().st_size > 4 << 20, 'large enough for several ranges'
+    reports = [select_documents(src, tmp_path/f'out{n}.jsonl', 2_000_000, num_proc=n) for n in (1, 2)]
+    assert (tmp_path/'out1.jsonl').read_bytes() == (tmp_path/'out2.jsonl').read_bytes()
+    one, two = ({k: v for k, v in r.items() if k not in ('seconds', 'output', 'near_duplicates')} for r in reports)
+    assert one == two and [s['line'] for s in reports[1]['skipped']] == [151, 302]
+    assert reports[0]['near_duplicates']['compared'] == reports[1]['near_duplicates']['compared'] > 0

@@ -426,8 +426,10 @@ def test_batch_survives_bad_publications(tmp_path):
     pl = next(x for x in recs if x['lang'] == 'pl')
     assert (pl['celex'], pl['doc_type']) == ('32019R0947', 'regulation'), 'no wrapper, Polish title: the type and CELEX are known'
     assert sorted((Path(x['source']).name, x['reason']) for x in report['skipped_items']) == [
-        ('DOC_1.xml', 'no_act'), ('act.xml', 'bad_language'), ('more.jsonl, line 2', 'not_json'), ('truncated', 'malformed_xml')]
+        ('DOC_1.xml', 'no_act'), ('README.md', 'text_file'), ('act.xml', 'bad_language'), ('more.jsonl, line 2', 'not_json'),
+        ('truncated', 'malformed_xml')]
     assert 'skipped 4 publications or lines that could not be read: bad_language 1, malformed_xml 1, no_act 1, not_json 1' in r.stdout
+    assert '1 are not documents: text_file 1' in r.stdout, "the fixtures' README is named for what it is, not read"
     # --strict: the first one stops the run, nothing is written
     r = legalnb('parse', pubs, '--out', tmp_path/'strict'/'parsed.jsonl', '--strict')
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and 'without --strict it would be skipped' in r.stderr
@@ -494,3 +496,78 @@ def test_bench_parse_prints_its_table(tmp_path):
     assert r.returncode == 0, r.stderr
     assert '| etree (floor)' in r.stdout and '| parse, 1 proc' in r.stdout and '| parse, 2 procs' in r.stdout
     assert 'output byte-identical: True' in r.stdout and r.stdout.startswith('# bench/parse.py  20')
+
+
+# --- issue 27: XHTML and HTML beside Formex, batches that resume -----------------------------------------------
+XHTML = Path(__file__).resolve().parent/'fixtures'/'xhtml'   # real OJ XHTML, consolidated HTML, EUR-Lex pages (NOTICE.md there)
+
+
+@needs_fixtures
+def test_the_same_act_in_formex_and_xhtml():
+    "Regulation (EU) 2024/903 as the OJ published it in XHTML and in Formex 6: the same text up to layout (small capitals)."
+    from legalnb.sources import html_document
+    pub = FIXTURES/'c008bcb6-e7ec-11ee-9ea8-01aa75ed71a1.0006.02'
+    for notes in (False, True):
+        (fmx,) = read_formex(pub, notes=notes)
+        oj = html_document(XHTML/'32024R0903-en'/'DOC_1.html', notes=notes)
+        assert (oj.celex, oj.lang, oj.date, oj.doc_type) == (fmx.celex, fmx.lang, fmx.date, fmx.doc_type)
+        assert oj.text.casefold().split('\n') == fmx.text.casefold().split('\n'), 'line for line'
+        assert sum(a != b for a, b in zip(oj.text.split('\n'), fmx.text.split('\n'))) == 2   # R. METSOLA, H. LAHBIB
+
+
+def test_xhtml_in_every_language_and_the_consolidated_html_equals_its_formex():
+    "Facts from the page in English, French and German; a consolidated version's HTML and Formex give the same text."
+    from legalnb.sources import html_document
+    work = XHTML/'cellar'/'32017r1799'/'versions'
+    docs = {(d.celex, d.lang): d for d in read_documents(work) if Path(d.source).suffix in ('.xml', '.html')}
+    assert sorted(docs) == [(c, l) for c in ('02017R1799-20190710', '02017R1799-20210101', '32017R1799') for l in ('en', 'fr')]
+    assert docs['32017R1799', 'fr'].title.startswith('RÈGLEMENT DÉLÉGUÉ (UE) 2017/1799 DE LA COMMISSION du 12 juin 2017')
+    assert docs['32017R1799', 'fr'].date == date(2017, 6, 12) and docs['02017R1799-20210101', 'en'].base_celex == '32017R1799'
+    for version in ('2019-07-10', '2021-01-01'):
+        for lang in ('en', 'fr'):
+            (fmx,) = read_formex(work/version/f'{lang}.fmx4')
+            assert html_document(work/version/f'{lang}.html').text == fmx.text, (version, lang)
+    de = html_document(XHTML/'lexparency-de'/'32002F0584-de.html')
+    assert (de.celex, de.lang, de.date) == ('32002F0584', 'de', date(2002, 6, 13))
+
+
+def test_a_cellar_folder_mixing_formex_and_xhtml(tmp_path):
+    "Every file of a CELLAR-style folder is read or skipped with a reason naming what it is; no XHTML is blamed for Formex."
+    shutil.copytree(XHTML, tmp_path/'dump'/'xhtml'); shutil.copytree(OURS, tmp_path/'dump'/'formex')
+    write_sample(tmp_path/'dump'/'sample', docs=30, seed=2)
+    (tmp_path/'dump'/'scan.pdf').write_bytes(b'%PDF-1.4 ...'); (tmp_path/'dump'/'bundle.zip').write_bytes(b'PK\x03\x04...')
+    r = legalnb('parse', tmp_path/'dump', '--out', tmp_path/'parsed.jsonl', '--batch-files', '16')
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path/'parse_report.json').read_text(encoding='utf-8'))
+    files = sum(v for k, v in report['counters'].items() if k.startswith('files.'))
+    assert files == sum(1 for p in (tmp_path/'dump').rglob('*') if p.is_file())
+    reasons = {Path(x['source']).name: x['reason'] for x in report['skipped_items']}
+    assert reasons == {'L_202400348FR.317101.fmx.tif': 'image', 'scan.pdf': 'pdf', 'bundle.zip': 'archive', 'README.md': 'text_file',
+                       'NOTICE.md': 'text_file', 'en.html': 'notice_page'}
+    assert not any('LG.DOC' in x['error'] for x in report['skipped_items'])
+    recs = [json.loads(l) for l in (tmp_path/'parsed.jsonl').read_text(encoding='utf-8').splitlines()]
+    kinds = {Path(x['source']).suffix for x in recs}
+    assert {'.html', '.xml'} <= kinds and report['counters']['files.html'] >= 13 and report['counters']['versions.acts'] >= 2
+    assert 'versions:' in r.stdout and 'are not documents: archive 1, image 1, notice_page 1, pdf 1, text_file 2' in r.stdout
+
+
+def test_a_killed_parse_resumes_where_it_stopped(tmp_path):
+    "`legalnb parse` killed (SIGKILL) after a few batches: run again, it keeps the finished batches and writes the same bytes."
+    import signal, time
+    write_sample(tmp_path/'s', docs=240, seed=11)
+    n_files = sum(1 for p in (tmp_path/'s').rglob('*') if p.is_file())
+    assert legalnb('parse', tmp_path/'s', '--out', tmp_path/'whole.jsonl', '--batch-files', '8').returncode == 0
+    parts = tmp_path/'.parsed.jsonl.parts'
+    p = subprocess.Popen([sys.executable, '-m', 'legalnb.cli', 'parse', str(tmp_path/'s'), '--out', str(tmp_path/'parsed.jsonl'),
+                          '--batch-files', '8', '--num-proc', '1'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t0 = time.time()
+    while len(list(parts.glob('0*.json'))) < 5 and time.time() - t0 < 60 and p.poll() is None: time.sleep(0.01)
+    p.send_signal(signal.SIGKILL); p.wait()
+    done = len(list(parts.glob('0*.json')))
+    assert 5 <= done < n_files // 8 and not (tmp_path/'parsed.jsonl').exists(), 'killed half-way: some batches finished'
+    r = legalnb('parse', tmp_path/'s', '--out', tmp_path/'parsed.jsonl', '--batch-files', '8')
+    assert r.returncode == 0, r.stderr
+    kept = int(re.search(r'resumed: (\d+) of (\d+) batches', r.stdout)[1])
+    assert done - 1 <= kept <= done, 'a batch whose marker was half-written is read again'
+    assert (tmp_path/'parsed.jsonl').read_bytes() == (tmp_path/'whole.jsonl').read_bytes() and not parts.exists()
+    assert sorted(x.name for x in tmp_path.iterdir()) == ['parse_report.json', 'parsed.jsonl', 's', 'whole.jsonl']
