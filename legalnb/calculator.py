@@ -609,8 +609,10 @@ def read_gpu_check(path) -> GpuCheck:  # report.json written by bench/gpu_check.
         try: runs.append(_measurement(name, check))
         except (KeyError, TypeError, LegalnbError) as e:
             raise LegalnbError(f'{path}: check {name}: its calibration entry is damaged ({e}); run the check again')
-    if not runs: raise LegalnbError(f'{path}: no training check passed, so nothing to calibrate from; expected {what}')
-    return GpuCheck(str(path), r.get('date', '?'), (r.get('environment') or {}).get('gpu'), bool(r.get('dry_run')), runs)
+    if not runs:
+        raise LegalnbError(f'{path}: no training check passed, so nothing to calibrate from; expected {what}')
+    gpu = (r.get('environment') or {}).get('gpu')
+    return GpuCheck(str(path), r.get('date', '?'), gpu, bool(r.get('dry_run')), runs)
 
 @patch
 def nearest(self: GpuCheck, model: str, seq_len: int | None, checkpointing: bool = False) -> Measurement | None:
@@ -635,8 +637,9 @@ def calibrate(self: GpuCheck, plan: Plan, model: str) -> tuple[Plan, list[str], 
     if m.mfu is not None and not given and plan.params and plan.seq_len:
         kw.update(mfu=m.mfu, gpu=plan.gpu or m.plan.gpu)
         lines.append(f'calibration: MFU {m.mfu:.1%} measured ({what})')
-    elif m.mfu is not None: lines.append(f'calibration: {what} measured MFU {m.mfu:.1%}; not applied ('
-                                         + (f'{given[0]} given' if given else 'the plan has no params or seq_len') + ')')
+    elif m.mfu is not None:
+        why = f'{given[0]} given' if given else 'the plan has no params or seq_len'
+        lines.append(f'calibration: {what} measured MFU {m.mfu:.1%}; not applied ({why})')
     if plan.gpu and m.plan.gpu and plan.gpu.name != m.plan.gpu.name:
         warnings.append(f'calibration measured on {m.plan.gpu.name}, the plan is for {plan.gpu.name}: its MFU and '
                         'memory carry over only roughly')
@@ -704,7 +707,7 @@ def estimate_command(
         strategy: Literal[STRATEGIES] = None,  # deepspeed-zero3 and fsdp shard the model's states over the GPUs
         qlora: bool = None,            # LoRA on a 4-bit NF4 base (QLoRA, bitsandbytes): the frozen weights' memory
         qlora_bits: Literal[4, 8] = None,  # --qlora's bits per base weight: 4 (NF4) or 8 (LLM.int8)
-        calibration: str = None,       # a GPU check's report.json (make gpu-check): its measured MFU and activation bytes
+        calibration: str = None,       # a GPU check's report.json (make gpu-check): measured MFU, activation bytes
         json: bool = False):           # print one JSON object instead of the table
     "Time and cost of a training plan, checked against the hardware."
     if sum(v is not None for v in (sec_per_step, tokens_per_sec, mfu)) > 1:

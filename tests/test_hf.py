@@ -246,7 +246,7 @@ def test_corpus_stage_to_continued_pretraining(work, tmp_path, capsys):
     assert cli(['parse', str(d/'raw'), '--out', str(d/'parsed.jsonl')]) == 0
     assert cli(['select', str(d/'parsed.jsonl'), '--out', str(d/'selected.jsonl'), '--target-tokens', '100000']) == 0
     assert cli(['build-corpus', str(d/'selected.jsonl'), '--out', str(d/'corpus'), '--tokenizer', m, '--seq-len', '64',
-                '--shards', '2', '--no-progress', '--val-docs', '2']) == 0
+                '--shards', '2', '--no-progress', '--val-docs', '2', '--val-min-acts', '2']) == 0
     capsys.readouterr()
     assert cli(['finetune', '--model', m, '--data', str(d/'corpus'), '--out', str(d/'run'), '--max-steps', '2',
                 '--batch-size', '2', '--grad-accum', '1', '--workers', '0', '--force-single']) == 0
