@@ -4,18 +4,21 @@
 
 Generates one dump with `legalnb sample` as CELLAR delivers it (--xhtml 0.3 --versions 0.3 --copies 0.05: Formex and
 OJ XHTML publications saved as .xml and .html, consolidated versions, near-copies; about 10 kB a file) of the largest
-size (or keeps the one `--work` holds, if as large); each size is the first of its folders (sorted by name, hard links:
-no copy), so the sizes are samples of one dump. Then, for each size, the three stages run as a user runs them (one
+size (or keeps the one `--work` holds, if as large); each size, the largest too, is the first of its folders (sorted by
+name, hard links: no copy), so the sizes are samples of one dump, and none holds the sample's manifest. Then, for each size, the three stages run as a user runs them (one
 `legalnb` process each, `--num-proc N`):
   parse         the dump -> parsed.jsonl (batches of files, N processes);
   select        parsed.jsonl -> selected.jsonl, half the input's tokens, one version of each act, near-duplicates
                 removed (N processes for the first pass and the MinHash signatures);
   build-corpus  selected.jsonl -> shards, with one tokenizer trained beforehand (on a small sample, not timed),
                 --val-docs 0.01, N encoding processes.
-Each process of a stage is watched every 0.2 s (psutil: its peak resident memory, VmHWM, and CPU time): the table gives
-the wall time, the CPU time of all processes, the peak memory of the main process and of the largest worker, and the
-throughput per process (input MB / wall s / processes). Against the smallest size: time per GB, wall and CPU (linear:
-1.00; the target is within 1.15; on a shared machine the CPU time is the steadier of the two) and peak memory (flat: 1.00).
+Each process of a stage is watched every 0.2 s (psutil and /proc: its peak resident memory, VmHWM; its peak anonymous
+memory, RssAnon, sampled; CPU time): the table gives the wall time, the CPU time of all processes, the peak memory of
+the main process and of the largest worker (resident, and anonymous in brackets), and the throughput per process
+(input MB / wall s / processes). Against the smallest size: time per GB, wall and CPU (linear: 1.00; the target is
+within 1.15; on a shared machine the CPU time is the steadier of the two) and peak memory (flat: 1.00), resident and
+anonymous. The two differ by the files a stage memory-maps (select's MinHash signatures, 512 bytes a document on disk):
+their pages count as resident while read, but they are page cache the kernel drops under pressure.
 --resume: a parse of the smallest dump killed (SIGKILL) half-way through its batches, then run again: the batches it
 kept, its time, and whether the output is the bytes of an uninterrupted run.
 """
@@ -29,7 +32,7 @@ from common import header, markdown_table, run
 from legalnb.core import LegalnbError, format_duration
 from legalnb.sources import write_sample
 
-BYTES_PER_PUBLICATION = 33_800   # measured: a dump of these shares holds ~34 kB of files per original publication
+BYTES_PER_PUBLICATION = 27_700   # measured: 8.20 GB of files for 295,857 publications of these shares
 DUMP = dict(xhtml=0.3, versions=0.3, copies=0.05)
 
 
@@ -58,10 +61,16 @@ def subset(dump: Path, dest: Path, share: float) -> tuple[int, int]:
     return tree_bytes(dest)
 
 
+def _status(pid: int, *keys: str) -> list[int]:
+    "Fields of /proc/PID/status in bytes (VmHWM: peak resident memory; RssAnon: resident memory not backed by a file)."
+    found = {l.split(':')[0]: int(l.split()[1]) * 1024 for l in open(f'/proc/{pid}/status') if l.startswith(keys)}
+    return [found[k] for k in keys]
+
 class Watch:
-    "Follow a process and its children: the peak resident memory of each (VmHWM) and their CPU time."
+    "Follow a process and its children: the peak resident memory of each (VmHWM), its peak anonymous memory (RssAnon,"
+    "sampled: the memory-mapped files a stage reads are page cache the kernel can drop, not memory it needs), CPU time."
     def __init__(self, pid: int):
-        self.root, self.peaks, self.cpu, self.done = psutil.Process(pid), {}, {}, False
+        self.root, self.peaks, self.anon, self.cpu, self.done = psutil.Process(pid), {}, {}, {}, False
         self.thread = threading.Thread(target=self.loop, daemon=True); self.thread.start()
 
     def loop(self):
@@ -70,18 +79,20 @@ class Watch:
             except psutil.NoSuchProcess: break
             for p in procs:
                 try:
-                    hwm = int(next(l for l in open(f'/proc/{p.pid}/status') if l.startswith('VmHWM')).split()[1]) * 1024
+                    hwm, anon = _status(p.pid, 'VmHWM', 'RssAnon')
                     t = p.cpu_times(); self.cpu[p.pid] = t.user + t.system
                     self.peaks[p.pid] = max(self.peaks.get(p.pid, 0), hwm)
-                except (OSError, psutil.Error, StopIteration): pass
+                    self.anon[p.pid] = max(self.anon.get(p.pid, 0), anon)
+                except (OSError, psutil.Error, KeyError): pass
             time.sleep(0.2)
 
-    def stop(self) -> tuple[int, int, float, int]:
-        "(peak of the main process, peak of the largest worker, CPU seconds of all, worker processes seen)."
+    def stop(self) -> dict:
+        "Peaks (resident, anonymous) of the main process and of the largest worker, CPU seconds of all, workers seen."
         self.done = True; self.thread.join()
-        main = self.peaks.get(self.root.pid, 0)
-        workers = [v for pid, v in self.peaks.items() if pid != self.root.pid]
-        return main, max(workers, default=0), sum(self.cpu.values()), len(workers)
+        others = lambda d: [v for pid, v in d.items() if pid != self.root.pid]
+        return dict(main=self.peaks.get(self.root.pid, 0), worker=max(others(self.peaks), default=0),
+                    main_anon=self.anon.get(self.root.pid, 0), worker_anon=max(others(self.anon), default=0),
+                    cpu=sum(self.cpu.values()), workers=len(others(self.peaks)))
 
 
 def stage(argv: list, log: Path) -> dict:
@@ -92,9 +103,9 @@ def stage(argv: list, log: Path) -> dict:
                              env={**os.environ, 'OMP_NUM_THREADS': '1'})
         w = Watch(p.pid)
         code = p.wait()
-    main, worker, cpu, workers = w.stop()
+    watched = w.stop()
     if code: raise LegalnbError(f'{argv[0]} failed ({code}); see {log}')
-    return dict(wall=time.perf_counter() - t0, cpu=cpu, main=main, worker=worker, workers=workers)
+    return dict(wall=time.perf_counter() - t0, **watched)
 
 
 def tokenizer(work: Path, seed: int) -> Path:
@@ -175,28 +186,31 @@ def main(sizes: list[float] = [1, 10],   # dump sizes in GB (the largest is gene
               f'near-copies), written in {format_duration(secs)}; {n_proc} processes per stage')
         dumps = {}
         for gb in sizes:
-            if gb * 1e9 >= 0.97 * size: dumps[gb] = base/'dump'; continue
+            share = min(1.0, gb * 1e9 / size)
             dumps[gb] = base/f'dump-{gb:g}gb'; shutil.rmtree(dumps[gb], ignore_errors=True)
-            b, f = subset(base/'dump', dumps[gb], gb * 1e9 / size)
-            print(f'  {gb:g} GB: the first {gb * 1e9 / size:.1%} of its folders: {b / 1e9:.2f} GB, {f:,} files')
+            b, f = subset(base/'dump', dumps[gb], share)
+            print(f'  {gb:g} GB: the first {share:.1%} of its folders: {b / 1e9:.2f} GB, {f:,} files')
         tok = tokenizer(base, seed)
         rows = [r for gb in sizes for r in run_size(base, dumps[gb], gb, n_proc, tok)]
         first = {r['stage']: r for r in rows if r['gb'] == sizes[0]}
-        table = []
+        table, ratios = [], []
+        mb = lambda r, k: f'{r[k] / 2**20:,.0f} ({r[k + "_anon"] / 2**20:,.0f})'
         for r in rows:
             f = first[r['stage']]
-            wall, cpu = (r['wall'] / r['input']) / (f['wall'] / f['input']), (r['cpu'] / r['input']) / (f['cpu'] / f['input'])
+            per_gb = lambda k: (r[k] / r['input']) / (f[k] / f['input'])
+            peak = lambda x, k='': max(x['main' + k], x['worker' + k])
+            ratios.append((per_gb('wall'), per_gb('cpu'), peak(r) / peak(f), peak(r, '_anon') / peak(f, '_anon')))
             table.append([f'{r["gb"]:g} GB', r['stage'], f'{r["input"] / 1e9:.2f}', f'{r["wall"]:,.0f}', f'{r["cpu"]:,.0f}',
-                          f'{r["main"] / 2**20:,.0f}', f'{r["worker"] / 2**20:,.0f}' if r['workers'] else '-',
-                          f'{r["input"] / 1e6 / r["wall"] / n_proc:.1f}', f'{wall:.2f}', f'{cpu:.2f}',
-                          f'{max(r["main"], r["worker"]) / max(f["main"], f["worker"]):.2f}'])
-        print(markdown_table(['dump', 'stage', 'input GB', 'wall s', 'CPU s', 'peak MB main', 'peak MB worker',
-                              'MB/s per process', 'wall/GB vs first', 'CPU/GB vs first', 'peak vs first'], table,
-                             'llrrrrrrrrr'))
-        worst_w, worst_c, worst_m = (max(float(t[k]) for t in table) for k in (8, 9, 10))
+                          mb(r, 'main'), mb(r, 'worker') if r['workers'] else '-',
+                          f'{r["input"] / 1e6 / r["wall"] / n_proc:.1f}', *(f'{x:.2f}' for x in ratios[-1])])
+        print(markdown_table(['dump', 'stage', 'input GB', 'wall s', 'CPU s', 'peak MB main (anon)',
+                              'peak MB worker (anon)', 'MB/s per process', 'wall/GB vs first', 'CPU/GB vs first',
+                              'peak vs first', 'anon vs first'], table, 'llrrrrrrrrrr'))
+        worst_w, worst_c, worst_m, worst_a = (max(x[k] for x in ratios) for k in range(4))
         print(f'time per GB at most {worst_w:.2f}x the smallest dump\'s in wall time, {worst_c:.2f}x in CPU time (target: '
               f'within 1.15x of linear: {"met" if max(worst_w, worst_c) <= 1.15 else "missed"}); peak memory at most '
-              f'{worst_m:.2f}x ({"flat" if worst_m <= 1.15 else "not flat"} within 15%)')
+              f'{worst_m:.2f}x resident, {worst_a:.2f}x anonymous ({"flat" if worst_a <= 1.15 else "not flat"} '
+              f'within 15%)')
         big = [r for r in rows if r['gb'] == sizes[-1]]
         per_byte = sum(r['cpu'] for r in big) / tree_bytes(dumps[sizes[-1]])[0]   # process-seconds a byte of dump
         hours = per_byte * 179e9 / 3600

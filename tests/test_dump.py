@@ -77,4 +77,5 @@ def test_bench_scale_prints_its_table(tmp_path):
     assert r.returncode == 0, r.stderr
     for stage in ('parse', 'select', 'build-corpus'): assert f'| 0.008 GB | {stage}' in r.stdout
     assert 'time per GB at most' in r.stdout and 'h on 16 cores' in r.stdout and 'h on 64' in r.stdout
+    assert 'x anonymous' in r.stdout and 'peak MB worker (anon)' in r.stdout   # memory the stages need, beside RSS
     assert 'output byte-identical to an uninterrupted run: True' in r.stdout, r.stdout
