@@ -18,7 +18,7 @@ __all__ = ['COMMANDS', 'QUICKSTART_PROMPT', 'QUICKSTART_OUTPUTS', 'H100_PRICE', 
 # %% ../nbs/10_cli.ipynb #7a8ddd24
 COMMANDS = {  # name: ('module:function', one-line help)
     'sample':       ('legalnb.sources:sample_main', 'write a synthetic Formex corpus for demos and tests'),
-    'parse':        ('legalnb.sources:parse_main', 'read Formex folders and JSONL files into one normalised JSONL'),
+    'parse':        ('legalnb.sources:parse_main', 'read Formex, XHTML/HTML pages and JSONL files into one normalised JSONL'),
     'select':       ('legalnb.scoring:select_main', 'score documents; select the best (to a token target, or --top N)'),
     'build-corpus': ('legalnb.corpus:build_corpus_main', 'tokenize and pack selected documents into .npy shards'),
     'validate':     ('legalnb.data:validate_main', 'check pretokenized .npy/.pt files and print their statistics'),
@@ -32,6 +32,7 @@ COMMANDS = {  # name: ('module:function', one-line help)
     'estimate':     ('legalnb.calculator:estimate_main', 'time and cost of a training plan, checked against physics'),
     'run':          ('legalnb.run:run_main', 'your documents to an evaluated model from one plan, resumable per stage'),
     'quickstart':   ('legalnb.cli:quickstart_main', 'sample -> select -> corpus -> train a tiny model -> report'),
+    'own':          ('legalnb.core:own_main', "record a folder an older legalnb wrote (no records yet) as legalnb's"),
 }
 
 # %% ../nbs/10_cli.ipynb #3aaa7b0c

@@ -17,8 +17,8 @@ __all__ = ['NUMBER_EXAMPLES', 'PRECISIONS', 'OWNED', 'OWNED_FORMAT', 'LOCK', 'Le
            'cuda_capability', 'usable_cores', 'loader_workers', 'available_memory', 'refuse_oversized',
            'refuse_overwriting_inputs', 'bookkeeping', 'foreign_files', 'refuse_foreign_files', 'folder_files',
            'owned_files', 'unowned_stamps', 'record_written', 'remove_owned', 'lock_path', 'holder_alive',
-           'folder_lock', 'followed', 'refuse_unowned', 'output_folder', 'CommandParser', 'command_parser', 'Output',
-           'run_writing', 'run_command']
+           'folder_lock', 'followed', 'refuse_unowned', 'output_folder', 'own_command', 'own_main', 'CommandParser',
+           'command_parser', 'Output', 'run_writing', 'run_command']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -463,9 +463,11 @@ def refuse_unowned(folder: str | Path,                    # the output folder
                                                  (mine(f) and f not in owned))]
     if found:
         names = ', '.join(map(str, found[:3])) + (f' and {len(found) - 3} more' if len(found) > 3 else '')
+        earlier = '' if owned else (f' (if a legalnb older than its records wrote them: `legalnb own {shown or folder}`'
+                                    ' marks them as its own)')
         raise LegalnbError(f'{flag} {shown or folder} holds files legalnb did not write ({names}); '.lstrip() +
                            (f'{what}: move them away, or choose another folder' if what
-                            else 'choose an empty or new folder'))
+                            else 'choose an empty or new folder') + earlier)
 
 @contextmanager
 def output_folder(folder: str | Path,                    # the folder the command writes (new or not)
@@ -489,6 +491,20 @@ def output_folder(folder: str | Path,                    # the folder the comman
         before = unowned_stamps(real)   # the user's files it may not touch (check=False, strict=False): never its own
         try: yield real
         finally: record_written(real, command, ours, before)
+
+# %% ../nbs/00_core.ipynb #5e635104
+def own_command(folder: str):   # a folder an earlier legalnb wrote, before it kept records of what it writes
+    "Record every file now in `folder` as legalnb's, so that its commands may resume, replace or delete them."
+    real = followed(folder)
+    if not real.is_dir(): raise LegalnbError(f'{folder}: no such folder; expected an output folder of legalnb')
+    with folder_lock(real, 'legalnb own', ''):
+        before = owned_files(real)
+        record_written(real, 'legalnb own')
+        added = len(owned_files(real) - before)
+    print(f'{folder}: {added:,} files recorded as legalnb\'s' + (f' ({len(before):,} were already)' if before else ''))
+    return 0
+
+def own_main(argv: list[str]) -> int: return run_command(own_command, argv, 'legalnb own')
 
 # %% ../nbs/00_core.ipynb #c1c28776
 class CommandParser(argparse.ArgumentParser):

@@ -799,3 +799,22 @@ def test_overwrite_deletes_what_its_help_says_and_nothing_else(base, tmp_path, c
     gone = before - after
     assert gone and all(p.parts[0] in RUN_OUTPUTS for p in gone), gone   # step-00000002 of the earlier run
     assert (w/'run'/'checkpoints'/'step-00000001').is_dir() and not (w/'run'/'checkpoints'/'step-00000002').exists()
+
+def test_a_run_folder_from_before_the_records_is_refused_with_the_way_out_then_resumes(base, tmp_path, capsys):
+    "2. Owned: a run an older legalnb wrote (no records) is refused by `train --resume`; `legalnb own` lets it resume."
+    from legalnb.core import OWNED
+    w = tmp_path/'w'
+    shutil.copytree(base, w, symlinks=True)
+    for record in (w/'run').rglob(OWNED): record.unlink()            # as every run folder was before the records
+    resume = ['train', *[a.format(w=w) for a in TRAIN_RUN], '--max-steps', '3', '--resume']
+    before = snapshot(w/'run')
+    capsys.readouterr()
+    assert main(resume) == 2
+    err = capsys.readouterr().err
+    assert f'holds files legalnb did not write' in err and f'`legalnb own {w/"run"}` marks them as its own' in err, err
+    assert snapshot(w/'run') == before                               # refused: nothing touched
+    assert main(['own', str(w/'run')]) == 0
+    assert "files recorded as legalnb's" in capsys.readouterr().out
+    assert main(resume) == 0                                         # the run continues from its step 2
+    from legalnb.train import read_metrics
+    assert [r['step'] for r in read_metrics(w/'run'/'metrics.jsonl')][-1] == 3
