@@ -18,7 +18,7 @@ __all__ = ['COMMANDS', 'QUICKSTART_PROMPT', 'QUICKSTART_OUTPUTS', 'H100_PRICE', 
 # %% ../nbs/10_cli.ipynb #7a8ddd24
 COMMANDS = {  # name: ('module:function', one-line help)
     'sample':       ('legalnb.sources:sample_main', 'write a synthetic Formex corpus for demos and tests'),
-    'parse':        ('legalnb.sources:parse_main', 'read Formex, XHTML/HTML pages and JSONL files into one normalised JSONL'),
+    'parse':        ('legalnb.sources:parse_main', 'read Formex, XHTML/HTML and JSONL files into one normalised JSONL'),
     'select':       ('legalnb.scoring:select_main', 'score documents; select the best (to a token target, or --top N)'),
     'build-corpus': ('legalnb.corpus:build_corpus_main', 'tokenize and pack selected documents into .npy shards'),
     'validate':     ('legalnb.data:validate_main', 'check pretokenized .npy/.pt files and print their statistics'),

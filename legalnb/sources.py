@@ -1039,8 +1039,9 @@ def _read_unit(files: list[Path], notes: bool, counts: Counter) -> list[tuple]:
     "The items of one folder's files (or part of them), in order: Formex publications, pages, JSON lines, the rest."
     kinds = {p: file_kind(p) for p in files}
     counts.update(f'files.{k if k in DOCUMENT_KINDS or k == "metadata" else "other"}' for k, _ in kinds.values())
-    pages = any(k == 'html' for k, _ in kinds.values())   # a metadata file is read only for a page beside it: a large
-    meta = _metadata([p for p, (k, _) in kinds.items() if k == 'metadata']) if pages else None   # manifest costs nothing
+    # a metadata file is read only for a page beside it: a large manifest in a folder of Formex costs nothing
+    pages = any(k == 'html' for k, _ in kinds.values())
+    meta = _metadata([p for p, (k, _) in kinds.items() if k == 'metadata']) if pages else None
     out = _read_formex_files(formex, notes) if (formex := [p for p, (k, _) in kinds.items() if k == 'formex']) else []
     for p, (kind, what) in kinds.items():
         if kind == 'html':
