@@ -187,7 +187,7 @@ def test_picker_and_live_plot_in_jupyterlab(lab, browser):
 
         dropdown(browser, 'GPU').select_by_visible_text('a100-80gb')          # and the plot redraws
         wait.until(lambda d: 'NVIDIA A100 80GB' in picker_text(d) and picker_plot(d)[0] != src)
-        assert picker_plot(browser)[1] > 0
+        wait.until(lambda d: picker_plot(d)[1] > 0)   # the new image decoded (its width is 0 for a moment under load)
         fields = [e.text for e in browser.find_elements(By.CSS_SELECTOR, '.widget-inline-hbox label.widget-label')
                   if e.is_displayed()]
         assert 'params (B)' in fields and 'examples' not in fields and 'size' not in fields  # cpt's fields only
