@@ -5,8 +5,8 @@
 Generates one dump with `legalnb sample` as CELLAR delivers it (--xhtml 0.3 --versions 0.3 --copies 0.05: Formex and
 OJ XHTML publications saved as .xml and .html, consolidated versions, near-copies; about 10 kB a file) of the largest
 size (or keeps the one `--work` holds, if as large); each size, the largest too, is the first of its folders (sorted by
-name, hard links: no copy), so the sizes are samples of one dump, and none holds the sample's manifest. Then, for each size, the three stages run as a user runs them (one
-`legalnb` process each, `--num-proc N`):
+name, hard links: no copy), so the sizes are samples of one dump, and none holds the sample's manifest. Then, for each
+size, the three stages run as a user runs them (one `legalnb` process each, `--num-proc N`):
   parse         the dump -> parsed.jsonl (batches of files, N processes);
   select        parsed.jsonl -> selected.jsonl, half the input's tokens, one version of each act, near-duplicates
                 removed (N processes for the first pass and the MinHash signatures);
