@@ -96,21 +96,32 @@ def model_config(path: str | Path) -> dict:
         raise LegalnbError(f'{path}/config.json: no "model_type"; expected a config written by save_pretrained')
     return cfg
 
+def _json_or_empty(path: Path) -> dict:
+    "A JSON object file's content; {} when it is missing or not an object (load_model reports a damaged one)."
+    try: found = json.loads(path.read_text(encoding='utf-8'))
+    except (OSError, ValueError): return {}
+    return found if isinstance(found, dict) else {}
+
 def load_model(path: str | Path, dtype: str | torch.dtype = 'auto',
                attention: str | None = None,   # 'sdpa', 'eager' or 'flash_attention_2' (None: transformers' default)
                quantization=None,              # a transformers BitsAndBytesConfig (QLoRA's 4-bit weights), or None
                tokenizer_only: bool = False):  # return (None, tokenizer) without loading the weights
     "(model, tokenizer) from a local `save_pretrained` folder; nothing is downloaded."
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    path = Path(path); model_config(path)
-    kw = dict(dtype=dtype, local_files_only=True)
+    path = Path(path); cfg = model_config(path)
+    for name, found in (('config.json', cfg), ('tokenizer_config.json', _json_or_empty(path/'tokenizer_config.json'))):
+        if found.get('auto_map'):   # transformers would ask on a terminal, and run the folder's Python on a yes
+            raise LegalnbError(f'{path/name}: its auto_map names Python code ({", ".join(sorted(found["auto_map"]))}); '
+                               'finetune runs no code from a model folder: choose a model of a type transformers '
+                               'knows (its model_type)')
+    kw = dict(dtype=dtype, local_files_only=True, trust_remote_code=False)
     if attention: kw['attn_implementation'] = attention
     if quantization is not None: kw['quantization_config'] = quantization
     from transformers.utils import logging as hf_logging
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()   # no "Loading weights" bar: stderr keeps to errors (one line each)
     try:
-        what = 'tokenizer'; tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        what = 'tokenizer'; tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
         what = 'model'; model = None if tokenizer_only else AutoModelForCausalLM.from_pretrained(path, **kw)
     except Exception as e:   # transformers, tokenizers and safetensors raise many types: all mean a damaged folder
         raise LegalnbError(f'{path}: the {what} could not be loaded ({_first_line(e)}); '
@@ -746,7 +757,8 @@ def packs_here(model) -> bool:
 def _layer_class(model: str | Path) -> str:
     "The decoder layer class of the model at `model` (what FSDP wraps), from its config alone."
     from transformers import AutoConfig, AutoModelForCausalLM
-    try: cls = AutoModelForCausalLM._model_mapping[type(AutoConfig.from_pretrained(model, local_files_only=True))]
+    try: cls = AutoModelForCausalLM._model_mapping[type(AutoConfig.from_pretrained(model, local_files_only=True,
+                                                                                    trust_remote_code=False))]
     except Exception: return 'LlamaDecoderLayer'   # unknown here: the common one (the printed command shows it)
     return sorted(getattr(cls, '_no_split_modules', None) or ['LlamaDecoderLayer'])[0]
 

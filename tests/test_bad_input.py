@@ -528,6 +528,10 @@ CODE_CASES = [  # 1. no code from data: a folder's Python runs only if legalnb w
     ('evaluate a folder whose code only has the name of legalnb\'s',
      ['evaluate', '{w}/hf', '--data', '{w}/selected.jsonl', '--out', '{w}/ev', '--device', 'cpu'], planted_model('hf'),
      '{w}/hf/configuration_legalnb_resonance.py: not the code legalnb export writes'),
+    ('finetune a folder whose code only has the name of legalnb\'s',
+     ['finetune', '--model', '{w}/hf', '--data', '{w}/corpus', '--out', '{w}/ft', '--max-steps', '1', '--workers', '0',
+      '--force-single'], planted_model('hf'), "{w}/hf/config.json: its auto_map names Python code (AutoConfig, "
+     'AutoModelForCausalLM); finetune runs no code from a model folder'),
     ('generate from a folder whose code only has the name of legalnb\'s',
      ['generate', '{w}/hf', '--prompt', 'Article 1', '--device', 'cpu'], planted_model('hf'), '--trust-remote-code'),
     ('generate from an export with one line of code added',
