@@ -4,10 +4,11 @@
 
 # %% ../nbs/00_sources.ipynb #7dc9bb63
 from __future__ import annotations
-import array, hashlib, itertools, json, math, multiprocessing, os, random, re, shutil, tempfile, unicodedata, uuid
+import hashlib, heapq, itertools, json, math, multiprocessing, os, random, re, shutil, sqlite3, tempfile
+import unicodedata, uuid
 import xml.etree.ElementTree as ET
 import fcntl, lxml.etree
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field, asdict, replace
 from datetime import date, timedelta
@@ -25,16 +26,17 @@ from .core import Output, followed
 # %% auto #0
 __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORDS', 'EU_LANGUAGES', 'FORMEX_BLOCKS',
            'FORMEX_SKIP', 'FORMEX_LABELS', 'MONTHS', 'HTML_BLOCKS', 'HTML_SKIP', 'DOCUMENT_KINDS', 'NOT_DOCUMENTS',
-           'PARSE_BATCH', 'PARTS_FORMAT', 'SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS', 'OJ_NAMES',
-           'Document', 'write_jsonl', 'parse_date', 'Celex', 'parse_celex', 'base_celex', 'doc_type_from_celex',
-           'celex_from_number', 'doc_type_from_legal_value', 'doc_type_from_title', 'check_language', 'record_fields',
-           'document_from_record', 'read_jsonl_documents', 'skip_reason', 'formex_text', 'read_formex_file',
-           'formex_document', 'read_formex', 'date_in_words', 'number_in_title', 'html_root', 'Page', 'html_text',
-           'html_kind', 'oj_facts', 'consolidated_facts', 'eurlex_facts', 'eurlex_body', 'metadata_facts', 'read_html',
-           'html_document', 'file_kind', 'parse_batches', 'in_order', 'read_items', 'read_documents', 'report_path',
-           'parts_folder', 'parse_documents', 'write_parse_report', 'format_parse_summary', 'SampleAct', 'plan_act',
-           'sample_publications', 'formex_to_xhtml', 'amended', 'sample_versions', 'dump_publications', 'write_sample',
-           'sample_command', 'parse_command', 'sample_main', 'parse_main']
+           'PARSE_BATCH', 'LISTING_RUN', 'PARTS_FORMAT', 'SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS',
+           'OJ_NAMES', 'Document', 'write_jsonl', 'parse_date', 'Celex', 'parse_celex', 'base_celex',
+           'doc_type_from_celex', 'celex_from_number', 'doc_type_from_legal_value', 'doc_type_from_title',
+           'check_language', 'record_fields', 'document_from_record', 'read_jsonl_documents', 'skip_reason',
+           'formex_text', 'read_formex_file', 'formex_document', 'read_formex', 'date_in_words', 'number_in_title',
+           'html_root', 'Page', 'html_text', 'html_kind', 'oj_facts', 'consolidated_facts', 'eurlex_facts',
+           'eurlex_body', 'metadata_facts', 'read_html', 'html_document', 'file_kind', 'parse_batches', 'in_order',
+           'read_items', 'read_documents', 'report_path', 'parts_folder', 'parse_documents', 'write_parse_report',
+           'format_parse_summary', 'SampleAct', 'plan_act', 'sample_publications', 'formex_to_xhtml', 'amended',
+           'sample_versions', 'dump_publications', 'write_sample', 'sample_command', 'parse_command', 'sample_main',
+           'parse_main']
 
 # %% ../nbs/00_sources.ipynb #9cdec564
 DOC_TYPES = ('regulation', 'directive', 'decision', 'recommendation', 'other')
@@ -954,14 +956,57 @@ NOT_DOCUMENTS = frozenset(  # reasons for skipping a file that is not a document
 # %% ../nbs/00_sources.ipynb #c7b07092
 PARSE_BATCH = 256   # files a batch: what one process reads at a time, and the most a killed parse reads again
 
-def _walk_files(path: Path, skip: set) -> Iterator[tuple[Path, list[Path]]]:
-    "(folder, its visible files sorted by name) for every folder under `path`, in sorted order, hidden ones left out."
-    for folder, dirs, files in os.walk(path):
-        dirs[:] = sorted(x for x in dirs if not x.startswith('.'))
-        found = [p for f in sorted(files) if not f.startswith('.') and (p := Path(folder)/f).resolve() not in skip]
-        if found: yield Path(folder), found
+LISTING_RUN = 50_000   # names of one folder held in memory at a time; a folder of more is sorted in runs on disk
 
-def _cut(files: list[Path], size: int) -> Iterator[list[Path]]:
+def _spill(entries: list[tuple[int, str]]) -> int:
+    "A temporary file holding the sorted `entries` (kind, name), each written as `kind name NUL`; its descriptor."
+    f = tempfile.TemporaryFile()
+    f.write(b''.join(b'%d%s\0' % (kind, os.fsencode(name)) for kind, name in entries)); f.flush()
+    return os.dup(f.fileno())   # the file is gone from the folder already: it lives as long as the descriptor
+
+def _unspill(fd: int) -> Iterator[tuple[int, str]]:
+    "The entries of a file `_spill` wrote, read 64 kB at a time (its own offset: many readers may share the file)."
+    offset, rest = 0, b''
+    while block := os.pread(fd, 1 << 16, offset):
+        offset += len(block)
+        *whole, rest = (rest + block).split(b'\0')
+        for r in whole: yield r[0] - 48, os.fsdecode(r[1:])
+
+class _Listing:
+    "The visible entries of one folder in name order, files (kind 0) before folders (kind 1), as `os.walk` sees them;"
+    "more than `LISTING_RUN` are sorted in runs on disk and merged, so a folder of a million is listed in flat memory."
+    def __init__(self, folder: Path):
+        self.runs, run = [], []
+        try:
+            with os.scandir(folder) as found:
+                for e in found:
+                    if e.name.startswith('.'): continue
+                    try: kind = int(e.is_dir())
+                    except OSError: kind = 0
+                    if kind and e.is_symlink(): continue   # a linked folder is not followed
+                    run.append((kind, e.name))
+                    if len(run) == LISTING_RUN: self.runs.append(_spill(sorted(run))); run = []
+        except OSError: pass   # a folder that cannot be listed is passed over, as by os.walk
+        self.held = sorted(run)
+        if self.runs and run: self.runs.append(_spill(self.held)); self.held = []
+
+    def names(self, kind: int) -> Iterator[str]:
+        "The names of the files (0) or folders (1), in order."
+        entries = heapq.merge(*map(_unspill, self.runs)) if self.runs else self.held
+        return (name for k, name in entries if k == kind)
+
+    def __del__(self):
+        for fd in self.runs: os.close(fd)
+
+def _walk_files(path: Path, skip: set) -> Iterator[tuple[Path, Callable[[bool], Iterator[Path]]]]:
+    "(folder, `files(jsonl)`: its visible JSON-lines files or its other files, by name) for every folder under `path`,"
+    "in name order, hidden ones left out; memory holds at most `LISTING_RUN` names a folder, however many it has."
+    listing = _Listing(path)
+    yield path, lambda jsonl: (p for f in listing.names(0) if f.endswith('.jsonl') == jsonl
+                               and (p := path/f).resolve() not in skip)
+    for name in listing.names(1): yield from _walk_files(path/name, skip)
+
+def _cut(files: Iterable[Path], size: int) -> Iterator[list[Path]]:
     "One folder's many files in runs of about `size`, cut only where the name's stem (before its first dot) changes."
     run = []
     for p in files:
@@ -974,17 +1019,15 @@ def _input_units(path: Path, skip: set, size: int) -> Iterator[tuple[Path, list[
     if not path.exists(): raise LegalnbError(f'{path}: no such file or folder')
     if path.is_dir():
         for folder, files in _walk_files(path, skip):
-            docs = [p for p in files if p.suffix != '.jsonl']
-            for p in files:
-                if p.suffix == '.jsonl': yield folder, [p]
-            yield from ((folder, run) for run in _cut(docs, size) if run)
+            yield from ((folder, [p]) for p in files(True))
+            yield from ((folder, run) for run in _cut(files(False), size))
         return
     kind, what = file_kind(path)
     if kind not in DOCUMENT_KINDS:
         raise LegalnbError(f'{path}: {what or "a metadata file"}; expected a folder, a JSON-lines file, a Formex XML '
                            'file or an XHTML/HTML page')
     wrapper = kind == 'formex' and read_formex_file(path).tag == 'DOC'   # a wrapper names its act: read the folder
-    yield path.parent, (next(_walk_files(path.parent, skip))[1] if wrapper else [path])
+    yield path.parent, ([*next(_walk_files(path.parent, skip))[1](False)] if wrapper else [path])
 
 def parse_batches(paths: str | Path | Iterable[str | Path], skip: Iterable[str | Path] = (),
                   size: int = PARSE_BATCH   # files a batch, about (a folder's publication is never cut)
@@ -1208,43 +1251,38 @@ def _open_parts(out: Path, key: dict) -> Path:
     with atomic_write(parts/'key.json') as tmp: tmp.write_text(json.dumps(key))
     return parts
 
-def _hash64(s: str) -> int:
-    "A 64-bit hash of a string, the same in every process and run (never 0)."
-    return int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), 'little') or 1
-
 def _markers(parts: Path, n: int) -> Iterator[dict]:
     "The markers of batches 0 to n-1, in order."
     for k in range(n): yield json.loads((parts/f'{k:07d}.json').read_text(encoding='utf-8'))
 
-def _kept(parts: Path, n: int) -> np.ndarray:
-    "Which documents of the parts to write: the first of each (CELEX, language), every one without a CELEX."
-    key = lambda d: _hash64(f'{d[0]}\0{d[1]}') if d[0] else 0   # (CELEX, language); 0: no CELEX, never a duplicate
-    keys = np.concatenate([np.zeros(0, np.uint64)] + [np.array([key(d) for d in m['docs']], np.uint64)
-                                                      for m in _markers(parts, n)])
-    keep = keys == 0
-    keep[np.unique(keys, return_index=True)[1]] = True
-    return keep
+def _seen_db(path: Path) -> sqlite3.Connection:
+    "A new SQLite file for the keys a parse has seen: on disk, so memory stays flat however many documents there are."
+    path.unlink(missing_ok=True)   # left by a join that was stopped
+    db = sqlite3.connect(path)
+    db.executescript('PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;'
+                     'CREATE TABLE seen (key TEXT PRIMARY KEY) WITHOUT ROWID;'   # (CELEX, language) written
+                     'CREATE TABLE acts (key TEXT PRIMARY KEY, n INTEGER) WITHOUT ROWID')   # versions of (act, lang)
+    return db
 
-def _versions(acts: np.ndarray) -> dict:
+def _versions(db: sqlite3.Connection) -> dict:
     "Counters of the acts (in one language) that have several versions among the written documents."
-    _, n = np.unique(acts[acts != 0], return_counts=True)
-    several = n[n > 1]
-    return {'versions.acts': len(several), 'versions.documents': int(several.sum()),
-            'versions.extra': int((several - 1).sum()), 'versions.most': int(n.max(initial=0))}
+    acts, docs, most = db.execute('SELECT total(n > 1), total(iif(n > 1, n, 0)), max(n) FROM acts').fetchone()
+    return {'versions.acts': int(acts), 'versions.documents': int(docs), 'versions.extra': int(docs - acts),
+            'versions.most': most or 0}
 
 def _join_parts(parts: Path, n: int, dest: Path, counts: Counter):
     "Write the parts' documents to the file `dest` in batch order, duplicates dropped, and count them."
-    keep, i, acts = _kept(parts, n), 0, array.array('Q')
-    with open(dest, 'wb') as w:
+    with closing(_seen_db(parts/'seen.db')) as db, open(dest, 'wb') as w:
+        first = lambda key: db.execute('INSERT OR IGNORE INTO seen VALUES (?)', (key,)).rowcount == 1
         for k, marker in enumerate(_markers(parts, n)):
             with open(parts/f'{k:07d}.jsonl', 'rb') as f:
                 for (celex, lang, doc_type, dated, base), line in zip(marker['docs'], f):
-                    if keep[i]:
-                        w.write(line); _count(counts, lang, doc_type, dated, bool(base))
-                        acts.append(_hash64(f'{base or celex}\0{lang}') if celex else 0)
-                    else: counts['dropped.duplicate'] += 1
-                    i += 1
-    counts.update(_versions(np.frombuffer(acts, np.uint64)))
+                    if celex and not first(f'{celex}\0{lang}'):   # the first of each (CELEX, language) is kept
+                        counts['dropped.duplicate'] += 1; continue
+                    w.write(line); _count(counts, lang, doc_type, dated, bool(base))
+                    if celex: db.execute('INSERT INTO acts VALUES (?, 1) ON CONFLICT (key) DO UPDATE SET n = n + 1',
+                                         (f'{base or celex}\0{lang}',))
+        counts.update(_versions(db))
 
 # %% ../nbs/00_sources.ipynb #40dc0ae6
 def _check_out(inputs: list, out: Path):
