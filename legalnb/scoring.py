@@ -22,10 +22,10 @@ from .core import (LegalnbError, atomic_write, jsonl_records, parse_count, parse
 from .sources import Document, DOC_TYPES, write_jsonl, record_fields, skip_reason, _pool, in_order
 
 # %% auto #0
-__all__ = ['PRIORITY_TOPICS', 'CHARS_PER_TOKEN', 'PREFER', 'SHINGLE_WORDS', 'NUM_PERM', 'LSH_WEIGHTS', 'ScoringRules',
-           'recency_points', 'type_points', 'length_points', 'topic_flags', 'subject_points', 'language_points',
-           'Score', 'score_document', 'estimate_tokens', 'split_long_text', 'tokenizer_counter', 'Candidate',
-           'year_band', 'Candidates', 'as_candidates', 'gc_paused', 'scan_documents', 'act_of', 'acts_of',
+__all__ = ['PRIORITY_TOPICS', 'CHARS_PER_TOKEN', 'SCAN_RANGE', 'PREFER', 'SHINGLE_WORDS', 'NUM_PERM', 'LSH_WEIGHTS',
+           'ScoringRules', 'recency_points', 'type_points', 'length_points', 'topic_flags', 'subject_points',
+           'language_points', 'Score', 'score_document', 'estimate_tokens', 'split_long_text', 'tokenizer_counter',
+           'Candidate', 'year_band', 'Candidates', 'as_candidates', 'gc_paused', 'scan_documents', 'act_of', 'acts_of',
            'prefer_versions', 'language_quotas', 'rank', 'choose_documents', 'split_by_share', 'document_quotas',
            'with_score', 'copy_selected', 'write_selected', 'shingle_hashes', 'minhash', 'lsh_bands', 'near_duplicates',
            'near_duplicate_share', 'minhash_of', 'synthetic_documents', 'select_documents', 'selection_report',
@@ -337,6 +337,8 @@ def _scan_range(job: tuple[Path, int, int, int]) -> tuple[Candidates, np.ndarray
         add_subject_points()
     return Candidates.from_rows(rows), np.array(flags, np.uint8), bad, skipped[:1000]   # the first of each range
 
+SCAN_RANGE = 1 << 25   # bytes of the input a process scores at a time (32 MB: about 3,000 documents)
+
 def _line_ranges(path: Path, parts: int) -> list[tuple[int, int]]:
     "About `parts` byte ranges of `path` that start and end at line starts."
     size, cuts = path.stat().st_size, [0]
@@ -352,7 +354,7 @@ def _count_lines(job: tuple[Path, int, int]) -> int:
     n = 0
     with open(path, 'rb') as f:
         f.seek(start)
-        while start < end and (block := f.read(min(1 << 22, end - start))): n += block.count(b'\n'); start += len(block)
+        while start < end and (block := f.read(min(1 << 20, end - start))): n += block.count(b'\n'); start += len(block)
     return n
 
 def _first_of_each(cands: Candidates) -> np.ndarray:
@@ -371,7 +373,8 @@ def scan_documents(path: Path, rules: ScoringRules, count_tokens: Callable[[str]
                   ) -> tuple[Candidates, Counter]:
     "First pass over the JSONL `path`: a `Candidate` per unique (CELEX, language), and named counters."
     path = Path(path)
-    ranges = _line_ranges(path, max(1, min(4 * num_proc, path.stat().st_size >> 20)) if num_proc > 1 else 1)
+    size = path.stat().st_size   # ranges of at most SCAN_RANGE bytes: what a process holds does not grow with the file
+    ranges = _line_ranges(path, max(-(-size // SCAN_RANGE), min(4 * num_proc, size >> 20) if num_proc > 1 else 1))
     procs = min(num_proc, len(ranges))
     _SCAN.update(rules=rules, count_tokens=count_tokens, strict=strict)
     parts, flags, bad, first = [], [], Counter(), ''
