@@ -8,6 +8,8 @@ VENV  ?= .venv
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 WORKDIR ?= quickstart
+# pytest processes (pytest-xdist) of `make test`; each test file runs whole in one of them
+TEST_WORKERS ?= 2
 
 .PHONY: install quickstart test test-latest lock sync gpu-check
 
@@ -29,12 +31,13 @@ quickstart: $(STAMP)
 
 # Notebooks clean and exported, README in step with index.ipynb, notebook tests, then tests/.
 # One torch thread per process: nbdev_test runs two notebooks at once, and oversubscribed torch threads
-# made a tiny CPU model ten times slower on a 2-core machine.
+# made a tiny CPU model ten times slower on a 2-core machine. pytest runs the test files in TEST_WORKERS processes
+# (--dist loadfile: a file's module fixtures are made once); most tests use one core, so two take 2 cores.
 test: export OMP_NUM_THREADS := 1
 test: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python .ci/check_sync.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/nbdev_test --n_workers 2 --timing
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests -q -ra --durations=25
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile
 
 # Drift, caught on our side: a new environment (.venv-latest) with the newest releases settings.ini's ranges allow,
 # and the whole test suite on it. A weekly GitHub workflow runs it; what it finds becomes a fix or a tighter range.

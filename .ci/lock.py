@@ -32,9 +32,10 @@ def compile_lock(torch: str) -> str:
     uv = Path(sys.executable).parent/'uv'
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp)/'torch.txt').write_text(torch + '\n')
+        # --refresh-package: setup.py reads settings.ini, which uv's cache of legalnb's metadata does not watch
         cmd = [str(uv), 'pip', 'compile', 'setup.py', '--extra', 'dev', '--upgrade', '--python-version', '3.11',
                '--python-platform', 'x86_64-manylinux_2_28', '-c', str(Path(tmp)/'torch.txt'),
-               '--no-header', '--quiet', '-o', str(Path(tmp)/'lock.txt')]
+               '--no-header', '--quiet', '--refresh-package', 'legalnb', '-o', str(Path(tmp)/'lock.txt')]
         subprocess.run(cmd, cwd=root, check=True)
         return without_torch((Path(tmp)/'lock.txt').read_text())
 

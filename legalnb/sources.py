@@ -958,16 +958,16 @@ PARSE_BATCH = 256   # files a batch: what one process reads at a time, and the m
 
 LISTING_RUN = 50_000   # names of one folder held in memory at a time; a folder of more is sorted in runs on disk
 
-def _spill(entries: list[tuple[int, str]]) -> int:
-    "A temporary file holding the sorted `entries` (kind, name), each written as `kind name NUL`; its descriptor."
+def _spill(entries: list[tuple[int, str]]):
+    "A temporary file (deleted when closed) holding the sorted `entries` (kind, name), each as `kind name NUL`."
     f = tempfile.TemporaryFile()
     f.write(b''.join(b'%d%s\0' % (kind, os.fsencode(name)) for kind, name in entries)); f.flush()
-    return os.dup(f.fileno())   # the file is gone from the folder already: it lives as long as the descriptor
+    return f
 
-def _unspill(fd: int) -> Iterator[tuple[int, str]]:
-    "The entries of a file `_spill` wrote, read 64 kB at a time (its own offset: many readers may share the file)."
+def _unspill(f) -> Iterator[tuple[int, str]]:
+    "The entries of a file `_spill` wrote, read 64 kB at a time (at its own offset: many readers may share the file)."
     offset, rest = 0, b''
-    while block := os.pread(fd, 1 << 16, offset):
+    while block := os.pread(f.fileno(), 1 << 16, offset):
         offset += len(block)
         *whole, rest = (rest + block).split(b'\0')
         for r in whole: yield r[0] - 48, os.fsdecode(r[1:])
@@ -994,9 +994,6 @@ class _Listing:
         "The names of the files (0) or folders (1), in order."
         entries = heapq.merge(*map(_unspill, self.runs)) if self.runs else self.held
         return (name for k, name in entries if k == kind)
-
-    def __del__(self):
-        for fd in self.runs: os.close(fd)
 
 def _walk_files(path: Path, skip: set) -> Iterator[tuple[Path, Callable[[bool], Iterator[Path]]]]:
     "(folder, `files(jsonl)`: its visible JSON-lines files or its other files, by name) for every folder under `path`,"
