@@ -26,9 +26,9 @@ from .core import Output, followed
 # %% auto #0
 __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORDS', 'EU_LANGUAGES', 'FORMEX_BLOCKS',
            'FORMEX_SKIP', 'FORMEX_LABELS', 'MONTHS', 'HTML_BLOCKS', 'HTML_SKIP', 'DOCUMENT_KINDS', 'NOT_DOCUMENTS',
-           'PARSE_BATCH', 'LISTING_RUN', 'PARTS_FORMAT', 'SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS',
-           'OJ_NAMES', 'Document', 'write_jsonl', 'parse_date', 'Celex', 'parse_celex', 'base_celex',
-           'doc_type_from_celex', 'celex_from_number', 'doc_type_from_legal_value', 'doc_type_from_title',
+           'PARSE_BATCH', 'LISTING_RUN', 'LISTING_FAN_IN', 'PARTS_FORMAT', 'SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES',
+           'SAMPLE_LANG_WEIGHTS', 'OJ_NAMES', 'Document', 'write_jsonl', 'parse_date', 'Celex', 'parse_celex',
+           'base_celex', 'doc_type_from_celex', 'celex_from_number', 'doc_type_from_legal_value', 'doc_type_from_title',
            'check_language', 'record_fields', 'document_from_record', 'read_jsonl_documents', 'skip_reason',
            'formex_text', 'read_formex_file', 'formex_document', 'read_formex', 'date_in_words', 'number_in_title',
            'html_root', 'Page', 'html_text', 'html_kind', 'oj_facts', 'consolidated_facts', 'eurlex_facts',
@@ -957,17 +957,18 @@ NOT_DOCUMENTS = frozenset(  # reasons for skipping a file that is not a document
 PARSE_BATCH = 256   # files a batch: what one process reads at a time, and the most a killed parse reads again
 
 LISTING_RUN = 50_000   # names of one folder held in memory at a time; a folder of more is sorted in runs on disk
+LISTING_FAN_IN = 64    # runs merged at once: more are merged into one run first, so the merge's buffers stay few
 
-def _spill(entries: list[tuple[int, str]]):
+def _spill(entries: Iterable[tuple[int, str]]):
     "A temporary file (deleted when closed) holding the sorted `entries` (kind, name), each as `kind name NUL`."
     f = tempfile.TemporaryFile()
-    f.write(b''.join(b'%d%s\0' % (kind, os.fsencode(name)) for kind, name in entries)); f.flush()
+    f.writelines(b'%d%s\0' % (kind, os.fsencode(name)) for kind, name in entries); f.flush()
     return f
 
 def _unspill(f) -> Iterator[tuple[int, str]]:
-    "The entries of a file `_spill` wrote, read 64 kB at a time (at its own offset: many readers may share the file)."
+    "The entries of a file `_spill` wrote, read 16 kB at a time (at its own offset: many readers may share the file)."
     offset, rest = 0, b''
-    while block := os.pread(f.fileno(), 1 << 16, offset):
+    while block := os.pread(f.fileno(), 1 << 14, offset):
         offset += len(block)
         *whole, rest = (rest + block).split(b'\0')
         for r in whole: yield r[0] - 48, os.fsdecode(r[1:])
@@ -986,14 +987,18 @@ class _Listing:
                     if kind and e.is_symlink(): continue   # a linked folder is not followed
                     run.append((kind, e.name))
                     if len(run) == LISTING_RUN: self.runs.append(_spill(sorted(run))); run = []
+                    if len(self.runs) == LISTING_FAN_IN: self.runs = [_spill(self.merged())]
         except OSError: pass   # a folder that cannot be listed is passed over, as by os.walk
         self.held = sorted(run)
         if self.runs and run: self.runs.append(_spill(self.held)); self.held = []
 
+    def merged(self) -> Iterator[tuple[int, str]]:
+        "Every entry, in order."
+        return heapq.merge(*map(_unspill, self.runs)) if self.runs else iter(self.held)
+
     def names(self, kind: int) -> Iterator[str]:
         "The names of the files (0) or folders (1), in order."
-        entries = heapq.merge(*map(_unspill, self.runs)) if self.runs else self.held
-        return (name for k, name in entries if k == kind)
+        return (name for k, name in self.merged() if k == kind)
 
 def _walk_files(path: Path, skip: set) -> Iterator[tuple[Path, Callable[[bool], Iterator[Path]]]]:
     "(folder, `files(jsonl)`: its visible JSON-lines files or its other files, by name) for every folder under `path`,"
