@@ -26,17 +26,17 @@ from .core import Output, followed
 # %% auto #0
 __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORDS', 'EU_LANGUAGES', 'FORMEX_BLOCKS',
            'FORMEX_SKIP', 'FORMEX_LABELS', 'MONTHS', 'HTML_BLOCKS', 'HTML_SKIP', 'DOCUMENT_KINDS', 'NOT_DOCUMENTS',
-           'PARSE_BATCH', 'LISTING_RUN', 'LISTING_FAN_IN', 'PARTS_FORMAT', 'SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES',
-           'SAMPLE_LANG_WEIGHTS', 'OJ_NAMES', 'Document', 'write_jsonl', 'parse_date', 'Celex', 'parse_celex',
-           'base_celex', 'doc_type_from_celex', 'celex_from_number', 'doc_type_from_legal_value', 'doc_type_from_title',
-           'check_language', 'record_fields', 'document_from_record', 'read_jsonl_documents', 'skip_reason',
-           'formex_text', 'read_formex_file', 'formex_document', 'read_formex', 'date_in_words', 'number_in_title',
-           'html_root', 'Page', 'html_text', 'html_kind', 'oj_facts', 'consolidated_facts', 'eurlex_facts',
-           'eurlex_body', 'metadata_facts', 'read_html', 'html_document', 'file_kind', 'parse_batches', 'in_order',
-           'read_items', 'read_documents', 'report_path', 'parts_folder', 'parse_documents', 'write_parse_report',
-           'format_parse_summary', 'SampleAct', 'plan_act', 'sample_publications', 'formex_to_xhtml', 'amended',
-           'sample_versions', 'dump_publications', 'write_sample', 'sample_command', 'parse_command', 'sample_main',
-           'parse_main']
+           'PARSE_BATCH', 'LISTING_RUN', 'LISTING_FAN_IN', 'JSONL', 'FILE', 'FOLDER', 'PARTS_FORMAT', 'SAMPLE_SUBJECTS',
+           'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS', 'OJ_NAMES', 'Document', 'write_jsonl', 'parse_date', 'Celex',
+           'parse_celex', 'base_celex', 'doc_type_from_celex', 'celex_from_number', 'doc_type_from_legal_value',
+           'doc_type_from_title', 'check_language', 'record_fields', 'document_from_record', 'read_jsonl_documents',
+           'skip_reason', 'formex_text', 'read_formex_file', 'formex_document', 'read_formex', 'date_in_words',
+           'number_in_title', 'html_root', 'Page', 'html_text', 'html_kind', 'oj_facts', 'consolidated_facts',
+           'eurlex_facts', 'eurlex_body', 'metadata_facts', 'read_html', 'html_document', 'file_kind', 'parse_batches',
+           'in_order', 'read_items', 'read_documents', 'report_path', 'parts_folder', 'parse_documents',
+           'write_parse_report', 'format_parse_summary', 'SampleAct', 'plan_act', 'sample_publications',
+           'formex_to_xhtml', 'amended', 'sample_versions', 'dump_publications', 'write_sample', 'sample_command',
+           'parse_command', 'sample_main', 'parse_main']
 
 # %% ../nbs/00_sources.ipynb #9cdec564
 DOC_TYPES = ('regulation', 'directive', 'decision', 'recommendation', 'other')
@@ -973,19 +973,22 @@ def _unspill(f) -> Iterator[tuple[int, str]]:
         *whole, rest = (rest + block).split(b'\0')
         for r in whole: yield r[0] - 48, os.fsdecode(r[1:])
 
+JSONL, FILE, FOLDER = 0, 1, 2   # the kinds of a folder's entries, in the order they are read
+
 class _Listing:
-    "The visible entries of one folder in name order, files (kind 0) before folders (kind 1), as `os.walk` sees them;"
-    "more than `LISTING_RUN` are sorted in runs on disk and merged, so a folder of a million is listed in flat memory."
+    "The visible entries (kind, name) of one folder: its JSON-lines files, its other files, then its folders, each by"
+    "name; more than `LISTING_RUN` are sorted in runs on disk and merged, so a folder of a million is listed in flat"
+    "memory."
     def __init__(self, folder: Path):
         self.runs, run = [], []
         try:
             with os.scandir(folder) as found:
                 for e in found:
                     if e.name.startswith('.'): continue
-                    try: kind = int(e.is_dir())
-                    except OSError: kind = 0
-                    if kind and e.is_symlink(): continue   # a linked folder is not followed
-                    run.append((kind, e.name))
+                    try: is_dir = e.is_dir()
+                    except OSError: is_dir = False
+                    if is_dir and e.is_symlink(): continue   # a linked folder is not followed
+                    run.append((FOLDER if is_dir else JSONL if e.name.endswith('.jsonl') else FILE, e.name))
                     if len(run) == LISTING_RUN: self.runs.append(_spill(sorted(run))); run = []
                     if len(self.runs) == LISTING_FAN_IN: self.runs = [_spill(self.merged())]
         except OSError: pass   # a folder that cannot be listed is passed over, as by os.walk
@@ -996,17 +999,9 @@ class _Listing:
         "Every entry, in order."
         return heapq.merge(*map(_unspill, self.runs)) if self.runs else iter(self.held)
 
-    def names(self, kind: int) -> Iterator[str]:
-        "The names of the files (0) or folders (1), in order."
-        return (name for k, name in self.merged() if k == kind)
-
-def _walk_files(path: Path, skip: set) -> Iterator[tuple[Path, Callable[[bool], Iterator[Path]]]]:
-    "(folder, `files(jsonl)`: its visible JSON-lines files or its other files, by name) for every folder under `path`,"
-    "in name order, hidden ones left out; memory holds at most `LISTING_RUN` names a folder, however many it has."
-    listing = _Listing(path)
-    yield path, lambda jsonl: (p for f in listing.names(0) if f.endswith('.jsonl') == jsonl
-                               and (p := path/f).resolve() not in skip)
-    for name in listing.names(1): yield from _walk_files(path/name, skip)
+def _files(folder: Path, names: Iterable[str], skip: set) -> Iterator[Path]:
+    "The paths of `names` in `folder`, but those in `skip` (resolved: a link to the output is the output)."
+    return (p for name in names if (p := folder/name).resolve() not in skip)
 
 def _cut(files: Iterable[Path], size: int) -> Iterator[list[Path]]:
     "One folder's many files in runs of about `size`, cut only where the name's stem (before its first dot) changes."
@@ -1016,20 +1011,30 @@ def _cut(files: Iterable[Path], size: int) -> Iterator[list[Path]]:
         run.append(p)
     if run: yield run
 
+def _folder_units(folder: Path, skip: set, size: int) -> Iterator[tuple[Path, list[Path]]]:
+    "The (folder, files) units under `folder`, read once in name order: each JSON-lines file alone, the other files in"
+    "runs (`_cut`), then each subfolder's units; hidden entries left out."
+    for kind, entries in itertools.groupby(_Listing(folder).merged(), key=lambda e: e[0]):
+        names = (name for _, name in entries)
+        if kind == JSONL: yield from ((folder, [p]) for p in _files(folder, names, skip))
+        elif kind == FILE: yield from ((folder, run) for run in _cut(_files(folder, names, skip), size))
+        else:
+            for name in names: yield from _folder_units(folder/name, skip, size)
+
 def _input_units(path: Path, skip: set, size: int) -> Iterator[tuple[Path, list[Path]]]:
     "The (folder, files) units of one input path: a folder's files (cut when there are many), or one file."
     if not path.exists(): raise LegalnbError(f'{path}: no such file or folder')
     if path.is_dir():
-        for folder, files in _walk_files(path, skip):
-            yield from ((folder, [p]) for p in files(True))
-            yield from ((folder, run) for run in _cut(files(False), size))
+        yield from _folder_units(path, skip, size)
         return
     kind, what = file_kind(path)
     if kind not in DOCUMENT_KINDS:
         raise LegalnbError(f'{path}: {what or "a metadata file"}; expected a folder, a JSON-lines file, a Formex XML '
                            'file or an XHTML/HTML page')
     wrapper = kind == 'formex' and read_formex_file(path).tag == 'DOC'   # a wrapper names its act: read the folder
-    yield path.parent, ([*next(_walk_files(path.parent, skip))[1](False)] if wrapper else [path])
+    folder = path.parent
+    yield folder, (list(_files(folder, (name for kind, name in _Listing(folder).merged() if kind == FILE), skip))
+                   if wrapper else [path])
 
 def parse_batches(paths: str | Path | Iterable[str | Path], skip: Iterable[str | Path] = (),
                   size: int = PARSE_BATCH   # files a batch, about (a folder's publication is never cut)
