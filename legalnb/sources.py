@@ -26,17 +26,17 @@ from .core import Output, followed
 # %% auto #0
 __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORDS', 'EU_LANGUAGES', 'FORMEX_BLOCKS',
            'FORMEX_SKIP', 'FORMEX_LABELS', 'MONTHS', 'HTML_BLOCKS', 'HTML_SKIP', 'DOCUMENT_KINDS', 'NOT_DOCUMENTS',
-           'PARSE_BATCH', 'LISTING_RUN', 'LISTING_FAN_IN', 'JSONL', 'FILE', 'FOLDER', 'PARTS_FORMAT', 'SAMPLE_SUBJECTS',
-           'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS', 'OJ_NAMES', 'Document', 'write_jsonl', 'parse_date', 'Celex',
-           'parse_celex', 'base_celex', 'doc_type_from_celex', 'celex_from_number', 'doc_type_from_legal_value',
-           'doc_type_from_title', 'check_language', 'record_fields', 'document_from_record', 'read_jsonl_documents',
-           'skip_reason', 'formex_text', 'read_formex_file', 'formex_document', 'read_formex', 'date_in_words',
-           'number_in_title', 'html_root', 'Page', 'html_text', 'html_kind', 'oj_facts', 'consolidated_facts',
-           'eurlex_facts', 'eurlex_body', 'metadata_facts', 'read_html', 'html_document', 'file_kind', 'parse_batches',
-           'in_order', 'read_items', 'read_documents', 'report_path', 'parts_folder', 'parse_documents',
-           'write_parse_report', 'format_parse_summary', 'SampleAct', 'plan_act', 'sample_publications',
-           'formex_to_xhtml', 'amended', 'sample_versions', 'dump_publications', 'write_sample', 'sample_command',
-           'parse_command', 'sample_main', 'parse_main']
+           'PARSE_BATCH', 'LISTING_RUN', 'LISTING_FAN_IN', 'PARTS_FORMAT', 'SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES',
+           'SAMPLE_LANG_WEIGHTS', 'OJ_NAMES', 'Document', 'write_jsonl', 'parse_date', 'Celex', 'parse_celex',
+           'base_celex', 'doc_type_from_celex', 'celex_from_number', 'doc_type_from_legal_value', 'doc_type_from_title',
+           'check_language', 'record_fields', 'document_from_record', 'read_jsonl_documents', 'skip_reason',
+           'formex_text', 'read_formex_file', 'formex_document', 'read_formex', 'date_in_words', 'number_in_title',
+           'html_root', 'Page', 'html_text', 'html_kind', 'oj_facts', 'consolidated_facts', 'eurlex_facts',
+           'eurlex_body', 'metadata_facts', 'read_html', 'html_document', 'file_kind', 'parse_batches', 'in_order',
+           'read_items', 'read_documents', 'report_path', 'parts_folder', 'parse_documents', 'write_parse_report',
+           'format_parse_summary', 'SampleAct', 'plan_act', 'sample_publications', 'formex_to_xhtml', 'amended',
+           'sample_versions', 'dump_publications', 'write_sample', 'sample_command', 'parse_command', 'sample_main',
+           'parse_main']
 
 # %% ../nbs/00_sources.ipynb #9cdec564
 DOC_TYPES = ('regulation', 'directive', 'decision', 'recommendation', 'other')
@@ -973,7 +973,7 @@ def _unspill(f) -> Iterator[tuple[int, str]]:
         *whole, rest = (rest + block).split(b'\0')
         for r in whole: yield r[0] - 48, os.fsdecode(r[1:])
 
-JSONL, FILE, FOLDER = 0, 1, 2   # the kinds of a folder's entries, in the order they are read
+_JSONL, _FILE, _FOLDER = 0, 1, 2   # the kinds of a folder's entries, in the order they are read
 
 class _Listing:
     "The visible entries (kind, name) of one folder: its JSON-lines files, its other files, then its folders, each by"
@@ -988,7 +988,7 @@ class _Listing:
                     try: is_dir = e.is_dir()
                     except OSError: is_dir = False
                     if is_dir and e.is_symlink(): continue   # a linked folder is not followed
-                    run.append((FOLDER if is_dir else JSONL if e.name.endswith('.jsonl') else FILE, e.name))
+                    run.append((_FOLDER if is_dir else _JSONL if e.name.endswith('.jsonl') else _FILE, e.name))
                     if len(run) == LISTING_RUN: self.runs.append(_spill(sorted(run))); run = []
                     if len(self.runs) == LISTING_FAN_IN: self.runs = [_spill(self.merged())]
         except OSError: pass   # a folder that cannot be listed is passed over, as by os.walk
@@ -1016,8 +1016,8 @@ def _folder_units(folder: Path, skip: set, size: int) -> Iterator[tuple[Path, li
     "runs (`_cut`), then each subfolder's units; hidden entries left out."
     for kind, entries in itertools.groupby(_Listing(folder).merged(), key=lambda e: e[0]):
         names = (name for _, name in entries)
-        if kind == JSONL: yield from ((folder, [p]) for p in _files(folder, names, skip))
-        elif kind == FILE: yield from ((folder, run) for run in _cut(_files(folder, names, skip), size))
+        if kind == _JSONL: yield from ((folder, [p]) for p in _files(folder, names, skip))
+        elif kind == _FILE: yield from ((folder, run) for run in _cut(_files(folder, names, skip), size))
         else:
             for name in names: yield from _folder_units(folder/name, skip, size)
 
@@ -1033,7 +1033,7 @@ def _input_units(path: Path, skip: set, size: int) -> Iterator[tuple[Path, list[
                            'file or an XHTML/HTML page')
     wrapper = kind == 'formex' and read_formex_file(path).tag == 'DOC'   # a wrapper names its act: read the folder
     folder = path.parent
-    yield folder, (list(_files(folder, (name for kind, name in _Listing(folder).merged() if kind == FILE), skip))
+    yield folder, (list(_files(folder, (name for kind, name in _Listing(folder).merged() if kind == _FILE), skip))
                    if wrapper else [path])
 
 def parse_batches(paths: str | Path | Iterable[str | Path], skip: Iterable[str | Path] = (),
