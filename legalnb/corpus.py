@@ -4,7 +4,7 @@
 
 # %% ../nbs/02_corpus.ipynb #6e2b397c
 from __future__ import annotations
-import array, ctypes, hashlib, heapq, json, multiprocessing as mp, os, re, shlex, shutil, signal, time
+import ctypes, hashlib, heapq, json, multiprocessing as mp, os, re, shlex, shutil, signal, sqlite3, tempfile, time
 from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -299,6 +299,29 @@ def _act_int(key: str, seed: int) -> int:
     "`act_number` as the 64-bit integer it is made of (a hash of the act: equal for its every document)."
     return int.from_bytes(hashlib.sha256(f'{seed}:{key}'.encode()).digest()[:8], 'big')
 
+class _ActDays:
+    "The earliest day of each act (by its `_act_int`) in an SQLite file: memory stays flat however many acts there are"
+    def __init__(self, path: Path):
+        self.db, self.rows = sqlite3.connect(path), []
+        self.db.executescript('PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;'
+                              'CREATE TABLE acts (n INTEGER PRIMARY KEY, day INTEGER)')
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.db.close()
+    def add(self, n: int, day: date | None):
+        "One document of act `n`, dated `day` (None: no date)."
+        self.rows.append((n - (1 << 63), day.toordinal() if day else 1 << 40))   # SQLite's integers are signed
+        if len(self.rows) >= 1 << 14: self._flush()
+    def _flush(self):
+        self.db.executemany('INSERT INTO acts VALUES (?, ?) ON CONFLICT (n) DO UPDATE SET day = min(day, excluded.day)',
+                            self.rows)
+        self.rows.clear()
+    def count(self) -> int:
+        "How many acts were added."
+        self._flush(); return self.db.execute('SELECT count(*) FROM acts').fetchone()[0]
+    def first(self, n: int) -> int:
+        "The earliest day (an ordinal) of act `n`'s documents."
+        self._flush(); return self.db.execute('SELECT day FROM acts WHERE n = ?', (n - (1 << 63),)).fetchone()[0]
+
 def heldout_acts(selected: str | Path, val_docs: float, seed: int = 0,
                  val_after: date | str | None = None,  # also hold out the acts dated after this day
                  min_acts: int = VAL_MIN_ACTS,          # the fewest acts --val-docs holds out (all but one of fewer)
@@ -309,30 +332,25 @@ def heldout_acts(selected: str | Path, val_docs: float, seed: int = 0,
     after = parse_date(str(val_after), '--val-after') if val_after else None
     share, want, named = (val_docs if val_docs < 1 else 0), (int(val_docs) if val_docs >= 1 else 1), set(named)
     keep = max(want, min_acts) + 1 if val_docs else 0   # the acts of smallest numbers worth naming
-    numbers, days = array.array('Q'), array.array('q')  # per document (16 bytes): its act's number, its date as a day
     smallest, under, heap, late, found = {}, {}, [], set(), set()   # names: the `keep` smallest, those under the share,
                                                                     # those dated after, those named and present
-    for *_, rec in iter_selected(selected):
-        if not rec['text']: continue
-        key = act_key(rec); n = _act_int(key, seed)
-        try: d = parse_date(rec.get('date'))
-        except LegalnbError: d = None
-        numbers.append(n); days.append(d.toordinal() if d else 1 << 40)
-        if keep and key not in smallest and (len(heap) < keep or (-heap[0][0], heap[0][1]) > (n, key)):
-            smallest[key] = n; heapq.heappush(heap, (-n, key))   # a max-heap of the smallest (number, name)
-            if len(heap) > keep: smallest.pop(heapq.heappop(heap)[1])
-        if n < share * 2**64: under[key] = n   # every act under the share is named
-        if after and d and d > after: late.add(key)
-        if key in named: found.add(key)
-    nums = np.frombuffer(numbers, np.uint64)
+    with tempfile.TemporaryDirectory(prefix='legalnb-acts-') as tmp, _ActDays(Path(tmp)/'acts.db') as days:
+        for *_, rec in iter_selected(selected):
+            if not rec['text']: continue
+            key = act_key(rec); n = _act_int(key, seed)
+            try: d = parse_date(rec.get('date'))
+            except LegalnbError: d = None
+            days.add(n, d)
+            if keep and key not in smallest and (len(heap) < keep or (-heap[0][0], heap[0][1]) > (n, key)):
+                smallest[key] = n; heapq.heappush(heap, (-n, key))   # a max-heap of the smallest (number, name)
+                if len(heap) > keep: smallest.pop(heapq.heappop(heap)[1])
+            if n < share * 2**64: under[key] = n   # every act under the share is named
+            if after and d and d > after: late.add(key)
+            if key in named: found.add(key)
+        n_acts = days.count()   # an act is dated by its earliest document: late, when every document is after the day
+        late = {k for k in late if days.first(_act_int(k, seed)) > after.toordinal()}
     smallest |= under
-    n_acts, ranked = len(np.unique(nums)), sorted(smallest, key=lambda k: (smallest[k], k))
-    if late:   # an act is dated by its earliest document: keep those whose every document is after the day
-        order = np.argsort(nums, kind='stable')
-        nums, first = nums[order], np.frombuffer(days, np.int64)[order]
-        span = lambda k: slice(np.searchsorted(nums, _act_int(k, seed)),
-                               np.searchsorted(nums, _act_int(k, seed), 'right'))
-        late = {k for k in late if first[span(k)].min() > after.toordinal()}
+    ranked = sorted(smallest, key=lambda k: (smallest[k], k))
     held = late | found
     if val_docs: held |= set(ranked[:max(len(under) if share else want, 1)])
     floor = min(min_acts, n_acts - 1)

@@ -4,9 +4,9 @@
 
 # %% ../nbs/01_scoring.ipynb #f5b7bc0a
 from __future__ import annotations
-import array, copy, gc, itertools, json, os, random, re, tempfile, time, zlib
+import array, copy, gc, heapq, itertools, json, os, pickle, random, re, tempfile, time, zlib
 from collections import Counter, defaultdict
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, fields, asdict, replace
 from datetime import date
 from pathlib import Path
@@ -23,13 +23,14 @@ from .sources import Document, DOC_TYPES, write_jsonl, record_fields, skip_reaso
 
 # %% auto #0
 __all__ = ['PRIORITY_TOPICS', 'CHARS_PER_TOKEN', 'SCAN_RANGE', 'PREFER', 'SHINGLE_WORDS', 'NUM_PERM', 'LSH_WEIGHTS',
-           'ScoringRules', 'recency_points', 'type_points', 'length_points', 'topic_flags', 'subject_points',
-           'language_points', 'Score', 'score_document', 'estimate_tokens', 'split_long_text', 'tokenizer_counter',
-           'Candidate', 'year_band', 'Candidates', 'as_candidates', 'gc_paused', 'scan_documents', 'act_of', 'acts_of',
-           'prefer_versions', 'language_quotas', 'rank', 'choose_documents', 'split_by_share', 'document_quotas',
-           'with_score', 'copy_selected', 'write_selected', 'shingle_hashes', 'minhash', 'lsh_bands', 'near_duplicates',
-           'near_duplicate_share', 'minhash_of', 'synthetic_documents', 'select_documents', 'selection_report',
-           'report_table', 'write_report', 'plot_report', 'top_count', 'token_target', 'select_command', 'select_main']
+           'BAND_BUCKET', 'SPILL_FILES', 'SELECT_BUCKET', 'ScoringRules', 'recency_points', 'type_points',
+           'length_points', 'topic_flags', 'subject_points', 'language_points', 'Score', 'score_document',
+           'estimate_tokens', 'split_long_text', 'tokenizer_counter', 'Candidate', 'year_band', 'Candidates',
+           'as_candidates', 'gc_paused', 'scan_documents', 'act_of', 'acts_of', 'prefer_versions', 'language_quotas',
+           'rank', 'choose_documents', 'split_by_share', 'document_quotas', 'with_score', 'copy_selected',
+           'write_selected', 'shingle_hashes', 'minhash', 'lsh_bands', 'near_duplicates', 'near_duplicate_share',
+           'minhash_of', 'synthetic_documents', 'select_documents', 'selection_report', 'report_table', 'write_report',
+           'plot_report', 'top_count', 'token_target', 'select_command', 'select_main']
 
 # %% ../nbs/01_scoring.ipynb #718167de
 PRIORITY_TOPICS = ('data protection', 'gdpr', 'privacy', 'consumer rights', 'environment', 'climate',
@@ -366,40 +367,53 @@ def _first_of_each(cands: Candidates) -> np.ndarray:
     keep = np.ones(len(cands), bool); keep[order[again]] = False
     return keep
 
+def _scan_parts(path: Path, rules: ScoringRules, count_tokens: Callable[[str], int], strict: bool,
+                skipped: list | None, num_proc: int, state: dict) -> Iterator[tuple[Candidates, np.ndarray]]:
+    "Score `path` range by range across processes: each range's candidates and flags, in input order."
+    # `state` gets the file's `lines` (before the first range comes), why lines were skipped (`bad`), the `first` error
+    size = path.stat().st_size   # ranges of at most SCAN_RANGE bytes: what a process holds does not grow with the file
+    ranges = _line_ranges(path, max(-(-size // SCAN_RANGE), min(4 * num_proc, size >> 20) if num_proc > 1 else 1))
+    procs = min(num_proc, len(ranges))
+    _SCAN.update(rules=rules, count_tokens=count_tokens, strict=strict)
+    state.update(bad=Counter(), first='')
+    with (tqdm(total=size, unit='B', unit_scale=True, desc='scoring', disable=None) as bar, _pool(procs) as pool):
+        counts = list(in_order(pool, _count_lines, [(path, a, b) for a, b in ranges], procs))
+        state['lines'] = sum(counts)
+        jobs = [(path, a, b, n) for (a, b), n in zip(ranges, itertools.accumulate([0] + counts[:-1]))]
+        scanned = in_order(pool, _scan_range, jobs, 2 * procs if procs > 1 else 1)
+        for (a, b), (cands, flags, why, lost) in zip(ranges, scanned):
+            state['bad'].update(why); bar.update(b - a)
+            state['first'] = state['first'] or (lost[0]['error'] if lost else '')
+            if skipped is not None: skipped.extend(lost[:max(0, 10_000 - len(skipped))])
+            yield cands, flags
+
+def _check_read(path: Path, read: int, state: dict):
+    "Raise when no line of `path` was a document: an empty file, or one whose lines could not be read."
+    if read: return
+    if state['bad']:
+        more = sum(state['bad'].values()) - 1
+        raise LegalnbError(state['first'] + (f' (and {more:,} more lines could not be read)' if more else '')
+                           + '; no document could be read')
+    raise LegalnbError(f'{path}: no documents (the file is empty); expected one JSON document per line')
+
+def _scan_counters(read: int, flags: np.ndarray, bad: Counter | None = None) -> Counter:
+    "The first pass's counters: documents read, repeats dropped, the `flags` of those kept, lines skipped."
+    return Counter({'documents.read': read, 'dropped.duplicate': read - len(flags),
+                    **{name: int((flags >> bit & 1).sum()) for bit, name in enumerate(_FLAGS)},
+                    **{f'skipped.{r}': n for r, n in (bad or {}).items()}})
+
 def scan_documents(path: Path, rules: ScoringRules, count_tokens: Callable[[str], int] = estimate_tokens,
                    strict: bool = False,           # stop at the first line that cannot be read
                    skipped: list | None = None,    # a list to add each skipped line to: (line, reason, error)
                    num_proc: int = 1,              # processes, each scoring a range of the file
                   ) -> tuple[Candidates, Counter]:
     "First pass over the JSONL `path`: a `Candidate` per unique (CELEX, language), and named counters."
-    path = Path(path)
-    size = path.stat().st_size   # ranges of at most SCAN_RANGE bytes: what a process holds does not grow with the file
-    ranges = _line_ranges(path, max(-(-size // SCAN_RANGE), min(4 * num_proc, size >> 20) if num_proc > 1 else 1))
-    procs = min(num_proc, len(ranges))
-    _SCAN.update(rules=rules, count_tokens=count_tokens, strict=strict)
-    parts, flags, bad, first = [], [], Counter(), ''
-    with (tqdm(total=path.stat().st_size, unit='B', unit_scale=True, desc='scoring', disable=None) as bar,
-          _pool(procs) as pool):
-        counts = in_order(pool, _count_lines, [(path, a, b) for a, b in ranges[:-1]], procs)
-        lines = ([0] + list(itertools.accumulate(counts))
-                 if len(ranges) > 1 else [0])
-        jobs = [(path, a, b, n) for (a, b), n in zip(ranges, lines)]
-        scanned = in_order(pool, _scan_range, jobs, 2 * procs if procs > 1 else 1)
-        for (a, b), (cands, f, why, lost) in zip(ranges, scanned):
-            parts.append(cands); flags.append(f); bad.update(why); bar.update(b - a)
-            first = first or (lost[0]['error'] if lost else '')
-            if skipped is not None: skipped.extend(lost[:max(0, 10_000 - len(skipped))])
-    found, flags = Candidates.concat(parts), np.concatenate(flags) if flags else np.zeros(0, np.uint8)
-    read, keep = len(found), _first_of_each(found)
-    if not read and bad:
-        more = sum(bad.values()) - 1
-        raise LegalnbError(first + (f' (and {more:,} more lines could not be read)' if more else '')
-                           + '; no document could be read')
-    if not read: raise LegalnbError(f'{path}: no documents (the file is empty); expected one JSON document per line')
-    found, flags = found.take(keep), flags[keep]
-    return found, Counter({'documents.read': read, 'dropped.duplicate': read - len(found),
-                           **{name: int((flags >> bit & 1).sum()) for bit, name in enumerate(_FLAGS)},
-                           **{f'skipped.{r}': n for r, n in bad.items()}})
+    path, state = Path(path), {}
+    parts = list(_scan_parts(path, rules, count_tokens, strict, skipped, num_proc, state))
+    found, flags = Candidates.concat([c for c, _ in parts]), np.concatenate([f for _, f in parts])
+    _check_read(path, len(found), state)
+    keep = _first_of_each(found)
+    return found.take(keep), _scan_counters(len(found), flags[keep], state['bad'])
 
 PREFER = ('both', 'consolidated', 'original')
 
@@ -430,12 +444,17 @@ def prefer_versions(found: Candidates | list[Candidate], prefer: str = 'consolid
     "Keep the versions of each act (per language) that `prefer` asks for; return them and how many were dropped."
     if prefer not in PREFER: raise LegalnbError(f'--prefer must be one of {", ".join(PREFER)}, got {prefer!r}')
     found = as_candidates(found)
+    drop = _other_versions(found, prefer, counters)
+    return found.take(~drop), int(drop.sum())
+
+def _other_versions(found: Candidates, prefer: str, counters: Counter | None) -> np.ndarray:
+    "A mask of the candidates that are versions of an act `prefer` does not ask for; `counters` count those seen."
     index, starts, consolidated = _act_groups(found)
     sizes = np.diff(np.r_[starts, len(index)])
     if counters is not None:
         counters.update({'versions.acts': int((sizes > 1).sum()), 'versions.documents': int(sizes[sizes > 1].sum())})
-    if prefer == 'both': return found, 0
     drop = np.zeros(len(found), bool)
+    if prefer == 'both': return drop
     for s, n in zip(starts.tolist(), sizes.tolist()):
         if n < 2: continue
         cons = consolidated[s:s + n]   # sorted by CELEX: the newest consolidated text last
@@ -443,7 +462,7 @@ def prefer_versions(found: Candidates | list[Candidate], prefer: str = 'consolid
             keep = [s + int(np.flatnonzero(cons)[-1])] if cons.any() else [s + i for i in range(n)]
         else: keep = [s + i for i in np.flatnonzero(~cons)] if (~cons).any() else [s + int(np.flatnonzero(cons)[-1])]
         drop[index[s:s + n]] = True; drop[index[keep]] = False
-    return found.take(~drop), int(drop.sum())
+    return drop
 
 # %% ../nbs/01_scoring.ipynb #040c504b
 def language_quotas(input_tokens: dict[str, int], eligible_tokens: dict[str, int], target: int) -> dict[str, float]:
@@ -469,23 +488,25 @@ def choose_documents(found: Candidates | list[Candidate], quotas: dict[str, floa
                      ) -> tuple[Candidates, Counter]:
     "Take eligible candidates best first while their language is under quota, up to `target` and `top`; count why not."
     found = as_candidates(found)
-    why, taken, total, chosen = Counter(), Counter(), 0, array.array('q')
     eligible = np.flatnonzero(found.score >= threshold)
-    why['dropped.below_threshold'] = len(found) - len(eligible)
+    why = Counter({'dropped.below_threshold': len(found) - len(eligible)})
     ranked = eligible[found.take(eligible).rank_order()]
-    langs, i = found.names['lang'], 0
-    for start in range(0, len(ranked), 1 << 16):   # 65,536 at a time: Python integers for a slice, not for all
-        part = ranked[start:start + (1 << 16)]
-        for k, code, tokens in zip(part.tolist(), found.lang[part].tolist(), found.tokens[part].tolist()):
-            if total >= target: why['dropped.budget_reached'] += len(ranked) - i; break   # all the rest
-            if len(chosen) == top: why['dropped.top_reached'] += len(ranked) - i; break
-            lang, size = langs[code], (tokens if unit == 'tokens' else 1)
-            if taken[lang] + size / 2 > quotas.get(lang, 0): why['dropped.language_quota'] += 1
-            else: chosen.append(k); taken[lang] += size; total += size
-            i += 1
-        else: continue
-        break
-    return found.take(np.array(chosen, np.int64)), why
+    langs = np.array(found.names['lang'] or ('',), object)
+    rows = zip(ranked.tolist(), langs[found.lang[ranked]].tolist(), found.tokens[ranked].tolist())
+    chosen = np.fromiter(_take_best(rows, len(ranked), quotas, target, top, unit, why), np.int64)
+    return found.take(chosen), why
+
+def _take_best(ranked: Iterable[tuple[int, str, int]],  # (id, language, tokens) of eligible candidates, best first
+              n: int, quotas: dict[str, float], target: float, top: int | None,
+              unit: Literal['tokens', 'docs'], why: Counter) -> Iterator[int]:
+    "The ids `choose_documents` takes from a stream of `n` ranked candidates; `why` counts the others' reasons."
+    taken, total, chosen = Counter(), 0, 0
+    for i, (k, lang, tokens) in enumerate(ranked):
+        if total >= target: why['dropped.budget_reached'] += n - i; return   # all the rest
+        if chosen == top: why['dropped.top_reached'] += n - i; return
+        size = tokens if unit == 'tokens' else 1
+        if taken[lang] + size / 2 > quotas.get(lang, 0): why['dropped.language_quota'] += 1
+        else: chosen += 1; taken[lang] += size; total += size; yield k
 
 # %% ../nbs/01_scoring.ipynb #78b33f34
 def split_by_share(weights: dict[str, int], n: int) -> dict[str, int]:
@@ -501,11 +522,16 @@ def document_quotas(input_tokens: dict[str, int], eligible: Candidates | list[Ca
     eligible = as_candidates(eligible)
     langs = eligible.names['lang']
     have = Counter(dict(zip(langs, np.bincount(eligible.lang, minlength=len(langs)).tolist())))
+    return _document_quotas(input_tokens, have, (langs[c] for c in eligible.lang[eligible.rank_order()].tolist()), top)
+
+def _document_quotas(input_tokens: dict[str, int], have: Counter, ranked_langs: Iterable[str],
+                     top: int) -> dict[str, int]:
+    "`document_quotas` from the eligible documents per language (`have`) and their languages best first."
     quotas = {lang: min(n, have[lang]) for lang, n in split_by_share(input_tokens, top).items()}
     spare, seen = top - sum(quotas.values()), Counter()
-    for code in eligible.lang[eligible.rank_order()].tolist():   # the slots short languages leave go to the next best
+    for lang in ranked_langs:   # the slots short languages leave go to the next best
         if spare <= 0: break
-        lang = eligible.names['lang'][code]; seen[lang] += 1
+        seen[lang] += 1
         if seen[lang] > quotas[lang]: quotas[lang] += 1; spare -= 1
     return quotas
 
@@ -518,12 +544,17 @@ def with_score(line: bytes, score: int, tokens: int, rewrite: bool = False) -> b
 
 def copy_selected(src: Path, dest: Path, chosen: Candidates | Iterable[Candidate], rewrite: bool = False) -> int:
     "Copy the chosen documents' lines from `src` to the file `dest` in input order, adding score and tokens."
-    chosen, n = as_candidates(chosen), 0
+    chosen = as_candidates(chosen)
+    k = np.argsort(chosen.offset, kind='stable')   # input order: the reads move forward through the file
+    return _copy_lines(src, dest, zip(*(chosen.cols[c][k].tolist() for c in ('offset', 'size', 'score', 'tokens'))),
+                       rewrite)
+
+def _copy_lines(src: Path, dest: Path, lines: Iterable[tuple[int, int, int, int]], rewrite: bool) -> int:
+    "Copy the lines of `src` at (offset, size) to `dest` with their (score, tokens) added."
+    n = 0
     with open(src, 'rb') as f, open(dest, 'wb', buffering=1 << 20) as w:   # 1 MB: most lines outgrow the default 8 KB
-        # input order: the reads move forward through the file
-        for k in np.argsort(chosen.offset, kind='stable').tolist():
-            c = chosen.row(k)
-            w.write(with_score(os.pread(f.fileno(), c.size, c.offset), c.score, c.tokens, rewrite)); n += 1
+        for offset, size, score, tokens in lines:
+            w.write(with_score(os.pread(f.fileno(), size, offset), score, tokens, rewrite)); n += 1
     return n
 
 def write_selected(src: Path, out: str | Path, chosen: Candidates | Iterable[Candidate], rewrite: bool = False) -> int:
@@ -571,15 +602,17 @@ def _signatures(job: tuple[Path, list[int], list[int], int]) -> np.ndarray:
             out[i] = minhash(json.loads(os.pread(f.fileno(), s, o))['text'], num_perm).hashvalues
     return out
 
-def _band_keys(sigs: np.ndarray, langs: np.ndarray, bands: int, rows: int) -> np.ndarray:
+def _band_keys(sigs: np.ndarray, langs: np.ndarray, bands: int, rows: int, first: int = 0) -> np.ndarray:
     "(n, bands) 64-bit keys: band b of a signature (its `rows` values) and its language; equal keys: a candidate pair."
     keys = np.empty((len(sigs), bands), np.uint64)
     for b in range(bands):
         key = np.full(len(sigs), b + 1, np.uint64) * np.uint64(0x9E3779B97F4A7C15) + langs.astype(np.uint64)
         for j in range(b * rows, (b + 1) * rows): key = key * _ROLL + sigs[:, j]
         keys[:, b] = key
-    empty = (sigs == np.iinfo(np.uint32).max).all(1)   # no shingle at all (no word): never anyone's near-duplicate
-    keys[empty] = np.uint64(1 << 63) + np.flatnonzero(empty).astype(np.uint64)[:, None] * np.uint64(bands + 1)
+    # no shingle at all (no word): never anyone's near-duplicate, so a key of its own in each band (`first`: its rank)
+    empty = np.flatnonzero((sigs == np.iinfo(np.uint32).max).all(1))
+    keys[empty] = (np.uint64(1 << 63) + (first + empty).astype(np.uint64)[:, None] * np.uint64(bands)
+                   + np.arange(bands, dtype=np.uint64))
     return keys
 
 def _root(parent: array.array, i: int) -> int:
@@ -587,56 +620,107 @@ def _root(parent: array.array, i: int) -> int:
     while parent[i] != i: parent[i] = parent[parent[i]]; i = parent[i]
     return i
 
-def _similar_pairs(sigs: np.ndarray, keys: np.ndarray, threshold: float,
-                   chunk: int = 1 << 16) -> Iterator[tuple[int, int]]:
-    "(best, other) for each document sharing a key with a better-ranked one (rows in rank order), when similar enough."
-    order = np.argsort(keys, kind='stable')   # equal keys: best-ranked first
-    k = keys[order]
+_RANKED = np.dtype([('offset', '<i8'), ('size', '<i8'), ('tokens', '<i8'), ('row', '<i8'), ('score', '<i4'),
+                    ('lang', 'u1')])   # a candidate in a file of them best first: its line, tokens, row, language code
+_KEYED = np.dtype([('key', '<u8'), ('rank', '<i8')])   # a band key of the candidate at `rank`
+BAND_BUCKET = 1 << 17   # band keys compared at a time (2 MB); they are spread over files by their value
+SPILL_FILES = 512       # files written at once, at most (the usual limit is 1,024): beyond, each holds more
+
+def _ranked_records(found: Candidates, order: np.ndarray) -> np.ndarray:
+    "The candidates at `order` as `_RANKED` records (row: their index)."
+    rec = np.empty(len(order), _RANKED)
+    for k in ('offset', 'size', 'tokens', 'score', 'lang'): rec[k] = found.cols[k][order]
+    rec['row'] = order
+    return rec
+
+def _read_ranked(path: Path, chunk: int = 1 << 13) -> Iterator[tuple[int, np.ndarray]]:
+    "The records of a file of ranked candidates `chunk` at a time, each with the rank of its first."
+    with open(path, 'rb') as f:
+        rank = 0
+        while len(rec := np.fromfile(f, _RANKED, chunk)): yield rank, rec; rank += len(rec)
+
+def _signatures_of(src: Path, rec: np.ndarray, num_perm: int, pool, num_proc: int) -> np.ndarray:
+    "The MinHash signatures of the documents of `rec`, computed by `pool` 256 at a time, read in file order."
+    by_file = np.argsort(rec['offset'], kind='stable')
+    parts = [by_file[s:s + 256] for s in range(0, len(rec), 256)]
+    jobs = ((src, rec['offset'][i].tolist(), rec['size'][i].tolist(), num_perm) for i in parts)
+    sigs = np.empty((len(rec), num_perm), np.uint32)
+    for i, part in zip(parts, in_order(pool, _signatures, jobs, 2 * num_proc if num_proc > 1 else 1)): sigs[i] = part
+    return sigs
+
+def _sig_rows(fd: int, ranks: np.ndarray, num_perm: int) -> np.ndarray:
+    "Rows of the signatures file at `ranks` (read one by one: the file stays out of this process's memory)."
+    width = 4 * num_perm
+    return np.frombuffer(b''.join([os.pread(fd, width, r * width) for r in ranks.tolist()]),
+                         np.uint32).reshape(-1, num_perm)
+
+def _similar_pairs(fd: int, keyed: np.ndarray, threshold: float, num_perm: int, report: dict,
+                   chunk: int = 1 << 12) -> Iterator[tuple[int, int]]:
+    "(best, other) for each candidate sharing a band key with a better-ranked one, when their signatures agree enough."
+    if not len(keyed): return
+    order = np.lexsort((keyed['rank'], keyed['key']))   # equal keys: best-ranked first
+    k, ranks = keyed['key'][order], keyed['rank'][order]
     first = np.r_[True, k[1:] != k[:-1]]
-    best = order[np.maximum.accumulate(np.where(first, np.arange(len(k)), 0))][~first]   # each one's best partner
-    others = order[~first]
+    best = ranks[np.maximum.accumulate(np.where(first, np.arange(len(k)), 0))][~first]   # each one's best partner
+    others = ranks[~first]
+    report['candidate_pairs'] += len(others)
     for s in range(0, len(others), chunk):
         b, o = best[s:s + chunk], others[s:s + chunk]
-        close = (sigs[b] == sigs[o]).mean(1) >= threshold   # (chunk,): the share of equal MinHash values
+        close = (_sig_rows(fd, b, num_perm) == _sig_rows(fd, o, num_perm)).mean(1) >= threshold   # equal MinHashes
+        report['similar_pairs'] += int(close.sum())
         yield from zip(b[close].tolist(), o[close].tolist())
+
+def _near_duplicate_ranks(src: Path, ranked: Path, n: int, threshold: float, num_proc: int,
+                          num_perm: int = NUM_PERM) -> tuple[array.array, dict]:
+    "Groups of near-duplicates among the `n` candidates of the file `ranked` (best first): each rank's parent; counts."
+    bands, rows = lsh_bands(threshold, num_perm)
+    report = dict(threshold=threshold, shingle_words=SHINGLE_WORDS, num_perm=num_perm, bands=bands, rows=rows,
+                  compared=n, candidate_pairs=0, similar_pairs=0, groups=0, dropped=0)
+    files, tmp = min(SPILL_FILES, max(1, -(-n * bands // BAND_BUCKET))), ranked.parent
+    if n < 2: return array.array('i', range(n)), report
+    with (open(tmp/'signatures', 'wb') as sigs, ExitStack() as stack, _pool(num_proc) as pool,
+          tqdm(total=n, desc='near-duplicates', unit=' doc', disable=None) as bar):   # 512 bytes a document
+        keyed = [stack.enter_context(open(tmp/f'keys-{j}', 'wb')) for j in range(files)]   # 256 bytes a document
+        for first, rec in _read_ranked(ranked):
+            sig = _signatures_of(src, rec, num_perm, pool, num_proc)
+            sigs.write(sig.tobytes())
+            keys = np.empty((len(rec), bands), _KEYED)
+            keys['key'] = _band_keys(sig, rec['lang'], bands, rows, first)
+            keys['rank'] = np.arange(first, first + len(rec))[:, None]
+            which = keys['key'].ravel() % np.uint64(files)
+            order = np.argsort(which, kind='stable')
+            cuts = np.searchsorted(which[order], np.arange(files + 1, dtype=np.uint64))
+            for j in range(files): keys.ravel()[order[cuts[j]:cuts[j + 1]]].tofile(keyed[j])
+            bar.update(len(rec))
+    parent = array.array('i', range(n))   # 4 bytes a candidate
+    with open(tmp/'signatures', 'rb') as sigs:
+        for j in range(files):   # equal keys are in the same file
+            for best, other in _similar_pairs(sigs.fileno(), np.fromfile(tmp/f'keys-{j}', _KEYED), threshold,
+                                              num_perm, report):
+                a, b = _root(parent, best), _root(parent, other)
+                if a != b: parent[max(a, b)] = min(a, b)   # the group's root is its best-ranked member
+            os.remove(tmp/f'keys-{j}')
+    return parent, report
+
+def _dropped_ranks(parent: array.array) -> tuple[np.ndarray, int]:
+    "Which ranks are near-duplicates of a better-ranked one (not the root of their group), and how many groups drop."
+    dropped, rooted = np.zeros(len(parent), bool), bytearray(len(parent))
+    for i in range(len(parent)):
+        if (r := _root(parent, i)) != i: dropped[i] = True; rooted[r] = 1
+    return dropped, rooted.count(1)
 
 def near_duplicates(src: Path, found: Candidates, threshold: float = 0.8,
                     num_proc: int = 1,          # processes computing signatures
                     workdir: str | Path | None = None,  # where the signatures are kept while they are compared
                     num_perm: int = NUM_PERM) -> tuple[np.ndarray, dict]:
     "Which candidates are near-duplicates of a better-ranked one (Jaccard of 8-word shingles >= `threshold`); a report."
-    t0, n = time.perf_counter(), len(found)
-    bands, rows = lsh_bands(threshold, num_perm)
-    report = dict(threshold=threshold, shingle_words=SHINGLE_WORDS, num_perm=num_perm, bands=bands, rows=rows,
-                  compared=n, candidate_pairs=0, similar_pairs=0, groups=0, dropped=0)
-    if n < 2: return np.zeros(n, bool), dict(report, seconds=round(time.perf_counter() - t0, 3))
-    order = found.rank_order()                    # position p in rank order is candidate order[p]
-    by_file = np.argsort(found.offset[order])     # positions in file order: the reads move forward
-    langs = found.lang[order]
-    with tempfile.TemporaryDirectory(dir=workdir, prefix='.near-duplicates-') as tmp, _pool(num_proc) as pool:
-        # 512 bytes a document
-        sigs = np.lib.format.open_memmap(Path(tmp)/'signatures.npy', 'w+', np.uint32, (n, num_perm))
-        step = 256
-        jobs = ((src, found.offset[order[p]].tolist(), found.size[order[p]].tolist(), num_perm)
-                for p in (by_file[s:s + step] for s in range(0, n, step)))
-        for s, part in zip(range(0, n, step), in_order(pool, _signatures, jobs, 2 * num_proc if num_proc > 1 else 1)):
-            sigs[by_file[s:s + step]] = part
-        # 128 bytes a document at 0.8
-        keys = np.lib.format.open_memmap(Path(tmp)/'bands.npy', 'w+', np.uint64, (n, bands))
-        for s in range(0, n, 1 << 16):   # 65,536 signatures (32 MB) at a time
-            keys[s:s + (1 << 16)] = _band_keys(sigs[s:s + (1 << 16)], langs[s:s + (1 << 16)], bands, rows)
-        parent = array.array('q', range(n))
-        for band in range(bands):
-            column = np.array(keys[:, band])   # (n,) in memory: 8 bytes a document
-            for best, other in _similar_pairs(sigs, column, threshold):
-                report['similar_pairs'] += 1
-                a, b = _root(parent, best), _root(parent, other)
-                if a != b: parent[max(a, b)] = min(a, b)   # the group's root is its best-ranked member
-            report['candidate_pairs'] += int(n - len(np.unique(column)))
-        dropped = np.fromiter((_root(parent, p) != p for p in range(n)), bool, n)
-    drop = np.zeros(n, bool); drop[order[dropped]] = True
-    roots = {_root(parent, p) for p in np.flatnonzero(dropped).tolist()}
-    return drop, dict(report, groups=len(roots), dropped=int(drop.sum()), seconds=round(time.perf_counter() - t0, 3))
+    t0, order = time.perf_counter(), found.rank_order()
+    with tempfile.TemporaryDirectory(dir=workdir, prefix='.near-duplicates-') as tmp:
+        _ranked_records(found, order).tofile(Path(tmp)/'ranked')
+        parent, report = _near_duplicate_ranks(src, Path(tmp)/'ranked', len(found), threshold, num_proc, num_perm)
+    dropped, groups = _dropped_ranks(parent)
+    drop = np.zeros(len(found), bool); drop[order[dropped]] = True
+    return drop, dict(report, groups=groups, dropped=int(drop.sum()), seconds=round(time.perf_counter() - t0, 3))
 
 # %% ../nbs/01_scoring.ipynb #8082131a
 def near_duplicate_share(path: str | Path, threshold: float = 0.8) -> dict:
@@ -740,32 +824,153 @@ def select_documents(src: str | Path, out: str | Path,
     if not src.is_file():
         raise LegalnbError(f'{src}: no such file; expected a JSONL file of documents (the output of legalnb parse)')
     if prefer not in PREFER: raise LegalnbError(f'--prefer must be one of {", ".join(PREFER)}, got {prefer!r}')
-    skipped = []
-    found, counters = scan_documents(src, rules, tokenizer_counter(tokenizer) if tokenizer else estimate_tokens,
-                                     strict, skipped, num_proc)
-    found, counters['dropped.other_version'] = prefer_versions(found, prefer, counters)
-    near = None
-    if near_dup:
-        eligible = np.flatnonzero(found.score >= rules.threshold)   # the others cannot be chosen: not compared
-        drop, near = near_duplicates(src, found.take(eligible), near_dup, num_proc, Path(os.path.abspath(out)).parent)
-        keep = np.ones(len(found), bool); keep[eligible[drop]] = False
-        found, counters['dropped.near_duplicate'] = found.take(keep), int(drop.sum())
-    input_tokens, eligible_tokens = _tokens_per_lang(found), _tokens_per_lang(found, found.score >= rules.threshold)
-    if target_tokens is None:   # top alone: no token budget, so the language mix is kept in documents
-        quotas = document_quotas(input_tokens, found.take(found.score >= rules.threshold), top)
-        chosen, why = choose_documents(found, quotas, float('inf'), rules.threshold, top, unit='docs')
-    else:
-        quotas = language_quotas(input_tokens, eligible_tokens, target_tokens)
-        chosen, why = choose_documents(found, quotas, target_tokens, rules.threshold, top)
     token_source = f'tokenizer {tokenizer}' if tokenizer else f'estimate: characters / {CHARS_PER_TOKEN}'
-    counters.update(why)
-    with atomic_write(out) as tmp:   # the report is written inside: if it fails, the selection is not replaced either
-        copy_selected(src, tmp, chosen, rewrite=counters['kept.rescored'] > 0)
-        result = selection_report(found, chosen, counters, quotas, rules, target_tokens, tolerance, token_source,
-                                  dict(input=str(src), output=str(out), seconds=round(time.perf_counter() - t0, 3),
-                                       prefer=prefer, near_duplicates=near, skipped=skipped[:1000]), top)
-        if report: write_report(result, report)
+    skipped, meta = [], dict(input=str(src), output=str(out), prefer=prefer, near_duplicates=None)
+    work = next(p for p in Path(os.path.abspath(out)).parents if p.is_dir())   # beside the output, or its first folder
+    with tempfile.TemporaryDirectory(dir=work, prefix='.select-') as tmp:
+        tmp = Path(tmp)   # what select keeps on disk: a few hundred bytes a document
+        read, buckets, langs, state = _spill_scan(src, rules, tokenizer_counter(tokenizer) if tokenizer
+                                                  else estimate_tokens, strict, skipped, num_proc, tmp)
+        _check_read(src, read, state)
+        counters, rest, kept = _spill_versions(tmp, buckets, prefer, rules)
+        counters.update({f'skipped.{r}': n for r, n in state['bad'].items()})
+        n = _write_ranked(_merged_runs(tmp, buckets), tmp/'ranked', langs)
+        marks = np.zeros(read, np.uint8)   # a byte a row: _NEAR, _PICKED
+        if near_dup:
+            t1 = time.perf_counter()
+            parent, near = _near_duplicate_ranks(src, tmp/'ranked', n, near_dup, num_proc)
+            dropped, groups = _dropped_ranks(parent); del parent
+            for first, rec in _read_ranked(tmp/'ranked'): marks[rec['row'][dropped[first:first + len(rec)]]] |= _NEAR
+            meta['near_duplicates'] = dict(near, groups=groups, dropped=int(dropped.sum()),
+                                           seconds=round(time.perf_counter() - t1, 3))
+            counters['dropped.near_duplicate'] = int(dropped.sum())
+        quotas, why = _choose_ranked(tmp/'ranked', marks, langs, rest, target_tokens, top)
+        counters.update(why, **{'dropped.below_threshold': kept - n})
+        tally = _tally_kept(tmp, buckets, marks, rules)
+        with atomic_write(out) as dest:   # the report is written inside: if it fails, the selection is not replaced
+            _copy_lines(src, dest, _picked_lines(tmp/'rows', marks), rewrite=counters['kept.rescored'] > 0)
+            meta.update(seconds=round(time.perf_counter() - t0, 3), skipped=skipped[:1000])
+            result = _report(tally, counters, quotas, rules, target_tokens, tolerance, token_source, meta, top)
+            if report: write_report(result, report)
     return result
+
+# %% ../nbs/01_scoring.ipynb #5e1ec7ed
+SELECT_BUCKET = 1 << 14   # candidates in a file of them, on average: select holds one file's at a time (~4 MB)
+_ROW = np.dtype([('offset', '<i8'), ('size', '<i8'), ('score', '<i4'), ('tokens', '<i8')])   # a row of the input
+_NEAR, _PICKED = 1, 2     # bits of a row's mark
+
+def _spill(f, *parts): pickle.dump(parts, f, pickle.HIGHEST_PROTOCOL)
+
+def _unspill(path: Path) -> Iterator[tuple]:
+    "What `_spill` wrote to the file `path`, one call's parts at a time."
+    with open(path, 'rb') as f:
+        while f.peek(1): yield pickle.load(f)
+
+def _bucket_of(cands: Candidates, rows: np.ndarray, buckets: int) -> np.ndarray:
+    "The file of each candidate: by its act (the versions and repeats of an act meet), by its row without a CELEX."
+    acts, _ = acts_of(cands.celex)
+    return np.where(cands.celex == b'', rows, [zlib.crc32(a) for a in acts.tolist()]).astype(np.int64) % buckets
+
+def _spill_scan(src: Path, rules: ScoringRules, count_tokens: Callable[[str], int], strict: bool,
+                skipped: list, num_proc: int, tmp: Path) -> tuple[int, int, tuple, dict]:
+    "The first pass into files: candidates by act (`bucket-B`), each row's line, score and tokens (`rows`)."
+    state, read, langs, buckets = {}, 0, set(), []
+    with open(tmp/'rows', 'wb') as rows, ExitStack() as stack:
+        for cands, flags in _scan_parts(src, rules, count_tokens, strict, skipped, num_proc, state):
+            if not buckets:   # the number of lines is known once the first range comes
+                buckets = [stack.enter_context(open(tmp/f'bucket-{b}', 'wb'))
+                           for b in range(min(SPILL_FILES, max(1, -(-state['lines'] // SELECT_BUCKET))))]
+            ids = np.arange(read, read + len(cands)); read += len(cands)
+            rec = np.empty(len(cands), _ROW)
+            for k in _ROW.names: rec[k] = cands.cols[k]
+            rec.tofile(rows); langs.update(cands.names['lang'])
+            which = _bucket_of(cands, ids, len(buckets))
+            for b in np.unique(which).tolist(): _spill(buckets[b], cands.take(which == b), flags[which == b],
+                                                       ids[which == b])
+    return read, len(buckets), tuple(sorted(langs)), state
+
+def _spill_versions(tmp: Path, buckets: int, prefer: str, rules: ScoringRules) -> tuple[Counter, Counter, int]:
+    "Per file: the first of each (CELEX, language), the versions `prefer` asks for (`kept-B`), its eligible best first."
+    counters, rest, kept = Counter(), Counter(), 0   # rest: tokens per language of those below the threshold
+    for b in range(buckets):
+        parts = list(_unspill(tmp/f'bucket-{b}')) or [(Candidates.from_rows([]), np.zeros(0, np.uint8),
+                                                        np.zeros(0, np.int64))]
+        os.remove(tmp/f'bucket-{b}')
+        cands, flags, rows = zip(*parts)
+        cands, flags, rows = Candidates.concat(list(cands)), np.concatenate(flags), np.concatenate(rows)
+        first = _first_of_each(cands)
+        counters.update(_scan_counters(len(cands), flags[first]))
+        cands, rows = cands.take(first), rows[first]
+        other = _other_versions(cands, prefer, counters)
+        counters['dropped.other_version'] += int(other.sum())
+        cands, rows = cands.take(~other), rows[~other]; kept += len(cands)
+        with open(tmp/f'kept-{b}', 'wb') as f: _spill(f, cands, rows)
+        ok = cands.score >= rules.threshold
+        rest.update(_tokens_per_lang(cands, ~ok))
+        ranked = np.flatnonzero(ok)[cands.take(ok).rank_order()]
+        with open(tmp/f'run-{b}', 'wb') as f:
+            for s in range(0, len(ranked), 256): _spill(f, cands.take(ranked[s:s + 256]), rows[ranked[s:s + 256]])
+    return counters, rest, kept
+
+def _merged_runs(tmp: Path, buckets: int) -> Iterator[tuple]:
+    "The eligible candidates of all files best first: (-score, CELEX, language, offset, size, tokens, row)."
+    def run(b):
+        for cands, rows in _unspill(tmp/f'run-{b}'):
+            yield from zip((-cands.score.astype(np.int64)).tolist(), cands.celex.tolist(),
+                           cands.values('lang').tolist(),
+                           *(cands.cols[k].tolist() for k in ('offset', 'size', 'tokens')), rows.tolist())
+    return heapq.merge(*(run(b) for b in range(buckets)))   # `rank`'s order: score, CELEX, language, offset
+
+def _write_ranked(merged: Iterator[tuple], dest: Path, langs: tuple) -> int:
+    "Write the merged candidates to `dest` as `_RANKED` records; return how many."
+    code, n = {l: i for i, l in enumerate(langs)}, 0
+    with open(dest, 'wb') as f:
+        while block := list(itertools.islice(merged, 1 << 13)):
+            score, _, lang, offset, size, tokens, row = zip(*block)
+            rec = np.empty(len(block), _RANKED)
+            rec['score'], rec['lang'] = np.negative(score), [code[l] for l in lang]
+            rec['offset'], rec['size'], rec['tokens'], rec['row'] = offset, size, tokens, row
+            rec.tofile(f); n += len(block)
+    return n
+
+def _live_ranked(path: Path, marks: np.ndarray, langs: tuple) -> Iterator[tuple[int, str, int]]:
+    "(row, language, tokens) of the ranked candidates not dropped as near-duplicates, best first."
+    names = np.array(langs or ('',), object)
+    for _, rec in _read_ranked(path):
+        rec = rec[marks[rec['row']] & _NEAR == 0]
+        yield from zip(rec['row'].tolist(), names[rec['lang']].tolist(), rec['tokens'].tolist())
+
+def _choose_ranked(path: Path, marks: np.ndarray, langs: tuple, rest: Counter, target: int | None,
+                   top: int | None) -> tuple[dict, Counter]:
+    "Quotas from the tokens per language, then `choose_documents` over the ranked file: marks the rows picked."
+    eligible, have = Counter(), Counter()
+    for _, lang, tokens in _live_ranked(path, marks, langs): eligible[lang] += tokens; have[lang] += 1
+    input_tokens, why = Counter(dict(sorted((rest + eligible).items()))), Counter()
+    if target is None:   # top alone: no token budget, so the language mix is kept in documents
+        quotas = _document_quotas(input_tokens, have, (l for _, l, _ in _live_ranked(path, marks, langs)), top)
+        picked = _take_best(_live_ranked(path, marks, langs), have.total(), quotas, float('inf'), top, 'docs', why)
+    else:
+        quotas = language_quotas(input_tokens, eligible, target)
+        picked = _take_best(_live_ranked(path, marks, langs), have.total(), quotas, target, top, 'tokens', why)
+    for row in picked: marks[row] |= _PICKED
+    return quotas, why
+
+def _tally_kept(tmp: Path, buckets: int, marks: np.ndarray, rules: ScoringRules) -> dict:
+    "The report's tally of the candidates left (not near-duplicates), file by file."
+    tally = None
+    for b in range(buckets):
+        for cands, rows in _unspill(tmp/f'kept-{b}'):
+            m = marks[rows]; live = m & _NEAR == 0
+            tally = _add_tally(tally, _tally_found(cands.take(live), m[live] & _PICKED > 0, rules))
+    return tally
+
+def _picked_lines(path: Path, marks: np.ndarray) -> Iterator[tuple[int, int, int, int]]:
+    "(offset, size, score, tokens) of the rows picked, in input order."
+    with open(path, 'rb') as f:
+        row = 0
+        while len(rec := np.fromfile(f, _ROW, 1 << 13)):
+            rec, row = rec[marks[row:row + len(rec)] & _PICKED > 0], row + len(rec)
+            yield from zip(*(rec[k].tolist() for k in ('offset', 'size', 'score', 'tokens')))
 
 # %% ../nbs/01_scoring.ipynb #d97402b9
 def _groups(found: Candidates, picked: np.ndarray, threshold: int) -> dict:
@@ -815,34 +1020,60 @@ def selection_report(found: Candidates | list[Candidate], chosen: Candidates | l
                      rules: ScoringRules, target: int | None, tolerance: float, token_source: str, meta: dict,
                      top: int | None = None) -> dict:
     "The selection report: counters, tallies per language / type / year band, score distributions, shortfalls, balance."
-    unit = 'tokens' if target is not None else 'docs'   # top alone: quotas and shares count documents
     found, chosen = as_candidates(found), as_candidates(chosen)
-    groups = _groups(found, np.isin(found.offset, chosen.offset), rules.threshold)
+    tally = _tally_found(found, np.isin(found.offset, chosen.offset), rules)
+    return _report(tally, counters, quotas, rules, target, tolerance, token_source, meta, top)
+
+def _highest(rules: ScoringRules) -> int:
+    "The highest score the rules can give."
+    tables = ([p for _, p in rules.recency], rules.types.values(), [p for _, p in rules.length])
+    return sum(max(points, default=0) for points in tables) + rules.priority_points + rules.language_points
+
+def _tally_found(found: Candidates, picked: np.ndarray, rules: ScoringRules) -> dict:
+    "What the report counts of the candidates left, `picked` the selected ones; tallies of parts add up."
+    highest, scores = _highest(rules), found.score.astype(np.int64)
+    return dict(groups=_groups(found, picked, rules.threshold), found=len(found), chosen=int(picked.sum()),
+                score_all=int(scores.sum()), score_chosen=int(scores[picked].sum()),
+                histogram_all=np.array(_histogram(scores, highest)),
+                histogram_chosen=np.array(_histogram(scores[picked], highest)))
+
+def _add_tally(a: dict | None, b: dict) -> dict:
+    "Two tallies as one."
+    if a is None: return b
+    groups = dict(a['groups'])
+    for key, (docs, tokens) in b['groups'].items():
+        d, t = groups.get(key, (0, 0)); groups[key] = [d + docs, t + tokens]
+    return dict(groups=groups, **{k: a[k] + b[k] for k in a if k != 'groups'})
+
+def _report(tally: dict, counters: Counter, quotas: dict, rules: ScoringRules, target: int | None, tolerance: float,
+            token_source: str, meta: dict, top: int | None) -> dict:
+    "`selection_report` from a tally of the candidates left."
+    unit = 'tokens' if target is not None else 'docs'   # top alone: quotas and shares count documents
+    groups = dict(sorted(tally['groups'].items()))
     langs = _tally(groups, 0)
     shortfalls = _language_rows(langs, quotas, target if unit == 'tokens' else top, unit)
     gaps = {lang: abs(r['selected_share'] - r['target_share']) for lang, r in langs.items()}
-    limit = tolerance if unit == 'tokens' else 1 / max(len(chosen), 1) + 1e-12   # documents: within one document
+    limit = tolerance if unit == 'tokens' else 1 / max(tally['chosen'], 1) + 1e-12   # documents: within one
     starts = [1] + [y for y, _ in rules.recency][::-1]
     bands = [year_band(None, rules)] + [year_band(date(y, 1, 1), rules) for y in starts]
-    tables = ([p for _, p in rules.recency], rules.types.values(), [p for _, p in rules.length])
-    highest = sum(max(points, default=0) for points in tables) + rules.priority_points + rules.language_points
     for name in ('dropped.below_threshold', 'dropped.budget_reached', 'dropped.language_quota', 'dropped.duplicate',
                  'dropped.other_version', 'dropped.near_duplicate', 'dropped.top_reached', 'versions.acts',
                  'versions.documents',
                  'kept.no_date', 'kept.unknown_type', 'kept.rescored'):
         counters.setdefault(name, 0)   # every reason is reported, 0 included
     n_sel = sum(r['tokens_selected'] for r in langs.values())
-    counters.update({'documents.unique': len(found), 'documents.selected': len(chosen), 'tokens.selected': n_sel,
+    counters.update({'documents.unique': tally['found'], 'documents.selected': tally['chosen'],
+                     'tokens.selected': n_sel,
                      'tokens.input': sum(r['tokens'] for r in langs.values()),
                      'tokens.eligible': sum(r['eligible_tokens'] for r in langs.values())})
     return dict(meta, target_tokens=target, top=top, threshold=rules.threshold, tolerance=tolerance,
                 token_counter=token_source, share_unit=unit, counters={k: counters[k] for k in sorted(counters)},
                 target_fill=n_sel / target if target else None,
-                average_score={'all': float(found.score.mean()) if len(found) else 0.0,
-                               'selected': float(chosen.score.mean()) if len(chosen) else 0.0},
+                average_score={'all': tally['score_all'] / tally['found'] if tally['found'] else 0.0,
+                               'selected': tally['score_chosen'] / tally['chosen'] if tally['chosen'] else 0.0},
                 languages=langs, doc_types=_tally(groups, 1, list(DOC_TYPES)), year_bands=_tally(groups, 2, bands),
-                score_histogram={'bin_width': 10, 'all': _histogram(found.score, highest),
-                                 'selected': _histogram(chosen.score, highest)},
+                score_histogram={'bin_width': 10, 'all': tally['histogram_all'].tolist(),
+                                 'selected': tally['histogram_chosen'].tolist()},
                 shortfalls=shortfalls, balance={'max_gap': max(gaps.values()),
                                                 'ok': all(g <= limit for g in gaps.values()),
                                                 'outside': sorted(l for l, g in gaps.items() if g > limit)},
