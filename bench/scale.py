@@ -17,8 +17,8 @@ memory, RssAnon, sampled; CPU time): the table gives the wall time, the CPU time
 the main process and of the largest worker (resident, and anonymous in brackets), and the throughput per process
 (input MB / wall s / processes). Against the smallest size: time per GB, wall and CPU (linear: 1.00; the target is
 within 1.15; on a shared machine the CPU time is the steadier of the two) and peak memory (flat: 1.00), resident and
-anonymous. The two differ by the files a stage memory-maps (select's MinHash signatures, 512 bytes a document on disk):
-their pages count as resident while read, but they are page cache the kernel drops under pressure.
+anonymous. The two differ by the files a stage maps into memory (shared libraries; select's MinHash signatures until it
+read them back with pread): their pages count as resident, but they are page cache the kernel drops under pressure.
 --resume: a parse of the smallest dump killed (SIGKILL) half-way through its batches, then run again: the batches it
 kept, its time, and whether the output is the bytes of an uninterrupted run.
 """

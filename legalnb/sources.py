@@ -956,7 +956,7 @@ NOT_DOCUMENTS = frozenset(  # reasons for skipping a file that is not a document
 # %% ../nbs/00_sources.ipynb #c7b07092
 PARSE_BATCH = 256   # files a batch: what one process reads at a time, and the most a killed parse reads again
 
-LISTING_RUN = 50_000   # names of one folder held in memory at a time; a folder of more is sorted in runs on disk
+LISTING_RUN = 10_000   # names of one folder held in memory at a time; a folder of more is sorted in runs on disk
 LISTING_FAN_IN = 64    # runs merged at once: more are merged into one run first, so the merge's buffers stay few
 
 def _spill(entries: Iterable[tuple[int, str]]):
