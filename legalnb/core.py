@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb #c05bf6d8
 from __future__ import annotations
-import argparse, inspect, json, math, os, re, shutil, sys, tempfile, time, types, typing
+import argparse, ctypes, functools, inspect, json, math, os, re, shutil, sys, tempfile, time, types, typing
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, is_dataclass
 from pathlib import Path
@@ -14,11 +14,11 @@ from fastcore.docments import docments
 # %% auto #0
 __all__ = ['NUMBER_EXAMPLES', 'PRECISIONS', 'OWNED', 'OWNED_FORMAT', 'LOCK', 'LegalnbError', 'atomic_write', 'jsonl_record',
            'jsonl_records', 'read_json', 'parse_number', 'parse_count', 'format_duration', 'resolve_precision',
-           'cuda_capability', 'usable_cores', 'loader_workers', 'available_memory', 'refuse_oversized',
-           'refuse_overwriting_inputs', 'bookkeeping', 'foreign_files', 'refuse_foreign_files', 'folder_files',
-           'owned_files', 'unowned_stamps', 'record_written', 'remove_owned', 'lock_path', 'holder_alive',
-           'folder_lock', 'followed', 'refuse_unowned', 'output_folder', 'own_command', 'own_main', 'CommandParser',
-           'command_parser', 'Output', 'run_writing', 'run_command']
+           'cuda_capability', 'usable_cores', 'loader_workers', 'available_memory', 'refuse_oversized', 'libc',
+           'trim_memory', 'refuse_overwriting_inputs', 'bookkeeping', 'foreign_files', 'refuse_foreign_files',
+           'folder_files', 'owned_files', 'unowned_stamps', 'record_written', 'remove_owned', 'lock_path',
+           'holder_alive', 'folder_lock', 'followed', 'refuse_unowned', 'output_folder', 'own_command', 'own_main',
+           'CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -204,6 +204,17 @@ def refuse_oversized(path: str | Path,     # the config.json the sizes come from
         raise LegalnbError(f'{path}: a model of {params:,} parameters needs {nbytes / 2**30:,.1f} GiB, and '
                            f'{free / 2**30:,.1f} GiB are free {where}; check its sizes (a damaged or hostile '
                            'config.json), or load it on a machine with more memory')
+
+# %% ../nbs/00_core.ipynb #ec3d3ebd
+@functools.cache
+def libc():
+    "The C library through ctypes (None where it cannot be loaded)."
+    try: return ctypes.CDLL(None, use_errno=True)
+    except OSError: return None
+
+def trim_memory():
+    "Give the pages the heap has freed back to the system (glibc's `malloc_trim`; elsewhere nothing)."
+    if hasattr(lib := libc(), 'malloc_trim'): lib.malloc_trim(0)
 
 # %% ../nbs/00_core.ipynb #b5ff26f1
 def _same(a: Path, b: Path) -> bool:

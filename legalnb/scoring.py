@@ -702,25 +702,28 @@ def _near_duplicate_ranks(src: Path, ranked: Path, n: int, threshold: float, num
             os.remove(tmp/f'keys-{j}')
     return parent, report
 
-def _dropped_ranks(parent: array.array) -> tuple[np.ndarray, int]:
-    "Which ranks are near-duplicates of a better-ranked one (not the root of their group), and how many groups drop."
-    dropped, rooted = np.zeros(len(parent), bool), bytearray(len(parent))
-    for i in range(len(parent)):
+def _near_duplicate_ranked(src: Path, ranked: Path, n: int, threshold: float, num_proc: int,
+                           num_perm: int = NUM_PERM) -> tuple[np.ndarray, dict]:
+    "Which of the `n` candidates of the file `ranked` are near-duplicates of a better-ranked one; the report."
+    t0 = time.perf_counter()
+    parent, report = _near_duplicate_ranks(src, ranked, n, threshold, num_proc, num_perm)
+    dropped, rooted = np.zeros(n, bool), bytearray(n)   # dropped: not the root of their group; groups that drop
+    for i in range(n):
         if (r := _root(parent, i)) != i: dropped[i] = True; rooted[r] = 1
-    return dropped, rooted.count(1)
+    return dropped, dict(report, groups=rooted.count(1), dropped=int(dropped.sum()),
+                         seconds=round(time.perf_counter() - t0, 3))
 
 def near_duplicates(src: Path, found: Candidates, threshold: float = 0.8,
                     num_proc: int = 1,          # processes computing signatures
                     workdir: str | Path | None = None,  # where the signatures are kept while they are compared
                     num_perm: int = NUM_PERM) -> tuple[np.ndarray, dict]:
     "Which candidates are near-duplicates of a better-ranked one (Jaccard of 8-word shingles >= `threshold`); a report."
-    t0, order = time.perf_counter(), found.rank_order()
+    order = found.rank_order()
     with tempfile.TemporaryDirectory(dir=workdir, prefix='.near-duplicates-') as tmp:
         _ranked_records(found, order).tofile(Path(tmp)/'ranked')
-        parent, report = _near_duplicate_ranks(src, Path(tmp)/'ranked', len(found), threshold, num_proc, num_perm)
-    dropped, groups = _dropped_ranks(parent)
+        dropped, report = _near_duplicate_ranked(src, Path(tmp)/'ranked', len(found), threshold, num_proc, num_perm)
     drop = np.zeros(len(found), bool); drop[order[dropped]] = True
-    return drop, dict(report, groups=groups, dropped=int(drop.sum()), seconds=round(time.perf_counter() - t0, 3))
+    return drop, report
 
 # %% ../nbs/01_scoring.ipynb #8082131a
 def near_duplicate_share(path: str | Path, threshold: float = 0.8) -> dict:
@@ -837,12 +840,8 @@ def select_documents(src: str | Path, out: str | Path,
         n = _write_ranked(_merged_runs(tmp, buckets), tmp/'ranked', langs)
         marks = np.zeros(read, np.uint8)   # a byte a row: _NEAR, _PICKED
         if near_dup:
-            t1 = time.perf_counter()
-            parent, near = _near_duplicate_ranks(src, tmp/'ranked', n, near_dup, num_proc)
-            dropped, groups = _dropped_ranks(parent); del parent
+            dropped, meta['near_duplicates'] = _near_duplicate_ranked(src, tmp/'ranked', n, near_dup, num_proc)
             for first, rec in _read_ranked(tmp/'ranked'): marks[rec['row'][dropped[first:first + len(rec)]]] |= _NEAR
-            meta['near_duplicates'] = dict(near, groups=groups, dropped=int(dropped.sum()),
-                                           seconds=round(time.perf_counter() - t1, 3))
             counters['dropped.near_duplicate'] = int(dropped.sum())
         quotas, why = _choose_ranked(tmp/'ranked', marks, langs, rest, target_tokens, top)
         counters.update(why, **{'dropped.below_threshold': kept - n})

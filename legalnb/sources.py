@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from .core import (LegalnbError, _missing_parents, atomic_write, jsonl_records, refuse_overwriting_inputs, run_command,
                           usable_cores)
-from .core import Output, followed
+from .core import Output, followed, trim_memory
 
 # %% auto #0
 __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORDS', 'EU_LANGUAGES', 'FORMEX_BLOCKS',
@@ -1227,7 +1227,9 @@ def _parse_or_resume(job: tuple) -> tuple[dict, bool]:
     k, batch, notes, parts = job
     signature = _signature(batch)
     if (marker := _finished(parts, k, signature)) is not None: return marker, True
-    return _parse_batch((k, batch, notes, parts, signature)), False
+    marker = _parse_batch((k, batch, notes, parts, signature))
+    trim_memory()   # the batch's freed trees and strings (see core)
+    return marker, False
 
 @contextmanager
 def _exclusive(lock: Path):
@@ -1345,6 +1347,7 @@ def _parse(inputs, out, key, progress, strict, num_proc, notes, batch_files, on_
                     raise LegalnbError(first['error'] + '; without --strict it would be skipped and reported')
                 bar.update(sum(v for c, v in marker['counts'].items() if c.startswith('files.')))
                 if on_batch: on_batch(marker)
+                trim_memory()
         counts['batches'] = n
         with atomic_write(out) as tmp:
             _join_parts(parts, n, tmp, counts)
