@@ -12,8 +12,8 @@ from .core import LegalnbError, atomic_write, command_parser, format_duration, r
 from .core import output_folder, record_written, remove_owned
 
 # %% auto #0
-__all__ = ['COMMANDS', 'QUICKSTART_PROMPT', 'QUICKSTART_OUTPUTS', 'H100_PRICE', 'usage', 'main', 'prepare_workdir',
-           'h100_estimate', 'evaluation_lines', 'write_report', 'quickstart', 'quickstart_main']
+__all__ = ['COMMANDS', 'QUICKSTART_PROMPT', 'QUICKSTART_OUTPUTS', 'H100_PRICE', 'usage', 'main', 'exit_process', 'console',
+           'prepare_workdir', 'h100_estimate', 'evaluation_lines', 'write_report', 'quickstart', 'quickstart_main']
 
 # %% ../nbs/10_cli.ipynb #7a8ddd24
 COMMANDS = {  # name: ('module:function', one-line help)
@@ -61,6 +61,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f'legalnb {cmd}: error: {where}{e.strerror or e}', file=sys.stderr); return 2
     except KeyboardInterrupt:
         print(f'legalnb {cmd}: interrupted', file=sys.stderr); return 130
+
+# %% ../nbs/10_cli.ipynb #19cb5c2e
+def exit_process(code: int):
+    "End this command-line process with `code`. A process started by a launcher (torchrun, accelerate) for one rank "
+    "of several ends without the interpreter's teardown, its output flushed: there gloo's threads can abort a run "
+    "that has finished and saved everything ('terminate called without an active exception', exit -6; twice in CI's "
+    "two-process runs on a busy 2-core machine, the second time with the process group destroyed)."
+    if 'LOCAL_RANK' in os.environ and int(os.environ.get('WORLD_SIZE', 1)) > 1:
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+def console():
+    "The `legalnb` command."
+    exit_process(main())
 
 # %% ../nbs/10_cli.ipynb #1ee51b6e
 QUICKSTART_PROMPT = 'Article 1\nSubject matter\nThis Regulation lays down'
@@ -259,4 +274,4 @@ def quickstart_main(argv: list[str]) -> int:
 
 # %% ../nbs/10_cli.ipynb #4244909a
 #| eval: false
-if __name__ == '__main__': sys.exit(main())
+if __name__ == '__main__': exit_process(main())

@@ -1063,7 +1063,7 @@ def finetune_main(argv: list[str]) -> int:
     if main_rank and all(args.get(k) for k in ('model', 'data', 'out')):   # an input as --out, a file: said first
         check_run_folder(args['model'], args['data'], args['out'])
     try: return run_writing(finetune_command, args, 'legalnb finetune', [Output(ours=_run_file)] if main_rank else [])
-    finally:   # left to interpreter exit, gloo's threads can abort a finished run ("terminate called ...", exit -6)
+    finally:   # the rest of the way down is `cli.exit_process`'s
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 

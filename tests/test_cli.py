@@ -33,3 +33,15 @@ def test_bad_flags_are_one_line(argv, expect, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expect in err[0], err
+
+@pytest.mark.parametrize('env', [{}, {'LOCAL_RANK': '1', 'RANK': '1', 'WORLD_SIZE': '2'}])
+def test_the_command_exits_with_its_code_and_all_its_output(env, tmp_path):
+    "As a rank of a launched run the process skips the interpreter's teardown (`exit_process`): its code and every "
+    "line it wrote still arrive."
+    import os, subprocess, sys
+    from legalnb import __version__
+    env = {**os.environ, **env}
+    for argv, code, out, err in [(['--version'], 0, __version__, ''), (['nosuch'], 2, '', "unknown command 'nosuch'")]:
+        p = subprocess.run([sys.executable, '-m', 'legalnb.cli', *argv], env=env, capture_output=True, text=True,
+                           cwd=tmp_path, timeout=120)
+        assert (p.returncode, p.stdout.strip()) == (code, out) and err in p.stderr, p
