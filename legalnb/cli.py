@@ -4,43 +4,23 @@
 
 # %% ../nbs/10_cli.ipynb #8ee0a7d5
 from __future__ import annotations
-import argparse, importlib, json, math, os, shutil, sys, time
+import argparse, json, math, os, shutil, sys, time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Literal
-from .core import LegalnbError, atomic_write, command_parser, format_duration, read_json
+from .core import COMMANDS, LegalnbError, atomic_write, command_main, command_parser, format_duration, read_json
 from .core import output_folder, record_written, remove_owned
 
 # %% auto #0
-__all__ = ['COMMANDS', 'QUICKSTART_PROMPT', 'QUICKSTART_OUTPUTS', 'H100_PRICE', 'usage', 'main', 'exit_process', 'console',
-           'prepare_workdir', 'h100_estimate', 'evaluation_lines', 'write_report', 'quickstart', 'quickstart_main']
-
-# %% ../nbs/10_cli.ipynb #7a8ddd24
-COMMANDS = {  # name: ('module:function', one-line help)
-    'sample':       ('legalnb.sources:sample_main', 'write a synthetic Formex corpus for demos and tests'),
-    'parse':        ('legalnb.sources:parse_main', 'read Formex, XHTML/HTML and JSONL files into one normalised JSONL'),
-    'select':       ('legalnb.scoring:select_main', 'score documents; select the best (to a token target, or --top N)'),
-    'build-corpus': ('legalnb.corpus:build_corpus_main', 'tokenize and pack selected documents into .npy shards'),
-    'validate':     ('legalnb.data:validate_main', 'check pretokenized .npy/.pt files and print their statistics'),
-    'split':        ('legalnb.data:split_main', 'split pretokenized files into train/ and val/ (symbolic links)'),
-    'train':        ('legalnb.train:train_main', 'train a native model (one GPU, or many under torchrun)'),
-    'finetune':     ('legalnb.hf:finetune_main', 'continued pretraining or LoRA fine-tuning with transformers + peft'),
-    'evaluate':     ('legalnb.evaluate:evaluate_main', 'held-out loss, bits per byte, citations, loss by position'),
-    'generate':     ('legalnb.evaluate:generate_main', 'continue a prompt with a trained model, streaming the text'),
-    'compare':      ('legalnb.compare:compare_main', 'train several models on the same data and budget, and compare'),
-    'export':       ('legalnb.export:export_main', 'a trained model as a Hugging Face folder (AutoModelForCausalLM)'),
-    'estimate':     ('legalnb.calculator:estimate_main', 'time and cost of a training plan, checked against physics'),
-    'run':          ('legalnb.run:run_main', 'your documents to an evaluated model from one plan, resumable per stage'),
-    'quickstart':   ('legalnb.cli:quickstart_main', 'sample -> select -> corpus -> train a tiny model -> report'),
-    'own':          ('legalnb.core:own_main', "record a folder an older legalnb wrote (no records yet) as legalnb's"),
-}
+__all__ = ['QUICKSTART_PROMPT', 'QUICKSTART_OUTPUTS', 'H100_PRICE', 'usage', 'main', 'exit_process', 'console', 'prepare_workdir',
+           'h100_estimate', 'write_report', 'quickstart', 'quickstart_main']
 
 # %% ../nbs/10_cli.ipynb #3aaa7b0c
 def usage() -> str:
     "The text of `legalnb --help`."
     width = max(map(len, COMMANDS))
     lines = ['usage: legalnb COMMAND [ARGS...]   (legalnb COMMAND --help for its flags)', '', 'commands:']
-    lines += [f'  {name:<{width}}  {help_}' for name, (_, help_) in COMMANDS.items()]
+    lines += [f'  {name:<{width}}  {c.help}' for name, c in COMMANDS.items()]
     return '\n'.join(lines)
 
 # %% ../nbs/10_cli.ipynb #e4d4c182
@@ -53,8 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
         print(f'legalnb: unknown command {cmd!r}; choose from {", ".join(COMMANDS)}', file=sys.stderr); return 2
-    module, func = COMMANDS[cmd][0].split(':')
-    try: return getattr(importlib.import_module(module), func)(rest) or 0
+    try: return command_main(cmd)(rest) or 0
     except LegalnbError as e: print(f'legalnb {cmd}: error: {e}', file=sys.stderr); return 2
     except OSError as e:
         where = f'{e.filename}: ' if e.filename else ''
@@ -122,34 +101,11 @@ def h100_estimate(metrics: Path,            # the run's metrics.jsonl
 # %% ../nbs/10_cli.ipynb #c86194b7
 def _count_lines(path: Path) -> int: return sum(1 for _ in open(path, encoding='utf-8'))
 
-def _interval(ci: list | None) -> str:
-    "' (95% interval 1.201 to 1.268)', or '' without one."
-    return f' (95% interval {ci[0]:.3f} to {ci[1]:.3f})' if ci else ''
-
-def evaluation_lines(r: dict) -> list[str]:
-    "Report lines for an evaluation (legalnb.evaluate): bits per byte, citations, loss by position."
-    o, c, d = r['overall'], r['citations'], r['data']
-    ci = c.get('accuracy_ci')
-    cites = (f'{c["right"]:,} of {c["items"]:,} citation numbers completed exactly ({c["accuracy"]:.0%}'
-             + (f', 95% interval {ci[0]:.0%} to {ci[1]:.0%})' if ci else ')')
-             if c['items'] else 'no citations found in the held-out acts')
-    extra = []
-    if (g := r.get('general')): extra.append(f'{g["overall"]["bits_per_byte"]:.3f} bits per byte on general text'
-                                             f'{_interval(g["overall"].get("bits_per_byte_ci"))}')
-    if (x := r.get('rouge')) and x.get('rouge_l') is not None:
-        extra.append(f'ROUGE-L {x["rouge_l"]:.3f}{_interval(x.get("rouge_l_ci"))} of greedy continuations of '
-                     f'{x["openings"]} openings')
-    return [f'On {d["docs"]:,} held-out documents ({d["acts"]:,} acts never trained on): loss {o["loss"]:.3f}, '
-            f'perplexity {o["perplexity"]:.1f}, **{o["bits_per_byte"]:.3f} bits per byte**'
-            f'{_interval(o.get("bits_per_byte_ci"))}; {cites}' + ''.join(f'; {e}' for e in extra) + '. Intervals: '
-            'bootstrap over the held-out acts.', '',
-            '![loss by position](eval/loss_by_position.png)', '',
-            'Everything else (per language, type and decade; examples; generated continuations) is in `eval/eval.md`.']
-
 def write_report(wd: Path, summary: dict, sample: str, vocab_size: int, stage_s: float, train_s: float,
                  evaluation: dict | None = None) -> Path:
     "Write `report.md` in the quickstart folder; return its path."
     import platform, torch
+    from legalnb.evaluate import evaluation_lines
     m, s = read_json(wd/'corpus'/'manifest.json', 'a corpus manifest'), summary
     cpu = f'CPU ({os.cpu_count()} cores, {platform.machine()})'
     hw = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu

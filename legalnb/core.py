@@ -4,21 +4,22 @@
 
 # %% ../nbs/00_core.ipynb #c05bf6d8
 from __future__ import annotations
-import argparse, ctypes, functools, inspect, json, math, os, re, shutil, sys, tempfile, time, types, typing
+import argparse, ctypes, functools, importlib, inspect, json, math, os, re, shutil, sys, tempfile, time, types, typing
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, is_dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Literal
+from typing import Callable, Iterable, Iterator, Literal, NamedTuple
 from fastcore.docments import docments
 
 # %% auto #0
-__all__ = ['NUMBER_EXAMPLES', 'PRECISIONS', 'OWNED', 'OWNED_FORMAT', 'LOCK', 'LegalnbError', 'atomic_write', 'jsonl_record',
-           'jsonl_records', 'read_json', 'parse_number', 'parse_count', 'format_duration', 'resolve_precision',
-           'cuda_capability', 'usable_cores', 'loader_workers', 'available_memory', 'refuse_oversized', 'libc',
-           'trim_memory', 'refuse_overwriting_inputs', 'bookkeeping', 'foreign_files', 'refuse_foreign_files',
-           'folder_files', 'owned_files', 'unowned_stamps', 'record_written', 'remove_owned', 'lock_path',
-           'holder_alive', 'folder_lock', 'followed', 'refuse_unowned', 'output_folder', 'own_command', 'own_main',
-           'CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command']
+__all__ = ['NUMBER_EXAMPLES', 'PRECISIONS', 'OWNED', 'OWNED_FORMAT', 'LOCK', 'COMMANDS', 'LegalnbError', 'atomic_write',
+           'jsonl_record', 'jsonl_records', 'read_json', 'parse_number', 'parse_count', 'format_duration',
+           'resolve_precision', 'cuda_capability', 'usable_cores', 'loader_workers', 'available_memory',
+           'refuse_oversized', 'libc', 'trim_memory', 'refuse_overwriting_inputs', 'bookkeeping', 'foreign_files',
+           'refuse_foreign_files', 'folder_files', 'owned_files', 'unowned_stamps', 'record_written', 'remove_owned',
+           'lock_path', 'holder_alive', 'folder_lock', 'followed', 'refuse_unowned', 'output_folder', 'own_command',
+           'own_main', 'CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command', 'Command',
+           'command_main', 'command_flags']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -624,3 +625,59 @@ def run_command(func: Callable, argv: list[str], prog: str,
                 outputs: Iterable[Output] = ()) -> int:   # the folders it writes (see `Output`)
     "Parse `argv` with `command_parser(func)` and call `func` with the result; its return value is the exit code."
     return run_writing(func, vars(command_parser(func, prog).parse_args(list(map(str, argv)))), prog, outputs)
+
+# %% ../nbs/00_core.ipynb #2b84d0a8
+class Command(NamedTuple):
+    "A `legalnb` command: its entry point and its flags (`module:function` each), its line of help."
+    main: str         # the function that takes the arguments and returns the exit code
+    flags: str        # the function whose parameters are the flags, or (ending in _parser) that builds its parser
+    help: str
+
+COMMANDS = {
+    'sample':       Command('legalnb.sources:sample_main', 'legalnb.sources:sample_command',
+                            'write a synthetic Formex corpus for demos and tests'),
+    'parse':        Command('legalnb.sources:parse_main', 'legalnb.sources:parse_command',
+                            'read Formex, XHTML/HTML and JSONL files into one normalised JSONL'),
+    'select':       Command('legalnb.scoring:select_main', 'legalnb.scoring:select_command',
+                            'score documents; select the best (to a token target, or --top N)'),
+    'build-corpus': Command('legalnb.corpus:build_corpus_main', 'legalnb.corpus:build_corpus_command',
+                            'tokenize and pack selected documents into .npy shards'),
+    'validate':     Command('legalnb.data:validate_main', 'legalnb.data:validate_command',
+                            'check pretokenized .npy/.pt files and print their statistics'),
+    'split':        Command('legalnb.data:split_main', 'legalnb.data:split_command',
+                            'split pretokenized files into train/ and val/ (symbolic links)'),
+    'train':        Command('legalnb.train:train_main', 'legalnb.train:train_parser',
+                            'train a native model (one GPU, or many under torchrun)'),
+    'finetune':     Command('legalnb.hf:finetune_main', 'legalnb.hf:finetune_parser',
+                            'continued pretraining or LoRA fine-tuning with transformers + peft'),
+    'evaluate':     Command('legalnb.evaluate:evaluate_main', 'legalnb.evaluate:evaluate_parser',
+                            'held-out loss, bits per byte, citations, loss by position'),
+    'generate':     Command('legalnb.evaluate:generate_main', 'legalnb.evaluate:generate_command',
+                            'continue a prompt with a trained model, streaming the text'),
+    'compare':      Command('legalnb.compare:compare_main', 'legalnb.compare:compare_command',
+                            'train several models on the same data and budget, and compare'),
+    'export':       Command('legalnb.export:export_main', 'legalnb.export:export_command',
+                            'a trained model as a Hugging Face folder (AutoModelForCausalLM)'),
+    'estimate':     Command('legalnb.calculator:estimate_main', 'legalnb.calculator:estimate_command',
+                            'time and cost of a training plan, checked against physics'),
+    'run':          Command('legalnb.run:run_main', 'legalnb.run:run_parser',
+                            'your documents to an evaluated model from one plan, resumable per stage'),
+    'quickstart':   Command('legalnb.cli:quickstart_main', 'legalnb.cli:quickstart',
+                            'sample -> select -> corpus -> train a tiny model -> report'),
+    'own':          Command('legalnb.core:own_main', 'legalnb.core:own_command',
+                            "record a folder an older legalnb wrote (no records yet) as legalnb's"),
+}
+
+def _named(spec: str) -> Callable:
+    "The function `module:function` names."
+    module, name = spec.split(':')
+    return getattr(importlib.import_module(module), name)
+
+def command_main(name: str) -> Callable[[list[str]], int]:
+    "The entry point of `legalnb NAME`: it takes the arguments after the command and returns the exit code."
+    return _named(COMMANDS[name].main)
+
+def command_flags(name: str) -> argparse.ArgumentParser:
+    "The parser of `legalnb NAME`'s flags."
+    spec = COMMANDS[name].flags
+    return _named(spec)() if spec.endswith('_parser') else command_parser(_named(spec), f'legalnb {name}')

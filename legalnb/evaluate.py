@@ -34,9 +34,9 @@ __all__ = ['FORMAT', 'HF_DEFAULT_CONTEXT', 'TRUST_HINT', 'LN2', 'ACT_REF', 'ARTI
            'generate_samples', 'rouge_l', 'rouge_openings', 'score_rouge', 'document_rows', 'citation_marks',
            'resample_counts', 'unit_sums', 'estimate', 'add_intervals', 'general_texts', 'write_general_texts',
            'read_general', 'score_general', 'evaluate', 'format_table', 'report_markdown', 'write_report',
-           'write_lm_eval_tasks', 'run_harness', 'suite_tasks', 'harness_scores', 'written_by_evaluate',
-           'clear_other_modes', 'evaluate_command', 'evaluate_parser', 'evaluate_main', 'generate_command',
-           'generate_main']
+           'evaluation_lines', 'write_lm_eval_tasks', 'run_harness', 'suite_tasks', 'harness_scores',
+           'written_by_evaluate', 'clear_other_modes', 'evaluate_command', 'evaluate_parser', 'evaluate_main',
+           'generate_command', 'generate_main']
 
 # %% ../nbs/11_evaluate.ipynb #76359c74
 FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
@@ -941,6 +941,31 @@ def write_report(r: dict, out: str | Path,
         with atomic_write(out/name) as tmp: fig.savefig(tmp, format='png', dpi=100, metadata={'Software': None})
     with atomic_write(out/'eval.md') as tmp: tmp.write_text(report_markdown(r), encoding='utf-8')
     return [out/n for n in REPORT_FILES]
+
+# %% ../nbs/11_evaluate.ipynb #a9bb889d
+def _interval(ci: list | None) -> str:
+    "' (95% interval 1.201 to 1.268)', or '' without one."
+    return f' (95% interval {ci[0]:.3f} to {ci[1]:.3f})' if ci else ''
+
+def evaluation_lines(r: dict) -> list[str]:
+    "Report lines for an evaluation (legalnb.evaluate): bits per byte, citations, loss by position."
+    o, c, d = r['overall'], r['citations'], r['data']
+    ci = c.get('accuracy_ci')
+    cites = (f'{c["right"]:,} of {c["items"]:,} citation numbers completed exactly ({c["accuracy"]:.0%}'
+             + (f', 95% interval {ci[0]:.0%} to {ci[1]:.0%})' if ci else ')')
+             if c['items'] else 'no citations found in the held-out acts')
+    extra = []
+    if (g := r.get('general')): extra.append(f'{g["overall"]["bits_per_byte"]:.3f} bits per byte on general text'
+                                             f'{_interval(g["overall"].get("bits_per_byte_ci"))}')
+    if (x := r.get('rouge')) and x.get('rouge_l') is not None:
+        extra.append(f'ROUGE-L {x["rouge_l"]:.3f}{_interval(x.get("rouge_l_ci"))} of greedy continuations of '
+                     f'{x["openings"]} openings')
+    return [f'On {d["docs"]:,} held-out documents ({d["acts"]:,} acts never trained on): loss {o["loss"]:.3f}, '
+            f'perplexity {o["perplexity"]:.1f}, **{o["bits_per_byte"]:.3f} bits per byte**'
+            f'{_interval(o.get("bits_per_byte_ci"))}; {cites}' + ''.join(f'; {e}' for e in extra) + '. Intervals: '
+            'bootstrap over the held-out acts.', '',
+            '![loss by position](eval/loss_by_position.png)', '',
+            'Everything else (per language, type and decade; examples; generated continuations) is in `eval/eval.md`.']
 
 # %% ../nbs/11_evaluate.ipynb #7655c0e1
 TASKS = ('legalnb_heldout', 'legalnb_citations')   # the task names the exported YAML files declare

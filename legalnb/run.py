@@ -8,14 +8,15 @@ import argparse, hashlib, json, math, os, re, shlex, shutil, sys, time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from .core import LegalnbError, atomic_write, command_parser, format_duration, read_json, parse_number
+from .core import LegalnbError, atomic_write, command_flags, command_main, command_parser, format_duration
+from .core import read_json, parse_number
 
 # %% auto #0
-__all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'PLAN_TEMPLATE', 'WORK_NAMES', 'write_plan', 'stage_flags', 'read_plan',
-           'cli_overrides', 'Stage', 'build_stages', 'check_plan', 'fingerprint', 'read_record', 'write_record',
-           'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines', 'training_estimate', 'confirm',
-           'staged_files', 'stage_split', 'run_plan', 'reference_lines', 'write_report', 'run_command', 'run_parser',
-           'run_main']
+__all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'PLAN_TEMPLATE', 'WORK_NAMES', 'write_plan', 'stage_parser', 'stage_flags',
+           'read_plan', 'cli_overrides', 'Stage', 'build_stages', 'check_plan', 'fingerprint', 'read_record',
+           'write_record', 'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines', 'training_estimate',
+           'confirm', 'staged_files', 'stage_split', 'run_plan', 'reference_lines', 'write_report', 'run_command',
+           'run_parser', 'run_main']
 
 # %% ../nbs/14_run.ipynb #79e39887
 STAGES = ('parse', 'select', 'build-corpus', 'split', 'train', 'evaluate')  # 'train' is 'finetune' for an HF model
@@ -65,28 +66,15 @@ def write_plan(input: list[str] | None = None, out: str | None = None, preset: s
                                 preset=preset or 'fast', model=model or 'resonance', size=size or 'small')
 
 # %% ../nbs/14_run.ipynb #b7150321
-def _command(stage: str):
-    "The documented function and parser of `legalnb STAGE` (a second stage's `select-2` is `legalnb select`)."
-    stage = stage.removesuffix('-2')
-    if stage == 'parse':
-        from legalnb.sources import parse_command as f
-    elif stage == 'select':
-        from legalnb.scoring import select_command as f
-    elif stage == 'build-corpus':
-        from legalnb.corpus import build_corpus_command as f
-    elif stage == 'split':
-        from legalnb.data import split_command as f
-    elif stage in ('train', 'baseline'):
-        from legalnb.train import train_parser; return train_parser()
-    elif stage == 'finetune':
-        from legalnb.hf import finetune_parser; return finetune_parser()
-    else:
-        from legalnb.evaluate import evaluate_parser; return evaluate_parser()
-    return command_parser(f, f'legalnb {stage}')
+def stage_parser(stage: str) -> argparse.ArgumentParser:
+    "The parser of the command a stage runs (the baseline's is `legalnb train`, `select-2`'s `legalnb select`)."
+    name = stage.removesuffix('-2')
+    return command_flags('train' if name == 'baseline' else name)
 
 def stage_flags(stage: str) -> dict[str, argparse.Action]:
     "The flags of `legalnb STAGE` ('--seq-len' -> its argparse action)."
-    return {s: a for a in _command(stage)._actions for s in a.option_strings if s.startswith('--') and s != '--help'}
+    return {s: a for a in stage_parser(stage)._actions for s in a.option_strings
+            if s.startswith('--') and s != '--help'}
 
 def _argv(stage: str, section: dict, where: str) -> list[str]:
     "The flags a plan section names, as `legalnb STAGE` reads them; an unknown key names the section and key."
@@ -337,7 +325,7 @@ def check_plan(stages: list[Stage], top: dict) -> dict:
     "Every stage's flags parsed by its own parser, then the values that must agree; one line naming the fields."
     from legalnb.train import config_from_args
     for s in stages:
-        try: _command(s.name).parse_args(s.argv)
+        try: stage_parser(s.name).parse_args(s.argv)
         except LegalnbError as e: raise LegalnbError(f'{s.name}: {e}') from None
     sec, b = top['sections'], top['sections']['build-corpus']
     seq_len = int(parse_number(b['seq_len']))
@@ -615,10 +603,7 @@ def stage_split(split: Path, dest: Path, progress: bool = True) -> Path:
 # %% ../nbs/14_run.ipynb #0a843d82
 def _run_stage(s: Stage, argv: list[str]):
     "Run `legalnb STAGE ARGV` in this process; a failure stops the run."
-    from legalnb.cli import COMMANDS
-    import importlib
-    module, func = COMMANDS[s.name.removesuffix('-2')][0].split(':')   # select-2 is legalnb select
-    if getattr(importlib.import_module(module), func)(argv):
+    if command_main(s.name.removesuffix('-2'))(argv):   # select-2 is legalnb select
         raise LegalnbError(f'the {s.name} stage failed; see its messages above')
 
 def _ask_once(opts: dict, what: str):
@@ -782,7 +767,7 @@ def reference_lines(folder: Path, what: str) -> list[str]:
 
 def write_report(work: Path, stages: list[Stage], top: dict) -> Path:
     "Write report.md in the work folder: what each stage made and took, estimate against measurement, evaluation."
-    from legalnb.cli import evaluation_lines
+    from legalnb.evaluate import evaluation_lines
     secs = {s.name: read_record(work, s.name).get('seconds') for s in stages}
     m = read_json(work/'corpus'/'manifest.json', 'a corpus manifest')
     sp = read_json(work/'split'/'split.json', 'a split summary')

@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Iterator, Literal, NamedTuple
 
 import numpy as np
 import yaml
-from fastcore.basics import patch
+from fastcore.basics import adict, patch
 from tqdm.auto import tqdm
 
 from .core import (LegalnbError, atomic_write, jsonl_records, parse_count, parse_number,
@@ -22,9 +22,9 @@ from .core import (LegalnbError, atomic_write, jsonl_records, parse_count, parse
 from .sources import Document, DOC_TYPES, write_jsonl, record_fields, skip_reason, _pool, in_order
 
 # %% auto #0
-__all__ = ['PRIORITY_TOPICS', 'CHARS_PER_TOKEN', 'SCAN_RANGE', 'PREFER', 'SHINGLE_WORDS', 'NUM_PERM', 'LSH_WEIGHTS',
-           'BAND_BUCKET', 'SPILL_FILES', 'SELECT_BUCKET', 'ScoringRules', 'recency_points', 'type_points',
-           'length_points', 'topic_flags', 'subject_points', 'language_points', 'Score', 'score_document',
+__all__ = ['PRIORITY_TOPICS', 'RULES', 'CHARS_PER_TOKEN', 'SCAN_RANGE', 'PREFER', 'SHINGLE_WORDS', 'NUM_PERM', 'LSH_WEIGHTS',
+           'BAND_BUCKET', 'SPILL_FILES', 'SELECT_BUCKET', 'ScoringRules', 'Facts', 'facts_of', 'Rule', 'Recency',
+           'DocType', 'Length', 'topic_flags', 'Subject', 'LanguageBonus', 'Score', 'rule_points', 'score_document',
            'estimate_tokens', 'split_long_text', 'tokenizer_counter', 'Candidate', 'year_band', 'Candidates',
            'as_candidates', 'gc_paused', 'scan_documents', 'act_of', 'acts_of', 'prefer_versions', 'language_quotas',
            'rank', 'choose_documents', 'split_by_share', 'document_quotas', 'with_score', 'copy_selected',
@@ -108,24 +108,58 @@ def load(cls: ScoringRules, path: str | Path) -> ScoringRules:
     return cls.from_dict(d, str(path))
 
 # %% ../nbs/01_scoring.ipynb #41066bfd
-def recency_points(when: date | None, rules: ScoringRules) -> int:
-    "Points of the first recency band whose start year `when` reaches; 0 when older or undated."
-    if when is not None:
-        for year, points in rules.recency:
-            if when.year >= year: return points
-    return 0
+class Facts(NamedTuple):
+    "What the rules read of a document: the text's length and start (its first `subject_scan_chars` characters), "
+    "not the text; the first pass keeps a batch of these, never a batch of texts."
+    date: date | None = None
+    doc_type: str = 'other'
+    chars: int = 0               # the text's length in characters
+    lang: str = ''
+    subjects: list[str] = []
+    title: str = ''
+    start: str = ''              # the start of the text that the topic search reads
+    celex: str = ''
+
+def facts_of(doc: Document, rules: ScoringRules) -> Facts:
+    "The `Facts` of `doc` under `rules`."
+    return Facts(doc.date, doc.doc_type, len(doc.text), doc.lang, doc.subjects, doc.title,
+                 doc.text[:rules.subject_scan_chars], doc.celex)
+
+class Rule:
+    "A quality rule: `points` for a batch of documents' `Facts` under the rules' settings, the most it can give "
+    "(`highest`) and what it rewards in words (`line`, printed by the report); `name` is its part of a `Score`."
+    name = ''
+    def points(self, docs: list[Facts], rules: ScoringRules) -> list[int]: raise NotImplementedError
+    def highest(self, rules: ScoringRules) -> int: raise NotImplementedError
+    def line(self, rules: ScoringRules) -> str: raise NotImplementedError
+    def __repr__(self) -> str: return f'{type(self).__name__}()'
+
+class Recency(Rule):
+    "The act's year: the points of the first band whose start year it reaches; 0 when older or undated."
+    name = 'recency'
+    def points(self, docs, rules):
+        def one(when): return next((p for year, p in rules.recency if when.year >= year), 0) if when else 0
+        return [one(d.date) for d in docs]
+    def highest(self, rules): return max((p for _, p in rules.recency), default=0)
+    def line(self, rules): return ' · '.join(f'{y}+ {p}' for y, p in rules.recency) + ' · older or undated 0'
 
 # %% ../nbs/01_scoring.ipynb #5a251ea9
-def type_points(doc_type: str, rules: ScoringRules) -> int:
-    "Points for the document type; 0 for a type the rules do not list."
-    return rules.types.get(doc_type, 0)
+class DocType(Rule):
+    "The document's type; 0 for a type the rules do not list."
+    name = 'type'
+    def points(self, docs, rules): return [rules.types.get(d.doc_type, 0) for d in docs]
+    def highest(self, rules): return max(rules.types.values(), default=0)
+    def line(self, rules): return ' · '.join(f'{t} {p}' for t, p in rules.types.items()) + ' · any other 0'
 
 # %% ../nbs/01_scoring.ipynb #c5c1903a
-def length_points(n_chars: int, rules: ScoringRules) -> int:
-    "Points of the first length band whose bound `n_chars` exceeds; 0 for short texts."
-    for more_than, points in rules.length:
-        if n_chars > more_than: return points
-    return 0
+class Length(Rule):
+    "The text's length: the points of the first band whose bound it exceeds; 0 for short texts."
+    name = 'length'
+    def points(self, docs, rules):
+        return [next((p for more_than, p in rules.length if d.chars > more_than), 0) for d in docs]
+    def highest(self, rules): return max((p for _, p in rules.length), default=0)
+    def line(self, rules):
+        return 'characters ' + ' · '.join(f'> {n:,}: {p}' for n, p in rules.length) + ' · shorter: 0'
 
 # %% ../nbs/01_scoring.ipynb #c0ad5d8b
 def _re2_literals(topics: Iterable[str]) -> str:
@@ -151,35 +185,44 @@ def topic_flags(docs: list[tuple[list[str], str, str]], rules: ScoringRules) -> 
     for i, hit in zip(rest, _find_topics(starts, topics)): flags[i] = hit
     return flags
 
-def subject_points(doc: Document, rules: ScoringRules) -> int:
-    "`priority_points` when the document mentions a priority topic, else 0."
-    return rules.priority_points if topic_flags([(doc.subjects, doc.title, doc.text)], rules)[0] else 0
+class Subject(Rule):
+    "`priority_points` when a priority topic appears in the subjects, the title or the start of the text, else 0."
+    name = 'subject'
+    def points(self, docs, rules):
+        hits = topic_flags([(d.subjects, d.title, d.start) for d in docs], rules)
+        return [rules.priority_points * hit for hit in hits]
+    def highest(self, rules): return rules.priority_points
+    def line(self, rules):
+        n = rules.subject_scan_chars
+        where = 'the text' if n is None else f"the text's first {n:,} characters"
+        return (f'{rules.priority_points} when one of {len(rules.priority_topics)} priority topics appears in the '
+                f'subjects, the title or {where}')
 
 # %% ../nbs/01_scoring.ipynb #42f47fbc
-def language_points(lang: str, rules: ScoringRules) -> int:
+class LanguageBonus(Rule):
     "`language_points` for an under-represented language, else 0."
-    return rules.language_points if lang in rules.underrepresented else 0
+    name = 'language'
+    def points(self, docs, rules): return [rules.language_points * (d.lang in rules.underrepresented) for d in docs]
+    def highest(self, rules): return rules.language_points
+    def line(self, rules): return f'{rules.language_points} for {", ".join(rules.underrepresented) or "no language"}'
 
 # %% ../nbs/01_scoring.ipynb #f607ff0b
-class Score(NamedTuple):
-    "A document's points rule by rule; `total` is their sum."
-    recency: int = 0   # from the act's year
-    type: int = 0      # from its doc_type
-    length: int = 0    # from its text's length in characters
-    subject: int = 0   # when a priority topic appears
-    language: int = 0  # bonus for an under-represented language
+RULES = [Recency(), DocType(), Length(), Subject(), LanguageBonus()]   # what a score is made of, in this order
 
+class Score(adict):
+    "A document's points rule by rule, in the order of the rules (`s.recency` or `s['recency']`); `total` is their sum."
     @property
-    def total(self) -> int: return self.recency + self.type + self.length + self.subject + self.language
+    def total(self) -> int: return sum(self.values())
+    def __str__(self) -> str: return ' + '.join(f'{name} {p}' for name, p in self.items()) + f' = {self.total}'
 
-    def __str__(self) -> str:
-        return ' + '.join(f'{name} {points}' for name, points in zip(self._fields, self)) + f' = {self.total}'
+def rule_points(docs: list[Facts], rules: ScoringRules, by: list[Rule] = RULES) -> list[list[int]]:
+    "Each rule's points for a batch of documents, rule by rule (one list a rule)."
+    return [r.points(docs, rules) for r in by]
 
-def score_document(doc: Document, rules: ScoringRules | None = None) -> Score:
+def score_document(doc: Document, rules: ScoringRules | None = None, by: list[Rule] = RULES) -> Score:
     "Score `doc` with `rules` (the defaults when None), keeping each rule's points."
     rules = rules or ScoringRules()
-    return Score(recency_points(doc.date, rules), type_points(doc.doc_type, rules), length_points(len(doc.text), rules),
-                 subject_points(doc, rules), language_points(doc.lang, rules))
+    return Score({r.name: points for r, (points,) in zip(by, rule_points([facts_of(doc, rules)], rules, by))})
 
 # %% ../nbs/01_scoring.ipynb #a6185557
 CHARS_PER_TOKEN = 4  # estimate used without a tokenizer: ~4 characters per token (OpenAI's figure for English)
@@ -308,13 +351,11 @@ def _scan_range(job: tuple[Path, int, int, int]) -> tuple[Candidates, np.ndarray
     "Score the lines of `path` from byte `start` to `end` (`line`: the number of the line before `start`)."
     path, start, end, line = job
     rules, count_tokens, strict = _SCAN['rules'], _SCAN['count_tokens'], _SCAN['strict']
-    rows, flags, years, bad, skipped, name = [], [], {}, Counter(), [], str(path)
-    # candidates whose topics are not searched yet: (points so far, other fields); their (subjects, title, text start)
-    waiting, docs, chars = [], [], 0
-    def add_subject_points():
-        for (points, fields), hit in zip(waiting, topic_flags(docs, rules)):
-            rows.append(Candidate(points + rules.priority_points * hit, *fields))
-        waiting.clear(); docs.clear()
+    rows, flags, bands, bad, skipped, name = [], [], {}, Counter(), [], str(path)
+    waiting, facts, chars = [], [], 0   # candidates not scored yet (their fields but the score), their `Facts`
+    def score_waiting():
+        for fields, *points in zip(waiting, *rule_points(facts, rules)): rows.append(Candidate(sum(points), *fields))
+        waiting.clear(); facts.clear()
     with gc_paused():
         for n, offset, size, rec in jsonl_records(path, start, line, errors='yield'):
             if offset >= end: break
@@ -327,15 +368,12 @@ def _scan_range(job: tuple[Path, int, int, int]) -> tuple[Candidates, np.ndarray
                 bad[skip_reason(str(e))] += 1; skipped.append(dict(line=n, reason=skip_reason(str(e)), error=str(e)))
                 continue
             flags.append((when is None) | (doc_type not in rules.types) << 1 | ('score' in rec or 'tokens' in rec) << 2)
-            year = when and when.year
-            if year not in years: years[year] = recency_points(when, rules), year_band(when, rules)
-            recency, band = years[year]
-            points = (recency + type_points(doc_type, rules) + length_points(len(text), rules)
-                      + language_points(lang, rules))
-            waiting.append((points, (celex, lang, count_tokens(text), offset, size, doc_type, band)))
-            docs.append((subjects, title, text[:rules.subject_scan_chars])); chars += len(docs[-1][2])
-            if chars > 1 << 20: add_subject_points(); chars = 0   # ~1M characters at a time: RE2's set-up is slow
-        add_subject_points()
+            if (year := when and when.year) not in bands: bands[year] = year_band(when, rules)
+            waiting.append((celex, lang, count_tokens(text), offset, size, doc_type, bands[year]))
+            head = text[:rules.subject_scan_chars]; chars += len(head)
+            facts.append(Facts(when, doc_type, len(text), lang, subjects, title, head, celex))
+            if chars > 1 << 20: score_waiting(); chars = 0   # ~1M characters at a time: RE2's set-up is slow
+        score_waiting()
     return Candidates.from_rows(rows), np.array(flags, np.uint8), bad, skipped[:1000]   # the first of each range
 
 SCAN_RANGE = 1 << 25   # bytes of the input a process scores at a time (32 MB: about 3,000 documents)
@@ -1025,8 +1063,7 @@ def selection_report(found: Candidates | list[Candidate], chosen: Candidates | l
 
 def _highest(rules: ScoringRules) -> int:
     "The highest score the rules can give."
-    tables = ([p for _, p in rules.recency], rules.types.values(), [p for _, p in rules.length])
-    return sum(max(points, default=0) for points in tables) + rules.priority_points + rules.language_points
+    return sum(r.highest(rules) for r in RULES)
 
 def _tally_found(found: Candidates, picked: np.ndarray, rules: ScoringRules) -> dict:
     "What the report counts of the candidates left, `picked` the selected ones; tallies of parts add up."
@@ -1147,9 +1184,15 @@ def _balance_lines(report: dict) -> list[str]:
     return lines + [f'language balance: {", ".join(bal["outside"])} more than {tol:.1f} points from the target share '
                     f'(largest gap {100 * bal["max_gap"]:.2f}): documents too large for their quota']
 
+def _rule_lines(report: dict) -> list[str]:
+    "What a score is made of: the rules, a line each."
+    rules = ScoringRules.from_dict(report['rules'])
+    return ([f'score: {report["threshold"]} of at most {_highest(rules)} points to be eligible'] +
+            [f'  {r.name:<12}{r.line(rules)}' for r in RULES] + [''])
+
 def report_table(report: dict) -> str:
     "The selection report as a printed table."
-    return '\n'.join(_summary(report) + _rows('language', report['languages'], extra=True)
+    return '\n'.join(_summary(report) + _rule_lines(report) + _rows('language', report['languages'], extra=True)
                      + _rows('type', report['doc_types']) + _rows('year band', report['year_bands'])
                      + _score_rows(report) + _balance_lines(report))
 
