@@ -271,7 +271,8 @@ def native_run(ctx: Ctx, model: str, seq_len: int, batch: int, steps: int, log_e
                compile: bool = False, falling: bool = True) -> dict:
     "Train `model` with legalnb's trainer on a Zipf split: speed, MFU, loss, peak memory against the calculator; "
     "`falling`: the check fails unless the loss fell (a long-context run is too short to say)."
-    from legalnb.train import TrainConfig, read_metrics, train
+    from legalnb.metrics import read_metrics
+    from legalnb.train import TrainConfig, train
     split = zipf_split(ctx, seq_len, rows=max(16, batch * (steps + 2)))
     cfg = TrainConfig(data=str(split), out=str(ctx.work/'run'), model=model, size='small',
                       model_overrides=ctx.shape(model), batch_size=batch, max_steps=steps, warmup_steps=1, lr=2e-3,
@@ -467,7 +468,7 @@ def check_hf(mode: str) -> Callable:
     def check(ctx: Ctx) -> dict:
         from legalnb.cli import main as legalnb
         from legalnb.hf import qlora_unavailable
-        from legalnb.train import read_metrics
+        from legalnb.metrics import read_metrics
         if mode == 'qlora' and (why := qlora_unavailable()): raise Skip(why)
         s, out = ctx.size, ctx.work/'run'
         data = llama_corpus(ctx) if mode == 'full' else llama_examples(ctx)

@@ -82,7 +82,7 @@ def h100_estimate(metrics: Path,            # the run's metrics.jsonl
     "Report lines: the calibration check on this run, then the fast preset's estimate on one H100."
     from legalnb.calculator import calibration_from_metrics, estimate, model_plan_fields, plan_for
     from legalnb.presets import get_preset
-    from legalnb.train import read_metrics
+    from legalnb.metrics import read_metrics
     recs, lines, mfu, why = read_metrics(metrics), [], 0.40, 'an assumed 40% MFU'
     if len(recs) > 1:
         cal = calibration_from_metrics(recs)

@@ -228,7 +228,7 @@ def train_run(plan: dict, run: dict, out: Path, state: dict, resume: bool, devic
 # %% ../nbs/12_compare.ipynb #f75bfbaf
 def run_curve(folder: Path, tokens_per_step: int) -> list[dict]:
     "A run's held-out evaluations: step, tokens, training seconds so far (evaluation excluded), val loss."
-    from legalnb.train import read_metrics
+    from legalnb.metrics import read_metrics
     if not (folder/'metrics.jsonl').is_file(): return []
     clock, prev, at = 0.0, 0, {}
     for r in read_metrics(folder/'metrics.jsonl', 'step'):   # each record: the mean step time of its interval

@@ -16,7 +16,7 @@ from fastcore.basics import patch
 from safetensors.torch import save_file, load_file
 
 from .core import LegalnbError, atomic_write, read_json
-from .resonance import next_token   # the one sampling rule of every model
+from .models import next_token   # the one sampling rule of every model
 
 # %% auto #0
 __all__ = ['MODEL_SIZES', 'ARCHITECTURE', 'GPTConfig', 'rope_angles', 'apply_rope', 'document_mask', 'KVCache',

@@ -18,7 +18,7 @@ from .core import (LegalnbError, PRECISIONS, CommandParser, atomic_write, comman
                           refuse_overwriting_inputs, resolve_precision, usable_cores)
 from .presets import (BATCH_LR_RULES, PRESET_NAMES, Preset, accum_at, batch_lr_factor, get_preset, lora_steps,
                              packed_accumulation, parse_batch_schedule, steps_holding)
-from .train import MetricsFile, metric_lines, notify
+from .metrics import MetricsFile, metric_lines, notify
 
 # %% auto #0
 __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', 'STRATEGY_FILES', 'legal_sentences',

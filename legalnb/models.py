@@ -14,7 +14,8 @@ from .core import LegalnbError, read_json, refuse_oversized
 
 # %% auto #0
 __all__ = ['MODELS', 'MAX_LAYERS', 'MAX_CONTEXT', 'MAX_PARAMS', 'ModelSpec', 'resonance_no_decay', 'gpt_no_decay', 'get_model',
-           'register', 'size_table', 'check_config_sizes', 'model_footprint', 'refuse_nonfinite', 'load_model']
+           'register', 'size_table', 'check_config_sizes', 'model_footprint', 'refuse_nonfinite', 'load_model',
+           'next_token']
 
 # %% ../nbs/04b_models.ipynb #823bc6e4
 def _resolve(ref: Any) -> Any:
@@ -199,3 +200,18 @@ def load_model(directory: str | Path,     # a folder with config.json and model.
     size = weights.stat().st_size if weights.is_file() else 0
     refuse_oversized(path, params, nbytes + size)   # the model and the file's tensors, both in memory while loading
     return MODELS[arch].load(directory, map_location=map_location)
+
+# %% ../nbs/04b_models.ipynb #60979336
+def next_token(logits: torch.Tensor,                 # (B, V) float logits of the last position
+               temperature: float = 1.0,             # 0 = greedy; < 1 sharper, > 1 flatter
+               top_k: int | None = None,             # sample only among the k most likely tokens
+               generator: torch.Generator | None = None,
+              ) -> torch.Tensor:                     # (B, 1) int64
+    "The next token of each row: argmax at temperature 0, else a sample from the tempered, top-k softmax."
+    import torch
+    if temperature == 0: return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float('-inf'))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)

@@ -16,6 +16,7 @@ from fastcore.basics import patch
 from safetensors.torch import save_file, load_file
 
 from .core import LegalnbError, atomic_write, read_json
+from .models import next_token   # the one sampling rule of every model
 
 # %% auto #0
 __all__ = ['MODEL_SIZES', 'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length', 'ResonanceFilter',
@@ -23,7 +24,7 @@ __all__ = ['MODEL_SIZES', 'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causa
            'linear_attention', 'read_by_content', 'linear_attention_step', 'short_conv_window', 'LinearAttention',
            'gated_delta_rule', 'gated_delta_step', 'DeltaNet', 'ResonanceBlock', 'ResonanceNet',
            'ResonanceLanguageModel', 'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv',
-           'causality_violation', 'config_for', 'ResonanceState', 'next_token', 'recall_task']
+           'causality_violation', 'config_for', 'ResonanceState', 'recall_task']
 
 # %% ../nbs/04_resonance.ipynb #7d0ba3a2
 @dataclass
@@ -950,19 +951,6 @@ def step(self: ResonanceLanguageModel,
         x = x + block.mlp(block.norm2(x))
     state.position, state.length = state.position + 1, state.length + 1
     return self.head(x)
-
-def next_token(logits: torch.Tensor,                 # (B, V) float logits of the last position
-               temperature: float = 1.0,             # 0 = greedy; < 1 sharper, > 1 flatter
-               top_k: int | None = None,             # sample only among the k most likely tokens
-               generator: torch.Generator | None = None,
-              ) -> torch.Tensor:                     # (B, 1) int64
-    "The next token of each row: argmax at temperature 0, else a sample from the tempered, top-k softmax."
-    if temperature == 0: return logits.argmax(-1, keepdim=True)
-    logits = logits / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float('-inf'))
-    return torch.multinomial(logits.softmax(-1), 1, generator=generator)
 
 @patch
 @torch.no_grad()

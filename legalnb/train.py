@@ -18,19 +18,20 @@ from .core import (LegalnbError, atomic_write, read_json, format_duration, parse
                           loader_workers, usable_cores)
 from .presets import (seq_len_at, BATCH_LR_RULES, parse_batch_schedule, accum_at, micro_steps_before,
                              batch_lr_factor)
+from .metrics import MetricsFile, metric_lines, notify, read_metrics
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'DEVICES', 'STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHANGE', 'RUN_OUTPUTS', 'RUN_LISTED', 'TrainConfig',
-           'from_preset', 'from_yaml', 'describe', 'lr_at', 'format_log_line', 'notify', 'MetricsFile', 'metric_lines',
-           'read_metrics', 'ProgressBar', 'TensorBoardLog', 'WandbLog', 'autocast_for', 'Dist', 'setup_distributed',
-           'all_mean', 'rng_state', 'set_rng_state', 'seed_everything', 'checkpoint_step', 'list_checkpoints',
-           'save_checkpoint', 'find_checkpoint', 'load_checkpoint', 'load_for_resume', 'open_split', 'train_loader',
-           'val_loader', 'unpack_batch', 'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows', 'model_config',
-           'saved_model_config', 'predated', 'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run',
-           'evaluate', 'val_bytes_per_token', 'bits_per_byte', 'peak_flops', 'shard_model', 'save_shards',
-           'load_shards', 'consolidated_model', 'Interval', 'run_folder', 'check_new_run', 'Run', 'setup', 'resume',
-           'init_weights', 'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize',
-           'record_architecture', 'stopped_summary', 'train', 'train_parser', 'config_from_args', 'train_main']
+           'from_preset', 'from_yaml', 'describe', 'lr_at', 'format_log_line', 'ProgressBar', 'TensorBoardLog',
+           'WandbLog', 'autocast_for', 'Dist', 'setup_distributed', 'all_mean', 'rng_state', 'set_rng_state',
+           'seed_everything', 'checkpoint_step', 'list_checkpoints', 'save_checkpoint', 'find_checkpoint',
+           'load_checkpoint', 'load_for_resume', 'open_split', 'train_loader', 'val_loader', 'unpack_batch',
+           'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows', 'model_config', 'saved_model_config',
+           'predated', 'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run', 'evaluate',
+           'val_bytes_per_token', 'bits_per_byte', 'peak_flops', 'shard_model', 'save_shards', 'load_shards',
+           'consolidated_model', 'Interval', 'run_folder', 'check_new_run', 'Run', 'setup', 'resume', 'init_weights',
+           'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize', 'record_architecture',
+           'stopped_summary', 'train', 'train_parser', 'config_from_args', 'train_main']
 
 # %% ../nbs/05_train.ipynb #a6da8542
 SCHEDULES = ('cosine', 'restarts', 'constant')
@@ -295,43 +296,6 @@ def format_log_line(r: dict,          # a step record: step, loss, lr, step_ms, 
     if r.get('val_loss') is not None: line += f" | val {r['val_loss']:.3f} (ppl {r['val_ppl']:.1f})"
     if r.get('val_bpb') is not None: line += f" {r['val_bpb']:.3f} bits/byte"
     return line
-
-# %% ../nbs/05_train.ipynb #95b43d4b
-def notify(callbacks: Iterable, event: str, record: dict):
-    "Call `event` ('on_step', 'on_eval', 'on_end', 'on_stop') on every callback that has it."
-    for cb in callbacks:
-        fn = getattr(cb, event, None)
-        if fn is not None: fn(record)
-
-class MetricsFile:
-    "Append every record to a JSON-lines file, one object per line with an `event` key."
-    def __init__(self, path: str | Path): self.path = Path(path); self.path.parent.mkdir(parents=True, exist_ok=True)
-    def _write(self, event, r):
-        try:
-            with open(self.path, 'a', encoding='utf-8') as f: f.write(json.dumps({'event': event, **r}) + '\n')
-        except OSError as e: raise LegalnbError(f'{self.path}: could not be written ({e.strerror})') from None
-    def on_step(self, r: dict): self._write('step', r)
-    def on_eval(self, r: dict): self._write('eval', r)
-    def on_end(self, r: dict): self._write('end', r)
-    def on_stop(self, r: dict): self._write('stop', r)
-
-def metric_lines(path: str | Path) -> list[tuple[str, dict]]:
-    "Each line of a metrics file with its record; a torn last line (a crash in mid-write) is left out."
-    lines = Path(path).read_text(encoding='utf-8', errors='replace').split('\n')
-    found = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip(): continue
-        try: r = json.loads(line)
-        except json.JSONDecodeError: r = None
-        if isinstance(r, dict): found.append((line, r))
-        elif n < len(lines):  # only the last piece, with no newline after it, can be a write cut short
-            raise LegalnbError(f"{path}, line {n}: not a JSON record; the run's metrics are damaged: "
-                               'move the file away to resume (a new one is started)')
-    return found
-
-def read_metrics(path: str | Path, event: str = 'step') -> list[dict]:
-    "The records of one `event` kind from a metrics.jsonl file."
-    return [r for _, r in metric_lines(path) if r.get('event') == event]
 
 # %% ../nbs/05_train.ipynb #b3527074
 class ProgressBar:

@@ -14,7 +14,8 @@ from .core import LegalnbError, format_duration
 from .presets import GPUS, PRESET_NAMES, TASKS, get_preset
 from .models import MODELS, get_model
 from .calculator import Estimate, estimate, model_plan_fields, plan_for, read_gpu_check
-from .train import TrainConfig, format_log_line, read_metrics
+from .metrics import read_metrics
+from .train import TrainConfig, format_log_line
 
 # %% auto #0
 __all__ = ['LORA_SHARE', 'TASK_FIELDS', 'SCALING', 'in_jupyter', 'LiveLossPlot', 'plot_metrics', 'PresetPicker', 'scale_to_gpus',

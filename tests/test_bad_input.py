@@ -709,7 +709,7 @@ def test_two_trainings_of_one_folder_the_second_is_refused_and_resume_takes_over
     c = legalnb(*args, '--max-steps', step + 3, '--resume')
     assert c.returncode == 0, c.stderr[-2000:]
     assert f'took over the lock of pid {a.pid} on ' in c.stdout, c.stdout
-    from legalnb.train import read_metrics
+    from legalnb.metrics import read_metrics
     steps = [r['step'] for r in read_metrics(out/'metrics.jsonl')]
     assert steps == list(range(1, step + 4)), 'one writer at a time: every step once, in order'
     assert not (tmp_path/'.run.legalnb-lock').exists()
@@ -820,5 +820,5 @@ def test_a_run_folder_from_before_the_records_is_refused_with_the_way_out_then_r
     assert main(['own', str(w/'run')]) == 0
     assert "files recorded as legalnb's" in capsys.readouterr().out
     assert main(resume) == 0                                         # the run continues from its step 2
-    from legalnb.train import read_metrics
+    from legalnb.metrics import read_metrics
     assert [r['step'] for r in read_metrics(w/'run'/'metrics.jsonl')][-1] == 3

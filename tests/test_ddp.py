@@ -9,7 +9,8 @@ import torch
 
 from legalnb.data import StepSampler
 from conftest import ARCHITECTURES, DIST_STEPS as STEPS
-from legalnb.train import read_metrics, list_checkpoints, checkpoint_step
+from legalnb.metrics import read_metrics
+from legalnb.train import list_checkpoints, checkpoint_step
 
 @pytest.fixture(scope='module', params=ARCHITECTURES)
 def runs(request, dist_runs):

@@ -10,7 +10,8 @@ import torch
 from conftest import ARCHITECTURES, DIST_STEPS as STEPS, dist_args, legalnb_train
 from legalnb.cli import main
 from legalnb.models import load_model
-from legalnb.train import read_metrics, list_checkpoints, checkpoint_step, load_checkpoint
+from legalnb.metrics import read_metrics
+from legalnb.train import list_checkpoints, checkpoint_step, load_checkpoint
 
 @pytest.fixture(scope='module', params=ARCHITECTURES)
 def runs(request, dist_runs):

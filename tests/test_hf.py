@@ -526,7 +526,7 @@ def test_warmup_is_capped_at_a_tenth_of_the_run(work, tmp_path, capsys):
                 '--logging-steps', '1', '--force-single', '--eval-share', '0']) == 0
     out = capsys.readouterr().out
     assert "capped: the preset's 300 warm-up steps are more than 10% of the 10 steps" in out
-    from legalnb.train import read_metrics
+    from legalnb.metrics import read_metrics
     lrs = [r['lr'] for r in read_metrics(tmp_path/'run'/'metrics.jsonl')]
     assert max(lrs) == pytest.approx(1e-3) and json.loads((tmp_path/'run'/'finetune.json').read_text())['warmup_steps'] == 1
 
@@ -535,7 +535,7 @@ def test_resume_evaluation_and_metrics_in_the_native_format(work, tmp_path, caps
     "A run stopped after its step-3 checkpoint resumes there; metrics.jsonl feeds calibration and the loss plot."
     import shutil
     from legalnb.calculator import calibration_from_metrics
-    from legalnb.train import read_metrics
+    from legalnb.metrics import read_metrics
     from legalnb.widgets import plot_metrics
     run = tmp_path/'run'
     argv = ['finetune', '--model', str(work/'model'), '--data', str(work/'sft.jsonl'), '--out', str(run), '--max-steps', '6',
@@ -592,7 +592,7 @@ def test_qlora_trains_an_adapter_on_4bit_base_weights(work, tmp_path):
 def test_a_sink_can_stop_a_finetune_run_at_a_checkpoint_and_resume_finishes_it(work, tmp_path):
     "A budget guard's should_stop(record): the run stops after that log with a checkpoint; --resume ends where an unbroken run does."
     from legalnb.hf import finetune
-    from legalnb.train import metric_lines
+    from legalnb.metrics import metric_lines
     from dataclasses import replace
     from legalnb.presets import get_preset
     p = replace(get_preset('lora', 'fast'), steps=6, micro_batch=2, grad_accum=1, global_batch=2)
@@ -670,7 +670,7 @@ def test_batch_schedule_resumed_after_the_changes_equals_the_unbroken_run(folder
     "the rows per step follow the schedule, the lr its rule, and a run resumed after both changes ends bit-identical."
     import shutil
     from safetensors.torch import load_file
-    from legalnb.train import read_metrics
+    from legalnb.metrics import read_metrics
     args = ['finetune', '--model', str(folder/'model'), '--data', str(folder/data), '--batch-schedule', '0:4,2:2,4:1',
             '--batch-size', '2', '--save-steps', '2', '--logging-steps', '1', '--workers', '0', '--lr', '1e-2',
             '--warmup-steps', '0', '--force-single', *extra]

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import ARCHITECTURES, ENV, make_split, shape, tree
-from legalnb.train import find_checkpoint, list_checkpoints, load_checkpoint, checkpoint_step, read_metrics
+from legalnb.metrics import read_metrics
+from legalnb.train import find_checkpoint, list_checkpoints, load_checkpoint, checkpoint_step
 
 STEPS = 12
 
