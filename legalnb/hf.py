@@ -30,8 +30,9 @@ __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', '
            'training_args_from_preset', 'deepspeed_zero3_config', 'write_launch_configs', 'launch_environment',
            'launch_plugin', 'launch_commands', 'launch_flags', 'check_run_folder', 'trainer_records', 'start_metrics',
            'split_off', 'qlora_unavailable', 'quantization_4bit', 'quantization_for', 'packs_here',
-           'refuse_single_process', 'unpack_4bit_on_cpu', 'finetune', 'finetune_command', 'finetune_parser',
-           'finetune_main', 'ScheduledBatches', 'StepCollator', 'check_resumed_schedule', 'scheduled_trainer']
+           'refuse_single_process', 'unpack_4bit_on_cpu', 'FinetuneRun', 'finetune', 'finetune_command',
+           'finetune_parser', 'finetune_main', 'ScheduledBatches', 'StepCollator', 'check_resumed_schedule',
+           'scheduled_trainer']
 
 # %% ../nbs/06_hf.ipynb #c3d5eafa
 _SUBJECTS = ('the Commission', 'each Member State', 'the competent authority', 'the controller', 'the Agency',
@@ -788,6 +789,148 @@ def unpack_4bit_on_cpu(net: torch.nn.Module) -> int:
     return len(layers)
 
 # %% ../nbs/06_hf.ipynb #9eafa480
+@dataclass
+class FinetuneRun:
+    "A fine-tuning run being set up: what `finetune`'s phases decide and hand on (as `train.Run` is the native one's)."
+    task: str                  # 'cpt' (a shard folder) or 'lora' (a JSONL file of examples: SFT)
+    preset: Preset             # the task's preset; its steps are set once the data is known
+    fixed_steps: int | None    # the steps asked for (None: from the data)
+    use_lora: bool             # a LoRA adapter, or full fine-tuning
+    sched: list                # the batch schedule's (from step, accumulation) pairs, or []
+    last: str | None           # the checkpoint that --resume continues from
+    world: int                 # processes
+    main: bool                 # this process prints and writes
+    cfg: dict                  # the model's config.json
+    tok: object                # its tokenizer
+    summary: dict              # what finetune.json records
+    examples: list | None = None   # SFT: the examples read
+    shards: object = None      # CPT: the corpus
+    train: object = None       # the training rows: shards, examples or packed rows
+    evald: object = None       # the held-out rows, or None
+    rows: list | None = None   # SFT: packed rows (None: one example a row)
+    per_row: float = 1.0       # examples (SFT) or preset sequences (CPT) in a row
+    choice: LengthChoice | None = None   # SFT: the length chosen
+
+    def one_pass(self, rows: int) -> int:
+        "Scheduled steps that take `rows` rows once."
+        return steps_holding(math.ceil(rows / (self.preset.micro_batch * self.world)), self.sched)
+
+    def accumulation(self, overrides: dict) -> int:
+        "The gradient accumulation: a schedule's first, the one asked for, or sized for the preset's global batch."
+        p = self.preset
+        return (self.sched[0][1] if self.sched else overrides.get('gradient_accumulation_steps')
+                or packed_accumulation(p, self.per_row, p.micro_batch, self.world))
+
+def _start_run(model, data: Path, out: Path, preset, lora, qlora: bool, qlora_bits: int, resume: bool,
+               force_single: bool, batch_schedule, batch_lr_rule: str, attention, command, overrides: dict):
+    "Every flag checked against the others and the folders, the data read, the tokenizer loaded: before the model."
+    from transformers.trainer_utils import get_last_checkpoint
+    check_run_folder(model, data, out)
+    task = 'cpt' if data.is_dir() else 'lora'
+    p = get_preset(task, preset) if isinstance(preset, str) else preset
+    use_lora = task == 'lora' if lora is None else lora
+    if qlora and not use_lora: raise LegalnbError('--qlora trains a LoRA adapter on 4-bit weights; drop --full')
+    if qlora: quantization_for(qlora_bits, torch.float32)   # a bad --qlora-bits fails before anything loads
+    if qlora and (why := qlora_unavailable()): raise LegalnbError(f'--qlora: {why}; use --lora (16-bit base) here')
+    sched = parse_batch_schedule(batch_schedule)
+    batch_lr_factor(1, 1, batch_lr_rule)   # a bad rule fails before anything loads
+    if sched and overrides.get('gradient_accumulation_steps'):
+        raise LegalnbError('--batch-schedule and --grad-accum both set the accumulation: give one of them')
+    last = get_last_checkpoint(str(out)) if resume and out.is_dir() else None
+    if resume and last is None:
+        raise LegalnbError(f'--resume: {out} holds no checkpoint-* folder; drop --resume to start the run')
+    if last: check_resumed_schedule(last, batch_schedule, batch_lr_rule)
+    examples = read_examples(data) if task == 'lora' else None   # bad data fails before the model loads
+    shards = CausalLMShards(data) if task == 'cpt' else None
+    cfg, world = model_config(model), _world_size()
+    if p.strategy != 'single' and world == 1 and not force_single:
+        refuse_single_process(p, model, command or f'--model {model} --data {data} --out {out}')
+    _, tok = load_model(model, tokenizer_only=True)
+    summary = dict(task='continued pretraining' if task == 'cpt' else 'sft', mode='lora' if use_lora else 'full',
+                   preset=f'{p.task}/{p.name}', qlora=qlora,
+                   qlora_bits=qlora_bits if qlora else None, attention=attention, batch_schedule=batch_schedule,
+                   batch_lr_rule=batch_lr_rule if sched else None)
+    summary.update(base=str(Path(model).resolve()), device='cuda' if torch.cuda.is_available() else 'cpu')  # --against
+    return FinetuneRun(task, p, p.steps, use_lora, sched, last, world, world == 1 or os.environ.get('RANK') == '0',
+                       cfg, tok, summary, examples, shards)
+
+def _prepare_shards(run: FinetuneRun, data: Path, eval_share: float, overrides: dict):
+    "Continued pretraining: the rows held out, the accumulation that keeps the preset's batch in tokens."
+    p, shards = run.preset, run.shards
+    run.train, run.evald, held = _eval_rows(data, shards, eval_share)
+    run.per_row = shards.seq_len / p.seq_len if p.seq_len else 1.0   # the preset's batch is in tokens
+    accum = run.accumulation(overrides)   # a schedule's: its first
+    if run.sched: run.preset = replace(p, steps=run.fixed_steps or run.one_pass(len(run.train)))
+    if run.main and run.per_row != 1 and not run.sched:
+        print(f'rows of {shards.seq_len} tokens, preset sequences of {p.seq_len}: accumulation {accum}, so a step '
+              f'sees ~{p.global_batch * p.seq_len:,} tokens')
+    run.summary.update(seq_len=shards.seq_len, doc_boundaries=shards.boundaries, eval=held, grad_accum=accum)
+
+def _prepare_examples(run: FinetuneRun, max_length, percentile, packing: bool, eval_share: float, overrides: dict):
+    "SFT: encode, truncate, hold out, pack, all before the model, so the step count is known."
+    p, cap = run.preset, run.cfg.get('max_position_embeddings') or run.cfg.get('n_positions')
+    items, choice = encode_examples(run.tok, run.examples, max_length, percentile, cap=cap)
+    if run.main: print(choice)
+    keep, held = split_off(len(items), eval_share, overrides.get('seed', 0))
+    run.train, run.evald, run.choice = [items[i] for i in keep], [items[i] for i in held] or None, choice
+    train = run.train
+    if packing: run.rows = pack_examples(train, choice.max_length); run.per_row = len(train) / len(run.rows)
+    steps = run.fixed_steps or (run.one_pass(len(run.rows or train)) if run.sched
+                                else lora_steps(p, len(train)))   # the calculator's
+    accum = run.accumulation(overrides)
+    if run.main and not run.sched:
+        print(f'{len(train)} examples ({len(held)} held out for evaluation) in {len(run.rows or train)} rows '
+              f'({run.per_row:.2f} per row): accumulation {accum}, so a step sees ~{p.global_batch} examples; '
+              f'{steps} steps' + ('' if p.steps else f' = ceil({len(train)} / {p.global_batch})'))
+    run.preset = replace(p, steps=steps)
+    run.summary.update(length=asdict(choice), examples=len(train), eval_examples=len(held), grad_accum=accum,
+                       examples_per_row=round(run.per_row, 3))
+
+def _load_for_training(run: FinetuneRun, model, attention, qlora: bool, qlora_bits: int):
+    "The weights, in fp32 for full fine-tuning (autocast computes in the preset's precision), in the compute "
+    "precision under a frozen LoRA base (peft keeps the adapter in fp32); whether ZeRO-3 sharded them at load."
+    compute = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(resolve_precision(run.preset.precision,
+                                                                                     cuda_capability()), torch.float32)
+    dtype = compute if run.use_lora else torch.float32
+    net, _ = load_model(model, dtype, attention, quantization_for(qlora_bits, compute) if qlora else None)
+    if qlora: unpack_4bit_on_cpu(net)   # before the first forward without gradients (packs_here runs one)
+    return net, dtype, any(hasattr(w, 'ds_id') for w in net.parameters())   # built under deepspeed.zero.Init
+
+def _batching(run: FinetuneRun, net, attention, make_args, args, overrides: dict):
+    "How rows become batches (the collator and its name); the arguments again when the model cannot take packed rows."
+    if run.task == 'cpt':
+        from transformers import default_data_collator
+        if (warning := check_corpus_fits(run.shards, run.tok, net)) and run.main: print(warning)
+        return default_data_collator, 'packed shards' + ', positions restart at documents' * run.shards.boundaries, args
+    if run.rows is not None and not packs_here(net):
+        run.rows, overrides['train_sampling_strategy'] = None, 'group_by_length'
+        if run.sched: run.preset = replace(run.preset, steps=run.fixed_steps or run.one_pass(len(run.train)))
+        args = make_args(1.0)   # one example per row now
+        if run.main: print(f'{type(net).__name__} mixes packed examples: padded, length-grouped batches instead')
+    if run.rows is not None:
+        run.train = run.rows
+        if run.evald: run.evald = pack_examples(run.evald, run.choice.max_length)
+        return PackedCollator(run.tok.pad_token_id, flatten='flash' in str(attention or '')), 'padding-free', args
+    from transformers import DataCollatorForSeq2Seq
+    return DataCollatorForSeq2Seq(run.tok, padding='longest', pad_to_multiple_of=8,
+                                  label_pad_token_id=-100), 'length-grouped', args
+
+def _finished(run: FinetuneRun, trainer, result, out: Path, args, how: str, dtype, sharded: bool) -> dict:
+    "Save the model and write finetune.json: what was trained, how, how fast; the summary."
+    trainer.save_model(out/'final')
+    evals = [h['eval_loss'] for h in trainer.state.log_history if 'eval_loss' in h]
+    summary = run.summary
+    summary.update(batches=how, rows=len(run.train), steps=trainer.state.global_step, losses=_losses(trainer),
+                   eval_losses=evals, warmup_steps=args.warmup_steps, save_steps=args.save_steps,
+                   tokens=int(trainer.state.num_input_tokens_seen), seconds=round(result.metrics['train_runtime'], 2),
+                   world_size=args.world_size, distributed=trainer.accelerator.distributed_type.value,
+                   resumed_from=run.last and Path(run.last).name, dtype=str(dtype).removeprefix('torch.'),
+                   zero3_sharded_at_load=sharded,
+                   metrics=str(out/'metrics.jsonl'), final=str(out/'final'))
+    if trainer.is_world_process_zero():
+        with atomic_write(out/'finetune.json') as tmp: tmp.write_text(json.dumps(summary, indent=1))
+    return summary
+
 def finetune(model: str | Path,                 # folder written by save_pretrained (weights, config, tokenizer)
              data: str | Path,                  # shard folder (continued pretraining) or JSONL file (SFT)
              out: str | Path,                   # run folder: checkpoints, final/, metrics.jsonl, finetune.json
@@ -809,130 +952,44 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
              command: str | None = None,        # the flags to repeat in a refusal's launch command
              **overrides) -> dict:              # TrainingArguments overrides
     "Continued pretraining or SFT of a local model on `data` with the transformers Trainer; returns the run summary."
-    from transformers import Trainer, default_data_collator
+    from transformers import Trainer
     from transformers.trainer_utils import get_last_checkpoint
     data, out = Path(data), Path(out)
     if not data.exists(): raise LegalnbError(f'{data}: no such file or folder; expected a shard folder or a JSONL file')
-    check_run_folder(model, data, out)
-    task = 'cpt' if data.is_dir() else 'lora'
-    p = get_preset(task, preset) if isinstance(preset, str) else preset
-    use_lora = task == 'lora' if lora is None else lora
-    if qlora and not use_lora: raise LegalnbError('--qlora trains a LoRA adapter on 4-bit weights; drop --full')
-    if qlora: quantization_for(qlora_bits, torch.float32)   # a bad --qlora-bits fails before anything loads
-    if qlora and (why := qlora_unavailable()): raise LegalnbError(f'--qlora: {why}; use --lora (16-bit base) here')
-    sched = parse_batch_schedule(batch_schedule)
-    batch_lr_factor(1, 1, batch_lr_rule)   # a bad rule fails before anything loads
-    if sched and overrides.get('gradient_accumulation_steps'):
-        raise LegalnbError('--batch-schedule and --grad-accum both set the accumulation: give one of them')
-    last = get_last_checkpoint(str(out)) if resume and out.is_dir() else None
-    if resume and last is None:
-        raise LegalnbError(f'--resume: {out} holds no checkpoint-* folder; drop --resume to start the run')
-    if last: check_resumed_schedule(last, batch_schedule, batch_lr_rule)
-    examples = read_examples(data) if task == 'lora' else None   # bad data fails before the model loads
-    shards = CausalLMShards(data) if task == 'cpt' else None
-    cfg, world = model_config(model), _world_size()
-    main = world == 1 or os.environ.get('RANK') == '0'
-    if p.strategy != 'single' and world == 1 and not force_single:
-        refuse_single_process(p, model, command or f'--model {model} --data {data} --out {out}')
-    _, tok = load_model(model, tokenizer_only=True)
-    summary = dict(task='continued pretraining' if task == 'cpt' else 'sft', mode='lora' if use_lora else 'full',
-                   preset=f'{p.task}/{p.name}', qlora=qlora,
-                   qlora_bits=qlora_bits if qlora else None, attention=attention, batch_schedule=batch_schedule,
-                   batch_lr_rule=batch_lr_rule if sched else None)
-    summary.update(base=str(Path(model).resolve()), device='cuda' if torch.cuda.is_available() else 'cpu')  # --against
-    per_row, rows, fixed = 1.0, None, p.steps
-    one_pass = lambda rows: steps_holding(math.ceil(rows / (p.micro_batch * world)), sched)   # scheduled steps
-    if task == 'lora' and not packing: overrides.setdefault('train_sampling_strategy', 'group_by_length')
-    if task == 'cpt':
-        train, evald, held = _eval_rows(data, shards, eval_share)
-        per_row = shards.seq_len / p.seq_len if p.seq_len else 1.0   # the preset's batch is in tokens
-        accum = (sched[0][1] if sched else overrides.get('gradient_accumulation_steps')
-                 or packed_accumulation(p, per_row, p.micro_batch, world))   # a schedule's: its first
-        if sched: p = replace(p, steps=fixed or one_pass(len(train)))
-        if main and per_row != 1 and not sched:
-            print(f'rows of {shards.seq_len} tokens, preset sequences of {p.seq_len}: accumulation {accum}, so a step '
-                  f'sees ~{p.global_batch * p.seq_len:,} tokens')
-        summary.update(seq_len=shards.seq_len, doc_boundaries=shards.boundaries, eval=held, grad_accum=accum)
-    else:   # encode, truncate, hold out, pack: all before the model, so the step count is known
-        cap = cfg.get('max_position_embeddings') or cfg.get('n_positions')
-        items, choice = encode_examples(tok, examples, max_length, percentile, cap=cap)
-        if main: print(choice)
-        keep, held = split_off(len(items), eval_share, overrides.get('seed', 0))
-        train, evald = [items[i] for i in keep], [items[i] for i in held] or None
-        if packing: rows = pack_examples(train, choice.max_length); per_row = len(train) / len(rows)
-        steps = fixed or (one_pass(len(rows or train)) if sched else lora_steps(p, len(train)))   # the calculator's
-        accum = (sched[0][1] if sched else overrides.get('gradient_accumulation_steps')
-                 or packed_accumulation(p, per_row, p.micro_batch, world))
-        if main and not sched:
-            print(f'{len(train)} examples ({len(held)} held out for evaluation) in {len(rows or train)} rows '
-                  f'({per_row:.2f} per row): accumulation {accum}, so a step sees ~{p.global_batch} examples; '
-                  f'{steps} steps' + ('' if p.steps else f' = ceil({len(train)} / {p.global_batch})'))
-        p = replace(p, steps=steps)
-        summary.update(length=asdict(choice), examples=len(train), eval_examples=len(held), grad_accum=accum,
-                       examples_per_row=round(per_row, 3))
-    if main and sched:
-        print(f'--batch-schedule {batch_schedule}: accumulation ' + ', '.join(f'{a} from step {s:,}' for s, a in sched)
-              + f' of micro-batches of {p.micro_batch} rows x {world} process(es); lr x {batch_lr_rule} rule; '
-              f'{p.steps:,} steps' + ('' if fixed else ' (one pass over the rows)'))
+    run = _start_run(model, data, out, preset, lora, qlora, qlora_bits, resume, force_single, batch_schedule,
+                     batch_lr_rule, attention, command, overrides)
+    if run.task == 'lora' and not packing: overrides.setdefault('train_sampling_strategy', 'group_by_length')
+    if run.task == 'cpt': _prepare_shards(run, data, eval_share, overrides)
+    else: _prepare_examples(run, max_length, percentile, packing, eval_share, overrides)
+    if run.main and run.sched:
+        pairs = ', '.join(f'{a} from step {s:,}' for s, a in run.sched)
+        print(f'--batch-schedule {batch_schedule}: accumulation {pairs}'
+              + f' of micro-batches of {run.preset.micro_batch} rows x {run.world} process(es); lr x {batch_lr_rule} '
+              f'rule; {run.preset.steps:,} steps' + ('' if run.fixed_steps else ' (one pass over the rows)'))
     # the TrainingArguments (and a DeepSpeed config) exist before the weights load: ZeRO-3 shards at load time
-    make_args = lambda per_row: training_args_from_preset(p, out, verbose=main, examples_per_row=per_row,
-                                                           evaluation=evald is not None, batch_schedule=batch_schedule,
-                                                           **overrides)
-    args = make_args(per_row)
-    prec = resolve_precision(p.precision, cuda_capability())
-    compute = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(prec, torch.float32)
-    # full fine-tuning keeps fp32 master weights (a bf16 checkpoint is upcast; autocast computes in bf16);
-    # LoRA's base is frozen, so it loads in the compute precision and peft keeps the adapter in fp32
-    dtype = compute if use_lora else torch.float32
-    net, _ = load_model(model, dtype, attention, quantization_for(qlora_bits, compute) if qlora else None)
-    if qlora: unpack_4bit_on_cpu(net)   # before the first forward without gradients (packs_here runs one)
-    sharded = any(hasattr(w, 'ds_id') for w in net.parameters())   # built under deepspeed.zero.Init
-    if task == 'cpt':
-        collate, how = default_data_collator, 'packed shards' + ', positions restart at documents' * shards.boundaries
-        if (warning := check_corpus_fits(shards, tok, net)) and main: print(warning)
-    else:
-        if rows is not None and not packs_here(net):
-            rows, overrides['train_sampling_strategy'] = None, 'group_by_length'
-            if sched: p = replace(p, steps=fixed or one_pass(len(train)))   # one example per row now
-            args = make_args(1.0)
-            if main: print(f'{type(net).__name__} mixes packed examples: padded, length-grouped batches instead')
-        flat = 'flash' in str(attention or '')
-        if rows is not None:
-            train, collate, how = rows, PackedCollator(tok.pad_token_id, flatten=flat), 'padding-free'
-            if evald: evald = pack_examples(evald, choice.max_length)
-        else:
-            from transformers import DataCollatorForSeq2Seq
-            collate, how = DataCollatorForSeq2Seq(tok, padding='longest', pad_to_multiple_of=8,
-                                                  label_pad_token_id=-100), 'length-grouped'
+    make_args = lambda per_row: training_args_from_preset(run.preset, out, verbose=run.main, examples_per_row=per_row,
+                                                           evaluation=run.evald is not None,
+                                                           batch_schedule=batch_schedule, **overrides)
+    args = make_args(run.per_row)
+    net, dtype, sharded = _load_for_training(run, model, attention, qlora, qlora_bits)
+    collate, how, args = _batching(run, net, attention, make_args, args, overrides)
     if qlora:
         from peft import prepare_model_for_kbit_training
-        ckpt = bool(getattr(args, 'activation_checkpointing', False))
-        net = prepare_model_for_kbit_training(net, use_gradient_checkpointing=ckpt)
-    if use_lora: net = add_lora(net, lora_settings)
-    sinks = [start_metrics(out/'metrics.jsonl', int(Path(last).name.split('-')[-1]) if last else None), *sinks] \
-        if main else []
-    kw = dict(model=net, args=args, train_dataset=train, eval_dataset=evald, data_collator=collate,
-              processing_class=tok, callbacks=[records := trainer_records(sinks)])
-    trainer = scheduled_trainer(batch_schedule, p.micro_batch, batch_lr_rule, tok.pad_token_id, **kw) if sched \
-        else Trainer(**kw)
-    result = trainer.train(resume_from_checkpoint=last)
+        net = prepare_model_for_kbit_training(
+            net, use_gradient_checkpointing=bool(getattr(args, 'activation_checkpointing', False)))
+    if run.use_lora: net = add_lora(net, lora_settings)
+    step = int(Path(run.last).name.split('-')[-1]) if run.last else None
+    kw = dict(model=net, args=args, train_dataset=run.train, eval_dataset=run.evald, data_collator=collate,
+              processing_class=run.tok, callbacks=[records := trainer_records(
+                  [start_metrics(out/'metrics.jsonl', step), *sinks] if run.main else [])])
+    trainer = (scheduled_trainer(batch_schedule, run.preset.micro_batch, batch_lr_rule, run.tok.pad_token_id, **kw)
+               if run.sched else Trainer(**kw))
+    result = trainer.train(resume_from_checkpoint=run.last)
     if records.stopped:   # a sink (the budget guard) stopped it: the checkpoint is the result; --resume goes on
-        newest = get_last_checkpoint(str(out))
-        return {**summary, 'stopped': records.stopped, 'step': trainer.state.global_step,
-                'max_steps': trainer.state.max_steps, 'checkpoint': newest,
+        return {**run.summary, 'stopped': records.stopped, 'step': trainer.state.global_step,
+                'max_steps': trainer.state.max_steps, 'checkpoint': get_last_checkpoint(str(out)),
                 'elapsed_s': result.metrics['train_runtime']}
-    trainer.save_model(out/'final')
-    evals = [h['eval_loss'] for h in trainer.state.log_history if 'eval_loss' in h]
-    summary.update(batches=how, rows=len(train), steps=trainer.state.global_step, losses=_losses(trainer),
-                   eval_losses=evals, warmup_steps=args.warmup_steps, save_steps=args.save_steps,
-                   tokens=int(trainer.state.num_input_tokens_seen), seconds=round(result.metrics['train_runtime'], 2),
-                   world_size=args.world_size, distributed=trainer.accelerator.distributed_type.value,
-                   resumed_from=last and Path(last).name, dtype=str(dtype).removeprefix('torch.'),
-                   zero3_sharded_at_load=sharded,
-                   metrics=str(out/'metrics.jsonl'), final=str(out/'final'))
-    if trainer.is_world_process_zero():
-        with atomic_write(out/'finetune.json') as tmp: tmp.write_text(json.dumps(summary, indent=1))
-    return summary
+    return _finished(run, trainer, result, out, args, how, dtype, sharded)
 
 # %% ../nbs/06_hf.ipynb #c78469d8
 def _override_preset(p: Preset, batch_size: int | None, grad_accum: int | None, lr: float | None,
