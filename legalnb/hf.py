@@ -30,9 +30,9 @@ __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', '
            'training_args_from_preset', 'deepspeed_zero3_config', 'write_launch_configs', 'launch_environment',
            'launch_plugin', 'launch_commands', 'launch_flags', 'check_run_folder', 'trainer_records', 'start_metrics',
            'split_off', 'qlora_unavailable', 'quantization_4bit', 'quantization_for', 'packs_here',
-           'refuse_single_process', 'unpack_4bit_on_cpu', 'FinetuneRun', 'finetune', 'finetune_command',
-           'finetune_parser', 'finetune_main', 'ScheduledBatches', 'StepCollator', 'check_resumed_schedule',
-           'scheduled_trainer']
+           'refuse_single_process', 'unpack_4bit_on_cpu', 'FinetuneRun', 'finetune', 'FinetuneConfig',
+           'finetune_command', 'finetune_parser', 'finetune_main', 'ScheduledBatches', 'StepCollator',
+           'check_resumed_schedule', 'scheduled_trainer']
 
 # %% ../nbs/06_hf.ipynb #c3d5eafa
 _SUBJECTS = ('the Commission', 'each Member State', 'the competent authority', 'the controller', 'the Agency',
@@ -1010,87 +1010,105 @@ def _check_flags(values: dict[str, float | None], least: dict[str, float]):
         if v is not None and not v >= least[flag]:
             raise LegalnbError(f'{flag} must be at least {least[flag]:g}, got {v:g}')
 
-def finetune_command(
-        model: str = None,             # folder written by save_pretrained (weights, config, tokenizer)
-        data: str = None,              # corpus folder of shard_*.npy (continued pretraining), or examples JSONL (SFT)
-        out: str = None,               # run folder: checkpoints, final/, metrics.jsonl, finetune.json
-        preset: Literal[PRESET_NAMES] = 'fast',  # the task's preset (see legalnb.presets)
-        max_steps: int = None,         # optimizer steps (default: the preset's; LoRA: one pass over the examples)
-        lr: float = None,              # peak learning rate (default: the preset's)
-        batch_size: int = None,        # micro batch per GPU (the accumulation follows, keeping the global batch)
-        grad_accum: int = None,        # gradient accumulation steps (default: sized for the preset's global batch)
-        warmup_steps: float = None,    # warmup steps (< 1: a fraction of the steps; at most a tenth of the run)
-        save_steps: int = None,        # steps between checkpoints (default: 2,000, or a fifth of a shorter run)
-        workers: int = None,           # DataLoader worker processes (default 4, at most the machine's cores)
-        logging_steps: int = None,     # steps between loss logs
-        max_length: int = None,        # SFT: fixed length in tokens (default: right-sized from the examples)
-        percentile: float = None,      # SFT: size the length on this percentile of the example lengths
-        seed: int = None,              # random seed (default 0)
-        lora_r: int = 16,              # LoRA rank
-        lora_alpha: int = 32,          # LoRA alpha: the update is scaled by alpha / r
-        lora_dropout: float = 0.05,    # dropout on the LoRA adapter's input
-        lora_scope: Literal['all', 'attention'] = 'all',  # LoRA on every linear layer of the blocks, or attention only
-        deepspeed: str = None,         # DeepSpeed JSON (e.g. launch/ds_zero3.json)
-        precision: Literal[PRECISIONS] = None,  # default: the preset's (auto: bf16 with bf16 tensor cores, else fp16)
-        packing: bool = True,          # SFT: padding-free packed rows (--no-packing: padded, length-grouped batches)
-        torch_compile: bool = False,   # compile the model with torch.compile
-        activation_checkpointing: bool = None,  # recompute activations in backward (default: on GPUs)
-        resume: bool = False,          # continue the run in --out from its newest checkpoint
-        eval_share: float = 0.05,      # share held out for evaluation (CPT: the corpus's val/ shards when it has them)
-        eval_steps: int = None,        # steps between evaluations (default: at every checkpoint)
-        attention: Literal['sdpa', 'eager', 'flash_attention_2'] = 'sdpa',  # attention backend
-        qlora: bool = False,           # LoRA on 4-bit NF4 base weights (bitsandbytes: CUDA, or CPUs from 0.48)
-        qlora_bits: Literal[4, 8] = 4,  # --qlora's base weights: 4 bits (NF4) or 8 (LLM.int8)
-        force_single: bool = False,    # train a multi-GPU preset on this one process anyway
-        batch_schedule: str = None,    # FROM_STEP:GRAD_ACCUM pairs, e.g. 0:64,500:32,1500:16 (instead of --grad-accum)
-        batch_lr_rule: Literal[BATCH_LR_RULES] = 'sqrt',  # lr at a scheduled batch: x sqrt(accum/first), x accum/first
-        lora: bool = None,             # True: LoRA adapter (SFT's default), False: full fine-tuning (CPT's default)
-        command: str = None,           # the command line, repeated in a refusal's launch command
-        sinks: list = ()):             # (Python only) record sinks, e.g. legalnb.run's budget guard
-    "Continued pretraining (DATA = shard folder) or SFT (DATA = JSONL) of a local model."
-    for flag, v in (('--model', model), ('--data', data), ('--out', out)):
-        if not v: raise LegalnbError(f'{flag} is required: {_REQUIRED[flag]}')
-    _check_flags({'--max-steps': max_steps, '--batch-size': batch_size, '--grad-accum': grad_accum, '--seed': seed,
-                  '--save-steps': save_steps, '--logging-steps': logging_steps, '--max-length': max_length,
-                  '--lora-r': lora_r, '--lora-alpha': lora_alpha, '--workers': workers, '--warmup-steps': warmup_steps,
-                  '--eval-steps': eval_steps},
-                 dict.fromkeys(['--max-steps', '--batch-size', '--grad-accum', '--save-steps', '--logging-steps',
-                                '--lora-r', '--lora-alpha', '--eval-steps'], 1) | {'--max-length': 2, '--seed': 0,
-                                                                  '--workers': 0, '--warmup-steps': 0})
-    if lr is not None and not lr > 0: raise LegalnbError(f'--lr must be more than 0, got {lr:g}')
-    if seed is not None and seed >= 2 ** 32: raise LegalnbError(f'--seed must be below 2**32, got {seed}')
-    if percentile is not None and not 0 < percentile <= 100:
-        raise LegalnbError(f'--percentile must be above 0 and at most 100, got {percentile:g}')
-    if not 0 <= lora_dropout < 1:
-        raise LegalnbError(f'--lora-dropout must be at least 0 and below 1, got {lora_dropout:g}')
-    if not 0 <= eval_share < 1: raise LegalnbError(f'--eval-share must be at least 0 and below 1, got {eval_share:g}')
-    if attention == 'flash_attention_2' and (importlib.util.find_spec('flash_attn') is None
-                                             or not torch.cuda.is_available()):
-        raise LegalnbError('--attention flash_attention_2 needs a CUDA GPU and the flash-attn package '
-                           '(pip install flash-attn); use --attention sdpa here')
-    if sched := parse_batch_schedule(batch_schedule):
-        if grad_accum:
+@dataclass
+class FinetuneConfig:
+    "What `legalnb finetune` is told: a field a flag (its comment is the flag's help), checked once, when it is made."
+    model: str = None             # folder written by save_pretrained (weights, config, tokenizer)
+    data: str = None              # corpus folder of shard_*.npy (continued pretraining), or examples JSONL (SFT)
+    out: str = None               # run folder: checkpoints, final/, metrics.jsonl, finetune.json
+    preset: Literal[PRESET_NAMES] = 'fast'  # the task's preset (see legalnb.presets)
+    max_steps: int = None         # optimizer steps (default: the preset's; LoRA: one pass over the examples)
+    lr: float = None              # peak learning rate (default: the preset's)
+    batch_size: int = None        # micro batch per GPU (the accumulation follows, keeping the global batch)
+    grad_accum: int = None        # gradient accumulation steps (default: sized for the preset's global batch)
+    warmup_steps: float = None    # warmup steps (< 1: a fraction of the steps; at most a tenth of the run)
+    save_steps: int = None        # steps between checkpoints (default: 2,000, or a fifth of a shorter run)
+    workers: int = None           # DataLoader worker processes (default 4, at most the machine's cores)
+    logging_steps: int = None     # steps between loss logs
+    max_length: int = None        # SFT: fixed length in tokens (default: right-sized from the examples)
+    percentile: float = None      # SFT: size the length on this percentile of the example lengths
+    seed: int = None              # random seed (default 0)
+    lora_r: int = 16              # LoRA rank
+    lora_alpha: int = 32          # LoRA alpha: the update is scaled by alpha / r
+    lora_dropout: float = 0.05    # dropout on the LoRA adapter's input
+    lora_scope: Literal['all', 'attention'] = 'all'  # LoRA on every linear layer of the blocks, or attention only
+    deepspeed: str = None         # DeepSpeed JSON (e.g. launch/ds_zero3.json)
+    precision: Literal[PRECISIONS] = None  # default: the preset's (auto: bf16 with bf16 tensor cores, else fp16)
+    packing: bool = True          # SFT: padding-free packed rows (--no-packing: padded, length-grouped batches)
+    torch_compile: bool = False   # compile the model with torch.compile
+    activation_checkpointing: bool = None  # recompute activations in backward (default: on GPUs)
+    resume: bool = False          # continue the run in --out from its newest checkpoint
+    eval_share: float = 0.05      # share held out for evaluation (CPT: the corpus's val/ shards when it has them)
+    eval_steps: int = None        # steps between evaluations (default: at every checkpoint)
+    attention: Literal['sdpa', 'eager', 'flash_attention_2'] = 'sdpa'  # attention backend
+    qlora: bool = False           # LoRA on 4-bit NF4 base weights (bitsandbytes: CUDA, or CPUs from 0.48)
+    qlora_bits: Literal[4, 8] = 4  # --qlora's base weights: 4 bits (NF4) or 8 (LLM.int8)
+    force_single: bool = False    # train a multi-GPU preset on this one process anyway
+    batch_schedule: str = None    # FROM_STEP:GRAD_ACCUM pairs, e.g. 0:64,500:32,1500:16 (instead of --grad-accum)
+    batch_lr_rule: Literal[BATCH_LR_RULES] = 'sqrt'  # lr at a scheduled batch: x sqrt(accum/first), x accum/first
+    lora: bool = None             # True: LoRA adapter (SFT's default), False: full fine-tuning (CPT's default)
+
+    def __post_init__(self):
+        for flag in ('--model', '--data', '--out'):
+            if not getattr(self, flag[2:]): raise LegalnbError(f'{flag} is required: {_REQUIRED[flag]}')
+        _check_flags({f'--{name.replace("_", "-")}': getattr(self, name) for name in _LEAST},
+                     {f'--{name.replace("_", "-")}': least for name, least in _LEAST.items()})
+        if self.lr is not None and not self.lr > 0: raise LegalnbError(f'--lr must be more than 0, got {self.lr:g}')
+        if self.seed is not None and self.seed >= 2 ** 32:
+            raise LegalnbError(f'--seed must be below 2**32, got {self.seed}')
+        if self.percentile is not None and not 0 < self.percentile <= 100:
+            raise LegalnbError(f'--percentile must be above 0 and at most 100, got {self.percentile:g}')
+        if not 0 <= self.lora_dropout < 1:
+            raise LegalnbError(f'--lora-dropout must be at least 0 and below 1, got {self.lora_dropout:g}')
+        if not 0 <= self.eval_share < 1:
+            raise LegalnbError(f'--eval-share must be at least 0 and below 1, got {self.eval_share:g}')
+        self._check_setup()
+
+    def _check_setup(self):
+        "What the machine and the files must have: flash-attn, one source of accumulation, the data, DeepSpeed."
+        if self.attention == 'flash_attention_2' and (importlib.util.find_spec('flash_attn') is None
+                                                      or not torch.cuda.is_available()):
+            raise LegalnbError('--attention flash_attention_2 needs a CUDA GPU and the flash-attn package '
+                               '(pip install flash-attn); use --attention sdpa here')
+        if parse_batch_schedule(self.batch_schedule) and self.grad_accum:
             raise LegalnbError('--batch-schedule and --grad-accum both set the accumulation: give one of them')
-        grad_accum_first = sched[0][1]
-    if not Path(data).exists():
-        raise LegalnbError(f'--data {data}: no such file or folder; expected {_REQUIRED["--data"]}')
-    if deepspeed:
-        read_json(deepspeed, 'a DeepSpeed JSON config (e.g. launch/ds_zero3.json)')
-        if importlib.util.find_spec('deepspeed') is None:
-            raise LegalnbError(f'--deepspeed {deepspeed}: the deepspeed package is not installed '
-                               '(pip install deepspeed)')
-    p = _override_preset(get_preset('cpt' if Path(data).is_dir() else 'lora', preset), batch_size,
-                         grad_accum or (grad_accum_first if sched else None), lr, max_steps, precision, warmup_steps)
-    over = dict(save_steps=save_steps, dataloader_num_workers=workers, logging_steps=logging_steps, seed=seed,
-                deepspeed=deepspeed, activation_checkpointing=activation_checkpointing, eval_steps=eval_steps,
-                gradient_accumulation_steps=grad_accum)   # an explicit accumulation wins over the recomputed one
-    over = {k: v for k, v in over.items() if v is not None}
-    if torch_compile: over['torch_compile'] = True
-    lora_settings = LoraSettings(lora_r, lora_alpha, lora_dropout, lora_scope)
-    s = finetune(model, data, out, p, lora, lora_settings, max_length, percentile, packing, resume=resume,
-                 eval_share=eval_share, attention=attention, qlora=qlora, qlora_bits=qlora_bits,
-                 force_single=force_single, batch_schedule=batch_schedule, batch_lr_rule=batch_lr_rule,
-                 command=command, sinks=sinks, **over)
+        if not Path(self.data).exists():
+            raise LegalnbError(f'--data {self.data}: no such file or folder; expected {_REQUIRED["--data"]}')
+        if self.deepspeed:
+            read_json(self.deepspeed, 'a DeepSpeed JSON config (e.g. launch/ds_zero3.json)')
+            if importlib.util.find_spec('deepspeed') is None:
+                raise LegalnbError(f'--deepspeed {self.deepspeed}: the deepspeed package is not installed '
+                                   '(pip install deepspeed)')
+
+    def preset_to_run(self) -> Preset:
+        "The task's preset with the flags that change it (a schedule's first accumulation for --grad-accum)."
+        sched = parse_batch_schedule(self.batch_schedule)
+        return _override_preset(get_preset('cpt' if Path(self.data).is_dir() else 'lora', self.preset),
+                                self.batch_size, self.grad_accum or (sched[0][1] if sched else None), self.lr,
+                                self.max_steps, self.precision, self.warmup_steps)
+
+    def training_overrides(self) -> dict:
+        "The TrainingArguments the flags set (an explicit accumulation wins over the recomputed one)."
+        over = dict(save_steps=self.save_steps, dataloader_num_workers=self.workers, logging_steps=self.logging_steps,
+                    seed=self.seed, deepspeed=self.deepspeed, activation_checkpointing=self.activation_checkpointing,
+                    eval_steps=self.eval_steps, gradient_accumulation_steps=self.grad_accum,
+                    torch_compile=self.torch_compile or None)
+        return {k: v for k, v in over.items() if v is not None}
+
+_LEAST = dict.fromkeys(['max_steps', 'batch_size', 'grad_accum', 'seed', 'save_steps', 'logging_steps', 'max_length',
+                        'lora_r', 'lora_alpha', 'workers', 'warmup_steps', 'eval_steps'], 1) | dict(
+                        max_length=2, seed=0, workers=0, warmup_steps=0)   # the least value of each counted flag
+
+def finetune_command(command: str | None = None,   # the command line, repeated in a refusal's launch command
+                     sinks: Sequence = (),          # (Python only) record sinks, e.g. legalnb.run's budget guard
+                     **flags) -> int:               # the fields of a FinetuneConfig
+    "Continued pretraining (DATA = shard folder) or SFT (DATA = JSONL) of a local model."
+    c = FinetuneConfig(**flags)
+    s = finetune(c.model, c.data, c.out, c.preset_to_run(), c.lora, LoraSettings(c.lora_r, c.lora_alpha,
+                 c.lora_dropout, c.lora_scope), c.max_length, c.percentile, c.packing, resume=c.resume,
+                 eval_share=c.eval_share, attention=c.attention, qlora=c.qlora, qlora_bits=c.qlora_bits,
+                 force_single=c.force_single, batch_schedule=c.batch_schedule, batch_lr_rule=c.batch_lr_rule,
+                 command=command, sinks=sinks, **c.training_overrides())
     if s.get('stopped'):
         print(f"legalnb finetune: stopped at step {s['step']} of {s['max_steps']}: {s['stopped']}; checkpoint "
               f"{s['checkpoint']} (--resume continues)")
@@ -1103,8 +1121,9 @@ def finetune_command(
     return 0
 
 def finetune_parser() -> CommandParser:
-    "The flags of `legalnb finetune`: `finetune_command`'s parameters, with --lora and --full (one or the other)."
-    p = command_parser(finetune_command, 'legalnb finetune', skip=('lora', 'command', 'sinks'))
+    "The flags of `legalnb finetune`: `FinetuneConfig`'s fields, with --lora and --full (one or the other)."
+    p = command_parser(FinetuneConfig, 'legalnb finetune', skip=('lora',))
+    p.description = finetune_command.__doc__
     mode = p.add_mutually_exclusive_group()
     mode.add_argument('--lora', dest='lora', action='store_true', default=None,
                       help="train a LoRA adapter (SFT's default)")
