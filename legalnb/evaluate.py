@@ -1094,6 +1094,24 @@ def clear_other_modes(out: Path, keep: Callable[[Path], bool]):
         if p.is_file() and written_by_evaluate(rel) and not keep(rel): p.unlink()
         elif p.is_dir() and rel.name in RUN_DIRS and not any(p.iterdir()): p.rmdir()
 
+def _export_tasks(docs: list[dict], folder: str, inputs: list, citations: int, seed: int, json: bool):
+    "--export-lm-eval: the held-out set as lm-eval tasks in `folder` (never over an input or a folder not ours)."
+    refuse_overwriting_inputs(inputs, [folder], '--export-lm-eval')
+    refuse_unowned(folder, lambda p: str(p) in EXPORT_FILES, '--export-lm-eval')   # by the records
+    written = write_lm_eval_tasks(docs, folder, citations, seed)
+    print(f'lm-eval tasks in {folder}: ' + ', '.join(p.name for p in written), file=sys.stderr if json else sys.stdout)
+
+def _check_target(model: str, data: str, out: str, harness: bool, lm_eval_tasks: list[str] | None):
+    "Before the model loads: the suites exist, the harness gets a model it scores, --out is neither input nor not ours."
+    if lm_eval_tasks: suite_tasks(lm_eval_tasks)   # a missing task file fails before the model loads
+    if (harness or lm_eval_tasks) and model_kind(model)[0] == 'native':
+        raise LegalnbError(f'--harness and --lm-eval-tasks score Hugging Face models and finetune outputs; {model} is '
+                           'a native run')
+    model_kind(model)
+    refuse_overwriting_inputs([model, data], [out])
+    refuse_foreign_files(out, written_by_evaluate, '--out')
+    refuse_unowned(out, written_by_evaluate, '--out')   # an eval.json of the user's is not replaced
+
 def evaluate_command(model: str,                  # run folder (legalnb train --out), HF model folder or finetune output
                      data: str = None,            # held-out documents: a JSONL file, or a folder holding heldout.jsonl
                      out: str = 'eval',           # folder for eval.json, eval.md and the plots
@@ -1132,24 +1150,12 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
         return against_command(**opts)
     docs = read_heldout(data)
     gdocs = read_general(general) if general and general != 'none' else None
-    if export_lm_eval:
-        refuse_overwriting_inputs([data] + ([model] if model else []), [export_lm_eval], '--export-lm-eval')
-        refuse_unowned(export_lm_eval, lambda p: str(p) in EXPORT_FILES, '--export-lm-eval')   # by the records
-        written = write_lm_eval_tasks(docs, export_lm_eval, citations, seed)
-        print(f'lm-eval tasks in {export_lm_eval}: ' + ', '.join(p.name for p in written),
-              file=sys.stderr if json else sys.stdout)
+    if export_lm_eval: _export_tasks(docs, export_lm_eval, [data] + ([model] if model else []), citations, seed, json)
     if model is None:
         if export_lm_eval: return 0
         raise LegalnbError('MODEL is required: a run folder (legalnb train --out), a Hugging Face model folder '
                            'or a finetune output')
-    if lm_eval_tasks: suite_tasks(lm_eval_tasks)   # a missing task file fails before the model loads
-    if (harness or lm_eval_tasks) and model_kind(model)[0] == 'native':
-        raise LegalnbError(f'--harness and --lm-eval-tasks score Hugging Face models and finetune outputs; {model} is '
-                           'a native run')
-    model_kind(model)
-    refuse_overwriting_inputs([model, data], [out])
-    refuse_foreign_files(out, written_by_evaluate, '--out')
-    refuse_unowned(out, written_by_evaluate, '--out')   # an eval.json of the user's is not replaced
+    _check_target(model, data, out, harness, lm_eval_tasks)
     lm = load_eval_model(model, tokenizer, base, context, device, precision, trust_remote_code)
     r = evaluate(lm, docs, batch_tokens=batch_tokens, citations=citations, samples=samples,
                  max_new_tokens=max_new_tokens, seed=seed, eos=eos, progress=progress, rouge=rouge, general=gdocs,

@@ -445,23 +445,16 @@ def _warmup(preset, steps: int) -> tuple[int | float, str]:
     if w <= cap: return preset.warmup_steps, why
     return cap, f'capped: the preset\'s {w:,} warm-up steps are more than 10% of the {steps:,} steps'
 
-def plan_training_args(preset, out: str | Path,
-                       examples_per_row: float = 1.0,   # SFT: mean examples per packed row; CPT: row / preset seq_len
-                       evaluation: bool = False,        # an evaluation split exists: evaluate at every checkpoint
-                       batch_schedule: str | None = None,  # FROM_STEP:GRAD_ACCUM pairs: accumulated inside each step
-                       **overrides) -> dict[str, tuple]:
-    "`{name: (value, why)}` of the TrainingArguments for `preset` on this machine, `overrides` applied last."
-    cap, world = cuda_capability(), _world_size()   # cap: (major, minor) of this machine's GPU, None without one
-    cuda, prec = cap is not None, resolve_precision(preset.precision, cap)
+def _step_rows(preset, out: str | Path, examples_per_row: float, world: int) -> dict[str, tuple]:
+    "The steps, the learning rate and its schedule, the batch: from the preset, for `world` processes."
     accum = (packed_accumulation(preset, examples_per_row, preset.micro_batch, world) if preset.global_batch
              else preset.grad_accum)
     steps, global_batch = preset.steps or -1, preset.global_batch or accum * preset.micro_batch * world
     unit = 'examples' if preset.task == 'lora' else f'sequences of {preset.seq_len} tokens'
     per_row = '' if examples_per_row == 1 else (f' x {examples_per_row:.2f} examples per row' if preset.task == 'lora'
                                                 else f' rows x {examples_per_row:.3g} of a sequence each')
-    save = min(CHECKPOINT_EVERY, max(1, math.ceil(steps / 5))) if steps > 0 else 0.2
     warmup, warmup_why = _warmup(preset, steps)
-    plan = {
+    return {
         'output_dir': (str(out), 'checkpoints and the final model go here'),
         'max_steps': (steps, 'from the preset' if preset.steps else 'none set: one pass over the examples'),
         'num_train_epochs': (1, 'one pass over the data when max_steps is not set'),
@@ -471,7 +464,12 @@ def plan_training_args(preset, out: str | Path,
         'per_device_train_batch_size': (preset.micro_batch, 'micro batch per process (packed rows for SFT), '
                                                              'from the preset'),
         'gradient_accumulation_steps': (accum, f'global batch {global_batch} {unit} ~ micro {preset.micro_batch}'
-                                               f'{per_row} x accumulation {accum} x {world} process(es)'),
+                                               f'{per_row} x accumulation {accum} x {world} process(es)')}
+
+def _compute_rows(preset, cap: tuple | None) -> dict[str, tuple]:
+    "Precision and memory on this machine's GPU (`cap`: its compute capability; None: no GPU)."
+    cuda, prec = cap is not None, resolve_precision(preset.precision, cap)
+    return {
         'bf16': (prec == 'bf16', f'precision {prec}: ' + {
                  'bf16': 'the GPU has bf16 tensor cores (cc >= 8.0)', 'fp32': 'no GPU, or fp32 asked for',
                  'fp16': 'fp16 tensor cores with loss scaling (cc < 8.0, no bf16)'}[prec]),
@@ -481,7 +479,12 @@ def plan_training_args(preset, out: str | Path,
                                      'recompute activations: ~20% more compute for a micro batch that fits' +
                                      ('; FSDP checkpoints through its own config' * (preset.strategy == 'fsdp'))),
         'activation_checkpointing_kwargs': ({'use_reentrant': False},
-                                            'the non-reentrant form works with frozen (LoRA) base weights'),
+                                            'the non-reentrant form works with frozen (LoRA) base weights')}
+
+def _loop_rows(preset, steps: int, evaluation: bool, cuda: bool) -> dict[str, tuple]:
+    "Reading, checkpoints, evaluation, logging and the optimizer's kernel."
+    save = min(CHECKPOINT_EVERY, max(1, math.ceil(steps / 5))) if steps > 0 else 0.2
+    return {
         'dataloader_num_workers': (loader_workers(), f'reader processes so the GPU never waits: up to 4, at most the '
                                                      f'{usable_cores()} cores here'),
         'dataloader_pin_memory': (cuda, 'pinned host memory: faster, asynchronous copies to the GPU'),
@@ -493,12 +496,22 @@ def plan_training_args(preset, out: str | Path,
         'eval_steps': (save if evaluation else None, 'with the checkpoints'),
         'per_device_eval_batch_size': (preset.micro_batch, 'as the training micro batch'),
         'logging_steps': (max(1, min(10, steps // 20)) if steps > 0 else 10, 'loss every few steps'),
-        'optim': ('adamw_torch_fused' if cuda else 'adamw_torch', 'fused AdamW kernel on GPUs'),
+        'optim': ('adamw_torch_fused' if cuda else 'adamw_torch', 'fused AdamW kernel on GPUs')}
+
+def plan_training_args(preset, out: str | Path,
+                       examples_per_row: float = 1.0,   # SFT: mean examples per packed row; CPT: row / preset seq_len
+                       evaluation: bool = False,        # an evaluation split exists: evaluate at every checkpoint
+                       batch_schedule: str | None = None,  # FROM_STEP:GRAD_ACCUM pairs: accumulated inside each step
+                       **overrides) -> dict[str, tuple]:
+    "`{name: (value, why)}` of the TrainingArguments for `preset` on this machine, `overrides` applied last."
+    cap, world = cuda_capability(), _world_size()   # cap: (major, minor) of this machine's GPU, None without one
+    plan = {**_step_rows(preset, out, examples_per_row, world), **_compute_rows(preset, cap),
+            **_loop_rows(preset, preset.steps or -1, evaluation, cap is not None),
         'weight_decay': (0.0 if preset.task == 'lora' else 0.1, 'AdamW weight decay (none on LoRA adapters)'),
         'max_grad_norm': (1.0, 'clip gradients at norm 1'),
         'torch_compile': (False, 'option: compile the model (slow first steps, faster after)'),
         'include_num_input_tokens_seen': ('non_padding', 'count the tokens trained on, for tokens/s'),
-        'use_cpu': (not cuda, 'no GPU: train on the CPU (several processes talk through gloo)'),
+        'use_cpu': (cap is None, 'no GPU: train on the CPU (several processes talk through gloo)'),
         'ddp_find_unused_parameters': (False, 'every trainable parameter is used: skip the extra graph walk'),
         'report_to': ('none', 'no experiment tracker unless asked'),
         'seed': (0, 'reproducible order and initialisation'),

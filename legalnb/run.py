@@ -162,9 +162,8 @@ class Stage:
     inputs: list[Path]  # what it reads (the first stage: the user's folders and files)
     output: Path        # the file whose checksum says it finished
 
-def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None) -> tuple[list[Stage], dict]:
-    "The stages of a plan with the command line's flags on top, and the plan's top-level values."
-    from legalnb.presets import get_preset
+def _top_values(plan: dict, base: Path, cli: dict) -> dict:
+    "The plan's top-level values with the command line's on top, paths from the plan's folder, defaults filled."
     top = {k: plan.get(k) for k in TOP} | {k: v for k, v in cli.pop('_top', {}).items() if v is not None}
     if not top.get('input'): raise LegalnbError('input is required: --input DIR... or `input:` in the plan')
     if not top.get('out'): raise LegalnbError('out is required: --out WORK or `out:` in the plan')
@@ -176,7 +175,12 @@ def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None)
     if hf: model = str(rel(model))
     if hf and preset == 'none': raise LegalnbError('preset none: a Hugging Face model trains from a cpt preset '
                                                    '(fast, full or aggressive)')
-    top.update(input=inputs, out=work, preset=preset, model=model, size=size, hf=hf)
+    return top | dict(input=inputs, out=work, preset=preset, model=model, size=size, hf=hf)
+
+def _sections(plan: dict, cli: dict, top: dict) -> dict:
+    "Each stage's settings: the plan's section, the command line's on top, legalnb run's defaults under both."
+    from legalnb.presets import get_preset
+    work, preset, model, size, hf = (top[k] for k in ('out', 'preset', 'model', 'size', 'hf'))
     sec = {s: dict(plan.get(s) or {}) | cli.get(s, {}) for s in (*STAGES, 'finetune')}
     for s, owned in (('parse', 'out'), ('select', 'out'), ('build-corpus', 'out'), ('split', 'out'),
                      ('train', 'data'), ('train', 'out'), ('finetune', 'out'), ('evaluate', 'out')):
@@ -192,7 +196,14 @@ def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None)
         p = get_preset('cpt' if hf else 'scratch', preset, None if hf else size, model=None if hf else model)
         b['seq_len'] = p.seq_len
     b.setdefault('val_docs', 0.01); b.setdefault('progress', False)
-    trainer = 'finetune' if hf else 'train'
+    return sec
+
+def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None) -> tuple[list[Stage], dict]:
+    "The stages of a plan with the command line's flags on top, and the plan's top-level values."
+    top = _top_values(plan, base, cli)
+    sec = _sections(plan, cli, top)
+    inputs, work, preset, model, size, hf = (top[k] for k in ('input', 'out', 'preset', 'model', 'size', 'hf'))
+    b = sec['build-corpus']
     data = Path(stage_to)/'split' if stage_to and not hf else work/'split'
     stages = [Stage('parse', [*map(str, inputs), '--out', str(work/'parsed.jsonl'),
                               *_argv('parse', sec['parse'] | {'progress': False}, '')], inputs, work/OUTPUTS['parse']),
@@ -684,26 +695,17 @@ def _ours(rel: Path) -> bool:
                                                                   '.selected-2.jsonl', '.corpus-2.', '.split-2.',
                                                                   '.split.', '.report.md', '.loss.png'))
 
-def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> dict:
-    "Check the plan, then run the stages that are not up to date; the training summary (or the stop) and the stages."
-    from legalnb.core import output_folder, refuse_unowned, remove_owned
-    raw, base = read_plan(plan)
-    if base != Path('.'):   # the command line's paths start from the shell's folder, the plan's from the plan's
-        here = lambda v: os.path.abspath(v) if v else v
-        top_cli = dict(top_cli, input=top_cli.get('input') and [here(v) for v in top_cli['input']],
-                       out=here(top_cli.get('out')),
-                       model=here(top_cli['model']) if top_cli.get('model') and Path(top_cli['model']).exists()
-                       else top_cli.get('model'))
-    cli = cli_overrides(rest); cli['_top'] = top_cli
-    stages, top = build_stages(raw, base, cli, opts['stage_to'])
-    info = check_plan(stages, top)
-    work, names = top['out'], [s.name for s in stages]
-    ours = lambda rel: _ours(rel) or rel.parts[0] in opts.get('ours', ())
-    if hold := opts.get('hold'): hold(output_folder(work, 'legalnb run', ours))   # locked and recorded to the end
-    else: refuse_unowned(work, ours)   # the caller holds the folder
-    for s in stages if opts.get('stage_to') else ():   # a copy trained on holds only copies legalnb made: checked now
-        if s.name in ('train', 'train-2', 'finetune', 'finetune-2', 'baseline'):
-            refuse_unowned(Path(_value(s.argv, '--data')), flag='--stage-to')
+def _from_the_shell(top_cli: dict) -> dict:
+    "The command line's paths from the shell's folder (a plan's paths start from the plan's folder)."
+    here = lambda v: os.path.abspath(v) if v else v
+    return dict(top_cli, input=top_cli.get('input') and [here(v) for v in top_cli['input']],
+                out=here(top_cli.get('out')),
+                model=here(top_cli['model']) if top_cli.get('model') and Path(top_cli['model']).exists()
+                else top_cli.get('model'))
+
+def _what_runs(stages: list[Stage], work: Path, opts: dict) -> tuple[int, int, list[str]]:
+    "The first stage to run, the training to run or resume first, and why each stage is stale ('' when up to date)."
+    names = [s.name for s in stages]
     trainers = [i for i, n in enumerate(names) if n in ('train', 'train-2', 'finetune', 'finetune-2', 'baseline')]
     reasons = [why_stale(s, read_record(work, s.name)) for s in stages]
     t = next((i for i in trainers if reasons[i]), trainers[-1])   # the training to run (or resume) first
@@ -714,8 +716,26 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
     if opts['resume'] and first < t:
         raise LegalnbError(f'--resume continues the training, but {names[first]} must run again first '
                            f'({reasons[first]}); drop --resume')
+    return first, t, reasons
+
+def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> dict:
+    "Check the plan, then run the stages that are not up to date; the training summary (or the stop) and the stages."
+    from legalnb.core import output_folder, refuse_unowned, remove_owned
+    raw, base = read_plan(plan)
+    if base != Path('.'): top_cli = _from_the_shell(top_cli)
+    cli = cli_overrides(rest); cli['_top'] = top_cli
+    stages, top = build_stages(raw, base, cli, opts['stage_to'])
+    info = check_plan(stages, top)
+    work, names = top['out'], [s.name for s in stages]
+    ours = lambda rel: _ours(rel) or rel.parts[0] in opts.get('ours', ())
+    if hold := opts.get('hold'): hold(output_folder(work, 'legalnb run', ours))   # locked and recorded to the end
+    else: refuse_unowned(work, ours)   # the caller holds the folder
+    for s in stages if opts.get('stage_to') else ():   # a copy trained on holds only copies legalnb made: checked now
+        if s.name in ('train', 'train-2', 'finetune', 'finetune-2', 'baseline'):
+            refuse_unowned(Path(_value(s.argv, '--data')), flag='--stage-to')
+    first, t, reasons = _what_runs(stages, work, opts)
     if first <= t and not opts['yes'] and not sys.stdin.isatty(): confirm(False)   # refused before any stage runs
-    summary, evaluation = None, None
+    summary = None
     for i, s in enumerate(stages):
         rec = read_record(work, s.name)
         if i < first:

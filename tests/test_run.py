@@ -317,11 +317,11 @@ def test_the_estimate_before_training_prices_a_batch_schedule():
 
 def test_a_native_second_stage_of_the_top_documents_has_no_token_budget():
     "stage2: {select: {top: 5}}: select-2 takes the 5 best documents, with no --target-tokens (2B when neither is set)."
-    from legalnb.run import build_stages, stage_flags, _command
+    from legalnb.run import build_stages, stage_parser
     stages, _ = build_stages({'input': ['formex'], 'out': 'work', 'stage2': {'select': {'top': 5}}}, Path('.'), {})
     select2 = next(s for s in stages if s.name == 'select-2')
     assert '--target-tokens' not in select2.argv and select2.argv[-2:] == ['--top', '5'], select2.argv
-    assert _command('select-2').parse_args(select2.argv).top == 5
+    assert stage_parser('select-2').parse_args(select2.argv).top == 5
     stages, _ = build_stages({'input': ['formex'], 'out': 'work', 'stage2': {}}, Path('.'), {})
     assert next(s for s in stages if s.name == 'select-2').argv[-2:] == ['--target-tokens', '2B']
 
