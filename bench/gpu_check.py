@@ -433,8 +433,8 @@ def llama_corpus(ctx: Ctx) -> Path:
     "Packed shards of generated legal sentences (documents restart their positions), for continued pretraining."
     folder = ctx.shared/'llama-corpus'
     if folder.is_dir(): return folder
-    from legalnb.hf import load_model, write_demo_shards
-    _, tok = load_model(llama_folder(ctx), tokenizer_only=True)
+    from legalnb.hf import load_hf_model, write_demo_shards
+    _, tok = load_hf_model(llama_folder(ctx), tokenizer_only=True)
     s = ctx.size
     tmp = folder.with_name('llama-corpus.tmp'); shutil.rmtree(tmp, ignore_errors=True)
     write_demo_shards(tmp, tok, rows=s['hf_batch'] * (max(s['hf_steps'], s['dist_steps'][1]) + 2), seq_len=s['hf_seq'],

@@ -30,7 +30,7 @@ from legalnb.data import split
 from legalnb.models import load_model
 from legalnb.scoring import select_documents
 from legalnb.sources import parse_documents, write_sample
-from legalnb.train import TrainConfig, evaluate, open_split, setup_distributed, train, val_loader
+from legalnb.train import TrainConfig, evaluate_loss, open_split, setup_distributed, train, val_loader
 
 
 def corpora(root: Path, docs: int, seq_len: int, vocab: int) -> tuple[Path, Path, dict]:
@@ -58,7 +58,7 @@ def heldout_loss(model_dir: Path, data: Path, cfg: TrainConfig) -> float:
     val = open_split(data)[1]
     n = math.ceil(len(val) / cfg.batch_size)
     every = TrainConfig(**{**cfg.__dict__, 'eval_batches': n})
-    return evaluate(model, val_loader(val, every, setup_distributed('cpu')), setup_distributed('cpu'), 'fp32', n)
+    return evaluate_loss(model, val_loader(val, every, setup_distributed('cpu')), setup_distributed('cpu'), 'fp32', n)
 
 
 def timed(cfg: TrainConfig) -> tuple[dict, float]:

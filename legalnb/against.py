@@ -11,18 +11,19 @@ from typing import Callable
 from .core import (LegalnbError, atomic_write, format_duration, read_json, refuse_foreign_files,
                           refuse_overwriting_inputs, refuse_unowned)
 from .evaluate import (AGAINST_FILES, BOOTSTRAP, GROUPS, HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS, REPORT_FILES,
-                              RETAINED_FILES, clear_other_modes, estimate, evaluate, harness_scores, load_eval_model,
-                              lora_base, model_kind, read_general, read_heldout, suite_tasks, write_report,
+                              RETAINED_FILES, bootstrap_estimate, clear_other_modes, evaluate, harness_scores,
+                              load_eval_model, lora_base, model_kind, read_general, read_heldout, suite_tasks,
+                              write_evaluation,
                               written_by_evaluate)
 
 # %% auto #0
-__all__ = ['FORMAT', 'RETAINED_FORMAT', 'NO_DIFFERENCE', 'verdict', 'change', 'check_comparable', 'compare_evaluations', 'share',
-           'retained', 'run_facts', 'against_rows', 'against_table', 'against_figure', 'against_markdown',
+__all__ = ['AGAINST_FORMAT', 'RETAINED_FORMAT', 'NO_DIFFERENCE', 'verdict', 'change', 'check_comparable', 'compare_evaluations',
+           'share', 'retained', 'run_facts', 'against_rows', 'against_table', 'against_figure', 'against_markdown',
            'against_lines', 'write_against', 'retained_table', 'retained_figure', 'write_retained', 'reference_of',
            'declared_context', 'against_command', 'retained_command']
 
 # %% ../nbs/11a_against.ipynb #6c18f9dd
-FORMAT = 'legalnb.against/1'                  # the schema of against.json
+AGAINST_FORMAT = 'legalnb.against/1'                  # the schema of against.json
 RETAINED_FORMAT = 'legalnb.retained/1'        # ... and of retained.json
 NO_DIFFERENCE = 'no measurable difference'    # a change whose 95% interval holds 0
 
@@ -39,8 +40,8 @@ def change(runs: list[list[dict]],           # [model rows, reference rows], on 
            lower_is_better: bool = True,     # bits per byte: lower; accuracy and ROUGE-L: higher
            iters: int = BOOTSTRAP, seed: int = 0) -> dict:
     "A figure of the model and of the reference, each with its interval, and the change between them, paired by act."
-    (m, m_ci), (r, r_ci) = (estimate(lambda a: a, [rows], figure, where, iters, seed) for rows in runs)
-    d, d_ci = estimate(lambda a, b: a - b, runs, figure, where, iters, seed)
+    (m, m_ci), (r, r_ci) = (bootstrap_estimate(lambda a: a, [rows], figure, where, iters, seed) for rows in runs)
+    d, d_ci = bootstrap_estimate(lambda a, b: a - b, runs, figure, where, iters, seed)
     return dict(model=m, model_ci=m_ci, reference=r, reference_ci=r_ci, change=d, change_ci=d_ci,
                 verdict=verdict(d, d_ci, lower_is_better))
 
@@ -80,7 +81,7 @@ def compare_evaluations(model: dict, reference: dict, iters: int = BOOTSTRAP, se
     def both(where=None):
         return dict(bits_per_byte=change(docs, 'bits_per_byte', where, True, iters, seed),
                     accuracy=change(marks, 'accuracy', where, False, iters, seed))
-    out = dict(format=FORMAT, model=model['model'], reference=reference['model'], data=model['data'],
+    out = dict(format=AGAINST_FORMAT, model=model['model'], reference=reference['model'], data=model['data'],
                windows=_windows(model['model'], reference['model']), reference_is_base=base,
                settings=dict(bootstrap=iters, level=LEVEL, unit='act', seed=seed), overall=both())
     for key, field in GROUPS.items():
@@ -105,9 +106,9 @@ def compare_evaluations(model: dict, reference: dict, iters: int = BOOTSTRAP, se
 def share(runs: list[list[dict]], figure: str, where: Callable | None = None, iters: int = BOOTSTRAP,
           seed: int = 0) -> dict:
     "The figure of base, fast and full, and the share of the full run's gain the fast run kept, with intervals."
-    one = [estimate(lambda a: a, [rows], figure, where, iters, seed) for rows in runs]
-    s, s_ci = estimate(lambda b, f, F: (b - f) / (b - F), runs, figure, where, iters, seed)
-    g, g_ci = estimate(lambda b, F: b - F, [runs[0], runs[2]], figure, where, iters, seed)
+    one = [bootstrap_estimate(lambda a: a, [rows], figure, where, iters, seed) for rows in runs]
+    s, s_ci = bootstrap_estimate(lambda b, f, F: (b - f) / (b - F), runs, figure, where, iters, seed)
+    g, g_ci = bootstrap_estimate(lambda b, F: b - F, [runs[0], runs[2]], figure, where, iters, seed)
     note = None
     if g is None or g == 0: note, s, s_ci = 'the full run did not change it: no share', None, None
     elif g_ci is not None and g_ci[0] <= 0 <= g_ci[1]:
@@ -407,7 +408,7 @@ def against_command(**o) -> int:
     theirs = _score(ref, docs, gdocs, o, ctx, manager=manager)
     c = compare_evaluations(mine, theirs, o['bootstrap'], o['seed'], (str(model), str(ref)), _is_base(model, ref, o))
     out = Path(o['out'])
-    write_report(mine, out, written_by_evaluate); write_report(theirs, out/'reference')
+    write_evaluation(mine, out, written_by_evaluate); write_evaluation(theirs, out/'reference')
     write_against(c, out)
     clear_other_modes(out, lambda p: str(p) in (*REPORT_FILES, *AGAINST_FILES) or p.parts[0] == 'reference')
     if o['json']: print(json.dumps(c, indent=1, ensure_ascii=False))
@@ -426,7 +427,7 @@ def retained_command(**o) -> int:
     r = retained(*evals, o['bootstrap'], o['seed'], tuple(o['retained']))
     facts = {k: run_facts(p, o['price_per_hour']) for k, p in zip(('base', 'fast', 'full'), o['retained'])}
     out = Path(o['out'])
-    for k, e in zip(('base', 'fast', 'full'), evals): write_report(e, out/k)
+    for k, e in zip(('base', 'fast', 'full'), evals): write_evaluation(e, out/k)
     write_retained(r, out, facts)
     clear_other_modes(out, lambda p: str(p) in RETAINED_FILES or p.parts[0] in ('base', 'fast', 'full'))
     if o['json']: print(json.dumps(r | dict(facts=facts), indent=1, ensure_ascii=False))

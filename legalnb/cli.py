@@ -13,7 +13,7 @@ from .core import output_folder, record_written, remove_owned
 
 # %% auto #0
 __all__ = ['QUICKSTART_PROMPT', 'QUICKSTART_OUTPUTS', 'H100_PRICE', 'usage', 'main', 'exit_process', 'console', 'prepare_workdir',
-           'h100_estimate', 'write_report', 'quickstart', 'quickstart_main']
+           'h100_estimate', 'write_quickstart_report', 'quickstart', 'quickstart_main']
 
 # %% ../nbs/10_cli.ipynb #3aaa7b0c
 def usage() -> str:
@@ -101,7 +101,7 @@ def h100_estimate(metrics: Path,            # the run's metrics.jsonl
 # %% ../nbs/10_cli.ipynb #c86194b7
 def _count_lines(path: Path) -> int: return sum(1 for _ in open(path, encoding='utf-8'))
 
-def write_report(wd: Path, summary: dict, sample: str, vocab_size: int, stage_s: float, train_s: float,
+def write_quickstart_report(wd: Path, summary: dict, sample: str, vocab_size: int, stage_s: float, train_s: float,
                  evaluation: dict | None = None) -> Path:
     "Write `report.md` in the quickstart folder; return its path."
     import platform, torch
@@ -210,7 +210,7 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
                      '--eval-points', 4, '--eval-batches', 4, '--cpu-threads', 1, '--device', device]
             if compare_main([str(a) for a in flags]):
                 raise LegalnbError('quickstart: the compare stage failed; see its messages above')
-        write_report(wd, summary, sample, vocab_size, stage_s, train_s, r)
+        write_quickstart_report(wd, summary, sample, vocab_size, stage_s, train_s, r)
         return summary
 
 # %% ../nbs/10_cli.ipynb #885f9161

@@ -16,10 +16,10 @@ from .models import MODELS, get_model
 
 # %% auto #0
 __all__ = ['BUDGET_KINDS', 'LR_FACTORS', 'WARMUP_SHARE', 'PLAN', 'STATE', 'REPORT', 'RESULTS', 'PLOTS', 'parse_models',
-           'parse_budget', 'model_overrides', 'model_facts', 'seconds_per_step', 'val_bytes_per_token',
+           'parse_budget', 'model_overrides', 'model_facts', 'seconds_per_step', 'split_bytes_per_token',
            'check_settings', 'plan_comparison', 'load_or_plan', 'run_config', 'run_status', 'peak_memory', 'train_run',
-           'run_curve', 'loss_at', 'summarize', 'markdown_table', 'comparison_table', 'sweep_table', 'sweep_notes',
-           'plot_curves', 'write_report', 'compare_models', 'compare_command', 'compare_main']
+           'run_curve', 'loss_at', 'summarize_comparison', 'markdown_table', 'comparison_table', 'sweep_table',
+           'sweep_notes', 'plot_curves', 'write_comparison', 'compare_models', 'compare_command', 'compare_main']
 
 # %% ../nbs/12_compare.ipynb #cec56b76
 BUDGET_KINDS = ('tokens', 'flops', 'seconds')
@@ -84,9 +84,9 @@ def seconds_per_step(name: str, size: str, overrides: dict, vocab: int, seq_len:
     return calibrate(step, n_steps=3, warmup=1, sync=sync).sec_per_step
 
 # %% ../nbs/12_compare.ipynb #ec990e2b
-def val_bytes_per_token(data: str | Path, batch_size: int, eval_batches: int, seed: int) -> float | None:
+def split_bytes_per_token(data: str | Path, batch_size: int, eval_batches: int, seed: int) -> float | None:
     "UTF-8 bytes per token of the held-out rows the trainer evaluates on (the trainer's own measure)."
-    from legalnb.train import TrainConfig, open_split, val_bytes_per_token as measure
+    from legalnb.train import TrainConfig, open_split, split_bytes_per_token as measure
     return measure(data, open_split(data)[1], TrainConfig(batch_size=batch_size, eval_batches=eval_batches, seed=seed))
 
 
@@ -144,7 +144,7 @@ def plan_comparison(settings: dict, device: str = 'cpu') -> dict:
                  for k in s['lr_factors']]
     return dict(settings=s, seq_len=seq_len, vocab_size=vocab, tokens_per_step=tokens_per_step, shapes=shapes,
                 facts=facts, runs=runs, train_rows=len(train_ds),
-                bytes_per_token=val_bytes_per_token(s['data'], s['batch_size'], s['eval_batches'], s['seed']))
+                bytes_per_token=split_bytes_per_token(s['data'], s['batch_size'], s['eval_batches'], s['seed']))
 
 # %% ../nbs/12_compare.ipynb #77c00ead
 PLAN, STATE, REPORT, RESULTS = 'compare-plan.json', 'compare-runs.json', 'compare.md', 'compare.json'
@@ -244,7 +244,7 @@ def loss_at(curve: list[dict], key: str, x: float) -> float | None:
     return next((y for x0, y in pts if math.isclose(x0, x, rel_tol=1e-9)), None)
 
 # %% ../nbs/12_compare.ipynb #f0132704
-def summarize(out: Path, plan: dict, state: dict) -> dict:
+def summarize_comparison(out: Path, plan: dict, state: dict) -> dict:
     "Every run's curve and end, each model's best learning rate, and the models at equal tokens and equal time."
     from legalnb.train import bits_per_byte as _bpb
     runs = []
@@ -339,7 +339,7 @@ def plot_curves(result: dict, key: str, path: Path):
     with atomic_write(path) as tmp: fig.savefig(tmp, format='png', dpi=100)
 
 # %% ../nbs/12_compare.ipynb #6e1a5e0a
-def write_report(out: Path, result: dict) -> Path:
+def write_comparison(out: Path, result: dict) -> Path:
     "compare.json, compare.md and the two plots in `out`; the path of compare.md."
     s = result['settings']
     _write_json(out/RESULTS, result)
@@ -384,8 +384,8 @@ def compare_models(data: str, models: list[str] = ('resonance', 'gpt'), size: st
         rec = train_run(plan, r, out, state, st == 'unfinished', device, callbacks, cpu_threads=cpu_threads,
                         progress=progress)
         if rec['status'] == 'diverged': log(f"  diverged: {rec['error']}")
-    result = summarize(out, plan, state)
-    write_report(out, result)
+    result = summarize_comparison(out, plan, state)
+    write_comparison(out, result)
     return result
 
 # %% ../nbs/12_compare.ipynb #61cd6bbf

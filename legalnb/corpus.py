@@ -24,11 +24,12 @@ from .core import Output, followed, libc, trim_memory
 from .sources import parse_celex, parse_date
 
 # %% auto #0
-__all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'FORMAT', 'KEY', 'iter_selected', 'load_tokenizer',
-           'train_tokenizer', 'find_eos', 'configured_eos', 'special_ids', 'vocab_size_of', 'tokenizer_sha256',
-           'split_text', 'encode_texts', 'encode_stream', 'RowPacker', 'shard_dtype', 'npy_header', 'file_sha256',
-           'write_shard', 'act_key', 'act_number', 'check_val_docs', 'named_acts', 'heldout_acts', 'Piece',
-           'iter_pieces', 'batch_pieces', 'build_corpus', 'build_corpus_command', 'build_corpus_main', 'summary']
+__all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'MANIFEST_FORMAT', 'KEY', 'iter_selected',
+           'load_tokenizer', 'train_tokenizer', 'find_eos', 'configured_eos', 'special_ids', 'vocab_size_of',
+           'tokenizer_sha256', 'split_text', 'encode_texts', 'encode_stream', 'RowPacker', 'shard_dtype',
+           'npy_header_bytes', 'file_sha256', 'write_shard', 'act_key', 'act_number', 'check_val_docs', 'named_acts',
+           'heldout_acts', 'Piece', 'iter_pieces', 'batch_pieces', 'build_corpus', 'build_corpus_command',
+           'build_corpus_main', 'summary']
 
 # %% ../nbs/02_corpus.ipynb #530136c6
 def iter_selected(path: str | Path, start: int = 0, line: int = 0) -> Iterator[tuple[int, int, int, dict]]:
@@ -232,7 +233,7 @@ def shard_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
 
 # %% ../nbs/02_corpus.ipynb #15221f0d
-def npy_header(dtype, shape: tuple[int, ...], size: int = 128) -> bytes:
+def npy_header_bytes(dtype, shape: tuple[int, ...], size: int = 128) -> bytes:
     "A .npy version 1.0 header of exactly `size` bytes for a C-ordered array."
     d = repr({'descr': np.lib.format.dtype_to_descr(np.dtype(dtype)), 'fortran_order': False, 'shape': tuple(shape)})
     pad = size - 10 - len(d) - 1
@@ -251,7 +252,7 @@ def write_shard(dest: str | Path, blocks: Iterable[np.ndarray], row_len: int, vo
     "Write blocks of rows to a .npy shard atomically, checking every id < vocab_size; return its rows and sha256."
     dest, dtype, rows = Path(dest), shard_dtype(vocab_size), 0
     with atomic_write(dest) as tmp, open(tmp, 'wb') as f:
-        f.write(npy_header(dtype, (0, row_len)))
+        f.write(npy_header_bytes(dtype, (0, row_len)))
         for block in blocks:
             if len(block) and (top := int(block.max())) >= vocab_size:
                 raise LegalnbError(f'{dest}: row {rows + int(np.argmax(block.max(1)))}: token id {top} is outside '
@@ -259,7 +260,7 @@ def write_shard(dest: str | Path, blocks: Iterable[np.ndarray], row_len: int, vo
             f.write(block.astype(dtype, copy=False).tobytes()); rows += len(block)
         if rows == 0: raise LegalnbError(f'{dest}: no rows for this shard: ' + (empty or 'the selection gives fewer '
                                          'rows than --shards; lower --shards or --seq-len'))
-        f.seek(0); f.write(npy_header(dtype, (rows, row_len)))
+        f.seek(0); f.write(npy_header_bytes(dtype, (rows, row_len)))
     return {'file': dest.name, 'rows': rows, 'sha256': file_sha256(dest)}
 
 # %% ../nbs/02_corpus.ipynb #f452e04d
@@ -381,7 +382,7 @@ def _rule_words(rule: dict) -> str:
     return ', '.join(w for w in words if w)
 
 # %% ../nbs/02_corpus.ipynb #e18e470d
-FORMAT = 'legalnb.corpus/1'
+MANIFEST_FORMAT = 'legalnb.corpus/1'
 
 @dataclass
 class Piece:
@@ -470,7 +471,7 @@ def _own_manifest(path: Path) -> dict | None:
     try: m = read_json(path)
     except (LegalnbError, OSError): return None
     held = m.get('heldout')
-    ok = m.get('format') == FORMAT and _records(m.get('shards')) and _records(m.get('val_shards', []))
+    ok = m.get('format') == MANIFEST_FORMAT and _records(m.get('shards')) and _records(m.get('val_shards', []))
     return m if ok and (held is None or _records([held])) else None
 
 def _read_key(path: Path) -> dict:
@@ -644,7 +645,7 @@ def _start(work: Path, key: dict, tok: Tokenizer, command: str | None) -> dict:
 
 def _partial(command: str | None, key: dict, done: dict) -> dict:
     "The partial manifest: the build's key and command, then the finished files with where each part continues."
-    return dict(format=FORMAT, command=command, **key, **done)
+    return dict(format=MANIFEST_FORMAT, command=command, **key, **done)
 
 def _exchange(a: Path, b: Path) -> bool:
     "Swap two folders in one atomic step (Linux renameat2 with RENAME_EXCHANGE); False where that is not possible."
@@ -799,7 +800,7 @@ def _finish(out, tok, key, partial, eos_id, vocab, row_len, held) -> dict:
     from legalnb import __version__
     strip = lambda recs: [{k: v for k, v in r.items() if k != 'next'} for r in recs]
     h = partial['heldout'] and dict(partial['heldout'], **_side(partial['val_shards']))
-    m = dict(format=FORMAT, tokenizer='tokenizer.json', tokenizer_sha256=key['tokenizer_sha256'],
+    m = dict(format=MANIFEST_FORMAT, tokenizer='tokenizer.json', tokenizer_sha256=key['tokenizer_sha256'],
              input_sha256=key['input_sha256'], vocab_size=vocab, eos_id=eos_id, special_ids=special_ids(tok),
              dtype=shard_dtype(vocab).name, seq_len=row_len - 1, row_len=row_len, **_side(partial['shards']),
              acts=held and held[1] - len(held[0]), shards=strip(partial['shards']),

@@ -20,13 +20,13 @@ from .core import Output, bookkeeping, followed
 
 # %% auto #0
 __all__ = ['ROWS_INDEX', 'ID_CAP', 'CHUNK_TOKENS', 'NOMINAL_PARAMS', 'TOKENS_PER_PARAM', 'MAX_GOOD_EPOCHS', 'SPLIT_MODES',
-           'npy_header', 'open_rows', 'Segment', 'manifest_path', 'read_manifest', 'data_files', 'list_sources',
+           'read_npy_header', 'open_rows', 'Segment', 'manifest_path', 'read_manifest', 'data_files', 'list_sources',
            'find_segments', 'PretokenizedDataset', 'shift_pair', 'doc_starts_file', 'read_doc_starts', 'doc_start_mask',
            'StepSampler', 'make_loader', 'FileCheck', 'ValidationReport', 'validate', 'model_params', 'recommend',
            'format_recommendations', 'split', 'validate_command', 'validate_main', 'split_command', 'split_main']
 
 # %% ../nbs/03_data.ipynb #b0a87c08
-def npy_header(path: Path) -> tuple[tuple, np.dtype, int]:
+def read_npy_header(path: Path) -> tuple[tuple, np.dtype, int]:
     "Shape, dtype and data offset of a `.npy` file; LegalnbError when it is not one, holds objects or is truncated."
     try:
         with open(path, 'rb') as f:
@@ -75,7 +75,7 @@ def open_rows(path: str | Path) -> np.ndarray:
     path = Path(path)
     if path.suffix == '.pt': return _open_pt(path)
     if path.suffix != '.npy': raise LegalnbError(f'{path}: unknown file type; expected .npy or .pt')
-    shape, dtype, _ = npy_header(path)
+    shape, dtype, _ = read_npy_header(path)
     _check_rows(path, shape, dtype)
     if shape[0] == 0: return np.zeros(shape, dtype)  # mmap cannot map zero bytes
     return np.load(path, mmap_mode='r')
@@ -127,7 +127,7 @@ def read_manifest(folder: str | Path) -> dict | None:
 # %% ../nbs/03_data.ipynb #36ec5256
 def _row_count(file: Path) -> int:
     "Number of rows in a row file, read from its header when possible."
-    return npy_header(file)[0][0] if file.suffix == '.npy' else len(open_rows(file))
+    return read_npy_header(file)[0][0] if file.suffix == '.npy' else len(open_rows(file))
 
 _INDEX_FORM = '{"segments": [{"file": ..., "start": ..., "stop": ...}]}'
 
@@ -218,7 +218,7 @@ class PretokenizedDataset(torch.utils.data.Dataset):
 def _row_len_of(file: Path) -> tuple[int, np.dtype]:
     "Row length and dtype of a row file (header only for .npy)."
     if file.suffix == '.npy':
-        shape, dtype, _ = npy_header(file); _check_rows(file, shape, dtype); return shape[1], dtype
+        shape, dtype, _ = read_npy_header(file); _check_rows(file, shape, dtype); return shape[1], dtype
     rows = open_rows(file)
     return rows.shape[1], rows.dtype
 
@@ -289,7 +289,7 @@ def doc_starts_file(file: str | Path) -> Path:
 def read_doc_starts(file: str | Path, rows: int, row_len: int) -> np.ndarray | None:
     "The document starts of a row file (increasing flat token offsets, memory-mapped); None when it has none."
     if not (f := doc_starts_file(file)).is_file(): return None
-    shape, dtype, _ = npy_header(f)
+    shape, dtype, _ = read_npy_header(f)
     if len(shape) != 1 or dtype.kind not in 'iu':
         raise LegalnbError(f'{f}: the document starts of {Path(file).name} must be a 1-D integer array (as '
                            f'build-corpus writes them), got {dtype} of shape {shape}')

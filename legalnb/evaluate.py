@@ -24,22 +24,22 @@ from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, 
 from .core import Output, refuse_oversized, refuse_unowned, run_writing
 
 # %% auto #0
-__all__ = ['FORMAT', 'HF_DEFAULT_CONTEXT', 'TRUST_HINT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS',
-           'LEVEL', 'BOOTSTRAP', 'MIN_ACTS', 'GROUPS', 'FIGURES', 'GENERAL_BUILTIN', 'REPORT_FILES', 'TASKS',
-           'EXPORT_FILES', 'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'heldout_path', 'year_band',
-           'read_heldout', 'EvalModel', 'load_native', 'model_kind', 'native_tokenizer', 'legalnb_remote_code',
-           'lora_base', 'load_eval_model', 'as_model', 'document_windows', 'position_buckets', 'bucket_label',
-           'document_batches', 'score_documents', 'metrics', 'grouped', 'generate_ids', 'TextStream', 'generate',
-           'extract_citations', 'citation_items', 'score_citations', 'LookupModel', 'summarize_citations', 'opening',
-           'generate_samples', 'rouge_l', 'rouge_openings', 'score_rouge', 'document_rows', 'citation_marks',
-           'resample_counts', 'unit_sums', 'estimate', 'add_intervals', 'general_texts', 'write_general_texts',
-           'read_general', 'score_general', 'evaluate', 'format_table', 'report_markdown', 'write_report',
-           'evaluation_lines', 'write_lm_eval_tasks', 'run_harness', 'suite_tasks', 'harness_scores',
-           'written_by_evaluate', 'clear_other_modes', 'evaluate_command', 'evaluate_parser', 'evaluate_main',
-           'generate_command', 'generate_main']
+__all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'TRUST_HINT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS',
+           'ROUGE_PROMPT_CHARS', 'LEVEL', 'BOOTSTRAP', 'MIN_ACTS', 'GROUPS', 'FIGURES', 'GENERAL_BUILTIN',
+           'REPORT_FILES', 'LM_EVAL_TASKS', 'LM_EVAL_FILES', 'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES',
+           'RUN_DIRS', 'heldout_path', 'decade_of', 'read_heldout', 'EvalModel', 'load_native', 'model_kind',
+           'native_tokenizer', 'legalnb_remote_code', 'lora_base', 'load_eval_model', 'as_model', 'document_windows',
+           'position_buckets', 'bucket_label', 'document_batches', 'score_documents', 'metrics', 'grouped',
+           'generate_ids', 'TextStream', 'generate', 'extract_citations', 'citation_items', 'score_citations',
+           'LookupModel', 'summarize_citations', 'opening', 'generate_samples', 'rouge_l', 'rouge_openings',
+           'score_rouge', 'document_rows', 'citation_marks', 'resample_counts', 'unit_sums', 'bootstrap_estimate',
+           'add_intervals', 'general_texts', 'write_general_texts', 'read_general', 'score_general', 'evaluate',
+           'format_table', 'report_markdown', 'write_evaluation', 'evaluation_lines', 'write_lm_eval_tasks',
+           'run_harness', 'suite_tasks', 'harness_scores', 'written_by_evaluate', 'clear_other_modes',
+           'evaluate_command', 'evaluate_parser', 'evaluate_main', 'generate_command', 'generate_main']
 
 # %% ../nbs/11_evaluate.ipynb #76359c74
-FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
+EVAL_FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
 
 def heldout_path(data: str | Path) -> Path:
     "The held-out JSONL file: `data` itself, or `heldout.jsonl` in the folder `data`."
@@ -52,7 +52,7 @@ def heldout_path(data: str | Path) -> Path:
                                            '(a JSONL file, or a folder holding heldout.jsonl)')
     return p
 
-def year_band(date) -> str:
+def decade_of(date) -> str:
     "The decade of an ISO date, for grouping: '2016-04-27' -> '2010s'; 'unknown' without a date."
     m = re.match(r'\s*(\d{4})-', str(date or ''))
     return f'{int(m.group(1)) // 10 * 10}s' if m else 'unknown'
@@ -65,7 +65,7 @@ def read_heldout(data: str | Path) -> list[dict]:
             raise LegalnbError(f'{path}, line {n}: no "text" string; expected documents as legalnb parse writes them')
         if not rec['text'].strip(): continue
         docs.append(dict(celex=str(rec.get('celex') or f'line {n}'), lang=str(rec.get('lang') or 'unknown').lower(),
-                         doc_type=str(rec.get('doc_type') or 'other'), band=year_band(rec.get('date')),
+                         doc_type=str(rec.get('doc_type') or 'other'), band=decade_of(rec.get('date')),
                          text=rec['text']))
     if not docs:
         raise LegalnbError(f'{path}: no documents with text; expected one JSON object per line with a "text" field')
@@ -666,12 +666,12 @@ def unit_sums(rows: list[dict], figure: str, units: list[str]) -> tuple[np.ndarr
         i = at[r['celex']]; num[i] += r[num_f] * scale; den[i] += r[den_f] if den_f else 1
     return num, den
 
-def estimate(stat: Callable,               # the figures of the runs -> the number: lambda a: a, lambda a, b: a - b
-             runs: list[list[dict]],       # the rows of each evaluation, on the same acts
-             figure: str,                  # a key of FIGURES: bits_per_byte, accuracy, rouge_l, ratio
-             where: Callable | None = None,  # keep the rows this says yes to (a language, a type, a decade)
-             iters: int = BOOTSTRAP, seed: int = 0, level: float = LEVEL,
-             min_units: int = MIN_ACTS) -> tuple[float | None, list | None]:  # fewer units: no interval
+def bootstrap_estimate(stat: Callable,     # the figures of the runs -> the number: lambda a: a, lambda a, b: a - b
+                       runs: list[list[dict]],       # the rows of each evaluation, on the same acts
+                       figure: str,                  # a key of FIGURES: bits_per_byte, accuracy, rouge_l, ratio
+                       where: Callable | None = None,  # keep the rows this says yes to (a language, a type, a decade)
+                       iters: int = BOOTSTRAP, seed: int = 0, level: float = LEVEL,
+                       min_units: int = MIN_ACTS) -> tuple[float | None, list | None]:  # fewer units: no interval
     "`stat` of each run's figure, and its percentile interval over bootstrap resamples of the acts (the same for all)."
     runs = [[r for r in rows if where is None or where(r)] for rows in runs]
     units = sorted({r['celex'] for r in runs[0]})
@@ -692,7 +692,7 @@ def estimate(stat: Callable,               # the figures of the runs -> the numb
 # %% ../nbs/11_evaluate.ipynb #9a2d6156
 def add_intervals(r: dict, iters: int = BOOTSTRAP, seed: int = 0, level: float = LEVEL) -> dict:
     "Put a bootstrap interval over acts beside every bits-per-byte, accuracy and ROUGE-L figure of an evaluation."
-    one = lambda rows, figure, where=None: estimate(lambda a: a, [rows], figure, where, iters, seed, level)[1]
+    one = lambda rows, figure, where=None: bootstrap_estimate(lambda a: a, [rows], figure, where, iters, seed, level)[1]
     docs, c = r['documents'], r['citations']
     r['overall']['bits_per_byte_ci'] = one(docs, 'bits_per_byte')
     for key, field in GROUPS.items():
@@ -797,7 +797,7 @@ def evaluate(model,                       # an EvalModel, a model folder (run, H
     items = citation_items(docs, citations, seed)
     right = score_citations(lm, docs, items, batch_tokens)
     cites = summarize_citations(lm, docs, items, right)
-    r = dict(format=FORMAT,
+    r = dict(format=EVAL_FORMAT,
              model=dict(name=lm.name, kind=lm.kind, context=lm.context, precision=lm.precision,
                         params=sum(p.numel() for p in lm.module.parameters()), tokenizer=_tokenizer_id(lm)),
              data=dict(source=None if isinstance(data, list) else str(data), docs=len(docs),
@@ -931,7 +931,7 @@ def _json_text(r: dict) -> str: return json.dumps(r, indent=1, ensure_ascii=Fals
 
 REPORT_FILES = ('eval.json', 'eval.md', 'loss_by_position.png', 'bpb_by_language.png')
 
-def write_report(r: dict, out: str | Path,
+def write_evaluation(r: dict, out: str | Path,
                  ours: Callable[[Path], bool] | None = None) -> list[Path]:  # other files `out` may hold (--against's)
     "Write eval.json, eval.md and its plots into the folder `out` (each atomically); refuse a folder with other files."
     out = Path(out)
@@ -968,8 +968,8 @@ def evaluation_lines(r: dict) -> list[str]:
             'Everything else (per language, type and decade; examples; generated continuations) is in `eval/eval.md`.']
 
 # %% ../nbs/11_evaluate.ipynb #7655c0e1
-TASKS = ('legalnb_heldout', 'legalnb_citations')   # the task names the exported YAML files declare
-EXPORT_FILES = ('heldout.jsonl', 'citations.jsonl', 'legalnb_heldout.yaml', 'legalnb_citations.yaml')
+LM_EVAL_TASKS = ('legalnb_heldout', 'legalnb_citations')   # the task names the exported YAML files declare
+LM_EVAL_FILES = ('heldout.jsonl', 'citations.jsonl', 'legalnb_heldout.yaml', 'legalnb_citations.yaml')
 PROMPT_CHARS = 16_000   # a citation prompt keeps this much text before the number (lm-eval crops to the model anyway)
 
 def _task_yaml(task: str, data: Path, **spec) -> str:
@@ -985,7 +985,7 @@ def write_lm_eval_tasks(data,                      # held-out JSONL or folder, o
                    seed: int = 0) -> list[Path]:
     "Write the held-out set as lm-eval tasks: a rolling perplexity task over the documents and the citation task."
     docs, out = (data if isinstance(data, list) else read_heldout(data)), Path(out)
-    refuse_foreign_files(out, lambda p: str(p) in EXPORT_FILES, '--export-lm-eval')
+    refuse_foreign_files(out, lambda p: str(p) in LM_EVAL_FILES, '--export-lm-eval')
     items = citation_items(docs, citations, seed)
     def lines(recs): return ''.join(json.dumps(x, ensure_ascii=False) + '\n' for x in recs)
     texts = [{k: d[k] for k in ('celex', 'lang', 'doc_type', 'band', 'text')} for d in docs]
@@ -993,16 +993,17 @@ def write_lm_eval_tasks(data,                      # held-out JSONL or folder, o
                   prompt=docs[it['doc']]['text'][max(0, it['start'] - PROMPT_CHARS):it['start']],
                   target=docs[it['doc']]['text'][it['start']:it['end']]) for it in items]
     files = {'heldout.jsonl': lines(texts), 'citations.jsonl': lines(cites),
-             'legalnb_heldout.yaml': _task_yaml(TASKS[0], out/'heldout.jsonl', output_type='loglikelihood_rolling',
+             'legalnb_heldout.yaml': _task_yaml(LM_EVAL_TASKS[0], out/'heldout.jsonl',
+                 output_type='loglikelihood_rolling',
                  doc_to_text='', doc_to_target='{{text}}',
                  metric_list=[{'metric': m} for m in ('word_perplexity', 'byte_perplexity', 'bits_per_byte')]),
-             'legalnb_citations.yaml': _task_yaml(TASKS[1], out/'citations.jsonl', output_type='loglikelihood',
+             'legalnb_citations.yaml': _task_yaml(LM_EVAL_TASKS[1], out/'citations.jsonl', output_type='loglikelihood',
                  doc_to_text='{{prompt}}', doc_to_target='{{target}}', target_delimiter='',
                  metric_list=[{'metric': 'acc', 'aggregation': 'mean', 'higher_is_better': True}])}
     if not cites: del files['citations.jsonl'], files['legalnb_citations.yaml']   # no reference: no task
     for name, text in files.items():
         with atomic_write(out/name) as tmp: tmp.write_text(text, encoding='utf-8')
-    for name in set(EXPORT_FILES) - set(files): (out/name).unlink(missing_ok=True)   # an earlier export's task
+    for name in set(LM_EVAL_FILES) - set(files): (out/name).unlink(missing_ok=True)   # an earlier export's task
     return [out/n for n in files]
 
 # %% ../nbs/11_evaluate.ipynb #a2100f58
@@ -1018,7 +1019,7 @@ def run_harness(model,                        # an EvalModel of a Hugging Face m
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
-    names = [t for t in TASKS if (Path(tasks)/f'{t}.yaml').is_file()]
+    names = [t for t in LM_EVAL_TASKS if (Path(tasks)/f'{t}.yaml').is_file()]
     hflm = HFLM(pretrained=lm.module, tokenizer=lm.hf_tokenizer, batch_size=batch_size, max_length=lm.context)
     res = simple_evaluate(model=hflm, tasks=names, task_manager=TaskManager(include_path=str(Path(tasks).resolve())),
                           bootstrap_iters=0, log_samples=False)['results']
@@ -1072,7 +1073,7 @@ def harness_scores(lm: EvalModel, tasks: list[str], batch_size: int = 8, iters: 
                 m['rows'].append(dict(celex=f'item {s["doc_id"]}', num=nd[0], den=nd[1]))
     for task in out:   # the suite's items are its units: a public suite has no acts
         for key, m in out[task].items():
-            m['value'], m['value_ci'] = estimate(lambda a: a, [m['rows']], 'ratio', iters=iters, seed=seed)
+            m['value'], m['value_ci'] = bootstrap_estimate(lambda a: a, [m['rows']], 'ratio', iters=iters, seed=seed)
             reported = res['results'].get(task, {}).get(key if ',' in key else f'{key},none')
             m.update(items=len(m['rows']), lm_eval=reported)   # lm-eval's own aggregate, beside ours
     return out
@@ -1097,7 +1098,7 @@ def clear_other_modes(out: Path, keep: Callable[[Path], bool]):
 def _export_tasks(docs: list[dict], folder: str, inputs: list, citations: int, seed: int, json: bool):
     "--export-lm-eval: the held-out set as lm-eval tasks in `folder` (never over an input or a folder not ours)."
     refuse_overwriting_inputs(inputs, [folder], '--export-lm-eval')
-    refuse_unowned(folder, lambda p: str(p) in EXPORT_FILES, '--export-lm-eval')   # by the records
+    refuse_unowned(folder, lambda p: str(p) in LM_EVAL_FILES, '--export-lm-eval')   # by the records
     written = write_lm_eval_tasks(docs, folder, citations, seed)
     print(f'lm-eval tasks in {folder}: ' + ', '.join(p.name for p in written), file=sys.stderr if json else sys.stdout)
 
@@ -1167,7 +1168,7 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
             r['harness'] = run_harness(lm, export_lm_eval or write_lm_eval_tasks(docs, tmp, citations, seed)[0].parent)
     if lm_eval_tasks:
         r['suites'] = harness_scores(lm, lm_eval_tasks, iters=bootstrap, seed=seed)
-    files = write_report(r, out, written_by_evaluate)
+    files = write_evaluation(r, out, written_by_evaluate)
     clear_other_modes(Path(out), lambda p: str(p) in REPORT_FILES)
     if json: print(_json_text(r))
     else: print(format_table(r) + f'\n\nwrote {", ".join(str(p) for p in files)}')
@@ -1187,7 +1188,7 @@ def evaluate_main(argv: list[str]) -> int:
     "`legalnb evaluate RUN_OR_MODEL --data HELDOUT [--against [REF]] [--json] [--out DIR]`."
     return run_writing(evaluate_command, vars(evaluate_parser().parse_args(list(map(str, argv)))), 'legalnb evaluate',
                        [Output(ours=written_by_evaluate, check=False),   # checked after the arguments
-                        Output('export_lm_eval', '--export-lm-eval', ours=lambda p: str(p) in EXPORT_FILES,
+                        Output('export_lm_eval', '--export-lm-eval', ours=lambda p: str(p) in LM_EVAL_FILES,
                                check=False)])
 
 # %% ../nbs/11_evaluate.ipynb #b5c60226

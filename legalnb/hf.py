@@ -22,7 +22,7 @@ from .metrics import MetricsFile, metric_lines, notify
 
 # %% auto #0
 __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', 'STRATEGY_FILES', 'legal_sentences',
-           'train_tiny_tokenizer', 'tiny_config', 'build_tiny_model', 'model_config', 'load_model', 'doc_positions',
+           'train_tiny_tokenizer', 'tiny_config', 'build_tiny_model', 'hf_config', 'load_hf_model', 'doc_positions',
            'CausalLMShards', 'write_demo_shards', 'check_corpus_fits', 'read_examples', 'demo_examples',
            'encode_example', 'LengthChoice', 'right_size_length', 'truncate_example', 'encode_examples',
            'pack_examples', 'PackedCollator', 'packs_without_leakage', 'sft_dataset', 'lora_target_modules',
@@ -87,7 +87,7 @@ def build_tiny_model(out: str | Path, arch: str = 'llama', texts: Sequence[str] 
 # %% ../nbs/06_hf.ipynb #aa36ded8
 def _first_line(e: Exception) -> str: return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
-def model_config(path: str | Path) -> dict:
+def hf_config(path: str | Path) -> dict:
     "The config.json of a local `save_pretrained` folder, checked (a LegalnbError names what is wrong)."
     path = Path(path)
     if not (path/'config.json').is_file():
@@ -98,18 +98,18 @@ def model_config(path: str | Path) -> dict:
     return cfg
 
 def _json_or_empty(path: Path) -> dict:
-    "A JSON object file's content; {} when it is missing or not an object (load_model reports a damaged one)."
+    "A JSON object file's content; {} when it is missing or not an object (load_hf_model reports a damaged one)."
     try: found = json.loads(path.read_text(encoding='utf-8'))
     except (OSError, ValueError): return {}
     return found if isinstance(found, dict) else {}
 
-def load_model(path: str | Path, dtype: str | torch.dtype = 'auto',
+def load_hf_model(path: str | Path, dtype: str | torch.dtype = 'auto',
                attention: str | None = None,   # 'sdpa', 'eager' or 'flash_attention_2' (None: transformers' default)
                quantization=None,              # a transformers BitsAndBytesConfig (QLoRA's 4-bit weights), or None
                tokenizer_only: bool = False):  # return (None, tokenizer) without loading the weights
     "(model, tokenizer) from a local `save_pretrained` folder; nothing is downloaded."
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    path = Path(path); cfg = model_config(path)
+    path = Path(path); cfg = hf_config(path)
     for name, found in (('config.json', cfg), ('tokenizer_config.json', _json_or_empty(path/'tokenizer_config.json'))):
         if found.get('auto_map'):   # transformers would ask on a terminal, and run the folder's Python on a yes
             raise LegalnbError(f'{path/name}: its auto_map names Python code ({", ".join(sorted(found["auto_map"]))}); '
@@ -425,7 +425,7 @@ def add_lora(model, settings: LoraSettings | None = None, targets: Sequence[str]
 def merge_adapter(base: str | Path, adapter: str | Path, out: str | Path | None = None):
     "The base model with the LoRA adapter at `adapter` merged into its weights (saved with its tokenizer to `out`)."
     from peft import PeftModel
-    model, tok = load_model(base)
+    model, tok = load_hf_model(base)
     if not (Path(adapter)/'adapter_config.json').is_file():
         raise LegalnbError(f'{adapter}: no adapter_config.json; expected a folder saved from a LoRA run')
     merged = PeftModel.from_pretrained(model, adapter, local_files_only=True).merge_and_unload()
@@ -855,10 +855,10 @@ def _start_run(model, data: Path, out: Path, preset, lora, qlora: bool, qlora_bi
     if last: check_resumed_schedule(last, batch_schedule, batch_lr_rule)
     examples = read_examples(data) if task == 'lora' else None   # bad data fails before the model loads
     shards = CausalLMShards(data) if task == 'cpt' else None
-    cfg, world = model_config(model), _world_size()
+    cfg, world = hf_config(model), _world_size()
     if p.strategy != 'single' and world == 1 and not force_single:
         refuse_single_process(p, model, command or f'--model {model} --data {data} --out {out}')
-    _, tok = load_model(model, tokenizer_only=True)
+    _, tok = load_hf_model(model, tokenizer_only=True)
     summary = dict(task='continued pretraining' if task == 'cpt' else 'sft', mode='lora' if use_lora else 'full',
                    preset=f'{p.task}/{p.name}', qlora=qlora,
                    qlora_bits=qlora_bits if qlora else None, attention=attention, batch_schedule=batch_schedule,
@@ -905,7 +905,7 @@ def _load_for_training(run: FinetuneRun, model, attention, qlora: bool, qlora_bi
     compute = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(resolve_precision(run.preset.precision,
                                                                                      cuda_capability()), torch.float32)
     dtype = compute if run.use_lora else torch.float32
-    net, _ = load_model(model, dtype, attention, quantization_for(qlora_bits, compute) if qlora else None)
+    net, _ = load_hf_model(model, dtype, attention, quantization_for(qlora_bits, compute) if qlora else None)
     if qlora: unpack_4bit_on_cpu(net)   # before the first forward without gradients (packs_here runs one)
     return net, dtype, any(hasattr(w, 'ds_id') for w in net.parameters())   # built under deepspeed.zero.Init
 

@@ -15,8 +15,8 @@ from .core import read_json, parse_number
 __all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'PLAN_TEMPLATE', 'WORK_NAMES', 'write_plan', 'stage_parser', 'stage_flags',
            'read_plan', 'cli_overrides', 'Stage', 'build_stages', 'check_plan', 'fingerprint', 'read_record',
            'write_record', 'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines', 'training_estimate',
-           'confirm', 'staged_files', 'stage_split', 'run_plan', 'reference_lines', 'write_report', 'run_command',
-           'run_parser', 'run_main']
+           'confirm', 'staged_files', 'stage_split', 'run_plan', 'reference_lines', 'write_run_report',
+           'run_plan_command', 'run_parser', 'run_main']
 
 # %% ../nbs/14_run.ipynb #79e39887
 STAGES = ('parse', 'select', 'build-corpus', 'split', 'train', 'evaluate')  # 'train' is 'finetune' for an HF model
@@ -348,11 +348,11 @@ def check_plan(stages: list[Stage], top: dict) -> dict:
                            'set build-corpus.val_docs (0.01 holds out 1% of the acts)')
     info = dict(seq_len=seq_len)
     if top['hf']:
-        from legalnb.hf import model_config
+        from legalnb.hf import hf_config
         if b.get('train_tokenizer') is not None:
             raise LegalnbError(f'build-corpus.train_tokenizer and model {top["model"]}: a Hugging Face model reads its '
                                'own tokenizer; drop train_tokenizer (the tokenizer is the model\'s)')
-        cfg = model_config(top['model'])
+        cfg = hf_config(top['model'])
         tok, mv = b.get('tokenizer'), cfg.get('vocab_size')
         if tok and mv and Path(tok).resolve() != Path(top['model']).resolve():
             from legalnb.corpus import load_tokenizer, vocab_size_of
@@ -785,7 +785,7 @@ def reference_lines(folder: Path, what: str) -> list[str]:
     c = read_json(folder/'against.json', 'a comparison (legalnb evaluate --against)')
     return [f'## Against {what}', '', *against_lines(c, folder.name)]
 
-def write_report(work: Path, stages: list[Stage], top: dict) -> Path:
+def write_run_report(work: Path, stages: list[Stage], top: dict) -> Path:
     "Write report.md in the work folder: what each stage made and took, estimate against measurement, evaluation."
     from legalnb.evaluate import evaluation_lines
     secs = {s.name: read_record(work, s.name).get('seconds') for s in stages}
@@ -840,7 +840,7 @@ def write_report(work: Path, stages: list[Stage], top: dict) -> Path:
     return work/'report.md'
 
 # %% ../nbs/14_run.ipynb #b56eb5b9
-def run_command(plan: str = None,            # the plan (YAML): `legalnb run --write-plan > plan.yaml` gives one
+def run_plan_command(plan: str = None,            # the plan (YAML): `legalnb run --write-plan > plan.yaml` gives one
                 input: list[str] = None,     # Formex folders and JSONL files (instead of the plan's input:)
                 out: str = None,             # the work folder (instead of the plan's out:)
                 preset: str = None,          # fast, full, aggressive or none (default: the plan's, else fast)
@@ -858,7 +858,7 @@ def run_command(plan: str = None,            # the plan (YAML): `legalnb run --w
 
 def run_parser():
     "`legalnb run`'s parser (PLAN.yaml, the first word, is read before it); unknown flags go to the stages."
-    p = command_parser(run_command, 'legalnb run', skip=('plan',))
+    p = command_parser(run_plan_command, 'legalnb run', skip=('plan',))
     p.usage = 'legalnb run [PLAN.yaml] [flags of legalnb run] [flags of any stage]'
     p.epilog = ('PLAN.yaml, the first word, is the plan (`legalnb run --write-plan` prints one to start from); '
                 'without it, give --input and --out. '
@@ -883,6 +883,6 @@ def run_main(argv: list[str]) -> int:
         done = run_plan(plan, top, rest, opts | dict(hold=held.enter_context))
         if 'stopped' in done:
             print(_stopped_message(done['stopped'], opts)); return 3
-        report = write_report(done['work'], done['stages'], done['top'])
+        report = write_run_report(done['work'], done['stages'], done['top'])
     print(f'\nlegalnb run done in {format_duration(time.perf_counter() - t0)}: {report}')
     return 0

@@ -29,8 +29,8 @@ __all__ = ['PRIORITY_TOPICS', 'RULES', 'CHARS_PER_TOKEN', 'SCAN_RANGE', 'PREFER'
            'as_candidates', 'gc_paused', 'scan_documents', 'act_of', 'acts_of', 'prefer_versions', 'language_quotas',
            'rank', 'choose_documents', 'split_by_share', 'document_quotas', 'with_score', 'copy_selected',
            'write_selected', 'shingle_hashes', 'minhash', 'lsh_bands', 'near_duplicates', 'near_duplicate_share',
-           'minhash_of', 'synthetic_documents', 'select_documents', 'selection_report', 'report_table', 'write_report',
-           'plot_report', 'top_count', 'token_target', 'select_command', 'select_main']
+           'minhash_of', 'synthetic_documents', 'select_documents', 'selection_report', 'report_table',
+           'write_selection_report', 'plot_report', 'top_count', 'token_target', 'select_command', 'select_main']
 
 # %% ../nbs/01_scoring.ipynb #718167de
 PRIORITY_TOPICS = ('data protection', 'gdpr', 'privacy', 'consumer rights', 'environment', 'climate',
@@ -888,7 +888,7 @@ def select_documents(src: str | Path, out: str | Path,
             _copy_lines(src, dest, _picked_lines(tmp/'rows', marks), rewrite=counters['kept.rescored'] > 0)
             meta.update(seconds=round(time.perf_counter() - t0, 3), skipped=skipped[:1000])
             result = _report(tally, counters, quotas, rules, target_tokens, tolerance, token_source, meta, top)
-            if report: write_report(result, report)
+            if report: write_selection_report(result, report)
     return result
 
 # %% ../nbs/01_scoring.ipynb #5e1ec7ed
@@ -1196,7 +1196,7 @@ def report_table(report: dict) -> str:
                      + _rows('type', report['doc_types']) + _rows('year band', report['year_bands'])
                      + _score_rows(report) + _balance_lines(report))
 
-def write_report(report: dict, dest: str | Path) -> Path:
+def write_selection_report(report: dict, dest: str | Path) -> Path:
     "Write the report as JSON to `dest`, atomically."
     with atomic_write(dest) as tmp:
         Path(tmp).write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding='utf-8')

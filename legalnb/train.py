@@ -21,22 +21,22 @@ from .presets import (seq_len_at, BATCH_LR_RULES, parse_batch_schedule, accum_at
 from .metrics import MetricsFile, metric_lines, notify, read_metrics
 
 # %% auto #0
-__all__ = ['SCHEDULES', 'DEVICES', 'STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHANGE', 'RUN_OUTPUTS', 'RUN_LISTED', 'TrainConfig',
-           'from_preset', 'from_yaml', 'describe', 'lr_at', 'format_log_line', 'ProgressBar', 'TensorBoardLog',
-           'WandbLog', 'autocast_for', 'Dist', 'setup_distributed', 'all_mean', 'rng_state', 'set_rng_state',
-           'seed_everything', 'checkpoint_step', 'list_checkpoints', 'save_checkpoint', 'find_checkpoint',
-           'load_checkpoint', 'load_for_resume', 'open_split', 'train_loader', 'val_loader', 'unpack_batch',
-           'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows', 'model_config', 'saved_model_config',
-           'predated', 'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run', 'evaluate',
-           'val_bytes_per_token', 'bits_per_byte', 'peak_flops', 'shard_model', 'save_shards', 'load_shards',
-           'consolidated_model', 'Interval', 'run_folder', 'check_new_run', 'Run', 'setup', 'resume', 'init_weights',
-           'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize', 'record_architecture',
-           'stopped_summary', 'train', 'train_parser', 'config_from_args', 'train_main']
+__all__ = ['SCHEDULES', 'DEVICES', 'NATIVE_STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHANGE', 'RUN_OUTPUTS', 'RUN_LISTED',
+           'TrainConfig', 'from_preset', 'from_yaml', 'describe', 'lr_at', 'format_log_line', 'ProgressBar',
+           'TensorBoardLog', 'WandbLog', 'autocast_for', 'Dist', 'setup_distributed', 'all_mean', 'rng_state',
+           'set_rng_state', 'seed_everything', 'checkpoint_step', 'list_checkpoints', 'save_checkpoint',
+           'find_checkpoint', 'load_checkpoint', 'load_for_resume', 'open_split', 'train_loader', 'val_loader',
+           'unpack_batch', 'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows', 'model_config',
+           'saved_model_config', 'predated', 'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run',
+           'evaluate_loss', 'val_bytes_per_token', 'bits_per_byte', 'peak_flops', 'shard_model', 'save_shards',
+           'load_shards', 'consolidated_model', 'Interval', 'run_folder', 'check_new_run', 'Run', 'setup', 'resume',
+           'init_weights', 'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize',
+           'record_architecture', 'stopped_summary', 'train', 'train_parser', 'config_from_args', 'train_main']
 
 # %% ../nbs/05_train.ipynb #a6da8542
 SCHEDULES = ('cosine', 'restarts', 'constant')
 DEVICES = ('auto', 'cuda', 'cpu')
-STRATEGIES = ('ddp', 'fsdp')
+NATIVE_STRATEGIES = ('ddp', 'fsdp')
 SHAPE_FLAGS = ('dim', 'num_layers', 'num_frequencies')  # shortcuts of model_overrides, kept as flags
 
 @dataclass
@@ -72,7 +72,7 @@ class TrainConfig:
     precision: Literal[PRECISIONS] = 'auto'  # auto: bf16 on cc >= 8.0, fp16 + GradScaler below, fp32 on CPU
     tf32: bool = True                   # TF32 matmuls and convolutions on Ampere and newer
     compile: bool = False               # torch.compile the model (minutes of warm-up, faster steps)
-    strategy: Literal[STRATEGIES] = 'ddp'  # several ranks: ddp (full replicas) or fsdp (sharded: large sizes)
+    strategy: Literal[NATIVE_STRATEGIES] = 'ddp'  # several ranks: ddp (full replicas) or fsdp (sharded: large sizes)
     activation_checkpointing: bool = False  # recompute block activations in backward to save memory
     save_every: int = 2000              # checkpoint every N optimizer steps (and at the end)
     keep: int = 3                       # newest checkpoints kept; older ones are deleted
@@ -117,7 +117,7 @@ class TrainConfig:
         for name in ('beta1', 'beta2'):
             if not 0 <= getattr(self, name) < 1: _invalid(name, f' must be in [0, 1), got {getattr(self, name)}')
         for name, allowed in (('precision', PRECISIONS), ('schedule', SCHEDULES), ('device', DEVICES),
-                              ('strategy', STRATEGIES)):
+                              ('strategy', NATIVE_STRATEGIES)):
             if getattr(self, name) not in allowed:
                 _invalid(name, f' must be one of {", ".join(allowed)}, got {getattr(self, name)!r}')
         if self.epochs is not None and self.epochs <= 0: _invalid('epochs', f' must be > 0, got {self.epochs}')
@@ -660,7 +660,7 @@ def check_same_run(saved: dict,        # the TrainConfig stored in the checkpoin
 
 # %% ../nbs/05_train.ipynb #73da77e2
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader: Iterable, d: Dist, precision: str, max_batches: int) -> float:
+def evaluate_loss(model: torch.nn.Module, loader: Iterable, d: Dist, precision: str, max_batches: int) -> float:
     "Mean loss over the first `max_batches` batches of `loader`, averaged over ranks."
     was = model.training; model.eval()
     total, n, doc_starts = torch.zeros((), device=d.device), 0, takes_doc_starts(model)
@@ -994,7 +994,7 @@ def end_interval(run: Run, step: int):
     if step < run.max_steps and (why := stop_requested(run, rec)):  # a budget guard: checkpoint here and stop
         run.stopped, do_eval, do_save = why, False, True
     if do_eval:
-        vl = evaluate(run.model, val_loader(run.val_ds, cfg, d), d, run.precision, cfg.eval_batches)
+        vl = evaluate_loss(run.model, val_loader(run.val_ds, cfg, d), d, run.precision, cfg.eval_batches)
         run.val = dict(step=step, val_loss=vl, val_ppl=math.exp(min(vl, 50)),
                        val_bpb=bits_per_byte(vl, run.val_bytes_per_token))
         notify(run.callbacks, 'on_eval', run.val)

@@ -16,7 +16,7 @@ from legalnb.against import compare_evaluations, retained, run_facts, verdict, N
 from legalnb.cli import main
 from legalnb.core import OWNED as RECORD, LegalnbError
 from legalnb.corpus import train_tokenizer
-from legalnb.evaluate import (AGAINST_FILES, LN2, REPORT_FILES, RETAINED_FILES, EvalModel, estimate, evaluate,
+from legalnb.evaluate import (AGAINST_FILES, LN2, REPORT_FILES, RETAINED_FILES, EvalModel, bootstrap_estimate, evaluate,
                               evaluate_main, general_texts, read_general, read_heldout, write_general_texts)
 from legalnb.resonance import ResonanceLanguageModel
 from legalnb.sources import parse_documents, write_sample
@@ -53,16 +53,16 @@ def acts(*bpbs: float, lang: str = 'en', docs: int = 3) -> list[dict]:
 def test_bootstrap_resamples_acts_not_documents():
     "Five acts, one hard: a resample's figure is 1 + k (k ~ Binomial(5, 1/5) draws of it), so the interval is [1, 4]."
     five = acts(1, 1, 1, 1, 6, docs=12)
-    value, ci = estimate(lambda a: a, [five], 'bits_per_byte')
+    value, ci = bootstrap_estimate(lambda a: a, [five], 'bits_per_byte')
     assert value == pytest.approx(2.0) and ci == pytest.approx([1.0, 4.0])
-    lo, hi = estimate(lambda a: a, [[dict(r, celex=str(i)) for i, r in enumerate(five)]], 'bits_per_byte')[1]
+    lo, hi = bootstrap_estimate(lambda a: a, [[dict(r, celex=str(i)) for i, r in enumerate(five)]], 'bits_per_byte')[1]
     assert 1.3 < lo < 1.8 and 2.2 < hi < 2.8   # the 60 documents as units: an interval too narrow for a new act
     # six acts, one at 11: 1 + 10k/6 with k ~ Binomial(6, 1/6); P(k <= 2) = 94% < 97.5% <= P(k <= 3) = 99%
-    value, ci = estimate(lambda a: a, [acts(1, 1, 1, 1, 1, 11)], 'bits_per_byte', iters=4000)
+    value, ci = bootstrap_estimate(lambda a: a, [acts(1, 1, 1, 1, 1, 11)], 'bits_per_byte', iters=4000)
     assert value == pytest.approx(8 / 3) and ci == pytest.approx([1.0, 6.0])
-    assert estimate(lambda a: a, [acts(1, 2, 3, 4)], 'bits_per_byte')[1] is None   # fewer than 5 acts: no interval
+    assert bootstrap_estimate(lambda a: a, [acts(1, 2, 3, 4)], 'bits_per_byte')[1] is None   # fewer than 5 acts: no interval
     # bytes weigh: an act of twice the bytes counts twice in the ratio of sums
-    value, _ = estimate(lambda a: a, [rows('A', 1.0, nbytes=1000) + rows('B', 4.0, nbytes=500)], 'bits_per_byte')
+    value, _ = bootstrap_estimate(lambda a: a, [rows('A', 1.0, nbytes=1000) + rows('B', 4.0, nbytes=500)], 'bits_per_byte')
     assert value == pytest.approx((1.0 * 1000 + 4.0 * 500) / 1500)
 
 
@@ -70,10 +70,10 @@ def test_accuracy_and_rouge_intervals_on_known_answers():
     "Accuracy and ROUGE-L are ratios of sums over acts too: the same known answers as bits per byte."
     marks = [dict(celex=a, lang='en', doc_type='regulation', band='2010s', kind='act', start=i, right=int(i < r))
              for a, r in zip('ABCDE', (1, 1, 1, 1, 6)) for i in range(10)]
-    value, ci = estimate(lambda a: a, [marks], 'accuracy')   # 0.1 + 0.1k, k ~ Binomial(5, 1/5) draws of act E
+    value, ci = bootstrap_estimate(lambda a: a, [marks], 'accuracy')   # 0.1 + 0.1k, k ~ Binomial(5, 1/5) draws of act E
     assert value == pytest.approx(0.2) and ci == pytest.approx([0.1, 0.4])
     openings = [dict(celex=a, rouge_l=float(a == 'E')) for a in 'ABCDE']
-    value, ci = estimate(lambda a: a, [openings], 'rouge_l')
+    value, ci = bootstrap_estimate(lambda a: a, [openings], 'rouge_l')
     assert value == pytest.approx(0.2) and ci == pytest.approx([0.0, 0.6])
 
 
@@ -83,18 +83,18 @@ def test_lm_eval_items_sum_as_lm_eval_aggregates_them():
     from legalnb.evaluate import _per_item
     pairs = [(-120.0, 50), (-30.5, 20), (-410.0, 130)]   # lm-eval's per-document (log-likelihood, bytes)
     rows_ = [dict(celex=str(i), num=n, den=d) for i, (n, d) in enumerate(_per_item(p, 'bits_per_byte') for p in pairs)]
-    assert estimate(lambda a: a, [rows_], 'ratio', iters=0)[0] == pytest.approx(bits_per_byte(pairs))
+    assert bootstrap_estimate(lambda a: a, [rows_], 'ratio', iters=0)[0] == pytest.approx(bits_per_byte(pairs))
     accs = [1.0, 0.0, 1.0, 1.0]
     rows_ = [dict(celex=str(i), num=n, den=d) for i, (n, d) in enumerate(_per_item(a, 'acc') for a in accs)]
-    assert estimate(lambda a: a, [rows_], 'ratio', iters=0)[0] == pytest.approx(mean(accs))
+    assert bootstrap_estimate(lambda a: a, [rows_], 'ratio', iters=0)[0] == pytest.approx(mean(accs))
     assert _per_item((1.0, 2.0), 'word_perplexity') is None   # an exponential of a ratio: left out
 
 
 def test_paired_change_and_its_verdict():
     ref = acts(1, 3, 2, 2, 2)
-    shift, ci = estimate(lambda a, b: a - b, [acts(0.9, 2.9, 1.9, 1.9, 1.9), ref], 'bits_per_byte')
+    shift, ci = bootstrap_estimate(lambda a, b: a - b, [acts(0.9, 2.9, 1.9, 1.9, 1.9), ref], 'bits_per_byte')
     assert shift == pytest.approx(-0.1) and ci == pytest.approx([-0.1, -0.1]) and verdict(shift, ci) == 'better'
-    d, ci = estimate(lambda a, b: a - b, [acts(0.5, 3.5, 2, 2, 2), ref], 'bits_per_byte')
+    d, ci = bootstrap_estimate(lambda a, b: a - b, [acts(0.5, 3.5, 2, 2, 2), ref], 'bits_per_byte')
     assert d == pytest.approx(0) and ci[0] < 0 < ci[1] and verdict(d, ci) == NO_DIFFERENCE
     assert verdict(0.1, [0.05, 0.2], lower_is_better=True) == 'worse'
     assert verdict(0.1, [0.05, 0.2], lower_is_better=False) == 'better'

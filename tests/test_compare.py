@@ -6,7 +6,7 @@ import pytest
 
 from conftest import make_split, tree
 from legalnb.compare import (PLAN, PLOTS, REPORT, RESULTS, compare_main, compare_models, plan_comparison,
-                             check_settings, val_bytes_per_token)
+                             check_settings, split_bytes_per_token)
 from legalnb.core import LegalnbError
 
 TINY = ['--dim', '32', '--num-layers', '2', '--num-frequencies', '8', '--num-heads', '2']
@@ -110,8 +110,8 @@ def test_flops_and_seconds_budgets_give_each_model_its_own_steps(split):
 
 
 def test_bits_per_byte_needs_the_tokenizer(split, tmp_path):
-    assert 1 < val_bytes_per_token(split, 8, 2, 0) < 8
-    assert val_bytes_per_token(make_split(tmp_path), 8, 2, 0) is None   # raw ids, no tokenizer.json
+    assert 1 < split_bytes_per_token(split, 8, 2, 0) < 8
+    assert split_bytes_per_token(make_split(tmp_path), 8, 2, 0) is None   # raw ids, no tokenizer.json
 
 
 @pytest.mark.parametrize('flags, expect', [

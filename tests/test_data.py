@@ -8,7 +8,7 @@ import torch
 
 from legalnb.cli import main as cli
 from legalnb.data import (PretokenizedDataset, StepSampler, make_loader, validate, split, find_segments, recommend,
-                          open_rows, npy_header)
+                          open_rows, read_npy_header)
 from legalnb.core import LegalnbError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ import torch
 
 from legalnb.core import OWNED, LegalnbError
 from legalnb.corpus import train_tokenizer
-from legalnb.evaluate import (FORMAT, REPORT_FILES, EvalModel, LookupModel, citation_items, document_windows,
+from legalnb.evaluate import (EVAL_FORMAT, REPORT_FILES, EvalModel, LookupModel, citation_items, document_windows,
                               evaluate, evaluate_main, extract_citations, generate, generate_ids, generate_main,
                               load_eval_model,
                               metrics, position_buckets, read_heldout, run_harness, score_citations, score_documents,
@@ -206,7 +206,7 @@ def test_evaluate_a_native_run(quickstart_run, corpus, tmp_path):
     table = run_cli(evaluate_main, [quickstart_run/'run', '--data', corpus['dir'], '--out', out, *FAST])
     assert sorted(p.name for p in out.iterdir()) == sorted([*REPORT_FILES, OWNED]), 'and the record of what it wrote'
     r = json.loads((out/'eval.json').read_text(encoding='utf-8'))
-    assert r['format'] == FORMAT and r['model']['kind'] == 'native' and r['model']['context'] == 64
+    assert r['format'] == EVAL_FORMAT and r['model']['kind'] == 'native' and r['model']['context'] == 64
     assert r['data']['acts'] == 5 and set(r['by_language']) == {d['lang'] for d in read_heldout(corpus['dir'])}
     assert sum(m['tokens'] for m in r['by_doc_type'].values()) == r['overall']['tokens']
     assert [b['bucket'] for b in r['by_position']] == ['0-64']

@@ -8,7 +8,7 @@ import torch
 
 from legalnb.cli import main as cli
 from legalnb.hf import (LoraSettings, PackedCollator, TINY_ARCHS, add_lora, build_tiny_model, demo_examples, encode_example,
-                        encode_examples, load_model, lora_target_modules, merge_adapter, pack_examples, packs_without_leakage,
+                        encode_examples, load_hf_model, lora_target_modules, merge_adapter, pack_examples, packs_without_leakage,
                         right_size_length, sft_dataset, tiny_config, training_args_from_preset, write_demo_shards,
                         write_launch_configs)
 from legalnb import core, hf
@@ -23,7 +23,7 @@ def work(tmp_path_factory):
     "A tiny Llama-style model with a locally trained tokenizer, an SFT JSONL file and a shard folder."
     d = tmp_path_factory.mktemp('hf')
     model_dir = build_tiny_model(d/'model', 'llama')
-    _, tok = load_model(model_dir)
+    _, tok = load_hf_model(model_dir)
     write_jsonl(demo_examples(40), d/'sft.jsonl')
     write_demo_shards(d/'corpus', tok)
     return d
@@ -34,7 +34,7 @@ def _losses(run: Path) -> list[float]:
 
 
 def test_prompt_tokens_carry_label_minus_100(work):
-    _, tok = load_model(work/'model')
+    _, tok = load_hf_model(work/'model')
     enc = encode_example(tok, {'prompt': 'Who acts under Article 9?', 'response': 'The Council.'})
     trained = [t for t in enc['labels'] if t != -100]
     k = len(enc['input_ids']) - len(trained)
@@ -55,14 +55,14 @@ def test_right_sized_length_on_a_hand_made_set():
 
 
 def test_truncated_examples_are_reported_and_cut(work):
-    _, tok = load_model(work/'model')
+    _, tok = load_hf_model(work/'model')
     exs = demo_examples(6) + [{'prompt': 'word ' * 300, 'response': 'ok'}]
     items, choice = encode_examples(tok, exs, percentile=50)
     assert choice.truncated >= 1 and max(len(i['input_ids']) for i in items) == choice.max_length
 
 
 def test_packed_batches_hold_no_padding_and_keep_examples_apart(work):
-    model, tok = load_model(work/'model')
+    model, tok = load_hf_model(work/'model')
     items, choice = encode_examples(tok, demo_examples(12))
     rows, collate, how = sft_dataset(items, choice.max_length, tok, model)
     assert how == 'padding-free' and len(rows) < len(items)
@@ -95,7 +95,7 @@ def test_packing_refuses_an_example_longer_than_the_row(work):
 
 
 def test_padded_fallback_pads_with_minus_100(work):
-    model, tok = load_model(work/'model')
+    model, tok = load_hf_model(work/'model')
     items, choice = encode_examples(tok, demo_examples(6))
     data, collate, how = sft_dataset(items, choice.max_length, tok, model, packing=False)
     b = collate(data[:3])
@@ -122,7 +122,7 @@ def test_lora_targets_per_family(arch, attention, all_):
 
 def test_lora_adapter_saves_reloads_and_merges_to_the_same_outputs(work, tmp_path):
     from peft import PeftModel
-    model, tok = load_model(work/'model')
+    model, tok = load_hf_model(work/'model')
     peft = add_lora(model, LoraSettings(r=4, alpha=8, dropout=0.0))
     with torch.no_grad():
         for n, p in peft.named_parameters():
@@ -132,13 +132,13 @@ def test_lora_adapter_saves_reloads_and_merges_to_the_same_outputs(work, tmp_pat
     peft.eval()
     with torch.no_grad():
         want = peft(x).logits
-        base = load_model(work/'model')[0]
+        base = load_hf_model(work/'model')[0]
         reloaded = PeftModel.from_pretrained(base, tmp_path/'adapter').eval()(x).logits
         merged = merge_adapter(work/'model', tmp_path/'adapter', tmp_path/'merged')(x).logits
-        from_disk = load_model(tmp_path/'merged')[0](x).logits
+        from_disk = load_hf_model(tmp_path/'merged')[0](x).logits
     assert torch.allclose(reloaded, want, atol=1e-5) and torch.allclose(merged, want, atol=1e-4)
     assert torch.allclose(from_disk, merged, atol=1e-5)
-    assert not torch.allclose(load_model(work/'model')[0](x).logits, want, atol=1e-3)
+    assert not torch.allclose(load_hf_model(work/'model')[0](x).logits, want, atol=1e-3)
     with pytest.raises(LegalnbError, match='no adapter_config.json'): merge_adapter(work/'model', tmp_path)
 
 
@@ -196,7 +196,7 @@ def test_cli_continued_pretraining_end_to_end(work, tmp_path, capsys):
     assert 'legalnb finetune: continued pretraining (full' in out
     assert s['doc_boundaries'] and s['batches'] == 'packed shards, positions restart at documents'
     assert s['eval'] == 'the last 6 rows' and len(s['eval_losses']) == 2, 'evaluated at each checkpoint'
-    model, _ = load_model(tmp_path/'run'/'final')
+    model, _ = load_hf_model(tmp_path/'run'/'final')
     assert type(model).__name__ == 'LlamaForCausalLM'
 
 
@@ -440,7 +440,7 @@ def test_bf16_checkpoint_trains_with_fp32_master_weights(tmp_path):
     from dataclasses import replace
     from legalnb.presets import get_preset
     m = build_tiny_model(tmp_path/'bf16', dtype=torch.bfloat16)
-    _, tok = load_model(m)
+    _, tok = load_hf_model(m)
     write_demo_shards(tmp_path/'corpus', tok, rows=16)
     p = replace(get_preset('cpt', 'fast'), steps=5, lr=3e-5, micro_batch=2, grad_accum=1, gpus=1, global_batch=2,
                 warmup_steps=0, strategy='single', seq_len=64)
@@ -454,7 +454,7 @@ def test_bf16_checkpoint_trains_with_fp32_master_weights(tmp_path):
 def test_truncation_cuts_the_prompt_and_keeps_the_response(work):
     "Today the four long examples lost every trained token (loss NaN on a batch of them)."
     from legalnb.hf import truncate_example
-    model, tok = load_model(work/'model')
+    model, tok = load_hf_model(work/'model')
     long = [{'prompt': 'word ' * 200, 'response': f'Under Article {i}, the Council shall decide.'} for i in range(4)]
     items, choice = encode_examples(tok, long + [{'prompt': 'Article 5?', 'response': 'The Agency.'}] * 4, max_length=32)
     assert choice.truncated == 4 and choice.response_cut == 0
@@ -491,7 +491,7 @@ def test_cpt_positions_restart_at_documents_and_documents_do_not_leak(work):
     "Rows of several documents: position ids restart at each doc_starts/ entry; changing one document leaves another's logits."
     from legalnb.hf import CausalLMShards, doc_positions
     assert doc_positions(torch.tensor([True, False, False, True, False])).tolist() == [0, 1, 2, 0, 1]
-    model, _ = load_model(work/'model', attention='sdpa')
+    model, _ = load_hf_model(work/'model', attention='sdpa')
     model.eval()
     ds = CausalLMShards(work/'corpus')
     item = ds[3]
@@ -511,7 +511,7 @@ def test_cpt_positions_restart_at_documents_and_documents_do_not_leak(work):
 
 def test_end_token_is_not_doubled_by_a_template_that_ends_turns_with_it(work):
     import copy
-    _, tok = load_model(work/'model')
+    _, tok = load_hf_model(work/'model')
     t = copy.deepcopy(tok)
     t.chat_template = "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>{% endfor %}"
     enc = encode_example(t, {'prompt': 'Article 5?', 'response': 'The Agency.'})
@@ -648,7 +648,7 @@ def test_multiprocess_deepspeed_zero3_launch_shards_at_load_on_two_cpu_processes
     assert (s['distributed'], s['world_size'], s['steps'], s['mode']) == ('DEEPSPEED', 2, 2, 'full')
     assert s['zero3_sharded_at_load'], 'from_pretrained ran under deepspeed.zero.Init'
     assert s['batches'] == 'padding-free', 'packing is kept under ZeRO-3'
-    model, _ = load_model(run/'final')
+    model, _ = load_hf_model(run/'final')
     assert type(model).__name__ == 'LlamaForCausalLM', 'the 16-bit weights were gathered into a loadable model'
 
 

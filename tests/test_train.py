@@ -302,7 +302,7 @@ def test_a_model_registered_here_trains_with_the_same_trainer(split_dir, tmp_pat
 
 def test_batches_with_document_starts_reach_models_that_take_them():
     from legalnb.models import get_model
-    from legalnb.train import evaluate, Dist
+    from legalnb.train import evaluate_loss, Dist
     g = get_model('gpt')
     torch.manual_seed(0)
     m = g.build(g.config('small', 32, 8, dim=16, num_layers=1, num_heads=2)).eval()
@@ -310,9 +310,9 @@ def test_batches_with_document_starts_reach_models_that_take_them():
     starts = torch.zeros(2, 8, dtype=torch.bool); starts[:, 0] = starts[:, 5] = True
     with torch.no_grad(): masked, plain = m(x, y, doc_starts=starts)[1].item(), m(x, y)[1].item()
     assert masked != plain
-    assert evaluate(m, [(x, y, starts)], Dist(), 'fp32', 1) == pytest.approx(masked)
-    assert evaluate(m, [dict(input_ids=x, targets=y, doc_starts=starts)], Dist(), 'fp32', 1) == pytest.approx(masked)
-    assert evaluate(m, [(x, y)], Dist(), 'fp32', 1) == pytest.approx(plain)
+    assert evaluate_loss(m, [(x, y, starts)], Dist(), 'fp32', 1) == pytest.approx(masked)
+    assert evaluate_loss(m, [dict(input_ids=x, targets=y, doc_starts=starts)], Dist(), 'fp32', 1) == pytest.approx(masked)
+    assert evaluate_loss(m, [(x, y)], Dist(), 'fp32', 1) == pytest.approx(plain)
 
 
 # ---------------------------------------------------------------- long-context presets: batch in tokens, length warm-up
