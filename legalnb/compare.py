@@ -86,7 +86,7 @@ def seconds_per_step(name: str, size: str, overrides: dict, vocab: int, seq_len:
 # %% ../nbs/12_compare.ipynb #ec990e2b
 def split_bytes_per_token(data: str | Path, batch_size: int, eval_batches: int, seed: int) -> float | None:
     "UTF-8 bytes per token of the held-out rows the trainer evaluates on (the trainer's own measure)."
-    from legalnb.train import TrainConfig, open_split, split_bytes_per_token as measure
+    from legalnb.train import TrainConfig, open_split, val_bytes_per_token as measure
     return measure(data, open_split(data)[1], TrainConfig(batch_size=batch_size, eval_batches=eval_batches, seed=seed))
 
 
