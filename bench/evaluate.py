@@ -18,7 +18,8 @@ from legalnb.core import LegalnbError
 from legalnb.corpus import train_tokenizer
 from legalnb.evaluate import EvalModel, document_batches, score_documents
 from legalnb.resonance import ResonanceLanguageModel
-from legalnb.sources import parse_documents, write_sample
+from legalnb.sources import parse_documents
+from legalnb.sample import write_sample
 
 
 def sample_documents(n: int) -> list[dict]:

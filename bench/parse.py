@@ -18,7 +18,8 @@ from pathlib import Path
 
 from common import header, markdown_table, run
 from legalnb.core import LegalnbError, format_duration
-from legalnb.sources import parse_documents, write_sample
+from legalnb.sources import parse_documents
+from legalnb.sample import write_sample
 
 def etree_floor(files: list[Path]) -> int:
     "Parse every file with xml.etree and drop the tree; return the number of files."

@@ -53,7 +53,8 @@ def act_of(doc) -> str:
 
 def read_text(data: str, sample_docs: int = 120) -> list:
     "The documents of `data`: 'sample' (generated, `sample_docs` acts) or a folder / JSONL that read_documents reads."
-    from legalnb.sources import read_documents, write_sample
+    from legalnb.sources import read_documents
+    from legalnb.sample import write_sample
     if data == 'sample':
         with tempfile.TemporaryDirectory() as d:
             write_sample(Path(d)/'sample', docs=sample_docs, seed=0)

@@ -130,7 +130,8 @@ def sample_bytes(docs: int = 60, held_out: int = 8) -> tuple[torch.Tensor, torch
     "The generated sample as packed bytes (EOS = 0 after each document): training documents, held-out documents."
     import tempfile
     from pathlib import Path
-    from legalnb.sources import read_documents, write_sample
+    from legalnb.sources import read_documents
+    from legalnb.sample import write_sample
     with tempfile.TemporaryDirectory() as d:
         write_sample(Path(d)/'sample', docs=docs, seed=0)
         ds = sorted(read_documents(Path(d)/'sample'), key=lambda doc: (doc.celex, doc.lang))

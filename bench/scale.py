@@ -30,7 +30,7 @@ import psutil
 
 from common import header, markdown_table, run
 from legalnb.core import LegalnbError, format_duration
-from legalnb.sources import write_sample
+from legalnb.sample import write_sample
 
 BYTES_PER_PUBLICATION = 27_700   # measured: 8.20 GB of files for 295,857 publications of these shares
 DUMP = dict(xhtml=0.3, versions=0.3, copies=0.05)

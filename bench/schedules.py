@@ -29,7 +29,8 @@ from legalnb.corpus import build_corpus
 from legalnb.data import split
 from legalnb.models import load_model
 from legalnb.scoring import select_documents
-from legalnb.sources import parse_documents, write_sample
+from legalnb.sources import parse_documents
+from legalnb.sample import write_sample
 from legalnb.train import TrainConfig, evaluate_loss, open_split, setup_distributed, train, val_loader
 
 

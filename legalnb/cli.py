@@ -166,7 +166,7 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
     sizes = dict(docs=docs, vocab_size=vocab_size, seq_len=seq_len, steps=steps, dim=dim, batch_size=batch_size)
     for name, value in sizes.items():
         if value < 1: raise LegalnbError(f'--{name.replace("_", "-")} must be at least 1, got {value}')
-    from legalnb.sources import sample_main
+    from legalnb.sample import sample_main
     from legalnb.evaluate import generate
     from legalnb.run import run_plan, read_record
     from legalnb.widgets import plot_metrics

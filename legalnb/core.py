@@ -634,7 +634,7 @@ class Command(NamedTuple):
     help: str
 
 COMMANDS = {
-    'sample':       Command('legalnb.sources:sample_main', 'legalnb.sources:sample_command',
+    'sample':       Command('legalnb.sample:sample_main', 'legalnb.sample:sample_command',
                             'write a synthetic Formex corpus for demos and tests'),
     'parse':        Command('legalnb.sources:parse_main', 'legalnb.sources:parse_command',
                             'read Formex, XHTML/HTML and JSONL files into one normalised JSONL'),

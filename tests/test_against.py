@@ -19,7 +19,8 @@ from legalnb.corpus import train_tokenizer
 from legalnb.evaluate import (AGAINST_FILES, LN2, REPORT_FILES, RETAINED_FILES, EvalModel, bootstrap_estimate, evaluate,
                               evaluate_main, general_texts, read_general, read_heldout, write_general_texts)
 from legalnb.resonance import ResonanceLanguageModel
-from legalnb.sources import parse_documents, write_sample
+from legalnb.sources import parse_documents
+from legalnb.sample import write_sample
 
 QUICK = ['--citations', '20', '--samples', '0', '--rouge', '2', '--max-new-tokens', '8', '--no-progress']
 

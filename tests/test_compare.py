@@ -18,7 +18,8 @@ def split(tmp_path_factory) -> Path:
     from legalnb.corpus import build_corpus_main
     from legalnb.data import split_main
     from legalnb.scoring import select_main
-    from legalnb.sources import parse_main, sample_main
+    from legalnb.sources import parse_main
+    from legalnb.sample import sample_main
     root = tmp_path_factory.mktemp('compare')
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         assert not sample_main([str(root/'sample'), '--docs', '30'])

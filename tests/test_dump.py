@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from legalnb.scoring import near_duplicate_share
-from legalnb.sources import file_kind, write_sample
+from legalnb.sources import file_kind
+from legalnb.sample import write_sample
 
 FIXTURES = Path(__file__).resolve().parent/'fixtures'
 

@@ -20,7 +20,8 @@ from legalnb.evaluate import (EVAL_FORMAT, REPORT_FILES, EvalModel, LookupModel,
                               metrics, position_buckets, read_heldout, run_harness, score_citations, score_documents,
                               TextStream, write_lm_eval_tasks)
 from legalnb.resonance import ResonanceLanguageModel
-from legalnb.sources import parse_documents, read_formex, write_sample
+from legalnb.sources import parse_documents, read_formex
+from legalnb.sample import write_sample
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMEX = ROOT.parent/'shared'/'fixtures'/'formex'

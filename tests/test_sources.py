@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from legalnb.cli import main
-from legalnb.sources import (SAMPLE_LANGUAGES, read_documents, read_formex, write_sample, _Writer, sample_publications)
+from legalnb.sources import (read_documents, read_formex)
+from legalnb.sample import SAMPLE_LANGUAGES, write_sample, _Writer, sample_publications
 
 FIXTURES = Path(__file__).resolve().parents[2]/'shared'/'fixtures'/'formex'
 needs_fixtures = pytest.mark.skipif(not FIXTURES.exists(), reason=f'real Formex fixtures not found at {FIXTURES} (../shared beside the repo)')
@@ -325,7 +326,8 @@ def test_sample_folder_mode_follows_the_umask(tmp_path):
 def test_sample_and_parse_flags_are_kept():
     "Every flag the commands had before they were declared as functions is still there."
     from legalnb.core import command_parser
-    from legalnb.sources import sample_command, parse_command
+    from legalnb.sources import parse_command
+    from legalnb.sample import sample_command
     want = json.loads((Path(__file__).parent/'fixtures'/'cli_flags.json').read_text())
     for name, func in (('sample', sample_command), ('parse', parse_command)):
         have = {o for a in command_parser(func, f'legalnb {name}')._actions for o in a.option_strings}
