@@ -29,7 +29,8 @@ from common import header, markdown_table, run
 from legalnb.core import LegalnbError, cuda_capability, resolve_precision
 from legalnb.models import get_model
 from legalnb.metrics import read_metrics
-from legalnb.train import TrainConfig, train, model_config, make_optimizer, save_checkpoint, rng_state, autocast_for
+from legalnb.train import TrainConfig, train, model_config, make_optimizer, autocast_for
+from legalnb.checkpoint import save_checkpoint, rng_state
 
 def random_split(folder: Path, rows: int, seq_len: int, vocab: int, seed: int = 0) -> Path:
     "A corpus of random token rows (speed does not depend on the ids), split by the data stage."

@@ -186,7 +186,7 @@ def run_config(plan: dict, run: dict, out: Path, resume: bool = False, device: s
 
 def run_status(out: Path, run: dict, state: dict) -> str:
     "'done', 'diverged', 'unfinished' (checkpoints, no summary) or 'new'."
-    from legalnb.train import list_checkpoints
+    from legalnb.checkpoint import list_checkpoints
     if run['name'] in state: return state[run['name']]['status']
     if (out/run['name']/'summary.json').is_file(): return 'done'
     return 'unfinished' if list_checkpoints(out/run['name']) else 'new'

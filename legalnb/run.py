@@ -626,7 +626,8 @@ def _ask_once(opts: dict, what: str):
 def _train(s: Stage, work: Path, top: dict, info: dict, opts: dict, resuming: bool) -> dict:
     "The training stage: machine, estimate, provenance, confirmation, then train under the budget guard."
     from legalnb.presets import get_preset
-    from legalnb.train import config_from_args, train, list_checkpoints
+    from legalnb.train import config_from_args, train
+    from legalnb.checkpoint import list_checkpoints
     man = read_json(work/'corpus'/'manifest.json', 'a corpus manifest')
     argv = [*s.argv, *(['--resume'] if resuming else ['--overwrite'] if s.output.parent.exists() else [])]
     cfg = config_from_args(argv)
@@ -753,7 +754,7 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
         if s.name in ('train', 'train-2', 'baseline'):
             split_dir = Path(_value(s.argv, '--data'))
             if opts['stage_to']: stage_split(work/split_dir.name, split_dir)
-            from legalnb.train import list_checkpoints
+            from legalnb.checkpoint import list_checkpoints
             got = _train(s, work, top, info, opts, resuming and bool(list_checkpoints(s.output.parent)))
             if got.get('stopped'): return dict(stopped=got, stages=stages, work=work)
             if s.name != 'baseline': summary = got

@@ -19,18 +19,18 @@ from .core import (LegalnbError, atomic_write, read_json, format_duration, parse
 from .presets import (seq_len_at, BATCH_LR_RULES, parse_batch_schedule, accum_at, micro_steps_before,
                              batch_lr_factor)
 from .metrics import MetricsFile, metric_lines, notify, read_metrics
+from .checkpoint import (checkpoint_step, find_checkpoint, list_checkpoints, load_checkpoint, load_for_resume,
+                                rng_state, save_checkpoint, seed_everything, set_rng_state)
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'DEVICES', 'NATIVE_STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHANGE', 'RUN_OUTPUTS', 'RUN_LISTED',
            'TrainConfig', 'from_preset', 'from_yaml', 'describe', 'lr_at', 'format_log_line', 'ProgressBar',
-           'TensorBoardLog', 'WandbLog', 'autocast_for', 'Dist', 'setup_distributed', 'all_mean', 'rng_state',
-           'set_rng_state', 'seed_everything', 'checkpoint_step', 'list_checkpoints', 'save_checkpoint',
-           'find_checkpoint', 'load_checkpoint', 'load_for_resume', 'open_split', 'train_loader', 'val_loader',
-           'unpack_batch', 'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows', 'model_config',
-           'saved_model_config', 'predated', 'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run',
-           'evaluate_loss', 'val_bytes_per_token', 'bits_per_byte', 'peak_flops', 'shard_model', 'save_shards',
-           'load_shards', 'consolidated_model', 'Interval', 'run_folder', 'check_new_run', 'Run', 'setup', 'resume',
-           'init_weights', 'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize',
+           'TensorBoardLog', 'WandbLog', 'autocast_for', 'Dist', 'setup_distributed', 'all_mean', 'open_split',
+           'train_loader', 'val_loader', 'unpack_batch', 'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows',
+           'model_config', 'saved_model_config', 'predated', 'make_optimizer', 'check_resume', 'upgraded_config',
+           'check_same_run', 'evaluate_loss', 'val_bytes_per_token', 'bits_per_byte', 'peak_flops', 'shard_model',
+           'save_shards', 'load_shards', 'consolidated_model', 'Interval', 'run_folder', 'check_new_run', 'Run',
+           'setup', 'resume', 'init_weights', 'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize',
            'record_architecture', 'stopped_summary', 'train', 'train_parser', 'config_from_args', 'train_main']
 
 # %% ../nbs/05_train.ipynb #a6da8542
@@ -380,122 +380,6 @@ def all_mean(x: torch.Tensor, d: Dist) -> torch.Tensor:
     "Mean of `x` over all ranks (itself when there is one rank)."
     if d.world_size > 1: x = x.clone(); dist.all_reduce(x); x /= d.world_size
     return x
-
-# %% ../nbs/05_train.ipynb #9c5da80d
-def rng_state() -> dict:
-    "The state of every random number generator a run uses, as tensors and numbers (weights_only loads them)."
-    version, words, gauss = random.getstate()                    # words: 625 ints below 2**32
-    kind, keys, pos, has_gauss, cached = np.random.get_state()   # keys: (624,) uint32
-    return {'python': [version, torch.tensor(words, dtype=torch.int64), gauss],
-            'numpy': [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
-            'torch': torch.get_rng_state(),
-            'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-def set_rng_state(s: dict):
-    "Restore the generators saved by `rng_state`."
-    version, words, gauss = s['python']; random.setstate((version, tuple(words.tolist()), gauss))
-    kind, keys, pos, has_gauss, cached = s['numpy']
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(s['torch'])
-    if s.get('cuda') is not None and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s['cuda'])
-
-def seed_everything(seed: int):
-    "Seed python, numpy and torch (every device) from one number."
-    random.seed(seed); np.random.seed(seed % 2**32); torch.manual_seed(seed)
-
-# %% ../nbs/05_train.ipynb #0f416c51
-def checkpoint_step(path: Path) -> int:
-    "The step a checkpoint folder name records (step-00000200 -> 200)."
-    return int(Path(path).name.split('-')[1])
-
-def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    "The complete checkpoints of a run, oldest first; hidden half-written folders are skipped, strangers refused."
-    ck = Path(run_dir)/'checkpoints'
-    if not ck.is_dir(): return []
-    found = []
-    for p in ck.iterdir():
-        if p.name.startswith('.'): continue  # a save in progress, or one that a crash cut short
-        if not (re.fullmatch(r'step-\d+', p.name) and p.is_dir()):
-            raise LegalnbError(f'{p}: not a checkpoint legalnb wrote (those are folders named like step-00002000); '
-                               f'move it out of {ck}')
-        if (p/'config.json').exists(): found.append(p)
-    return sorted(found, key=checkpoint_step)
-
-def _save_file(obj, path: Path):
-    "torch.save `obj` to `path` and flush it to disk."
-    with open(path, 'wb') as f: torch.save(obj, f); f.flush(); os.fsync(f.fileno())
-
-def save_checkpoint(run_dir: str | Path,  # the run folder (checkpoints/ is created in it)
-                    state: dict,          # model, optimizer, scheduler, scaler, rng, data, step, elapsed, configs
-                    keep: int = 3,        # newest checkpoints kept
-                    shards: Path | None = None) -> Path:  # FSDP: the folder of sharded weights, moved in as sharded/
-    "Write `state` atomically as checkpoints/step-N, then delete all but the newest `keep` older ones."
-    ck = Path(run_dir)/'checkpoints'; ck.mkdir(parents=True, exist_ok=True)
-    step = state['step']; final = ck/f'step-{step:08d}'
-    tmp = ck/f'.tmp-step-{step:08d}-{os.getpid()}'
-    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir()
-    try:
-        if 'model' in state: _save_file(state['model'], tmp/'model.pt')
-        if shards is not None: os.replace(shards, tmp/'sharded')
-        _save_file({k: v for k, v in state.items() if k not in ('model', 'config', 'model_config')}, tmp/'trainer.pt')
-        meta = {k: state.get(k) for k in ('step', 'elapsed', 'config', 'model_config')}
-        (tmp/'config.json').write_text(json.dumps(meta, indent=1, default=str))
-        if final.exists(): shutil.rmtree(final)  # the same step written again after a resume
-        os.replace(tmp, final)
-    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
-        why = e.strerror if isinstance(e, OSError) and e.strerror else 'a write failed: is the disk full?'
-        kept = list_checkpoints(run_dir)
-        raise LegalnbError(f'{final}: could not be written ({why}); ' + (
-            f'the previous checkpoint {kept[-1]} is kept: make room, then continue with --resume' if kept
-            else 'no checkpoint was written yet')) from None
-    finally: shutil.rmtree(tmp, ignore_errors=True)
-    older = [p for p in list_checkpoints(run_dir) if checkpoint_step(p) < step]
-    for p in older[:max(0, len(older) - (keep - 1))]: shutil.rmtree(p, ignore_errors=True)
-    return final
-
-def find_checkpoint(run_dir: str | Path, which: str = 'latest') -> Path:
-    "The checkpoint folder `which` names: 'latest' in `run_dir`, or a path."
-    if which != 'latest':
-        p = Path(which)
-        if not (p/'config.json').exists():
-            raise LegalnbError(f'{p}: not a checkpoint folder (expected model.pt, trainer.pt, config.json)')
-        return p
-    found = list_checkpoints(run_dir)
-    if not found:
-        raise LegalnbError(f'{Path(run_dir)/"checkpoints"}: no checkpoint to resume from; start without --resume')
-    return found[-1]
-
-def _load_pt(path: Path, map_location) -> object:
-    "torch.load with weights_only=True: tensors, numbers, text, lists and dicts come back; code never runs."
-    try: return torch.load(path, map_location=map_location, weights_only=True)
-    except FileNotFoundError:
-        raise LegalnbError(f'{path}: missing; a checkpoint folder holds model.pt, trainer.pt and config.json') from None
-    except pickle.UnpicklingError as e:
-        if 'Weights only load failed' not in str(e): raise LegalnbError(f'{path}: truncated or damaged') from None
-        raise LegalnbError(f'{path}: holds Python objects besides tensors, numbers and text; refused unread, since '
-                           'loading it could run code (legalnb writes none: was it made by another program?)') from None
-    except Exception: raise LegalnbError(f'{path}: truncated or damaged, not a torch file that loads') from None
-
-def load_checkpoint(path: str | Path, map_location='cpu') -> dict:
-    "Read a checkpoint folder back into the dict `save_checkpoint` was given (nothing in it runs as code)."
-    path = Path(path)
-    meta = read_json(path/'config.json', "a checkpoint's step, elapsed time and configs")
-    trainer = _load_pt(path/'trainer.pt', map_location)
-    if not isinstance(trainer, dict):
-        raise LegalnbError(f'{path/"trainer.pt"}: expected a dict of trainer state, got {type(trainer).__name__}')
-    if (path/'sharded').is_dir(): return {**trainer, **meta, 'sharded': path/'sharded'}  # FSDP: read by every rank
-    return {**trainer, **meta, 'model': _load_pt(path/'model.pt', map_location)}
-
-def load_for_resume(path: Path, run_dir: str | Path) -> dict:
-    "`load_checkpoint(path)`; when it fails, the message offers the newest checkpoint of the run that loads."
-    try: return load_checkpoint(path)
-    except LegalnbError as e: err = e
-    for other in reversed(list_checkpoints(run_dir)):
-        if other.resolve() == Path(path).resolve(): continue
-        try: load_checkpoint(other)
-        except LegalnbError: continue
-        raise LegalnbError(f'{err}; the newest checkpoint that loads is {other}: --resume {other}') from None
-    raise err
 
 # %% ../nbs/05_train.ipynb #c67bb587
 def _side(path: Path, vocab_size: int | None):

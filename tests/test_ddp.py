@@ -10,7 +10,7 @@ import torch
 from legalnb.data import StepSampler
 from conftest import ARCHITECTURES, DIST_STEPS as STEPS
 from legalnb.metrics import read_metrics
-from legalnb.train import list_checkpoints, checkpoint_step
+from legalnb.checkpoint import list_checkpoints, checkpoint_step
 
 @pytest.fixture(scope='module', params=ARCHITECTURES)
 def runs(request, dist_runs):

@@ -11,7 +11,7 @@ from conftest import ARCHITECTURES, DIST_STEPS as STEPS, dist_args, legalnb_trai
 from legalnb.cli import main
 from legalnb.models import load_model
 from legalnb.metrics import read_metrics
-from legalnb.train import list_checkpoints, checkpoint_step, load_checkpoint
+from legalnb.checkpoint import list_checkpoints, checkpoint_step, load_checkpoint
 
 @pytest.fixture(scope='module', params=ARCHITECTURES)
 def runs(request, dist_runs):

@@ -10,7 +10,7 @@ import torch
 
 from conftest import ARCHITECTURES, ENV, make_split, shape, tree
 from legalnb.metrics import read_metrics
-from legalnb.train import find_checkpoint, list_checkpoints, load_checkpoint, checkpoint_step
+from legalnb.checkpoint import find_checkpoint, list_checkpoints, load_checkpoint, checkpoint_step
 
 STEPS = 12
 
@@ -70,7 +70,7 @@ def test_kill_9_at_a_random_step_then_resume_is_bit_exact(model, references, tmp
 
 CRASH_IN_SAVE = '''
 import os, signal, sys
-import legalnb.train as T
+import legalnb.checkpoint as T
 real = T._save_file
 def dying(obj, path):
     if path.name == 'trainer.pt' and '-00000006-' in path.parent.name:

@@ -204,7 +204,7 @@ def test_stage_to_copies_the_split_verified_and_trains_from_it(reference, sample
     staged = sorted((tmp_path/'local'/'split'/'train').glob('*.npy'))
     assert staged and not any(p.is_symlink() for p in staged)
     assert all(p.read_bytes() == (work/'split'/'train'/p.name).read_bytes() for p in staged)
-    from legalnb.train import load_checkpoint
+    from legalnb.checkpoint import load_checkpoint
     assert load_checkpoint(work/'run'/'checkpoints'/'step-00000020')['config']['data'] == str(tmp_path/'local'/'split')
 
 

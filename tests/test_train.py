@@ -10,8 +10,9 @@ import torch
 from conftest import ARCHITECTURES, ROOT, make_split, shape, tree
 from legalnb.cli import main
 from legalnb.core import LegalnbError
-from legalnb.train import (TrainConfig, lr_at, config_from_args, save_checkpoint, list_checkpoints, checkpoint_step,
-                           find_checkpoint, read_metrics, format_log_line, train_parser)
+from legalnb.checkpoint import save_checkpoint, list_checkpoints, checkpoint_step, find_checkpoint
+from legalnb.metrics import read_metrics
+from legalnb.train import TrainConfig, lr_at, config_from_args, format_log_line, train_parser
 
 @pytest.fixture(autouse=True)
 def restore_threads():
