@@ -624,7 +624,9 @@ def run_writing(func: Callable, kwargs: dict, prog: str, outputs: Iterable[Outpu
 def run_command(func: Callable, argv: list[str], prog: str,
                 outputs: Iterable[Output] = ()) -> int:   # the folders it writes (see `Output`)
     "Parse `argv` with `command_parser(func)` and call `func` with the result; its return value is the exit code."
-    return run_writing(func, vars(command_parser(func, prog).parse_args(list(map(str, argv)))), prog, outputs)
+    return run_writing(func, vars(_parser_of(func, prog).parse_args(list(map(str, argv)))), prog, outputs)
+
+_parser_of = functools.cache(command_parser)   # a command's parser, built once a process
 
 # %% ../nbs/00_core.ipynb #2b84d0a8
 class Command(NamedTuple):
@@ -677,7 +679,8 @@ def command_main(name: str) -> Callable[[list[str]], int]:
     "The entry point of `legalnb NAME`: it takes the arguments after the command and returns the exit code."
     return _named(COMMANDS[name].main)
 
+@functools.cache
 def command_flags(name: str) -> argparse.ArgumentParser:
-    "The parser of `legalnb NAME`'s flags."
+    "The parser of `legalnb NAME`'s flags, built once a process (parsing does not change a parser)."
     spec = COMMANDS[name].flags
     return _named(spec)() if spec.endswith('_parser') else command_parser(_named(spec), f'legalnb {name}')

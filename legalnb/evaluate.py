@@ -1175,6 +1175,7 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
     return 0
 
 
+@functools.cache
 def evaluate_parser():
     "`legalnb evaluate`'s parser: MODEL may be left out (--export-lm-eval, --retained); a bare --against is the base."
     p = command_parser(evaluate_command, 'legalnb evaluate')

@@ -4,8 +4,8 @@
 
 # %% ../nbs/06_hf.ipynb #ec90bc37
 from __future__ import annotations
-import argparse, contextlib, importlib.util, itertools, json, logging, math, os, random, shlex, sys, tempfile, time
-import warnings
+import argparse, contextlib, functools, importlib.util, itertools, json, logging, math, os, random, shlex, sys, tempfile
+import time, warnings
 from dataclasses import dataclass, asdict, replace
 from pathlib import Path
 from typing import Iterable, Literal, Sequence
@@ -1133,6 +1133,7 @@ def finetune_command(command: str | None = None,   # the command line, repeated 
               f"model in {s['final']}")
     return 0
 
+@functools.cache
 def finetune_parser() -> CommandParser:
     "The flags of `legalnb finetune`: `FinetuneConfig`'s fields, with --lora and --full (one or the other)."
     p = command_parser(FinetuneConfig, 'legalnb finetune', skip=('lora',))

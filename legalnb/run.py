@@ -4,7 +4,7 @@
 
 # %% ../nbs/14_run.ipynb #7f0c9df4
 from __future__ import annotations
-import argparse, hashlib, json, math, os, re, shlex, shutil, sys, time
+import argparse, functools, hashlib, json, math, os, re, shlex, shutil, sys, time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -857,6 +857,7 @@ def run_plan_command(plan: str = None,            # the plan (YAML): `legalnb ru
                 stage_to: str = None):       # copy the training data (split; corpus for an HF model) here, verified
     "parse -> select -> build-corpus -> split -> train (or finetune) -> evaluate from one plan; resumable per stage."
 
+@functools.cache
 def run_parser():
     "`legalnb run`'s parser (PLAN.yaml, the first word, is read before it); unknown flags go to the stages."
     p = command_parser(run_plan_command, 'legalnb run', skip=('plan',))

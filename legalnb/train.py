@@ -4,7 +4,7 @@
 
 # %% ../nbs/05_train.ipynb #a2630aca
 from __future__ import annotations
-import argparse, dataclasses, inspect, json, math, os, pickle, random, re, shutil, sys, time
+import argparse, dataclasses, functools, inspect, json, math, os, pickle, random, re, shutil, sys, time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, asdict, fields, InitVar
 from pathlib import Path
@@ -990,6 +990,7 @@ def _flag_int(name: str):
     convert.__name__ = name
     return convert
 
+@functools.cache
 def train_parser() -> argparse.ArgumentParser:
     "The `legalnb train` parser: a flag per TrainConfig field, `--resume [PATH]`, `--config`; flags not given stay out."
     from fastcore.docments import docments

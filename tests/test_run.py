@@ -363,3 +363,22 @@ def test_a_hugging_face_second_stage_finetunes_run_final_on_the_top_documents(sa
     assert s2['steps'] == 4 and s2['resumed_from'] == 'checkpoint-2', s2
     assert '| finetune-2 | `run-2/` | 4 steps from the weights of run/final' in (work/'report.md').read_text()
     assert main([*argv, '--yes']) == 0 and capsys.readouterr().out.count('skipped, up to date') == 9
+
+
+def test_each_command_parser_is_built_once_in_a_run(monkeypatch, tmp_path):
+    "Planning a run reads every stage's flags, checks them and resolves the training config: each command's parser is "
+    "built once for all of it (it was up to five times for `legalnb train`)."
+    from collections import Counter
+    from legalnb import core, evaluate, hf, run, train
+    for cached in (core.command_flags, core._parser_of, train.train_parser, hf.finetune_parser, evaluate.evaluate_parser,
+                   run.run_parser):
+        cached.cache_clear()
+    built, real = Counter(), core.command_parser
+    def counting(func, prog, *args, **kwargs):
+        built[prog] += 1
+        return real(func, prog, *args, **kwargs)
+    for module in (core, evaluate, hf, run, train): monkeypatch.setattr(module, 'command_parser', counting)
+    stages, top = run.build_stages({'input': ['formex'], 'out': str(tmp_path/'work'), 'baseline': 'gpt'}, Path('.'), {})
+    run.check_plan(stages, top)
+    train.config_from_args(next(s for s in stages if s.name == 'train').argv)
+    assert built == Counter({f'legalnb {c}': 1 for c in ('parse', 'select', 'build-corpus', 'split', 'train', 'evaluate')})
