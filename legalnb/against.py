@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from .core import (LegalnbError, atomic_write, format_duration, read_json, refuse_foreign_files,
+from .core import (GPU_HOUR_PRICE, LegalnbError, atomic_write, format_duration, read_json, refuse_foreign_files,
                           refuse_overwriting_inputs, refuse_unowned)
 from .evaluate import (AGAINST_FILES, BOOTSTRAP, GROUPS, HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS, REPORT_FILES,
                               RETAINED_FILES, bootstrap_estimate, clear_other_modes, evaluate, harness_scores,
@@ -141,7 +141,7 @@ def _run_folder(path: Path) -> Path:
     if rec.is_file() and (argv := read_json(rec, 'a stage record of legalnb run').get('argv')): return Path(argv[0])
     return path
 
-def run_facts(path: str | Path, price_per_hour: float = 2.50) -> dict:
+def run_facts(path: str | Path, price_per_hour: float = GPU_HOUR_PRICE) -> dict:
     "How long a run trained and what it cost: seconds, device, GPUs, dollars (None: a base model, or a CPU run)."
     p = _run_folder(Path(path))
     for q in (p, p.parent):   # a run folder or RUN/model; a finetune output or its final/

@@ -8,11 +8,12 @@ import argparse, json, math, os, shutil, sys, time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Literal
-from .core import COMMANDS, LegalnbError, atomic_write, command_main, command_parser, format_duration, read_json
+from .core import COMMANDS, GPU_HOUR_PRICE, LegalnbError, atomic_write, command_main, command_parser
+from .core import format_duration, read_json
 from .core import output_folder, record_written, remove_owned
 
 # %% auto #0
-__all__ = ['QUICKSTART_PROMPT', 'QUICKSTART_OUTPUTS', 'H100_PRICE', 'usage', 'main', 'exit_process', 'console', 'prepare_workdir',
+__all__ = ['QUICKSTART_PROMPT', 'QUICKSTART_OUTPUTS', 'usage', 'main', 'exit_process', 'console', 'prepare_workdir',
            'h100_estimate', 'write_quickstart_report', 'quickstart', 'quickstart_main']
 
 # %% ../nbs/10_cli.ipynb #3aaa7b0c
@@ -72,8 +73,6 @@ def prepare_workdir(workdir: str | Path) -> Path:
     return wd
 
 # %% ../nbs/10_cli.ipynb #c2c799ea
-H100_PRICE = 2.50  # dollars per GPU-hour: the on-demand H100 price legalnb's users report paying
-
 def h100_estimate(metrics: Path,            # the run's metrics.jsonl
                   steps: int,               # steps the run trained
                   measured_s: float,        # seconds the training took
@@ -94,7 +93,7 @@ def h100_estimate(metrics: Path,            # the run's metrics.jsonl
         else: why += ' (this run was on a CPU: its speed does not carry over to a GPU)'
     seq_len = get_preset('scratch', 'fast', 'small', model='resonance').seq_len   # its long-context rows
     plan = plan_for('scratch', 'fast', model='resonance', size='small', gpu='h100-sxm', mfu=mfu,
-                    price_per_hour=H100_PRICE, **model_plan_fields('small', seq_len, vocab_size))
+                    price_per_hour=GPU_HOUR_PRICE, **model_plan_fields('small', seq_len, vocab_size))
     return lines + ['', f"The `fast` preset for a 'small' ResonanceLanguageModel ({seq_len:,}-token rows, vocabulary "
                     f'{vocab_size:,}) on one H100 SXM, at {why}:', '', '```', estimate(plan).table(), '```']
 
@@ -186,7 +185,7 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
                  '--samples', 1, '--cpu-threads', 1]  # tiny models: 27x faster on 1 thread than 2 on a busy 2-core CPU
         top = dict(input=[str(wd/'sample')], out=str(wd), preset='none', model='resonance', size='small',
                    baseline=None if baseline == 'none' else baseline)
-        opts = dict(yes=True, resume=False, max_cost=None, deadline=None, price_per_hour=H100_PRICE, stage_to=None,
+        opts = dict(yes=True, resume=False, max_cost=None, deadline=None, price_per_hour=GPU_HOUR_PRICE, stage_to=None,
                     argv=[], ours=('sample', 'compare', '.legalnb-quickstart'), hold=held.enter_context)
         run_plan(None, top, [str(f) for f in flags], opts)
         summary = read_json(wd/'run'/'summary.json', 'a run summary')

@@ -12,14 +12,14 @@ from typing import Callable, Iterable, Iterator, Literal, NamedTuple
 from fastcore.docments import docments
 
 # %% auto #0
-__all__ = ['NUMBER_EXAMPLES', 'PRECISIONS', 'OWNED', 'OWNED_FORMAT', 'LOCK', 'COMMANDS', 'LegalnbError', 'atomic_write',
-           'jsonl_record', 'jsonl_records', 'read_json', 'parse_number', 'parse_count', 'format_duration',
-           'resolve_precision', 'cuda_capability', 'usable_cores', 'loader_workers', 'available_memory',
-           'refuse_oversized', 'libc', 'trim_memory', 'refuse_overwriting_inputs', 'bookkeeping', 'foreign_files',
-           'refuse_foreign_files', 'folder_files', 'owned_files', 'unowned_stamps', 'record_written', 'remove_owned',
-           'lock_path', 'holder_alive', 'folder_lock', 'followed', 'refuse_unowned', 'output_folder', 'own_command',
-           'own_main', 'CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command', 'Command',
-           'command_main', 'command_flags']
+__all__ = ['GPU_HOUR_PRICE', 'NUMBER_EXAMPLES', 'PRECISIONS', 'OWNED', 'OWNED_FORMAT', 'LOCK', 'COMMANDS', 'LegalnbError',
+           'atomic_write', 'jsonl_record', 'jsonl_records', 'read_json', 'parse_number', 'parse_count',
+           'format_duration', 'resolve_precision', 'cuda_capability', 'usable_cores', 'loader_workers',
+           'available_memory', 'refuse_oversized', 'libc', 'trim_memory', 'refuse_overwriting_inputs', 'bookkeeping',
+           'foreign_files', 'refuse_foreign_files', 'folder_files', 'owned_files', 'unowned_stamps', 'record_written',
+           'remove_owned', 'lock_path', 'holder_alive', 'folder_lock', 'followed', 'refuse_unowned', 'output_folder',
+           'own_command', 'own_main', 'CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command',
+           'Command', 'command_main', 'command_flags']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -117,6 +117,8 @@ def read_json(path: str | Path,      # a JSON file: a manifest, an index, a repo
     return value
 
 # %% ../nbs/00_core.ipynb #a287d3e6
+GPU_HOUR_PRICE = 2.50   # dollars per GPU-hour: the on-demand H100 price legalnb's users report paying (every default)
+
 _SUFFIX = {'k': 1e3, 'm': 1e6, 'b': 1e9, 'g': 1e9, 't': 1e12}
 NUMBER_EXAMPLES = '63000, 63,000, 5e9, 125M or 2.5B'
 

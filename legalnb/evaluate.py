@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, jsonl_records, read_json,
                    refuse_foreign_files, refuse_overwriting_inputs, resolve_precision, run_command)
-from .core import Output, refuse_oversized, refuse_unowned, run_writing
+from .core import GPU_HOUR_PRICE, Output, refuse_oversized, refuse_unowned, run_writing
 
 # %% auto #0
 __all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'TRUST_HINT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS',
@@ -1137,7 +1137,7 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
                      against: str = None,         # also score this reference and report the change (bare: the base)
                      retained: list[str] = None,  # BASE FAST FULL: the share of the full run's gain the fast run kept
                      lm_eval_tasks: list[str] = None,  # lm-eval suites too: task names, task YAML files or folders
-                     price_per_hour: float = 2.50,     # dollars per GPU-hour, for the cost of each --retained run
+                     price_per_hour: float = GPU_HOUR_PRICE,  # dollars per GPU-hour, for each --retained run's cost
                      trust_remote_code: bool = False):  # run the Python code a model folder names (auto_map)
     "Score a model on held-out acts: loss, perplexity, bits per byte, loss by position, citations, samples."
     opts = dict(locals())

@@ -9,14 +9,14 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from .core import LegalnbError, atomic_write, command_flags, command_main, command_parser, format_duration
-from .core import read_json, parse_number
+from .core import GPU_HOUR_PRICE, read_json, parse_number
 
 # %% auto #0
-__all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'PLAN_TEMPLATE', 'WORK_NAMES', 'write_plan', 'stage_parser', 'stage_flags',
-           'read_plan', 'cli_overrides', 'Stage', 'build_stages', 'check_plan', 'fingerprint', 'read_record',
-           'write_record', 'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines', 'training_estimate',
-           'confirm', 'staged_files', 'stage_split', 'run_plan', 'reference_lines', 'write_run_report',
-           'run_plan_command', 'run_parser', 'run_main']
+__all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'RUN_DEFAULTS', 'PLAN_TEMPLATE', 'WORK_NAMES', 'write_plan', 'stage_parser',
+           'stage_flags', 'read_plan', 'cli_overrides', 'Stage', 'build_stages', 'check_plan', 'fingerprint',
+           'read_record', 'write_record', 'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines',
+           'training_estimate', 'confirm', 'staged_files', 'stage_split', 'run_plan', 'reference_lines',
+           'write_run_report', 'run_plan_command', 'run_parser', 'run_main']
 
 # %% ../nbs/14_run.ipynb #79e39887
 STAGES = ('parse', 'select', 'build-corpus', 'split', 'train', 'evaluate')  # 'train' is 'finetune' for an HF model
@@ -25,6 +25,9 @@ OUTPUTS = {'parse': 'parsed.jsonl', 'select': 'selected.jsonl', 'build-corpus': 
            'evaluate': 'eval/eval.json'}   # the file that says a stage finished: its checksum is the next one's input
 TOP = ('input', 'out', 'preset', 'model', 'size', 'baseline')   # plan keys outside the stage sections
 RECORDS = '.legalnb-run'                             # the per-stage records, inside the work folder
+
+RUN_DEFAULTS = dict(out='work', preset='fast', model='resonance', size='small',   # what a plan leaves out
+                    target_tokens='2B', train_tokenizer=32768, val_docs=0.01, general='python-docs')
 
 PLAN_TEMPLATE = '''\
 # legalnb run plan: every stage's flags in one file; `legalnb run PLAN.yaml`. Any flag on the command line
@@ -40,18 +43,18 @@ size: {size}             # native: small, medium, large, xlarge
 
 parse: {{}}                # flags of `legalnb parse`: strict, notes, num_proc
 select:
-  target_tokens: 2B      # the token budget the selection fills (2M, 500M, 2B); or top: N, the N best documents
+  target_tokens: {tokens}      # the token budget the selection fills (2M, 500M, 2B); or top: N, the N best documents
 build-corpus:
-  train_tokenizer: 32768 # a byte-level BPE of this size (or tokenizer: PATH; an HF model's own is used for it)
-  shards: 16
-  val_docs: 0.01         # hold out 1% of the acts: the validation loss and `evaluate` score them
+  train_tokenizer: {bpe} # a byte-level BPE of this size (or tokenizer: PATH; an HF model's own is used for it)
+  shards: {shards}
+  val_docs: {val_docs}         # hold out 1% of the acts: the validation loss and `evaluate` score them
   # seq_len: 8192        # default: the preset's row length
 split: {{}}
 train: {{}}                # flags of `legalnb train`: max_steps, dim, num_layers, batch_size, device, save_every ...
 finetune: {{}}             # flags of `legalnb finetune` (a Hugging Face model): max_steps, lr, force_single ...
 evaluate:
-  citations: 500
-  general: python-docs   # general text, for forgetting (built in; or your JSONL). against: the base, or baseline/
+  citations: {citations}
+  general: {general}   # general text, for forgetting (built in; or your JSONL). against: the base, or baseline/
 # stage2:                # two-stage training: a second run, from the first one's weights, on the best documents only
 #   select: {{top: 10000}}  # flags of `legalnb select` for the subset: the 10k best by score (or target_tokens: 200M)
 #   train: {{lr: 1.0e-4, batch_size: 8, max_steps: 500}}   # a native model's own train flags (init_optimizer: true
@@ -62,8 +65,12 @@ evaluate:
 def write_plan(input: list[str] | None = None, out: str | None = None, preset: str | None = None,
                model: str | None = None, size: str | None = None) -> str:
     "A commented plan to start from, with the values given filled in."
-    return PLAN_TEMPLATE.format(input=json.dumps(input or ['eurlex/formex']), out=out or 'work',
-                                preset=preset or 'fast', model=model or 'resonance', size=size or 'small')
+    given = {k: v for k, v in dict(out=out, preset=preset, model=model, size=size).items() if v}
+    d = RUN_DEFAULTS | given
+    return PLAN_TEMPLATE.format(**d, tokens=d['target_tokens'], bpe=d['train_tokenizer'],
+                                input=json.dumps(input or ['eurlex/formex']),
+                                shards=stage_flags('build-corpus')['--shards'].default,   # the commands' own
+                                citations=stage_flags('evaluate')['--citations'].default)
 
 # %% ../nbs/14_run.ipynb #b7150321
 def stage_parser(stage: str) -> argparse.ArgumentParser:
@@ -169,8 +176,8 @@ def _top_values(plan: dict, base: Path, cli: dict) -> dict:
     if not top.get('out'): raise LegalnbError('out is required: --out WORK or `out:` in the plan')
     rel = lambda p: Path(p) if Path(p).is_absolute() else base/p
     inputs = [rel(p) for p in (top['input'] if isinstance(top['input'], list) else [top['input']])]
-    work, preset = rel(top['out']), top.get('preset') or 'fast'
-    model, size = top.get('model') or 'resonance', top.get('size') or 'small'
+    work, preset = rel(top['out']), top.get('preset') or RUN_DEFAULTS['preset']
+    model, size = top.get('model') or RUN_DEFAULTS['model'], top.get('size') or RUN_DEFAULTS['size']
     hf = _is_hf(model, base)
     if hf: model = str(rel(model))
     if hf and preset == 'none': raise LegalnbError('preset none: a Hugging Face model trains from a cpt preset '
@@ -187,15 +194,16 @@ def _sections(plan: dict, cli: dict, top: dict) -> dict:
         if s in plan and owned in (plan[s] or {}):
             raise LegalnbError(f'{s}.{owned}: set by legalnb run (inside the work folder {work}); '
                                'drop it from the plan')
-    if 'top' not in sec['select']: sec['select'].setdefault('target_tokens', '2B')   # top alone: no token budget
+    if 'top' not in sec['select']:   # top alone: no token budget
+        sec['select'].setdefault('target_tokens', RUN_DEFAULTS['target_tokens'])
     b = sec['build-corpus']
     if hf: b.setdefault('tokenizer', model)
-    elif 'tokenizer' not in b: b.setdefault('train_tokenizer', 32768)
+    elif 'tokenizer' not in b: b.setdefault('train_tokenizer', RUN_DEFAULTS['train_tokenizer'])
     if 'seq_len' not in b and preset == 'none': b['seq_len'] = 1024   # no preset: the trainer's defaults
     if 'seq_len' not in b:
         p = get_preset('cpt' if hf else 'scratch', preset, None if hf else size, model=None if hf else model)
         b['seq_len'] = p.seq_len
-    b.setdefault('val_docs', 0.01); b.setdefault('progress', False)
+    b.setdefault('val_docs', RUN_DEFAULTS['val_docs']); b.setdefault('progress', False)
     return sec
 
 def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None) -> tuple[list[Stage], dict]:
@@ -231,7 +239,7 @@ def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None)
                                   f'({model}); drop baseline')
         stages.append(_baseline_stage(top['baseline'], next(s for s in stages if s.name == 'train'), t, data, work))
         against = {'against': str(stages[-1].output.parent)}
-    e = {'general': 'python-docs', **against} | sec['evaluate'] | {'data': str(work/'corpus'/'heldout.jsonl'),
+    e = {'general': RUN_DEFAULTS['general'], **against} | sec['evaluate'] | {'data': str(work/'corpus'/'heldout.jsonl'),
                                                                    'progress': False}
     stages.append(Stage('evaluate', [str(final.output.parent), '--out', str(work/'eval'), *_argv('evaluate', e, '')],
                         [final.output, *([stages[-1].output] if top.get('baseline') else [])],
@@ -265,7 +273,8 @@ def _second_stage(s2: dict, first: dict, b: dict, work: Path, stage_to: str | No
         raise LegalnbError(f'stage2.{other}: ' + ('a Hugging Face model is fine-tuned by legalnb finetune' if hf else
                            'a native model is trained by legalnb train') + f'; use stage2.{own}')
     sel = dict(s2.get('select') or {})
-    if 'top' not in sel: sel.setdefault('target_tokens', '2B')   # the N best documents, or the best up to a budget
+    if 'top' not in sel:   # the N best documents, or the best up to a budget
+        sel.setdefault('target_tokens', RUN_DEFAULTS['target_tokens'])
     select = Stage('select-2', [str(work/'parsed.jsonl'), '--out', str(work/'selected-2.jsonl'), '--report',
                                 str(work/'selection-2.json'), *_argv('select', sel, 'stage2.')],
                    [work/'parsed.jsonl'], work/'selected-2.jsonl')
@@ -464,7 +473,7 @@ class BudgetGuard:
     "A trainer callback: after each log interval, forecast the training's end; stop when it passes the budget."
     max_cost: float | None = None   # dollars the whole training may cost
     deadline: float | None = None   # Unix time by which training must end
-    price: float = 2.50             # dollars per GPU-hour
+    price: float = GPU_HOUR_PRICE   # dollars per GPU-hour
     gpus: int = 1                   # GPUs paid for
     seen: int = 0                   # log intervals seen by this process (the first one, with warm-up, is not trusted)
     forecast: dict | None = None    # the latest forecast: seconds, cost, the step it was made at
@@ -853,7 +862,7 @@ def run_plan_command(plan: str = None,            # the plan (YAML): `legalnb ru
                 resume: bool = False,        # continue a training the budget guard stopped (or a crash interrupted)
                 max_cost: float = None,      # budget guard: stop cleanly when the forecast cost passes these dollars
                 deadline: str = None,        # budget guard: stop cleanly when the forecast end passes HH:MM or 90m, 2h
-                price_per_hour: float = 2.50,  # dollars per GPU-hour, for --max-cost
+                price_per_hour: float = GPU_HOUR_PRICE,  # dollars per GPU-hour, for --max-cost
                 stage_to: str = None):       # copy the training data (split; corpus for an HF model) here, verified
     "parse -> select -> build-corpus -> split -> train (or finetune) -> evaluate from one plan; resumable per stage."
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import ipywidgets as W
 from fastcore.basics import patch
 from matplotlib.figure import Figure
-from .core import LegalnbError, format_duration
+from .core import GPU_HOUR_PRICE, LegalnbError, format_duration
 from .presets import GPUS, PRESET_NAMES, TASKS, get_preset
 from .models import MODELS, get_model
 from .calculator import Estimate, estimate, model_plan_fields, plan_for, read_gpu_check
@@ -120,7 +120,7 @@ class PresetPicker:
     def __init__(self, task: str = 'cpt',          # 'cpt', 'lora' or 'scratch'
                  preset: str = 'fast',             # 'fast', 'full' or 'aggressive'
                  gpu: str = 'h100-sxm',            # a presets.GPUS key
-                 price_per_hour: float = 2.5,      # dollars per GPU-hour
+                 price_per_hour: float = GPU_HOUR_PRICE,  # dollars per GPU-hour
                  params_b: float = 7.0,            # model parameters, billions (cpt and lora)
                  mfu_pct: float | None = None,     # expected MFU, percent of the dense peak (None: measured, else 40)
                  examples: int = 63_000,           # fine-tuning examples (lora)
