@@ -69,8 +69,8 @@ def write_plan(input: list[str] | None = None, out: str | None = None, preset: s
     d = RUN_DEFAULTS | given
     return PLAN_TEMPLATE.format(**d, tokens=d['target_tokens'], bpe=d['train_tokenizer'],
                                 input=json.dumps(input or ['eurlex/formex']),
-                                shards=stage_flags('build-corpus')['--shards'].default,   # the commands' own
-                                citations=stage_flags('evaluate')['--citations'].default)
+                                shards=command_flags('build-corpus').get_default('shards'),   # the commands' own
+                                citations=command_flags('evaluate').get_default('citations'))
 
 # %% ../nbs/14_run.ipynb #b7150321
 def stage_parser(stage: str) -> argparse.ArgumentParser:
