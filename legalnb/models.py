@@ -5,7 +5,7 @@
 # %% ../nbs/04b_models.ipynb #749c8b43
 from __future__ import annotations
 import importlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -13,9 +13,9 @@ from fastcore.basics import patch
 from .core import LegalnbError, read_json, refuse_oversized
 
 # %% auto #0
-__all__ = ['MODELS', 'MAX_LAYERS', 'MAX_CONTEXT', 'MAX_PARAMS', 'ModelSpec', 'resonance_no_decay', 'gpt_no_decay', 'get_model',
-           'register', 'size_table', 'check_config_sizes', 'model_footprint', 'refuse_nonfinite', 'load_model',
-           'next_token']
+__all__ = ['MODELS', 'CONFIG_CONTRACT', 'MODEL_CONTRACT', 'MAX_LAYERS', 'MAX_CONTEXT', 'MAX_PARAMS', 'ModelSpec',
+           'resonance_no_decay', 'gpt_no_decay', 'get_model', 'check_contract', 'register', 'size_table',
+           'check_config_sizes', 'model_footprint', 'refuse_nonfinite', 'load_model', 'next_token']
 
 # %% ../nbs/04b_models.ipynb #823bc6e4
 def _resolve(ref: Any) -> Any:
@@ -38,6 +38,7 @@ class ModelSpec:
     sizes: dict | str                   # named shapes {'small': {'dim': 768, ...}, ...}, or 'module:NAME'
     no_decay: Callable[[str, Any], bool]  # (parameter name, parameter) -> True if AdamW must not decay it
     hf_export: Callable | str | None = None  # (model, folder, eos_id) -> files: write a transformers folder (export)
+    tiny: dict | None = None            # the smallest shape that exercises every part, for tests: {'dim': 16, ...}
 
     def __getattribute__(self, name: str):
         value = object.__getattribute__(self, name)   # entries given as 'module:Name' resolve when first read
@@ -101,16 +102,35 @@ def gpt_no_decay(name: str, param) -> bool:
 MODELS: dict[str, ModelSpec] = {
     'resonance': ModelSpec('resonance', 'ResonanceNet: causal FFT mixing with damped resonance filters, O(L log L)',
                            'legalnb.resonance:ResonanceConfig', 'legalnb.resonance:ResonanceLanguageModel',
-                           'legalnb.resonance:MODEL_SIZES', resonance_no_decay, 'legalnb.export:export_resonance'),
+                           'legalnb.resonance:MODEL_SIZES', resonance_no_decay, 'legalnb.export:export_resonance',
+                           tiny=dict(dim=16, num_layers=1, num_frequencies=4)),
     'gpt': ModelSpec('gpt', 'Transformer baseline: pre-norm, RoPE, SwiGLU, attention within each document',
                      'legalnb.gpt:GPTConfig', 'legalnb.gpt:GPTLanguageModel', 'legalnb.gpt:MODEL_SIZES', gpt_no_decay,
-                     'legalnb.export:export_gpt'),
+                     'legalnb.export:export_gpt', tiny=dict(dim=16, num_layers=1, num_heads=2)),
 }
 
 def get_model(name: str) -> ModelSpec:
     "The spec of a registered architecture."
     if name not in MODELS: raise LegalnbError(f'unknown model {name!r}; choose from {", ".join(MODELS)}')
     return MODELS[name]
+
+CONFIG_CONTRACT = ('to_dict', 'from_dict', 'matmul_flops_per_token', 'flops_per_token')   # and the two fields
+MODEL_CONTRACT = ('forward', 'num_params', 'generate', 'save', 'load')
+
+def check_contract(spec: ModelSpec):
+    "Refuse a spec whose config or model class lacks part of the contract, naming what is missing; classes named "
+    "by import path are checked when they are first imported, so registering one imports nothing."
+    raw = lambda name: object.__getattribute__(spec, name)
+    missing = []
+    if not isinstance(raw('config_class'), str):
+        fields_ = {f.name for f in fields(spec.config_class)} if is_dataclass(spec.config_class) else set()
+        missing += [f'{spec.config_class.__name__}.{n}' for n in ('vocab_size', 'max_seq_len') if n not in fields_]
+        missing += [f'{spec.config_class.__name__}.{n}()' for n in CONFIG_CONTRACT if not hasattr(spec.config_class, n)]
+    if not isinstance(raw('model_class'), str):
+        missing += [f'{spec.model_class.__name__}.{n}()' for n in MODEL_CONTRACT if not hasattr(spec.model_class, n)]
+    if missing:
+        raise LegalnbError(f'model {spec.name!r} does not meet the contract of legalnb.models: it lacks '
+                           f'{", ".join(missing)}; see "The contract" in the models notebook')
 
 def register(spec: ModelSpec,         # the new architecture
              replace: bool = False,   # allow replacing a registered spec of the same name
@@ -121,6 +141,7 @@ def register(spec: ModelSpec,         # the new architecture
         raise LegalnbError(f'model name {spec.name!r}: use letters, digits and underscores (it is a CLI value)')
     if spec.name in MODELS and not replace:
         raise LegalnbError(f'model {spec.name!r} is already registered; pass replace=True to change it')
+    check_contract(spec)
     MODELS[spec.name] = spec
     return spec
 

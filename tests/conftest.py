@@ -8,15 +8,19 @@ import numpy as np
 import pytest
 
 from legalnb.data import split
+from legalnb.models import MODELS, get_model
+from legalnb.train import SHAPE_FLAGS
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': str(ROOT)}  # child processes: one thread, this checkout
-ARCHITECTURES = ('resonance', 'gpt')  # every registered model goes through the same trainer tests
+ARCHITECTURES = tuple(MODELS)  # every registered model goes through the same trainer tests
 
 def shape(model: str) -> list[str]:
-    "`legalnb train` flags for a tiny model of architecture `model`."
-    extra = {'resonance': ['--num-frequencies', '4'], 'gpt': ['--model-overrides', 'num_heads=2']}[model]
-    return ['--model', model, '--dim', '16', '--num-layers', '1', *extra]
+    "`legalnb train` flags for the tiny shape the registry gives architecture `model` (`ModelSpec.tiny`)."
+    tiny = get_model(model).tiny
+    flags = [x for k, v in tiny.items() if k in SHAPE_FLAGS for x in (f'--{k.replace("_", "-")}', str(v))]
+    rest = [f'{k}={v}' for k, v in tiny.items() if k not in SHAPE_FLAGS]
+    return ['--model', model, *flags, *(['--model-overrides', *rest] if rest else [])]
 
 def make_split(root: Path, rows=96, seq_len=16, vocab=32, seed=0) -> Path:
     "A corpus of counting rows in two shards, split into train/ and val/ by the data stage."
