@@ -115,7 +115,7 @@ class Facts(NamedTuple):
     doc_type: str = 'other'
     chars: int = 0               # the text's length in characters
     lang: str = ''
-    subjects: list[str] = []
+    subjects: tuple | list = ()  # its subject descriptors
     title: str = ''
     start: str = ''              # the start of the text that the topic search reads
     celex: str = ''
