@@ -14,7 +14,7 @@ from .core import output_folder, record_written, remove_owned
 
 # %% auto #0
 __all__ = ['QUICKSTART_PROMPT', 'QUICKSTART_OUTPUTS', 'usage', 'main', 'exit_process', 'console', 'prepare_workdir',
-           'h100_estimate', 'write_quickstart_report', 'quickstart', 'quickstart_main']
+           'h100_estimate', 'write_quickstart_report', 'quickstart_plan', 'quickstart', 'quickstart_main']
 
 # %% ../nbs/10_cli.ipynb #3aaa7b0c
 def usage() -> str:
@@ -151,6 +151,19 @@ def write_quickstart_report(wd: Path, summary: dict, sample: str, vocab_size: in
     return wd/'report.md'
 
 # %% ../nbs/10_cli.ipynb #c676210a
+def quickstart_plan(docs: int, vocab_size: int, seq_len: int, steps: int, dim: int, batch_size: int,
+                    device: str) -> dict:
+    "The quickstart's plan for `legalnb run`: every stage at the quickstart's sizes, as a plan file would give them."
+    return {'select': dict(target_tokens='2M'),
+            'build-corpus': dict(seq_len=seq_len, shards=4, train_tokenizer=vocab_size, val_docs=0.05,
+                                 val_min_acts=max(1, min(20, docs // 10)), seed=0),   # a tiny demo: a tenth at most
+            'train': dict(dim=dim, num_layers=2, num_frequencies=16, batch_size=batch_size, max_steps=steps, lr=3e-3,
+                          warmup_steps=max(1, steps // 10), eval_every=max(1, steps // 3), eval_batches=8,
+                          log_every=max(1, steps // 30), save_every=steps, num_workers=0, device=device, seed=0,
+                          cpu_threads=1),   # tiny models: 27x faster on 1 thread than 2 on a busy 2-core CPU
+            'evaluate': dict(device=device, seed=0, citations=200, samples=1),
+            'split': dict(seed=0)}
+
 def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
                docs: int = 200,          # sample publications
                vocab_size: int = 1024,   # BPE vocabulary to train
@@ -175,19 +188,12 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
         print(f'\n[sample] a synthetic Formex corpus of {docs} publications', flush=True)
         if sample_main([str(wd/'sample'), '--docs', str(docs)]):
             raise LegalnbError('quickstart: the sample stage failed; see its messages above')
-        # the sample plan: every stage of `legalnb run`, at the quickstart's sizes
-        flags = ['--target-tokens', '2M', '--seq-len', seq_len, '--shards', 4, '--train-tokenizer', vocab_size,
-                 '--val-docs', 0.05, '--val-min-acts', max(1, min(20, docs // 10)),  # a tiny demo: a tenth at most
-                 '--dim', dim, '--num-layers', 2, '--num-frequencies', 16,
-                 '--batch-size', batch_size, '--max-steps', steps, '--lr', 3e-3, '--warmup-steps', max(1, steps // 10),
-                 '--eval-every', max(1, steps // 3), '--eval-batches', 8, '--log-every', max(1, steps // 30),
-                 '--save-every', steps, '--num-workers', 0, '--device', device, '--seed', 0, '--citations', 200,
-                 '--samples', 1, '--cpu-threads', 1]  # tiny models: 27x faster on 1 thread than 2 on a busy 2-core CPU
+        plan = quickstart_plan(docs, vocab_size, seq_len, steps, dim, batch_size, device)
         top = dict(input=[str(wd/'sample')], out=str(wd), preset='none', model='resonance', size='small',
                    baseline=None if baseline == 'none' else baseline)
         opts = dict(yes=True, resume=False, max_cost=None, deadline=None, price_per_hour=GPU_HOUR_PRICE, stage_to=None,
                     argv=[], ours=('sample', 'compare', '.legalnb-quickstart'), hold=held.enter_context)
-        run_plan(None, top, [str(f) for f in flags], opts)
+        run_plan(plan, top, [], opts)
         summary = read_json(wd/'run'/'summary.json', 'a run summary')
         r = read_json(wd/'eval'/'eval.json', 'an evaluation')
         secs = {s: read_record(wd, s).get('seconds') or 0

@@ -13,8 +13,8 @@ from .core import GPU_HOUR_PRICE, read_json, parse_number
 
 # %% auto #0
 __all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'RUN_DEFAULTS', 'PLAN_TEMPLATE', 'WORK_NAMES', 'write_plan', 'stage_parser',
-           'stage_flags', 'read_plan', 'cli_overrides', 'Stage', 'build_stages', 'check_plan', 'fingerprint',
-           'read_record', 'write_record', 'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines',
+           'stage_flags', 'read_plan', 'check_plan_keys', 'cli_overrides', 'Stage', 'build_stages', 'check_plan',
+           'fingerprint', 'read_record', 'write_record', 'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines',
            'training_estimate', 'confirm', 'staged_files', 'stage_split', 'run_plan', 'reference_lines',
            'write_run_report', 'run_plan_command', 'run_parser', 'run_main']
 
@@ -102,9 +102,10 @@ def _argv(stage: str, section: dict, where: str) -> list[str]:
     return argv
 
 # %% ../nbs/14_run.ipynb #236fc93a
-def read_plan(path: str | Path | None) -> tuple[dict, Path]:
-    "The plan in a YAML file (or an empty one) and the folder its relative paths start from."
+def read_plan(path: str | Path | dict | None) -> tuple[dict, Path]:
+    "The plan in a YAML file (or given as a dict, or an empty one) and the folder its relative paths start from."
     if path is None: return {}, Path('.')
+    if isinstance(path, dict): return check_plan_keys(dict(path), 'plan'), Path('.')
     import yaml
     path = Path(path)
     try: raw = yaml.safe_load(path.read_text(encoding='utf-8')) or {}
@@ -115,6 +116,10 @@ def read_plan(path: str | Path | None) -> tuple[dict, Path]:
         raise LegalnbError(f'{path}: not valid YAML ({f"line {mark.line + 1}: " if mark else ""}'
                            f'{getattr(e, "problem", None) or e})') from None
     if not isinstance(raw, dict): raise LegalnbError(f'{path}: expected a mapping (input:, out:, parse:, ...)')
+    return check_plan_keys(raw, path), path.parent
+
+def check_plan_keys(raw: dict, path) -> dict:
+    "A plan's keys and sections as `legalnb run` reads them; an unknown one named with where it is (`path`)."
     sections = {*TOP, *STAGES, 'finetune', 'stage2'}
     if bad := sorted(map(str, set(raw) - sections)):
         raise LegalnbError(f'{path}: unknown key(s) {", ".join(bad)}; a plan has {", ".join(sorted(sections))} '
@@ -128,7 +133,7 @@ def read_plan(path: str | Path | None) -> tuple[dict, Path]:
                                'finetune: (a Hugging Face model), the flags of each')
         if v is None: raw['stage2'][k] = {}
         elif not isinstance(v, dict): raise LegalnbError(f'{path}: stage2.{k}: expected a mapping of flag: value')
-    return raw, path.parent
+    return raw
 
 # %% ../nbs/14_run.ipynb #1788a77b
 def cli_overrides(rest: list[str]) -> dict[str, dict]:
