@@ -138,8 +138,9 @@ class Recency(Rule):
     "The act's year: the points of the first band whose start year it reaches; 0 when older or undated."
     name = 'recency'
     def points(self, docs, rules):
-        def one(when): return next((p for year, p in rules.recency if when.year >= year), 0) if when else 0
-        return [one(d.date) for d in docs]
+        by_year = {year: next((p for start, p in rules.recency if year >= start), 0)   # a few years a batch
+                   for year in {d.date.year for d in docs if d.date}} | {None: 0}
+        return [by_year[d.date and d.date.year] for d in docs]
     def highest(self, rules): return max((p for _, p in rules.recency), default=0)
     def line(self, rules): return ' · '.join(f'{y}+ {p}' for y, p in rules.recency) + ' · older or undated 0'
 
@@ -156,7 +157,11 @@ class Length(Rule):
     "The text's length: the points of the first band whose bound it exceeds; 0 for short texts."
     name = 'length'
     def points(self, docs, rules):
-        return [next((p for more_than, p in rules.length if d.chars > more_than), 0) for d in docs]
+        def one(chars):
+            for more_than, p in rules.length:
+                if chars > more_than: return p
+            return 0
+        return [one(d.chars) for d in docs]
     def highest(self, rules): return max((p for _, p in rules.length), default=0)
     def line(self, rules):
         return 'characters ' + ' · '.join(f'> {n:,}: {p}' for n, p in rules.length) + ' · shorter: 0'
