@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from legalnb.core import LegalnbError, command_parser
+from legalnb.core import markdown_table as core_markdown_table
 
 
 def cpu_name() -> str:
@@ -54,18 +55,9 @@ def header(script: str, *packages: str) -> None:
     print(f'# {hardware(*packages)}')
 
 
-def markdown_table(columns: list[str],       # the header cells
-                   rows: list[list],         # one list of cells per row (None prints as an empty cell)
-                   align: str | None = None  # 'l' or 'r' per column; default: the first left, the others right
-                   ) -> str:
-    "A markdown table with its columns padded, so that it reads as well in a terminal as rendered."
-    align = align or 'l' + 'r' * (len(columns) - 1)
-    cells = [[str(c) for c in columns]] + [['' if c is None else str(c) for c in r] for r in rows]
-    width = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-    def line(r):
-        return '| ' + ' | '.join(c.ljust(w) if a == 'l' else c.rjust(w) for c, w, a in zip(r, width, align)) + ' |'
-    rule = '|' + '|'.join('-' * (w + 1) + ':' if a == 'r' else '-' * (w + 2) for w, a in zip(width, align)) + '|'
-    return '\n'.join([line(cells[0]), rule] + [line(r) for r in cells[1:]])
+def markdown_table(columns: list[str], rows: list[list], align: str | None = None) -> str:
+    "`legalnb.core.markdown_table`, a None cell printed empty."
+    return core_markdown_table(columns, rows, align, empty='')
 
 
 def run(main: Callable,               # the script's function: its parameters, with their comments, are the flags

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from .core import (GPU_HOUR_PRICE, LegalnbError, atomic_write, format_duration, read_json, refuse_foreign_files,
-                          refuse_overwriting_inputs, refuse_unowned)
+from .core import (GPU_HOUR_PRICE, LegalnbError, atomic_write, format_duration, markdown_table, read_json,
+                          refuse_foreign_files, refuse_overwriting_inputs, refuse_unowned)
 from .evaluate import (AGAINST_FILES, BOOTSTRAP, GROUPS, HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS, REPORT_FILES,
                               RETAINED_FILES, bootstrap_estimate, clear_other_modes, evaluate, harness_scores,
                               load_eval_model, lora_base, model_kind, read_general, read_heldout, suite_tasks,
@@ -192,7 +192,6 @@ def against_rows(c: dict, groups: tuple[str, ...] = tuple(GROUPS)) -> list[list[
 
 def against_table(c: dict, groups: tuple[str, ...] = tuple(GROUPS)) -> str:
     "The comparison as a table (markdown, padded: it reads as plain text too)."
-    from legalnb.compare import markdown_table
     return markdown_table(['', 'model [95% interval]', 'reference [95% interval]', 'change [95% interval]', 'verdict'],
                           against_rows(c, groups))
 
@@ -272,7 +271,6 @@ def write_against(c: dict, out: str | Path) -> list[Path]:
 # %% ../nbs/11a_against.ipynb #d4a432b1
 def retained_table(r: dict, facts: dict | None = None) -> str:
     "The share of the full run's gain the fast run kept, per language and for citations; then each run's time, cost."
-    from legalnb.compare import markdown_table
     def row(label, s, kind='bpb'):
         return [label, _fmt(s['base'], None, kind), _fmt(s['fast'], None, kind), _fmt(s['full'], None, kind),
                 '-' if s['share'] is None else f"{s['share']:.0%}" + (

@@ -10,16 +10,16 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Iterator, Literal
 
-from .core import (LegalnbError, PRECISIONS, atomic_write, format_duration, parse_number, read_json,
-                   refuse_foreign_files, refuse_overwriting_inputs, run_command)
+from .core import (LegalnbError, PRECISIONS, atomic_write, format_duration, markdown_table, parse_number,
+                          read_json, refuse_foreign_files, refuse_overwriting_inputs, run_command)
 from .models import MODELS, get_model
 
 # %% auto #0
 __all__ = ['BUDGET_KINDS', 'LR_FACTORS', 'WARMUP_SHARE', 'PLAN', 'STATE', 'REPORT', 'RESULTS', 'PLOTS', 'parse_models',
            'parse_budget', 'model_overrides', 'model_facts', 'seconds_per_step', 'split_bytes_per_token',
            'check_settings', 'plan_comparison', 'load_or_plan', 'run_config', 'run_status', 'peak_memory', 'train_run',
-           'run_curve', 'loss_at', 'summarize_comparison', 'markdown_table', 'comparison_table', 'sweep_table',
-           'sweep_notes', 'plot_curves', 'write_comparison', 'compare_models', 'compare_command', 'compare_main']
+           'run_curve', 'loss_at', 'summarize_comparison', 'comparison_table', 'sweep_table', 'sweep_notes',
+           'plot_curves', 'write_comparison', 'compare_models', 'compare_command', 'compare_main']
 
 # %% ../nbs/12_compare.ipynb #cec56b76
 BUDGET_KINDS = ('tokens', 'flops', 'seconds')
@@ -277,14 +277,6 @@ def _human(n: float | None) -> str:
     for div, suf in ((1e12, 'T'), (1e9, 'B'), (1e6, 'M'), (1e3, 'k')):
         if abs(n) >= div: return f'{n / div:.3g}{suf}'
     return f'{n:.3g}'
-
-def markdown_table(columns: list[str], rows: list[list]) -> str:
-    "A markdown table, columns padded; the first column left-aligned, the others right."
-    cells = [columns] + [['-' if c is None else str(c) for c in r] for r in rows]
-    w = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-    line = lambda r: '| ' + ' | '.join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)) + ' |'
-    return '\n'.join([line(cells[0]), '|' + '|'.join('-' * (x + 2) if i == 0 else '-' * (x + 1) + ':'
-                                                       for i, x in enumerate(w)) + '|'] + [line(r) for r in cells[1:]])
 
 def comparison_table(result: dict, timing: bool = True) -> str:
     "The models side by side: best lr, parameters, held-out loss and bits per byte at equal tokens (and time)."

@@ -14,12 +14,12 @@ from fastcore.docments import docments
 # %% auto #0
 __all__ = ['GPU_HOUR_PRICE', 'NUMBER_EXAMPLES', 'PRECISIONS', 'OWNED', 'OWNED_FORMAT', 'LOCK', 'COMMANDS', 'LegalnbError',
            'atomic_write', 'jsonl_record', 'jsonl_records', 'read_json', 'parse_number', 'parse_count',
-           'format_duration', 'resolve_precision', 'cuda_capability', 'usable_cores', 'loader_workers',
-           'available_memory', 'refuse_oversized', 'libc', 'trim_memory', 'refuse_overwriting_inputs', 'bookkeeping',
-           'foreign_files', 'refuse_foreign_files', 'folder_files', 'owned_files', 'unowned_stamps', 'record_written',
-           'remove_owned', 'lock_path', 'holder_alive', 'folder_lock', 'followed', 'refuse_unowned', 'output_folder',
-           'own_command', 'own_main', 'CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command',
-           'Command', 'command_main', 'command_flags']
+           'format_duration', 'markdown_table', 'resolve_precision', 'cuda_capability', 'usable_cores',
+           'loader_workers', 'available_memory', 'refuse_oversized', 'libc', 'trim_memory', 'refuse_overwriting_inputs',
+           'bookkeeping', 'foreign_files', 'refuse_foreign_files', 'folder_files', 'owned_files', 'unowned_stamps',
+           'record_written', 'remove_owned', 'lock_path', 'holder_alive', 'folder_lock', 'followed', 'refuse_unowned',
+           'output_folder', 'own_command', 'own_main', 'CommandParser', 'command_parser', 'Output', 'run_writing',
+           'run_command', 'Command', 'command_main', 'command_flags']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -147,6 +147,20 @@ def format_duration(seconds: float | None) -> str:
     if seconds < 5400: return f'{seconds / 60:.1f} min'
     if seconds < 4 * 86400: return f'{seconds / 3600:.1f} h'
     return f'{seconds / 86400:.1f} d'
+
+# %% ../nbs/00_core.ipynb #bac75f20
+def markdown_table(columns: list[str],        # the header cells
+                   rows: list[list],          # one list of cells a row
+                   align: str | None = None,  # 'l' or 'r' a column; default: the first left, the others right
+                   empty: str = '-') -> str:  # what a None cell prints
+    "A markdown table with its columns padded."
+    align = align or 'l' + 'r' * (len(columns) - 1)
+    cells = [[str(c) for c in columns]] + [[empty if c is None else str(c) for c in r] for r in rows]
+    width = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    def line(r):
+        return '| ' + ' | '.join(c.ljust(w) if a == 'l' else c.rjust(w) for c, w, a in zip(r, width, align)) + ' |'
+    rule = '|' + '|'.join('-' * (w + 1) + ':' if a == 'r' else '-' * (w + 2) for w, a in zip(width, align)) + '|'
+    return '\n'.join([line(cells[0]), rule] + [line(r) for r in cells[1:]])
 
 # %% ../nbs/00_core.ipynb #31c4c618
 PRECISIONS = ('auto', 'bf16', 'fp16', 'fp32')
