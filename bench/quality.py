@@ -1,7 +1,7 @@
 """Quality at equal tokens and at equal time: every model against the GPT baseline on legal text, in bits per byte
 on held-out acts, with bootstrap intervals over those acts.
 
-The text: `--data sample` (the generated sample, `legalnb.sources.write_sample`), or any real legal text the user
+The text: `--data sample` (the generated sample, `legalnb.sample.write_sample`), or any real legal text the user
 has: a folder of Formex publications, a parsed JSONL (`legalnb parse` output) or a folder of them
 (`legalnb.sources.read_documents` reads them all). Acts are held out whole: every language and consolidated version
 of one act (its base CELEX) falls on the same side, chosen by a hash of the CELEX (`--held-out` of the acts, at least

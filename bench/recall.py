@@ -10,7 +10,7 @@ Single-key recall: `legalnb.resonance.recall_task(key_pos=None)`: one of 8 keys 
 of the row, asked at the last position (chance 12.5%).
 
 Held-out loss: the same models trained as byte-level language models on the generated sample
-(`legalnb.sources.write_sample`, 60 documents, the last 8 held out whole), packed with an EOS byte after each
+(`legalnb.sample.write_sample`, 60 documents, the last 8 held out whole), packed with an EOS byte after each
 document and `doc_starts` after every EOS (each model resets or masks at them), on random windows of `--loss-lengths`
 bytes; the loss is the mean over fixed held-out windows. `--loss-data FOLDER` does the same on real EUR-Lex text:
 the acts of the Formex publications in FOLDER, the newest held out whole (`../shared/fixtures/formex`: trained on

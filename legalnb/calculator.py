@@ -537,7 +537,7 @@ def compare(predicted: Estimate | float,  # an Estimate with a time, or seconds
     return Comparison(p, measured)
 
 # %% ../nbs/08_calculator.ipynb #736ae236
-def calibration_from_metrics(records: list[dict],  # step records: legalnb.train.read_metrics(run/'metrics.jsonl')
+def calibration_from_metrics(records: list[dict],  # step records: legalnb.metrics.read_metrics(run/'metrics.jsonl')
                              skip: int = 1          # leading log intervals to drop as warm-up
                             ) -> Calibration:
     "A `Calibration` from the trainer's step records, the first `skip` intervals excluded."
