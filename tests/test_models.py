@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from legalnb.core import LegalnbError
-from legalnb.models import MODELS, ModelSpec, get_model, load_model, register
+from legalnb.models import MODELS, ModelSpec, get_model, load_model, next_token, register
 
 
 def test_importing_the_registry_imports_no_model_code():
@@ -133,6 +133,14 @@ class ToyModel(nn.Module):
 
     def num_params(self, non_embedding=False):
         return sum(p.numel() for p in self.parameters()) - (self.emb.weight.numel() if non_embedding else 0)
+
+    @torch.no_grad()
+    def generate(self, input_ids, max_new_tokens, temperature=1.0, top_k=None, generator=None, **_):
+        "The rule every model samples with, over the whole context each token."
+        for _ in range(max_new_tokens):
+            step = next_token(self(input_ids)[:, -1].float(), temperature, top_k, generator)
+            input_ids = torch.cat([input_ids, step], dim=1)
+        return input_ids
 
     def save(self, directory):
         Path(directory).mkdir(parents=True, exist_ok=True)
