@@ -9,18 +9,19 @@ from pathlib import Path
 from typing import Callable
 
 from .core import (GPU_HOUR_PRICE, LegalnbError, atomic_write, format_duration, markdown_table, read_json,
-                          refuse_foreign_files, refuse_overwriting_inputs, refuse_unowned)
-from .evaluate import (AGAINST_FILES, BOOTSTRAP, GROUPS, HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS, REPORT_FILES,
-                              RETAINED_FILES, bootstrap_estimate, clear_other_modes, evaluate, harness_scores,
-                              load_eval_model, lora_base, model_kind, read_general, read_heldout, suite_tasks,
-                              write_evaluation,
+                          refuse_foreign_files, refuse_overwriting_inputs, refuse_unowned, run_writing)
+from .models import model_kind
+from .evaluate import (AGAINST_FILES, BOOTSTRAP, EVALUATE_OUTPUTS, GROUPS, HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS,
+                              REPORT_FILES, RETAINED_FILES, bootstrap_estimate, check_evaluate_settings,
+                              clear_other_modes, evaluate, evaluate_command, evaluate_parser, harness_scores,
+                              load_eval_model, lora_base, read_general, read_heldout, suite_tasks, write_evaluation,
                               written_by_evaluate)
 
 # %% auto #0
 __all__ = ['AGAINST_FORMAT', 'RETAINED_FORMAT', 'NO_DIFFERENCE', 'verdict', 'change', 'check_comparable', 'compare_evaluations',
            'share', 'retained', 'run_facts', 'against_rows', 'against_table', 'against_figure', 'against_markdown',
            'against_lines', 'write_against', 'retained_table', 'retained_figure', 'write_retained', 'reference_of',
-           'declared_context', 'against_command', 'retained_command']
+           'declared_context', 'against_command', 'retained_command', 'against_main']
 
 # %% ../nbs/11a_against.ipynb #6c18f9dd
 AGAINST_FORMAT = 'legalnb.against/1'                  # the schema of against.json
@@ -395,6 +396,7 @@ def _is_base(model: Path, ref: Path, o: dict) -> bool:
 
 def against_command(**o) -> int:
     "`legalnb evaluate MODEL --against [REF]` and `legalnb evaluate --retained BASE FAST FULL`."
+    check_evaluate_settings(o)
     if o['retained']: return retained_command(**o)
     if o['model'] is None: raise LegalnbError('--against compares MODEL with a reference: give MODEL')
     if o['export_lm_eval'] or o['harness']:
@@ -432,3 +434,9 @@ def retained_command(**o) -> int:
     else: print(f"{retained_table(r, facts)}\n\nwrote {out/'retained.md'}, {out/'retained.json'}, "
                 f"{out/'retained.png'} and each run's eval.md in {out}/base, fast, full")
     return 0
+
+def against_main(argv: list[str]) -> int:
+    "`legalnb evaluate`, every mode: MODEL alone (`evaluate_command`), `--against [REF]` or `--retained B F F` (here)."
+    o = vars(evaluate_parser().parse_args(list(map(str, argv))))
+    several = o['against'] is not None or o['retained']
+    return run_writing(against_command if several else evaluate_command, o, 'legalnb evaluate', EVALUATE_OUTPUTS)

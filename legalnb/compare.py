@@ -4,14 +4,16 @@
 
 # %% ../nbs/12_compare.ipynb #bddf79df
 from __future__ import annotations
-import json, math, resource
+import argparse, json, math, resource
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import Iterator, Literal
 
-from .core import (LegalnbError, PRECISIONS, atomic_write, format_duration, markdown_table, parse_number,
-                          read_json, refuse_foreign_files, refuse_overwriting_inputs, run_command)
+from fastcore.docments import docments
+from .core import (LegalnbError, PRECISIONS, atomic_write, command_parser, format_duration, markdown_table,
+                          parse_number, read_json, refuse_foreign_files, refuse_overwriting_inputs, run_writing)
+from .core import Output
 from .models import MODELS, get_model
 
 # %% auto #0
@@ -19,7 +21,7 @@ __all__ = ['BUDGET_KINDS', 'LR_FACTORS', 'WARMUP_SHARE', 'PLAN', 'STATE', 'REPOR
            'parse_budget', 'model_overrides', 'model_facts', 'seconds_per_step', 'split_bytes_per_token',
            'check_settings', 'plan_comparison', 'load_or_plan', 'run_config', 'run_status', 'peak_memory', 'train_run',
            'run_curve', 'loss_at', 'summarize_comparison', 'comparison_table', 'sweep_table', 'sweep_notes',
-           'plot_curves', 'write_comparison', 'compare_models', 'compare_command', 'compare_main']
+           'plot_curves', 'write_comparison', 'compare_models', 'compare_command', 'compare_parser', 'compare_main']
 
 # %% ../nbs/12_compare.ipynb #cec56b76
 BUDGET_KINDS = ('tokens', 'flops', 'seconds')
@@ -386,8 +388,6 @@ def compare_command(data: str = None,                 # split folder from `legal
                     size: str = 'small',              # named size of every model
                     dim: int = None,                  # override the width (every model with a `dim`)
                     num_layers: int = None,           # override the number of blocks
-                    num_frequencies: int = None,      # override ResonanceNet's resonances per channel
-                    num_heads: int = None,            # override the transformer's attention heads
                     budget: str = '2M',               # per run, in --budget-kind units: 2M tokens, 1e15 FLOPs, 600 s
                     budget_kind: Literal[BUDGET_KINDS] = 'tokens',  # what the budget counts
                     lr: float = 1e-3,                 # base learning rate; each model tries it x each --lr-factors
@@ -401,9 +401,10 @@ def compare_command(data: str = None,                 # split folder from `legal
                     precision: Literal[PRECISIONS] = 'auto',  # auto: bf16 on cc >= 8.0, fp16 below, fp32 on CPU
                     device: Literal['auto', 'cuda', 'cpu'] = 'auto',  # auto: cuda when a GPU is visible
                     cpu_threads: int = None,          # torch's CPU threads (1 suits tiny models)
-                    progress: bool = True):           # the trainer's progress lines
+                    progress: bool = True,            # the trainer's progress lines
+                    **shape):                         # each model's own shape flags (`compare_parser`): num_heads=2
     "Train several models on the same data, tokens and budget with a small learning-rate sweep each; compare them."
-    over = dict(dim=dim, num_layers=num_layers, num_frequencies=num_frequencies, num_heads=num_heads)
+    over = dict(dim=dim, num_layers=num_layers, **shape)
     r = compare_models(data, parse_models(models), size, over, budget, budget_kind, lr, lr_factors, batch_size,
                        eval_points, eval_batches, out, resume, seed, precision, device, cpu_threads, progress)
     print('\n' + comparison_table(r) + '\n\n' + sweep_table(r))
@@ -411,6 +412,21 @@ def compare_command(data: str = None,                 # split folder from `legal
     print(f"\nwrote {Path(out)/REPORT}, {Path(out)/RESULTS}, {', '.join(str(Path(out)/p) for p in PLOTS)}")
     return 0
 
+def compare_parser() -> argparse.ArgumentParser:
+    "`legalnb compare`'s flags: its own, then every registered model's shape flags (`ModelSpec.shape_flags`), each "
+    "with its config field's comment."
+    p = command_parser(compare_command, 'legalnb compare', skip=('shape',))
+    whole = p._option_string_actions['--num-layers'].type   # the same whole-number reading (2,000, 1e3)
+    owners = {}
+    for spec in MODELS.values():
+        for f in spec.shape_flags: owners.setdefault(f, []).append(spec)
+    for f, specs in owners.items():
+        what = docments(specs[0].config_class).get(f) or f
+        p.add_argument('--' + f.replace('_', '-'), type=whole, default=None,
+                       help=f'override {", ".join(s.name for s in specs)}: {what}')
+    return p
+
 def compare_main(argv: list[str]) -> int:
-    from legalnb.core import Output
-    return run_command(compare_command, argv, 'legalnb compare', [Output(check=False)])   # its plan and names decide
+    "`legalnb compare --data SPLIT [--models resonance,gpt] [--budget 2M] ...`."
+    args = vars(compare_parser().parse_args(list(map(str, argv))))
+    return run_writing(compare_command, args, 'legalnb compare', [Output(check=False)])   # its plan and names decide

@@ -17,13 +17,14 @@ from fastcore.meta import delegates
 from tqdm.auto import tqdm
 from .core import LegalnbError, loader_workers, read_json, refuse_overwriting_inputs, run_command
 from .core import Output, bookkeeping, followed
+from .models import get_model
 
 # %% auto #0
-__all__ = ['ROWS_INDEX', 'ID_CAP', 'CHUNK_TOKENS', 'NOMINAL_PARAMS', 'TOKENS_PER_PARAM', 'MAX_GOOD_EPOCHS', 'SPLIT_MODES',
-           'read_npy_header', 'open_rows', 'Segment', 'manifest_path', 'read_manifest', 'data_files', 'list_sources',
-           'find_segments', 'PretokenizedDataset', 'shift_pair', 'doc_starts_file', 'read_doc_starts', 'doc_start_mask',
-           'StepSampler', 'make_loader', 'FileCheck', 'ValidationReport', 'validate', 'model_params', 'recommend',
-           'format_recommendations', 'split', 'validate_command', 'validate_main', 'split_command', 'split_main']
+__all__ = ['ROWS_INDEX', 'ID_CAP', 'CHUNK_TOKENS', 'TOKENS_PER_PARAM', 'MAX_GOOD_EPOCHS', 'SPLIT_MODES', 'read_npy_header',
+           'open_rows', 'Segment', 'manifest_path', 'read_manifest', 'data_files', 'list_sources', 'find_segments',
+           'PretokenizedDataset', 'shift_pair', 'doc_starts_file', 'read_doc_starts', 'doc_start_mask', 'StepSampler',
+           'make_loader', 'FileCheck', 'ValidationReport', 'validate', 'recommend', 'format_recommendations', 'split',
+           'validate_command', 'validate_main', 'split_command', 'split_main']
 
 # %% ../nbs/03_data.ipynb #b0a87c08
 def read_npy_header(path: Path) -> tuple[tuple, np.dtype, int]:
@@ -546,36 +547,27 @@ def to_json(self: ValidationReport) -> dict:
     return {**asdict(self), 'seq_len': self.seq_len, 'ok': self.ok, 'problems': self.problems}
 
 # %% ../nbs/03_data.ipynb #e6234679
-NOMINAL_PARAMS = {'small': 50e6, 'medium': 200e6, 'large': 500e6, 'xlarge': 1e9}  # ResonanceNet sizes as promised
 TOKENS_PER_PARAM = 20   # Chinchilla (Hoffmann et al. 2022)
 MAX_GOOD_EPOCHS = 4     # repeated data stays nearly as good as new up to ~4 epochs (Muennighoff et al. 2023)
-
-def model_params(size: str, vocab_size: int | None, seq_len: int) -> tuple[float, str]:
-    "Parameters of a ResonanceNet size (positions up to `seq_len`) and where the number comes from."
-    try:
-        from legalnb.resonance import config_for, ResonanceLanguageModel
-        with torch.device('meta'):
-            model = ResonanceLanguageModel(config_for(size, vocab_size or 32768, max_seq_len=seq_len))
-        return float(model.num_params()), 'counted'
-    except Exception: return NOMINAL_PARAMS[size], 'nominal'  # the model stage is absent or changed its API
 
 # %% ../nbs/03_data.ipynb #cb44e064
 def recommend(tokens: int,                  # training tokens per epoch
               vocab_size: int | None = None,  # for the embedding's share of the parameters
               data: str = 'SPLIT',          # the split folder named in the commands
               batch_tokens: int = 262_144,  # tokens per optimizer step (ResonanceNet's fast preset), for --max-steps
-              seq_len: int = 3072) -> list[dict]:
+              seq_len: int = 3072,          # the rows' length: the position table's share
+              model: str = 'resonance') -> list[dict]:  # a registered architecture: its named sizes, counted
     "Model sizes against the token count: tokens wanted, epochs needed, verdict and the train command."
-    out = []
-    for size in NOMINAL_PARAMS:
-        params, how = model_params(size, vocab_size, seq_len)
+    out, spec = [], get_model(model)
+    for size in spec.sizes:
+        params = spec.count_params(size, vocab_size or 32768, seq_len)
         want = TOKENS_PER_PARAM * params
         epochs = want / max(tokens, 1)
         verdict = 'fits' if epochs <= 1 else 'fits with repeats' if epochs <= MAX_GOOD_EPOCHS else 'too little data'
         steps = math.ceil(min(want, MAX_GOOD_EPOCHS * tokens) / batch_tokens)
-        out.append(dict(size=size, params=params, params_from=how, tokens_wanted=want, epochs=epochs, verdict=verdict,
-                        command=f'legalnb train --data {data} --size {size} --preset fast --out runs/{size} '
-                                f'--max-steps {steps}'))
+        out.append(dict(size=size, params=params, tokens_wanted=want, epochs=epochs, verdict=verdict,
+                        command=f'legalnb train --data {data} --model {model} --size {size} --preset fast '
+                                f'--out runs/{size} --max-steps {steps}'))
     return out
 
 def format_recommendations(recs: list[dict]) -> str:

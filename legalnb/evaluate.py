@@ -22,21 +22,23 @@ from tqdm import tqdm
 from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, jsonl_records, read_json,
                    refuse_foreign_files, refuse_overwriting_inputs, resolve_precision, run_command)
 from .core import GPU_HOUR_PRICE, Output, refuse_oversized, refuse_unowned, run_writing
+from .models import load_native, model_kind, native_tokenizer
+from .export import TRUST_HINT, legalnb_remote_code
 
 # %% auto #0
-__all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'TRUST_HINT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS',
-           'ROUGE_PROMPT_CHARS', 'LEVEL', 'BOOTSTRAP', 'MIN_ACTS', 'GROUPS', 'FIGURES', 'GENERAL_BUILTIN',
-           'REPORT_FILES', 'LM_EVAL_TASKS', 'LM_EVAL_FILES', 'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES',
-           'RUN_DIRS', 'heldout_path', 'decade_of', 'read_heldout', 'EvalModel', 'load_native', 'model_kind',
-           'native_tokenizer', 'legalnb_remote_code', 'lora_base', 'load_eval_model', 'as_model', 'document_windows',
-           'position_buckets', 'bucket_label', 'document_batches', 'score_documents', 'metrics', 'grouped',
-           'generate_ids', 'TextStream', 'generate', 'extract_citations', 'citation_items', 'score_citations',
-           'LookupModel', 'summarize_citations', 'opening', 'generate_samples', 'rouge_l', 'rouge_openings',
-           'score_rouge', 'document_rows', 'citation_marks', 'resample_counts', 'unit_sums', 'bootstrap_estimate',
-           'add_intervals', 'general_texts', 'write_general_texts', 'read_general', 'score_general', 'evaluate',
-           'format_table', 'report_markdown', 'write_evaluation', 'evaluation_lines', 'write_lm_eval_tasks',
-           'run_harness', 'suite_tasks', 'harness_scores', 'written_by_evaluate', 'clear_other_modes',
-           'evaluate_command', 'evaluate_parser', 'evaluate_main', 'generate_command', 'generate_main']
+__all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'LEVEL',
+           'BOOTSTRAP', 'MIN_ACTS', 'GROUPS', 'FIGURES', 'GENERAL_BUILTIN', 'REPORT_FILES', 'LM_EVAL_TASKS',
+           'LM_EVAL_FILES', 'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'EVALUATE_OUTPUTS',
+           'heldout_path', 'decade_of', 'read_heldout', 'EvalModel', 'lora_base', 'load_eval_model', 'as_model',
+           'document_windows', 'position_buckets', 'bucket_label', 'document_batches', 'score_documents', 'metrics',
+           'grouped', 'generate_ids', 'TextStream', 'generate', 'extract_citations', 'citation_items',
+           'score_citations', 'LookupModel', 'summarize_citations', 'opening', 'generate_samples', 'rouge_l',
+           'rouge_openings', 'score_rouge', 'document_rows', 'citation_marks', 'resample_counts', 'unit_sums',
+           'bootstrap_estimate', 'add_intervals', 'general_texts', 'write_general_texts', 'read_general',
+           'score_general', 'evaluate', 'format_table', 'report_markdown', 'write_evaluation', 'evaluation_lines',
+           'write_lm_eval_tasks', 'run_harness', 'suite_tasks', 'harness_scores', 'written_by_evaluate',
+           'clear_other_modes', 'check_evaluate_settings', 'evaluate_command', 'evaluate_parser', 'evaluate_main',
+           'generate_command', 'generate_main']
 
 # %% ../nbs/11_evaluate.ipynb #76359c74
 EVAL_FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
@@ -110,90 +112,7 @@ class EvalModel:
         "The text of token ids (special tokens left out)."
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-# %% ../nbs/11_evaluate.ipynb #f1428122
-def load_native(path: str | Path) -> nn.Module:
-    "A native model saved by `legalnb train` (RUN/model), of the architecture its config.json records."
-    from legalnb.models import load_model, refuse_nonfinite
-    model = load_model(path)   # refused from config.json alone when it cannot fit (before anything is allocated)
-    refuse_nonfinite(model, Path(path)/'model.safetensors')
-    return model
-
-def _model_config(folder: Path) -> dict:
-    "The config.json of a folder, {} when there is none."
-    return read_json(folder/'config.json', 'a model config') if (folder/'config.json').is_file() else {}
-
-def model_kind(path: str | Path) -> tuple[str, Path]:
-    "What a folder holds: ('native', RUN/model), ('hf', folder) or ('lora', adapter); a finetune output's final/ too."
-    p = Path(path)
-    if not p.is_dir(): raise LegalnbError(f'{p}: no such folder; expected a run folder (legalnb train --out), '
-                                          'a Hugging Face model folder or a legalnb finetune output')
-    for q in (p, p/'final'):
-        if (q/'adapter_config.json').is_file(): return 'lora', q
-        if (q/'model'/'model.safetensors').is_file(): return 'native', q/'model'
-        cfg = _model_config(q)
-        if 'model_type' in cfg: return 'hf', q
-        if cfg and (q/'model.safetensors').is_file(): return 'native', q   # a model.save() folder
-    raise LegalnbError(f'{p}: not a model: expected RUN/model/ (legalnb train), config.json with a model_type '
-                       '(save_pretrained) or adapter_config.json (legalnb finetune --lora)')
-
-# %% ../nbs/11_evaluate.ipynb #33833bfa
-def _run_data(run: Path) -> list[Path]:
-    "Where the data folder of a native run may be: its config's `data`, as written and from where training ran."
-    found = []
-    for f in [run/'config.json', *sorted((run/'checkpoints').glob('step-*/config.json'), reverse=True)]:
-        try: cfg = json.loads(f.read_text(encoding='utf-8'))
-        except (OSError, ValueError): continue
-        cfg = cfg.get('config', cfg) if isinstance(cfg, dict) else {}
-        data, out = cfg.get('data'), cfg.get('out')
-        if not isinstance(data, str) or not data: continue
-        found.append(Path(data))
-        if isinstance(out, str) and out and not Path(out).is_absolute() and not Path(data).is_absolute():
-            base = run.resolve()   # training ran in the folder that `out` was relative to
-            for _ in Path(out).parts: base = base.parent
-            found.append(base/data)
-    return found
-
-def native_tokenizer(model_dir: Path, tokenizer: str | Path | None = None):
-    "A native model's tokenizer: `tokenizer`, else tokenizer.json beside the model, in its run or in its training data."
-    from legalnb.corpus import load_tokenizer
-    if tokenizer is not None: return load_tokenizer(tokenizer)
-    run = model_dir.parent
-    places = [model_dir, run, *_run_data(run)]
-    for p in places:
-        if (p/'tokenizer.json').is_file(): return load_tokenizer(p/'tokenizer.json')
-    raise LegalnbError(f'{run}: no tokenizer found (no tokenizer.json in {", ".join(map(str, places[:3]))}); '
-                       'pass --tokenizer TOKENIZER.json')
-
-# %% ../nbs/11_evaluate.ipynb #5c07958b
-TRUST_HINT = ('loading it would run that code: pass --trust-remote-code if you trust it, or export the model '
-              'again with `legalnb export`')
-
-def legalnb_remote_code(folder: Path,        # a Hugging Face model or tokenizer folder
-                        trust: bool = False  # --trust-remote-code: run whatever code the folder's auto_map names
-                       ) -> bool:
-    "Whether transformers may run the code of `folder` (its auto_map): legalnb export's own files, recognised by "
-    "their exact content, or any code with `trust`; other code is refused."
-    import hashlib
-    from legalnb.export import RESONANCE_AUTO_MAP, exported_code
-    maps = {f: read_json(folder/f, 'a model config').get('auto_map') for f in ('config.json', 'tokenizer_config.json')
-            if (folder/f).is_file()}
-    if not any(maps.values()): return False
-    if trust: return True
-    if maps.get('tokenizer_config.json'):   # legalnb export writes a plain fast tokenizer: no code of its own
-        raise LegalnbError(f'{folder/"tokenizer_config.json"}: its auto_map names tokenizer code legalnb did not '
-                           f'write; {TRUST_HINT}')
-    auto = maps['config.json']
-    if not isinstance(auto, dict) or any(RESONANCE_AUTO_MAP.get(k) != v for k, v in auto.items()):
-        raise LegalnbError(f'{folder/"config.json"}: its auto_map {json.dumps(auto)[:120]} names modelling code '
-                           f'legalnb did not write; {TRUST_HINT}')
-    for name, code in exported_code().items():
-        want = hashlib.sha256(code.encode('utf-8')).hexdigest()
-        got = hashlib.sha256((folder/name).read_bytes()).hexdigest() if (folder/name).is_file() else None
-        if got != want:   # by content, not by name: a file called like legalnb's may hold anything
-            raise LegalnbError(f'{folder/name}: ' + ('missing' if got is None else f'not the code legalnb export '
-                               f'writes (sha256 {got[:12]}..., legalnb writes {want[:12]}...)') + f'; {TRUST_HINT}')
-    return True
-
+# %% ../nbs/11_evaluate.ipynb #1bfc7a49
 def _hf_tokenizer(*folders: Path, trust: bool = False):
     "The transformers fast tokenizer saved in the first of `folders` that has one."
     from transformers import AutoTokenizer
@@ -1102,6 +1021,14 @@ def _export_tasks(docs: list[dict], folder: str, inputs: list, citations: int, s
     written = write_lm_eval_tasks(docs, folder, citations, seed)
     print(f'lm-eval tasks in {folder}: ' + ', '.join(p.name for p in written), file=sys.stderr if json else sys.stdout)
 
+def check_evaluate_settings(o: dict):
+    "The checks every mode of `legalnb evaluate` (one model, --against, --retained) makes of its settings first."
+    if o['data'] is None:
+        raise LegalnbError('--data is required: the held-out documents (heldout.jsonl, or its folder)')
+    for flag, least in (('batch_tokens', 1), ('max_new_tokens', 1), ('samples', 0), ('citations', 0), ('rouge', 0),
+                        ('bootstrap', 0)):
+        if o[flag] < least: raise LegalnbError(f'--{flag.replace("_", "-")} must be at least {least}, got {o[flag]}')
+
 def _check_target(model: str, data: str, out: str, harness: bool, lm_eval_tasks: list[str] | None):
     "Before the model loads: the suites exist, the harness gets a model it scores, --out is neither input nor not ours."
     if lm_eval_tasks: suite_tasks(lm_eval_tasks)   # a missing task file fails before the model loads
@@ -1140,15 +1067,10 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
                      price_per_hour: float = GPU_HOUR_PRICE,  # dollars per GPU-hour, for each --retained run's cost
                      trust_remote_code: bool = False):  # run the Python code a model folder names (auto_map)
     "Score a model on held-out acts: loss, perplexity, bits per byte, loss by position, citations, samples."
-    opts = dict(locals())
-    if data is None: raise LegalnbError('--data is required: the held-out documents (heldout.jsonl, or its folder)')
-    for flag, value, least in (('--batch-tokens', batch_tokens, 1), ('--max-new-tokens', max_new_tokens, 1),
-                               ('--samples', samples, 0), ('--citations', citations, 0), ('--rouge', rouge, 0),
-                               ('--bootstrap', bootstrap, 0)):
-        if value < least: raise LegalnbError(f'{flag} must be at least {least}, got {value}')
-    if against is not None or retained:   # two or three models: legalnb.against
-        from legalnb.against import against_command
-        return against_command(**opts)
+    check_evaluate_settings(locals())
+    if against is not None or retained:
+        raise LegalnbError('--against and --retained score two or three models: legalnb.against.against_command '
+                           'does (the legalnb evaluate command sends them there)')
     docs = read_heldout(data)
     gdocs = read_general(general) if general and general != 'none' else None
     if export_lm_eval: _export_tasks(docs, export_lm_eval, [data] + ([model] if model else []), citations, seed, json)
@@ -1185,12 +1107,13 @@ def evaluate_parser():
     acts['retained'].nargs, acts['retained'].metavar = 3, ('BASE', 'FAST', 'FULL')
     return p
 
+EVALUATE_OUTPUTS = (Output(ours=written_by_evaluate, check=False),   # checked after the arguments
+                    Output('export_lm_eval', '--export-lm-eval', ours=lambda p: str(p) in LM_EVAL_FILES, check=False))
+
 def evaluate_main(argv: list[str]) -> int:
-    "`legalnb evaluate RUN_OR_MODEL --data HELDOUT [--against [REF]] [--json] [--out DIR]`."
+    "`legalnb evaluate RUN_OR_MODEL --data HELDOUT [--json] [--out DIR]`: one model (`against_main` takes the rest)."
     return run_writing(evaluate_command, vars(evaluate_parser().parse_args(list(map(str, argv)))), 'legalnb evaluate',
-                       [Output(ours=written_by_evaluate, check=False),   # checked after the arguments
-                        Output('export_lm_eval', '--export-lm-eval', ours=lambda p: str(p) in LM_EVAL_FILES,
-                               check=False)])
+                       EVALUATE_OUTPUTS)
 
 # %% ../nbs/11_evaluate.ipynb #b5c60226
 def generate_command(model: str,                 # run folder, Hugging Face model folder or finetune output

@@ -19,10 +19,10 @@ from .core import LegalnbError, atomic_write, read_json
 from .models import next_token   # the one sampling rule of every model
 
 # %% auto #0
-__all__ = ['MODEL_SIZES', 'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length', 'ResonanceFilter',
-           'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention', 'taylor_features',
-           'linear_attention', 'read_by_content', 'linear_attention_step', 'short_conv_window', 'LinearAttention',
-           'gated_delta_rule', 'gated_delta_step', 'DeltaNet', 'ResonanceBlock', 'ResonanceNet',
+__all__ = ['MODEL_SIZES', 'LONG_CONTEXT', 'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length',
+           'ResonanceFilter', 'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention',
+           'taylor_features', 'linear_attention', 'read_by_content', 'linear_attention_step', 'short_conv_window',
+           'LinearAttention', 'gated_delta_rule', 'gated_delta_step', 'DeltaNet', 'ResonanceBlock', 'ResonanceNet',
            'ResonanceLanguageModel', 'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv',
            'causality_violation', 'config_for', 'ResonanceState', 'recall_task']
 
@@ -863,6 +863,18 @@ def config_for(size: str,        # one of MODEL_SIZES
     if size not in MODEL_SIZES:
         raise LegalnbError(f'unknown model size {size!r}; choose from {", ".join(MODEL_SIZES)}')
     return ResonanceConfig(vocab_size=vocab_size, **{**MODEL_SIZES[size], **overrides})
+
+# %% ../nbs/04_resonance.ipynb #ebf1848d
+_LONG = dict(seq_warmup_start=1024, seq_warmup_share=0.2, warmup_steps=0.05)
+LONG_CONTEXT: dict[str, dict] = {   # preset name: what ResonanceNet's preset is sized from (see legalnb.presets)
+    'fast': dict(**_LONG, seq_len=8192, batch_tokens=262_144, tokens_per_param=5, lr_factor=4 / 3,
+        why='A first long-context model: a quarter of the compute-optimal tokens at 8k context'),
+    'full': dict(**_LONG, seq_len=32_768, batch_tokens=524_288, tokens_per_param=20, lr_factor=1.0,
+        why="The quality baseline at ResonanceNet's real context: Chinchilla's 20 tokens per parameter at 32k"),
+    'aggressive': dict(**_LONG, seq_len=8192, batch_tokens=524_288, tokens_per_param=5, lr_factor=4 / 3 * math.sqrt(2),
+        why="fast's tokens in half the optimizer steps (batch doubled, LR × √2 by the square-root rule); trades "
+            'per-token efficiency and stability for fewer steps'),
+}
 
 # %% ../nbs/04_resonance.ipynb #0056f8f7
 @dataclass
