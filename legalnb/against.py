@@ -10,6 +10,7 @@ from typing import Callable
 
 from .core import (GPU_HOUR_PRICE, LegalnbError, atomic_write, format_duration, markdown_table, read_json,
                           refuse_foreign_files, refuse_overwriting_inputs, refuse_unowned, run_writing)
+from .core import command_settings
 from .models import model_kind
 from .evaluate import (AGAINST_FILES, BOOTSTRAP, EVALUATE_OUTPUTS, GROUPS, HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS,
                               REPORT_FILES, RETAINED_FILES, bootstrap_estimate, check_evaluate_settings,
@@ -21,7 +22,7 @@ from .evaluate import (AGAINST_FILES, BOOTSTRAP, EVALUATE_OUTPUTS, GROUPS, HF_DE
 __all__ = ['AGAINST_FORMAT', 'RETAINED_FORMAT', 'NO_DIFFERENCE', 'verdict', 'change', 'check_comparable', 'compare_evaluations',
            'share', 'retained', 'run_facts', 'against_rows', 'against_table', 'against_figure', 'against_markdown',
            'against_lines', 'write_against', 'retained_table', 'retained_figure', 'write_retained', 'reference_of',
-           'declared_context', 'against_command', 'retained_command', 'against_main']
+           'declared_context', 'against_command', 'retained_command', 'evaluate_run', 'against_main']
 
 # %% ../nbs/11a_against.ipynb #6c18f9dd
 AGAINST_FORMAT = 'legalnb.against/1'                  # the schema of against.json
@@ -435,8 +436,10 @@ def retained_command(**o) -> int:
                 f"{out/'retained.png'} and each run's eval.md in {out}/base, fast, full")
     return 0
 
-def against_main(argv: list[str]) -> int:
+def evaluate_run(settings: dict) -> int:
     "`legalnb evaluate`, every mode: MODEL alone (`evaluate_command`), `--against [REF]` or `--retained B F F` (here)."
-    o = vars(evaluate_parser().parse_args(list(map(str, argv))))
-    several = o['against'] is not None or o['retained']
-    return run_writing(against_command if several else evaluate_command, o, 'legalnb evaluate', EVALUATE_OUTPUTS)
+    several = settings['against'] is not None or settings['retained']
+    return run_writing(against_command if several else evaluate_command, settings, 'legalnb evaluate',
+                       EVALUATE_OUTPUTS)
+
+def against_main(argv: list[str]) -> int: return evaluate_run(command_settings('evaluate', argv))

@@ -19,7 +19,7 @@ __all__ = ['GPU_HOUR_PRICE', 'NUMBER_EXAMPLES', 'PRECISIONS', 'OWNED', 'OWNED_FO
            'bookkeeping', 'foreign_files', 'refuse_foreign_files', 'folder_files', 'owned_files', 'unowned_stamps',
            'record_written', 'remove_owned', 'lock_path', 'holder_alive', 'folder_lock', 'followed', 'refuse_unowned',
            'output_folder', 'own_command', 'own_main', 'CommandParser', 'command_parser', 'Output', 'run_writing',
-           'run_command', 'Command', 'command_main', 'command_flags']
+           'run_command', 'Command', 'command_main', 'command_flags', 'command_settings', 'command_run']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -642,7 +642,10 @@ def run_command(func: Callable, argv: list[str], prog: str,
     "Parse `argv` with `command_parser(func)` and call `func` with the result; its return value is the exit code."
     return run_writing(func, vars(_parser_of(func, prog).parse_args(list(map(str, argv)))), prog, outputs)
 
-_parser_of = functools.cache(command_parser)   # a command's parser, built once a process
+@functools.cache
+def _parser_of(func: Callable, prog: str) -> CommandParser:
+    "A command's parser, built once a process (`command_flags` and `run_command` share it)."
+    return command_parser(func, prog)
 
 # %% ../nbs/00_core.ipynb #2b84d0a8
 class Command(NamedTuple):
@@ -650,26 +653,29 @@ class Command(NamedTuple):
     main: str         # the function that takes the arguments and returns the exit code
     flags: str        # the function whose parameters are the flags, or (ending in _parser) that builds its parser
     help: str
+    run: str = ''     # a stage of `legalnb run`: the function that runs it from its settings (the flags, parsed)
 
 COMMANDS = {
     'sample':       Command('legalnb.sample:sample_main', 'legalnb.sample:sample_command',
                             'write a synthetic Formex corpus for demos and tests'),
     'parse':        Command('legalnb.sources:parse_main', 'legalnb.sources:parse_command',
-                            'read Formex, XHTML/HTML and JSONL files into one normalised JSONL'),
+                            'read Formex, XHTML/HTML and JSONL files into one normalised JSONL',
+                            'legalnb.sources:parse_run'),
     'select':       Command('legalnb.scoring:select_main', 'legalnb.scoring:select_command',
-                            'score documents; select the best (to a token target, or --top N)'),
+                            'score documents; select the best (to a token target, or --top N)',
+                            'legalnb.scoring:select_run'),
     'build-corpus': Command('legalnb.corpus:build_corpus_main', 'legalnb.corpus:build_corpus_command',
-                            'tokenize and pack selected documents into .npy shards'),
+                            'tokenize and pack selected documents into .npy shards', 'legalnb.corpus:build_corpus_run'),
     'validate':     Command('legalnb.data:validate_main', 'legalnb.data:validate_command',
                             'check pretokenized .npy/.pt files and print their statistics'),
     'split':        Command('legalnb.data:split_main', 'legalnb.data:split_command',
-                            'split pretokenized files into train/ and val/ (symbolic links)'),
+                            'split pretokenized files into train/ and val/ (symbolic links)', 'legalnb.data:split_run'),
     'train':        Command('legalnb.train:train_main', 'legalnb.train:train_parser',
                             'train a native model (one GPU, or many under torchrun)'),
     'finetune':     Command('legalnb.hf:finetune_main', 'legalnb.hf:finetune_parser',
                             'continued pretraining or LoRA fine-tuning with transformers + peft'),
     'evaluate':     Command('legalnb.against:against_main', 'legalnb.evaluate:evaluate_parser',
-                            'held-out loss, bits per byte, citations, loss by position'),
+                            'held-out loss, bits per byte, citations, loss by position', 'legalnb.against:evaluate_run'),
     'generate':     Command('legalnb.evaluate:generate_main', 'legalnb.evaluate:generate_command',
                             'continue a prompt with a trained model, streaming the text'),
     'compare':      Command('legalnb.compare:compare_main', 'legalnb.compare:compare_parser',
@@ -699,4 +705,13 @@ def command_main(name: str) -> Callable[[list[str]], int]:
 def command_flags(name: str) -> argparse.ArgumentParser:
     "The parser of `legalnb NAME`'s flags, built once a process (parsing does not change a parser)."
     spec = COMMANDS[name].flags
-    return _named(spec)() if spec.endswith('_parser') else command_parser(_named(spec), f'legalnb {name}')
+    return _named(spec)() if spec.endswith('_parser') else _parser_of(_named(spec), f'legalnb {name}')
+
+def command_settings(name: str, argv: list[str]) -> dict:
+    "`legalnb NAME ARGV`'s settings: its flags parsed once, typed (numbers, lists, switches) and defaulted."
+    return vars(command_flags(name).parse_args(list(map(str, argv))))
+
+def command_run(name: str) -> Callable[[dict], int]:
+    "The function that runs stage command `name` from its settings (`command_settings`); argv stays at the edge."
+    if not COMMANDS[name].run: raise LegalnbError(f'legalnb {name} is not a stage of legalnb run')
+    return _named(COMMANDS[name].run)

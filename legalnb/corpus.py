@@ -19,8 +19,8 @@ from fastcore.basics import patch
 from fastcore.meta import delegates
 from tqdm import tqdm
 from .core import (LegalnbError, atomic_write, foreign_files, format_duration, jsonl_records, read_json,
-                          refuse_foreign_files, refuse_overwriting_inputs, run_command, jsonl_record)
-from .core import Output, followed, libc, trim_memory
+                          refuse_foreign_files, refuse_overwriting_inputs, jsonl_record)
+from .core import Output, command_settings, followed, libc, run_writing, trim_memory
 from .sources import parse_celex, parse_date
 
 # %% auto #0
@@ -29,7 +29,7 @@ __all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'MAN
            'tokenizer_sha256', 'split_text', 'encode_texts', 'encode_stream', 'RowPacker', 'shard_dtype',
            'npy_header_bytes', 'file_sha256', 'write_shard', 'act_key', 'act_number', 'check_val_docs', 'named_acts',
            'heldout_acts', 'Piece', 'iter_pieces', 'batch_pieces', 'build_corpus', 'build_corpus_command',
-           'build_corpus_main', 'summary']
+           'build_corpus_run', 'build_corpus_main', 'summary']
 
 # %% ../nbs/02_corpus.ipynb #530136c6
 def iter_selected(path: str | Path, start: int = 0, line: int = 0) -> Iterator[tuple[int, int, int, dict]]:
@@ -831,8 +831,10 @@ def build_corpus_command(selected: str,                       # selected.jsonl w
     print(summary(m, time.perf_counter() - t0, out))
     return 0
 
-def build_corpus_main(argv: list[str]) -> int:
-    return run_command(build_corpus_command, argv, 'legalnb build-corpus', [Output(check=False)])   # manifests decide
+def build_corpus_run(settings: dict) -> int:
+    return run_writing(build_corpus_command, settings, 'legalnb build-corpus', [Output(check=False)])   # manifests decide
+
+def build_corpus_main(argv: list[str]) -> int: return build_corpus_run(command_settings('build-corpus', argv))
 
 def summary(m: dict, seconds: float, out) -> str:
     "A human summary of a manifest."

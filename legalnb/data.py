@@ -16,7 +16,7 @@ from fastcore.basics import patch
 from fastcore.meta import delegates
 from tqdm.auto import tqdm
 from .core import LegalnbError, loader_workers, read_json, refuse_overwriting_inputs, run_command
-from .core import Output, bookkeeping, followed
+from .core import Output, bookkeeping, command_settings, followed, run_writing
 from .models import get_model
 
 # %% auto #0
@@ -24,7 +24,7 @@ __all__ = ['ROWS_INDEX', 'ID_CAP', 'CHUNK_TOKENS', 'TOKENS_PER_PARAM', 'MAX_GOOD
            'open_rows', 'Segment', 'manifest_path', 'read_manifest', 'data_files', 'list_sources', 'find_segments',
            'PretokenizedDataset', 'shift_pair', 'doc_starts_file', 'read_doc_starts', 'doc_start_mask', 'StepSampler',
            'make_loader', 'FileCheck', 'ValidationReport', 'validate', 'recommend', 'format_recommendations', 'split',
-           'validate_command', 'validate_main', 'split_command', 'split_main']
+           'validate_command', 'validate_main', 'split_command', 'split_run', 'split_main']
 
 # %% ../nbs/03_data.ipynb #b0a87c08
 def read_npy_header(path: Path) -> tuple[tuple, np.dtype, int]:
@@ -738,5 +738,7 @@ def split_command(path: str,              # folder of .npy/.pt row files (a corp
     print(f'({how}; no data copied; linked: {", ".join(info["linked"]) or "nothing"})')
     return 0
 
-def split_main(argv: list[str]) -> int:
-    return run_command(split_command, argv, 'legalnb split', [Output(check=False)])   # --out new or empty
+def split_run(settings: dict) -> int:
+    return run_writing(split_command, settings, 'legalnb split', [Output(check=False)])   # --out new or empty
+
+def split_main(argv: list[str]) -> int: return split_run(command_settings('split', argv))

@@ -6,17 +6,17 @@
 from __future__ import annotations
 import argparse, functools, hashlib, json, math, os, re, shlex, shutil, sys, time
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from .core import LegalnbError, atomic_write, command_flags, command_main, command_parser, format_duration
+from .core import LegalnbError, atomic_write, command_flags, command_parser, command_run, format_duration
 from .core import GPU_HOUR_PRICE, read_json, parse_number
 
 # %% auto #0
-__all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'RUN_DEFAULTS', 'PLAN_TEMPLATE', 'WORK_NAMES', 'write_plan', 'stage_parser',
-           'stage_flags', 'read_plan', 'check_plan_keys', 'cli_overrides', 'Stage', 'build_stages', 'check_plan',
-           'fingerprint', 'read_record', 'write_record', 'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines',
-           'training_estimate', 'confirm', 'staged_files', 'stage_split', 'run_plan', 'reference_lines',
-           'write_run_report', 'run_plan_command', 'run_parser', 'run_main']
+__all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'RUN_DEFAULTS', 'PLAN_TEMPLATE', 'NATIVE_TRAINING', 'WORK_NAMES', 'write_plan',
+           'stage_parser', 'stage_flags', 'read_plan', 'check_plan_keys', 'cli_overrides', 'Stage', 'build_stages',
+           'check_plan', 'fingerprint', 'read_record', 'write_record', 'why_stale', 'parse_deadline', 'BudgetGuard',
+           'machine_lines', 'training_estimate', 'confirm', 'staged_files', 'stage_split', 'run_plan',
+           'reference_lines', 'write_run_report', 'run_plan_command', 'run_parser', 'run_main']
 
 # %% ../nbs/14_run.ipynb #79e39887
 STAGES = ('parse', 'select', 'build-corpus', 'split', 'train', 'evaluate')  # 'train' is 'finetune' for an HF model
@@ -166,13 +166,25 @@ def cli_overrides(rest: list[str]) -> dict[str, dict]:
     return found
 
 # %% ../nbs/14_run.ipynb #7925e23d
+NATIVE_TRAINING = ('train', 'train-2', 'baseline')   # the stages that run `legalnb train`
+
 @dataclass
 class Stage:
-    "One stage of a run: its name, the argv it runs with (its settings), its input and output files."
+    "One stage of a run: its name, its settings (its command's flags, parsed once), its input and output files."
     name: str           # parse, select, build-corpus, split, train/finetune, evaluate
-    argv: list[str]     # the flags `legalnb NAME` runs with: the settings a record compares
+    argv: list[str]     # the flags `legalnb NAME` runs with, as the stage's record keeps them (the edge)
     inputs: list[Path]  # what it reads (the first stage: the user's folders and files)
     output: Path        # the file whose checksum says it finished
+    settings: dict = field(init=False, repr=False)   # `argv` parsed by the command's parser: typed, defaulted
+    config: object = field(init=False, repr=False, default=None)   # a training stage's TrainConfig
+
+    def __post_init__(self):   # parsed here, once: every later step reads `settings` (and `config`), not argv
+        try:
+            self.settings = vars(stage_parser(self.name).parse_args(self.argv))
+            if self.name in NATIVE_TRAINING:
+                from legalnb.train import config_from_settings
+                self.config = config_from_settings(self.settings)
+        except LegalnbError as e: raise LegalnbError(f'{self.name}: {e}') from None
 
 def _top_values(plan: dict, base: Path, cli: dict) -> dict:
     "The plan's top-level values with the command line's on top, paths from the plan's folder, defaults filled."
@@ -237,7 +249,7 @@ def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None)
         t = {'preset': None if preset == 'none' else preset, 'model': model, 'size': size} | sec['train']
         stages.append(Stage('train', ['--data', str(data), '--out', str(work/'run'), *_argv('train', t, '')],
                             [work/'split'/'split.json'], work/OUTPUTS['train']))
-    if plan.get('stage2') is not None: stages += _second_stage(plan['stage2'], t, b, work, stage_to, hf)
+    if plan.get('stage2') is not None: stages += _second_stage(plan['stage2'], t, b, work, stage_to, stages[-1])
     final, against = stages[-1], {'against': model} if hf else {}   # a Hugging Face model: against its base
     if top.get('baseline'):
         if hf: raise LegalnbError(f'baseline {top["baseline"]}: a Hugging Face model is reported against its base '
@@ -257,13 +269,12 @@ _SAME_SCHEDULE = ('lr', 'max_steps', 'epochs', 'batch_size', 'grad_accum', 'batc
 def _baseline_stage(spec: str, train: Stage, t: dict, data: Path, work: Path) -> Stage:
     "baseline: model NAME[:FIELD=VALUE,...] at the same size, on the same split with the run's steps, batch, schedule."
     from legalnb.models import MODELS, get_model
-    from legalnb.train import SHAPE_FLAGS, config_from_args
+    from legalnb.train import SHAPE_FLAGS
     from dataclasses import fields
     name, _, shape = str(spec).partition(':')   # gpt:num_heads=2 sets what the run's shape flags leave open
     if name not in MODELS: raise LegalnbError(f'baseline {spec!r}: {name!r} is not a registered model; choose from '
                                               f'{", ".join(MODELS)} (optionally NAME:FIELD=VALUE,...)')
-    try: cfg = config_from_args(train.argv)   # the run as resolved (preset, flags): its schedule is the baseline's
-    except LegalnbError as e: raise LegalnbError(f'train: {e}') from None
+    cfg = train.config   # the run as resolved (preset, flags): its schedule is the baseline's
     has = {f.name for f in fields(get_model(name).config_class)}
     flags = {k: v for k, v in t.items() if k != 'model_overrides' and (k not in SHAPE_FLAGS or k in has)}
     flags |= {k: getattr(cfg, k) for k in _SAME_SCHEDULE} | {'model': name}
@@ -271,8 +282,9 @@ def _baseline_stage(spec: str, train: Stage, t: dict, data: Path, work: Path) ->
     return Stage('baseline', ['--data', str(data), '--out', str(work/'baseline'), *_argv('train', flags, 'baseline.')],
                  [work/'split'/'split.json'], work/'baseline'/'summary.json')
 
-def _second_stage(s2: dict, first: dict, b: dict, work: Path, stage_to: str | None, hf: bool) -> list[Stage]:
+def _second_stage(s2: dict, first: dict, b: dict, work: Path, stage_to: str | None, trained: Stage) -> list[Stage]:
     "select-2 (the best documents), build-corpus-2, then split-2 and train-2 (native) or finetune-2 (Hugging Face)."
+    hf = trained.name == 'finetune'
     own, other = ('finetune', 'train') if hf else ('train', 'finetune')
     if other in s2:
         raise LegalnbError(f'stage2.{other}: ' + ('a Hugging Face model is fine-tuned by legalnb finetune' if hf else
@@ -283,21 +295,20 @@ def _second_stage(s2: dict, first: dict, b: dict, work: Path, stage_to: str | No
     select = Stage('select-2', [str(work/'parsed.jsonl'), '--out', str(work/'selected-2.jsonl'), '--report',
                                 str(work/'selection-2.json'), *_argv('select', sel, 'stage2.')],
                    [work/'parsed.jsonl'], work/'selected-2.jsonl')
-    rest = (_second_finetune if hf else _second_train)(dict(s2.get(own) or {}), first, b, work, stage_to)
+    rest = (_second_finetune(dict(s2.get(own) or {}), first, b, work, stage_to) if hf else
+            _second_train(dict(s2.get(own) or {}), first, b, work, stage_to, trained.config.max_steps))
     return [select, *rest]
 
 def _same_acts(work: Path) -> dict:
     "build-corpus flags that hold out the first corpus's acts in the second: by name, and no floor adding others."
     return {'val_acts': str(work/'corpus'/'manifest.json'), 'val_min_acts': 0}
 
-def _second_train(own: dict, first: dict, b: dict, work: Path, stage_to: str | None) -> list[Stage]:
+def _second_train(own: dict, first: dict, b: dict, work: Path, stage_to: str | None, steps: int) -> list[Stage]:
     "build-corpus-2, split-2, train-2: the first corpus's tokenizer and held-out acts, from the first run's weights."
-    from legalnb.train import config_from_args
     t = first | own
     for k in ('data', 'out', 'init_from'):
         if k in t: raise LegalnbError(f'stage2.train.{k}: set by legalnb run (the first run\'s weights); drop it')
     if t.get('init_optimizer'):   # AdamW's state lives in the checkpoints: the first run's last one
-        steps = config_from_args(_argv('train', first, '')).max_steps
         start = work/'run'/'checkpoints'/f'step-{steps:08d}'
     else: start = work/'run'/'model'
     # the same share and seed of held-out acts (an act is held out by a hash of its key, in any subset of the acts),
@@ -342,16 +353,9 @@ def _is_hf(model: str, base: Path) -> bool:
                        f'folder (no {p/"config.json"})')
 
 # %% ../nbs/14_run.ipynb #334a4823
-def _value(argv: list[str], flag: str):
-    "The value after `flag` in an argv (None if absent)."
-    return argv[argv.index(flag) + 1] if flag in argv else None
-
 def check_plan(stages: list[Stage], top: dict) -> dict:
-    "Every stage's flags parsed by its own parser, then the values that must agree; one line naming the fields."
-    from legalnb.train import config_from_args
-    for s in stages:
-        try: stage_parser(s.name).parse_args(s.argv)
-        except LegalnbError as e: raise LegalnbError(f'{s.name}: {e}') from None
+    "The values that must agree across stages (each stage's own flags were checked when it was parsed); one line "
+    "naming the fields."
     sec, b = top['sections'], top['sections']['build-corpus']
     seq_len = int(parse_number(b['seq_len']))
     if any(s.name in ('train-2', 'finetune-2') for s in stages) and not 0 < float(b.get('val_docs') or 0) < 1:
@@ -384,9 +388,7 @@ def check_plan(stages: list[Stage], top: dict) -> dict:
             raise LegalnbError(f'preset {top["preset"]} (cpt) is sized for {p.gpus} GPUs and this machine has '
                                f'{gpus}: set finetune.force_single (or --force-single), or a preset for 1 GPU')
         return info
-    train = next(s for s in stages if s.name == 'train')
-    try: cfg = config_from_args(train.argv)
-    except LegalnbError as e: raise LegalnbError(f'train: {e}') from None
+    cfg = next(s for s in stages if s.name == 'train').config
     vocab = b.get('train_tokenizer')
     if vocab is not None and cfg.vocab_size is not None and int(parse_number(vocab)) > cfg.vocab_size:
         raise LegalnbError(f'build-corpus.train_tokenizer {vocab} and train.vocab_size {cfg.vocab_size}: the model '
@@ -626,9 +628,9 @@ def stage_split(split: Path, dest: Path, progress: bool = True) -> Path:
     return dest
 
 # %% ../nbs/14_run.ipynb #0a843d82
-def _run_stage(s: Stage, argv: list[str]):
-    "Run `legalnb STAGE ARGV` in this process; a failure stops the run."
-    if command_main(s.name.removesuffix('-2'))(argv):   # select-2 is legalnb select
+def _run_stage(s: Stage):
+    "Run stage `s`'s command from its settings in this process; a failure stops the run."
+    if command_run(s.name.removesuffix('-2'))(dict(s.settings)):   # select-2 is legalnb select
         raise LegalnbError(f'the {s.name} stage failed; see its messages above')
 
 def _ask_once(opts: dict, what: str):
@@ -640,11 +642,9 @@ def _ask_once(opts: dict, what: str):
 def _train(s: Stage, work: Path, top: dict, info: dict, opts: dict, resuming: bool) -> dict:
     "The training stage: machine, estimate, provenance, confirmation, then train under the budget guard."
     from legalnb.presets import get_preset
-    from legalnb.train import config_from_args, train
-    from legalnb.checkpoint import list_checkpoints
+    from legalnb.train import train
     man = read_json(work/'corpus'/'manifest.json', 'a corpus manifest')
-    argv = [*s.argv, *(['--resume'] if resuming else ['--overwrite'] if s.output.parent.exists() else [])]
-    cfg = config_from_args(argv)
+    cfg = replace(s.config, resume='latest') if resuming else replace(s.config, overwrite=s.output.parent.exists())
     why = 'no preset: the trainer\'s defaults and the train flags' if top['preset'] == 'none' else get_preset(
         'scratch', top['preset'], top['size'], model=cfg.model).why
     e = training_estimate(cfg, man['seq_len'], man['vocab_size'], opts['price_per_hour'])
@@ -665,11 +665,13 @@ def _train(s: Stage, work: Path, top: dict, info: dict, opts: dict, resuming: bo
     summary.update(estimate_s=e.seconds, forecast=guard.forecast)
     return summary
 
-def _finetune(argv: list[str], opts: dict) -> dict:
-    "The finetune stage under the budget guard: {} when it finished, the stop record when the guard ended it."
-    from legalnb.hf import finetune_command, finetune_parser
+def _finetune(s: Stage, again: bool, opts: dict) -> dict:
+    "The finetune stage (resumed when `again`) under the budget guard: {} when it finished, the stop record when "
+    "the guard ended it."
+    from legalnb.hf import finetune_command
     guard = BudgetGuard(opts['max_cost'], opts['deadline'], opts['price_per_hour'], max(1, _gpus()))
-    rc = finetune_command(**vars(finetune_parser().parse_args(argv)), command=shlex.join(argv), sinks=[guard])
+    rc = finetune_command(**(s.settings | {'resume': True} if again else s.settings),
+                          command=shlex.join([*s.argv, *(['--resume'] if again else [])]), sinks=[guard])
     if guard.stopped: return {**guard.stopped, 'forecast': guard.forecast}
     if rc: raise LegalnbError('the finetune stage failed; see its messages above')
     return {}
@@ -682,7 +684,7 @@ def _before_finetune(s: Stage, top: dict, opts: dict):
     print(f"preset {top['preset']} (cpt, {Path(top['model']).name}): {p.why}")
     print(f"estimate: legalnb estimate --preset cpt/{top['preset']} --params N --gpu GPU (N: the model's parameters)")
     if s.name == 'finetune-2':
-        print(f"{s.name}: from {_value(s.argv, '--model')} (the first run's weights) with a fresh AdamW (transformers "
+        print(f"{s.name}: from {s.settings['model']} (the first run's weights) with a fresh AdamW (transformers "
               'does not carry the optimizer state)')
     _ask_once(opts, 'fine-tuning')
 
@@ -747,7 +749,7 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
     else: refuse_unowned(work, ours)   # the caller holds the folder
     for s in stages if opts.get('stage_to') else ():   # a copy trained on holds only copies legalnb made: checked now
         if s.name in ('train', 'train-2', 'finetune', 'finetune-2', 'baseline'):
-            refuse_unowned(Path(_value(s.argv, '--data')), flag='--stage-to')
+            refuse_unowned(Path(s.settings['data']), flag='--stage-to')
     first, t, reasons = _what_runs(stages, work, opts)
     if first <= t and not opts['yes'] and not sys.stdin.isatty(): confirm(False)   # refused before any stage runs
     summary = None
@@ -766,7 +768,7 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
         t0 = time.perf_counter()
         if s.name in ('split', 'split-2'): remove_owned(work, s.output.parent.name)   # a new folder (legalnb's only)
         if s.name in ('train', 'train-2', 'baseline'):
-            split_dir = Path(_value(s.argv, '--data'))
+            split_dir = Path(s.settings['data'])
             if opts['stage_to']: stage_split(work/split_dir.name, split_dir)
             from legalnb.checkpoint import list_checkpoints
             got = _train(s, work, top, info, opts, resuming and bool(list_checkpoints(s.output.parent)))
@@ -774,13 +776,13 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
             if s.name != 'baseline': summary = got
         elif s.name in ('finetune', 'finetune-2'):
             _before_finetune(s, top, opts)
-            out, data = Path(_value(s.argv, '--out')), Path(_value(s.argv, '--data'))   # run/, corpus/ (or -2)
+            out, data = Path(s.settings['out']), Path(s.settings['data'])   # run/, corpus/ (or -2)
             again = resuming and any(out.glob('checkpoint-*'))
             if not again: remove_owned(work, out.name)
             if opts['stage_to']: stage_split(work/data.name, data)
-            summary = _finetune([*s.argv, *(['--resume'] if again else [])], opts)
+            summary = _finetune(s, again, opts)
             if summary.get('stopped'): return dict(stopped=summary, stages=stages, work=work)
-        else: _run_stage(s, s.argv)
+        else: _run_stage(s)
         write_record(work, s.name, dict(stage=s.name, argv=s.argv, inputs=inputs, finished=True,
                                         output=fingerprint(s.output), seconds=round(time.perf_counter() - t0, 3),
                                         **({'estimate_s': summary.get('estimate_s')} if s.name in ('train', 'train-2')

@@ -18,7 +18,8 @@ from fastcore.basics import adict, patch
 from tqdm.auto import tqdm
 
 from .core import (LegalnbError, atomic_write, jsonl_records, parse_count, parse_number,
-                          refuse_overwriting_inputs, run_command, usable_cores)
+                          refuse_overwriting_inputs, usable_cores)
+from .core import command_settings, run_writing
 from .sources import Document, DOC_TYPES, write_jsonl, record_fields, skip_reason, _pool, in_order
 
 # %% auto #0
@@ -30,7 +31,8 @@ __all__ = ['PRIORITY_TOPICS', 'RULES', 'CHARS_PER_TOKEN', 'SCAN_RANGE', 'PREFER'
            'rank', 'choose_documents', 'split_by_share', 'document_quotas', 'with_score', 'copy_selected',
            'write_selected', 'shingle_hashes', 'minhash', 'lsh_bands', 'near_duplicates', 'near_duplicate_share',
            'minhash_of', 'synthetic_documents', 'select_documents', 'selection_report', 'report_table',
-           'write_selection_report', 'plot_report', 'top_count', 'token_target', 'select_command', 'select_main']
+           'write_selection_report', 'plot_report', 'top_count', 'token_target', 'select_command', 'select_run',
+           'select_main']
 
 # %% ../nbs/01_scoring.ipynb #718167de
 PRIORITY_TOPICS = ('data protection', 'gdpr', 'privacy', 'consumer rights', 'environment', 'climate',
@@ -1265,4 +1267,5 @@ def select_command(input: str,                         # JSONL of documents (the
                               strict, top, near_dup, num_proc or usable_cores())
     print(report_table(result)); print(f'\nwrote {out}' + (f' and {report}' if report else ''))
 
-def select_main(argv: list[str]) -> int: return run_command(select_command, argv, 'legalnb select')
+def select_run(settings: dict) -> int: return run_writing(select_command, settings, 'legalnb select')
+def select_main(argv: list[str]) -> int: return select_run(command_settings('select', argv))

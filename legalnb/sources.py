@@ -19,9 +19,9 @@ from xml.sax.saxutils import escape
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 
-from .core import (LegalnbError, _missing_parents, atomic_write, jsonl_records, refuse_overwriting_inputs, run_command,
+from .core import (LegalnbError, _missing_parents, atomic_write, jsonl_records, refuse_overwriting_inputs,
                           usable_cores)
-from .core import Output, followed, trim_memory
+from .core import Output, command_settings, followed, run_writing, trim_memory
 
 # %% auto #0
 __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORDS', 'EU_LANGUAGES', 'FORMEX_BLOCKS',
@@ -34,7 +34,7 @@ __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORD
            'html_kind', 'oj_facts', 'consolidated_facts', 'eurlex_facts', 'eurlex_body', 'metadata_facts', 'read_html',
            'html_document', 'file_kind', 'parse_batches', 'in_order', 'read_items', 'read_documents', 'report_path',
            'parts_folder', 'parse_documents', 'write_parse_report', 'format_parse_summary', 'parse_command',
-           'parse_main']
+           'parse_run', 'parse_main']
 
 # %% ../nbs/00_sources.ipynb #9cdec564
 DOC_TYPES = ('regulation', 'directive', 'decision', 'recommendation', 'other')
@@ -1422,4 +1422,5 @@ def parse_command(inputs: list[str],           # folders, JSON-lines files, Form
     counts = parse_documents(inputs, out, None if progress else False, strict, num_proc, notes, batch_files)
     print(format_parse_summary(counts, out))
 
-def parse_main(argv: list[str]) -> int: return run_command(parse_command, argv, 'legalnb parse')
+def parse_run(settings: dict) -> int: return run_writing(parse_command, settings, 'legalnb parse')
+def parse_main(argv: list[str]) -> int: return parse_run(command_settings('parse', argv))

@@ -31,7 +31,8 @@ __all__ = ['SCHEDULES', 'DEVICES', 'NATIVE_STRATEGIES', 'SHAPE_FLAGS', 'RESUME_M
            'check_same_run', 'evaluate_loss', 'val_bytes_per_token', 'bits_per_byte', 'peak_flops', 'shard_model',
            'save_shards', 'load_shards', 'consolidated_model', 'Interval', 'run_folder', 'check_new_run', 'Run',
            'setup', 'resume', 'init_weights', 'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize',
-           'record_architecture', 'stopped_summary', 'train', 'train_parser', 'config_from_args', 'train_main']
+           'record_architecture', 'stopped_summary', 'train', 'train_parser', 'config_from_args',
+           'config_from_settings', 'train_main']
 
 # %% ../nbs/05_train.ipynb #a6da8542
 SCHEDULES = ('cosine', 'restarts', 'constant')
@@ -1010,7 +1011,11 @@ def train_parser() -> argparse.ArgumentParser:
 
 def config_from_args(argv: list[str]) -> TrainConfig:
     "The TrainConfig that `legalnb train ARGV` runs: defaults < preset < YAML < flags; a bad value names its flag."
-    given = vars(train_parser().parse_args(list(map(str, argv))))
+    return config_from_settings(vars(train_parser().parse_args(list(map(str, argv)))))
+
+def config_from_settings(settings: dict) -> TrainConfig:
+    "The TrainConfig of `legalnb train`'s parsed flags (the flags given, the others left out): a bad value names its flag."
+    given = dict(settings)
     if 'model_overrides' in given: given['model_overrides'] = dict(given['model_overrides'])
     yml = given.pop('config', None)
     try:
