@@ -4,29 +4,32 @@
 
 # %% ../nbs/12_compare.ipynb #bddf79df
 from __future__ import annotations
-import argparse, json, math, resource
+import argparse, copy, json, math, resource
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import Iterator, Literal
 
 from fastcore.docments import docments
-from .core import (LegalnbError, PRECISIONS, atomic_write, command_parser, format_duration, markdown_table,
+from .core import (LegalnbError, atomic_write, command_parser, format_duration, markdown_table,
                           parse_number, read_json, refuse_foreign_files, refuse_overwriting_inputs, run_writing)
 from .core import Output
 from .models import MODELS, get_model
 
 # %% auto #0
-__all__ = ['BUDGET_KINDS', 'LR_FACTORS', 'WARMUP_SHARE', 'PLAN', 'STATE', 'REPORT', 'RESULTS', 'PLOTS', 'parse_models',
-           'parse_budget', 'model_overrides', 'model_facts', 'seconds_per_step', 'split_bytes_per_token',
-           'check_settings', 'plan_comparison', 'load_or_plan', 'run_config', 'run_status', 'peak_memory', 'train_run',
-           'run_curve', 'loss_at', 'summarize_comparison', 'comparison_table', 'sweep_table', 'sweep_notes',
-           'plot_curves', 'write_comparison', 'compare_models', 'compare_command', 'compare_parser', 'compare_main']
+__all__ = ['BUDGET_KINDS', 'LR_FACTORS', 'WARMUP_SHARE', 'RUN_SETTINGS', 'PLAN', 'STATE', 'REPORT', 'RESULTS', 'PLOTS',
+           'parse_models', 'parse_budget', 'model_overrides', 'model_facts', 'seconds_per_step',
+           'split_bytes_per_token', 'check_settings', 'plan_comparison', 'load_or_plan', 'run_config', 'run_status',
+           'peak_memory', 'train_run', 'run_curve', 'loss_at', 'summarize_comparison', 'comparison_table',
+           'sweep_table', 'sweep_notes', 'plot_curves', 'write_comparison', 'compare_models', 'compare_command',
+           'compare_parser', 'compare_main']
 
 # %% ../nbs/12_compare.ipynb #cec56b76
 BUDGET_KINDS = ('tokens', 'flops', 'seconds')
 LR_FACTORS = (0.5, 1.0, 2.0)   # the sweep: base lr x each, so the best of three brackets the base from both sides
 WARMUP_SHARE = 0.1             # linear warm-up over the first 10% of each run's steps
+RUN_SETTINGS = dict(lr=1e-3, batch_size=8, eval_batches=8, seed=0, precision='auto', device='auto', cpu_threads=None,
+                    progress=True)   # the TrainConfig fields every run shares, with a short comparison's defaults
 
 def parse_models(text: str) -> list[str]:
     "Registered model names from 'resonance,gpt' (at least one, none twice)."
@@ -96,17 +99,18 @@ def split_bytes_per_token(data: str | Path, batch_size: int, eval_batches: int, 
 def check_settings(data, models, size, overrides, budget, budget_kind, lr, lr_factors, batch_size, eval_points,
                    eval_batches, seed, precision) -> dict:
     "The comparison's settings, checked before anything is written; `data` as an absolute path."
-    from legalnb.train import open_split
+    from legalnb.train import TrainConfig, open_split
     if not data: raise LegalnbError('--data is required: a split folder written by legalnb split')
     models = parse_models(','.join(models))
     if budget_kind not in BUDGET_KINDS:
         raise LegalnbError(f'--budget-kind must be one of {", ".join(BUDGET_KINDS)}, got {budget_kind!r}')
     budget = parse_budget(budget)
-    for name, v in dict(lr=lr, batch_size=batch_size, eval_points=eval_points, eval_batches=eval_batches).items():
-        if not v > 0: raise LegalnbError(f'--{name.replace("_", "-")} must be more than 0, got {v:g}')
+    if not eval_points > 0: raise LegalnbError(f'--eval-points must be more than 0, got {eval_points:g}')
+    try: TrainConfig(lr=lr, batch_size=batch_size, eval_batches=eval_batches, seed=seed, precision=precision)
+    except LegalnbError as e:   # the runs' shared settings, checked by the trainer's own config
+        raise LegalnbError(f'--{e.field.replace("_", "-")}{e.what}') from None
     if not lr_factors or any(not k > 0 for k in lr_factors) or len(set(lr_factors)) < len(lr_factors):
         raise LegalnbError(f'--lr-factors: expected distinct numbers above 0 such as 0.5 1 2, got {lr_factors}')
-    if precision not in PRECISIONS: raise LegalnbError(f'--precision must be one of {", ".join(PRECISIONS)}')
     train_ds, _ = open_split(data)
     shapes = model_overrides(models, overrides)
     for m in models:
@@ -352,9 +356,11 @@ def write_comparison(out: Path, result: dict) -> Path:
 
 # %% ../nbs/12_compare.ipynb #616592b5
 def compare_models(data: str, models: list[str] = ('resonance', 'gpt'), size: str = 'small',
-                   overrides: dict | None = None, budget: float = 2e6, budget_kind: str = 'tokens', lr: float = 1e-3,
-                   lr_factors: list[float] = LR_FACTORS, batch_size: int = 8, eval_points: int = 8,
-                   eval_batches: int = 8, out: str | Path = 'compare', resume: bool = False, seed: int = 0,
+                   overrides: dict | None = None, budget: float = 2e6, budget_kind: str = 'tokens',
+                   lr: float = RUN_SETTINGS['lr'], lr_factors: list[float] = LR_FACTORS,
+                   batch_size: int = RUN_SETTINGS['batch_size'], eval_points: int = 8,
+                   eval_batches: int = RUN_SETTINGS['eval_batches'], out: str | Path = 'compare', resume: bool = False,
+                   seed: int = RUN_SETTINGS['seed'],
                    precision: str = 'auto', device: str = 'auto', cpu_threads: int | None = None,
                    progress: bool = False, callbacks=(), log=print) -> dict:
     "Train every model with every learning rate on the same budget and data order; write and return the comparison."
@@ -390,32 +396,33 @@ def compare_command(data: str = None,                 # split folder from `legal
                     num_layers: int = None,           # override the number of blocks
                     budget: str = '2M',               # per run, in --budget-kind units: 2M tokens, 1e15 FLOPs, 600 s
                     budget_kind: Literal[BUDGET_KINDS] = 'tokens',  # what the budget counts
-                    lr: float = 1e-3,                 # base learning rate; each model tries it x each --lr-factors
-                    lr_factors: list[float] = LR_FACTORS,  # the sweep around the base learning rate
-                    batch_size: int = 8,              # sequences per step, for every run
+                    lr_factors: list[float] = LR_FACTORS,  # the sweep around the base learning rate (--lr)
                     eval_points: int = 8,             # held-out evaluations per run (the points of the curves)
-                    eval_batches: int = 8,            # val micro-batches per evaluation (the same rows every time)
                     out: str = 'compare',             # folder: a subfolder per run, compare.md, compare.json, plots
                     resume: bool = False,             # continue an interrupted run from its latest checkpoint
-                    seed: int = 0,                    # model init and data order, the same for every run
-                    precision: Literal[PRECISIONS] = 'auto',  # auto: bf16 on cc >= 8.0, fp16 below, fp32 on CPU
-                    device: Literal['auto', 'cuda', 'cpu'] = 'auto',  # auto: cuda when a GPU is visible
-                    cpu_threads: int = None,          # torch's CPU threads (1 suits tiny models)
-                    progress: bool = True,            # the trainer's progress lines
-                    **shape):                         # each model's own shape flags (`compare_parser`): num_heads=2
+                    **flags):                         # the runs' TrainConfig settings (RUN_SETTINGS) and each model's
+                                                      # shape flags (num_heads=2): `compare_parser` declares both
     "Train several models on the same data, tokens and budget with a small learning-rate sweep each; compare them."
-    over = dict(dim=dim, num_layers=num_layers, **shape)
-    r = compare_models(data, parse_models(models), size, over, budget, budget_kind, lr, lr_factors, batch_size,
-                       eval_points, eval_batches, out, resume, seed, precision, device, cpu_threads, progress)
+    run = {k: flags.pop(k, default) for k, default in RUN_SETTINGS.items()}
+    over = dict(dim=dim, num_layers=num_layers, **flags)
+    r = compare_models(data, parse_models(models), size, over, budget, budget_kind, lr_factors=lr_factors,
+                       eval_points=eval_points, out=out, resume=resume, **run)
     print('\n' + comparison_table(r) + '\n\n' + sweep_table(r))
     for note in sweep_notes(r): print(f'note: {note}')
     print(f"\nwrote {Path(out)/REPORT}, {Path(out)/RESULTS}, {', '.join(str(Path(out)/p) for p in PLOTS)}")
     return 0
 
 def compare_parser() -> argparse.ArgumentParser:
-    "`legalnb compare`'s flags: its own, then every registered model's shape flags (`ModelSpec.shape_flags`), each "
-    "with its config field's comment."
-    p = command_parser(compare_command, 'legalnb compare', skip=('shape',))
+    "`legalnb compare`'s flags: its own, the runs' training settings (TrainConfig's flags, `RUN_SETTINGS`' defaults), "
+    "then every registered model's shape flags (`ModelSpec.shape_flags`), each with its config field's comment."
+    from legalnb.train import train_parser
+    p = command_parser(compare_command, 'legalnb compare', skip=('flags',))
+    trainer = train_parser()._option_string_actions
+    for name, default in RUN_SETTINGS.items():   # TrainConfig's flag (type, choices, help), a comparison's default
+        a = copy.copy(trainer['--' + name.replace('_', '-')])
+        a.default = a.shown_default = default
+        if name == 'lr': a.help += '; the base: each model tries it x each --lr-factors'
+        p._add_action(a)
     whole = p._option_string_actions['--num-layers'].type   # the same whole-number reading (2,000, 1e3)
     owners = {}
     for spec in MODELS.values():
