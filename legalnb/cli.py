@@ -9,6 +9,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Literal
 from .core import COMMANDS, GPU_HOUR_PRICE, LegalnbError, atomic_write, command_main, command_parser
+from .core import command_settings
 from .core import format_duration, read_json
 from .core import output_folder, record_written, remove_owned
 
@@ -164,6 +165,18 @@ def quickstart_plan(docs: int, vocab_size: int, seq_len: int, steps: int, dim: i
             'evaluate': dict(device=device, seed=0, citations=200, samples=1),
             'split': dict(seed=0)}
 
+def _compare(wd: Path, t: dict, seq_len: int):
+    "ResonanceNet against the gpt baseline on the run's split: the run's own training settings (`t`, its plan's "
+    "train section) with a comparison's overrides, the run's tokens as the budget."
+    from legalnb.compare import RUN_SETTINGS, compare_run
+    print('\ncompare: ResonanceNet and the gpt baseline, the rows and tokens of the run above, 3 learning rates each',
+          flush=True)
+    settings = (command_settings('compare', []) | {k: t[k] for k in RUN_SETTINGS if k in t}
+                | dict(data=str(wd/'split'), out=str(wd/'compare'), dim=t['dim'], num_layers=t['num_layers'],
+                       num_frequencies=t['num_frequencies'], num_heads=2, eval_points=4, eval_batches=4,
+                       budget=t['max_steps'] * t['batch_size'] * seq_len))
+    if compare_run(settings): raise LegalnbError('quickstart: the compare stage failed; see its messages above')
+
 def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
                docs: int = 200,          # sample publications
                vocab_size: int = 1024,   # BPE vocabulary to train
@@ -205,16 +218,7 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
                           device=device)
         print(f'{QUICKSTART_PROMPT}{sample}\n', flush=True)
         plot_metrics(wd/'run'/'metrics.jsonl').save(wd/'loss.png')
-        if compare:
-            from legalnb.compare import compare_main
-            print('\ncompare: ResonanceNet and the gpt baseline, the rows and tokens of the run above, '
-                  '3 learning rates each', flush=True)
-            flags = ['--data', wd/'split', '--out', wd/'compare', '--dim', dim, '--num-layers', 2,
-                     '--num-frequencies', 16, '--num-heads', 2, '--budget', steps * batch_size * seq_len, '--lr', 3e-3,
-                     '--batch-size', batch_size,
-                     '--eval-points', 4, '--eval-batches', 4, '--cpu-threads', 1, '--device', device]
-            if compare_main([str(a) for a in flags]):
-                raise LegalnbError('quickstart: the compare stage failed; see its messages above')
+        if compare: _compare(wd, plan['train'], seq_len)
         write_quickstart_report(wd, summary, sample, vocab_size, stage_s, train_s, r)
         return summary
 

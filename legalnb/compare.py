@@ -13,7 +13,7 @@ from typing import Iterator, Literal
 from fastcore.docments import docments
 from .core import (LegalnbError, atomic_write, command_parser, format_duration, markdown_table,
                           parse_number, read_json, refuse_foreign_files, refuse_overwriting_inputs, run_writing)
-from .core import Output
+from .core import Output, command_settings
 from .models import MODELS, get_model
 
 # %% auto #0
@@ -22,7 +22,7 @@ __all__ = ['BUDGET_KINDS', 'LR_FACTORS', 'WARMUP_SHARE', 'RUN_SETTINGS', 'PLAN',
            'split_bytes_per_token', 'check_settings', 'plan_comparison', 'load_or_plan', 'run_config', 'run_status',
            'peak_memory', 'train_run', 'run_curve', 'loss_at', 'summarize_comparison', 'comparison_table',
            'sweep_table', 'sweep_notes', 'plot_curves', 'write_comparison', 'compare_models', 'compare_command',
-           'compare_parser', 'compare_main']
+           'compare_parser', 'compare_run', 'compare_main']
 
 # %% ../nbs/12_compare.ipynb #cec56b76
 BUDGET_KINDS = ('tokens', 'flops', 'seconds')
@@ -433,7 +433,10 @@ def compare_parser() -> argparse.ArgumentParser:
                        help=f'override {", ".join(s.name for s in specs)}: {what}')
     return p
 
+def compare_run(settings: dict) -> int:
+    "`legalnb compare` from its settings (its flags parsed: `command_settings('compare', argv)`)."
+    return run_writing(compare_command, settings, 'legalnb compare', [Output(check=False)])   # its plan and names decide
+
 def compare_main(argv: list[str]) -> int:
     "`legalnb compare --data SPLIT [--models resonance,gpt] [--budget 2M] ...`."
-    args = vars(compare_parser().parse_args(list(map(str, argv))))
-    return run_writing(compare_command, args, 'legalnb compare', [Output(check=False)])   # its plan and names decide
+    return compare_run(command_settings('compare', argv))
