@@ -435,7 +435,8 @@ def compare_parser() -> argparse.ArgumentParser:
 
 def compare_run(settings: dict) -> int:
     "`legalnb compare` from its settings (its flags parsed: `command_settings('compare', argv)`)."
-    return run_writing(compare_command, settings, 'legalnb compare', [Output(check=False)])   # its plan and names decide
+    return run_writing(compare_command, settings, 'legalnb compare',
+                       [Output(check=False)])   # its plan and the runs' names decide what may be there
 
 def compare_main(argv: list[str]) -> int:
     "`legalnb compare --data SPLIT [--models resonance,gpt] [--budget 2M] ...`."

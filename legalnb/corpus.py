@@ -832,7 +832,8 @@ def build_corpus_command(selected: str,                       # selected.jsonl w
     return 0
 
 def build_corpus_run(settings: dict) -> int:
-    return run_writing(build_corpus_command, settings, 'legalnb build-corpus', [Output(check=False)])   # manifests decide
+    return run_writing(build_corpus_command, settings, 'legalnb build-corpus',
+                       [Output(check=False)])   # the manifests decide what may be there
 
 def build_corpus_main(argv: list[str]) -> int: return build_corpus_run(command_settings('build-corpus', argv))
 

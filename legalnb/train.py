@@ -1014,7 +1014,7 @@ def config_from_args(argv: list[str]) -> TrainConfig:
     return config_from_settings(vars(train_parser().parse_args(list(map(str, argv)))))
 
 def config_from_settings(settings: dict) -> TrainConfig:
-    "The TrainConfig of `legalnb train`'s parsed flags (the flags given, the others left out): a bad value names its flag."
+    "The TrainConfig of `legalnb train`'s parsed flags (those given; the others left out): a bad value names its flag."
     given = dict(settings)
     if 'model_overrides' in given: given['model_overrides'] = dict(given['model_overrides'])
     yml = given.pop('config', None)
