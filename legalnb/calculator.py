@@ -5,10 +5,10 @@
 # %% ../nbs/08_calculator.ipynb #770dd473
 from __future__ import annotations
 import json, math, statistics, time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Literal
 from fastcore.basics import patch
-from .core import LegalnbError, PRECISIONS, format_duration, parse_count, parse_number, read_json, run_command
+from .core import LegalnbError, PRECISIONS, command_settings, format_duration, parse_count, parse_number, read_json
 from .models import MODELS
 from .presets import (parse_batch_schedule, micro_steps_before, steps_holding,
                              GPU, PRESETS, STRATEGIES, TASKS, find_gpu, get_preset, gpu_precision, human, lora_steps,
@@ -19,7 +19,7 @@ __all__ = ['GIB', 'USABLE', 'SHARDED', 'ACTIVATION_BYTES', 'NF4_BYTES', 'INT8_BY
            'sci', 'attention_flops_per_token', 'flops_per_token', 'mfu_of', 'run_seconds', 'run_cost', 'scale_lr',
            'Memory', 'estimate_memory', 'Estimate', 'check_claim', 'estimate', 'plan_for', 'model_plan_fields',
            'Calibration', 'calibrate', 'Comparison', 'compare', 'calibration_from_metrics', 'measured_activation_bytes',
-           'Measurement', 'GpuCheck', 'read_gpu_check', 'estimate_command', 'estimate_main']
+           'Measurement', 'GpuCheck', 'read_gpu_check', 'EstimateConfig', 'estimate_command', 'estimate_main']
 
 # %% ../nbs/08_calculator.ipynb #89f33b7c
 _POSITIVE = ('examples', 'tokens', 'epochs', 'steps', 'micro_batch', 'grad_accum', 'gpus', 'seq_len', 'sec_per_step',
@@ -677,64 +677,80 @@ def _show(e: Estimate, as_json: bool) -> str:
     "What `legalnb estimate` prints: the table, or one JSON object."
     return json.dumps(e.to_json()) if as_json else e.table()
 
-def estimate_command(
-        preset: str = None,            # TASK/NAME, e.g. cpt/fast, lora/full, scratch/aggressive: fills the plan
-        examples: _count = None,       # sequences (training examples) in the data
-        tokens: _count = None,         # corpus tokens (sequences = tokens // seq-len)
-        epochs: float = None,          # passes over the data (default 1; instead of --steps)
-        steps: _count = None,          # optimizer steps (instead of --epochs)
-        batch_size: int = None,        # micro-batch: sequences per forward pass per GPU
-        grad_accum: int = None,        # micro-batches accumulated per optimizer step
-        batch_schedule: str = None,    # FROM_STEP:GRAD_ACCUM pairs, e.g. 0:64,500:32,1500:16 (instead of --grad-accum)
-        gpus: int = None,              # data-parallel GPUs
-        seq_len: int = None,           # tokens per sequence
-        sec_per_step: float = None,    # speed, one of three: seconds per optimizer step
-        tokens_per_sec: _number = None,  # speed, one of three: tokens per second, all GPUs together
-        mfu: float = None,             # speed, one of three: MFU, the percent of the dense peak the run achieves: 40
-        params: _number = None,        # model parameters in matrix products, e.g. 125M or 7B
-        lora_params: _number = None,   # trainable LoRA parameters (base weights frozen)
-        mixing_flops: _count = None,   # the model's non-matmul training FLOPs per token (else 12·layers·seq·d)
-        model_size: str = None,        # a size of --model (small, medium, large, xlarge): sets params, FLOPs, shape
-        model: str = 'resonance',      # the architecture of --model-size, a registered model: resonance, gpt
-        gpu: str = None,               # h100-sxm, h200, a100-80gb, l40s, rtx-4090, rtx-2080-ti, or a device name
-        precision: Literal[PRECISIONS] = None,  # auto: bf16 where the GPU has bf16 tensor cores, else fp16
-        price_per_hour: float = None,  # price per GPU-hour
-        claimed_hours: float = None,   # a promised duration, to check
-        layers: int = None,            # layers, for the activation memory estimate
-        d_model: int = None,           # model width, for the activation memory estimate
-        vocab: int = None,             # vocabulary size, for the logits memory
-        checkpointing: bool = None,    # activation checkpointing (recompute each layer in backward)
-        strategy: Literal[STRATEGIES] = None,  # deepspeed-zero3 and fsdp shard the model's states over the GPUs
-        qlora: bool = None,            # LoRA on a 4-bit NF4 base (QLoRA, bitsandbytes): the frozen weights' memory
-        qlora_bits: Literal[4, 8] = None,  # --qlora's bits per base weight: 4 (NF4) or 8 (LLM.int8)
-        calibration: str = None,       # a GPU check's report.json (make gpu-check): measured MFU, activation bytes
-        json: bool = False):           # print one JSON object instead of the table
+_FIELD_OF = dict(batch_size='micro_batch', mixing_flops='mixing_flops_per_token')   # flag -> Plan field if unlike
+_NOT_PLAN = ('preset', 'model_size', 'model', 'calibration', 'json')   # how to make the plan, and how to print it
+
+@dataclass
+class EstimateConfig:
     "Time and cost of a training plan, checked against the hardware."
-    if sum(v is not None for v in (sec_per_step, tokens_per_sec, mfu)) > 1:
-        raise LegalnbError('give one speed: --sec-per-step, --tokens-per-sec or --mfu')
-    if epochs is not None and steps is not None: raise LegalnbError('give --epochs or --steps, not both')
-    if model not in MODELS: raise LegalnbError(f'--model: unknown model {model!r}; choose from {", ".join(MODELS)}')
-    if model != 'resonance' and not model_size: raise LegalnbError('--model needs --model-size: the size to plan for')
-    if mfu is not None and not 1 < mfu <= 100:
-        raise LegalnbError(f'--mfu is a percent of the dense peak (40 for 40%), above 1 and at most 100, got {mfu:g}')
-    fields = dict(examples=examples, tokens=tokens, epochs=epochs, steps=steps, micro_batch=batch_size,
-                  grad_accum=grad_accum, batch_schedule=batch_schedule,
-                  gpus=gpus, seq_len=seq_len, sec_per_step=sec_per_step,
-                  tokens_per_sec=tokens_per_sec, mfu=mfu and mfu / 100, params=params, lora_params=lora_params,
-                  mixing_flops_per_token=mixing_flops, gpu=gpu, precision=precision, price_per_hour=price_per_hour,
-                  claimed_hours=claimed_hours, layers=layers, d_model=d_model, vocab=vocab,
-                  checkpointing=checkpointing, strategy=strategy, qlora=qlora,
-                  qlora_bits=qlora_bits)
-    flags = dict(micro_batch='batch-size', mixing_flops_per_token='mixing-flops')
-    for k, v in fields.items():
-        if k in _POSITIVE and k != 'mfu' and v is not None and not v > 0:
-            raise LegalnbError(f'--{flags.get(k, k.replace("_", "-"))} must be more than 0, got {v:g}')
-    plan, lines, warnings = _plan(preset, model_size, {k: v for k, v in fields.items() if v is not None}, model), [], []
-    if calibration:   # --model-size plans a registered architecture; without it, the Hugging Face path (a Llama)
-        try: plan, lines, warnings = read_gpu_check(calibration).calibrate(plan, model if model_size else 'hf-llama')
+    preset: str = None             # TASK/NAME, e.g. cpt/fast, lora/full, scratch/aggressive: fills the plan
+    examples: _count = None        # sequences (training examples) in the data
+    tokens: _count = None          # corpus tokens (sequences = tokens // seq-len)
+    epochs: float = None           # passes over the data (default 1; instead of --steps)
+    steps: _count = None           # optimizer steps (instead of --epochs)
+    batch_size: int = None         # micro-batch: sequences per forward pass per GPU
+    grad_accum: int = None         # micro-batches accumulated per optimizer step
+    batch_schedule: str = None     # FROM_STEP:GRAD_ACCUM pairs, e.g. 0:64,500:32,1500:16 (instead of --grad-accum)
+    gpus: int = None               # data-parallel GPUs
+    seq_len: int = None            # tokens per sequence
+    sec_per_step: float = None     # speed, one of three: seconds per optimizer step
+    tokens_per_sec: _number = None   # speed, one of three: tokens per second, all GPUs together
+    mfu: float = None              # speed, one of three: MFU, the percent of the dense peak the run achieves: 40
+    params: _number = None         # model parameters in matrix products, e.g. 125M or 7B
+    lora_params: _number = None    # trainable LoRA parameters (base weights frozen)
+    mixing_flops: _count = None    # the model's non-matmul training FLOPs per token (else 12·layers·seq·d)
+    model_size: str = None         # a size of --model (small, medium, large, xlarge): sets params, FLOPs, shape
+    model: str = 'resonance'       # the architecture of --model-size, a registered model: resonance, gpt
+    gpu: str = None                # h100-sxm, h200, a100-80gb, l40s, rtx-4090, rtx-2080-ti, or a device name
+    precision: Literal[PRECISIONS] = None   # auto: bf16 where the GPU has bf16 tensor cores, else fp16
+    price_per_hour: float = None   # price per GPU-hour
+    claimed_hours: float = None    # a promised duration, to check
+    layers: int = None             # layers, for the activation memory estimate
+    d_model: int = None            # model width, for the activation memory estimate
+    vocab: int = None              # vocabulary size, for the logits memory
+    checkpointing: bool = None     # activation checkpointing (recompute each layer in backward)
+    strategy: Literal[STRATEGIES] = None   # deepspeed-zero3 and fsdp shard the model's states over the GPUs
+    qlora: bool = None             # LoRA on a 4-bit NF4 base (QLoRA, bitsandbytes): the frozen weights' memory
+    qlora_bits: Literal[4, 8] = None   # --qlora's bits per base weight: 4 (NF4) or 8 (LLM.int8)
+    calibration: str = None        # a GPU check's report.json (make gpu-check): measured MFU, activation bytes
+    json: bool = False             # print one JSON object instead of the table
+
+    def __post_init__(self):   # every check of the flags, before anything is computed
+        if sum(v is not None for v in (self.sec_per_step, self.tokens_per_sec, self.mfu)) > 1:
+            raise LegalnbError('give one speed: --sec-per-step, --tokens-per-sec or --mfu')
+        if self.epochs is not None and self.steps is not None:
+            raise LegalnbError('give --epochs or --steps, not both')
+        if self.model not in MODELS:
+            raise LegalnbError(f'--model: unknown model {self.model!r}; choose from {", ".join(MODELS)}')
+        if self.model != 'resonance' and not self.model_size:
+            raise LegalnbError('--model needs --model-size: the size to plan for')
+        if self.mfu is not None and not 1 < self.mfu <= 100:
+            raise LegalnbError(f'--mfu is a percent of the dense peak (40 for 40%), above 1 and at most 100, '
+                               f'got {self.mfu:g}')
+        for flag, field in self._plan_fields().items():
+            v = getattr(self, flag)
+            if field in _POSITIVE and field != 'mfu' and v is not None and not v > 0:
+                raise LegalnbError(f'--{flag.replace("_", "-")} must be more than 0, got {v:g}')
+
+    def _plan_fields(self) -> dict[str, str]:
+        "Each flag that is a value of the plan -> its Plan field."
+        return {f.name: _FIELD_OF.get(f.name, f.name) for f in fields(self) if f.name not in _NOT_PLAN}
+
+    def plan(self) -> Plan:
+        "The `Plan` the flags describe: a preset's plan with the flags applied, or the flags alone (--mfu a percent)."
+        given = {field: getattr(self, flag) for flag, field in self._plan_fields().items()}
+        given['mfu'] = self.mfu and self.mfu / 100
+        return _plan(self.preset, self.model_size, {k: v for k, v in given.items() if v is not None}, self.model)
+
+def estimate_command(config: EstimateConfig):
+    "Print the estimate of the plan `config` describes (calibrated by a GPU check's report if it names one)."
+    plan, lines, warnings = config.plan(), [], []
+    if config.calibration:   # --model-size plans a registered architecture; without it, the HF path (a Llama)
+        arch = config.model if config.model_size else 'hf-llama'
+        try: plan, lines, warnings = read_gpu_check(config.calibration).calibrate(plan, arch)
         except LegalnbError as e: raise LegalnbError(f'--calibration {e}') from None
     e = estimate(plan)
     e.lines[:0], e.warnings = lines, e.warnings + warnings
-    print(_show(e, json))
+    print(_show(e, config.json))
 
-def estimate_main(argv: list[str]) -> int: return run_command(estimate_command, argv, 'legalnb estimate')
+def estimate_main(argv: list[str]) -> int: return estimate_command(EstimateConfig(**command_settings('estimate', argv)))

@@ -683,7 +683,7 @@ COMMANDS = {
                             'train several models on the same data and budget, and compare'),
     'export':       Command('legalnb.export:export_main', 'legalnb.export:export_command',
                             'a trained model as a Hugging Face folder (AutoModelForCausalLM)'),
-    'estimate':     Command('legalnb.calculator:estimate_main', 'legalnb.calculator:estimate_command',
+    'estimate':     Command('legalnb.calculator:estimate_main', 'legalnb.calculator:EstimateConfig',
                             'time and cost of a training plan, checked against physics'),
     'run':          Command('legalnb.run:run_main', 'legalnb.run:run_parser',
                             'your documents to an evaluated model from one plan, resumable per stage'),
