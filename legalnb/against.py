@@ -14,7 +14,7 @@ from .core import command_settings
 from .models import model_kind
 from .evaluate import (AGAINST_FILES, BOOTSTRAP, EVALUATE_OUTPUTS, GROUPS, HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS,
                               REPORT_FILES, RETAINED_FILES, bootstrap_estimate, check_evaluate_settings,
-                              clear_other_modes, evaluate, evaluate_command, evaluate_parser, harness_scores,
+                              clear_other_modes, evaluate, evaluate_command, harness_scores,
                               load_eval_model, lora_base, read_general, read_heldout, suite_tasks, write_evaluation,
                               written_by_evaluate)
 

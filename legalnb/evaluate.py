@@ -21,9 +21,9 @@ from tqdm import tqdm
 
 from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, jsonl_records, read_json,
                    refuse_foreign_files, refuse_overwriting_inputs, resolve_precision, run_command)
-from .core import GPU_HOUR_PRICE, Output, refuse_oversized, refuse_unowned, run_writing
+from .core import GPU_HOUR_PRICE, Output, command_settings, refuse_oversized, refuse_unowned, run_writing
 from .models import load_native, model_kind, native_tokenizer
-from .export import TRUST_HINT, legalnb_remote_code
+from .export import legalnb_remote_code
 
 # %% auto #0
 __all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'LEVEL',
@@ -1112,8 +1112,7 @@ EVALUATE_OUTPUTS = (Output(ours=written_by_evaluate, check=False),   # checked a
 
 def evaluate_main(argv: list[str]) -> int:
     "`legalnb evaluate RUN_OR_MODEL --data HELDOUT [--json] [--out DIR]`: one model (`against_main` takes the rest)."
-    return run_writing(evaluate_command, vars(evaluate_parser().parse_args(list(map(str, argv)))), 'legalnb evaluate',
-                       EVALUATE_OUTPUTS)
+    return run_writing(evaluate_command, command_settings('evaluate', argv), 'legalnb evaluate', EVALUATE_OUTPUTS)
 
 # %% ../nbs/11_evaluate.ipynb #b5c60226
 def generate_command(model: str,                 # run folder, Hugging Face model folder or finetune output
