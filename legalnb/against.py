@@ -4,7 +4,7 @@
 
 # %% ../nbs/11a_against.ipynb #ac5080d6
 from __future__ import annotations
-import json
+import json, textwrap
 from pathlib import Path
 from typing import Callable
 
@@ -12,22 +12,25 @@ from .core import (GPU_HOUR_PRICE, LegalnbError, atomic_write, format_duration, 
                           refuse_foreign_files, refuse_overwriting_inputs, refuse_unowned, run_writing)
 from .core import command_settings
 from .models import model_kind
-from .evaluate import (AGAINST_FILES, BOOTSTRAP, EVALUATE_OUTPUTS, GROUPS, HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS,
+from .evaluate import (AGAINST_FILES, BOOTSTRAP, EVALUATE_OUTPUTS, GENERAL_GROUPS, GROUPS, HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS,
                               REPORT_FILES, RETAINED_FILES, bootstrap_estimate, check_evaluate_settings,
                               clear_other_modes, evaluate, evaluate_command, harness_scores,
                               load_eval_model, lora_base, read_general, read_heldout, suite_tasks, write_evaluation,
                               written_by_evaluate)
 
 # %% auto #0
-__all__ = ['AGAINST_FORMAT', 'RETAINED_FORMAT', 'NO_DIFFERENCE', 'verdict', 'change', 'check_comparable', 'compare_evaluations',
-           'share', 'retained', 'run_facts', 'against_rows', 'against_table', 'against_figure', 'against_markdown',
-           'against_lines', 'write_against', 'retained_table', 'retained_figure', 'write_retained', 'reference_of',
-           'declared_context', 'against_command', 'retained_command', 'evaluate_run', 'against_main']
+__all__ = ['AGAINST_FORMAT', 'RETAINED_FORMAT', 'NO_DIFFERENCE', 'KEPT_CLAIM', 'verdict', 'change', 'forgetting', 'kept',
+           'check_comparable', 'compare_evaluations', 'capabilities_kept', 'language_suites', 'share', 'retained',
+           'run_facts', 'against_rows', 'against_table', 'kept_table', 'against_title', 'against_panels',
+           'against_figure', 'against_markdown', 'against_lines', 'write_against', 'retained_table', 'retained_figure',
+           'write_retained', 'reference_of', 'declared_context', 'against_command', 'retained_command', 'evaluate_run',
+           'against_main']
 
 # %% ../nbs/11a_against.ipynb #6c18f9dd
 AGAINST_FORMAT = 'legalnb.against/1'                  # the schema of against.json
 RETAINED_FORMAT = 'legalnb.retained/1'        # ... and of retained.json
 NO_DIFFERENCE = 'no measurable difference'    # a change whose 95% interval holds 0
+KEPT_CLAIM = 0.90   # the seeds' promise, "General capabilities: Maintained (>90% MMLU)": a share of the base's score
 
 def verdict(change: float | None, ci: list | None, lower_is_better: bool = True) -> str:
     "'better', 'worse', 'no measurable difference' (the interval holds 0), or why there is no verdict."
@@ -46,6 +49,25 @@ def change(runs: list[list[dict]],           # [model rows, reference rows], on 
     d, d_ci = bootstrap_estimate(lambda a, b: a - b, runs, figure, where, iters, seed)
     return dict(model=m, model_ci=m_ci, reference=r, reference_ci=r_ci, change=d, change_ci=d_ci,
                 verdict=verdict(d, d_ci, lower_is_better))
+
+def forgetting(model: dict, reference: dict, iters: int = BOOTSTRAP, seed: int = 0) -> dict:
+    "The change on general text (two evaluations' `general`): overall, per language and per source, paired by unit."
+    runs = [model['documents'], reference['documents']]
+    out = change(runs, 'bits_per_byte', None, True, iters, seed) | dict(source=model['source'])
+    for key, field in GENERAL_GROUPS.items():
+        out[key] = {k: change(runs, 'bits_per_byte', lambda r, k=k, f=field: r.get(f) == k, True, iters, seed)
+                    for k in model.get(key, {})}
+    return out
+
+def kept(runs: list[list[dict]],        # [model rows, reference rows] of one suite's metric (higher is better)
+         iters: int = BOOTSTRAP, seed: int = 0) -> dict:
+    "The share of the reference's score the model keeps (model / reference), its interval paired over the items."
+    s, ci = bootstrap_estimate(lambda a, b: a / b, runs, 'ratio', iters=iters, seed=seed)
+    if s is None: v = 'no data (the reference scored 0)'
+    elif ci is None: v = f'no interval (fewer than {MIN_ACTS} items)'
+    else: v = (f'kept above {KEPT_CLAIM:.0%}' if ci[0] > KEPT_CLAIM else f'kept below {KEPT_CLAIM:.0%}'
+               if ci[1] < KEPT_CLAIM else f'not measurable against {KEPT_CLAIM:.0%}')
+    return dict(kept=s, kept_ci=ci, kept_verdict=v)
 
 # %% ../nbs/11a_against.ipynb #56c89768
 def _keys(e: dict) -> dict:
@@ -95,14 +117,45 @@ def compare_evaluations(model: dict, reference: dict, iters: int = BOOTSTRAP, se
                                       true=a['reference']) for a, b in zip(model['rouge']['rows'][:2],
                                                                             reference['rouge']['rows'])]
     if 'general' in model and 'general' in reference:
-        out['forgetting'] = change([model['general']['documents'], reference['general']['documents']],
-                                   'bits_per_byte', None, True, iters, seed) | dict(source=model['general']['source'])
+        out['forgetting'] = forgetting(model['general'], reference['general'], iters, seed)
     if 'suites' in model and 'suites' in reference:
-        out['suites'] = {t: {k: change([m['rows'], reference['suites'][t][k]['rows']], 'ratio', None,
-                                       m['higher_is_better'] is False, iters, seed) | dict(items=m['items'])
+        out['suites'] = {t: {k: _suite_change([m, reference['suites'][t][k]], iters, seed)
                              for k, m in ms.items() if k in reference['suites'].get(t, {})}
                          for t, ms in model['suites'].items()}
+        out['general_capabilities'] = capabilities_kept(model['suites'], reference['suites'], iters, seed)
     return out
+
+def _suite_change(ms: list[dict], iters: int, seed: int) -> dict:
+    "An lm-eval metric's change over the suite's items and, where higher is better, the share of the score kept."
+    runs, up = [m['rows'] for m in ms], ms[0]['higher_is_better']
+    return (change(runs, 'ratio', None, up is False, iters, seed) | dict(items=ms[0]['items'])
+            | (kept(runs, iters, seed) if up else {}))
+
+def capabilities_kept(model: dict, reference: dict, iters: int = BOOTSTRAP, seed: int = 0) -> dict:
+    "Per metric where higher is better, the share kept over every suite's items pooled (each item once, paired)."
+    pools = {}
+    for t, ms in model.items():
+        for k, m in ms.items():
+            if not m['higher_is_better'] or k not in reference.get(t, {}): continue
+            p = pools.setdefault(k, dict(tasks=[], runs=[[], []]))
+            p['tasks'].append(t)
+            for side, rows in zip(p['runs'], (m['rows'], reference[t][k]['rows'])):
+                side += [r | dict(celex=f"{t} {r['celex']}") for r in rows]
+    return {k: dict(tasks=p['tasks'], items=len(p['runs'][0]),
+                    model=bootstrap_estimate(lambda a: a, p['runs'][:1], 'ratio', iters=iters, seed=seed)[0],
+                    reference=bootstrap_estimate(lambda a: a, p['runs'][1:], 'ratio', iters=iters, seed=seed)[0])
+               | kept(p['runs'], iters, seed) for k, p in pools.items()}
+
+_BELEBELE = dict(bg='bul_Cyrl', cs='ces_Latn', da='dan_Latn', de='deu_Latn', el='ell_Grek', en='eng_Latn',
+                 es='spa_Latn', et='est_Latn', fi='fin_Latn', fr='fra_Latn', hr='hrv_Latn', hu='hun_Latn',
+                 it='ita_Latn', lt='lit_Latn', lv='lvs_Latn', mt='mlt_Latn', nl='nld_Latn', pl='pol_Latn',
+                 pt='por_Latn', ro='ron_Latn', sk='slk_Latn', sl='slv_Latn', sv='swe_Latn')   # Irish (ga): none
+_GLOBAL_MMLU = ('cs', 'de', 'el', 'en', 'es', 'fr', 'it', 'lt', 'nl', 'pl', 'pt', 'ro', 'sv')   # of the EU's 24
+
+def language_suites(langs: list[str]) -> list[str]:
+    "lm-eval 0.4.13's suites of general ability in these languages (ISO 639-1): Global-MMLU and Belebele."
+    return [t for l in langs for t in ([f'global_mmlu_full_{l}'] if l in _GLOBAL_MMLU else [])
+            + ([f'belebele_{_BELEBELE[l]}'] if l in _BELEBELE else [])]
 
 # %% ../nbs/11a_against.ipynb #7dced65b
 def share(runs: list[list[dict]], figure: str, where: Callable | None = None, iters: int = BOOTSTRAP,
@@ -171,6 +224,12 @@ def _fmt(v: float | None, ci: list | None = None, kind: str = 'bpb', sign: bool 
 
 _FORGETTING = {'worse': 'forgot', 'better': 'gained'}   # the verdicts of a change on general text
 
+def _general_changes(f: dict | None) -> list[tuple[str, dict]]:
+    "The general text's changes: overall (''), then per language and per source where there are several."
+    if not f: return []
+    return [('', f)] + [(f' {title} {k}', ch) for title, key in (('lang', 'by_language'), ('source', 'by_source'))
+                        if len(f.get(key, {})) > 1 for k, ch in f[key].items()]
+
 def against_rows(c: dict, groups: tuple[str, ...] = tuple(GROUPS)) -> list[list[str]]:
     "The rows of the comparison table: figure and group, model, reference, change (each with its interval), verdict."
     rows = []
@@ -185,9 +244,10 @@ def against_rows(c: dict, groups: tuple[str, ...] = tuple(GROUPS)) -> list[list[
         for key in groups:
             for k, v in c[key].items(): add(f'{titles[key]} {k}', name, v[figure], kind)
     if 'rouge_l' in c['overall']: add('overall', 'ROUGE-L', c['overall']['rouge_l'], 'num')
-    if (f := c.get('forgetting')) and c.get('reference_is_base', True):
-        add('general text (forgetting)', 'bits per byte', f, verdict=_FORGETTING.get(f['verdict'], f['verdict']))
-    elif f: add('general text', 'bits per byte', f)   # against another run: a difference, not forgetting
+    base = c.get('reference_is_base', True)   # against another run: a difference on general text, not forgetting
+    for label, f in _general_changes(c.get('forgetting')):
+        add(f'general text{label}' + (' (forgetting)' if base else ''), 'bits per byte', f,
+            verdict=_FORGETTING.get(f['verdict'], f['verdict']) if base else None)
     for task, ms in c.get('suites', {}).items():
         for k, m in ms.items(): add(task, f'{k} (lm-eval, over items)', m, 'num')
     return rows
@@ -196,6 +256,19 @@ def against_table(c: dict, groups: tuple[str, ...] = tuple(GROUPS)) -> str:
     "The comparison as a table (markdown, padded: it reads as plain text too)."
     return markdown_table(['', 'model [95% interval]', 'reference [95% interval]', 'change [95% interval]', 'verdict'],
                           against_rows(c, groups))
+
+def kept_table(c: dict) -> str | None:
+    "General capabilities maintained: each lm-eval score's share kept (model / reference) with its interval; None."
+    who = 'base' if c.get('reference_is_base', True) else 'reference'
+    items = [(f'{t} {k}', m) for t, ms in c.get('suites', {}).items() for k, m in ms.items() if 'kept' in m]
+    if len(items) > 1: items += [(f'all suites {k} ({m["items"]:,} items)', m)
+                                 for k, m in c.get('general_capabilities', {}).items()]
+    if not items: return None
+    return markdown_table(['lm-eval suite, metric', 'model [95% interval]', f'{who} [95% interval]',
+                           f'kept: model / {who} [95% interval]', f'against {KEPT_CLAIM:.0%}'],
+                          [[label, _fmt(m['model'], m.get('model_ci'), 'num'),
+                            _fmt(m['reference'], m.get('reference_ci'), 'num'), _fmt(m['kept'], m['kept_ci'], 'pct'),
+                            m['kept_verdict']] for label, m in items])
 
 # %% ../nbs/11a_against.ipynb #8872addd
 def _bars(ax, labels: list[str], changes: list[dict], unit: str, scale: float = 1.0):
@@ -207,43 +280,95 @@ def _bars(ax, labels: list[str], changes: list[dict], unit: str, scale: float = 
         ax.barh(i, d, color=colours.get(ch['verdict'], 'lightgrey'), hatch='//' if flat else None, edgecolor='grey')
         ax.errorbar(d, i, xerr=[[max(0, d - ci[0])], [max(0, ci[1] - d)]], color='black', capsize=3)
         if flat: ax.annotate(ch['verdict'], (0, i), xytext=(4, 0), textcoords='offset points', va='center', fontsize=7)
-    ax.axvline(0, color='black', lw=0.8); ax.set_yticks(range(len(labels)), labels); ax.invert_yaxis()
-    ax.set_xlabel(f'change, model - reference ({unit})'); ax.grid(axis='x', alpha=0.3)
+    _rows(ax, labels); ax.axvline(0, color='black', lw=0.8)
+    ax.set_xlabel(f'change, model - reference ({unit})')
+
+def _rows(ax, labels: list[str]):
+    "Row labels that never run into each other: wrapped, smaller as they get more; at most six ticks along x."
+    from matplotlib.ticker import MaxNLocator
+    size = 9 if len(labels) <= 12 else 8 if len(labels) <= 24 else 7
+    ax.set_yticks(range(len(labels)), [textwrap.fill(x, 28) for x in labels], fontsize=size); ax.invert_yaxis()
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=6)); ax.tick_params(axis='x', labelsize=8); ax.grid(axis='x', alpha=0.3)
+
+def _kept_points(ax, labels: list[str], shares: list[dict]):
+    "The share of the base's score kept per suite, with its interval, beside the seeds' claim."
+    for i, m in enumerate(shares):
+        ci = m['kept_ci'] or [m['kept']] * 2
+        ax.errorbar(100 * m['kept'], i, xerr=[[100 * max(0, m['kept'] - ci[0])], [100 * max(0, ci[1] - m['kept'])]],
+                    fmt='o', color='tab:blue', capsize=3)
+    ax.axvline(100 * KEPT_CLAIM, color='tab:orange', ls='--', lw=1, label=f"the seeds' claim ({KEPT_CLAIM:.0%})")
+    ax.axvline(100, color='grey', lw=0.8); _rows(ax, labels); ax.legend(fontsize=7, loc='lower left')
+    ax.set_xlabel('score kept: model / base (%)')
+
+def _short(name: str) -> str:
+    "A model by the last two names of its folder: runs/x/final -> x/final, /models/hf/SmolLM2 -> hf/SmolLM2."
+    return '/'.join(Path(name).parts[-2:]) or name
+
+def against_title(c: dict) -> str:
+    "Who is compared with whom, and the reference's role: 'model: x/final vs base: hf/SmolLM2'."
+    who = 'base' if c.get('reference_is_base', True) else 'reference'
+    return f"model: {_short(c['model']['name'])} vs {who}: {_short(c['reference']['name'])}"
+
+def against_panels(c: dict) -> list[tuple[str, list[str], list[dict]]]:
+    "The plot's panels with something to show: held-out law, general text, citations, suites kept."
+    langs, base = list(c['by_language']), c.get('reference_is_base', True)
+    out = [('Held-out law: bits per byte', ['overall', *[f'lang {k}' for k in langs]],
+            [c['overall']['bits_per_byte'], *[c['by_language'][k]['bits_per_byte'] for k in langs]])]
+    if (g := _general_changes(c.get('forgetting'))):
+        out.append(('General text: bits per byte' + (' (above 0: forgot)' if base else ''),
+                    [label.strip() or 'overall' for label, _ in g], [f for _, f in g]))
+    acc = [(k, v) for k, v in [('overall', c['overall']['accuracy'])] + [(f'lang {k}', c['by_language'][k]['accuracy'])
+                                                                         for k in langs] if v['change'] is not None]
+    if acc: out.append(('Citation accuracy', [k for k, _ in acc], [v for _, v in acc]))
+    kept = [(f'{t} {k}', m) for t, ms in c.get('suites', {}).items() for k, m in ms.items() if m.get('kept') is not None]
+    if kept: out.append(('General capabilities kept (lm-eval)', [k for k, _ in kept], [m for _, m in kept]))
+    return out
 
 def against_figure(c: dict):
     "against.png: the change in bits per byte (held-out law per language, and general text) and in citation accuracy."
     from matplotlib.figure import Figure
-    langs = list(c['by_language'])
-    bpb = [('overall', c['overall']['bits_per_byte'])] + [(k, c['by_language'][k]['bits_per_byte']) for k in langs]
-    if c.get('forgetting'): bpb.append(('general text', c['forgetting']))
-    acc = [(k, v) for k, v in [('overall', c['overall']['accuracy'])] + [(k, c['by_language'][k]['accuracy'])
-                                                                         for k in langs] if v['change'] is not None]
-    fig = Figure(figsize=(9, 0.3 * max(len(bpb), len(acc)) + 1.6), layout='constrained')
-    a1, a2 = fig.subplots(1, 2)
-    _bars(a1, [k for k, _ in bpb], [v for _, v in bpb], 'bits per byte: below 0 is better')
-    a1.set_title('Bits per byte')
-    if acc: _bars(a2, [k for k, _ in acc], [v for _, v in acc], 'points: above 0 is better', 100); a2.set_title(
-        'Citation accuracy')
-    else: a2.set_axis_off()
-    fig.suptitle(f"{Path(c['model']['name']).name or c['model']['name']} against "
-                 f"{Path(c['reference']['name']).name or c['reference']['name']} (95% intervals over held-out acts)")
+    panels = against_panels(c)
+    sizes = [len(labels) + 2 for _, labels, _ in panels]   # a panel's height: its rows, its title and x axis
+    fig = Figure(figsize=(8, 0.28 * sum(sizes) + 0.8), layout='constrained')
+    for ax, (title, labels, values) in zip(fig.subplots(len(panels), 1, height_ratios=sizes, squeeze=False)[:, 0],
+                                           panels):
+        if title.startswith('General capabilities'): _kept_points(ax, labels, values)
+        elif title.startswith('Citation'): _bars(ax, labels, values, 'points: above 0 is better', 100)
+        else: _bars(ax, labels, values, 'bits per byte: below 0 is better')
+        ax.set_title(title, fontsize=10, loc='left')
+    fig.suptitle(f'{against_title(c)}\n95% intervals: over held-out acts (general text: its units; suites: items)',
+                 fontsize=10)
     return fig
 
 # %% ../nbs/11a_against.ipynb #f1487872
 def _name(m: dict) -> str: return Path(m['name']).name or m['name']
 
+def _capabilities(c: dict) -> list[str]:
+    "The section on general capabilities: the share kept per suite, or the suites that would measure it."
+    if (t := kept_table(c)):
+        return ['## General capabilities maintained', '', 'The share of the base\'s lm-eval score the model keeps '
+                '(model / base), with a 95% interval by a paired bootstrap over the suite\'s items.', '', t, '']
+    langs = sorted({*c['by_language'], *(c.get('forgetting') or {}).get('by_language', {})})
+    if not (suites := language_suites(langs)): return []
+    return ['General capabilities maintained (a share of the base\'s score on public suites) were not measured: '
+            f"`--lm-eval-tasks {' '.join(suites)}` measure them in these languages (data from the Hugging Face Hub "
+            'or your datasets cache; or a local task, see the notebook).', '']
+
 def against_markdown(c: dict) -> str:
     "against.md: what was compared and how, the table, the plot, two openings continued by both models."
     d = c['data']
-    md = [f"# {_name(c['model'])} against {_name(c['reference'])}", '',
+    md = [f"# {against_title(c)}", '',
           f"Model `{c['model']['name']}` ({c['model']['kind']}, {c['model']['params']:,} parameters) against reference "
           f"`{c['reference']['name']}` ({c['reference']['kind']}, {c['reference']['params']:,} parameters) on "
           f"{d['docs']:,} held-out documents of {d['acts']:,} acts: {c['windows']}. Every interval is 95%, by "
           f"bootstrap over the held-out acts ({c['settings']['bootstrap']:,} resamples); a change whose interval "
           f"holds 0 is reported as {NO_DIFFERENCE}.", '', against_table(c), '', '![the change](against.png)', '']
     if (f := c.get('forgetting')) and c.get('reference_is_base', True):
-        md += [f"Forgetting is the change on general text ({f['source'] or 'given in memory'}): "
-               f"{_FORGETTING.get(f['verdict'], f['verdict'])}.", '']
+        word = lambda ch: _FORGETTING.get(ch['verdict'], ch['verdict'])
+        per = '; per language: ' + ', '.join(f'{k} {word(ch)}' for k, ch in f.get('by_language', {}).items())
+        md += [f"Forgetting is the change on general text ({f['source'] or 'given in memory'}): {word(f)}"
+               + (per if len(f.get('by_language', {})) > 1 else '') + '.', '']
+    md += _capabilities(c)
     for e in c.get('rouge_examples', []):
         md += [f"### {e['celex']} ({e['lang']}): greedy continuations", '', '| | text |', '|---|---|',
                *[f"| {who} | {' '.join(e[k].split()).replace('|', '/')} |"
@@ -257,6 +382,7 @@ def against_lines(c: dict, folder: str = 'eval') -> list[str]:
             f"{c['reference']['params']:,} parameters) on the same {c['data']['acts']:,} held-out acts: "
             f"{c['windows']}. 95% intervals by bootstrap over the acts; a change whose interval holds 0 is "
             f"{NO_DIFFERENCE}.", '', against_table(c, groups=('by_language',)), '',
+            *(['General capabilities maintained:', '', t, ''] if (t := kept_table(c)) else []),
             f'![the change against the reference]({folder}/against.png)', '',
             f'Per type and decade, and the continuations of both models: `{folder}/against.md`.']
 
@@ -413,7 +539,8 @@ def against_command(**o) -> int:
     write_against(c, out)
     clear_other_modes(out, lambda p: str(p) in (*REPORT_FILES, *AGAINST_FILES) or p.parts[0] == 'reference')
     if o['json']: print(json.dumps(c, indent=1, ensure_ascii=False))
-    else: print(f"{model} against {ref}: {c['windows']}\n\n{against_table(c)}\n\nwrote {out/'against.md'}, "
+    else: print(f"{model} against {ref}: {c['windows']}\n\n{against_table(c)}\n\n"
+                + (f'general capabilities maintained:\n{t}\n\n' if (t := kept_table(c)) else '') + f"wrote {out/'against.md'}, "
                 f"{out/'against.json'}, {out/'against.png'}, {out/'eval.md'}, {out/'reference'/'eval.md'}")
     return 0
 

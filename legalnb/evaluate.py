@@ -27,18 +27,18 @@ from .export import legalnb_remote_code
 
 # %% auto #0
 __all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'LEVEL',
-           'BOOTSTRAP', 'MIN_ACTS', 'GROUPS', 'FIGURES', 'GENERAL_BUILTIN', 'REPORT_FILES', 'LM_EVAL_TASKS',
-           'LM_EVAL_FILES', 'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'EVALUATE_OUTPUTS',
-           'heldout_path', 'decade_of', 'read_heldout', 'EvalModel', 'lora_base', 'load_eval_model', 'as_model',
-           'document_windows', 'position_buckets', 'bucket_label', 'document_batches', 'score_documents', 'metrics',
-           'grouped', 'generate_ids', 'TextStream', 'generate', 'extract_citations', 'citation_items',
-           'score_citations', 'LookupModel', 'summarize_citations', 'opening', 'generate_samples', 'rouge_l',
-           'rouge_openings', 'score_rouge', 'document_rows', 'citation_marks', 'resample_counts', 'unit_sums',
-           'bootstrap_estimate', 'add_intervals', 'general_texts', 'write_general_texts', 'read_general',
-           'score_general', 'evaluate', 'format_table', 'report_markdown', 'write_evaluation', 'evaluation_lines',
-           'write_lm_eval_tasks', 'run_harness', 'suite_tasks', 'harness_scores', 'written_by_evaluate',
-           'clear_other_modes', 'check_evaluate_settings', 'evaluate_command', 'evaluate_parser', 'evaluate_main',
-           'generate_command', 'generate_main']
+           'BOOTSTRAP', 'MIN_ACTS', 'GROUPS', 'GENERAL_GROUPS', 'FIGURES', 'GENERAL_BUILTIN', 'GENERAL_LANG',
+           'REPORT_FILES', 'LM_EVAL_TASKS', 'LM_EVAL_FILES', 'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES',
+           'RUN_DIRS', 'EVALUATE_OUTPUTS', 'heldout_path', 'decade_of', 'read_heldout', 'EvalModel', 'lora_base',
+           'load_eval_model', 'as_model', 'document_windows', 'position_buckets', 'bucket_label', 'document_batches',
+           'score_documents', 'metrics', 'grouped', 'generate_ids', 'TextStream', 'generate', 'extract_citations',
+           'citation_items', 'score_citations', 'LookupModel', 'summarize_citations', 'opening', 'generate_samples',
+           'rouge_l', 'rouge_openings', 'score_rouge', 'document_rows', 'citation_marks', 'resample_counts',
+           'unit_sums', 'bootstrap_estimate', 'add_intervals', 'general_texts', 'write_general_texts', 'mix_heldout',
+           'read_general', 'score_general', 'evaluate', 'format_table', 'report_markdown', 'write_evaluation',
+           'evaluation_lines', 'write_lm_eval_tasks', 'run_harness', 'suite_tasks', 'harness_scores',
+           'written_by_evaluate', 'clear_other_modes', 'check_evaluate_settings', 'evaluate_command', 'evaluate_parser',
+           'evaluate_main', 'generate_command', 'generate_main']
 
 # %% ../nbs/11_evaluate.ipynb #76359c74
 EVAL_FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
@@ -556,6 +556,7 @@ LEVEL = 0.95       # the coverage of every interval
 BOOTSTRAP = 1000   # bootstrap resamples of the held-out acts per interval
 MIN_ACTS = 5       # fewer acts than this: no interval (two acts would give an 'interval' that is just their values)
 GROUPS = {'by_language': 'lang', 'by_doc_type': 'doc_type', 'by_year_band': 'band'}   # report key: document field
+GENERAL_GROUPS = {'by_language': 'lang', 'by_source': 'source'}                     # ... and of the general text
 FIGURES = {'bits_per_byte': ('nll', 'bytes', 1 / LN2),   # figure: (numerator field, denominator field, scale);
            'accuracy': ('right', None, 1.0),             # a denominator of None counts each row once
            'rouge_l': ('rouge_l', None, 1.0),
@@ -619,7 +620,11 @@ def add_intervals(r: dict, iters: int = BOOTSTRAP, seed: int = 0, level: float =
     c['accuracy_ci'] = one(c['marks'], 'accuracy')
     for k, m in c['by_kind'].items(): m['accuracy_ci'] = one(c['marks'], 'accuracy', lambda x: x['kind'] == k)
     if 'rouge' in r: r['rouge']['rouge_l_ci'] = one(r['rouge']['rows'], 'rouge_l')
-    if 'general' in r: r['general']['overall']['bits_per_byte_ci'] = one(r['general']['documents'], 'bits_per_byte')
+    if (g := r.get('general')):
+        g['overall']['bits_per_byte_ci'] = one(g['documents'], 'bits_per_byte')
+        for key, field in GENERAL_GROUPS.items():
+            for k, m in g.get(key, {}).items():
+                m['bits_per_byte_ci'] = one(g['documents'], 'bits_per_byte', lambda x: x.get(field) == k)
     r['settings'].update(bootstrap=iters, level=level, unit='act')
     return r
 
@@ -661,33 +666,68 @@ def write_general_texts(path: str | Path, max_chars: int = 3000) -> Path:
     return Path(path)
 
 # %% ../nbs/11_evaluate.ipynb #02cda1a8
-def _general_doc(rec: dict, where: str) -> dict | None:
-    "A general-text record as evaluate's documents are (its unit under celex); None for a blank text."
+GENERAL_LANG = 'unknown'   # the language of a general-text record without "lang" (as for a held-out document)
+
+def _general_doc(rec: dict, where: str, source: str, prefix: str = '') -> dict | None:
+    "A general-text record as evaluate's documents are (its unit under celex, its language, its source); None if blank."
     if not isinstance(rec.get('text'), str):
-        raise LegalnbError(f'{where}: no "text" string; expected general text as {{"text": "..."}}, one per line')
+        raise LegalnbError(f'{where}: no "text" string; expected general text as {{"text": "...", "lang": "fr"}}, '
+                           'one per line')
     if not rec['text'].strip(): return None
-    return dict(celex=str(rec.get('id') or where), lang=str(rec.get('lang') or 'unknown').lower(), doc_type='general',
-                band='unknown', text=rec['text'])
+    return dict(celex=prefix + str(rec.get('id') or where), lang=str(rec.get('lang') or GENERAL_LANG).lower(),
+                doc_type='general', band='unknown', source=source, text=rec['text'])
+
+def _general_file(p: Path, source: str, prefix: str = '') -> list[dict]:
+    "The general documents of one JSON-lines file, all of one source."
+    docs = [d for n, _, _, rec in jsonl_records(p) if (d := _general_doc(rec, f'{p}, line {n}', source, prefix))]
+    if not docs: raise LegalnbError(f'{p}: no general text; expected one {{"text": "...", "lang": "fr"}} per line')
+    return docs
+
+_NO_MIX = ('build it with `legalnb build-corpus ... --mix general=PATH:0.05` (each mixed source keeps a held-out '
+           'slice it never trains on), or pass --general FILE.jsonl')
+
+def mix_heldout(corpus: str | Path) -> list[dict]:
+    "The held-out slices of a mixed corpus's sources (manifest.json's \"mix\"), each document under its source name."
+    folder = Path(corpus); man = folder/'manifest.json'
+    if not man.is_file():
+        raise LegalnbError(f'--general {folder}: a folder without manifest.json; expected a corpus folder that mixes '
+                           f'general sources in, a JSON-lines file or {GENERAL_BUILTIN}; {_NO_MIX}')
+    sources = read_json(man, 'a corpus manifest').get('mix') or []
+    held = [s for s in sources if isinstance(s, dict) and (s.get('heldout') or {}).get('documents', 1)]
+    if not held: raise LegalnbError(f'{man}: this corpus has no general held-out slices (no "mix" sources); {_NO_MIX}')
+    docs = []
+    for i, s in enumerate(held):
+        name, rel = str(s.get('name') or f'source{i}'), str((s.get('heldout') or {}).get('file') or '')
+        if not rel or Path(rel).is_absolute() or '..' in Path(rel).parts:
+            raise LegalnbError(f'{man}: mix source {name!r}: heldout file {rel!r} is not a relative path inside the '
+                               'corpus folder; build the corpus again with legalnb build-corpus --mix')
+        if not (folder/rel).is_file():
+            raise LegalnbError(f'{folder/rel}: missing; {man} lists it as the held-out slice of mix source {name!r}; '
+                               'build the corpus again with legalnb build-corpus --mix')
+        docs += _general_file(folder/rel, name, f'{name}:')
+    return docs
 
 def read_general(source: str | Path) -> list[dict]:
-    "General (non-legal) documents: a JSON-lines file of {\"text\": ...}, or 'python-docs' (built in, see above)."
+    "General (non-legal) documents: a JSON-lines file, a mixed corpus folder's held-out slices, or 'python-docs'."
     if str(source) == GENERAL_BUILTIN and not Path(source).exists():
-        return [_general_doc(g, g['id']) for g in general_texts()]
+        return [_general_doc(g, g['id'], GENERAL_BUILTIN) for g in general_texts()]
     p = Path(source)
+    if p.is_dir(): return mix_heldout(p)
     if not p.is_file():
-        raise LegalnbError(f'--general {p}: no such file; expected general (non-legal) text, one {{"text": "..."}} '
-                           f'per line, or {GENERAL_BUILTIN} (built in: Python\'s docstrings)')
-    docs = [d for n, _, _, rec in jsonl_records(p) if (d := _general_doc(rec, f'{p}, line {n}'))]
-    if not docs: raise LegalnbError(f'{p}: no general text; expected one {{"text": "..."}} per line')
-    return docs
+        raise LegalnbError(f'--general {p}: no such file; expected general (non-legal) text, one {{"text": "...", '
+                           f'"lang": "fr"}} per line, a corpus folder with mixed sources, or {GENERAL_BUILTIN} '
+                           '(built in: Python\'s docstrings)')
+    return _general_file(p, p.stem)
 
 def score_general(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384, eos: bool = True,
                   source: str | None = None, progress: bool = False) -> dict:
-    "Loss, perplexity and bits per byte of general text, and its rows for the intervals."
+    "Loss, perplexity and bits per byte of general text, overall, per language and per source; its rows (intervals)."
     s = score_documents(lm, docs, batch_tokens, eos, progress)
+    docs = [d | dict(source=d.get('source') or 'general') for d in docs]
     return dict(source=source, docs=len(docs), units=len({d['celex'] for d in docs}),
                 overall=metrics(sum(s['doc_nll']), sum(s['doc_tokens']), sum(s['doc_bytes']), len(docs)),
-                documents=document_rows(docs, s))
+                **{key: grouped(docs, s, field) for key, field in GENERAL_GROUPS.items()},
+                documents=[r | dict(source=d['source']) for r, d in zip(document_rows(docs, s), docs)])
 
 # %% ../nbs/11_evaluate.ipynb #5ec3bb3b
 def _tokenizer_id(lm: EvalModel) -> str:
@@ -755,6 +795,12 @@ def _pct(c: dict) -> str:
     return f'{c["right"]:,}/{c["items"]:,} exact ({c["accuracy"]:.1%}' + (
         f', 95% interval {ci[0]:.1%} to {ci[1]:.1%})' if ci else ')')
 
+def _general_lines(g: dict) -> list[str]:
+    "The general text's rows: overall, then per language and per source where there are several."
+    rows = [(f'{title} {k}', m) for title, key in (('general', 'by_language'), ('general src', 'by_source'))
+            if len(g.get(key, {})) > 1 for k, m in g[key].items()]
+    return [f'{label:<20} {_cells(m)}' for label, m in [('general text', g['overall']), *rows]]
+
 def format_table(r: dict) -> str:
     "The evaluation as a fixed-width table: overall, per language, type and decade, by position, citations."
     head = f'{"":<20} {"docs":>6} {"tokens":>12} {"loss":>7} {"perplexity":>10} {"bits/byte":>9}'
@@ -762,7 +808,7 @@ def format_table(r: dict) -> str:
              f'{"overall":<20} {_cells(r["overall"])}']
     for title, key in (('lang', 'by_language'), ('type', 'by_doc_type'), ('years', 'by_year_band')):
         lines += [f'{title + " " + k:<20} {_cells(m)}' for k, m in r[key].items()]
-    if 'general' in r: lines.append(f'{"general text":<20} {_cells(r["general"]["overall"])}')
+    if 'general' in r: lines += _general_lines(r['general'])
     lines += ['', f'{"loss by position":<20} {"":>6} {"tokens":>12} {"loss":>7}']
     lines += [f'{b["bucket"]:<20} {"":>6} {b["tokens"]:>12,} '
               + (f'{"-":>7}' if b['loss'] is None else f'{b["loss"]:>7.3f}') for b in r['by_position']]
@@ -836,6 +882,8 @@ def report_markdown(r: dict) -> str:
         md += ['## General text', '', f'{g["docs"]:,} documents of general (non-legal) text from '
                f'{g["source"] or "memory"}; its change against a reference is forgetting.', '',
                *_md_table({'general text': g['overall']}, ''), '']
+        for key, first in (('by_language', 'language'), ('by_source', 'source')):
+            if len(g.get(key, {})) > 1: md += [*_md_table(g[key], first), '']
     if 'harness' in r:
         md += ['## lm-evaluation-harness', '', '| task | metric | value |', '|---|---|---:|']
         md += [f'| {t} | {k} | {v:.4f} |' for t, res in r['harness'].items() for k, v in res.items()] + ['']
