@@ -281,6 +281,7 @@ def _bars(ax, labels: list[str], changes: list[dict], unit: str, scale: float = 
         ax.errorbar(d, i, xerr=[[max(0, d - ci[0])], [max(0, ci[1] - d)]], color='black', capsize=3)
         if flat: ax.annotate(ch['verdict'], (0, i), xytext=(4, 0), textcoords='offset points', va='center', fontsize=7)
     _rows(ax, labels); ax.axvline(0, color='black', lw=0.8)
+    ax.use_sticky_edges = False; ax.margins(x=0.08)   # room beyond the longest bar
     ax.set_xlabel(f'change, model - reference ({unit})')
 
 def _rows(ax, labels: list[str]):
@@ -296,9 +297,9 @@ def _kept_points(ax, labels: list[str], shares: list[dict]):
         ci = m['kept_ci'] or [m['kept']] * 2
         ax.errorbar(100 * m['kept'], i, xerr=[[100 * max(0, m['kept'] - ci[0])], [100 * max(0, ci[1] - m['kept'])]],
                     fmt='o', color='tab:blue', capsize=3)
-    ax.axvline(100 * KEPT_CLAIM, color='tab:orange', ls='--', lw=1, label=f"the seeds' claim ({KEPT_CLAIM:.0%})")
-    ax.axvline(100, color='grey', lw=0.8); _rows(ax, labels); ax.legend(fontsize=7, loc='lower left')
-    ax.set_xlabel('score kept: model / base (%)')
+    ax.axvline(100 * KEPT_CLAIM, color='tab:orange', ls='--', lw=1); ax.axvline(100, color='grey', lw=0.8)
+    _rows(ax, labels); ax.margins(x=0.08)
+    ax.set_xlabel(f"score kept: model / base (%); dashed: the seeds' claim ({KEPT_CLAIM:.0%})")
 
 def _short(name: str) -> str:
     "A model by the last two names of its folder: runs/x/final -> x/final, /models/hf/SmolLM2 -> hf/SmolLM2."
@@ -321,6 +322,7 @@ def against_panels(c: dict) -> list[tuple[str, list[str], list[dict]]]:
                                                                          for k in langs] if v['change'] is not None]
     if acc: out.append(('Citation accuracy', [k for k, _ in acc], [v for _, v in acc]))
     kept = [(f'{t} {k}', m) for t, ms in c.get('suites', {}).items() for k, m in ms.items() if m.get('kept') is not None]
+    if len(kept) > 1: kept += [(f'all suites {k}', m) for k, m in c.get('general_capabilities', {}).items()]
     if kept: out.append(('General capabilities kept (lm-eval)', [k for k, _ in kept], [m for _, m in kept]))
     return out
 

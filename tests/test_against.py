@@ -227,6 +227,7 @@ def bad_cases(runs: Path, tmp: Path):
     (tmp/'notext.jsonl').write_text('{"title": "x"}\n')
     (tmp/'foreign').mkdir(exist_ok=True); (tmp/'foreign'/'mine.txt').write_text('mine')
     (tmp/'lora').mkdir(exist_ok=True)
+    (tmp/'plain-corpus').mkdir(exist_ok=True); (tmp/'plain-corpus'/'manifest.json').write_text('{"format": "x"}')
     (tmp/'lora'/'adapter_config.json').write_text('{"base_model_name_or_path": "meta-llama/Llama-3-8B"}')
     data = runs/'heldout.jsonl'
     return [
@@ -237,6 +238,8 @@ def bad_cases(runs: Path, tmp: Path):
          'none.jsonl: no such file'),
         (['evaluate', runs/'run60', '--against', runs/'run0', '--data', data, '--general', tmp/'notext.jsonl'],
          'line 1: no "text" string'),
+        (['evaluate', runs/'run60', '--against', runs/'run0', '--data', data, '--general', tmp/'plain-corpus'],
+         'this corpus has no general held-out slices (no "mix" sources); build it with `legalnb build-corpus'),
         (['evaluate', runs/'run60', '--against', runs/'run0', '--data', data, '--harness'], 'with --against use'),
         (['evaluate', runs/'run60', '--against', runs/'run0', '--data', data, '--out', tmp/'foreign'],
          'holds files legalnb did not write'),
@@ -367,3 +370,121 @@ def test_a_local_lm_eval_task_compared_against_the_base(tmp_path, monkeypatch):
     assert 'belebele_local' in text and Path(c['reference']['name']) == base
     em = c['suites']['legalbench_proa_local']['exact_match,get-answer']   # a generation task, scored after its filter
     assert em['items'] == 4 and 0 <= em['model'] <= 1 and em['verdict']
+    # general capabilities maintained: the share of the base's score kept, paired over the items
+    ref = json.loads((out/'reference'/'eval.json').read_text())['suites']['belebele_local']['acc']
+    assert acc['reference'] > 0 and acc['kept'] == pytest.approx(mine['value'] / ref['value'])
+    assert acc['kept_ci'][0] <= acc['kept'] <= acc['kept_ci'][1] and acc['kept_verdict']
+    assert acc['kept_ci'] == pytest.approx(bootstrap_estimate(lambda a, b: a / b, [mine['rows'], ref['rows']], 'ratio')[1])
+    assert 'general capabilities maintained' in text and 'kept: model / base' in text
+
+
+# ---------------------------------------------------------------- forgetting per language; the share of the base kept
+
+def general_rows(shift: dict[str, float], units: int = 6) -> list[dict]:
+    "General-text rows of two sources, English and French (wiki) and German (news), `shift` bits per byte up per language."
+    return [dict(r, lang=l, source=s) for i in range(units) for l, s in (('en', 'wiki'), ('fr', 'wiki'), ('de', 'news'))
+            for r in rows(f'{s}:{l}{i}', 1.0 + shift.get(l, 0) + i / 20)]
+
+
+def with_general(e: dict, shift: dict[str, float]) -> dict:
+    return e | dict(general=dict(source='corpus', documents=general_rows(shift), by_source={'wiki': {}, 'news': {}},
+                                 by_language={'en': {}, 'fr': {}, 'de': {}}))
+
+
+def test_forgetting_per_language_and_source_and_the_plot_that_shows_it():
+    from legalnb.against import against_figure, against_markdown, against_table
+    langs = {a: ('en', 2.0 + i / 10) for i, a in enumerate('ABCDE')}
+    base = with_general(evaluation(langs, dict.fromkeys('ABCDE', 0)), {})
+    tuned = with_general(evaluation({a: (l, b - 0.3) for a, (l, b) in langs.items()}, dict.fromkeys('ABCDE', 0)),
+                         {'fr': 0.2, 'de': 0.1})
+    for e in (base, tuned): e['citations']['marks'] = []   # no citation scored: the plot has no panel for them
+    base['model']['name'], tuned['model']['name'] = '/models/hf/SmolLM2-135M', '/home/u/runs/cpt/final'
+    f = compare_evaluations(tuned, base)['forgetting']
+    assert f['by_language']['en']['change_ci'] == pytest.approx([0, 0]) and f['by_language']['en']['verdict'] == NO_DIFFERENCE
+    assert f['by_language']['fr']['change'] == pytest.approx(0.2) and f['by_language']['fr']['verdict'] == 'worse'
+    assert f['by_language']['de']['change_ci'] == pytest.approx([0.1, 0.1])
+    assert f['by_source']['news']['change'] == pytest.approx(0.1) and f['by_source']['wiki']['change'] == pytest.approx(0.1)
+    assert f['change'] == pytest.approx(0.1)   # equal bytes per language: the mean of 0, 0.2 and 0.1
+    c = compare_evaluations(tuned, base)
+    table = against_table(c)
+    assert 'general text lang fr (forgetting)' in table and 'general text source news (forgetting)' in table
+    assert 'per language: en no measurable difference, fr forgot, de forgot' in against_markdown(c)
+    fig = against_figure(c)
+    assert [ax.get_title(loc='left') for ax in fig.axes] == ['Held-out law: bits per byte',
+                                                            'General text: bits per byte (above 0: forgot)']
+    assert [t.get_text() for t in fig.axes[1].get_yticklabels()] == [
+        'overall', 'lang en', 'lang fr', 'lang de', 'source wiki', 'source news']
+    assert fig._suptitle.get_text().startswith('model: cpt/final vs base: hf/SmolLM2-135M\n')
+    assert compare_evaluations(tuned, base, base=False)['model']   # against another run: no 'forgot' wording
+    assert 'forgetting' not in against_table(compare_evaluations(tuned, base, base=False))
+
+
+def suite(right: list[int], task: str = 'belebele_local') -> dict:
+    return {task: {'acc': dict(higher_is_better=True, items=len(right),
+                               rows=[dict(celex=f'item {i}', num=float(r), den=1.0) for i, r in enumerate(right)])}}
+
+
+def test_the_share_of_the_base_score_kept_is_paired_over_items():
+    from legalnb.against import kept_table
+    langs = {a: ('en', 2.0) for a in 'ABCDE'}
+    e = lambda s: evaluation(langs, dict.fromkeys('ABCDE', 1)) | dict(suites=s)
+    base = [1, 0] * 20                                       # right on 20 of 40 items
+    same = compare_evaluations(e(suite(base)), e(suite(base)))['suites']['belebele_local']['acc']
+    assert same['kept'] == 1 and same['kept_ci'] == [1, 1]   # paired: every resample keeps all of it
+    half = [1, 0, 0, 0] * 10                                 # right on half the items the base got right, no other
+    m = compare_evaluations(e(suite(half)), e(suite(base)))['suites']['belebele_local']['acc']
+    assert m['kept'] == pytest.approx(0.5) and 0.25 < m['kept_ci'][0] < 0.5 < m['kept_ci'][1] < 0.75
+    assert m['kept_verdict'] == 'kept below 90%'
+    two = compare_evaluations(e(suite(half) | suite(base, 'other')), e(suite(base) | suite(base, 'other')))
+    assert two['general_capabilities']['acc']['kept'] == pytest.approx(0.75)   # 30 of the base's 40, items pooled
+    assert two['general_capabilities']['acc']['items'] == 80
+    assert 'all suites acc (80 items)' in kept_table(two) and 'kept: model / base' in kept_table(two)
+    zero = compare_evaluations(e(suite(half)), e(suite([0] * 40)))['suites']['belebele_local']['acc']
+    assert zero['kept'] is None and zero['kept_verdict'].startswith('no data')
+
+
+def test_the_suites_named_for_a_corpus_languages_are_lm_eval_tasks():
+    import lm_eval
+    from legalnb.against import language_suites
+    names = language_suites(['en', 'fr', 'ga', 'mt'])
+    assert names == ['global_mmlu_full_en', 'belebele_eng_Latn', 'global_mmlu_full_fr', 'belebele_fra_Latn',
+                     'belebele_mlt_Latn']   # Irish: neither suite has it; Maltese: Belebele only
+    root = Path(lm_eval.__file__).parent/'tasks'
+    declared = {m for p in [*root.glob('belebele/*.yaml'), *root.glob('global_mmlu/full/*/_*.yaml')]
+                for m in __import__('re').findall(r'^(?:task|group):\s*(\S+)', p.read_text(), __import__('re').M)}
+    assert set(language_suites(['bg', 'cs', 'da', 'de', 'el', 'en', 'es', 'et', 'fi', 'fr', 'ga', 'hr', 'hu', 'it',
+                                'lt', 'lv', 'mt', 'nl', 'pl', 'pt', 'ro', 'sk', 'sl', 'sv'])) <= declared
+
+
+def mixed_corpus(folder: Path) -> Path:
+    "A corpus folder as `legalnb build-corpus --mix` writes it: manifest.json's mix, each source's held-out slice."
+    texts = {'en': 'The river flows north past the old mill and the town.',
+             'fr': 'La rivière coule vers le nord le long du vieux moulin.',
+             'de': 'Der Fluss fließt nach Norden am alten Mühlrad vorbei.'}
+    mix = []
+    for name, langs in (('wiki', ('en', 'fr')), ('news', ('de',))):
+        recs = [dict(text=f'{texts[l]} {i}', lang=l, id=f'{l}{i}') for l in langs for i in range(5)]
+        (folder/'mix'/name).mkdir(parents=True)
+        (folder/'mix'/name/'heldout.jsonl').write_text(''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in recs),
+                                                      encoding='utf-8')
+        mix.append(dict(name=name, origin=f'/data/{name}', heldout=dict(file=f'mix/{name}/heldout.jsonl',
+                                                                        documents=len(recs), tokens=300)))
+    (folder/'manifest.json').write_text(json.dumps(dict(format='legalnb.corpus/1', mix=mix)))
+    return folder
+
+
+def test_general_text_per_language_from_a_mixed_corpus_folder(runs, tmp_path):
+    corpus, out = mixed_corpus(tmp_path/'corpus'), tmp_path/'cmp'
+    text = run_cli(['evaluate', runs/'run60', '--against', runs/'run0', '--data', runs/'heldout.jsonl', '--general',
+                    corpus, '--out', out, *QUICK])
+    c, mine = (json.loads((out/n).read_text()) for n in ('against.json', 'eval.json'))
+    g, f = mine['general'], c['forgetting']
+    assert set(g['by_language']) == set(f['by_language']) == {'en', 'fr', 'de'} and list(g['by_source']) == ['wiki', 'news']
+    assert g['docs'] == 15 and all(m['bits_per_byte_ci'] is not None for m in g['by_language'].values())
+    for lang, ch in f['by_language'].items():
+        ref = json.loads((out/'reference'/'eval.json').read_text())['general']['by_language'][lang]
+        assert ch['change'] == pytest.approx(g['by_language'][lang]['bits_per_byte'] - ref['bits_per_byte'])
+        assert ch['change_ci'] is not None and ch['verdict']
+    assert f['source'] == str(corpus) and 'general text lang fr' in text and 'general text source news' in text
+    md = (out/'eval.md').read_text()
+    assert '| fr | 5 |' in md and '| news | 5 |' in md   # eval.md's general text per language and per source
