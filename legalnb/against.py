@@ -12,9 +12,9 @@ from .core import (GPU_HOUR_PRICE, LegalnbError, atomic_write, format_duration, 
                           refuse_foreign_files, refuse_overwriting_inputs, refuse_unowned, run_writing)
 from .core import command_settings
 from .models import model_kind
-from .evaluate import (AGAINST_FILES, BOOTSTRAP, EVALUATE_OUTPUTS, GENERAL_GROUPS, GROUPS, HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS,
-                              REPORT_FILES, RETAINED_FILES, bootstrap_estimate, check_evaluate_settings,
-                              clear_other_modes, evaluate, evaluate_command, harness_scores,
+from .evaluate import (AGAINST_FILES, BOOTSTRAP, EVALUATE_OUTPUTS, GENERAL_GROUPS, GROUPS,
+                              HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS, REPORT_FILES, RETAINED_FILES, bootstrap_estimate,
+                              check_evaluate_settings, clear_other_modes, evaluate, evaluate_command, harness_scores,
                               load_eval_model, lora_base, read_general, read_heldout, suite_tasks, write_evaluation,
                               written_by_evaluate)
 
@@ -289,7 +289,8 @@ def _rows(ax, labels: list[str]):
     from matplotlib.ticker import MaxNLocator
     size = 9 if len(labels) <= 12 else 8 if len(labels) <= 24 else 7
     ax.set_yticks(range(len(labels)), [textwrap.fill(x, 28) for x in labels], fontsize=size); ax.invert_yaxis()
-    ax.xaxis.set_major_locator(MaxNLocator(nbins=6)); ax.tick_params(axis='x', labelsize=8); ax.grid(axis='x', alpha=0.3)
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=6)); ax.tick_params(axis='x', labelsize=8)
+    ax.grid(axis='x', alpha=0.3)
 
 def _kept_points(ax, labels: list[str], shares: list[dict]):
     "The share of the base's score kept per suite, with its interval, beside the seeds' claim."
@@ -321,7 +322,8 @@ def against_panels(c: dict) -> list[tuple[str, list[str], list[dict]]]:
     acc = [(k, v) for k, v in [('overall', c['overall']['accuracy'])] + [(f'lang {k}', c['by_language'][k]['accuracy'])
                                                                          for k in langs] if v['change'] is not None]
     if acc: out.append(('Citation accuracy', [k for k, _ in acc], [v for _, v in acc]))
-    kept = [(f'{t} {k}', m) for t, ms in c.get('suites', {}).items() for k, m in ms.items() if m.get('kept') is not None]
+    kept = [(f'{t} {k}', m) for t, ms in c.get('suites', {}).items() for k, m in ms.items()
+            if m.get('kept') is not None]
     if len(kept) > 1: kept += [(f'all suites {k}', m) for k, m in c.get('general_capabilities', {}).items()]
     if kept: out.append(('General capabilities kept (lm-eval)', [k for k, _ in kept], [m for _, m in kept]))
     return out
@@ -542,7 +544,8 @@ def against_command(**o) -> int:
     clear_other_modes(out, lambda p: str(p) in (*REPORT_FILES, *AGAINST_FILES) or p.parts[0] == 'reference')
     if o['json']: print(json.dumps(c, indent=1, ensure_ascii=False))
     else: print(f"{model} against {ref}: {c['windows']}\n\n{against_table(c)}\n\n"
-                + (f'general capabilities maintained:\n{t}\n\n' if (t := kept_table(c)) else '') + f"wrote {out/'against.md'}, "
+                + (f'general capabilities maintained:\n{t}\n\n' if (t := kept_table(c)) else '')
+                + f"wrote {out/'against.md'}, "
                 f"{out/'against.json'}, {out/'against.png'}, {out/'eval.md'}, {out/'reference'/'eval.md'}")
     return 0
 
