@@ -1107,7 +1107,7 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
                      harness: bool = False,       # also score the model with lm-evaluation-harness on those tasks
                      progress: bool = True,       # progress bar in tokens on stderr
                      rouge: int = 20,             # held-out openings continued greedily for ROUGE-L (0: none)
-                     general: str = None,         # general (non-legal) text for forgetting: JSONL file, or python-docs
+                     general: str = None,         # general text for forgetting: JSONL, mixed corpus folder, python-docs
                      bootstrap: int = BOOTSTRAP,  # bootstrap resamples of the held-out acts per interval (0: none)
                      against: str = None,         # also score this reference and report the change (bare: the base)
                      retained: list[str] = None,  # BASE FAST FULL: the share of the full run's gain the fast run kept
