@@ -703,7 +703,8 @@ def _heldout_side(files: list[Path], ds: PretokenizedDataset) -> list[Segment]:
 def split_sides(folder: str | Path) -> tuple[Path, Path]:
     "The `train/` and `val/` folders of a split folder (`legalnb split` writes it), once both are there."
     folder = Path(folder)
-    if not folder.is_dir(): raise LegalnbError(f'{folder}: no such folder; pass --data SPLIT written by `legalnb split`')
+    if not folder.is_dir():
+        raise LegalnbError(f'{folder}: no such folder; pass --data SPLIT written by `legalnb split`')
     for side in ('train', 'val'):
         if not (folder/side).is_dir():
             raise LegalnbError(f'{folder/side}: missing; --data must be a folder written by '

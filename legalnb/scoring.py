@@ -338,9 +338,10 @@ class DocumentFilter:
     def counted(self) -> list[str]:
         "The counters the filters asked can drop documents under (reported, 0 included)."
         dated = self.since is not None or self.until is not None
-        return [n for n, on in (('dropped.language', self.languages is not None), ('dropped.type', self.types is not None),
-                                ('dropped.undated', dated), ('dropped.before_since', self.since is not None),
-                                ('dropped.after_until', self.until is not None)) if on]
+        asked = (('dropped.language', self.languages is not None), ('dropped.type', self.types is not None),
+                 ('dropped.undated', dated), ('dropped.before_since', self.since is not None),
+                 ('dropped.after_until', self.until is not None))
+        return [name for name, on in asked if on]
 
     def reason(self, lang: str, doc_type: str, when: date | None) -> str | None:
         "The counter a document is dropped under, the first test it fails; None when it is kept."
