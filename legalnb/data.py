@@ -24,7 +24,8 @@ __all__ = ['ROWS_INDEX', 'ID_CAP', 'CHUNK_TOKENS', 'TOKENS_PER_PARAM', 'MAX_GOOD
            'open_rows', 'Segment', 'manifest_path', 'read_manifest', 'data_files', 'list_sources', 'find_segments',
            'PretokenizedDataset', 'shift_pair', 'doc_starts_file', 'read_doc_starts', 'doc_start_mask', 'StepSampler',
            'make_loader', 'FileCheck', 'ValidationReport', 'validate', 'recommend', 'format_recommendations', 'split',
-           'validate_command', 'validate_main', 'split_command', 'split_run', 'split_main']
+           'split_sides', 'train_val_folders', 'held_out_rows', 'validate_command', 'validate_main', 'split_command',
+           'split_run', 'split_main']
 
 # %% ../nbs/03_data.ipynb #b0a87c08
 def read_npy_header(path: Path) -> tuple[tuple, np.dtype, int]:
@@ -697,6 +698,27 @@ def _heldout_side(files: list[Path], ds: PretokenizedDataset) -> list[Segment]:
     if val.row_len != ds.row_len:
         raise LegalnbError(f'{files[0]}: rows of {val.row_len} tokens, the training shards have {ds.row_len}')
     return val.segments
+
+# %% ../nbs/03_data.ipynb #b0483843
+def split_sides(folder: str | Path) -> tuple[Path, Path]:
+    "The `train/` and `val/` folders of a split folder (`legalnb split` writes it), once both are there."
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise LegalnbError(f'{folder}: no such folder; pass --data SPLIT written by `legalnb split`')
+    for side in ('train', 'val'):
+        if not (folder/side).is_dir():
+            raise LegalnbError(f'{folder/side}: missing; --data must be a folder written by '
+                               f'`legalnb split CORPUS --out {folder}` (train/ and val/)')
+    return folder/'train', folder/'val'
+
+def train_val_folders(data: str | Path) -> tuple[Path, Path]:
+    "Where the training rows and the held-out rows of `data` are: a split's train/ and val/, else `data` and its val/."
+    data = Path(data)
+    return split_sides(data) if (data/'train').is_dir() else (data, data/'val')
+
+def held_out_rows(folder: Path) -> bool:
+    "Whether `folder` holds rows to evaluate on: row files, or the `rows.json` index of a split cut by rows."
+    return folder.is_dir() and (any(folder.glob('*.npy')) or any(folder.glob('*.pt')) or (folder/ROWS_INDEX).is_file())
 
 # %% ../nbs/03_data.ipynb #b3a32ae9
 def _report_text(rep: ValidationReport, as_json: bool, with_recommend: bool) -> str:

@@ -730,14 +730,20 @@ def split_off(n: int, share: float, seed: int = 0) -> tuple[list[int], list[int]
     return [i for i in range(n) if i not in chosen], held
 
 def _eval_rows(data: Path, rows: CausalLMShards, share: float) -> tuple[Dataset, Dataset | None, str]:
-    "(train, eval, where) for continued pretraining: the corpus's held-out val/ shards, else its last rows."
-    if share and (data/'val').is_dir() and any((data/'val').glob('*.npy')):
-        val = CausalLMShards(data/'val')   # at most 1,000 rows, spread over the held-out acts: evaluation stays short
+    "(train, eval, where) for continued pretraining: a split's val/ or the corpus's held-out val/, else its last rows."
+    from legalnb.data import held_out_rows, train_val_folders
+    if share and held_out_rows(folder := train_val_folders(data)[1]):
+        val = CausalLMShards(folder)   # at most 1,000 rows, spread over the held-out acts: evaluation stays short
         pick = np.unique(np.linspace(0, len(val) - 1, min(len(val), 1000)).round().astype(int)).tolist()
-        return rows, Subset(val, pick), f'{len(pick)} rows of val/ (held-out acts)'
+        return rows, Subset(val, pick), f'{len(pick)} rows of val/ ({_held_out_kind(data)})'
     k = min(1000, int(len(rows) * share))   # the last rows: consecutive documents, so few straddle the split
     if not k: return rows, None, 'none'
     return Subset(rows, range(len(rows) - k)), Subset(rows, range(len(rows) - k, len(rows))), f'the last {k} rows'
+
+def _held_out_kind(data: Path) -> str:
+    "What a val/ holds: held-out acts (a corpus's, a split by documents), or rows or files a split held out."
+    mode = read_json(data/'split.json', 'a split summary').get('mode') if (data/'split.json').is_file() else None
+    return 'held-out acts' if mode in (None, 'documents') else f'held out by legalnb split --by {mode}'
 
 def qlora_unavailable() -> str | None:
     "Why 4-bit QLoRA cannot run here (None when it can): bitsandbytes, with a CUDA GPU or its CPU backend (>= 0.48)."
@@ -838,6 +844,7 @@ def _start_run(model, data: Path, out: Path, preset, lora, qlora: bool, qlora_bi
                force_single: bool, batch_schedule, batch_lr_rule: str, attention, command, overrides: dict):
     "Every flag checked against the others and the folders, the data read, the tokenizer loaded: before the model."
     from transformers.trainer_utils import get_last_checkpoint
+    from legalnb.data import train_val_folders
     check_run_folder(model, data, out)
     task = 'cpt' if data.is_dir() else 'lora'
     p = get_preset(task, preset) if isinstance(preset, str) else preset
@@ -854,7 +861,7 @@ def _start_run(model, data: Path, out: Path, preset, lora, qlora: bool, qlora_bi
         raise LegalnbError(f'--resume: {out} holds no checkpoint-* folder; drop --resume to start the run')
     if last: check_resumed_schedule(last, batch_schedule, batch_lr_rule)
     examples = read_examples(data) if task == 'lora' else None   # bad data fails before the model loads
-    shards = CausalLMShards(data) if task == 'cpt' else None
+    shards = CausalLMShards(train_val_folders(data)[0]) if task == 'cpt' else None   # a split: its train/
     cfg, world = hf_config(model), _world_size()
     if p.strategy != 'single' and world == 1 and not force_single:
         refuse_single_process(p, model, command or f'--model {model} --data {data} --out {out}')

@@ -16,7 +16,7 @@ __all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'RUN_DEFAULTS', 'PLAN_TEMPLATE
            'stage_parser', 'stage_flags', 'read_plan', 'check_plan_keys', 'cli_overrides', 'Stage', 'build_stages',
            'check_plan', 'fingerprint', 'read_record', 'write_record', 'why_stale', 'parse_deadline', 'BudgetGuard',
            'machine_lines', 'training_estimate', 'confirm', 'staged_files', 'stage_split', 'run_plan',
-           'reference_lines', 'write_run_report', 'run_plan_command', 'run_parser', 'run_main']
+           'selection_result', 'reference_lines', 'write_run_report', 'run_plan_command', 'run_parser', 'run_main']
 
 # %% ../nbs/14_run.ipynb #79e39887
 STAGES = ('parse', 'select', 'build-corpus', 'split', 'train', 'evaluate')  # 'train' is 'finetune' for an HF model
@@ -44,6 +44,7 @@ size: {size}             # native: small, medium, large, xlarge
 parse: {{}}                # flags of `legalnb parse`: strict, notes, num_proc
 select:
   target_tokens: {tokens}      # the token budget the selection fills (2M, 500M, 2B); or top: N, the N best documents
+  # languages: [en]      # keep only these languages (ISO 639-1); types: [regulation, directive]; since:, until: a date
 build-corpus:
   train_tokenizer: {bpe} # a byte-level BPE of this size (or tokenizer: PATH; an HF model's own is used for it)
   shards: {shards}
@@ -792,6 +793,14 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
 # %% ../nbs/14_run.ipynb #ec4d9824
 def _lines(path: Path) -> int: return sum(1 for _ in open(path, encoding='utf-8'))
 
+def selection_result(work: Path) -> str:
+    "What select kept, in report.md's words: the documents, and the filters asked with the documents they dropped."
+    from legalnb.scoring import DocumentFilter
+    r = read_json(work/'selection.json', 'a selection report (legalnb select --report)')
+    keep, c = DocumentFilter(**r.get('filters') or {}), r['counters']
+    why = ', '.join(f'{k.removeprefix("dropped.").replace("_", " ")} {c[k]:,}' for k in keep.counted())
+    return f'{c["documents.selected"]:,} documents kept' + (f'; only {keep} (dropped: {why})' if keep else '')
+
 def reference_lines(folder: Path, what: str) -> list[str]:
     "The report's comparison section: the change against the reference (eval/against.json), or how to get one."
     from legalnb.against import against_lines
@@ -810,7 +819,7 @@ def write_run_report(work: Path, stages: list[Stage], top: dict) -> Path:
     sp = read_json(work/'split'/'split.json', 'a split summary')
     held = m.get('heldout') or {}
     made = {'parse': ('`parsed.jsonl`', f'{_lines(work/"parsed.jsonl"):,} documents'),
-            'select': ('`selected.jsonl`, `selection.json`', f'{_lines(work/"selected.jsonl"):,} documents kept'),
+            'select': ('`selected.jsonl`, `selection.json`', selection_result(work)),
             'build-corpus': ('`corpus/`', f'{m["rows"]:,} rows of {m["seq_len"]:,} tokens, vocabulary '
                              f'{m["vocab_size"]:,}; {held.get("acts", 0):,} acts held out'),
             'split': ('`split/`', f'train {sp["train"]["rows"]:,} rows, val {sp["val"]["rows"]:,} rows ({sp["mode"]})')}

@@ -20,19 +20,19 @@ from tqdm.auto import tqdm
 from .core import (LegalnbError, atomic_write, jsonl_records, parse_count, parse_number,
                           refuse_overwriting_inputs, usable_cores)
 from .core import command_settings, run_writing
-from .sources import Document, DOC_TYPES, write_jsonl, record_fields, skip_reason, _pool, in_order
+from .sources import Document, DOC_TYPES, EU_LANGUAGES, write_jsonl, record_fields, skip_reason, _pool, in_order
 
 # %% auto #0
 __all__ = ['PRIORITY_TOPICS', 'RULES', 'CHARS_PER_TOKEN', 'SCAN_RANGE', 'PREFER', 'SHINGLE_WORDS', 'NUM_PERM', 'LSH_WEIGHTS',
            'BAND_BUCKET', 'SPILL_FILES', 'SELECT_BUCKET', 'ScoringRules', 'Facts', 'facts_of', 'Rule', 'Recency',
            'DocType', 'Length', 'topic_flags', 'Subject', 'LanguageBonus', 'Score', 'rule_points', 'score_document',
-           'estimate_tokens', 'split_long_text', 'tokenizer_counter', 'Candidate', 'year_band', 'Candidates',
-           'as_candidates', 'gc_paused', 'scan_documents', 'act_of', 'acts_of', 'prefer_versions', 'language_quotas',
-           'rank', 'choose_documents', 'split_by_share', 'document_quotas', 'with_score', 'copy_selected',
-           'write_selected', 'shingle_hashes', 'minhash', 'lsh_bands', 'near_duplicates', 'near_duplicate_share',
-           'minhash_of', 'synthetic_documents', 'select_documents', 'selection_report', 'report_table',
-           'write_selection_report', 'plot_report', 'top_count', 'token_target', 'select_command', 'select_run',
-           'select_main']
+           'estimate_tokens', 'split_long_text', 'tokenizer_counter', 'language_codes', 'type_names', 'iso_date',
+           'FilterTally', 'DocumentFilter', 'Candidate', 'year_band', 'Candidates', 'as_candidates', 'gc_paused',
+           'scan_documents', 'act_of', 'acts_of', 'prefer_versions', 'language_quotas', 'rank', 'choose_documents',
+           'split_by_share', 'document_quotas', 'with_score', 'copy_selected', 'write_selected', 'shingle_hashes',
+           'minhash', 'lsh_bands', 'near_duplicates', 'near_duplicate_share', 'minhash_of', 'synthetic_documents',
+           'select_documents', 'selection_report', 'report_table', 'write_selection_report', 'plot_report', 'top_count',
+           'token_target', 'select_command', 'select_run', 'select_main']
 
 # %% ../nbs/01_scoring.ipynb #718167de
 PRIORITY_TOPICS = ('data protection', 'gdpr', 'privacy', 'consumer rights', 'environment', 'climate',
@@ -260,6 +260,114 @@ def tokenizer_counter(path: str | Path) -> Callable[[str], int]:
     except Exception as e: raise LegalnbError(f'{path}: not a tokenizers tokenizer.json ({e})') from None
     return lambda text: sum(len(enc.ids) for enc in tok.encode_batch(split_long_text(text), add_special_tokens=False))
 
+# %% ../nbs/01_scoring.ipynb #a18c1226
+def _listed(value, what: str, example: str) -> list[str]:
+    "The items of 'a,b' (or of a list of such texts, or of lists of them) in lower case, without repeats."
+    def items(v): return v.split(',') if isinstance(v, str) else [p for x in v for p in items(x)]
+    found = list(dict.fromkeys(p.strip().lower() for p in items(value if isinstance(value, (list, tuple))
+                                                                else str(value)) if p.strip()))
+    if not found: raise LegalnbError(f'expected {what} separated by commas, such as {example}, got {value!r}')
+    return found
+
+def language_codes(text: str) -> list[str]:
+    "ISO 639-1 codes of official EU languages from 'en,de' (a flag type: core's parser names the flag)."
+    codes = _listed(text, 'ISO 639-1 language codes', 'en,de')
+    if bad := [c for c in codes if c not in EU_LANGUAGES]:
+        raise LegalnbError(f'{bad[0]!r} is not the ISO 639-1 code of an official EU language; '
+                           f'expected some of {", ".join(EU_LANGUAGES)}')
+    return codes
+
+def type_names(text: str) -> list[str]:
+    "Document types from 'regulation,directive': the Document contract's `doc_type` values (a flag type)."
+    names = _listed(text, 'document types', 'regulation,directive')
+    if bad := [t for t in names if t not in DOC_TYPES]:
+        raise LegalnbError(f'{bad[0]!r} is not a document type; expected some of {", ".join(DOC_TYPES)}')
+    return names
+
+def iso_date(text: str) -> date:
+    "A date from 'yyyy-mm-dd' (a flag type: core's parser names the flag); a `date` is kept as it is."
+    if isinstance(text, date): return text
+    if re.fullmatch(r'\d{4}-\d{2}-\d{2}', str(text).strip()):
+        try: return date.fromisoformat(str(text).strip())
+        except ValueError: pass
+    raise LegalnbError(f'expected a date as yyyy-mm-dd, such as 2015-01-01, got {text!r}')
+
+# %% ../nbs/01_scoring.ipynb #a96b14f0
+@dataclass
+class FilterTally:
+    "What the filters saw: documents per language and type, the dates they span, those dropped per reason."
+    langs: Counter = field(default_factory=Counter)
+    types: Counter = field(default_factory=Counter)
+    dropped: Counter = field(default_factory=Counter)
+    first: date | None = None
+    last: date | None = None
+
+    def add(self, other: FilterTally) -> FilterTally:
+        "This tally with `other`'s counts added (tallies of ranges of the input add up)."
+        for k in ('langs', 'types', 'dropped'): getattr(self, k).update(getattr(other, k))
+        dates = [d for d in (self.first, other.first, self.last, other.last) if d]
+        self.first, self.last = (min(dates), max(dates)) if dates else (None, None)
+        return self
+
+@dataclass
+class DocumentFilter:
+    "Which documents selection reads at all: these languages, types and dates (None: any); the others are counted."
+    languages: list | None = None   # ISO 639-1 codes, ['en', 'de'] or 'en,de'
+    types: list | None = None       # `doc_type` values, ['regulation', 'directive'] or 'regulation,directive'
+    since: date | None = None       # the first date kept, inclusive (a date or 'yyyy-mm-dd')
+    until: date | None = None       # the last date kept, inclusive
+
+    def __post_init__(self):
+        for name, read in (('languages', language_codes), ('types', type_names), ('since', iso_date),
+                           ('until', iso_date)):
+            try:
+                if getattr(self, name) is not None: setattr(self, name, read(getattr(self, name)))
+            except LegalnbError as e: raise LegalnbError(f'--{name}: {e}') from None
+        if self.since and self.until and self.since > self.until:
+            raise LegalnbError(f'--since {self.since} is after --until {self.until}: no date is in between')
+
+    def __bool__(self) -> bool: return any(v is not None for v in (self.languages, self.types, self.since, self.until))
+    def __str__(self) -> str:
+        return ' '.join(f'--{k} {",".join(v) if isinstance(v, list) else v}' for k, v in self.settings().items()
+                        if v is not None)
+    def settings(self) -> dict:
+        "The filters as the report keeps them (dates as yyyy-mm-dd)."
+        return dict(languages=self.languages, types=self.types, since=self.since and self.since.isoformat(),
+                    until=self.until and self.until.isoformat())
+
+    def counted(self) -> list[str]:
+        "The counters the filters asked can drop documents under (reported, 0 included)."
+        dated = self.since is not None or self.until is not None
+        asked = (('dropped.language', self.languages is not None), ('dropped.type', self.types is not None),
+                 ('dropped.undated', dated), ('dropped.before_since', self.since is not None),
+                 ('dropped.after_until', self.until is not None))
+        return [name for name, on in asked if on]
+
+    def reason(self, lang: str, doc_type: str, when: date | None) -> str | None:
+        "The counter a document is dropped under, the first test it fails; None when it is kept."
+        if self.languages is not None and lang not in self.languages: return 'dropped.language'
+        if self.types is not None and doc_type not in self.types: return 'dropped.type'
+        if self.since is None and self.until is None: return None
+        if when is None: return 'dropped.undated'
+        if self.since is not None and when < self.since: return 'dropped.before_since'
+        if self.until is not None and when > self.until: return 'dropped.after_until'
+        return None
+
+# %% ../nbs/01_scoring.ipynb #61570458
+@patch
+def check(self: DocumentFilter, seen: FilterTally, where: str | Path):
+    "Refuse a language or type asked that no document of `where` has, or filters that keep none; say what it has."
+    def listing(c: Counter) -> str: return ', '.join(f'{k} ({n:,})' for k, n in c.most_common())
+    for flag, asked, have in (('--languages', self.languages, seen.langs), ('--types', self.types, seen.types)):
+        if missing := [x for x in asked or () if not have[x]]:
+            raise LegalnbError(f'{where}: {flag} {",".join(missing)}: no document of the input has '
+                               f'{"it" if len(missing) == 1 else "them"}; its documents are {listing(have)}')
+    if (read := seen.langs.total()) and read == seen.dropped.total():
+        span = f'dated {seen.first} to {seen.last}' if seen.first else 'all undated'
+        why = ' · '.join(f'{k.removeprefix("dropped.")} {n:,}' for k, n in sorted(seen.dropped.items()))
+        raise LegalnbError(f'{where}: {self} keeps none of its {read:,} documents (dropped: {why}); they are '
+                           f'{listing(seen.langs)}; {listing(seen.types)}; {span}')
+
 # %% ../nbs/01_scoring.ipynb #7c482edd
 class Candidate(NamedTuple):
     "What selection keeps of a document: no text, only what ranking, budgeting and the report need."
@@ -352,13 +460,14 @@ def gc_paused():
 
 # bits of a candidate's `flags`, counted after deduplication
 _FLAGS = ('kept.no_date', 'kept.unknown_type', 'kept.rescored')
-_SCAN: dict = {}   # what the scanning processes read (set before they are forked): rules, token counter, strict
+_SCAN: dict = {}   # what the scanning processes read (set before they are forked): rules, token counter, strict, keep
 
-def _scan_range(job: tuple[Path, int, int, int]) -> tuple[Candidates, np.ndarray, Counter, list[dict]]:
+def _scan_range(job: tuple[Path, int, int, int]) -> tuple[Candidates, np.ndarray, Counter, list[dict], FilterTally]:
     "Score the lines of `path` from byte `start` to `end` (`line`: the number of the line before `start`)."
     path, start, end, line = job
     rules, count_tokens, strict = _SCAN['rules'], _SCAN['count_tokens'], _SCAN['strict']
     rows, flags, bands, bad, skipped, name = [], [], {}, Counter(), [], str(path)
+    keep, seen = _SCAN.get('keep'), FilterTally()   # the documents asked for (None: all), what the filters saw
     waiting, facts, chars = [], [], 0   # candidates not scored yet (their fields but the score), their `Facts`
     def score_waiting():
         for fields, *points in zip(waiting, *rule_points(facts, rules)): rows.append(Candidate(sum(points), *fields))
@@ -374,6 +483,10 @@ def _scan_range(job: tuple[Path, int, int, int]) -> tuple[Candidates, np.ndarray
                 if strict: raise LegalnbError(f'{e}; without --strict it would be skipped and counted') from None
                 bad[skip_reason(str(e))] += 1; skipped.append(dict(line=n, reason=skip_reason(str(e)), error=str(e)))
                 continue
+            if keep:
+                seen.langs[lang] += 1; seen.types[doc_type] += 1
+                if when: seen.first, seen.last = min(seen.first or when, when), max(seen.last or when, when)
+                if why := keep.reason(lang, doc_type, when): seen.dropped[why] += 1; continue
             flags.append((when is None) | (doc_type not in rules.types) << 1 | ('score' in rec or 'tokens' in rec) << 2)
             if (year := when and when.year) not in bands: bands[year] = year_band(when, rules)
             waiting.append((celex, lang, count_tokens(text), offset, size, doc_type, bands[year]))
@@ -381,7 +494,7 @@ def _scan_range(job: tuple[Path, int, int, int]) -> tuple[Candidates, np.ndarray
             facts.append(Facts(when, doc_type, len(text), lang, subjects, title, head, celex))
             if chars > 1 << 20: score_waiting(); chars = 0   # ~1M characters at a time: RE2's set-up is slow
         score_waiting()
-    return Candidates.from_rows(rows), np.array(flags, np.uint8), bad, skipped[:1000]   # the first of each range
+    return Candidates.from_rows(rows), np.array(flags, np.uint8), bad, skipped[:1000], seen   # skipped: the first
 
 SCAN_RANGE = 1 << 25   # bytes of the input a process scores at a time (32 MB: about 3,000 documents)
 
@@ -413,21 +526,23 @@ def _first_of_each(cands: Candidates) -> np.ndarray:
     return keep
 
 def _scan_parts(path: Path, rules: ScoringRules, count_tokens: Callable[[str], int], strict: bool,
-                skipped: list | None, num_proc: int, state: dict) -> Iterator[tuple[Candidates, np.ndarray]]:
+                skipped: list | None, num_proc: int, state: dict,
+                keep: DocumentFilter | None = None) -> Iterator[tuple[Candidates, np.ndarray]]:
     "Score `path` range by range across processes: each range's candidates and flags, in input order."
-    # `state` gets the file's `lines` (before the first range comes), why lines were skipped (`bad`), the `first` error
+    # `state` gets the file's `lines` (before the first range comes), why lines were skipped (`bad`), the `first` error,
+    # what the filters `keep` saw (`seen`)
     size = path.stat().st_size   # ranges of at most SCAN_RANGE bytes: what a process holds does not grow with the file
     ranges = _line_ranges(path, max(-(-size // SCAN_RANGE), min(4 * num_proc, size >> 20) if num_proc > 1 else 1))
     procs = min(num_proc, len(ranges))
-    _SCAN.update(rules=rules, count_tokens=count_tokens, strict=strict)
-    state.update(bad=Counter(), first='')
+    _SCAN.update(rules=rules, count_tokens=count_tokens, strict=strict, keep=keep or None)
+    state.update(bad=Counter(), first='', seen=FilterTally())
     with (tqdm(total=size, unit='B', unit_scale=True, desc='scoring', disable=None) as bar, _pool(procs) as pool):
         counts = list(in_order(pool, _count_lines, [(path, a, b) for a, b in ranges], procs))
         state['lines'] = sum(counts)
         jobs = [(path, a, b, n) for (a, b), n in zip(ranges, itertools.accumulate([0] + counts[:-1]))]
         scanned = in_order(pool, _scan_range, jobs, 2 * procs if procs > 1 else 1)
-        for (a, b), (cands, flags, why, lost) in zip(ranges, scanned):
-            state['bad'].update(why); bar.update(b - a)
+        for (a, b), (cands, flags, why, lost, seen) in zip(ranges, scanned):
+            state['bad'].update(why); state['seen'].add(seen); bar.update(b - a)
             state['first'] = state['first'] or (lost[0]['error'] if lost else '')
             if skipped is not None: skipped.extend(lost[:max(0, 10_000 - len(skipped))])
             yield cands, flags
@@ -852,6 +967,10 @@ def select_documents(src: str | Path, out: str | Path,
                      top: int | None = None,  # at most this many documents, the best (see "The best N documents")
                      near_dup: float = 0.8,   # drop near-duplicates: Jaccard of 8-word shingles at least this; 0: off
                      num_proc: int = 1,       # processes scoring the input and computing MinHash signatures
+                     languages: list[str] | str | None = None,  # keep only these languages (ISO 639-1: ['en', 'de'])
+                     types: list[str] | str | None = None,      # keep only these document types (['regulation'])
+                     since: date | str | None = None,           # keep only documents dated on or after this day
+                     until: date | str | None = None,           # keep only documents dated on or before this day
                      ) -> dict:
     "Score the documents of the JSONL `src`, write the best (up to `target_tokens`, `top`) to `out`, return the report."
     src, rules, t0 = Path(src), rules or ScoringRules(), time.perf_counter()
@@ -872,16 +991,21 @@ def select_documents(src: str | Path, out: str | Path,
     if not src.is_file():
         raise LegalnbError(f'{src}: no such file; expected a JSONL file of documents (the output of legalnb parse)')
     if prefer not in PREFER: raise LegalnbError(f'--prefer must be one of {", ".join(PREFER)}, got {prefer!r}')
+    keep = DocumentFilter(languages, types, since, until)
     token_source = f'tokenizer {tokenizer}' if tokenizer else f'estimate: characters / {CHARS_PER_TOKEN}'
-    skipped, meta = [], dict(input=str(src), output=str(out), prefer=prefer, near_duplicates=None)
+    skipped, meta = [], dict(input=str(src), output=str(out), prefer=prefer, near_duplicates=None,
+                             filters=keep.settings())
     work = next(p for p in Path(os.path.abspath(out)).parents if p.is_dir())   # beside the output, or its first folder
     with tempfile.TemporaryDirectory(dir=work, prefix='.select-') as tmp:
         tmp = Path(tmp)   # what select keeps on disk: a few hundred bytes a document
         read, buckets, langs, state = _spill_scan(src, rules, tokenizer_counter(tokenizer) if tokenizer
-                                                  else estimate_tokens, strict, skipped, num_proc, tmp)
+                                                  else estimate_tokens, strict, skipped, num_proc, tmp, keep)
+        if keep: keep.check(state['seen'], src)
         _check_read(src, read, state)
         counters, rest, kept = _spill_versions(tmp, buckets, prefer, rules)
         counters.update({f'skipped.{r}': n for r, n in state['bad'].items()})
+        counters.update(dict.fromkeys(keep.counted(), 0) | state['seen'].dropped)   # documents the filters dropped
+        counters['documents.read'] += state['seen'].dropped.total()
         n = _write_ranked(_merged_runs(tmp, buckets), tmp/'ranked', langs)
         marks = np.zeros(read, np.uint8)   # a byte a row: _NEAR, _PICKED
         if near_dup:
@@ -916,11 +1040,12 @@ def _bucket_of(cands: Candidates, rows: np.ndarray, buckets: int) -> np.ndarray:
     return np.where(cands.celex == b'', rows, [zlib.crc32(a) for a in acts.tolist()]).astype(np.int64) % buckets
 
 def _spill_scan(src: Path, rules: ScoringRules, count_tokens: Callable[[str], int], strict: bool,
-                skipped: list, num_proc: int, tmp: Path) -> tuple[int, int, tuple, dict]:
+                skipped: list, num_proc: int, tmp: Path,
+                keep: DocumentFilter | None = None) -> tuple[int, int, tuple, dict]:
     "The first pass into files: candidates by act (`bucket-B`), each row's line, score and tokens (`rows`)."
     state, read, langs, buckets = {}, 0, set(), []
     with open(tmp/'rows', 'wb') as rows, ExitStack() as stack:
-        for cands, flags in _scan_parts(src, rules, count_tokens, strict, skipped, num_proc, state):
+        for cands, flags in _scan_parts(src, rules, count_tokens, strict, skipped, num_proc, state, keep):
             if not buckets:   # the number of lines is known once the first range comes
                 buckets = [stack.enter_context(open(tmp/f'bucket-{b}', 'wb'))
                            for b in range(min(SPILL_FILES, max(1, -(-state['lines'] // SELECT_BUCKET))))]
@@ -1149,8 +1274,17 @@ def _summary(report: dict) -> list[str]:
             + (f'of a {target:,} target ({100 * report["target_fill"]:.1f}%); ' if target else '(no token target); ')
             + f'{c["tokens.input"]:,} in the input; counted by {report["token_counter"]}',
             f'average score: all {avg["all"]:.1f}, selected {avg["selected"]:.1f}',
+            *_filter_lines(report),
             f'dropped: {named("dropped.")}', f'kept and counted: {named("kept.")}', *_versions_lines(report),
             f'lines skipped (could not be read): {named("skipped.")}', '']
+
+def _filter_lines(report: dict) -> list[str]:
+    "The filters asked (`--languages`, `--types`, `--since`, `--until`) in a line, when there are some."
+    keep, c = DocumentFilter(**report.get('filters') or {}), report['counters']
+    if not keep: return []
+    kept = c['documents.read'] - sum(c[k] for k in keep.counted())
+    return [f'kept only {keep}: {kept:,} of {c["documents.read"]:,} documents read '
+            '(the language mix is that of the documents kept)']
 
 def _versions_lines(report: dict) -> list[str]:
     "What the version policy and near-duplicate removal did, in words."
@@ -1247,6 +1381,10 @@ def select_command(input: str,                         # JSONL of documents (the
                    out: str = 'selected.jsonl',        # where to write the selected documents (JSONL, with scores)
                    target_tokens: token_target = None, # token budget: 2,000,000, 2e9, 500M, 2B (or --top, or both)
                    top: top_count = None,              # at most the N best documents: 10000, 10K (alone: no budget)
+                   languages: list[language_codes] = None,  # keep only these languages (ISO 639-1): en,de
+                   types: list[type_names] = None,     # keep only these document types: regulation,directive
+                   since: iso_date = None,             # keep only documents dated on or after this day (yyyy-mm-dd)
+                   until: iso_date = None,             # keep only documents dated on or before this day (yyyy-mm-dd)
                    threshold: int | None = None,       # minimum score to be eligible; without it, the rules' threshold
                    report: str | None = None,          # also write the selection report here (JSON)
                    rules: str | None = None,           # YAML or JSON file naming the scoring rules it changes
@@ -1264,7 +1402,7 @@ def select_command(input: str,                         # JSONL of documents (the
     chosen_rules = ScoringRules.load(rules) if rules else ScoringRules()
     if threshold is not None: chosen_rules = replace(chosen_rules, threshold=threshold)
     result = select_documents(input, out, target_tokens, chosen_rules, tokenizer, tolerance, report, prefer,
-                              strict, top, near_dup, num_proc or usable_cores())
+                              strict, top, near_dup, num_proc or usable_cores(), languages, types, since, until)
     print(report_table(result)); print(f'\nwrote {out}' + (f' and {report}' if report else ''))
 
 def select_run(settings: dict) -> int: return run_writing(select_command, settings, 'legalnb select')

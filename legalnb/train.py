@@ -393,14 +393,9 @@ def _side(path: Path, vocab_size: int | None):
 def open_split(folder: str | Path,              # a split folder: train/, val/ (and manifest.json)
                vocab_size: int | None = None):   # overrides the manifest's vocabulary size
     "The train and val `PretokenizedDataset`s of a split folder, checked for what training needs."
+    from legalnb.data import split_sides
     folder = Path(folder)
-    if not folder.is_dir():
-        raise LegalnbError(f'{folder}: no such folder; pass --data SPLIT written by `legalnb split`')
-    for side in ('train', 'val'):
-        if not (folder/side).is_dir():
-            raise LegalnbError(f'{folder/side}: missing; --data must be a folder written by '
-                               f'`legalnb split CORPUS --out {folder}` (train/ and val/)')
-    train_ds, val_ds = (_side(folder/side, vocab_size) for side in ('train', 'val'))
+    train_ds, val_ds = (_side(side, vocab_size) for side in split_sides(folder))
     if not len(val_ds): raise LegalnbError(f'{folder/"val"}: has no rows; split with a larger --val-ratio')
     if train_ds.vocab_size is None: raise LegalnbError(f'{folder}: no manifest.json with vocab_size; pass --vocab-size')
     if val_ds.seq_len != train_ds.seq_len:

@@ -257,6 +257,19 @@ def test_corpus_stage_to_continued_pretraining(work, tmp_path, capsys):
     assert s['eval'].endswith('rows of val/ (held-out acts)'), 'evaluated on the held-out acts'
 
 
+def test_finetune_trains_on_a_splits_train_and_evaluates_on_its_val(work, tmp_path, capsys):
+    "`legalnb split` then `legalnb finetune --data SPLIT` (issue 38): trains on train/'s rows, evaluates on val/'s."
+    assert cli(['split', str(work/'corpus'), '--out', str(tmp_path/'split'), '--by', 'rows', '--val-ratio', '0.25']) == 0
+    assert cli(['finetune', '--model', str(work/'model'), '--data', str(tmp_path/'split'), '--out', str(tmp_path/'run'),
+                '--max-steps', '2', '--batch-size', '2', '--grad-accum', '1', '--workers', '0', '--save-steps', '2',
+                '--force-single']) == 0
+    s = json.loads((tmp_path/'run'/'finetune.json').read_text())
+    split = json.loads((tmp_path/'split'/'split.json').read_text())
+    assert (split['train']['rows'], split['val']['rows']) == (96, 32)
+    assert (s['rows'], s['eval'], s['steps']) == (96, '32 rows of val/ (held out by legalnb split --by rows)', 2)
+    assert s['doc_boundaries'] and len(s['eval_losses']) == 1, s
+
+
 def test_corpus_with_a_bigger_vocabulary_is_refused(work, tmp_path, capsys):
     import shutil
     shutil.copytree(work/'corpus', tmp_path/'corpus')

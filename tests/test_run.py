@@ -325,6 +325,34 @@ def test_a_native_second_stage_of_the_top_documents_has_no_token_budget():
     stages, _ = build_stages({'input': ['formex'], 'out': 'work', 'stage2': {}}, Path('.'), {})
     assert next(s for s in stages if s.name == 'select-2').argv[-2:] == ['--target-tokens', '2B']
 
+def test_a_plans_select_section_keeps_languages_types_and_dates(tmp_path):
+    "select: {languages, types, since, until} in a YAML plan (issue 38): the keys are legalnb select's flags, typed."
+    from datetime import date
+    from legalnb.run import build_stages
+    plan = yaml.safe_load('input: [formex]\nout: work\nselect:\n  languages: [en, de]\n  types: regulation,directive\n'
+                          '  since: 2015-01-01\n  until: 2020-12-31\n  top: 10\nstage2: {select: {languages: fr}}')
+    stages, _ = build_stages(plan, Path('.'), {})
+    sel, sel2 = (next(s for s in stages if s.name == n) for n in ('select', 'select-2'))
+    assert sel.argv[sel.argv.index('--languages'):][:3] == ['--languages', 'en', 'de'], sel.argv
+    got = sel.settings
+    assert (got['languages'], got['types'], got['since'], got['until'], got['top']) == (
+        [['en'], ['de']], [['regulation', 'directive']], date(2015, 1, 1), date(2020, 12, 31), 10)
+    assert sel2.settings['languages'] == [['fr']]
+    with pytest.raises(Exception, match="select.langs: `legalnb select` has no flag --langs"):
+        build_stages({'input': ['formex'], 'out': 'work', 'select': {'langs': ['en']}}, Path('.'), {})
+    with pytest.raises(Exception, match="--since: expected a date as yyyy-mm-dd, such as 2015-01-01, got '2015'"):
+        build_stages({'input': ['formex'], 'out': 'work', 'select': {'since': 2015}}, Path('.'), {})
+    from legalnb.run import selection_result   # report.md's line for the select stage names the filters
+    from legalnb.scoring import select_documents, synthetic_documents
+    from legalnb.sources import write_jsonl
+    write_jsonl((d.to_json() for d in synthetic_documents(40, seed=3)), tmp_path/'parsed.jsonl')
+    r = select_documents(tmp_path/'parsed.jsonl', tmp_path/'selected.jsonl', None, top=5, languages='en',
+                         since='2010-01-01', report=tmp_path/'selection.json', near_dup=0)
+    c = r['counters']
+    assert selection_result(tmp_path) == (f'5 documents kept; only --languages en --since 2010-01-01 (dropped: language '
+                                          f'{c["dropped.language"]}, undated {c["dropped.undated"]}, before since '
+                                          f'{c["dropped.before_since"]})') and c['dropped.language'] > 0
+
 def test_a_hugging_face_second_stage_finetunes_run_final_on_the_top_documents(sample, tmp_path, capsys):
     "stage2 with an HF model: select-2 (top), build-corpus-2 in the model's tokenizer, finetune-2 from run/final; "
     "one question on a terminal, the budget guard's stop and --resume, then every stage up to date."

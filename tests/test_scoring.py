@@ -370,6 +370,45 @@ def test_bad_top_is_one_line(tmp_path, capsys, argv, expected):
     assert sorted(p.name for p in tmp_path.iterdir()) == ['in.jsonl']
 
 
+# --- issue 38: choosing what goes in ----------------------------------------------------------------------------
+
+def test_select_keeps_only_the_languages_types_and_dates_asked(tmp_path, capsys):
+    "--languages en,de --types ... --since --until: only those documents, each filter counted, the mix over en and de."
+    docs = list(synthetic_documents(400, seed=31))
+    src = write_docs(tmp_path/'in.jsonl', docs)
+    assert main(['select', str(src), '--out', str(tmp_path/'out.jsonl'), '--top', '100000', '--near-dup', '0',
+                 '--languages', 'en,de', '--types', 'regulation,directive', '--since', '2000-01-01',
+                 '--until', '2019-12-31', '--report', str(tmp_path/'r.json')]) == 0
+    kept = [d for d in docs if d.lang in ('en', 'de') and d.doc_type in ('regulation', 'directive')
+            and d.date and date(2000, 1, 1) <= d.date <= date(2019, 12, 31)]
+    r, out = json.loads((tmp_path/'r.json').read_text()), capsys.readouterr().out
+    c, chosen = r['counters'], lines(tmp_path/'out.jsonl')
+    assert {(d['lang'], d['doc_type']) for d in chosen} <= {(l, t) for l in ('en', 'de') for t in ('regulation', 'directive')}
+    assert all('2000-01-01' <= d['date'] <= '2019-12-31' for d in chosen) and set(r['languages']) == {'en', 'de'}
+    assert c['dropped.language'] == sum(d.lang not in ('en', 'de') for d in docs)
+    assert c['documents.read'] == len(docs) == (c['documents.unique'] + c['dropped.duplicate'] + c['dropped.language']
+                                                + c['dropped.type'] + c['dropped.undated'] + c['dropped.before_since']
+                                                + c['dropped.after_until'])
+    assert c['documents.unique'] == len(kept) and r['filters']['since'] == '2000-01-01'
+    assert 'kept only --languages en,de --types regulation,directive --since 2000-01-01 --until 2019-12-31' in out
+
+@pytest.mark.parametrize('argv, expected', [
+    (['--languages', 'xx'], "--languages: 'xx' is not the ISO 639-1 code of an official EU language; expected some of bg,"),
+    (['--languages', 'sv'], "in.jsonl: --languages sv: no document of the input has it; its documents are en ("),
+    (['--types', 'law'], "--types: 'law' is not a document type; expected some of regulation, directive, decision"),
+    (['--since', '2015-02-30'], "--since: expected a date as yyyy-mm-dd, such as 2015-01-01, got '2015-02-30'"),
+    (['--until', 'yesterday'], "--until: expected a date as yyyy-mm-dd, such as 2015-01-01, got 'yesterday'"),
+    (['--since', '2020-01-01', '--until', '2010-01-01'], '--since 2020-01-01 is after --until 2010-01-01'),
+    (['--since', '2099-01-01'], 'in.jsonl: --since 2099-01-01 keeps none of its 20 documents (dropped: before_since'),
+])
+def test_bad_filters_are_one_line_and_write_nothing(tmp_path, capsys, argv, expected):
+    src = write_docs(tmp_path/'in.jsonl', synthetic_documents(20, seed=24))
+    assert main(['select', str(src), '--out', str(tmp_path/'out.jsonl'), '--target-tokens', '10K', *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and err.startswith('legalnb select: error: ') and expected in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['in.jsonl']
+
+
 # --- issue 27: versions, near-duplicates, processes --------------------------------------------------------------
 
 def test_two_processes_select_what_one_selects(tmp_path):
