@@ -24,14 +24,14 @@ from .core import Output, command_settings, followed, libc, run_writing, trim_me
 from .sources import parse_celex, parse_date
 
 # %% auto #0
-__all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'MANIFEST_FORMAT', 'KEY', 'MIX_HELDOUT',
-           'MIX_RESERVED', 'iter_selected', 'load_tokenizer', 'train_tokenizer', 'find_eos', 'configured_eos',
-           'special_ids', 'vocab_size_of', 'tokenizer_sha256', 'split_text', 'encode_texts', 'encode_stream',
-           'RowPacker', 'shard_dtype', 'npy_header_bytes', 'file_sha256', 'write_shard', 'act_key', 'act_number',
-           'check_val_docs', 'named_acts', 'heldout_acts', 'Piece', 'iter_pieces', 'batch_pieces', 'build_corpus',
-           'MixSource', 'parse_mix', 'check_mix', 'mix_rows', 'mix_format', 'open_mix', 'mix_records', 'mix_sources',
-           'mix_sha256', 'write_mix_heldout', 'MixPiece', 'mix_pieces', 'mix_summary', 'build_corpus_command',
-           'build_corpus_run', 'build_corpus_main', 'summary']
+__all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'MIX_HELDOUT', 'MIX_RESERVED', 'MANIFEST_FORMAT',
+           'KEY', 'iter_selected', 'load_tokenizer', 'train_tokenizer', 'find_eos', 'configured_eos', 'special_ids',
+           'vocab_size_of', 'tokenizer_sha256', 'split_text', 'encode_texts', 'encode_stream', 'RowPacker',
+           'shard_dtype', 'npy_header_bytes', 'file_sha256', 'write_shard', 'act_key', 'act_number', 'check_val_docs',
+           'named_acts', 'heldout_acts', 'MixSource', 'parse_mix', 'check_mix', 'mix_rows', 'mix_format', 'open_mix',
+           'mix_records', 'mix_sources', 'mix_sha256', 'write_mix_heldout', 'MixPiece', 'mix_pieces', 'mix_summary',
+           'Piece', 'iter_pieces', 'batch_pieces', 'build_corpus', 'build_corpus_command', 'build_corpus_run',
+           'build_corpus_main', 'summary']
 
 # %% ../nbs/02_corpus.ipynb #530136c6
 def iter_selected(path: str | Path, start: int = 0, line: int = 0) -> Iterator[tuple[int, int, int, dict]]:
@@ -386,6 +386,289 @@ def _rule_words(rule: dict) -> str:
              f'--val-acts {rule["val_acts"]}' if rule.get('val_acts') else '']
     return ', '.join(w for w in words if w)
 
+# %% ../nbs/02_corpus.ipynb #05103690
+MIX_HELDOUT = 50_000   # tokens of each --mix source's first documents held out for forgetting (~1 min to score on a CPU)
+MIX_RESERVED = ('legal', 'shard')   # 'legal' names the corpus's own rows; 'shard_*.npy' are its shard files
+_MIX_NAME = re.compile(r'[A-Za-z0-9][A-Za-z0-9_-]*')
+
+@dataclass(frozen=True)
+class MixSource:
+    "A source of training text mixed into the corpus, and its share of the training tokens."
+    name: str     # its name: its folder mix/NAME/ and its files NAME_00000.npy
+    path: str     # a JSONL, Parquet or Arrow file or folder, or a folder written by datasets' save_to_disk
+    share: float  # its share of the training tokens, in (0, 1)
+
+    @property
+    def spec(self) -> str: return f'{self.name}={self.path}:{self.share:g}'
+
+def parse_mix(spec: str) -> MixSource:
+    "A MixSource from `NAME=PATH:SHARE` (general=wiki.jsonl:0.05); one line naming --mix when it is not one."
+    name, eq, rest = str(spec).partition('=')
+    path, colon, share = rest.rpartition(':')
+    if not (eq and colon and path): raise LegalnbError(f'--mix {spec}: expected NAME=PATH:SHARE, e.g. general=wiki.jsonl:0.05')
+    if not _MIX_NAME.fullmatch(name) or name in MIX_RESERVED:
+        raise LegalnbError(f'--mix {spec}: the name {name!r} must be letters, digits, _ or - (not '
+                           f'{" or ".join(MIX_RESERVED)}); it names the folder mix/NAME/')
+    try: value = float(share)
+    except ValueError: raise LegalnbError(f'--mix {spec}: the share {share!r} is not a number; e.g. 0.05') from None
+    if not 0 < value < 1:
+        raise LegalnbError(f'--mix {spec}: the share must be between 0 and 1 (0.05: 5% of the training tokens), '
+                           f'got {value:g}')
+    return MixSource(name, path, value)
+
+def check_mix(sources: list[MixSource]) -> list[MixSource]:
+    "The sources, once their names differ and their shares leave room for the legal text (sum below 1)."
+    names = [s.name for s in sources]
+    if dup := next((n for n in names if names.count(n) > 1), None):
+        raise LegalnbError(f'--mix {dup}: two sources have this name; give each source its own name')
+    if (total := sum(s.share for s in sources)) >= 1:
+        raise LegalnbError(f'--mix: the shares sum to {total:g}; they must sum below 1, the rest is the legal text')
+    return sources
+
+def mix_rows(legal_rows: int, shares: list[float]) -> list[int]:
+    "Rows of each source: share / (1 - sum of shares) x the legal training rows (at least one)."
+    rest = 1 - sum(shares)
+    return [max(1, round(s / rest * legal_rows)) for s in shares]
+
+
+# %% ../nbs/02_corpus.ipynb #f4ac5be9
+_MIX_SUFFIXES = {'.jsonl': 'json', '.json': 'json', '.jsonl.gz': 'json', '.json.gz': 'json', '.parquet': 'parquet',
+                 '.arrow': 'arrow'}
+_MIX_FORMS = 'a JSONL, Parquet or Arrow file or folder, or a folder written by save_to_disk'
+
+def _mix_kind(f: Path) -> str | None:
+    "The `datasets` builder of a file, by its name ('json', 'parquet', 'arrow'); None for another file."
+    return next((k for sfx, k in _MIX_SUFFIXES.items() if f.name.endswith(sfx) and not f.name.startswith('.')), None)
+
+def mix_format(src: MixSource) -> tuple[str, list[str]]:
+    "How `datasets` reads a source: ('disk', []) for a save_to_disk folder, else the builder and the files, sorted."
+    p = Path(src.path)
+    if not p.exists(): raise LegalnbError(f'--mix {src.name}: {p}: no such file or folder; expected {_MIX_FORMS}')
+    if p.is_dir() and ((p/'state.json').is_file() or (p/'dataset_dict.json').is_file()): return 'disk', []
+    files = sorted(f for f in p.rglob('*') if f.is_file()) if p.is_dir() else [p]
+    kinds = {}
+    for f in files:
+        if (k := _mix_kind(f)): kinds.setdefault(k, []).append(str(f))
+    if len(kinds) != 1:
+        what = f'mixes {" and ".join(sorted(kinds))} files' if kinds else (
+            'holds no .jsonl, .parquet or .arrow file' if p.is_dir() else f'has an unknown format ({p.suffix or "no suffix"})')
+        raise LegalnbError(f'--mix {src.name}: {p} {what}; expected {_MIX_FORMS}')
+    return next(iter(kinds.items()))
+
+def _first_line(e: Exception) -> str: return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+def _from_disk(src: MixSource):
+    "The Dataset a save_to_disk folder holds (a DatasetDict's train split) as an iterable one, memory-mapped."
+    import datasets
+    d = datasets.load_from_disk(src.path)
+    if isinstance(d, datasets.DatasetDict):
+        if 'train' not in d: raise LegalnbError(f'--mix {src.name}: {src.path} holds the splits {", ".join(d)} and no '
+                                                f'train; name one split\'s folder ({src.path}/SPLIT)')
+        d = d['train']
+    return d.to_iterable_dataset()
+
+def open_mix(src: MixSource):
+    "A source's records as a `datasets` IterableDataset (streamed: read as far as it is iterated), with a text column."
+    import datasets
+    kind, files = mix_format(src)
+    datasets.disable_progress_bars()
+    try: ds = _from_disk(src) if kind == 'disk' else datasets.load_dataset(kind, data_files=files, split='train',
+                                                                           streaming=True)
+    except LegalnbError: raise
+    except Exception as e: raise LegalnbError(f'--mix {src.name}: {src.path}: cannot be read as {kind} '
+                                              f'({_first_line(e)}); expected {_MIX_FORMS}') from None
+    if ds.column_names is not None and 'text' not in ds.column_names:
+        raise LegalnbError(f'--mix {src.name}: {src.path} has no "text" column (it has {", ".join(ds.column_names)}); '
+                           'each record needs its text in "text"')
+    return ds
+
+def mix_records(src: MixSource, start: int = 0) -> Iterator[tuple[int, dict]]:
+    "(record number, record) of a source from record `start` on, streamed; a record without a string text is refused."
+    it, i = iter(open_mix(src).skip(start)), start
+    while True:
+        try: rec = next(it)
+        except StopIteration: return
+        except Exception as e: raise LegalnbError(f'--mix {src.name}: {src.path}: cannot be read at record {i} '
+                                                  f'({_first_line(e)})') from None
+        if not isinstance(rec.get('text'), (str, type(None))) or 'text' not in rec:
+            got = 'has no "text"' if 'text' not in rec else f'has "text": {json.dumps(rec["text"], default=str)[:40]}'
+            raise LegalnbError(f'--mix {src.name}: {src.path}, record {i} {got}; expected a string')
+        yield i, rec; i += 1
+
+def mix_sources(specs: Iterable[str | MixSource], heldout: int = MIX_HELDOUT) -> list[MixSource]:
+    "Parse and check --mix sources: names, shares, and that each opens and holds a record with a text."
+    if heldout < 0: raise LegalnbError(f'--mix-heldout must be 0 or more tokens, got {heldout}')
+    sources = check_mix([s if isinstance(s, MixSource) else parse_mix(s) for s in specs])
+    for s in sources:
+        if next(mix_records(s), None) is None: raise LegalnbError(f'--mix {s.name}: {s.path} holds no records')
+    return sources
+
+def mix_sha256(sources: list[MixSource]) -> str:
+    "A fingerprint of the sources' files (names, sizes, modification times): a changed source is not resumed into."
+    h = hashlib.sha256()
+    for s in sources:
+        p = Path(s.path)
+        for f in sorted(f for f in p.rglob('*') if f.is_file()) if p.is_dir() else [p]:
+            st = f.stat()
+            h.update(f'{s.spec}\0{f.relative_to(p) if p.is_dir() else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n'.encode())
+    return h.hexdigest()
+
+
+# %% ../nbs/02_corpus.ipynb #b86d5e0c
+def _mix_lang(rec: dict) -> str: return str(rec.get('lang') or 'und')
+
+def write_mix_heldout(src: MixSource, out: Path, tok: Tokenizer, budget: int) -> dict:
+    "Write the source's first documents, up to `budget` tokens, to mix/NAME/heldout.jsonl; its record."
+    rel, docs, tokens, read = f'mix/{src.name}/heldout.jsonl', 0, 0, 0
+    with atomic_write(out/rel) as tmp, open(tmp, 'w', encoding='utf-8') as f:
+        for read, rec in mix_records(src):
+            if tokens >= budget: break
+            if not rec['text']: continue
+            doc_id = rec['id'] if isinstance(rec.get('id'), (str, int)) else f'{src.name}:{read}'
+            f.write(json.dumps(dict(text=rec['text'], lang=_mix_lang(rec), id=doc_id), ensure_ascii=False) + '\n')
+            docs, tokens = docs + 1, tokens + len(tok.encode(rec['text'], add_special_tokens=False).ids)
+        else: read += 1   # the source ended: no record is left for training
+        if not any(r['text'] for _, r in mix_records(src, read)):
+            raise LegalnbError(f'--mix {src.name}: {src.path} has no document left for training after its held-out '
+                               f'slice ({docs:,} documents, {tokens:,} tokens); lower --mix-heldout or give a '
+                               'bigger source')
+    return dict(file=rel, documents=docs, tokens=tokens, records=read, sha256=file_sha256(out/rel))
+
+def _mix_heldouts(out: Path, tok: Tokenizer, partial: dict, sources: list[MixSource]):
+    "Write each source's held-out slice not yet written (before the legal shards: a bad source stops the build early)."
+    for src, rec in zip(sources, partial.get('mix', [])):
+        if rec['heldout'] is None:
+            rec['heldout'] = write_mix_heldout(src, out, tok, partial['args']['mix_heldout'])
+            _write_json(out/'manifest.partial.json', partial)
+
+
+# %% ../nbs/02_corpus.ipynb #d0a74f81
+@dataclass
+class MixPiece:
+    "Where a piece of a mixed source's document comes from: the unit of encoding and of resuming."
+    record: int    # the document's record number in the source
+    passes: int    # how often the source was read through before (a source smaller than its share repeats)
+    index: int     # piece number within the document
+    last: bool     # the document's last piece (gets the EOS)
+    lang: str      # the document's language ('und' when the source has none)
+
+def mix_pieces(src: MixSource, first: int, start: int, passes: int, max_chars: int) -> Iterator[tuple[MixPiece, str]]:
+    "Pieces of the training documents (records `first` on) from record `start` of pass `passes`, pass after pass."
+    while True:
+        found = False
+        for i, rec in mix_records(src, start):
+            if not rec['text']: continue
+            found, parts = True, split_text(rec['text'], max_chars)
+            for k, part in enumerate(parts): yield MixPiece(i, passes, k, k == len(parts) - 1, _mix_lang(rec)), part
+        if not found and start == first: raise LegalnbError(f'--mix {src.name}: {src.path}: no training document')
+        start, passes = first, passes + 1
+
+class _MixStream:
+    "One source's encoded pieces fed to its packer, and the point to resume from after the last whole document."
+    def __init__(self, encoded, packer: RowPacker, resume: dict):
+        self.encoded, self.packer, self.resume, self.open = encoded, packer, dict(resume), False
+
+    def pieces(self) -> Iterator[MixPiece]:
+        "Pack the pieces one by one; yield each after it is packed."
+        for metas, ids in self.encoded:
+            for m, x in zip(metas, ids):
+                self.packer.add(x, m.lang, first=m.index == 0, last=m.last)
+                self.resume['documents_read'] += m.index == 0
+                if m.last: self.resume.update(record=m.record + 1, passes=m.passes)
+                self.open = not m.last
+                yield m
+
+def _fill_mix_shard(stream: _MixStream, flow: Iterator, want: int, flush: int, acc: dict) -> Iterator[np.ndarray]:
+    "Yield exactly `want` rows; then pack the rest of the document in hand (the next shard starts with it)."
+    packer, got = stream.packer, 0
+    while got < want:
+        if packer.pending >= max(packer.row_len, min(flush, (want - got) * packer.row_len)):
+            rows = _take_into(packer, acc, want - got); got += len(rows); yield rows
+        else: next(flow)
+    while stream.open: next(flow)
+
+
+# %% ../nbs/02_corpus.ipynb #30354ebd
+def _build_mix(out, tok, partial, eos_id, vocab, row_len, shards, opt):
+    "Pack each source into mix/NAME/: its share of the training rows, in shards of about the legal shards' rows."
+    legal = sum(r['rows'] for r in partial['shards'])
+    rows = mix_rows(legal, [s.share for s in opt['mix']])
+    for src, rec, n in zip(opt['mix'], partial['mix'], rows):
+        _build_source(src, out, tok, partial, rec, eos_id, vocab, row_len, n, -(-legal // shards), opt)
+
+def _build_source(src, out, tok, partial, rec, eos_id, vocab, row_len, rows, per_shard, opt):
+    "Write the shards of source `src` not yet in its record `rec`: `rows` rows in all, `per_shard` a shard."
+    done, sub, n = rec['shards'], f'mix/{src.name}/', -(-rows // per_shard)
+    if len(done) >= n: return
+    first = rec['heldout']['records']   # its training documents start after the held-out slice
+    resume = done[-1]['next'] if done else dict(record=first, passes=0, documents_read=0,
+                                                packer=dict(position=0, chunks=[], starts=[]))
+    packer = RowPacker(row_len, eos_id).restore(resume['packer'])
+    pieces = mix_pieces(src, first, resume['record'], resume['passes'], partial['args']['max_chars'])
+    encoded = encode_stream(tok, batch_pieces(pieces, opt['batch_chars'] or 2**18), opt['num_proc'])
+    stream = _MixStream(encoded, packer, resume)
+    flow = stream.pieces()
+    try:
+        for k in range(len(done), n):
+            acc, start, name = dict(tokens_per_lang=Counter(), starts=[]), packer.position, f'{src.name}_{k:05d}.npy'
+            r = write_shard(out/sub/name, _fill_mix_shard(stream, flow, min(per_shard, rows - k * per_shard),
+                                                          opt['flush_tokens'], acc), row_len, vocab)
+            _shard_record(out, sub, name, r, acc, start, row_len)
+            r['next'] = dict(stream.resume, packer=packer.state())
+            done.append(r)
+            _write_json(out/'manifest.partial.json', partial)
+            if opt['on_shard']: opt['on_shard'](r)
+    finally: encoded.close()
+
+
+# %% ../nbs/02_corpus.ipynb #247fd644
+def _mix_resume(out: Path, m: dict | None, specs: list[str]) -> list[dict]:
+    "Each source's record in a build: what an interrupted build of the same key finished and still verifies."
+    found = {x['name']: x for x in (m or {}).get('mix', [])}
+    recs = []
+    for s in map(parse_mix, specs):
+        x = found.get(s.name) or {}
+        held = x['heldout'] if x.get('heldout') and _verified(out, x['heldout']) else None
+        recs.append(dict(name=s.name, origin=s.path, asked_share=s.share, heldout=held,
+                         shards=_verified_prefix(out, x.get('shards', [])) if held else []))
+    return recs
+
+def _mix_files(m: dict) -> set[str]:
+    "The files a build's mixed sources have or will have (the shard in progress included), relative to the corpus."
+    names = set()
+    for x in m.get('mix', []):
+        sub, k = f"mix/{x['name']}/", len(x['shards'])
+        names |= {sub + 'heldout.jsonl', f"{sub}{x['name']}_{k:05d}.npy", f"{sub}doc_starts/{x['name']}_{k:05d}.npy"}
+        names |= {f for s in x['shards'] for f in (s['file'], s.get('doc_starts'))}
+    return names
+
+def _mix_manifest(partial: dict, row_len: int) -> dict:
+    "The manifest's `mix`: per source its origin, rows, tokens, asked and realised share, shards, held-out slice."
+    if not partial.get('mix'): return {}
+    total = sum(r['rows'] for r in partial['shards']) + sum(r['rows'] for x in partial['mix'] for r in x['shards'])
+    mix = []
+    for x in partial['mix']:
+        per_lang, last, rows = Counter(), x['shards'][-1]['next'], sum(r['rows'] for r in x['shards'])
+        for r in x['shards']: per_lang.update(r['tokens_per_lang'])
+        mix.append(dict(name=x['name'], origin=x['origin'], asked_share=x['asked_share'], tokens=rows * row_len,
+                        realised_share=round(rows / total, 6), rows=rows,
+                        documents=sum(r['documents'] for r in x['shards']), documents_read=last['documents_read'],
+                        passes=last['passes'] + 1, tokens_per_lang=dict(sorted(per_lang.items())),
+                        shards=[{k: v for k, v in r.items() if k != 'next'} for r in x['shards']], heldout=x['heldout']))
+    return dict(mix=mix)
+
+def mix_summary(m: dict) -> str:
+    "The lines of the build summary on the mixed sources ('' without any)."
+    lines = []
+    for x in m.get('mix', []):
+        h = x['heldout']
+        again = f"; read {x['passes']} times over (the source is smaller than its share)" if x['passes'] > 1 else ''
+        lines.append(f"\nmix {x['name']}: {x['origin']}: {x['tokens']:,} tokens ({x['rows']:,} rows) -> mix/{x['name']}/, "
+                     f"asked {x['asked_share']:.1%} of the training tokens, realised {x['realised_share']:.2%}{again}; "
+                     f"held out {h['documents']:,} documents ({h['tokens']:,} tokens) -> {h['file']}")
+    return ''.join(lines)
+
+
 # %% ../nbs/02_corpus.ipynb #e18e470d
 MANIFEST_FORMAT = 'legalnb.corpus/1'
 
@@ -683,8 +966,6 @@ def _recover(out: Path):
     else: shutil.rmtree(trash)
 
 # %% ../nbs/02_corpus.ipynb #0cdadf10
-MIX_HELDOUT = 50_000   # tokens of each --mix source's first documents held out for forgetting (~1 min to score on a CPU)
-
 def build_corpus(selected: str | Path,         # selected.jsonl from `legalnb select`
                  out: str | Path,              # the corpus folder to write
                  seq_len: int = 3072,          # context length; rows hold seq_len + 1 tokens
@@ -836,288 +1117,6 @@ def _finish(out, tok, key, partial, eos_id, vocab, row_len, held) -> dict:
     _write_json(out/'manifest.json', m)
     (out/'manifest.partial.json').unlink(missing_ok=True)
     return m
-
-# %% ../nbs/02_corpus.ipynb #05103690
-MIX_RESERVED = ('legal', 'shard')   # 'legal' names the corpus's own rows; 'shard_*.npy' are its shard files
-_MIX_NAME = re.compile(r'[A-Za-z0-9][A-Za-z0-9_-]*')
-
-@dataclass(frozen=True)
-class MixSource:
-    "A source of training text mixed into the corpus, and its share of the training tokens."
-    name: str     # its name: its folder mix/NAME/ and its files NAME_00000.npy
-    path: str     # a JSONL, Parquet or Arrow file or folder, or a folder written by datasets' save_to_disk
-    share: float  # its share of the training tokens, in (0, 1)
-
-    @property
-    def spec(self) -> str: return f'{self.name}={self.path}:{self.share:g}'
-
-def parse_mix(spec: str) -> MixSource:
-    "A MixSource from `NAME=PATH:SHARE` (general=wiki.jsonl:0.05); one line naming --mix when it is not one."
-    name, eq, rest = str(spec).partition('=')
-    path, colon, share = rest.rpartition(':')
-    if not (eq and colon and path): raise LegalnbError(f'--mix {spec}: expected NAME=PATH:SHARE, e.g. general=wiki.jsonl:0.05')
-    if not _MIX_NAME.fullmatch(name) or name in MIX_RESERVED:
-        raise LegalnbError(f'--mix {spec}: the name {name!r} must be letters, digits, _ or - (not '
-                           f'{" or ".join(MIX_RESERVED)}); it names the folder mix/NAME/')
-    try: value = float(share)
-    except ValueError: raise LegalnbError(f'--mix {spec}: the share {share!r} is not a number; e.g. 0.05') from None
-    if not 0 < value < 1:
-        raise LegalnbError(f'--mix {spec}: the share must be between 0 and 1 (0.05: 5% of the training tokens), '
-                           f'got {value:g}')
-    return MixSource(name, path, value)
-
-def check_mix(sources: list[MixSource]) -> list[MixSource]:
-    "The sources, once their names differ and their shares leave room for the legal text (sum below 1)."
-    names = [s.name for s in sources]
-    if dup := next((n for n in names if names.count(n) > 1), None):
-        raise LegalnbError(f'--mix {dup}: two sources have this name; give each source its own name')
-    if (total := sum(s.share for s in sources)) >= 1:
-        raise LegalnbError(f'--mix: the shares sum to {total:g}; they must sum below 1, the rest is the legal text')
-    return sources
-
-def mix_rows(legal_rows: int, shares: list[float]) -> list[int]:
-    "Rows of each source: share / (1 - sum of shares) x the legal training rows (at least one)."
-    rest = 1 - sum(shares)
-    return [max(1, round(s / rest * legal_rows)) for s in shares]
-
-
-# %% ../nbs/02_corpus.ipynb #f4ac5be9
-_MIX_SUFFIXES = {'.jsonl': 'json', '.json': 'json', '.jsonl.gz': 'json', '.json.gz': 'json', '.parquet': 'parquet',
-                 '.arrow': 'arrow'}
-_MIX_FORMS = 'a JSONL, Parquet or Arrow file or folder, or a folder written by save_to_disk'
-
-def _mix_kind(f: Path) -> str | None:
-    "The `datasets` builder of a file, by its name ('json', 'parquet', 'arrow'); None for another file."
-    return next((k for sfx, k in _MIX_SUFFIXES.items() if f.name.endswith(sfx) and not f.name.startswith('.')), None)
-
-def mix_format(src: MixSource) -> tuple[str, list[str]]:
-    "How `datasets` reads a source: ('disk', []) for a save_to_disk folder, else the builder and the files, sorted."
-    p = Path(src.path)
-    if not p.exists(): raise LegalnbError(f'--mix {src.name}: {p}: no such file or folder; expected {_MIX_FORMS}')
-    if p.is_dir() and ((p/'state.json').is_file() or (p/'dataset_dict.json').is_file()): return 'disk', []
-    files = sorted(f for f in p.rglob('*') if f.is_file()) if p.is_dir() else [p]
-    kinds = {}
-    for f in files:
-        if (k := _mix_kind(f)): kinds.setdefault(k, []).append(str(f))
-    if len(kinds) != 1:
-        what = f'mixes {" and ".join(sorted(kinds))} files' if kinds else (
-            'holds no .jsonl, .parquet or .arrow file' if p.is_dir() else f'has an unknown format ({p.suffix or "no suffix"})')
-        raise LegalnbError(f'--mix {src.name}: {p} {what}; expected {_MIX_FORMS}')
-    return next(iter(kinds.items()))
-
-def _first_line(e: Exception) -> str: return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-
-def _from_disk(src: MixSource):
-    "The Dataset a save_to_disk folder holds (a DatasetDict's train split) as an iterable one, memory-mapped."
-    import datasets
-    d = datasets.load_from_disk(src.path)
-    if isinstance(d, datasets.DatasetDict):
-        if 'train' not in d: raise LegalnbError(f'--mix {src.name}: {src.path} holds the splits {", ".join(d)} and no '
-                                                f'train; name one split\'s folder ({src.path}/SPLIT)')
-        d = d['train']
-    return d.to_iterable_dataset()
-
-def open_mix(src: MixSource):
-    "A source's records as a `datasets` IterableDataset (streamed: read as far as it is iterated), with a text column."
-    import datasets
-    kind, files = mix_format(src)
-    datasets.disable_progress_bars()
-    try: ds = _from_disk(src) if kind == 'disk' else datasets.load_dataset(kind, data_files=files, split='train',
-                                                                           streaming=True)
-    except LegalnbError: raise
-    except Exception as e: raise LegalnbError(f'--mix {src.name}: {src.path}: cannot be read as {kind} '
-                                              f'({_first_line(e)}); expected {_MIX_FORMS}') from None
-    if ds.column_names is not None and 'text' not in ds.column_names:
-        raise LegalnbError(f'--mix {src.name}: {src.path} has no "text" column (it has {", ".join(ds.column_names)}); '
-                           'each record needs its text in "text"')
-    return ds
-
-def mix_records(src: MixSource, start: int = 0) -> Iterator[tuple[int, dict]]:
-    "(record number, record) of a source from record `start` on, streamed; a record without a string text is refused."
-    it, i = iter(open_mix(src).skip(start)), start
-    while True:
-        try: rec = next(it)
-        except StopIteration: return
-        except Exception as e: raise LegalnbError(f'--mix {src.name}: {src.path}: cannot be read at record {i} '
-                                                  f'({_first_line(e)})') from None
-        if not isinstance(rec.get('text'), (str, type(None))) or 'text' not in rec:
-            got = 'has no "text"' if 'text' not in rec else f'has "text": {json.dumps(rec["text"], default=str)[:40]}'
-            raise LegalnbError(f'--mix {src.name}: {src.path}, record {i} {got}; expected a string')
-        yield i, rec; i += 1
-
-def mix_sources(specs: Iterable[str | MixSource], heldout: int = MIX_HELDOUT) -> list[MixSource]:
-    "Parse and check --mix sources: names, shares, and that each opens and holds a record with a text."
-    if heldout < 0: raise LegalnbError(f'--mix-heldout must be 0 or more tokens, got {heldout}')
-    sources = check_mix([s if isinstance(s, MixSource) else parse_mix(s) for s in specs])
-    for s in sources:
-        if next(mix_records(s), None) is None: raise LegalnbError(f'--mix {s.name}: {s.path} holds no records')
-    return sources
-
-def mix_sha256(sources: list[MixSource]) -> str:
-    "A fingerprint of the sources' files (names, sizes, modification times): a changed source is not resumed into."
-    h = hashlib.sha256()
-    for s in sources:
-        p = Path(s.path)
-        for f in sorted(f for f in p.rglob('*') if f.is_file()) if p.is_dir() else [p]:
-            st = f.stat()
-            h.update(f'{s.spec}\0{f.relative_to(p) if p.is_dir() else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n'.encode())
-    return h.hexdigest()
-
-
-# %% ../nbs/02_corpus.ipynb #b86d5e0c
-def _mix_lang(rec: dict) -> str: return str(rec.get('lang') or 'und')
-
-def write_mix_heldout(src: MixSource, out: Path, tok: Tokenizer, budget: int) -> dict:
-    "Write the source's first documents, up to `budget` tokens, to mix/NAME/heldout.jsonl; its record."
-    rel, docs, tokens, read = f'mix/{src.name}/heldout.jsonl', 0, 0, 0
-    with atomic_write(out/rel) as tmp, open(tmp, 'w', encoding='utf-8') as f:
-        for read, rec in mix_records(src):
-            if tokens >= budget: break
-            if not rec['text']: continue
-            doc_id = rec['id'] if isinstance(rec.get('id'), (str, int)) else f'{src.name}:{read}'
-            f.write(json.dumps(dict(text=rec['text'], lang=_mix_lang(rec), id=doc_id), ensure_ascii=False) + '\n')
-            docs, tokens = docs + 1, tokens + len(tok.encode(rec['text'], add_special_tokens=False).ids)
-        else: read += 1   # the source ended: no record is left for training
-        if not any(r['text'] for _, r in mix_records(src, read)):
-            raise LegalnbError(f'--mix {src.name}: {src.path} has no document left for training after its held-out '
-                               f'slice ({docs:,} documents, {tokens:,} tokens); lower --mix-heldout or give a '
-                               'bigger source')
-    return dict(file=rel, documents=docs, tokens=tokens, records=read, sha256=file_sha256(out/rel))
-
-def _mix_heldouts(out: Path, tok: Tokenizer, partial: dict, sources: list[MixSource]):
-    "Write each source's held-out slice not yet written (before the legal shards: a bad source stops the build early)."
-    for src, rec in zip(sources, partial.get('mix', [])):
-        if rec['heldout'] is None:
-            rec['heldout'] = write_mix_heldout(src, out, tok, partial['args']['mix_heldout'])
-            _write_json(out/'manifest.partial.json', partial)
-
-
-# %% ../nbs/02_corpus.ipynb #d0a74f81
-@dataclass
-class MixPiece:
-    "Where a piece of a mixed source's document comes from: the unit of encoding and of resuming."
-    record: int    # the document's record number in the source
-    passes: int    # how often the source was read through before (a source smaller than its share repeats)
-    index: int     # piece number within the document
-    last: bool     # the document's last piece (gets the EOS)
-    lang: str      # the document's language ('und' when the source has none)
-
-def mix_pieces(src: MixSource, first: int, start: int, passes: int, max_chars: int) -> Iterator[tuple[MixPiece, str]]:
-    "Pieces of the training documents (records `first` on) from record `start` of pass `passes`, pass after pass."
-    while True:
-        found = False
-        for i, rec in mix_records(src, start):
-            if not rec['text']: continue
-            found, parts = True, split_text(rec['text'], max_chars)
-            for k, part in enumerate(parts): yield MixPiece(i, passes, k, k == len(parts) - 1, _mix_lang(rec)), part
-        if not found and start == first: raise LegalnbError(f'--mix {src.name}: {src.path}: no training document')
-        start, passes = first, passes + 1
-
-class _MixStream:
-    "One source's encoded pieces fed to its packer, and the point to resume from after the last whole document."
-    def __init__(self, encoded, packer: RowPacker, resume: dict):
-        self.encoded, self.packer, self.resume, self.open = encoded, packer, dict(resume), False
-
-    def pieces(self) -> Iterator[MixPiece]:
-        "Pack the pieces one by one; yield each after it is packed."
-        for metas, ids in self.encoded:
-            for m, x in zip(metas, ids):
-                self.packer.add(x, m.lang, first=m.index == 0, last=m.last)
-                self.resume['documents_read'] += m.index == 0
-                if m.last: self.resume.update(record=m.record + 1, passes=m.passes)
-                self.open = not m.last
-                yield m
-
-def _fill_mix_shard(stream: _MixStream, flow: Iterator, want: int, flush: int, acc: dict) -> Iterator[np.ndarray]:
-    "Yield exactly `want` rows; then pack the rest of the document in hand (the next shard starts with it)."
-    packer, got = stream.packer, 0
-    while got < want:
-        if packer.pending >= max(packer.row_len, min(flush, (want - got) * packer.row_len)):
-            rows = _take_into(packer, acc, want - got); got += len(rows); yield rows
-        else: next(flow)
-    while stream.open: next(flow)
-
-
-# %% ../nbs/02_corpus.ipynb #30354ebd
-def _build_mix(out, tok, partial, eos_id, vocab, row_len, shards, opt):
-    "Pack each source into mix/NAME/: its share of the training rows, in shards of about the legal shards' rows."
-    legal = sum(r['rows'] for r in partial['shards'])
-    rows = mix_rows(legal, [s.share for s in opt['mix']])
-    for src, rec, n in zip(opt['mix'], partial['mix'], rows):
-        _build_source(src, out, tok, partial, rec, eos_id, vocab, row_len, n, -(-legal // shards), opt)
-
-def _build_source(src, out, tok, partial, rec, eos_id, vocab, row_len, rows, per_shard, opt):
-    "Write the shards of source `src` not yet in its record `rec`: `rows` rows in all, `per_shard` a shard."
-    done, sub, n = rec['shards'], f'mix/{src.name}/', -(-rows // per_shard)
-    if len(done) >= n: return
-    first = rec['heldout']['records']   # its training documents start after the held-out slice
-    resume = done[-1]['next'] if done else dict(record=first, passes=0, documents_read=0,
-                                                packer=dict(position=0, chunks=[], starts=[]))
-    packer = RowPacker(row_len, eos_id).restore(resume['packer'])
-    pieces = mix_pieces(src, first, resume['record'], resume['passes'], partial['args']['max_chars'])
-    encoded = encode_stream(tok, batch_pieces(pieces, opt['batch_chars'] or 2**18), opt['num_proc'])
-    stream = _MixStream(encoded, packer, resume)
-    flow = stream.pieces()
-    try:
-        for k in range(len(done), n):
-            acc, start, name = dict(tokens_per_lang=Counter(), starts=[]), packer.position, f'{src.name}_{k:05d}.npy'
-            r = write_shard(out/sub/name, _fill_mix_shard(stream, flow, min(per_shard, rows - k * per_shard),
-                                                          opt['flush_tokens'], acc), row_len, vocab)
-            _shard_record(out, sub, name, r, acc, start, row_len)
-            r['next'] = dict(stream.resume, packer=packer.state())
-            done.append(r)
-            _write_json(out/'manifest.partial.json', partial)
-            if opt['on_shard']: opt['on_shard'](r)
-    finally: encoded.close()
-
-
-# %% ../nbs/02_corpus.ipynb #247fd644
-def _mix_resume(out: Path, m: dict | None, specs: list[str]) -> list[dict]:
-    "Each source's record in a build: what an interrupted build of the same key finished and still verifies."
-    found = {x['name']: x for x in (m or {}).get('mix', [])}
-    recs = []
-    for s in map(parse_mix, specs):
-        x = found.get(s.name) or {}
-        held = x['heldout'] if x.get('heldout') and _verified(out, x['heldout']) else None
-        recs.append(dict(name=s.name, origin=s.path, asked_share=s.share, heldout=held,
-                         shards=_verified_prefix(out, x.get('shards', [])) if held else []))
-    return recs
-
-def _mix_files(m: dict) -> set[str]:
-    "The files a build's mixed sources have or will have (the shard in progress included), relative to the corpus."
-    names = set()
-    for x in m.get('mix', []):
-        sub, k = f"mix/{x['name']}/", len(x['shards'])
-        names |= {sub + 'heldout.jsonl', f"{sub}{x['name']}_{k:05d}.npy", f"{sub}doc_starts/{x['name']}_{k:05d}.npy"}
-        names |= {f for s in x['shards'] for f in (s['file'], s.get('doc_starts'))}
-    return names
-
-def _mix_manifest(partial: dict, row_len: int) -> dict:
-    "The manifest's `mix`: per source its origin, rows, tokens, asked and realised share, shards, held-out slice."
-    if not partial.get('mix'): return {}
-    total = sum(r['rows'] for r in partial['shards']) + sum(r['rows'] for x in partial['mix'] for r in x['shards'])
-    mix = []
-    for x in partial['mix']:
-        per_lang, last, rows = Counter(), x['shards'][-1]['next'], sum(r['rows'] for r in x['shards'])
-        for r in x['shards']: per_lang.update(r['tokens_per_lang'])
-        mix.append(dict(name=x['name'], origin=x['origin'], asked_share=x['asked_share'], tokens=rows * row_len,
-                        realised_share=round(rows / total, 6), rows=rows,
-                        documents=sum(r['documents'] for r in x['shards']), documents_read=last['documents_read'],
-                        passes=last['passes'] + 1, tokens_per_lang=dict(sorted(per_lang.items())),
-                        shards=[{k: v for k, v in r.items() if k != 'next'} for r in x['shards']], heldout=x['heldout']))
-    return dict(mix=mix)
-
-def mix_summary(m: dict) -> str:
-    "The lines of the build summary on the mixed sources ('' without any)."
-    lines = []
-    for x in m.get('mix', []):
-        h = x['heldout']
-        again = f"; read {x['passes']} times over (the source is smaller than its share)" if x['passes'] > 1 else ''
-        lines.append(f"\nmix {x['name']}: {x['origin']}: {x['tokens']:,} tokens ({x['rows']:,} rows) -> mix/{x['name']}/, "
-                     f"asked {x['asked_share']:.1%} of the training tokens, realised {x['realised_share']:.2%}{again}; "
-                     f"held out {h['documents']:,} documents ({h['tokens']:,} tokens) -> {h['file']}")
-    return ''.join(lines)
-
 
 # %% ../nbs/02_corpus.ipynb #1d485e56
 @delegates(build_corpus, but=['vocab_size', 'batch_chars', 'flush_tokens', 'on_shard'])
