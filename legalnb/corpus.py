@@ -387,7 +387,7 @@ def _rule_words(rule: dict) -> str:
     return ', '.join(w for w in words if w)
 
 # %% ../nbs/02_corpus.ipynb #05103690
-MIX_HELDOUT = 50_000   # tokens of each --mix source's first documents held out for forgetting (~1 min to score on a CPU)
+MIX_HELDOUT = 50_000   # tokens of each --mix source's first documents held out, for forgetting (~1 min of scoring)
 MIX_RESERVED = ('legal', 'shard')   # 'legal' names the corpus's own rows; 'shard_*.npy' are its shard files
 _MIX_NAME = re.compile(r'[A-Za-z0-9][A-Za-z0-9_-]*')
 
@@ -405,7 +405,8 @@ def parse_mix(spec: str) -> MixSource:
     "A MixSource from `NAME=PATH:SHARE` (general=wiki.jsonl:0.05); one line naming --mix when it is not one."
     name, eq, rest = str(spec).partition('=')
     path, colon, share = rest.rpartition(':')
-    if not (eq and colon and path): raise LegalnbError(f'--mix {spec}: expected NAME=PATH:SHARE, e.g. general=wiki.jsonl:0.05')
+    if not (eq and colon and path):
+        raise LegalnbError(f'--mix {spec}: expected NAME=PATH:SHARE, e.g. general=wiki.jsonl:0.05')
     if not _MIX_NAME.fullmatch(name) or name in MIX_RESERVED:
         raise LegalnbError(f'--mix {spec}: the name {name!r} must be letters, digits, _ or - (not '
                            f'{" or ".join(MIX_RESERVED)}); it names the folder mix/NAME/')
@@ -451,7 +452,8 @@ def mix_format(src: MixSource) -> tuple[str, list[str]]:
         if (k := _mix_kind(f)): kinds.setdefault(k, []).append(str(f))
     if len(kinds) != 1:
         what = f'mixes {" and ".join(sorted(kinds))} files' if kinds else (
-            'holds no .jsonl, .parquet or .arrow file' if p.is_dir() else f'has an unknown format ({p.suffix or "no suffix"})')
+            'holds no .jsonl, .parquet or .arrow file' if p.is_dir() else
+            f'has an unknown format ({p.suffix or "no suffix"})')
         raise LegalnbError(f'--mix {src.name}: {p} {what}; expected {_MIX_FORMS}')
     return next(iter(kinds.items()))
 
@@ -510,7 +512,8 @@ def mix_sha256(sources: list[MixSource]) -> str:
         p = Path(s.path)
         for f in sorted(f for f in p.rglob('*') if f.is_file()) if p.is_dir() else [p]:
             st = f.stat()
-            h.update(f'{s.spec}\0{f.relative_to(p) if p.is_dir() else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n'.encode())
+            rel = f.relative_to(p) if p.is_dir() else f.name
+            h.update(f'{s.spec}\0{rel}\0{st.st_size}\0{st.st_mtime_ns}\n'.encode())
     return h.hexdigest()
 
 
@@ -654,8 +657,9 @@ def _mix_manifest(partial: dict, row_len: int) -> dict:
                         realised_share=round(rows / total, 6), rows=rows,
                         documents=sum(r['documents'] for r in x['shards']), documents_read=last['documents_read'],
                         passes=last['passes'] + 1, tokens_per_lang=dict(sorted(per_lang.items())),
-                        shards=[{k: v for k, v in r.items() if k != 'next'} for r in x['shards']], heldout=x['heldout']))
-    return dict(mix=mix)
+                        shards=[{k: v for k, v in r.items() if k != 'next'} for r in x['shards']],
+                        heldout=x['heldout']))
+    return dict(mix_sha256=partial['mix_sha256'], mix=mix)   # the sources' fingerprint: a rerun is up to date
 
 def mix_summary(m: dict) -> str:
     "The lines of the build summary on the mixed sources ('' without any)."
@@ -663,7 +667,8 @@ def mix_summary(m: dict) -> str:
     for x in m.get('mix', []):
         h = x['heldout']
         again = f"; read {x['passes']} times over (the source is smaller than its share)" if x['passes'] > 1 else ''
-        lines.append(f"\nmix {x['name']}: {x['origin']}: {x['tokens']:,} tokens ({x['rows']:,} rows) -> mix/{x['name']}/, "
+        lines.append(f"\nmix {x['name']}: {x['origin']}: {x['tokens']:,} tokens ({x['rows']:,} rows) -> "
+                     f"mix/{x['name']}/, "
                      f"asked {x['asked_share']:.1%} of the training tokens, realised {x['realised_share']:.2%}{again}; "
                      f"held out {h['documents']:,} documents ({h['tokens']:,} tokens) -> {h['file']}")
     return ''.join(lines)
@@ -773,7 +778,8 @@ def _read_key(path: Path) -> dict:
 def _verified(out: Path, rec: dict) -> bool:
     "Does a finished file (a shard and its document starts, or heldout.jsonl) still match its checksum?"
     files = [(rec['file'], rec.get('sha256'))]
-    if not rec['file'].endswith('heldout.jsonl'): files.append((rec.get('doc_starts', ''), rec.get('doc_starts_sha256')))
+    if not rec['file'].endswith('heldout.jsonl'):   # a shard: its document starts too
+        files.append((rec.get('doc_starts', ''), rec.get('doc_starts_sha256')))
     return all((out/f).is_file() and file_sha256(out/f) == sha for f, sha in files)
 
 def _verified_prefix(out: Path, recs: list[dict]) -> list[dict]:
@@ -981,7 +987,7 @@ def build_corpus(selected: str | Path,         # selected.jsonl from `legalnb se
                  val_after: str | None = None,  # also hold out the acts dated after this day (yyyy-mm-dd)
                  val_acts: str | None = None,   # also hold out the acts a file names (a manifest.json, or CELEX lines)
                  mix: list[str] | None = None,  # more sources NAME=PATH:SHARE, each SHARE of the training tokens
-                 mix_heldout: int = MIX_HELDOUT,  # tokens of each --mix source's first documents held out, never trained
+                 mix_heldout: int = MIX_HELDOUT,  # tokens of each --mix source's first documents held out (untrained)
                  batch_chars: int | None = None,  # characters per encoding batch; None: 128k per CPU core, >= 256k
                  flush_tokens: int = 1 << 20,  # write rows to disk whenever this many tokens wait (bounds memory)
                  progress: bool = True,        # show a progress bar (only on a terminal)
@@ -1003,7 +1009,8 @@ def build_corpus(selected: str | Path,         # selected.jsonl from `legalnb se
                 **(dict(val_after=str(val_after)) if val_after else {}),
                 **(dict(val_acts=str(val_acts), val_acts_named=named) if val_acts else {}),
                 **(dict(mix=[s.spec for s in sources], mix_heldout=mix_heldout) if sources else {}))
-    key = dict(args=args, input_sha256=file_sha256(selected), **(dict(mix_sha256=mix_sha256(sources)) if sources else {}))
+    key = dict(args=args, input_sha256=file_sha256(selected),
+               **(dict(mix_sha256=mix_sha256(sources)) if sources else {}))
     # read when first needed
     held = cache(lambda: heldout_acts(selected, val_docs, seed, val_after, val_min_acts, named)
                         if _holds_out(args) else None)

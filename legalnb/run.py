@@ -136,7 +136,7 @@ def check_mix_section(raw: dict, path):
             raise LegalnbError(f'{path}: mix.{name}: no {missing[0]}:; a source has path: and share:')
 
 def mix_flags(section: dict, base: Path) -> list[str]:
-    "A plan's `mix:` section as build-corpus's `--mix NAME=PATH:SHARE` values, each checked, paths from the plan's folder"
+    "A plan's `mix:` section as build-corpus's `--mix NAME=PATH:SHARE` values, checked, paths from the plan's folder."
     from legalnb.corpus import parse_mix
     out = []
     for name, v in section.items():

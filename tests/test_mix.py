@@ -65,6 +65,8 @@ def test_build_corpus_mix_manifest_heldout_and_summary(work):
     general = [json.loads(l) for l in (d/'general.jsonl').read_text().splitlines()]
     held = [json.loads(l) for l in (d/'corpus'/'mix'/'general'/'heldout.jsonl').read_text().splitlines()]
     assert held == [dict(text=r['text'], lang=r['lang'], id=r['id']) for r in general[:len(held)]], 'the first documents'
+    code, again, _ = cli(*corpus_args(d, d/'corpus', '--train-tokenizer', 300))
+    assert code == 0 and again.startswith(f"{d/'corpus'} is up to date"), again
     code, vout, _ = cli('validate', d/'corpus')
     assert code == 0 and f'sequences        {total:,}' in vout, 'validate reads the mixed shards too'
 
@@ -173,3 +175,15 @@ def test_a_plan_mix_section_becomes_build_corpus_flags(tmp_path):
                          ('mix:\n  general: g.jsonl:2\n', 'mix.general: --mix general=')):
         plan.write_text('input: [formex]\nout: work\n' + text)
         with pytest.raises(Exception, match=expect.replace('.', r'\.')): build_stages(*read_plan(plan), {})
+
+
+def test_split_by_rows_keeps_the_mixed_rows_on_the_training_side(work, tmp_path):
+    "Without its held-out acts, a mixed corpus's val/ is cut from the legal rows only; train/ keeps every mixed row."
+    from legalnb.data import split
+    d, _ = work
+    corpus = PretokenizedDataset(d/'corpus')
+    info = split(d/'corpus', tmp_path/'rows', val_ratio=0.1, by='rows')
+    train, val = PretokenizedDataset(tmp_path/'rows'/'train'), PretokenizedDataset(tmp_path/'rows'/'val')
+    assert list(val.sources) == ['legal'] and info['mix'] == {'general': corpus.sources['general'],
+                                                              'disk': corpus.sources['disk']}
+    assert train.sources == dict(corpus.sources, legal=corpus.sources['legal'] - len(val))
