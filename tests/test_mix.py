@@ -110,6 +110,9 @@ def test_killed_build_resumes_to_the_same_bytes(work, tmp_path):
         if rec['file'].startswith('mix/general/'): raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt): build_corpus(d/'sample.jsonl', tmp_path/'cut', on_shard=stop, **kw)
     assert (tmp_path/'cut'/'manifest.partial.json').is_file() and not (tmp_path/'cut'/'manifest.json').exists()
+    for half in ('mix/general/.general_00001.npy.x1.tmp', 'mix/general/doc_starts/.general_00001.npy.x2.tmp',
+                 'mix/disk/.heldout.jsonl.x3.tmp'):   # what a SIGKILL leaves mid-write
+        (tmp_path/'cut'/half).parent.mkdir(parents=True, exist_ok=True); (tmp_path/'cut'/half).write_bytes(b'half')
     assert build_corpus(d/'sample.jsonl', tmp_path/'cut', **kw) == full
     files = lambda p: {q.relative_to(p): q.read_bytes() for q in sorted(p.rglob('*')) if q.is_file()}
     assert files(tmp_path/'cut') == files(tmp_path/'full')
