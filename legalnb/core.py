@@ -588,6 +588,7 @@ def _argument(name: str, info, suppress: bool, func: Callable) -> tuple[list[str
     if typing.get_origin(anno) is Literal: kw['choices'] = typing.get_args(anno); anno = type(kw['choices'][0])
     if typing.get_origin(anno) in (list, tuple):
         kw['nargs'] = '+'; anno = (typing.get_args(anno) or (str,))[0]
+        if default is None: kw['action'] = 'extend'   # no default to replace: --mix A --mix B gives both
     if anno is bool: kw['action'] = argparse.BooleanOptionalAction
     elif anno in (int, float): kw['type'] = _number_type(anno)
     elif callable(anno) and anno not in (str, Path) and not isinstance(anno, type): kw['type'] = _checked_type(anno)

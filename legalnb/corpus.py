@@ -24,12 +24,14 @@ from .core import Output, command_settings, followed, libc, run_writing, trim_me
 from .sources import parse_celex, parse_date
 
 # %% auto #0
-__all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'MANIFEST_FORMAT', 'KEY', 'iter_selected',
-           'load_tokenizer', 'train_tokenizer', 'find_eos', 'configured_eos', 'special_ids', 'vocab_size_of',
-           'tokenizer_sha256', 'split_text', 'encode_texts', 'encode_stream', 'RowPacker', 'shard_dtype',
-           'npy_header_bytes', 'file_sha256', 'write_shard', 'act_key', 'act_number', 'check_val_docs', 'named_acts',
-           'heldout_acts', 'Piece', 'iter_pieces', 'batch_pieces', 'build_corpus', 'build_corpus_command',
-           'build_corpus_run', 'build_corpus_main', 'summary']
+__all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'MIX_HELDOUT', 'MIX_RESERVED', 'MANIFEST_FORMAT',
+           'KEY', 'iter_selected', 'load_tokenizer', 'train_tokenizer', 'find_eos', 'configured_eos', 'special_ids',
+           'vocab_size_of', 'tokenizer_sha256', 'split_text', 'encode_texts', 'encode_stream', 'RowPacker',
+           'shard_dtype', 'npy_header_bytes', 'file_sha256', 'write_shard', 'act_key', 'act_number', 'check_val_docs',
+           'named_acts', 'heldout_acts', 'MixSource', 'parse_mix', 'check_mix', 'mix_rows', 'mix_format', 'open_mix',
+           'mix_records', 'mix_sources', 'mix_sha256', 'write_mix_heldout', 'MixPiece', 'mix_pieces', 'mix_summary',
+           'Piece', 'iter_pieces', 'batch_pieces', 'build_corpus', 'build_corpus_command', 'build_corpus_run',
+           'build_corpus_main', 'summary']
 
 # %% ../nbs/02_corpus.ipynb #530136c6
 def iter_selected(path: str | Path, start: int = 0, line: int = 0) -> Iterator[tuple[int, int, int, dict]]:
@@ -197,9 +199,12 @@ class RowPacker:
 
 # %% ../nbs/02_corpus.ipynb #a9819872
 @patch
-def take(self: RowPacker) -> tuple[np.ndarray, Counter, list[int]]:
+def take(self: RowPacker,
+         max_rows: int | None = None,  # take at most this many rows (None: every complete one)
+        ) -> tuple[np.ndarray, Counter, list[int]]:
     "All complete rows so far `(n, row_len)`, the tokens per language in them, and the documents starting in them."
-    n = self.pending // self.row_len * self.row_len
+    n = self.pending // self.row_len
+    n = (n if max_rows is None else min(n, max_rows)) * self.row_len
     if n == 0: return np.zeros((0, self.row_len), np.uint32), Counter(), []
     flat = np.concatenate([ids for _, ids in self.chunks])
     per_lang, rest, seen = Counter(), [], 0
@@ -381,6 +386,294 @@ def _rule_words(rule: dict) -> str:
              f'--val-acts {rule["val_acts"]}' if rule.get('val_acts') else '']
     return ', '.join(w for w in words if w)
 
+# %% ../nbs/02_corpus.ipynb #05103690
+MIX_HELDOUT = 50_000   # tokens of each --mix source's first documents held out, for forgetting (~1 min of scoring)
+MIX_RESERVED = ('legal', 'shard')   # 'legal' names the corpus's own rows; 'shard_*.npy' are its shard files
+_MIX_NAME = re.compile(r'[A-Za-z0-9][A-Za-z0-9_-]*')
+
+@dataclass(frozen=True)
+class MixSource:
+    "A source of training text mixed into the corpus, and its share of the training tokens."
+    name: str     # its name: its folder mix/NAME/ and its files NAME_00000.npy
+    path: str     # a JSONL, Parquet or Arrow file or folder, or a folder written by datasets' save_to_disk
+    share: float  # its share of the training tokens, in (0, 1)
+
+    @property
+    def spec(self) -> str: return f'{self.name}={self.path}:{self.share:g}'
+
+def parse_mix(spec: str) -> MixSource:
+    "A MixSource from `NAME=PATH:SHARE` (general=wiki.jsonl:0.05); one line naming --mix when it is not one."
+    name, eq, rest = str(spec).partition('=')
+    path, colon, share = rest.rpartition(':')
+    if not (eq and colon and path):
+        raise LegalnbError(f'--mix {spec}: expected NAME=PATH:SHARE, e.g. general=wiki.jsonl:0.05')
+    if not _MIX_NAME.fullmatch(name) or name in MIX_RESERVED:
+        raise LegalnbError(f'--mix {spec}: the name {name!r} must be letters, digits, _ or - (not '
+                           f'{" or ".join(MIX_RESERVED)}); it names the folder mix/NAME/')
+    try: value = float(share)
+    except ValueError: raise LegalnbError(f'--mix {spec}: the share {share!r} is not a number; e.g. 0.05') from None
+    if not 0 < value < 1:
+        raise LegalnbError(f'--mix {spec}: the share must be between 0 and 1 (0.05: 5% of the training tokens), '
+                           f'got {value:g}')
+    return MixSource(name, path, value)
+
+def check_mix(sources: list[MixSource]) -> list[MixSource]:
+    "The sources, once their names differ and their shares leave room for the legal text (sum below 1)."
+    names = [s.name for s in sources]
+    if dup := next((n for n in names if names.count(n) > 1), None):
+        raise LegalnbError(f'--mix {dup}: two sources have this name; give each source its own name')
+    if (total := sum(s.share for s in sources)) >= 1:
+        raise LegalnbError(f'--mix: the shares sum to {total:g}; they must sum below 1, the rest is the legal text')
+    return sources
+
+def mix_rows(legal_rows: int, shares: list[float]) -> list[int]:
+    "Rows of each source: share / (1 - sum of shares) x the legal training rows (at least one)."
+    rest = 1 - sum(shares)
+    return [max(1, round(s / rest * legal_rows)) for s in shares]
+
+
+# %% ../nbs/02_corpus.ipynb #f4ac5be9
+_MIX_SUFFIXES = {'.jsonl': 'json', '.json': 'json', '.jsonl.gz': 'json', '.json.gz': 'json', '.parquet': 'parquet',
+                 '.arrow': 'arrow'}
+_MIX_FORMS = 'a JSONL, Parquet or Arrow file or folder, or a folder written by save_to_disk'
+
+def _mix_kind(f: Path) -> str | None:
+    "The `datasets` builder of a file, by its name ('json', 'parquet', 'arrow'); None for another file."
+    return next((k for sfx, k in _MIX_SUFFIXES.items() if f.name.endswith(sfx) and not f.name.startswith('.')), None)
+
+def mix_format(src: MixSource) -> tuple[str, list[str]]:
+    "How `datasets` reads a source: ('disk', []) for a save_to_disk folder, else the builder and the files, sorted."
+    p = Path(src.path)
+    if not p.exists(): raise LegalnbError(f'--mix {src.name}: {p}: no such file or folder; expected {_MIX_FORMS}')
+    if p.is_dir() and ((p/'state.json').is_file() or (p/'dataset_dict.json').is_file()): return 'disk', []
+    files = sorted(f for f in p.rglob('*') if f.is_file()) if p.is_dir() else [p]
+    kinds = {}
+    for f in files:
+        if (k := _mix_kind(f)): kinds.setdefault(k, []).append(str(f))
+    if len(kinds) != 1:
+        what = f'mixes {" and ".join(sorted(kinds))} files' if kinds else (
+            'holds no .jsonl, .parquet or .arrow file' if p.is_dir() else
+            f'has an unknown format ({p.suffix or "no suffix"})')
+        raise LegalnbError(f'--mix {src.name}: {p} {what}; expected {_MIX_FORMS}')
+    return next(iter(kinds.items()))
+
+def _first_line(e: Exception) -> str: return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+def _from_disk(src: MixSource):
+    "The Dataset a save_to_disk folder holds (a DatasetDict's train split) as an iterable one, memory-mapped."
+    import datasets
+    d = datasets.load_from_disk(src.path)
+    if isinstance(d, datasets.DatasetDict):
+        if 'train' not in d: raise LegalnbError(f'--mix {src.name}: {src.path} holds the splits {", ".join(d)} and no '
+                                                f'train; name one split\'s folder ({src.path}/SPLIT)')
+        d = d['train']
+    return d.to_iterable_dataset()
+
+def open_mix(src: MixSource):
+    "A source's records as a `datasets` IterableDataset (streamed: read as far as it is iterated), with a text column."
+    import datasets
+    kind, files = mix_format(src)
+    datasets.disable_progress_bars()
+    try: ds = _from_disk(src) if kind == 'disk' else datasets.load_dataset(kind, data_files=files, split='train',
+                                                                           streaming=True)
+    except LegalnbError: raise
+    except Exception as e: raise LegalnbError(f'--mix {src.name}: {src.path}: cannot be read as {kind} '
+                                              f'({_first_line(e)}); expected {_MIX_FORMS}') from None
+    if ds.column_names is not None and 'text' not in ds.column_names:
+        raise LegalnbError(f'--mix {src.name}: {src.path} has no "text" column (it has {", ".join(ds.column_names)}); '
+                           'each record needs its text in "text"')
+    return ds
+
+def mix_records(src: MixSource, start: int = 0) -> Iterator[tuple[int, dict]]:
+    "(record number, record) of a source from record `start` on, streamed; a record without a string text is refused."
+    it, i = iter(open_mix(src).skip(start)), start
+    while True:
+        try: rec = next(it)
+        except StopIteration: return
+        except Exception as e: raise LegalnbError(f'--mix {src.name}: {src.path}: cannot be read at record {i} '
+                                                  f'({_first_line(e)})') from None
+        if not isinstance(rec.get('text'), (str, type(None))) or 'text' not in rec:
+            got = 'has no "text"' if 'text' not in rec else f'has "text": {json.dumps(rec["text"], default=str)[:40]}'
+            raise LegalnbError(f'--mix {src.name}: {src.path}, record {i} {got}; expected a string')
+        yield i, rec; i += 1
+
+def mix_sources(specs: Iterable[str | MixSource], heldout: int = MIX_HELDOUT) -> list[MixSource]:
+    "Parse and check --mix sources: names, shares, and that each opens and holds a record with a text."
+    if heldout < 0: raise LegalnbError(f'--mix-heldout must be 0 or more tokens, got {heldout}')
+    sources = check_mix([s if isinstance(s, MixSource) else parse_mix(s) for s in specs])
+    for s in sources:
+        if next(mix_records(s), None) is None: raise LegalnbError(f'--mix {s.name}: {s.path} holds no records')
+    return sources
+
+def mix_sha256(sources: list[MixSource]) -> str:
+    "A fingerprint of the sources' files (names, sizes, modification times): a changed source is not resumed into."
+    h = hashlib.sha256()
+    for s in sources:
+        p = Path(s.path)
+        for f in sorted(f for f in p.rglob('*') if f.is_file()) if p.is_dir() else [p]:
+            st = f.stat()
+            rel = f.relative_to(p) if p.is_dir() else f.name
+            h.update(f'{s.spec}\0{rel}\0{st.st_size}\0{st.st_mtime_ns}\n'.encode())
+    return h.hexdigest()
+
+
+# %% ../nbs/02_corpus.ipynb #b86d5e0c
+def _mix_lang(rec: dict) -> str: return str(rec.get('lang') or 'und')
+
+def write_mix_heldout(src: MixSource, out: Path, tok: Tokenizer, budget: int) -> dict:
+    "Write the source's first documents, up to `budget` tokens, to mix/NAME/heldout.jsonl; its record."
+    rel, docs, tokens, read = f'mix/{src.name}/heldout.jsonl', 0, 0, 0
+    with atomic_write(out/rel) as tmp, open(tmp, 'w', encoding='utf-8') as f:
+        for read, rec in mix_records(src):
+            if tokens >= budget: break
+            if not rec['text']: continue
+            doc_id = rec['id'] if isinstance(rec.get('id'), (str, int)) else f'{src.name}:{read}'
+            f.write(json.dumps(dict(text=rec['text'], lang=_mix_lang(rec), id=doc_id), ensure_ascii=False) + '\n')
+            docs, tokens = docs + 1, tokens + len(tok.encode(rec['text'], add_special_tokens=False).ids)
+        else: read += 1   # the source ended: no record is left for training
+        if not any(r['text'] for _, r in mix_records(src, read)):
+            raise LegalnbError(f'--mix {src.name}: {src.path} has no document left for training after its held-out '
+                               f'slice ({docs:,} documents, {tokens:,} tokens); lower --mix-heldout or give a '
+                               'bigger source')
+    return dict(file=rel, documents=docs, tokens=tokens, records=read, sha256=file_sha256(out/rel))
+
+def _mix_heldouts(out: Path, tok: Tokenizer, partial: dict, sources: list[MixSource]):
+    "Write each source's held-out slice not yet written (before the legal shards: a bad source stops the build early)."
+    for src, rec in zip(sources, partial.get('mix', [])):
+        if rec['heldout'] is None:
+            rec['heldout'] = write_mix_heldout(src, out, tok, partial['args']['mix_heldout'])
+            _write_json(out/'manifest.partial.json', partial)
+
+
+# %% ../nbs/02_corpus.ipynb #d0a74f81
+@dataclass
+class MixPiece:
+    "Where a piece of a mixed source's document comes from: the unit of encoding and of resuming."
+    record: int    # the document's record number in the source
+    passes: int    # how often the source was read through before (a source smaller than its share repeats)
+    index: int     # piece number within the document
+    last: bool     # the document's last piece (gets the EOS)
+    lang: str      # the document's language ('und' when the source has none)
+
+def mix_pieces(src: MixSource, first: int, start: int, passes: int, max_chars: int) -> Iterator[tuple[MixPiece, str]]:
+    "Pieces of the training documents (records `first` on) from record `start` of pass `passes`, pass after pass."
+    while True:
+        found = False
+        for i, rec in mix_records(src, start):
+            if not rec['text']: continue
+            found, parts = True, split_text(rec['text'], max_chars)
+            for k, part in enumerate(parts): yield MixPiece(i, passes, k, k == len(parts) - 1, _mix_lang(rec)), part
+        if not found and start == first: raise LegalnbError(f'--mix {src.name}: {src.path}: no training document')
+        start, passes = first, passes + 1
+
+class _MixStream:
+    "One source's encoded pieces fed to its packer, and the point to resume from after the last whole document."
+    def __init__(self, encoded, packer: RowPacker, resume: dict):
+        self.encoded, self.packer, self.resume, self.open = encoded, packer, dict(resume), False
+
+    def pieces(self) -> Iterator[MixPiece]:
+        "Pack the pieces one by one; yield each after it is packed."
+        for metas, ids in self.encoded:
+            for m, x in zip(metas, ids):
+                self.packer.add(x, m.lang, first=m.index == 0, last=m.last)
+                self.resume['documents_read'] += m.index == 0
+                if m.last: self.resume.update(record=m.record + 1, passes=m.passes)
+                self.open = not m.last
+                yield m
+
+def _fill_mix_shard(stream: _MixStream, flow: Iterator, want: int, flush: int, acc: dict) -> Iterator[np.ndarray]:
+    "Yield exactly `want` rows; then pack the rest of the document in hand (the next shard starts with it)."
+    packer, got = stream.packer, 0
+    while got < want:
+        if packer.pending >= max(packer.row_len, min(flush, (want - got) * packer.row_len)):
+            rows = _take_into(packer, acc, want - got); got += len(rows); yield rows
+        else: next(flow)
+    while stream.open: next(flow)
+
+
+# %% ../nbs/02_corpus.ipynb #30354ebd
+def _build_mix(out, tok, partial, eos_id, vocab, row_len, shards, opt):
+    "Pack each source into mix/NAME/: its share of the training rows, in shards of about the legal shards' rows."
+    legal = sum(r['rows'] for r in partial['shards'])
+    rows = mix_rows(legal, [s.share for s in opt['mix']])
+    for src, rec, n in zip(opt['mix'], partial['mix'], rows):
+        _build_source(src, out, tok, partial, rec, eos_id, vocab, row_len, n, -(-legal // shards), opt)
+
+def _build_source(src, out, tok, partial, rec, eos_id, vocab, row_len, rows, per_shard, opt):
+    "Write the shards of source `src` not yet in its record `rec`: `rows` rows in all, `per_shard` a shard."
+    done, sub, n = rec['shards'], f'mix/{src.name}/', -(-rows // per_shard)
+    if len(done) >= n: return
+    first = rec['heldout']['records']   # its training documents start after the held-out slice
+    resume = done[-1]['next'] if done else dict(record=first, passes=0, documents_read=0,
+                                                packer=dict(position=0, chunks=[], starts=[]))
+    packer = RowPacker(row_len, eos_id).restore(resume['packer'])
+    pieces = mix_pieces(src, first, resume['record'], resume['passes'], partial['args']['max_chars'])
+    encoded = encode_stream(tok, batch_pieces(pieces, opt['batch_chars'] or 2**18), opt['num_proc'])
+    stream = _MixStream(encoded, packer, resume)
+    flow = stream.pieces()
+    try:
+        for k in range(len(done), n):
+            acc, start, name = dict(tokens_per_lang=Counter(), starts=[]), packer.position, f'{src.name}_{k:05d}.npy'
+            r = write_shard(out/sub/name, _fill_mix_shard(stream, flow, min(per_shard, rows - k * per_shard),
+                                                          opt['flush_tokens'], acc), row_len, vocab)
+            _shard_record(out, sub, name, r, acc, start, row_len)
+            r['next'] = dict(stream.resume, packer=packer.state())
+            done.append(r)
+            _write_json(out/'manifest.partial.json', partial)
+            if opt['on_shard']: opt['on_shard'](r)
+    finally: encoded.close()
+
+
+# %% ../nbs/02_corpus.ipynb #247fd644
+def _mix_resume(out: Path, m: dict | None, specs: list[str]) -> list[dict]:
+    "Each source's record in a build: what an interrupted build of the same key finished and still verifies."
+    found = {x['name']: x for x in (m or {}).get('mix', [])}
+    recs = []
+    for s in map(parse_mix, specs):
+        x = found.get(s.name) or {}
+        held = x['heldout'] if x.get('heldout') and _verified(out, x['heldout']) else None
+        recs.append(dict(name=s.name, origin=s.path, asked_share=s.share, heldout=held,
+                         shards=_verified_prefix(out, x.get('shards', [])) if held else []))
+    return recs
+
+def _mix_files(m: dict) -> set[str]:
+    "The files a build's mixed sources have or will have (the shard in progress included), relative to the corpus."
+    names = set()
+    for x in m.get('mix', []):
+        sub, k = f"mix/{x['name']}/", len(x['shards'])
+        names |= {sub + 'heldout.jsonl', f"{sub}{x['name']}_{k:05d}.npy", f"{sub}doc_starts/{x['name']}_{k:05d}.npy"}
+        names |= {f for s in x['shards'] for f in (s['file'], s.get('doc_starts'))}
+    return names
+
+def _mix_manifest(partial: dict, row_len: int) -> dict:
+    "The manifest's `mix`: per source its origin, rows, tokens, asked and realised share, shards, held-out slice."
+    if not partial.get('mix'): return {}
+    total = sum(r['rows'] for r in partial['shards']) + sum(r['rows'] for x in partial['mix'] for r in x['shards'])
+    mix = []
+    for x in partial['mix']:
+        per_lang, last, rows = Counter(), x['shards'][-1]['next'], sum(r['rows'] for r in x['shards'])
+        for r in x['shards']: per_lang.update(r['tokens_per_lang'])
+        mix.append(dict(name=x['name'], origin=x['origin'], asked_share=x['asked_share'], tokens=rows * row_len,
+                        realised_share=round(rows / total, 6), rows=rows,
+                        documents=sum(r['documents'] for r in x['shards']), documents_read=last['documents_read'],
+                        passes=last['passes'] + 1, tokens_per_lang=dict(sorted(per_lang.items())),
+                        shards=[{k: v for k, v in r.items() if k != 'next'} for r in x['shards']],
+                        heldout=x['heldout']))
+    return dict(mix_sha256=partial['mix_sha256'], mix=mix)   # the sources' fingerprint: a rerun is up to date
+
+def mix_summary(m: dict) -> str:
+    "The lines of the build summary on the mixed sources ('' without any)."
+    lines = []
+    for x in m.get('mix', []):
+        h = x['heldout']
+        again = f"; read {x['passes']} times over (the source is smaller than its share)" if x['passes'] > 1 else ''
+        lines.append(f"\nmix {x['name']}: {x['origin']}: {x['tokens']:,} tokens ({x['rows']:,} rows) -> "
+                     f"mix/{x['name']}/, "
+                     f"asked {x['asked_share']:.1%} of the training tokens, realised {x['realised_share']:.2%}{again}; "
+                     f"held out {h['documents']:,} documents ({h['tokens']:,} tokens) -> {h['file']}")
+    return ''.join(lines)
+
+
 # %% ../nbs/02_corpus.ipynb #e18e470d
 MANIFEST_FORMAT = 'legalnb.corpus/1'
 
@@ -452,15 +745,15 @@ def _fill_shard(stream: _Stream, pieces: Iterator[Piece], bound: float | None, a
         if bound is not None and m.pos >= bound: break
     yield _take_into(stream.packer, acc)
 
-def _take_into(packer: RowPacker, acc: dict) -> np.ndarray:
-    "Take the complete rows from the packer, adding their languages and document starts to `acc`."
-    rows, per_lang, starts = packer.take()
+def _take_into(packer: RowPacker, acc: dict, max_rows: int | None = None) -> np.ndarray:
+    "Take the complete rows (at most `max_rows`) from the packer, adding their languages and document starts to `acc`."
+    rows, per_lang, starts = packer.take(max_rows)
     acc['tokens_per_lang'].update(per_lang); acc['starts'].extend(starts)
     trim_memory()   # the batch's freed arrays: without it, a 10 GB build grew by 16 MB (see core)
     return rows
 
 # %% ../nbs/02_corpus.ipynb #acb9d68d
-KEY = ('args', 'input_sha256', 'tokenizer_sha256')  # what decides the output: the same values may reuse shards
+KEY = ('args', 'input_sha256', 'mix_sha256', 'tokenizer_sha256')  # what decides the output: the same may reuse shards
 
 def _records(recs) -> bool:
     "Is this a list of file records (dicts naming a `file`)?"
@@ -470,19 +763,23 @@ def _own_manifest(path: Path) -> dict | None:
     "The manifest (finished or partial) a build wrote at `path`; None when it is missing, broken or another tool's."
     try: m = read_json(path)
     except (LegalnbError, OSError): return None
-    held = m.get('heldout')
+    held, mix = m.get('heldout'), m.get('mix', [])
     ok = m.get('format') == MANIFEST_FORMAT and _records(m.get('shards')) and _records(m.get('val_shards', []))
+    ok = ok and isinstance(mix, list) and all(isinstance(x, dict) and isinstance(x.get('name'), str) and
+                                              _records(x.get('shards')) and _records([x.get('heldout') or {'file': ''}])
+                                              for x in mix)
     return m if ok and (held is None or _records([held])) else None
 
 def _read_key(path: Path) -> dict:
     "The build key (arguments, input and tokenizer checksums) stored in a manifest; {} if there is none."
     m = _own_manifest(path)
-    return {k: m.get(k) for k in KEY} if m else {}
+    return {k: m[k] for k in KEY if k in m} if m else {}   # mix_sha256: only in a build with --mix
 
 def _verified(out: Path, rec: dict) -> bool:
     "Does a finished file (a shard and its document starts, or heldout.jsonl) still match its checksum?"
     files = [(rec['file'], rec.get('sha256'))]
-    if rec['file'] != 'heldout.jsonl': files.append((rec.get('doc_starts', ''), rec.get('doc_starts_sha256')))
+    if not rec['file'].endswith('heldout.jsonl'):   # a shard: its document starts too
+        files.append((rec.get('doc_starts', ''), rec.get('doc_starts_sha256')))
     return all((out/f).is_file() and file_sha256(out/f) == sha for f, sha in files)
 
 def _verified_prefix(out: Path, recs: list[dict]) -> list[dict]:
@@ -496,14 +793,15 @@ def _verified_prefix(out: Path, recs: list[dict]) -> list[dict]:
 def _resume_state(out: Path, key: dict) -> dict:
     "What an interrupted build with the same key finished and still verifies: shards, heldout.jsonl, val shards."
     m = _own_manifest(out/'manifest.partial.json') if _read_key(out/'manifest.partial.json') == key else None
-    if m is None: return dict(shards=[], heldout=None, val_shards=[])
+    mix = dict(mix=_mix_resume(out, m, key['args']['mix'])) if 'mix' in key['args'] else {}
+    if m is None: return dict(shards=[], heldout=None, val_shards=[], **mix)
     held = m['heldout'] if m.get('heldout') and _verified(out, m['heldout']) else None
     return dict(shards=_verified_prefix(out, m['shards']), heldout=held,
-                val_shards=_verified_prefix(out, m.get('val_shards', [])) if held else [])
+                val_shards=_verified_prefix(out, m.get('val_shards', [])) if held else [], **mix)
 
 # %% ../nbs/02_corpus.ipynb #440d9174
-_TEMPORARY = re.compile(r'(val/)?(doc_starts/)?\.(shard_\d+\.npy|manifest(\.partial)?\.json|tokenizer\.json|'
-                        r'heldout\.jsonl)\..+\.tmp')
+_TEMPORARY = re.compile(r'((val/)?(doc_starts/)?\.(shard_\d+\.npy|manifest(\.partial)?\.json|tokenizer\.json|'
+                        r'heldout\.jsonl)|mix/[^/]+/(doc_starts/)?\.([^/]+_\d+\.npy|heldout\.jsonl))\..+\.tmp')
 
 def _own_files(folder: Path) -> Callable[[Path], bool]:
     "Is this file (relative to `folder`) one that a build wrote there?"
@@ -516,6 +814,7 @@ def _own_files(folder: Path) -> Callable[[Path], bool]:
             v = len(m.get('val_shards', []))
             names |= {'heldout.jsonl', f'val/shard_{v:05d}.npy', f'val/doc_starts/shard_{v:05d}.npy'}
         names |= {f for s in m['shards'] + m.get('val_shards', []) for f in (s['file'], s.get('doc_starts'))}
+        names |= _mix_files(m)
     return lambda rel: rel.as_posix() in names or bool(_TEMPORARY.fullmatch(rel.as_posix()))
 
 def _clear(folder: Path):
@@ -574,6 +873,7 @@ def _up_to_date(out: Path, key: dict) -> dict | None:
     if _read_key(out/'manifest.json') != key: return None
     m = _own_manifest(out/'manifest.json')
     files = m['shards'] + m.get('val_shards', []) + ([m['heldout']] if m.get('heldout') else [])
+    files += [r for x in m.get('mix', []) for r in [x['heldout'], *x['shards']]]
     return m if all(_verified(out, r) for r in files) else None
 
 # %% ../nbs/02_corpus.ipynb #21d2a7b7
@@ -621,13 +921,15 @@ def _command_line(args: dict, out: Path) -> str:
              *(['--val-min-acts', args['val_min_acts']]
                if args.get('val_docs') and args.get('val_min_acts') != VAL_MIN_ACTS else []),
              *(['--val-after', args['val_after']] if args.get('val_after') else []),
-             *(['--val-acts', args['val_acts']] if args.get('val_acts') else [])]
+             *(['--val-acts', args['val_acts']] if args.get('val_acts') else []),
+             *[w for spec in args.get('mix', []) for w in ('--mix', spec)],
+             *(['--mix-heldout', args['mix_heldout']] if args.get('mix_heldout', MIX_HELDOUT) != MIX_HELDOUT else [])]
     return shlex.join(map(str, words))
 
 def _start(work: Path, key: dict, tok: Tokenizer, command: str | None) -> dict:
     "Keep the verified files of this same build, or clear the folder; record the build and save its tokenizer."
     done = _resume_state(work, key)
-    kept = done['shards'] or done['heldout']
+    kept = done['shards'] or done['heldout'] or any(x['heldout'] for x in done.get('mix', []))
     for p in work.rglob('.*.tmp'):  # what a killed build was writing
         if _TEMPORARY.fullmatch(p.relative_to(work).as_posix()): p.unlink()
     if not kept and work.exists():
@@ -684,6 +986,8 @@ def build_corpus(selected: str | Path,         # selected.jsonl from `legalnb se
                  val_min_acts: int = VAL_MIN_ACTS,  # the fewest acts --val-docs holds out (all but one of fewer)
                  val_after: str | None = None,  # also hold out the acts dated after this day (yyyy-mm-dd)
                  val_acts: str | None = None,   # also hold out the acts a file names (a manifest.json, or CELEX lines)
+                 mix: list[str] | None = None,  # more sources NAME=PATH:SHARE, each SHARE of the training tokens
+                 mix_heldout: int = MIX_HELDOUT,  # tokens of each --mix source's first documents held out (untrained)
                  batch_chars: int | None = None,  # characters per encoding batch; None: 128k per CPU core, >= 256k
                  flush_tokens: int = 1 << 20,  # write rows to disk whenever this many tokens wait (bounds memory)
                  progress: bool = True,        # show a progress bar (only on a terminal)
@@ -696,14 +1000,17 @@ def build_corpus(selected: str | Path,         # selected.jsonl from `legalnb se
     if val_after: parse_date(str(val_after), '--val-after')   # a day that is not one stops here
     named = sorted(named_acts(val_acts)) if val_acts else []
     val_docs = int(val_docs) if val_docs >= 1 else val_docs  # a count of acts, or a share of them
+    sources = mix_sources(mix or [], mix_heldout)   # every source opened and checked before anything is written
     path_like = tokenizer is None or isinstance(tokenizer, (str, Path))
     args = dict(selected=str(selected), seq_len=seq_len, shards=shards, train_tokenizer=vocab_size, eos=eos,
                 tokenizer=str(tokenizer) if path_like and tokenizer is not None else
                           None if tokenizer is None else type(tokenizer).__name__, max_chars=max_chars,
                 **(dict(val_docs=val_docs, seed=seed, val_min_acts=val_min_acts) if val_docs else {}),
                 **(dict(val_after=str(val_after)) if val_after else {}),
-                **(dict(val_acts=str(val_acts), val_acts_named=named) if val_acts else {}))
-    key = dict(args=args, input_sha256=file_sha256(selected))
+                **(dict(val_acts=str(val_acts), val_acts_named=named) if val_acts else {}),
+                **(dict(mix=[s.spec for s in sources], mix_heldout=mix_heldout) if sources else {}))
+    key = dict(args=args, input_sha256=file_sha256(selected),
+               **(dict(mix_sha256=mix_sha256(sources)) if sources else {}))
     # read when first needed
     held = cache(lambda: heldout_acts(selected, val_docs, seed, val_after, val_min_acts, named)
                         if _holds_out(args) else None)
@@ -713,7 +1020,7 @@ def build_corpus(selected: str | Path,         # selected.jsonl from `legalnb se
     eos_id, work = find_eos(tok, eos or configured_eos(tokenizer)), _work_folder(out, key)
     held()  # a --val-docs that leaves no training act is refused before anything is written
     opt = dict(num_proc=num_proc, batch_chars=batch_chars, flush_tokens=flush_tokens, progress=progress,
-               on_shard=on_shard, command=_command_line(args, out) if path_like else None)
+               on_shard=on_shard, command=_command_line(args, out) if path_like else None, mix=sources)
     with _undone_on_error(work, out):
         done = _start(work, key, tok, opt['command'])
         m = _build_all(selected, work, tok, key, done, held(), eos_id, vocab_size_of(tok), seq_len + 1, shards, opt)
@@ -729,12 +1036,14 @@ def _fresh() -> dict:
 def _build_all(selected, out, tok, key, done, held, eos_id, vocab, row_len, shards, opt) -> dict:
     "Write heldout.jsonl, the training shards, then the held-out shards; each part resumes where it stopped."
     partial, keep = _partial(opt['command'], key, done), None
+    _mix_heldouts(out, tok, partial, opt['mix'])   # first: a source that cannot give a held-out slice stops here
     if held is not None:
         partial['heldout'] = done['heldout'] or _write_heldout(selected, out, held[0])
         _write_json(out/'manifest.partial.json', partial)
         keep = lambda rec: act_key(rec) not in held[0]
     _build(selected, out, '', tok, partial, eos_id, vocab, row_len, shards, opt, keep)
     if held is not None: _build(out/'heldout.jsonl', out, 'val/', tok, partial, eos_id, vocab, row_len, 1, opt)
+    if opt['mix']: _build_mix(out, tok, partial, eos_id, vocab, row_len, shards, opt)
     return _finish(out, tok, key, partial, eos_id, vocab, row_len, held)
 
 def _write_heldout(selected: Path, out: Path, acts: set[str]) -> dict:
@@ -768,11 +1077,7 @@ def _build(source, out, sub, tok, partial, eos_id, vocab, row_len, shards, opt, 
             name, bound = f'shard_{k:05d}.npy', None if k == shards - 1 else size * (k + 1) / shards
             rec = write_shard(out/sub/name, _fill_shard(stream, flow, bound, acc), row_len, vocab,
                               _NO_VAL_ROWS if sub else None)
-            starts = np.array(acc['starts'], np.int64) - first
-            with atomic_write(out/sub/'doc_starts'/name) as tmp, open(tmp, 'wb') as f: np.save(f, starts)
-            rec.update(file=sub + name, tokens=rec['rows'] * row_len,
-                       tokens_per_lang=dict(sorted(acc['tokens_per_lang'].items())), documents=len(starts),
-                       doc_starts=f'{sub}doc_starts/{name}', doc_starts_sha256=file_sha256(out/sub/'doc_starts'/name))
+            _shard_record(out, sub, name, rec, acc, first, row_len)
             rec['next'] = dict(stream.resume, documents_read=stream.documents, skipped_empty=stream.empty,
                                packer=packer.state())
             records.append(rec)
@@ -780,6 +1085,14 @@ def _build(source, out, sub, tok, partial, eos_id, vocab, row_len, shards, opt, 
             if opt['on_shard']: opt['on_shard'](rec)
     finally:
         bar.close(); stream.encoded.close()
+
+def _shard_record(out: Path, sub: str, name: str, rec: dict, acc: dict, first: int, row_len: int):
+    "Write a finished shard's document starts (offsets inside it) and complete its record `rec` (from write_shard)."
+    starts = np.array(acc['starts'], np.int64) - first   # `first`: the packer's position when the shard began
+    with atomic_write(out/sub/'doc_starts'/name) as tmp, open(tmp, 'wb') as f: np.save(f, starts)
+    rec.update(file=sub + name, tokens=rec['rows'] * row_len,
+               tokens_per_lang=dict(sorted(acc['tokens_per_lang'].items())), documents=len(starts),
+               doc_starts=f'{sub}doc_starts/{name}', doc_starts_sha256=file_sha256(out/sub/'doc_starts'/name))
 
 def _write_json(dest: Path, obj: dict):
     "Write JSON atomically, indented, keys in a fixed order."
@@ -806,7 +1119,8 @@ def _finish(out, tok, key, partial, eos_id, vocab, row_len, held) -> dict:
              acts=held and held[1] - len(held[0]), shards=strip(partial['shards']),
              val_docs=key['args'].get('val_docs', 0), heldout_celex=sorted(held[0]) if held else [], heldout=h,
              heldout_rule=_rule(key['args']),
-             val_shards=strip(partial['val_shards']), args=key['args'], version=__version__)
+             val_shards=strip(partial['val_shards']), **_mix_manifest(partial, row_len), args=key['args'],
+             version=__version__)
     _write_json(out/'manifest.json', m)
     (out/'manifest.partial.json').unlink(missing_ok=True)
     return m
@@ -826,7 +1140,8 @@ def build_corpus_command(selected: str,                       # selected.jsonl w
     t0, written = time.perf_counter(), []
     m = build_corpus(selected, out, vocab_size=train_tokenizer, on_shard=written.append, **kwargs)
     if not written: print(f'{out} is up to date (same input, arguments and tokenizer; every shard verified)')
-    elif len(written) < (n := len(m['shards']) + len(m.get('val_shards', []))):
+    elif len(written) < (n := len(m['shards']) + len(m.get('val_shards', [])) + sum(len(x['shards'])
+                                                                                    for x in m.get('mix', []))):
         print(f'resumed: {n - len(written)} finished shards kept')
     print(summary(m, time.perf_counter() - t0, out))
     return 0
@@ -843,7 +1158,8 @@ def summary(m: dict, seconds: float, out) -> str:
     return (f"wrote {len(m['shards'])} shards: {m['rows']:,} rows x {m['row_len']} tokens ({m['dtype']}), "
             f"{m['tokens']:,} tokens from {m['documents']:,} documents ({langs}); dropped tail "
             f"{m['dropped_tail_tokens']:,} tokens; {format_duration(seconds)}, "
-            f"{m['tokens'] / max(seconds, 1e-9):,.0f} tokens/s -> {Path(out)/'manifest.json'}" + _heldout_summary(m))
+            f"{m['tokens'] / max(seconds, 1e-9):,.0f} tokens/s -> {Path(out)/'manifest.json'}" + _heldout_summary(m)
+            + mix_summary(m))
 
 def _heldout_summary(m: dict) -> str:
     "The held-out line of the summary ('' without held-out acts)."

@@ -21,11 +21,12 @@ from .models import get_model
 
 # %% auto #0
 __all__ = ['ROWS_INDEX', 'ID_CAP', 'CHUNK_TOKENS', 'TOKENS_PER_PARAM', 'MAX_GOOD_EPOCHS', 'SPLIT_MODES', 'read_npy_header',
-           'open_rows', 'Segment', 'manifest_path', 'read_manifest', 'data_files', 'list_sources', 'find_segments',
-           'PretokenizedDataset', 'shift_pair', 'doc_starts_file', 'read_doc_starts', 'doc_start_mask', 'StepSampler',
-           'make_loader', 'FileCheck', 'ValidationReport', 'validate', 'recommend', 'format_recommendations', 'split',
-           'split_sides', 'train_val_folders', 'held_out_rows', 'validate_command', 'validate_main', 'split_command',
-           'split_run', 'split_main']
+           'open_rows', 'Segment', 'manifest_path', 'read_manifest', 'mixed_shards', 'data_files', 'list_sources',
+           'find_segments', 'by_source', 'PretokenizedDataset', 'shift_pair', 'doc_starts_file', 'read_doc_starts',
+           'doc_start_mask', 'StepSampler', 'mixed_order', 'source_groups', 'make_loader', 'FileCheck',
+           'ValidationReport', 'validate', 'recommend', 'format_recommendations', 'split', 'split_sides',
+           'train_val_folders', 'held_out_rows', 'validate_command', 'validate_main', 'split_command', 'split_run',
+           'split_main']
 
 # %% ../nbs/03_data.ipynb #b0a87c08
 def read_npy_header(path: Path) -> tuple[tuple, np.dtype, int]:
@@ -103,8 +104,14 @@ def _manifest_at(p: Path) -> dict:
     for k, lo in (('vocab_size', 1), ('row_len', 2)):
         if man.get(k) is not None and not _whole(man[k], lo):
             raise LegalnbError(f'{p}: "{k}" must be a whole number >= {lo}, got {json.dumps(man[k])}')
-    for field in ('shards', 'val_shards'):  # the training shards, and the held-out ones (build-corpus --val-docs)
-        if not isinstance(shards := man.get(field, []), list):
+    mix = man.get('mix', [])   # the sources build-corpus --mix added: their shards train like the legal ones
+    if not isinstance(mix, list) or not all(isinstance(x, dict) and isinstance(x.get('name'), str) for x in mix):
+        raise LegalnbError(f'{p}: "mix" must be a list of {{"name": ..., "shards": [...]}} (build-corpus --mix), '
+                           f'got {json.dumps(mix)[:40]}')
+    fields = [('shards', man.get('shards', [])), ('val_shards', man.get('val_shards', [])),
+              *((f'mix[{i}].shards', x.get('shards', [])) for i, x in enumerate(mix))]
+    for field, shards in fields:  # the training shards, the held-out ones (build-corpus --val-docs), the mixed ones
+        if not isinstance(shards, list):
             raise LegalnbError(f'{p}: "{field}" must be a list of {{"file": ..., "rows": ...}}, '
                                f'got {json.dumps(shards)[:40]}')
         for i, s in enumerate(shards):
@@ -125,6 +132,10 @@ def manifest_path(folder: str | Path) -> Path | None:
 def read_manifest(folder: str | Path) -> dict | None:
     "The manifest that describes `folder` (see `manifest_path`), checked; None when there is none."
     return _manifest_at(p) if (p := manifest_path(folder)) else None
+
+def mixed_shards(man: dict | None) -> list[dict]:
+    "The shard records of a manifest's mixed sources (build-corpus --mix), each with its source's `source` name."
+    return [dict(s, source=x['name']) for x in (man or {}).get('mix', []) for s in x.get('shards', [])]
 
 # %% ../nbs/03_data.ipynb #36ec5256
 def _row_count(file: Path) -> int:
@@ -160,7 +171,7 @@ def data_files(folder: Path) -> list[Path]:
     "Row files of a folder: the manifest's shards when there is one, else every .npy/.pt but `*.docs.npy`."
     _refuse_unfinished(folder)
     if (folder/'manifest.json').is_file() and 'shards' in (spec := _manifest_at(folder/'manifest.json')):
-        return [folder/s['file'] for s in spec['shards']]
+        return [folder/s['file'] for s in spec['shards'] + mixed_shards(spec)]   # the legal rows, then the mixed
     return sorted(p for p in folder.iterdir() if p.suffix in ('.npy', '.pt') and not p.name.endswith('.docs.npy'))
 
 def list_sources(path: str | Path | Sequence[str | Path]) -> list[Path] | list[Segment]:
@@ -195,6 +206,14 @@ def _manifest_folder(path) -> Path:
     "The folder whose manifest describes `path` (a folder, or the file's own folder)."
     return Path(path) if Path(path).is_dir() else Path(path).parent
 
+def by_source(segs: list[Segment], man: dict | None) -> tuple[list[Segment], list[str]]:
+    "The segments with the legal ones first, then each mixed source's in the manifest's order; each one's source."
+    names = {Path(s['file']).name: s['source'] for s in mixed_shards(man)}  # a split links a shard by its own name
+    order = {n: i for i, n in enumerate(['legal', *dict.fromkeys(names.values())])}
+    of = [names.get(s.file.name, 'legal') for s in segs]
+    ranked = sorted(range(len(segs)), key=lambda i: order[of[i]])   # stable: each source's files keep their order
+    return [segs[i] for i in ranked], [of[i] for i in ranked]
+
 class PretokenizedDataset(torch.utils.data.Dataset):
     "Token rows from `.npy`/`.pt` files as `(input_ids, targets)` int64 pairs (and document starts, if asked)."
     def __init__(self,
@@ -204,12 +223,15 @@ class PretokenizedDataset(torch.utils.data.Dataset):
                  doc_starts: bool = False):                # also yield each row's (seq_len,) bool document starts
         if cache_size < 1: raise LegalnbError(f'cache_size must be >= 1, got {cache_size}')
         self.segments, self.cache_size, self._cache = find_segments(path), cache_size, OrderedDict()
+        man = None if isinstance(path, (list, tuple)) else read_manifest(_manifest_folder(path))
+        self.segments, self.segment_sources = by_source(self.segments, man)  # legal rows first, then each mixed source
+        self.sources = {}   # rows of each source, in the dataset's order: {'legal': n} unless mixed
+        for s, name in zip(self.segments, self.segment_sources): self.sources[name] = self.sources.get(name, 0) + s.rows
         self.ends = np.cumsum([s.rows for s in self.segments])  # global row where each segment ends
         # global row + offset = row in file
         self.offsets = np.array([s.start - e + s.rows for s, e in zip(self.segments, self.ends)])
         self.row_len, self.dtype = self._common_row_len()
         self.seq_len = self.row_len - 1
-        man = None if isinstance(path, (list, tuple)) else read_manifest(_manifest_folder(path))
         self.vocab_size = vocab_size or (man or {}).get('vocab_size')
         self.opens = 0  # files opened so far (a cache miss each)
         self.doc_starts, self._starts = doc_starts, OrderedDict()  # file -> its document starts (LRU, like rows)
@@ -341,7 +363,8 @@ class StepSampler:
                  world_size: int = 1,        # data-parallel processes; each step takes batch_size * world_size rows
                  drop_last: bool = True,     # drop the incomplete last step of an epoch (else wrap around)
                  start_step: int = 0,        # global step the iteration starts from (set_position moves it)
-                 max_steps: int | None = None):  # iteration stops before this global step; None: endless
+                 max_steps: int | None = None,  # iteration stops before this global step; None: endless
+                 groups: Sequence[int] | None = None):  # rows of each source (a mixed corpus), in the dataset's order
         for name, v, lo in (('batch_size', batch_size, 1), ('world_size', world_size, 1), ('num_rows', num_rows, 1),
                             ('start_step', start_step, 0)):
             if v < lo: raise LegalnbError(f'{name} must be >= {lo}, got {v}')
@@ -356,13 +379,17 @@ class StepSampler:
                                f'= {self.global_batch} rows; lower the batch size or pass drop_last=False')
         self.steps_per_epoch = num_rows // self.global_batch if drop_last else -(-num_rows // self.global_batch)
         self._perm = (None, None)  # (epoch, permutation): the current epoch's order, cached
+        self.groups = list(groups) if groups is not None and len(groups) > 1 else None
+        if self.groups and sum(self.groups) != num_rows:
+            raise LegalnbError(f'groups {self.groups} must sum to num_rows {num_rows}: the rows of each source')
 
 # %% ../nbs/03_data.ipynb #2263d277
 @patch
 def permutation(self: StepSampler, epoch: int) -> np.ndarray:
     "The order of all rows in `epoch`."
     if self._perm[0] != epoch:
-        self._perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.num_rows))
+        self._perm = (epoch, mixed_order(self.groups, self.seed, epoch) if self.groups else
+                             np.random.default_rng([self.seed, epoch]).permutation(self.num_rows))
     return self._perm[1]
 
 @patch
@@ -399,10 +426,26 @@ def __len__(self: StepSampler) -> int:
 def state_dict(self: StepSampler) -> dict:
     "The arguments that rebuild this order at its position: `StepSampler(**state, rank=r)` (rank is the process's own)."
     return dict(num_rows=self.num_rows, batch_size=self.batch_size, seed=self.seed, world_size=self.world_size,
-                drop_last=self.drop_last, start_step=self.step, max_steps=self.max_steps)
+                drop_last=self.drop_last, start_step=self.step, max_steps=self.max_steps,
+                **({'groups': self.groups} if self.groups else {}))
 
 @patch(as_prop=True)
 def epoch(self: StepSampler) -> int: return self.step // self.steps_per_epoch
+
+# %% ../nbs/03_data.ipynb #b5c20547
+def mixed_order(groups: Sequence[int],  # rows of each source, in order: source k holds the rows after those before it
+                seed: int, epoch: int) -> np.ndarray:
+    "The epoch's row order of a mixed dataset: each source's rows shuffled, the sources interleaved evenly by weight."
+    rng, starts = np.random.default_rng([seed, epoch]), np.cumsum([0, *groups[:-1]])
+    rows = np.concatenate([a + rng.permutation(n) for a, n in zip(starts, groups)])
+    place = np.concatenate([(np.arange(n) + 0.5) / n for n in groups])   # source k's j-th row: (j + 1/2) / n_k
+    return rows[np.argsort(place, kind='stable')]
+
+def source_groups(ds) -> list[int] | None:
+    "The rows of each source of a mixed dataset (`StepSampler`'s groups); None when it holds one source."
+    sources = getattr(ds, 'sources', None) or {}
+    return list(sources.values()) if len(sources) > 1 else None
+
 
 # %% ../nbs/03_data.ipynb #ddc1e4e7
 def make_loader(ds: PretokenizedDataset,   # the rows
@@ -500,7 +543,7 @@ def validate(path: str | Path,              # folder, rows.json index, or file
     counts = np.zeros(vocab or 0, dtype=np.int64)  # one counter per id
     home = manifest_path(_manifest_folder(path)).resolve().parent if man else None  # the corpus folder
     listed = {(home/s['file']).resolve(): s.get('rows')  # the manifest's rows per shard, training and held-out
-              for s in (man or {}).get('shards', []) + (man or {}).get('val_shards', [])}
+              for s in (man or {}).get('shards', []) + (man or {}).get('val_shards', []) + mixed_shards(man)}
     for f, rows in opened.items():
         checks[f].rows, checks[f].row_len, checks[f].dtype = len(rows), rows.shape[1], str(rows.dtype)
         if listed.get(f.resolve()) not in (None, len(rows)):
@@ -664,8 +707,10 @@ def split(path: str | Path,          # folder (or file) of row files
     if held and val_ratio is not None:
         raise LegalnbError(f'--val-ratio does not apply to {src}: its held-out acts (build-corpus --val-docs) are '
                            'the validation side; drop --val-ratio, or pass --by rows to cut the training rows instead')
-    if held: mode, train, val = 'documents', ds.segments, _heldout_side(held, ds)
-    else: mode, train, val = _choose(ds.segments, 0.01 if val_ratio is None else val_ratio, seed, by)
+    legal = [s for s, n in zip(ds.segments, ds.segment_sources) if n == 'legal']
+    if held: mode, train, val = 'documents', legal, _heldout_side(held, ds)
+    else: mode, train, val = _choose(legal, 0.01 if val_ratio is None else val_ratio, seed, by)
+    train += [s for s, n in zip(ds.segments, ds.segment_sources) if n != 'legal']   # mixed sources: training only
     parent = out.absolute().parent
     made = [p for p in reversed([parent, *parent.parents]) if not p.exists()]  # folders this split creates for --out
     try:
@@ -679,7 +724,8 @@ def split(path: str | Path,          # folder (or file) of row files
         info = dict(source=str(src.resolve()), mode=mode, val_ratio=None if held else val_ratio or 0.01, seed=seed,
                     row_len=ds.row_len, vocab_size=ds.vocab_size, linked=_link_extras(src, tmp),
                     **{side: dict(files=len({s.file for s in segs}), rows=sum(s.rows for s in segs))
-                       for side, segs in (('train', train), ('val', val))})
+                       for side, segs in (('train', train), ('val', val))},
+                    **({'mix': {n: r for n, r in ds.sources.items() if n != 'legal'}} if len(ds.sources) > 1 else {}))
         (tmp/'split.json').write_text(json.dumps(info, indent=1))
         if out.exists(): out.rmdir()
         os.replace(tmp, out)
@@ -757,6 +803,8 @@ def split_command(path: str,              # folder of .npy/.pt row files (a corp
     print(f'mode {info["mode"]}: {SPLIT_MODES[info["mode"]]}')
     for side in ('train', 'val'):
         print(f'{side:<5} {info[side]["rows"]:>10,} rows from {info[side]["files"]:,} file(s) -> {Path(out)/side}')
+    if info.get('mix'): print('train holds the mixed sources too (val/ stays legal): ' +
+                              ', '.join(f'{n} {r:,} rows' for n, r in info['mix'].items()))
     print(f'({how}; no data copied; linked: {", ".join(info["linked"]) or "nothing"})')
     return 0
 

@@ -30,7 +30,7 @@ __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', '
            'training_args_from_preset', 'deepspeed_zero3_config', 'write_launch_configs', 'launch_environment',
            'launch_plugin', 'launch_commands', 'launch_flags', 'check_run_folder', 'trainer_records', 'start_metrics',
            'split_off', 'qlora_unavailable', 'quantization_4bit', 'quantization_for', 'packs_here',
-           'refuse_single_process', 'unpack_4bit_on_cpu', 'FinetuneRun', 'finetune', 'FinetuneConfig',
+           'refuse_single_process', 'training_rows', 'unpack_4bit_on_cpu', 'FinetuneRun', 'finetune', 'FinetuneConfig',
            'finetune_command', 'finetune_parser', 'finetune_main', 'ScheduledBatches', 'StepCollator',
            'check_resumed_schedule', 'scheduled_trainer']
 
@@ -789,6 +789,20 @@ def refuse_single_process(p: Preset, model: str | Path, command: str):
                        f'run  accelerate launch {flags} -m legalnb.cli finetune {command}  '
                        '(or add --force-single to train on this one process)')
 
+# %% ../nbs/06_hf.ipynb #33909f44
+def training_rows(data: Path, rows: CausalLMShards, share: float, seed: int = 0) -> tuple[Dataset, Dataset | None, str]:
+    "`_eval_rows`; for a mixed corpus (build-corpus --mix) the training rows in the native sampler's weighted order, "
+    "to be read in order (every stretch holds each source's share), and the eval rows from the legal ones."
+    from legalnb.data import mixed_order, source_groups
+    train, evald, held = _eval_rows(data, rows, share)
+    if not (groups := source_groups(rows.rows)): return train, evald, held
+    legal, order = groups[0], mixed_order(groups, seed, 0)
+    if isinstance(train, Subset) and evald is not None:   # no val/: the legal rows' last ones, not the mixed ones
+        k = len(evald)
+        evald, order = Subset(rows, range(legal - k, legal)), order[(order < legal - k) | (order >= legal)]
+    return Subset(rows, order.tolist()), evald, held
+
+
 # %% ../nbs/06_hf.ipynb #aa6411c3
 # Messages from dependencies that leave the user nothing to do, silenced one by one (every other warning still shows):
 # bitsandbytes (>= 0.50) looks for the optional `kernels` package on AVX512-BF16 CPUs and runs its own kernel without it
@@ -877,7 +891,8 @@ def _start_run(model, data: Path, out: Path, preset, lora, qlora: bool, qlora_bi
 def _prepare_shards(run: FinetuneRun, data: Path, eval_share: float, overrides: dict):
     "Continued pretraining: the rows held out, the accumulation that keeps the preset's batch in tokens."
     p, shards = run.preset, run.shards
-    run.train, run.evald, held = _eval_rows(data, shards, eval_share)
+    run.train, run.evald, held = training_rows(data, shards, eval_share, overrides.get('seed', 0))
+    if len(shards.rows.sources) > 1: overrides.setdefault('train_sampling_strategy', 'sequential')   # weighted order
     run.per_row = shards.seq_len / p.seq_len if p.seq_len else 1.0   # the preset's batch is in tokens
     accum = run.accumulation(overrides)   # a schedule's: its first
     if run.sched: run.preset = replace(p, steps=run.fixed_steps or run.one_pass(len(run.train)))

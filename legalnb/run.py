@@ -13,10 +13,11 @@ from .core import GPU_HOUR_PRICE, read_json, parse_number
 
 # %% auto #0
 __all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'RUN_DEFAULTS', 'PLAN_TEMPLATE', 'NATIVE_TRAINING', 'WORK_NAMES', 'write_plan',
-           'stage_parser', 'stage_flags', 'read_plan', 'check_plan_keys', 'cli_overrides', 'Stage', 'build_stages',
-           'check_plan', 'fingerprint', 'read_record', 'write_record', 'why_stale', 'parse_deadline', 'BudgetGuard',
-           'machine_lines', 'training_estimate', 'confirm', 'staged_files', 'stage_split', 'run_plan',
-           'selection_result', 'reference_lines', 'write_run_report', 'run_plan_command', 'run_parser', 'run_main']
+           'stage_parser', 'stage_flags', 'read_plan', 'check_mix_section', 'mix_flags', 'check_plan_keys',
+           'cli_overrides', 'Stage', 'build_stages', 'check_plan', 'fingerprint', 'read_record', 'write_record',
+           'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines', 'training_estimate', 'confirm',
+           'staged_files', 'stage_split', 'run_plan', 'selection_result', 'reference_lines', 'write_run_report',
+           'run_plan_command', 'run_parser', 'run_main']
 
 # %% ../nbs/14_run.ipynb #79e39887
 STAGES = ('parse', 'select', 'build-corpus', 'split', 'train', 'evaluate')  # 'train' is 'finetune' for an HF model
@@ -50,6 +51,9 @@ build-corpus:
   shards: {shards}
   val_docs: {val_docs}         # hold out 1% of the acts: the validation loss and `evaluate` score them
   # seq_len: 8192        # default: the preset's row length
+# mix:                   # general text mixed in by weight (replay), packed beside the legal rows (build-corpus --mix)
+#   general: {{path: fineweb/, share: 0.05}}   # 5% of the training tokens: a JSONL, Parquet or Arrow file or folder,
+#                        # or a save_to_disk folder; its first 50k tokens are held out (build-corpus.mix_heldout)
 split: {{}}
 train: {{}}                # flags of `legalnb train`: max_steps, dim, num_layers, batch_size, device, save_every ...
 finetune: {{}}             # flags of `legalnb finetune` (a Hugging Face model): max_steps, lr, force_single ...
@@ -119,15 +123,39 @@ def read_plan(path: str | Path | dict | None) -> tuple[dict, Path]:
     if not isinstance(raw, dict): raise LegalnbError(f'{path}: expected a mapping (input:, out:, parse:, ...)')
     return check_plan_keys(raw, path), path.parent
 
+def check_mix_section(raw: dict, path):
+    "Refuse a `mix:` section that is not NAME: {path: PATH, share: SHARE} (or NAME: PATH:SHARE) per source."
+    if raw.get('mix') is None: return
+    if not isinstance(raw['mix'], dict): raise LegalnbError(f'{path}: mix: expected a mapping NAME: {{path: PATH, '
+                                                            'share: SHARE}, one per source')
+    for name, v in raw['mix'].items():
+        if isinstance(v, str): continue
+        if not isinstance(v, dict): raise LegalnbError(f'{path}: mix.{name}: expected {{path: PATH, share: SHARE}}')
+        if bad := sorted(map(str, set(v) - {'path', 'share'})):
+            raise LegalnbError(f'{path}: mix.{name}.{bad[0]}: unknown; a source has path: and share:')
+        if missing := [k for k in ('path', 'share') if v.get(k) is None]:
+            raise LegalnbError(f'{path}: mix.{name}: no {missing[0]}:; a source has path: and share:')
+
+def mix_flags(section: dict, base: Path) -> list[str]:
+    "A plan's `mix:` section as build-corpus's `--mix NAME=PATH:SHARE` values, checked, paths from the plan's folder."
+    from legalnb.corpus import parse_mix
+    out = []
+    for name, v in section.items():
+        path, share = str(v).rpartition(':')[::2] if isinstance(v, str) else (str(v['path']), v['share'])
+        try: out.append(parse_mix(f'{name}={Path(path) if Path(path).is_absolute() else base/path}:{share}').spec)
+        except LegalnbError as e: raise LegalnbError(f'mix.{name}: {e}') from None
+    return out
+
 def check_plan_keys(raw: dict, path) -> dict:
     "A plan's keys and sections as `legalnb run` reads them; an unknown one named with where it is (`path`)."
-    sections = {*TOP, *STAGES, 'finetune', 'stage2'}
+    sections = {*TOP, *STAGES, 'finetune', 'stage2', 'mix'}
     if bad := sorted(map(str, set(raw) - sections)):
         raise LegalnbError(f'{path}: unknown key(s) {", ".join(bad)}; a plan has {", ".join(sorted(sections))} '
                            '(legalnb run --write-plan prints one)')
     for k in {*STAGES, 'finetune', 'stage2'} & set(raw):
         if raw[k] is None: raw[k] = {}
         if not isinstance(raw[k], dict): raise LegalnbError(f'{path}: {k}: expected a mapping of flag: value')
+    check_mix_section(raw, path)
     for k, v in (raw.get('stage2') or {}).items():
         if k not in ('select', 'train', 'finetune'):
             raise LegalnbError(f'{path}: stage2.{k}: unknown; stage2 has select:, train: (a native model) and '
@@ -230,6 +258,9 @@ def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None)
     sec = _sections(plan, cli, top)
     inputs, work, preset, model, size, hf = (top[k] for k in ('input', 'out', 'preset', 'model', 'size', 'hf'))
     b = sec['build-corpus']
+    if plan.get('mix'):   # the sources mixed in by weight: build-corpus's --mix
+        if b.get('mix'): raise LegalnbError('mix: and build-corpus.mix both name mixed sources; name them in mix: only')
+        b['mix'] = mix_flags(plan['mix'], base)
     data = Path(stage_to)/'split' if stage_to and not hf else work/'split'
     stages = [Stage('parse', [*map(str, inputs), '--out', str(work/'parsed.jsonl'),
                               *_argv('parse', sec['parse'] | {'progress': False}, '')], inputs, work/OUTPUTS['parse']),

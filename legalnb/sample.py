@@ -21,7 +21,7 @@ from .sources import _QUOTES, _quote_mark, celex_from_number, formex_text
 # %% auto #0
 __all__ = ['SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS', 'OJ_NAMES', 'SampleAct', 'plan_act',
            'sample_publications', 'formex_to_xhtml', 'amended', 'sample_versions', 'dump_publications', 'write_sample',
-           'sample_command', 'sample_main']
+           'sample_general', 'sample_command', 'sample_main']
 
 # %% ../nbs/00a_sample.ipynb #54d15e83
 def _data(name: str) -> dict:
@@ -505,6 +505,35 @@ def write_sample(out: str | Path, docs: int = 200, seed: int = 0,
                 try: p.rmdir()
                 except OSError: break
     return manifest
+
+# %% ../nbs/00a_sample.ipynb #679949d2
+_GENERAL = {
+    'en': dict(who=['My neighbour', 'The baker', 'A young cyclist', 'Our teacher', 'The old fisherman', 'My sister'],
+               did=['walked along', 'painted', 'photographed', 'cleaned', 'visited', 'cooked a meal near'],
+               what=['the quiet harbour', 'a small garden', 'the mountain road', 'the village market', 'a sunny beach',
+                     'the train station'],
+               when=['this morning', 'after the storm', 'on Sunday', 'before dinner', 'in the spring', 'at midnight'],
+               end=['and laughed a lot.', 'while it rained.', 'with two friends.', 'and then went home.',
+                    'under a bright sky.', 'and drank hot tea.']),
+    'fr': dict(who=['Mon voisin', 'Le boulanger', 'Une jeune cycliste', 'Notre professeur', 'Le vieux pêcheur',
+                    'Ma sœur'],
+               did=['a longé', 'a peint', 'a photographié', 'a nettoyé', 'a visité', 'a cuisiné près de'],
+               what=['le port tranquille', 'un petit jardin', 'la route de montagne', 'le marché du village',
+                     'une plage ensoleillée', 'la gare'],
+               when=['ce matin', 'après la tempête', 'dimanche', 'avant le dîner', 'au printemps', 'à minuit'],
+               end=['et a beaucoup ri.', 'sous la pluie.', 'avec deux amis.', 'puis est rentré.',
+                    'sous un ciel clair.', 'et a bu du thé chaud.'])}
+
+def sample_general(docs: int, seed: int = 0, langs: tuple[str, ...] = ('en', 'fr')) -> list[tuple[str, str]]:
+    "`docs` general-domain documents (text, language) of 3 to 8 everyday sentences each, from one seed."
+    rng, out = random.Random(seed), []
+    for _ in range(docs):
+        lang = rng.choice(langs); w = _GENERAL[lang]
+        sent = lambda: ' '.join([rng.choice(w['who']), rng.choice(w['did']), rng.choice(w['what']),
+                                 rng.choice(w['when']), rng.choice(w['end'])])
+        out.append((' '.join(sent() for _ in range(rng.randint(3, 8))), lang))
+    return out
+
 
 # %% ../nbs/00a_sample.ipynb #068d1f37
 def sample_command(out: str,       # folder to write (an earlier sample there is replaced)

@@ -404,13 +404,14 @@ def open_split(folder: str | Path,              # a split folder: train/, val/ (
 
 def train_loader(ds, cfg: TrainConfig, d: Dist, start_step: int = 0):
     "Micro-batches for this rank from optimizer step `start_step` on, in the sampler's order."
-    from legalnb.data import StepSampler, make_loader
+    from legalnb.data import StepSampler, make_loader, source_groups
     # one sampler step per micro-batch: optimizer step s, micro-batch m is sampler step s * grad_accum + m, so a
     # run with N ranks sees the same rows per optimizer step as one rank with N times the accumulation; a batch
     # schedule groups the same micro-batches into steps differently (the data order in tokens seen is the same)
     order = StepSampler(len(ds), cfg.batch_size, seed=cfg.seed, rank=d.rank, world_size=d.world_size,
                         start_step=micro_steps_before(start_step, parse_batch_schedule(cfg.batch_schedule),
-                                                      cfg.grad_accum))
+                                                      cfg.grad_accum),
+                        groups=source_groups(ds))   # a mixed corpus: its sources interleaved by weight
     loader = make_loader(ds, order, cfg.num_workers, cfg.pin_memory, cfg.prefetch_factor)
     loader.generator = torch.Generator().manual_seed(cfg.seed)  # worker seeds from here, not the global RNG
     return loader
