@@ -29,17 +29,17 @@ from .export import legalnb_remote_code
 __all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'LEVEL',
            'BOOTSTRAP', 'MIN_ACTS', 'GROUPS', 'FIGURES', 'GENERAL_BUILTIN', 'REPORT_FILES', 'LM_EVAL_TASKS',
            'LM_EVAL_FILES', 'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'EVALUATE_OUTPUTS',
-           'heldout_path', 'decade_of', 'read_heldout', 'EvalModel', 'lora_base', 'load_eval_model', 'as_model',
-           'document_windows', 'position_buckets', 'bucket_label', 'document_batches', 'score_documents', 'metrics',
-           'grouped', 'fair_shares', 'cap_documents', 'uncapped', 'cap_record', 'fit_prompt', 'generate_ids',
-           'TextStream', 'generate', 'extract_citations', 'citation_items', 'score_citations', 'LookupModel',
-           'summarize_citations', 'opening', 'generate_samples', 'rouge_l', 'rouge_openings', 'score_rouge',
-           'document_rows', 'citation_marks', 'resample_counts', 'unit_sums', 'bootstrap_estimate', 'add_intervals',
-           'general_texts', 'write_general_texts', 'read_general', 'score_general', 'evaluate', 'capped_note',
-           'format_table', 'report_markdown', 'write_evaluation', 'evaluation_lines', 'write_lm_eval_tasks',
-           'run_harness', 'suite_tasks', 'harness_scores', 'written_by_evaluate', 'clear_other_modes',
-           'check_evaluate_settings', 'evaluate_command', 'evaluate_parser', 'evaluate_main', 'generate_command',
-           'generate_main']
+           'heldout_path', 'decade_of', 'read_heldout', 'EvalModel', 'lora_base', 'load_eval_model', 'model_tokenizer',
+           'as_model', 'document_windows', 'position_buckets', 'bucket_label', 'document_batches', 'score_documents',
+           'metrics', 'grouped', 'fair_shares', 'cap_documents', 'is_cut', 'uncapped', 'cap_record', 'fit_prompt',
+           'generate_ids', 'TextStream', 'generate', 'extract_citations', 'citation_items', 'score_citations',
+           'LookupModel', 'summarize_citations', 'opening', 'generate_samples', 'rouge_l', 'rouge_openings',
+           'score_rouge', 'document_rows', 'citation_marks', 'resample_counts', 'unit_sums', 'bootstrap_estimate',
+           'add_intervals', 'general_texts', 'write_general_texts', 'read_general', 'score_general', 'evaluate',
+           'capped_note', 'format_table', 'report_markdown', 'write_evaluation', 'evaluation_lines',
+           'write_lm_eval_tasks', 'run_harness', 'suite_tasks', 'harness_scores', 'written_by_evaluate',
+           'clear_other_modes', 'check_evaluate_settings', 'evaluate_command', 'evaluate_parser', 'evaluate_main',
+           'generate_command', 'generate_main']
 
 # %% ../nbs/11_evaluate.ipynb #76359c74
 EVAL_FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
@@ -206,6 +206,15 @@ def load_eval_model(path: str | Path,                  # run folder, Hugging Fac
     return EvalModel(module.to(dev).eval(), context=context or default, kind=kind, name=str(path), precision=prec,
                      **spec)
 
+def model_tokenizer(path: str | Path, tokenizer: str | Path | None = None, base: str | Path | None = None,
+                    trust_remote_code: bool = False):
+    "The `tokenizers.Tokenizer` that `load_eval_model` would give a model folder, read without the weights."
+    kind, folder = model_kind(path)
+    if kind == 'native': return native_tokenizer(folder, tokenizer)
+    model_dir = lora_base(folder, base) if kind == 'lora' else folder
+    folders = [Path(tokenizer)] if tokenizer else [folder, model_dir]
+    return _hf_tokenizer(*folders, trust=trust_remote_code).backend_tokenizer
+
 def as_model(model, tokenizer=None, **load) -> EvalModel:
     "An EvalModel from an EvalModel, a folder (`load_eval_model`), or an nn.Module with its tokenizer."
     if isinstance(model, EvalModel): return model
@@ -261,8 +270,8 @@ def _groups(lengths: list[int], budget: int) -> Iterator[list[int]]:
 def document_batches(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384, eos: bool = True):
     "Tokens per document and padded batches (inputs, targets with -100 where not scored, document of each row)."
     encs = lm.tokenizer.encode_batch_fast([d['text'] for d in docs], add_special_tokens=False)
-    seqs = [np.array([lm.prefix_id] + e.ids + ([lm.eos_id] if eos and 'whole' not in d else []), dtype=np.int64)
-            for d, e in zip(docs, encs)]   # a document cut by a cap (`whole`) goes on: no end-of-document token
+    seqs = [np.array([lm.prefix_id] + e.ids + ([lm.eos_id] if eos and not is_cut(d) else []), dtype=np.int64)
+            for d, e in zip(docs, encs)]   # a document cut by a cap goes on: no end of document
     wins = [(i, *w) for i, s in enumerate(seqs) for w in document_windows(len(s) - 1, lm.context)]
     def batches():
         for group in _groups([b - a for _, a, b, _ in wins], batch_tokens):
@@ -338,16 +347,19 @@ def cap_documents(tokenizer,             # a `tokenizers.Tokenizer` (EvalModel.t
                   max_tokens: int,       # tokens to score at most, over all of them
                   eos: bool = True,      # the end-of-document token is scored (one more token per whole document)
                   flag: str = '--max-tokens') -> list[dict]:
-    "The documents cut to at most `max_tokens` scored tokens, shared fairly; a cut one keeps its opening (`whole`)."
+    "The documents cut to at most `max_tokens` scored tokens, shared fairly (a cut one keeps its opening); `whole`."
     if any('whole' in d for d in docs): return docs   # capped already (a comparison's first model cut them)
     if max_tokens < len(docs):
         raise LegalnbError(f'{flag} {max_tokens}: fewer than one token per document ({len(docs):,} documents); '
                            f'give at least {len(docs):,}, or leave it out to score every token')
     encs = tokenizer.encode_batch([d['text'] for d in docs], add_special_tokens=False)   # with offsets (_fast: none)
     sizes = [len(e.ids) + eos for e in encs]
-    return [d if keep >= size else dict(d, text=_opening_text(d['text'], e.offsets, min(keep, len(e.ids))),
-                                        whole=d['text'])
-            for d, e, size, keep in zip(docs, encs, sizes, fair_shares(sizes, max_tokens))]
+    return [dict(d, text=d['text'] if keep >= size else _opening_text(d['text'], e.offsets, min(keep, len(e.ids))),
+                 whole=d['text']) for d, e, size, keep in zip(docs, encs, sizes, fair_shares(sizes, max_tokens))]
+
+def is_cut(doc: dict) -> bool:
+    "Was this document cut by a cap (its text goes on: no end-of-document token is scored)?"
+    return doc.get('whole', doc['text']) != doc['text']
 
 def uncapped(docs: list[dict]) -> list[dict]:
     "The documents as they were before `cap_documents`."
@@ -357,7 +369,7 @@ def cap_record(lm: EvalModel, docs: list[dict], scored: int, max_tokens: int | N
     "What a cap left out: the cap, the tokens scored and those the whole documents have, the documents cut."
     whole = lm.tokenizer.encode_batch_fast([d.get('whole', d['text']) for d in docs], add_special_tokens=False)
     return dict(max_tokens=max_tokens, tokens_scored=scored, tokens_available=sum(len(e.ids) + eos for e in whole),
-                docs_cut=sum('whole' in d for d in docs))
+                docs_cut=sum(map(is_cut, docs)))
 
 
 # %% ../nbs/11_evaluate.ipynb #840cf3dd
