@@ -1144,8 +1144,7 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
                      rouge: int = 20,             # held-out openings continued greedily for ROUGE-L (0: none)
                      general: str = None,         # general (non-legal) text for forgetting: JSONL file, or python-docs
                      bootstrap: int = BOOTSTRAP,  # bootstrap resamples of the held-out acts per interval (0: none)
-                     max_tokens: int = None,      # score at most N held-out tokens (and N of --general), shared over
-                                                  # every document: a first look (default: all of them)
+                     max_tokens: int = None,      # score at most N tokens, over every document (and N of --general)
                      against: str = None,         # also score this reference and report the change (bare: the base)
                      retained: list[str] = None,  # BASE FAST FULL: the share of the full run's gain the fast run kept
                      lm_eval_tasks: list[str] = None,  # lm-eval suites too: task names, task YAML files or folders

@@ -311,7 +311,7 @@ def recurrent_decoder(model, ids, positions: int):
     return logits[:, -1], lambda new: model.step(new, state)
 
 def _cache_name(model) -> str:
-    "The keyword a transformers model's forward takes its cache by: `cache` (transformers >= 5.2x), else the old one."
+    "The keyword a transformers model's forward takes its cache by: `cache` (transformers 5.24), else the older name."
     import inspect
     return 'cache' if 'cache' in inspect.signature(model.forward).parameters else 'past_key_values'
 
