@@ -30,16 +30,16 @@ __all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF',
            'BOOTSTRAP', 'MIN_ACTS', 'GROUPS', 'FIGURES', 'GENERAL_BUILTIN', 'REPORT_FILES', 'LM_EVAL_TASKS',
            'LM_EVAL_FILES', 'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'EVALUATE_OUTPUTS',
            'heldout_path', 'decade_of', 'read_heldout', 'EvalModel', 'lora_base', 'load_eval_model', 'model_tokenizer',
-           'as_model', 'document_windows', 'position_buckets', 'bucket_label', 'document_batches', 'score_documents',
-           'metrics', 'grouped', 'fair_shares', 'cap_documents', 'is_cut', 'uncapped', 'cap_record', 'fit_prompt',
-           'generate_ids', 'TextStream', 'generate', 'extract_citations', 'citation_items', 'score_citations',
-           'LookupModel', 'summarize_citations', 'opening', 'generate_samples', 'rouge_l', 'rouge_openings',
-           'score_rouge', 'document_rows', 'citation_marks', 'resample_counts', 'unit_sums', 'bootstrap_estimate',
-           'add_intervals', 'general_texts', 'write_general_texts', 'read_general', 'score_general', 'evaluate',
-           'capped_note', 'format_table', 'report_markdown', 'write_evaluation', 'evaluation_lines',
-           'write_lm_eval_tasks', 'run_harness', 'suite_tasks', 'harness_scores', 'written_by_evaluate',
-           'clear_other_modes', 'check_evaluate_settings', 'evaluate_command', 'evaluate_parser', 'evaluate_main',
-           'generate_command', 'generate_main']
+           'as_model', 'document_windows', 'position_buckets', 'bucket_label', 'is_cut', 'document_batches',
+           'score_documents', 'metrics', 'grouped', 'fair_shares', 'cap_documents', 'uncapped', 'cap_record',
+           'fit_prompt', 'generate_ids', 'TextStream', 'generate', 'extract_citations', 'citation_items',
+           'score_citations', 'LookupModel', 'summarize_citations', 'opening', 'generate_samples', 'rouge_l',
+           'rouge_openings', 'score_rouge', 'document_rows', 'citation_marks', 'resample_counts', 'unit_sums',
+           'bootstrap_estimate', 'add_intervals', 'general_texts', 'write_general_texts', 'read_general',
+           'score_general', 'evaluate', 'capped_note', 'format_table', 'report_markdown', 'write_evaluation',
+           'evaluation_lines', 'write_lm_eval_tasks', 'run_harness', 'suite_tasks', 'harness_scores',
+           'written_by_evaluate', 'clear_other_modes', 'check_evaluate_settings', 'evaluate_command', 'evaluate_parser',
+           'evaluate_main', 'generate_command', 'generate_main']
 
 # %% ../nbs/11_evaluate.ipynb #76359c74
 EVAL_FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
@@ -267,6 +267,10 @@ def _groups(lengths: list[int], budget: int) -> Iterator[list[int]]:
         batch.append(i)
     if batch: yield batch
 
+def is_cut(doc: dict) -> bool:
+    "Was this document cut by a cap (its text goes on: no end-of-document token is scored)?"
+    return doc.get('whole', doc['text']) != doc['text']
+
 def document_batches(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384, eos: bool = True):
     "Tokens per document and padded batches (inputs, targets with -100 where not scored, document of each row)."
     encs = lm.tokenizer.encode_batch_fast([d['text'] for d in docs], add_special_tokens=False)
@@ -356,10 +360,6 @@ def cap_documents(tokenizer,             # a `tokenizers.Tokenizer` (EvalModel.t
     sizes = [len(e.ids) + eos for e in encs]
     return [dict(d, text=d['text'] if keep >= size else _opening_text(d['text'], e.offsets, min(keep, len(e.ids))),
                  whole=d['text']) for d, e, size, keep in zip(docs, encs, sizes, fair_shares(sizes, max_tokens))]
-
-def is_cut(doc: dict) -> bool:
-    "Was this document cut by a cap (its text goes on: no end-of-document token is scored)?"
-    return doc.get('whole', doc['text']) != doc['text']
 
 def uncapped(docs: list[dict]) -> list[dict]:
     "The documents as they were before `cap_documents`."
