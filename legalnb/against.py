@@ -14,9 +14,9 @@ from .core import command_settings
 from .models import model_kind
 from .evaluate import (AGAINST_FILES, BOOTSTRAP, EVALUATE_OUTPUTS, GENERAL_GROUPS, GROUPS,
                               HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS, REPORT_FILES, RETAINED_FILES, bootstrap_estimate,
-                              check_evaluate_settings, clear_other_modes, evaluate, evaluate_command, harness_scores,
-                              load_eval_model, lora_base, read_general, read_heldout, suite_tasks, write_evaluation,
-                              written_by_evaluate)
+                              cap_documents, capped_note, check_evaluate_settings, clear_other_modes, evaluate,
+                              evaluate_command, harness_scores, load_eval_model, lora_base, model_tokenizer,
+                              read_general, read_heldout, suite_tasks, write_evaluation, written_by_evaluate)
 
 # %% auto #0
 __all__ = ['AGAINST_FORMAT', 'RETAINED_FORMAT', 'NO_DIFFERENCE', 'KEPT_CLAIM', 'verdict', 'change', 'forgetting', 'kept',
@@ -493,7 +493,7 @@ def _score(path: Path, docs: list[dict], gdocs, o: dict, context: int | None, ba
     lm = load_eval_model(path, tokenizer, base, context, o['device'], o['precision'], o.get('trust_remote_code', False))
     r = evaluate(lm, docs, batch_tokens=o['batch_tokens'], citations=o['citations'], samples=o['samples'],
                  max_new_tokens=o['max_new_tokens'], seed=o['seed'], eos=o['eos'], progress=o['progress'],
-                 rouge=o['rouge'], general=gdocs, bootstrap=o['bootstrap'])
+                 rouge=o['rouge'], general=gdocs, bootstrap=o['bootstrap'], max_tokens=o.get('max_tokens'))
     r['data']['source'] = str(o['data'])
     if gdocs: r['general']['source'] = str(o['general'])
     if o['lm_eval_tasks']:
@@ -509,6 +509,11 @@ def _prepare(paths: list[Path], o: dict) -> tuple[list[dict], list[dict] | None,
     refuse_overwriting_inputs([*paths, o['data']], [o['out']])
     refuse_foreign_files(o['out'], written_by_evaluate, '--out')
     refuse_unowned(o['out'], written_by_evaluate, '--out')   # a file of the user's in --out is not replaced
+    if o.get('max_tokens'):   # cut once, by the first model's tokenizer: every model scores the same text
+        tok = model_tokenizer(paths[0], None if o['retained'] else o['tokenizer'], o['base'],
+                              o.get('trust_remote_code', False))
+        docs = cap_documents(tok, docs, o['max_tokens'], o['eos'])
+        gdocs = gdocs and cap_documents(tok, gdocs, o['max_tokens'], o['eos'])
     known = [c for p in paths if (c := declared_context(p, o['base'] if p == paths[0] else None))]
     manager = None
     if o['lm_eval_tasks']:
@@ -543,7 +548,8 @@ def against_command(**o) -> int:
     write_against(c, out)
     clear_other_modes(out, lambda p: str(p) in (*REPORT_FILES, *AGAINST_FILES) or p.parts[0] == 'reference')
     if o['json']: print(json.dumps(c, indent=1, ensure_ascii=False))
-    else: print(f"{model} against {ref}: {c['windows']}\n\n{against_table(c)}\n\n"
+    else: print(f"{model} against {ref}: {c['windows']}\n" + (f"{note}\n" if (note := capped_note(mine)) else '')
+                + f"\n{against_table(c)}\n\n"
                 + (f'general capabilities maintained:\n{t}\n\n' if (t := kept_table(c)) else '')
                 + f"wrote {out/'against.md'}, "
                 f"{out/'against.json'}, {out/'against.png'}, {out/'eval.md'}, {out/'reference'/'eval.md'}")

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, jsonl_records, read_json,
                    refuse_foreign_files, refuse_overwriting_inputs, resolve_precision, run_command)
 from .core import GPU_HOUR_PRICE, Output, command_settings, refuse_oversized, refuse_unowned, run_writing
-from .models import load_native, model_kind, native_tokenizer
+from .models import decoder_of, load_native, model_kind, native_tokenizer
 from .export import legalnb_remote_code
 
 # %% auto #0
@@ -30,15 +30,16 @@ __all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF',
            'BOOTSTRAP', 'MIN_ACTS', 'GROUPS', 'GENERAL_GROUPS', 'FIGURES', 'GENERAL_BUILTIN', 'GENERAL_LANG',
            'REPORT_FILES', 'LM_EVAL_TASKS', 'LM_EVAL_FILES', 'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES',
            'RUN_DIRS', 'EVALUATE_OUTPUTS', 'heldout_path', 'decade_of', 'read_heldout', 'EvalModel', 'lora_base',
-           'load_eval_model', 'as_model', 'document_windows', 'position_buckets', 'bucket_label', 'document_batches',
-           'score_documents', 'metrics', 'grouped', 'generate_ids', 'TextStream', 'generate', 'extract_citations',
+           'load_eval_model', 'model_tokenizer', 'as_model', 'document_windows', 'position_buckets', 'bucket_label',
+           'is_cut', 'document_batches', 'score_documents', 'metrics', 'grouped', 'fair_shares', 'cap_documents',
+           'uncapped', 'cap_record', 'fit_prompt', 'generate_ids', 'TextStream', 'generate', 'extract_citations',
            'citation_items', 'score_citations', 'LookupModel', 'summarize_citations', 'opening', 'generate_samples',
            'rouge_l', 'rouge_openings', 'score_rouge', 'document_rows', 'citation_marks', 'resample_counts',
            'unit_sums', 'bootstrap_estimate', 'add_intervals', 'general_texts', 'write_general_texts', 'mix_heldout',
-           'read_general', 'score_general', 'evaluate', 'format_table', 'report_markdown', 'write_evaluation',
-           'evaluation_lines', 'write_lm_eval_tasks', 'run_harness', 'suite_tasks', 'harness_scores',
-           'written_by_evaluate', 'clear_other_modes', 'check_evaluate_settings', 'evaluate_command', 'evaluate_parser',
-           'evaluate_main', 'generate_command', 'generate_main']
+           'read_general', 'score_general', 'evaluate', 'capped_note', 'format_table', 'report_markdown',
+           'write_evaluation', 'evaluation_lines', 'write_lm_eval_tasks', 'run_harness', 'suite_tasks',
+           'harness_scores', 'written_by_evaluate', 'clear_other_modes', 'check_evaluate_settings', 'evaluate_command',
+           'evaluate_parser', 'evaluate_main', 'generate_command', 'generate_main']
 
 # %% ../nbs/11_evaluate.ipynb #76359c74
 EVAL_FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
@@ -205,6 +206,15 @@ def load_eval_model(path: str | Path,                  # run folder, Hugging Fac
     return EvalModel(module.to(dev).eval(), context=context or default, kind=kind, name=str(path), precision=prec,
                      **spec)
 
+def model_tokenizer(path: str | Path, tokenizer: str | Path | None = None, base: str | Path | None = None,
+                    trust_remote_code: bool = False):
+    "The `tokenizers.Tokenizer` that `load_eval_model` would give a model folder, read without the weights."
+    kind, folder = model_kind(path)
+    if kind == 'native': return native_tokenizer(folder, tokenizer)
+    model_dir = lora_base(folder, base) if kind == 'lora' else folder
+    folders = [Path(tokenizer)] if tokenizer else [folder, model_dir]
+    return _hf_tokenizer(*folders, trust=trust_remote_code).backend_tokenizer
+
 def as_model(model, tokenizer=None, **load) -> EvalModel:
     "An EvalModel from an EvalModel, a folder (`load_eval_model`), or an nn.Module with its tokenizer."
     if isinstance(model, EvalModel): return model
@@ -257,10 +267,15 @@ def _groups(lengths: list[int], budget: int) -> Iterator[list[int]]:
         batch.append(i)
     if batch: yield batch
 
+def is_cut(doc: dict) -> bool:
+    "Was this document cut by a cap (its text goes on: no end-of-document token is scored)?"
+    return doc.get('whole', doc['text']) != doc['text']
+
 def document_batches(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384, eos: bool = True):
     "Tokens per document and padded batches (inputs, targets with -100 where not scored, document of each row)."
     encs = lm.tokenizer.encode_batch_fast([d['text'] for d in docs], add_special_tokens=False)
-    seqs = [np.array([lm.prefix_id] + e.ids + ([lm.eos_id] if eos else []), dtype=np.int64) for e in encs]
+    seqs = [np.array([lm.prefix_id] + e.ids + ([lm.eos_id] if eos and not is_cut(d) else []), dtype=np.int64)
+            for d, e in zip(docs, encs)]   # a document cut by a cap goes on: no end of document
     wins = [(i, *w) for i, s in enumerate(seqs) for w in document_windows(len(s) - 1, lm.context)]
     def batches():
         for group in _groups([b - a for _, a, b, _ in wins], batch_tokens):
@@ -317,6 +332,46 @@ def grouped(docs: list[dict], scores: dict, key: str) -> dict[str, dict]:
         a = acc[d[key]]; a[0] += v[0]; a[1] += v[1]; a[2] += v[2]; a[3] += 1
     return {k: metrics(*a) for k, a in sorted(acc.items(), key=lambda kv: (-kv[1][1], kv[0]))}
 
+# %% ../nbs/11_evaluate.ipynb #c0ca9002
+def fair_shares(sizes: list[int], budget: int) -> list[int]:
+    "Each size's share of `budget`: the smaller ones whole, the others an equal share of what is left."
+    out, left = [0] * len(sizes), budget
+    for j, i in enumerate(sorted(range(len(sizes)), key=lambda i: (sizes[i], i))):   # smallest first, ties in order
+        out[i] = min(sizes[i], left // (len(sizes) - j)); left -= out[i]
+    return out
+
+def _opening_text(text: str, offsets: list[tuple[int, int]], keep: int) -> str:
+    "The text of the first `keep` tokens, ended before the last whitespace within them (a re-encoding adds none)."
+    end = offsets[keep - 1][1]
+    space = max((m.start() for m in re.finditer(r'\s', text[:end])), default=0)
+    return text[:space] if text[:space].strip() else text[:end]
+
+def cap_documents(tokenizer,             # a `tokenizers.Tokenizer` (EvalModel.tokenizer): what the cap counts in
+                  docs: list[dict],      # the documents to score
+                  max_tokens: int,       # tokens to score at most, over all of them
+                  eos: bool = True,      # the end-of-document token is scored (one more token per whole document)
+                  flag: str = '--max-tokens') -> list[dict]:
+    "The documents cut to at most `max_tokens` scored tokens, shared fairly (a cut one keeps its opening); `whole`."
+    if any('whole' in d for d in docs): return docs   # capped already (a comparison's first model cut them)
+    if max_tokens < len(docs):
+        raise LegalnbError(f'{flag} {max_tokens}: fewer than one token per document ({len(docs):,} documents); '
+                           f'give at least {len(docs):,}, or leave it out to score every token')
+    encs = tokenizer.encode_batch([d['text'] for d in docs], add_special_tokens=False)   # with offsets (_fast: none)
+    sizes = [len(e.ids) + eos for e in encs]
+    return [dict(d, text=d['text'] if keep >= size else _opening_text(d['text'], e.offsets, min(keep, len(e.ids))),
+                 whole=d['text']) for d, e, size, keep in zip(docs, encs, sizes, fair_shares(sizes, max_tokens))]
+
+def uncapped(docs: list[dict]) -> list[dict]:
+    "The documents as they were before `cap_documents`."
+    return [{k: v for k, v in d.items() if k != 'whole'} | {'text': d['whole']} if 'whole' in d else d for d in docs]
+
+def cap_record(lm: EvalModel, docs: list[dict], scored: int, max_tokens: int | None, eos: bool = True) -> dict:
+    "What a cap left out: the cap, the tokens scored and those the whole documents have, the documents cut."
+    whole = lm.tokenizer.encode_batch_fast([d.get('whole', d['text']) for d in docs], add_special_tokens=False)
+    return dict(max_tokens=max_tokens, tokens_scored=scored, tokens_available=sum(len(e.ids) + eos for e in whole),
+                docs_cut=sum(map(is_cut, docs)))
+
+
 # %% ../nbs/11_evaluate.ipynb #840cf3dd
 def _pick(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator) -> int:
     "The next token: the argmax at temperature 0, else a sample among the `top_k` (0: all) of softmax(logits / T)."
@@ -325,21 +380,26 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int, generator: torch
     if 0 < top_k < logits.numel(): logits = logits.masked_fill(logits < torch.topk(logits, top_k).values[-1], -math.inf)
     return int(torch.multinomial(logits.softmax(-1), 1, generator=generator))
 
-@torch.no_grad()
+def fit_prompt(ids: list[int], context: int, max_new_tokens: int) -> list[int]:
+    "The prompt's last `context - max_new_tokens` tokens (at least half the context): all of it in one window."
+    return list(ids)[-max(context // 2, context - max_new_tokens, 1):]
+
 @torch.no_grad()
 def generate_ids(lm: EvalModel, ids: list[int], max_new_tokens: int, temperature: float = 0.8, top_k: int = 50,
-                 seed: int = 0, on_token: Callable[[int], None] | None = None, stop_at_eos: bool = True) -> list[int]:
+                 seed: int = 0, on_token: Callable[[int], None] | None = None, stop_at_eos: bool = True,
+                 state: bool = True) -> list[int]:  # False: recompute the whole window for every token (the reference)
     "Up to `max_new_tokens` token ids after `ids` (the last `context` of them are the input)."
-    g, ids, new, state = torch.Generator().manual_seed(seed), list(ids), [], None
-    # a model with a recurrent state (ResonanceNet's prefill/step) reads the prompt once, then one token per step
-    recurrent = hasattr(lm.module, 'prefill') and min(len(ids), lm.context) + max_new_tokens <= lm.context
+    g, ids, new, step = torch.Generator().manual_seed(seed), list(ids), [], None
+    decoder = decoder_of(lm.module) if state else None   # the spec's state: recurrent state, KV cache, or none
     for _ in range(max_new_tokens):
         with _autocast(lm):
-            if not recurrent: logits = lm.logits(torch.tensor([ids[-lm.context:]], device=lm.device))[0, -1]
-            elif state is None:
-                out, state = lm.module.prefill(torch.tensor([ids[-lm.context:]], device=lm.device))
-                logits = out[0, -1]
-            else: logits = lm.module.step(torch.tensor([ids[-1]], device=lm.device), state)[0]
+            if step is not None and len(ids) <= lm.context:   # the state holds every token before: one position's work
+                logits = step(torch.tensor([ids[-1]], device=lm.device))[0]
+            elif decoder is not None and not new and len(ids) < lm.context:   # the prompt, read once into the state
+                out, step = decoder(lm.module, torch.tensor([ids], device=lm.device),
+                                    min(lm.context, len(ids) + max_new_tokens))
+                logits = out[0]
+            else: logits = lm.logits(torch.tensor([ids[-lm.context:]], device=lm.device))[0, -1]   # the whole window
         t = _pick(logits.float().cpu(), temperature, top_k, g)   # sampled on the CPU: the same seed, the same text
         if stop_at_eos and t == lm.eos_id: break
         ids.append(t); new.append(t)
@@ -372,10 +432,12 @@ def generate(model,                        # an EvalModel, a model folder, or an
              top_k: int = 50,              # sample among the K most likely tokens (0: all)
              seed: int = 0,                # the same seed and settings give the same text
              stream: Callable[[str], None] | None = None,  # called with each new piece of text
+             fit: bool = False,            # keep only the prompt's end that leaves room for the continuation
              **load) -> str:               # load_eval_model's options for a folder (base, context, device, precision)
     "The continuation of `prompt`, sampled (or greedy) from the model; `stream` receives it piece by piece."
     lm = as_model(model, tokenizer, **load)
     ids = [lm.prefix_id] + lm.encode(prompt)
+    if fit: ids = fit_prompt(ids, lm.context, max_new_tokens)
     out = TextStream(lm, ids[-1], stream or (lambda piece: None))
     generate_ids(lm, ids, max_new_tokens, temperature, top_k, seed, on_token=out)
     out.flush()
@@ -483,8 +545,9 @@ def summarize_citations(lm: EvalModel, docs: list[dict], items: list[dict], righ
         for it, r in zip(items, right):
             if r != want or len(out[label]) >= show: continue
             text = docs[it['doc']]['text']
-            ids = [lm.prefix_id] + lm.encode(text[:it['start']])
-            got = lm.decode(generate_ids(lm, ids, len(lm.encode(text[it['start']:it['end']])) + 2, temperature=0))
+            n = len(lm.encode(text[it['start']:it['end']])) + 2
+            ids = fit_prompt([lm.prefix_id] + lm.encode(text[:it['start']]), lm.context, n)
+            got = lm.decode(generate_ids(lm, ids, n, temperature=0))
             out[label].append(dict(celex=docs[it['doc']]['celex'], ref=it['ref'], greedy=got,
                                    before=text[max(0, it['start'] - 80):it['start']],
                                    expected=text[it['start']:it['end']]))
@@ -508,7 +571,7 @@ def generate_samples(lm: EvalModel, docs: list[dict], n: int = 3, max_new_tokens
     out = []
     for j in sorted(random.Random(seed).sample(range(len(found)), min(n, len(found)))):
         i, (prompt, reference) = found[j]
-        text = generate(lm, prompt=prompt, max_new_tokens=max_new_tokens, seed=seed + j)
+        text = generate(lm, prompt=prompt, max_new_tokens=max_new_tokens, seed=seed + j, fit=True)
         out.append(dict(celex=docs[i]['celex'], lang=docs[i]['lang'], prompt=prompt[-200:], generated=text,
                         reference=reference))
     return out
@@ -546,7 +609,8 @@ def score_rouge(lm: EvalModel, docs: list[dict], openings: list[dict], max_new_t
     rows = []
     for o in tqdm(openings, desc='ROUGE-L', unit='opening', disable=not progress, file=sys.stderr):
         d = docs[o['doc']]
-        text = generate(lm, prompt=o['prompt'], max_new_tokens=max_new_tokens, temperature=0)[:len(o['reference'])]
+        text = generate(lm, prompt=o['prompt'], max_new_tokens=max_new_tokens, temperature=0,
+                        fit=True)[:len(o['reference'])]
         rows.append(dict(celex=d['celex'], lang=d['lang'], doc_type=d['doc_type'], band=d['band'],
                          rouge_l=rouge_l(o['reference'], text), generated=text, reference=o['reference']))
     return rows
@@ -748,11 +812,14 @@ def evaluate(model,                       # an EvalModel, a model folder (run, H
              rouge: int = 20,             # held-out openings continued greedily for ROUGE-L (0: none)
              general=None,                # general text for forgetting: JSONL, 'python-docs', or a list of documents
              bootstrap: int = BOOTSTRAP,  # bootstrap resamples of the acts per interval (0: no intervals)
+             max_tokens: int | None = None,  # score at most this many held-out tokens (and general ones), shared fairly
              **load) -> dict:             # load_eval_model's options for a folder (base, context, device, precision)
     "Loss, perplexity and bits per byte (overall, per language, type and decade), loss by position, citations, samples."
     docs = data if isinstance(data, list) else read_heldout(data)
     lm = as_model(model, tokenizer, **load)
-    s = score_documents(lm, docs, batch_tokens, eos, progress)
+    scored = cap_documents(lm.tokenizer, docs, max_tokens, eos) if max_tokens else docs
+    docs = uncapped(scored)   # citations, samples and openings: from the whole documents, with their own counts
+    s = score_documents(lm, scored, batch_tokens, eos, progress)
     items = citation_items(docs, citations, seed)
     right = score_citations(lm, docs, items, batch_tokens)
     cites = summarize_citations(lm, docs, items, right)
@@ -762,22 +829,25 @@ def evaluate(model,                       # an EvalModel, a model folder (run, H
              data=dict(source=None if isinstance(data, list) else str(data), docs=len(docs),
                        acts=len({d['celex'] for d in docs})),
              settings=dict(windows=f'rolling, {lm.context} tokens', eos=eos, seed=seed, citations=citations,
-                           samples=samples, max_new_tokens=max_new_tokens, rouge=rouge),
+                           samples=samples, max_new_tokens=max_new_tokens, rouge=rouge, max_tokens=max_tokens),
              overall=metrics(sum(s['doc_nll']), sum(s['doc_tokens']), sum(s['doc_bytes']), len(docs)),
              by_language=grouped(docs, s, 'lang'), by_doc_type=grouped(docs, s, 'doc_type'),
              by_year_band=grouped(docs, s, 'band'),
              by_position=[dict(bucket=b['bucket'], lo=b['lo'], hi=b['hi'], tokens=b['tokens'],
                                loss=b['nll'] / b['tokens'] if b['tokens'] else None) for b in s['buckets']],
              citations=cites | dict(marks=citation_marks(docs, items, right)),
-             samples=generate_samples(lm, docs, samples, max_new_tokens, seed), documents=document_rows(docs, s))
+             samples=generate_samples(lm, docs, samples, max_new_tokens, seed), documents=document_rows(scored, s))
+    if max_tokens: r['data']['cap'] = cap_record(lm, scored, r['overall']['tokens'], max_tokens, eos)
     if rouge:
         rows = score_rouge(lm, docs, rouge_openings(docs, rouge, seed), max_new_tokens, progress)
         r['rouge'] = dict(openings=len(rows), rouge_l=sum(x['rouge_l'] for x in rows) / len(rows) if rows else None,
                           rows=rows)
     if general is not None:
         gdocs = general if isinstance(general, list) else read_general(general)
+        if max_tokens: gdocs = cap_documents(lm.tokenizer, gdocs, max_tokens, eos)   # general text: its own N
         r['general'] = score_general(lm, gdocs, batch_tokens, eos, None if isinstance(general, list) else str(general),
                                      progress)
+        if max_tokens: r['general']['cap'] = cap_record(lm, gdocs, r['general']['overall']['tokens'], max_tokens, eos)
     return add_intervals(r, bootstrap, seed)
 
 # %% ../nbs/11_evaluate.ipynb #8145960d
@@ -801,10 +871,19 @@ def _general_lines(g: dict) -> list[str]:
             if len(g.get(key, {})) > 1 for k, m in g[key].items()]
     return [f'{label:<20} {_cells(m)}' for label, m in [('general text', g['overall']), *rows]]
 
+def capped_note(r: dict) -> str | None:
+    "'capped sample: 20,000 of 335,112 held-out tokens scored (--max-tokens 20000)', or None for a whole evaluation."
+    if not (c := r['data'].get('cap')): return None
+    gc = r.get('general', {}).get('cap')
+    g = f'; general text {gc["tokens_scored"]:,} of {gc["tokens_available"]:,}' if gc else ''
+    return (f'capped sample: {c["tokens_scored"]:,} of {c["tokens_available"]:,} held-out tokens scored '
+            f'(--max-tokens {c["max_tokens"]}, {c["docs_cut"]:,} documents cut to their openings){g}; the figures are '
+            'on this sample, not on the whole held-out set')
+
 def format_table(r: dict) -> str:
     "The evaluation as a fixed-width table: overall, per language, type and decade, by position, citations."
     head = f'{"":<20} {"docs":>6} {"tokens":>12} {"loss":>7} {"perplexity":>10} {"bits/byte":>9}'
-    lines = [f'{head} {"95% interval":>16}',
+    lines = [*filter(None, [capped_note(r)]), f'{head} {"95% interval":>16}',
              f'{"overall":<20} {_cells(r["overall"])}']
     for title, key in (('lang', 'by_language'), ('type', 'by_doc_type'), ('years', 'by_year_band')):
         lines += [f'{title + " " + k:<20} {_cells(m)}' for k, m in r[key].items()]
@@ -856,6 +935,7 @@ def report_markdown(r: dict) -> str:
     md = [f'# Evaluation of {m["name"]}', '',
           f'{m["kind"]} model, {m["params"]:,} parameters, context {m["context"]:,} tokens; {d["docs"]:,} held-out '
           f'documents ({d["acts"]:,} acts) from {d["source"] or "memory"}; windows: {r["settings"]["windows"]}.', '',
+          *([f'**{capped_note(r)[0].upper()}{capped_note(r)[1:]}.**', ''] if capped_note(r) else []),
           '## Loss, perplexity and bits per byte', '', *_md_table({'overall': r['overall']}, ''), '',
           *_md_table(r['by_language'], 'language'), '', '![bits per byte by language](bpb_by_language.png)', '',
           *_md_table(r['by_doc_type'], 'type'), '', *_md_table(r['by_year_band'], 'decade'), '',
@@ -930,7 +1010,7 @@ def evaluation_lines(r: dict) -> list[str]:
     return [f'On {d["docs"]:,} held-out documents ({d["acts"]:,} acts never trained on): loss {o["loss"]:.3f}, '
             f'perplexity {o["perplexity"]:.1f}, **{o["bits_per_byte"]:.3f} bits per byte**'
             f'{_interval(o.get("bits_per_byte_ci"))}; {cites}' + ''.join(f'; {e}' for e in extra) + '. Intervals: '
-            'bootstrap over the held-out acts.', '',
+            'bootstrap over the held-out acts.' + (f' A {capped_note(r)}.' if capped_note(r) else ''), '',
             '![loss by position](eval/loss_by_position.png)', '',
             'Everything else (per language, type and decade; examples; generated continuations) is in `eval/eval.md`.']
 
@@ -1076,6 +1156,9 @@ def check_evaluate_settings(o: dict):
     for flag, least in (('batch_tokens', 1), ('max_new_tokens', 1), ('samples', 0), ('citations', 0), ('rouge', 0),
                         ('bootstrap', 0)):
         if o[flag] < least: raise LegalnbError(f'--{flag.replace("_", "-")} must be at least {least}, got {o[flag]}')
+    if o.get('max_tokens') is not None and o['max_tokens'] < 1:
+        raise LegalnbError(f'--max-tokens must be at least 1 (tokens to score at most), got {o["max_tokens"]}; '
+                           'leave it out to score every held-out token')
 
 def _check_target(model: str, data: str, out: str, harness: bool, lm_eval_tasks: list[str] | None):
     "Before the model loads: the suites exist, the harness gets a model it scores, --out is neither input nor not ours."
@@ -1109,6 +1192,7 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
                      rouge: int = 20,             # held-out openings continued greedily for ROUGE-L (0: none)
                      general: str = None,         # general text for forgetting: JSONL, mixed corpus folder, python-docs
                      bootstrap: int = BOOTSTRAP,  # bootstrap resamples of the held-out acts per interval (0: none)
+                     max_tokens: int = None,      # score at most N tokens, over every document (and N of --general)
                      against: str = None,         # also score this reference and report the change (bare: the base)
                      retained: list[str] = None,  # BASE FAST FULL: the share of the full run's gain the fast run kept
                      lm_eval_tasks: list[str] = None,  # lm-eval suites too: task names, task YAML files or folders
@@ -1130,7 +1214,7 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
     lm = load_eval_model(model, tokenizer, base, context, device, precision, trust_remote_code)
     r = evaluate(lm, docs, batch_tokens=batch_tokens, citations=citations, samples=samples,
                  max_new_tokens=max_new_tokens, seed=seed, eos=eos, progress=progress, rouge=rouge, general=gdocs,
-                 bootstrap=bootstrap)
+                 bootstrap=bootstrap, max_tokens=max_tokens)
     r['data']['source'] = str(data)
     if gdocs: r['general']['source'] = str(general)
     if harness:

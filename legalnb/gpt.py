@@ -20,7 +20,8 @@ from .models import next_token   # the one sampling rule of every model
 
 # %% auto #0
 __all__ = ['MODEL_SIZES', 'ARCHITECTURE', 'GPTConfig', 'rope_angles', 'apply_rope', 'document_mask', 'KVCache',
-           'CausalSelfAttention', 'SwiGLU', 'GPTBlock', 'GPTLanguageModel', 'document_leakage', 'config_for']
+           'CausalSelfAttention', 'SwiGLU', 'GPTBlock', 'GPTLanguageModel', 'document_leakage', 'config_for',
+           'cached_decoder']
 
 # %% ../nbs/04a_gpt.ipynb #9e815b39
 _POSITIVE_INTS = ('vocab_size', 'dim', 'num_layers', 'num_heads', 'max_seq_len', 'mlp_multiple_of')
@@ -333,6 +334,14 @@ def generate(self: GPTLanguageModel,
         ids = torch.cat([ids, next_token(logits[:, -1].float(), temperature, top_k, generator)], dim=1)
     self.train(was_training)
     return ids
+
+# %% ../nbs/04a_gpt.ipynb #c4c8ed02
+def cached_decoder(model: GPTLanguageModel, ids: torch.Tensor, positions: int):
+    "The prompt (B, L) through a KV cache of `positions`, then one position per new token: (logits (B, V), step)."
+    cache = KVCache(model.config, ids.shape[0], positions, ids.device, model.tok_emb.weight.dtype)
+    logits = model(ids, cache=cache)[:, -1]                       # (B, V)
+    return logits, lambda new: model(new.view(-1, 1), cache=cache)[:, -1]
+
 
 # %% ../nbs/04a_gpt.ipynb #f3383ee8
 ARCHITECTURE = 'gpt'  # the registry name recorded in config.json

@@ -16,7 +16,7 @@ from .core import LegalnbError, read_json, refuse_oversized
 __all__ = ['MODELS', 'CONFIG_CONTRACT', 'MODEL_CONTRACT', 'MAX_LAYERS', 'MAX_CONTEXT', 'MAX_PARAMS', 'ModelSpec',
            'resonance_no_decay', 'gpt_no_decay', 'get_model', 'check_contract', 'register', 'size_table',
            'check_config_sizes', 'model_footprint', 'refuse_nonfinite', 'load_model', 'load_native', 'model_kind',
-           'native_tokenizer', 'next_token']
+           'native_tokenizer', 'next_token', 'recurrent_decoder', 'transformers_decoder', 'decoder_of']
 
 # %% ../nbs/02a_models.ipynb #823bc6e4
 def _resolve(ref: Any) -> Any:
@@ -27,7 +27,7 @@ def _resolve(ref: Any) -> Any:
     except (ImportError, AttributeError) as e:
         raise LegalnbError(f'model registry: cannot import {ref!r} ({e}); expected "package.module:Name"') from None
 
-_LAZY = ('config_class', 'model_class', 'sizes', 'hf_export', 'long_context')
+_LAZY = ('config_class', 'model_class', 'sizes', 'hf_export', 'long_context', 'decoder')
 
 @dataclass(eq=False, repr=False)
 class ModelSpec:
@@ -43,6 +43,8 @@ class ModelSpec:
     shape_flags: tuple[str, ...] = ()   # config fields besides dim and num_layers that `legalnb compare` has flags for
     long_context: dict | str | None = None  # its own scratch presets, {name: what it is sized from} (presets), or
                                             # 'module:NAME'; a model without them trains from the 1k-token presets
+    decoder: Callable | str | None = None   # generation with a state (recurrent state, KV cache): see `decoder_of`;
+                                            # None: every new token recomputes the whole context
 
     def __getattribute__(self, name: str):
         value = object.__getattribute__(self, name)   # entries given as 'module:Name' resolve when first read
@@ -114,11 +116,11 @@ MODELS: dict[str, ModelSpec] = {
                            'legalnb.resonance:ResonanceConfig', 'legalnb.resonance:ResonanceLanguageModel',
                            'legalnb.resonance:MODEL_SIZES', resonance_no_decay, 'legalnb.export:export_resonance',
                            tiny=dict(dim=16, num_layers=1, num_frequencies=4), shape_flags=('num_frequencies',),
-                           long_context='legalnb.resonance:LONG_CONTEXT'),
+                           long_context='legalnb.resonance:LONG_CONTEXT', decoder='legalnb.models:recurrent_decoder'),
     'gpt': ModelSpec('gpt', 'Transformer baseline: pre-norm, RoPE, SwiGLU, attention within each document',
                      'legalnb.gpt:GPTConfig', 'legalnb.gpt:GPTLanguageModel', 'legalnb.gpt:MODEL_SIZES', gpt_no_decay,
                      'legalnb.export:export_gpt', tiny=dict(dim=16, num_layers=1, num_heads=2),
-                     shape_flags=('num_heads',)),
+                     shape_flags=('num_heads',), decoder='legalnb.gpt:cached_decoder'),
 }
 
 def get_model(name: str) -> ModelSpec:
@@ -301,3 +303,37 @@ def next_token(logits: torch.Tensor,                 # (B, V) float logits of th
         kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float('-inf'))
     return torch.multinomial(logits.softmax(-1), 1, generator=generator)
+
+# %% ../nbs/02a_models.ipynb #d3c0de02
+def recurrent_decoder(model, ids, positions: int):
+    "A model with `prefill` and `step` (ResonanceNet): the prompt read once, then one O(1) step per token."
+    logits, state = model.prefill(ids)                  # (B, L, V) and the state after the last token
+    return logits[:, -1], lambda new: model.step(new, state)
+
+def _cache_name(model) -> str:
+    "The keyword a transformers model's forward takes its cache by: `cache` (transformers 5.24), else the older name."
+    import inspect
+    return 'cache' if 'cache' in inspect.signature(model.forward).parameters else 'past_key_values'
+
+def transformers_decoder(model, ids, positions: int):
+    "A transformers model: forward with `use_cache=True`, then one position per token against its cache."
+    name, out = _cache_name(model), model(ids, use_cache=True)
+    held = [next((out[k] for k in ('cache', 'past_key_values') if k in out), None)]   # a Cache, updated in place
+    if held[0] is None: return out.logits[:, -1], None  # a model that returns no cache: recompute
+    def step(new):                                      # (B,) -> (B, V)
+        o = model(new.view(-1, 1), use_cache=True, **{name: held[0]})
+        held[0] = next((o[k] for k in ('cache', 'past_key_values') if k in o), held[0])
+        return o.logits[:, -1]
+    return out.logits[:, -1], step
+
+def _class_name(ref) -> str: return ref if isinstance(ref, str) else f'{ref.__module__}:{ref.__qualname__}'
+
+def decoder_of(model) -> Callable | None:
+    "How `model` generates with a state: its registered spec's `decoder`, a transformers model's cache, else None."
+    import sys
+    name = f'{type(model).__module__}:{type(model).__qualname__}'
+    for spec in MODELS.values():   # compared by name: asking imports no other architecture's code
+        if _class_name(object.__getattribute__(spec, 'model_class')) == name: return spec.decoder
+    hf = sys.modules.get('transformers')
+    return transformers_decoder if hf is not None and isinstance(model, hf.PreTrainedModel) else None
+

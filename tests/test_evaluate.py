@@ -19,6 +19,7 @@ from legalnb.evaluate import (EVAL_FORMAT, REPORT_FILES, EvalModel, LookupModel,
                               load_eval_model,
                               metrics, position_buckets, read_heldout, run_harness, score_citations, score_documents,
                               TextStream, write_lm_eval_tasks)
+from legalnb.against import against_main
 from legalnb.resonance import ResonanceLanguageModel
 from legalnb.sources import parse_documents, read_formex
 from legalnb.sample import write_sample
@@ -326,6 +327,12 @@ def bad_cases(run, data, tmp):
         (generate_main, [tmp/'nowhere', '--prompt', 'x'], 'no such folder'),
         (generate_main, [run, '--prompt', 'x', '--max-new-tokens', 0], '--max-new-tokens must be at least 1'),
         (generate_main, [run, '--prompt', 'x', '--top-k', -1], 'must be 0 or more'),
+        (evaluate_main, [run, '--data', data, '--max-tokens', 0], '--max-tokens must be at least 1'),
+        (evaluate_main, [run, '--data', data, '--max-tokens', -5], '--max-tokens must be at least 1'),
+        (evaluate_main, [run, '--data', data, '--max-tokens', 'lots'], '--max-tokens: expected a whole number'),
+        (evaluate_main, [run, '--data', data, '--max-tokens', 2.5], '--max-tokens: expected a whole number'),
+        (evaluate_main, [run, '--data', data, '--max-tokens', 3], '--max-tokens 3: fewer than one token per document'),
+        (against_main, [run, '--against', run, '--data', data, '--max-tokens', 0], '--max-tokens must be at least 1'),
     ]
 
 
@@ -373,3 +380,97 @@ def test_evaluate_an_exported_resonance_model(quickstart_run, corpus, tmp_path):
     cfg['auto_map']['AutoModelForCausalLM'] = 'modeling_other.Model'
     (tmp_path/'hf'/'config.json').write_text(json.dumps(cfg))
     with pytest.raises(LegalnbError, match='names modelling code legalnb did not write; .*--trust-remote-code'): load_eval_model(tmp_path/'hf')
+
+
+# ---------------------------------------------------------------- generation through the model's state
+
+def traced(module: torch.nn.Module) -> list[int]:
+    "The input length of every forward call of `module`, appended as they happen."
+    lengths = []
+    module.register_forward_pre_hook(lambda m, args, kw: lengths.append((args[0] if args else kw['input_ids']).shape[1]),
+                                     with_kwargs=True)
+    return lengths
+
+
+def same_tokens_through_the_state(lm: EvalModel, prompt: list[int], new: int):
+    "Greedy and sampled tokens with the state equal the recomputed ones; the state path runs one position per token."
+    for temperature in (0, 0.8):
+        a = generate_ids(lm, prompt, new, temperature, top_k=20, seed=4, stop_at_eos=False)
+        b = generate_ids(lm, prompt, new, temperature, top_k=20, seed=4, stop_at_eos=False, state=False)
+        assert a == b, (temperature, a, b)
+    assert len(set(a)) > 3, 'a model that repeats one token would make the comparison meaningless'
+    return a
+
+
+def test_a_transformers_llama_generates_through_its_cache(hf):
+    from legalnb.models import decoder_of, transformers_decoder
+    lm = load_eval_model(hf/'tiny', context=96)      # the folder `legalnb generate` would load
+    assert decoder_of(lm.module) is transformers_decoder
+    torch.manual_seed(0)
+    for p in lm.module.parameters(): torch.nn.init.normal_(p, std=0.3)   # a random model that does not repeat itself
+    prompt = [lm.prefix_id] + lm.encode('Article 1 This Regulation lays down rules on the protection of data')
+    calls = traced(lm.module)
+    same_tokens_through_the_state(lm, prompt, 40)
+    assert calls[:40] == [len(prompt)] + [1] * 39, 'the prompt once, then one position per token'
+    same_tokens_through_the_state(lm, prompt, 90)    # past the 96-token context the window slides: recomputed
+
+
+def test_the_gpt_baseline_generates_through_its_kv_cache(tiny):
+    from legalnb.gpt import GPTLanguageModel
+    torch.manual_seed(0)
+    model = GPTLanguageModel.from_kwargs(vocab_size=400, dim=32, num_layers=2, num_heads=4, max_seq_len=80,
+                                         init_std=0.3).eval()
+    lm = EvalModel(model, tiny.tokenizer, context=80, eos_id=0)
+    prompt = tiny.encode('Article 1 This Regulation lays down')
+    calls = traced(model)
+    same_tokens_through_the_state(lm, prompt, 30)
+    assert calls[:30] == [len(prompt)] + [1] * 29
+    same_tokens_through_the_state(lm, prompt, 100)   # 100 new tokens after the prompt: past the context of 80
+    assert generate_ids(lm, prompt * 20, 5, 0) == generate_ids(lm, prompt * 20, 5, 0, state=False)  # a long prompt
+
+
+def test_resonance_generation_is_unchanged(tiny):
+    calls = traced(tiny.module)
+    prompt = tiny.encode('Article 1 This Regulation lays down')
+    same_tokens_through_the_state(tiny, prompt, 30)
+    n = len(prompt)   # per temperature: one prefill (the steps are no forward pass), then 30 recomputed windows
+    assert calls[:3] == [n, n, n + 1] and len(calls) == 2 * (1 + 30)
+
+
+# ---------------------------------------------------------------- --max-tokens
+
+def test_max_tokens_caps_every_document_and_says_so(quickstart_run, corpus, tmp_path):
+    whole = json.loads(run_cli(evaluate_main, [quickstart_run/'run', '--data', corpus['dir'], '--out', tmp_path/'a',
+                                               '--json', '--general', 'python-docs', *FAST]))
+    table = run_cli(evaluate_main, [quickstart_run/'run', '--data', corpus['dir'], '--out', tmp_path/'b',
+                                    '--max-tokens', 1500, '--general', 'python-docs', *FAST])
+    r = json.loads((tmp_path/'b'/'eval.json').read_text(encoding='utf-8'))
+    cap = r['data']['cap']
+    assert r['settings']['max_tokens'] == cap['max_tokens'] == 1500
+    assert r['overall']['tokens'] == cap['tokens_scored'] <= 1500
+    assert cap['tokens_available'] == whole['overall']['tokens'] > 1500 and cap['docs_cut'] > 0
+    assert [d['celex'] for d in r['documents']] == [d['celex'] for d in whole['documents']]   # no document dropped
+    assert all(d['tokens'] > 0 for d in r['documents']) and set(r['by_language']) == set(whole['by_language'])
+    assert r['general']['overall']['tokens'] <= 1500 < r['general']['cap']['tokens_available']
+    assert r['citations']['items'] == whole['citations']['items'] and 'cap' not in whole['data']
+    assert 'capped sample: ' in table and 'of ' in table and 'not on the whole held-out set' in table
+    assert 'Capped sample: ' in (tmp_path/'b'/'eval.md').read_text(encoding='utf-8')
+    again = json.loads(run_cli(evaluate_main, [quickstart_run/'run', '--data', corpus['dir'], '--out', tmp_path/'c',
+                                               '--max-tokens', 1500, '--general', 'python-docs', '--json', *FAST]))
+    assert again['documents'] == r['documents'], 'the same cut every time'
+
+
+def test_max_tokens_with_against_scores_both_models_on_the_same_text(quickstart_run, corpus, hf, tmp_path):
+    "Two tokenizers (a native run, a Llama): the first one cuts the text once, both score it, the pairing holds."
+    out = run_cli(against_main, [quickstart_run/'run', '--against', hf/'tiny', '--data', corpus['dir'],
+                                 '--out', tmp_path/'cmp', '--max-tokens', 1200, *FAST])
+    mine, ref = (json.loads((tmp_path/'cmp'/p/'eval.json').read_text(encoding='utf-8')) for p in ('.', 'reference'))
+    assert [(d['celex'], d['bytes']) for d in mine['documents']] == [(d['celex'], d['bytes']) for d in ref['documents']]
+    assert mine['data']['cap']['tokens_scored'] <= 1200 and ref['data']['cap']['max_tokens'] == 1200
+    assert mine['data']['cap']['docs_cut'] == ref['data']['cap']['docs_cut'] > 0
+    assert 'capped sample' in out
+
+
+def test_max_tokens_is_a_plan_key():
+    from legalnb.run import _argv
+    assert _argv('evaluate', {'max_tokens': 20000}, '') == ['--max-tokens', '20000']
