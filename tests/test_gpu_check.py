@@ -304,7 +304,8 @@ def test_its_own_folder_is_written_again_but_a_users_file_in_it_is_not_deleted(t
     (out/'logs'/'mine.txt').write_text('my notes')
     p = gpu_check(out, '--only', 'environment')
     assert p.returncode == 2 and f'--out {out} holds files legalnb did not write (logs/mine.txt)' in p.stderr, p.stderr
-    assert (out/'logs'/'mine.txt').read_text() == 'my notes' and json.loads((out/'report.json').read_text())['date'] == first
+    assert (out/'logs'/'mine.txt').read_text() == 'my notes'
+    assert json.loads((out/'report.json').read_text())['date'] == first, 'its report not replaced either'
     (out/'logs'/'mine.txt').unlink()
     assert gpu_check(out, '--only', 'environment').returncode == 0
     assert sorted(p.name for p in (out/'logs').iterdir()) == ['environment.log']
