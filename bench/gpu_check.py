@@ -42,8 +42,8 @@ optional package is missing is skipped, naming it: bitsandbytes (hf-qlora), deep
 says so in one line and stops unless it can import it. On a machine with pip and internet, download the wheels
 (fastcore is pure Python: any platform; take the versions `requirements.lock` pins), copy the folder next to the
 checkout, and pass it with `--wheels DIR` (`make gpu-check WHEELS=DIR`): they are installed with
-`pip install --no-index --no-deps --target OUT/site`, nothing is fetched, and every check process (torchrun and
-accelerate workers too) finds them through PYTHONPATH:
+`pip install --no-index --no-deps --target` a temporary folder (removed when the command ends), nothing is
+fetched, and every check process (torchrun and accelerate workers too) finds them through PYTHONPATH:
 
     python -m pip download --no-deps --only-binary=:all: -d wheels fastcore==1.14.5
     # optional checks: a bitsandbytes wheel for the GPU machine's Python and platform, e.g.
@@ -72,13 +72,20 @@ so a check over its cap has the build locks made while it ran removed (and the r
 check, `accelerate launch` twice for ZeRO-3) each start fresh interpreters that import torch (and DeepSpeed,
 transformers, peft), 28-58 s per launcher check there, and the one-time import of torch, transformers and peft
 by the process that forks the checks is 19 s. Everything else is preloaded once and forked, a few seconds in all.
+
+## Its folder is written like every legalnb command's
+
+`--out` is a new folder or one this script wrote: it is locked while the checks run, what the script writes there
+is recorded in `.legalnb-owned.json`, and a folder holding anything else (a `report.md`, `logs/`, `work/` of the
+user's, a file instead of a folder) is refused in one line before anything is deleted or written. Its own earlier
+`logs/` and `work/` are deleted only when the records say it wrote every file in them (`legalnb.core.remove_owned`).
 """
 from __future__ import annotations
 import time
 
 T0 = time.monotonic()   # the budget counts from here: interpreter start and imports are seconds before it
-import argparse, functools, importlib.util, json, math, multiprocessing as mp, os, platform, re, resource, shutil
-import signal, statistics, subprocess, sys, traceback
+import argparse, atexit, functools, importlib.util, json, math, multiprocessing as mp, os, platform, re, resource
+import shutil, signal, statistics, subprocess, sys, tempfile, traceback
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -90,13 +97,15 @@ for p in (str(ROOT), str(BENCH)):   # the checkout's legalnb and the bench helpe
     if p not in sys.path: sys.path.insert(0, p)
 
 
-def install_wheels(folder: Path, site: Path) -> list[str]:
-    "Install the wheels in `folder` into `site` (offline: no index, no dependencies) and put it first on the path."
+def install_wheels(folder: Path) -> tuple[Path, list[str]]:
+    "Install the wheels in `folder` into a new temporary folder, removed at exit (offline: no index, no dependencies), "
+    "and put it first on the path; that folder and the wheels' names. Nothing of --out is touched before it is checked."
     wheels = sorted(folder.glob('*.whl'))
     if not folder.is_dir() or not wheels:
         sys.exit(f'bench/gpu_check.py: error: --wheels {folder}: no .whl files there; download them where pip works '
                  '(see the docstring: "Carrying wheels")')
-    shutil.rmtree(site, ignore_errors=True)
+    site = Path(tempfile.mkdtemp(prefix='legalnb-gpu-check-site-'))
+    atexit.register(shutil.rmtree, site, True)
     r = subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--no-index', '--no-deps', '--no-compile',
                         '--disable-pip-version-check', '--target', str(site), *map(str, wheels)],
                        capture_output=True, text=True)
@@ -104,7 +113,7 @@ def install_wheels(folder: Path, site: Path) -> list[str]:
         last = (r.stderr.strip().splitlines() or ['?'])[-1]
         sys.exit(f'bench/gpu_check.py: error: --wheels {folder}: pip could not install them ({last})')
     sys.path.insert(0, str(site.resolve()))
-    return [w.name for w in wheels]
+    return site.resolve(), [w.name for w in wheels]
 
 
 def missing(needs: tuple) -> list[str]:
@@ -118,11 +127,11 @@ def missing(needs: tuple) -> list[str]:
 def bootstrap(argv: list[str]) -> list[str]:
     "Before legalnb is imported: --wheels DIR installed, fastcore importable, the environment offline."
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument('--wheels'); pre.add_argument('--out', default='gpu-check')
+    pre.add_argument('--wheels')
     known, _ = pre.parse_known_args(argv)
-    installed = install_wheels(Path(known.wheels), Path(known.out)/'site') if known.wheels else []
-    if installed: os.environ['LEGALNB_GPU_CHECK_SITE'] = str(Path(known.out, 'site').resolve())   # for the report
-    first = [str(Path(known.out, 'site').resolve())] * bool(installed) + [str(ROOT)]   # for every process started
+    site, installed = install_wheels(Path(known.wheels)) if known.wheels else (None, [])
+    if installed: os.environ['LEGALNB_GPU_CHECK_SITE'] = str(site)   # for the report
+    first = [str(site)] * bool(installed) + [str(ROOT)]   # for every process started
     os.environ['PYTHONPATH'] = os.pathsep.join(dict.fromkeys(
         first + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
     if missing(('fastcore',)):
@@ -139,7 +148,7 @@ if __name__ == '__main__':
     WHEELS = bootstrap(sys.argv[1:])
 
 from common import cpu_name, hardware, markdown_table, memory_gib, run   # noqa: E402  (after the wheels)
-from legalnb.core import LegalnbError, atomic_write, format_duration, refuse_foreign_files   # noqa: E402
+from legalnb.core import LegalnbError, atomic_write, format_duration, output_folder, remove_owned   # noqa: E402
 
 GIB = 2 ** 30
 PACKAGES = ('torch', 'numpy', 'transformers', 'peft', 'accelerate', 'tokenizers', 'safetensors', 'fastcore',
@@ -817,7 +826,16 @@ def parse_cap(text: str) -> tuple[str, float]:
 
 def ours(rel: Path) -> bool:
     "Files a gpu check writes into its --out folder."
-    return rel.parts[0] in ('report.md', 'report.json', 'logs', 'work', 'site')
+    return rel.parts[0] in ('report.md', 'report.json', 'logs', 'work')
+
+
+def open_out(out: str) -> Path:
+    "The --out folder, checked before anything is written: a new folder or one this script wrote (by its records)."
+    if os.path.lexists(out) and not Path(out).is_dir():
+        raise LegalnbError(f'--out {out} is not a folder; expected a folder for report.md, report.json and logs/: '
+                           'choose a new folder')
+    return output_folder(out, 'bench/gpu_check.py', ours, what='the GPU check writes report.md, report.json, logs/ '
+                         'and work/ there, and replaces its own')
 
 
 def main(dry_run: bool = False,       # every check at toy size on the CPU: the test suite's
@@ -832,11 +850,15 @@ def main(dry_run: bool = False,       # every check at toy size on the CPU: the 
     for n in (only or []) + (skip or []):
         if n not in BY_NAME: raise LegalnbError(f'unknown check {n!r}; the checks: {", ".join(BY_NAME)}')
     caps = dict(parse_cap(c) for c in cap or [])
-    out_dir = Path(out)
-    refuse_foreign_files(out_dir, ours, '--out')
-    shutil.rmtree(out_dir/'work', ignore_errors=True); shutil.rmtree(out_dir/'logs', ignore_errors=True)
-    (out_dir/'work'/'shared').mkdir(parents=True)
-    budget = budget or (1500 if dry_run else 480)   # a dry run on a busy shared CPU: its launchers take minutes
+    with open_out(out) as out_dir:   # locked; a file or a folder of others' refused; what it writes recorded
+        for name in ('work', 'logs'): remove_owned(out_dir, name)   # an earlier check's: only what it wrote
+        (out_dir/'work'/'shared').mkdir(parents=True)
+        return run_checks(dry_run, out_dir, only, skip, budget or (1500 if dry_run else 480), caps, keep_work)
+
+
+def run_checks(dry_run: bool, out_dir: Path, only: list[str] | None, skip: list[str] | None, budget: float,
+               caps: dict, keep_work: bool) -> int:
+    "Run the selected checks, each in its own process, into `out_dir`; write the report; 1 when there is no GPU."
     deadline = T0 + budget
     selected = [c for c in CHECKS if (not only or c.name in only or c.name == 'environment')
                 and c.name not in (skip or [])]

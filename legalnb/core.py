@@ -16,10 +16,11 @@ __all__ = ['GPU_HOUR_PRICE', 'NUMBER_EXAMPLES', 'PRECISIONS', 'OWNED', 'OWNED_FO
            'atomic_write', 'jsonl_record', 'jsonl_records', 'read_json', 'parse_number', 'parse_count',
            'format_duration', 'markdown_table', 'resolve_precision', 'cuda_capability', 'usable_cores',
            'loader_workers', 'available_memory', 'refuse_oversized', 'libc', 'trim_memory', 'refuse_overwriting_inputs',
-           'bookkeeping', 'foreign_files', 'refuse_foreign_files', 'folder_files', 'owned_files', 'unowned_stamps',
-           'record_written', 'remove_owned', 'lock_path', 'holder_alive', 'folder_lock', 'followed', 'refuse_unowned',
-           'output_folder', 'own_command', 'own_main', 'CommandParser', 'command_parser', 'Output', 'run_writing',
-           'run_command', 'Command', 'command_main', 'command_flags', 'command_settings', 'command_run']
+           'bookkeeping', 'foreign_files', 'refuse_foreign_files', 'folder_files', 'everyones', 'owned_files',
+           'unowned_stamps', 'record_written', 'remove_owned', 'open_lock', 'lock_path', 'holder_alive', 'folder_lock',
+           'followed', 'refuse_unowned', 'output_folder', 'others_files', 'own_command', 'own_main', 'CommandParser',
+           'command_parser', 'Output', 'run_writing', 'run_command', 'Command', 'command_main', 'command_flags',
+           'command_settings', 'command_run']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -287,11 +288,26 @@ def folder_files(folder: str | Path) -> list[Path]:
 def _records(folder: Path) -> dict[str, str]:
     "The ownership record in `folder` itself: relative path -> the command that wrote it; {} when there is none."
     if not (folder/OWNED).is_file(): return {}
+    damaged = f'{folder/OWNED}: a damaged record of legalnb ({{}}); delete it, and the files legalnb wrote there ' \
+              'count as yours'
+    if (folder/OWNED).is_symlink(): raise LegalnbError(damaged.format('a symbolic link: a record is a file that '
+                                                                      'legalnb wrote in the folder it describes'))
     rec = read_json(folder/OWNED, "legalnb's record of the files it wrote there")
     if rec.get('format') != OWNED_FORMAT or not isinstance(rec.get('files'), dict):
-        raise LegalnbError(f'{folder/OWNED}: not a record of legalnb ({OWNED_FORMAT}); delete it, and the files '
-                           'legalnb wrote there count as yours')
+        raise LegalnbError(damaged.format(f'not {OWNED_FORMAT}'))
+    if (bad := next((k for k in rec['files'] if not _inside(k)), None)) is not None:
+        raise LegalnbError(damaged.format(f'it lists {bad!r}, not a relative path inside {folder}'))
     return {k: v for k, v in rec['files'].items() if isinstance(v, str)}
+
+def _inside(rel: str) -> bool:
+    "Whether a record's entry is a relative path that stays inside its folder (no root, no `..`, not the folder)."
+    p = Path(rel)
+    return bool(rel) and '\0' not in rel and not p.is_absolute() and bool(p.parts) and '..' not in p.parts
+
+def everyones(folder: str | Path) -> bool:
+    "Whether `folder` is the root, the home folder or a folder above it: no command's output folder, no record's."
+    real, home = Path(os.path.realpath(folder)), Path(os.path.realpath(os.path.expanduser('~')))
+    return real == Path(real.anchor) or real == home or real in home.parents
 
 def owned_files(folder: str | Path) -> set[Path]:
     "The files under `folder` that legalnb wrote (those still there), by the records in it, in its subfolders, and in "
@@ -302,12 +318,13 @@ def owned_files(folder: str | Path) -> set[Path]:
             owned |= {(Path(root)/rel).relative_to(folder) for rel in _records(Path(root))
                       if os.path.lexists(Path(root)/rel)}
     here = Path(os.path.realpath(folder))
-    for up in here.parents:
-        if not (up/OWNED).is_file(): continue
+    for up in [] if os.path.ismount(here) else here.parents:   # never across another file system, /, or home
+        if everyones(up): break
         try: listed = _records(up)
-        except LegalnbError: continue   # another folder's damaged record: not this command's to judge
+        except LegalnbError: listed = {}   # another folder's damaged record: not this command's to judge
         inside = here.relative_to(up).as_posix() + '/'
         owned |= {Path(rel[len(inside):]) for rel in listed if rel.startswith(inside) and os.path.lexists(up/rel)}
+        if os.path.ismount(up): break
     return owned
 
 def unowned_stamps(folder: str | Path) -> dict[Path, tuple]:
@@ -355,6 +372,33 @@ def remove_owned(folder: str | Path,   # an output folder
                            f'would be deleted with it: move it away, or choose another {flag}')
     shutil.rmtree(target) if tree else target.unlink()
 
+# %% ../nbs/00_core.ipynb #a780bb4c
+import errno, stat
+
+def open_lock(path: Path,   # a lock file: legalnb's, or none yet
+              name: str     # what it locks, as the user named it (`--out run`), for the message
+             ) -> int:
+    "A read-write descriptor of the lock file `path`, made if missing; never opened through a symbolic link."
+    while True:
+        try: fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666); break
+        except FileExistsError: pass
+        except OSError as e: raise _lock_refused(path, name, e) from None
+        try: fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK); break
+        except FileNotFoundError: continue   # its holder removed it in between: make it
+        except OSError as e: raise _lock_refused(path, name, e) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise LegalnbError(f'{name}: its lock {path} is not a file legalnb wrote; move it away and run again')
+    return fd
+
+def _lock_refused(path: Path, name: str, e: OSError) -> LegalnbError:
+    "The one line for a lock that cannot be opened: a link there (never followed), or the folder's permissions."
+    if os.path.islink(path) or e.errno == errno.ELOOP:
+        return LegalnbError(f'{name}: its lock {path} is a symbolic link (to {os.readlink(path)}); legalnb never '
+                            'writes through one: remove the link and run again')
+    return LegalnbError(f'{name}: cannot be locked ({e.strerror} for {path}); the folder that holds it must be '
+                        'writable')
+
 # %% ../nbs/00_core.ipynb #a29b9fa7
 _HELD: dict[str, list] = {}   # the locks this process holds: lock path -> [file descriptor, depth]
 
@@ -401,7 +445,7 @@ def _held_by_other(lock: Path) -> dict | None:
     "The record of the process holding `lock` ({} if unreadable), or None when no other process holds it."
     import fcntl
     if str(lock) in _HELD: return None
-    try: fd = os.open(lock, os.O_RDONLY)
+    try: fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)   # a link is no lock of legalnb's
     except OSError: return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB); fcntl.flock(fd, fcntl.LOCK_UN)
@@ -428,16 +472,13 @@ def folder_lock(folder: str | Path,   # the output folder to lock (it need not e
     try: path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e: raise LegalnbError(f'{name}: cannot be written ({e.strerror})') from None
     while True:
-        try: fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as e:
-            raise LegalnbError(f'{name}: cannot be locked ({e.strerror} for {path}); the folder that holds it '
-                               'must be writable') from None
+        fd = open_lock(path, name)
         try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             rec = _lock_record(fd); os.close(fd)
             raise LegalnbError(f'{name} is being written by {_holder(rec)}: wait for it to finish, or choose '
                                f'another folder (lock: {path})') from None
-        try: same = os.fstat(fd).st_ino == os.stat(path).st_ino   # not a lock file its holder just deleted
+        try: same = os.fstat(fd).st_ino == os.lstat(path).st_ino   # not a lock file its holder just deleted
         except FileNotFoundError: same = False
         if same: break
         os.close(fd)
@@ -453,7 +494,7 @@ def folder_lock(folder: str | Path,   # the output folder to lock (it need not e
     finally:
         del _HELD[str(path)]
         try:
-            if os.fstat(fd).st_ino == os.stat(path).st_ino: os.unlink(path)
+            if os.fstat(fd).st_ino == os.lstat(path).st_ino: os.unlink(path)
         except OSError: pass
         os.close(fd)
         for p in reversed(made):
@@ -521,13 +562,46 @@ def output_folder(folder: str | Path,                    # the folder the comman
         finally: record_written(real, command, ours, before)
 
 # %% ../nbs/00_core.ipynb #5e635104
-def own_command(folder: str):   # a folder an earlier legalnb wrote, before it kept records of what it writes
+_LEGALNB_HIDDEN = re.compile(r'\.(legalnb|tmp-step-|select-|near-duplicates-|corpus-|selected-|split-)'
+                             r'|\..+\.(parts|lock|tmp|trash|rebuild|old(-\d+)?|export-.*)$')
+
+def others_files(folder: Path) -> list[Path]:
+    "Hidden files and folders under `folder` that are not legalnb's (`.git`, `.venv`, `.ipynb_checkpoints`, ...)."
+    found = []
+    for root, dirs, files in os.walk(folder):
+        for n in sorted(dirs + files):
+            if n.startswith('.') and not bookkeeping(n) and not _LEGALNB_HIDDEN.match(n):
+                found.append((Path(root)/n).relative_to(folder))
+        dirs[:] = [d for d in dirs if not d.startswith('.')]
+    return sorted(found)
+
+def _listed(real: Path, folder: str, files: list[str]) -> Callable[[Path], bool]:
+    "The rule `record_written` takes for the files and folders `--files` names (relative to `folder`, inside it)."
+    rels = []
+    for f in files:
+        p = Path(f)
+        rel = Path(os.path.relpath(os.path.abspath(p), os.path.abspath(folder))) if p.is_absolute() else p
+        if not _inside(rel.as_posix()) or not os.path.lexists(real/rel):
+            raise LegalnbError(f'--files {f}: not a file or folder inside {folder}; name them relative to it')
+        rels.append(rel)
+    return lambda rel: any(rel == p or p in rel.parents for p in rels)
+
+def own_command(folder: str,               # a folder an earlier legalnb wrote, before it kept records of what it writes
+                files: list[str] = None):  # only these files or folders of it (a folder that also holds others')
     "Record every file now in `folder` as legalnb's, so that its commands may resume, replace or delete them."
     real = followed(folder)
     if not real.is_dir(): raise LegalnbError(f'{folder}: no such folder; expected an output folder of legalnb')
+    if everyones(real):
+        raise LegalnbError(f'{folder}: the root or home folder (or one above it) holds the files of every program; '
+                           'legalnb own takes an output folder legalnb wrote (a run, a corpus)')
+    ours = _listed(real, folder, files) if files else None
+    if ours is None and (theirs := others_files(real)):
+        names = ', '.join(map(str, theirs[:3])) + (f' and {len(theirs) - 3} more' if len(theirs) > 3 else '')
+        raise LegalnbError(f'{folder} holds files of other programs ({names}); name those legalnb wrote: '
+                           f'legalnb own {folder} --files NAME...')
     with folder_lock(real, 'legalnb own', ''):
         before = owned_files(real)
-        record_written(real, 'legalnb own')
+        record_written(real, 'legalnb own', ours)
         added = len(owned_files(real) - before)
     print(f'{folder}: {added:,} files recorded as legalnb\'s' + (f' ({len(before):,} were already)' if before else ''))
     return 0

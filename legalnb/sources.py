@@ -1232,11 +1232,12 @@ def _parse_or_resume(job: tuple) -> tuple[dict, bool]:
 @contextmanager
 def _exclusive(lock: Path):
     "Hold the lock file `lock` (a second parse of the same output waits), and remove it when done."
+    from legalnb.core import open_lock   # (here, not above: this cell is the only user)
     lock.parent.mkdir(parents=True, exist_ok=True)
     while True:   # the holder removes the file before letting go: a waiter that got a removed file tries again
-        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        fd = open_lock(lock, 'legalnb parse')   # never through a link at the lock's path
         fcntl.flock(fd, fcntl.LOCK_EX)
-        try: same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        try: same = os.fstat(fd).st_ino == os.lstat(lock).st_ino
         except FileNotFoundError: same = False
         if same: break
         os.close(fd)

@@ -822,3 +822,94 @@ def test_a_run_folder_from_before_the_records_is_refused_with_the_way_out_then_r
     assert main(resume) == 0                                         # the run continues from its step 2
     from legalnb.metrics import read_metrics
     assert [r['step'] for r in read_metrics(w/'run'/'metrics.jsonl')][-1] == 3
+
+
+# ---------------------------------------------------------------- issue 39: locks and records that cannot be aimed
+# A symbolic link at a lock path (to a user's file, or dangling) is refused in one line and never followed; a record
+# lists only relative paths inside its folder; `legalnb own` refuses folders it cannot vouch for. Same harness, and
+# the planted link's target keeps every byte (tree() follows links) while nothing appears outside the folder.
+PRECIOUS = 'my thesis, chapter 3\n'
+
+def lock_link(lock_rel: str, target_rel: str = 'precious.txt'):
+    "A setup step: `w/lock_rel` is a symbolic link to `w/target_rel` (the user's file, or a path that does not exist)."
+    def setup(w: Path):
+        (w/'precious.txt').write_text(PRECIOUS); (w/'outside').mkdir(exist_ok=True)
+        (w/lock_rel).symlink_to(w/target_rel)
+    return setup
+
+def record_listing(rel: str, entry: str):
+    "A setup step: the ownership record of `w/rel` also lists `entry` ('{w}' is the case's folder)."
+    def setup(w: Path):
+        from legalnb.core import OWNED
+        (w/'precious.txt').write_text(PRECIOUS)
+        rec = json.loads((w/rel/OWNED).read_text())
+        rec['files'][entry.format(w=w)] = 'legalnb train'
+        (w/rel/OWNED).write_text(json.dumps(rec))
+    return setup
+
+LOCK_CASES = [  # 1. a link at the lock path: refused, its target byte for byte, nothing made outside the folder
+    ('train with a link at its lock path', ['train', *TRAIN_RUN, '--max-steps', '3', '--resume'],
+     lock_link('.run.legalnb-lock'), '--out {w}/run: its lock {w}/.run.legalnb-lock is a symbolic link (to '
+     '{w}/precious.txt); legalnb never writes through one: remove the link and run again'),
+    ('export with a link at its lock path', ['export', '{w}/run', '--out', '{w}/hf'], lock_link('.hf.legalnb-lock'),
+     '--out {w}/hf: its lock {w}/.hf.legalnb-lock is a symbolic link (to {w}/precious.txt)'),
+    ('own with a dangling link at its lock path', ['own', '{w}/run'],
+     lock_link('.run.legalnb-lock', 'outside/made.txt'), '{w}/run: its lock {w}/.run.legalnb-lock is a symbolic link '
+     '(to {w}/outside/made.txt)'),
+    ('build-corpus with a link at its lock path', ['build-corpus', '{w}/selected.jsonl', '--out', '{w}/corpus',
+     '--seq-len', '16', '--shards', '2', '--train-tokenizer', '300', '--no-progress'],
+     lock_link('.corpus.legalnb-lock'), '--out {w}/corpus: its lock {w}/.corpus.legalnb-lock is a symbolic link'),
+    ('parse with a link at its lock path', ['parse', '{w}/sample', '--out', '{w}/p.jsonl'], lock_link('.p.jsonl.lock'),
+     'legalnb parse: its lock {w}/.p.jsonl.lock is a symbolic link (to {w}/precious.txt)'),
+]
+
+RECORD_CASES = [  # 2. records that vouch too much: one line, nothing deleted
+    ('train --overwrite: a record listing an absolute path', ['train', *TRAIN_RUN, '--max-steps', '3', '--overwrite'],
+     record_listing('run', '{w}/precious.txt'), "{w}/run/.legalnb-owned.json: a damaged record of legalnb (it lists "
+     "'{w}/precious.txt', not a relative path inside {w}/run); delete it"),
+    ('train --overwrite: a record listing ../', ['train', *TRAIN_RUN, '--max-steps', '3', '--overwrite'],
+     record_listing('run', '../precious.txt'), "a damaged record of legalnb (it lists '../precious.txt'"),
+    ('export over an export whose record lists an absolute path', ['export', '{w}/run', '--out', '{w}/hf'],
+     both(exported('hf'), record_listing('hf', '{w}/precious.txt')),
+     "{w}/hf/.legalnb-owned.json: a damaged record of legalnb (it lists '{w}/precious.txt'"),
+    ('own /', ['own', '/'], nothing, '/: the root or home folder (or one above it) holds the files of every program'),
+    ('own the home folder', ['own', '{w}/home'], write('home/.bashrc', 'alias ll="ls -l"\n'),
+     '{w}/home: the root or home folder'),
+    ('own a folder holding another program\'s files', ['own', '{w}/proj'],
+     both(write('proj/.git/HEAD', 'ref: refs/heads/main\n'), write('proj/notes.md', 'mine')),
+     '{w}/proj holds files of other programs (.git); name those legalnb wrote: legalnb own {w}/proj --files NAME...'),
+]
+
+ROUND_THREE = LOCK_CASES + RECORD_CASES
+
+@pytest.mark.parametrize('name,argv,setup,expect', ROUND_THREE, ids=[c[0] for c in ROUND_THREE])
+def test_round_three_locks_and_records(name, argv, setup, expect, base, tmp_path, capsys, monkeypatch):
+    "The round-two harness; the home folder is `w/home` here. A planted link stays, and its target is unchanged."
+    w = tmp_path/'w'
+    shutil.copytree(base, w, symlinks=True)
+    monkeypatch.setenv('HOME', str(w/'home'))
+    setup(w)
+    before, files = snapshot(w), tree(w)
+    capsys.readouterr()
+    code = main([a.format(w=w) for a in argv])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and 'Traceback' not in err, (code, err)
+    assert expect.format(w=w) in lines[0], (expect, lines[0])
+    assert snapshot(w) == before and tree(w) == files, 'files changed or appeared'
+    if (w/'precious.txt').exists(): assert (w/'precious.txt').read_text() == PRECIOUS
+    assert not (w/'outside'/'made.txt').exists(), 'a file was made through a dangling link'
+
+def test_own_lists_only_the_files_named_in_a_folder_that_holds_others(base, tmp_path, capsys):
+    "2. `legalnb own F --files ...` records only those, so the user's files there stay theirs."
+    from legalnb.core import owned_files
+    run = tmp_path/'run'
+    shutil.copytree(base/'run', run, symlinks=True)
+    for record in run.rglob('.legalnb-owned.json'): record.unlink()
+    (run/'.ipynb_checkpoints').mkdir(); (run/'.ipynb_checkpoints'/'x.ipynb').write_text('{}')
+    (run/'notes.md').write_text('mine')
+    assert main(['own', run]) == 2
+    assert main(['own', run, '--files', 'checkpoints', 'summary.json', 'model']) == 0
+    owned = owned_files(run)
+    assert Path('summary.json') in owned and Path('model/model.safetensors') in owned
+    assert Path('notes.md') not in owned and not any(p.parts[0] == '.ipynb_checkpoints' for p in owned)

@@ -273,3 +273,39 @@ def test_without_fastcore_it_says_how_to_carry_it(tmp_path):
     p = gpu_check(tmp_path/'out', env={**ENV, 'PYTHONPATH': f'{hook}{os.pathsep}{ENV["PYTHONPATH"]}'})
     assert p.returncode != 0 and 'legalnb needs fastcore' in p.stderr and '--wheels' in p.stderr
     assert not (tmp_path/'out'/'report.json').exists()
+
+
+def test_out_is_checked_before_anything_is_touched_and_a_users_files_are_never_deleted(tmp_path):
+    "The GPU check writes like every command: a folder holding the user's logs/, work/, site/ or report.md (its own "
+    "names, not its files) and a file as --out are refused in one line, every byte kept, before anything runs."
+    user = tmp_path/'mine'
+    for rel, text in (('report.md', 'my report'), ('logs/today.log', 'my log'), ('work/draft.txt', 'my work'),
+                      ('site/index.html', '<p>my site</p>')):
+        (user/rel).parent.mkdir(parents=True, exist_ok=True); (user/rel).write_text(text)
+    (tmp_path/'file.txt').write_text('my notes')
+    before = {p: p.read_bytes() for p in tmp_path.rglob('*') if p.is_file()}
+    for out, said in ((user, f'--out {user} holds files legalnb did not write (logs/today.log, report.md, '
+                             'site/index.html and 1 more)'),
+                      (tmp_path/'file.txt', f'--out {tmp_path/"file.txt"} is not a folder')):
+        p = gpu_check(out, '--only', 'environment')
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and 'Traceback' not in p.stderr, p.stderr[-2000:]
+        assert said in lines[0], lines[0]
+    assert {p: p.read_bytes() for p in tmp_path.rglob('*') if p.is_file()} == before, 'nothing deleted or replaced'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['file.txt', 'mine'], 'no lock or folder left'
+
+
+def test_its_own_folder_is_written_again_but_a_users_file_in_it_is_not_deleted(tmp_path):
+    "A folder the GPU check wrote (by its records) is run again, its old logs replaced; a file the user put in its "
+    "logs/ stops it, kept."
+    out = tmp_path/'gpu-check'
+    assert gpu_check(out, '--only', 'environment').returncode == 0
+    first = json.loads((out/'report.json').read_text())['date']
+    (out/'logs'/'mine.txt').write_text('my notes')
+    p = gpu_check(out, '--only', 'environment')
+    assert p.returncode == 2 and f'--out {out} holds files legalnb did not write (logs/mine.txt)' in p.stderr, p.stderr
+    assert (out/'logs'/'mine.txt').read_text() == 'my notes'
+    assert json.loads((out/'report.json').read_text())['date'] == first, 'its report not replaced either'
+    (out/'logs'/'mine.txt').unlink()
+    assert gpu_check(out, '--only', 'environment').returncode == 0
+    assert sorted(p.name for p in (out/'logs').iterdir()) == ['environment.log']
