@@ -117,3 +117,14 @@ def test_both_arms_gained_on_held_out_law(runs):
     # what replay costs on law is small beside what it saves on general text
     cost = c['replay-vs-law']['overall']['bits_per_byte']['change']
     assert abs(cost) < -c['replay-vs-law']['forgetting']['change'] / 4, cost
+
+
+def test_the_replay_corpus_is_refused_as_general_text(runs, tmp_path):
+    "Its source was trained on whole (--mix-heldout 0): one line that says so, instead of 'no mix sources'."
+    d, _ = runs
+    with redirect_stdout(io.StringIO()), redirect_stderr(err := io.StringIO()):
+        code = main([str(a) for a in ('evaluate', d/'replay', '--against', '--data', d/'law-corpus', '--general',
+                                      d/'replay-corpus', '--out', tmp_path/'eval', *QUICK)])
+    assert code == 2 and len(err.getvalue().splitlines()) == 1, err.getvalue()
+    assert 'its mix sources (general) kept no held-out slice (built with --mix-heldout 0)' in err.getvalue()
+    assert not (tmp_path/'eval').exists()
