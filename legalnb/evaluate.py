@@ -758,6 +758,11 @@ def mix_heldout(corpus: str | Path) -> list[dict]:
                            f'general sources in, a JSON-lines file or {GENERAL_BUILTIN}; {_NO_MIX}')
     sources = read_json(man, 'a corpus manifest').get('mix') or []
     held = [s for s in sources if isinstance(s, dict) and (s.get('heldout') or {}).get('documents', 1)]
+    if not held and sources:   # built with --mix-heldout 0: every source was trained on whole
+        names = ', '.join(str(s.get('name')) for s in sources if isinstance(s, dict))
+        raise LegalnbError(f'{man}: its mix sources ({names}) kept no held-out slice (built with --mix-heldout 0); '
+                           'build it again with --mix-heldout TOKENS, or pass --general FILE.jsonl of text it never '
+                           'trained on')
     if not held: raise LegalnbError(f'{man}: this corpus has no general held-out slices (no "mix" sources); {_NO_MIX}')
     docs = []
     for i, s in enumerate(held):
