@@ -997,3 +997,25 @@ def test_round_three_a_utf16_formex_act_is_read_as_its_utf8_twin(sample12, tmp_p
         assert counts['documents'] == 1, (enc, counts)
         docs[enc] = json.loads((tmp_path/f'{enc}.jsonl').read_text()); docs[enc].pop('source')
     assert docs['utf16'] == docs['utf8'] and len(docs['utf8']['text']) > 100
+
+KILL_IN_SELECT = ('import os, signal, sys; import legalnb.scoring as s; '
+                  's._spill_versions = lambda *a: os.kill(os.getpid(), signal.SIGKILL); '
+                  'from legalnb.cli import main; main(sys.argv[1:])')
+
+def test_round_three_the_temporary_folders_of_a_killed_select_are_removed_by_the_next(sample12, tmp_path):
+    "A select killed half-way leaves its `.select-*` folder; the next select removes it, and only what legalnb left."
+    import socket
+    from legalnb.scoring import SELECT_RECORD
+    argv = ['select', str(sample12/'whole.jsonl'), '--out', str(tmp_path/'selected.jsonl'), '--target-tokens', '1M']
+    killed = subprocess.run([sys.executable, '-c', KILL_IN_SELECT, *argv], env=ENV, capture_output=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    left = sorted(tmp_path.glob('.select-*'))
+    assert len(left) == 1 and (left[0]/SELECT_RECORD).is_file() and len(list(left[0].iterdir())) > 1, left
+    (tmp_path/'.select-mine').mkdir(); (tmp_path/'.select-mine'/'notes.md').write_text('mine')   # the user's
+    (tmp_path/'.select-notes.txt').write_text('mine too')
+    running = tmp_path/'.select-running'; running.mkdir()   # a select still running here (this process)
+    (running/SELECT_RECORD).write_text(json.dumps(dict(pid=os.getpid(), host=socket.gethostname(),
+                                                       command='legalnb select', started=time.time())))
+    assert main(argv) == 0
+    assert sorted(p.name for p in tmp_path.glob('.select-*')) == ['.select-mine', '.select-notes.txt', '.select-running']
+    assert (tmp_path/'.select-mine'/'notes.md').read_text() == 'mine' and (running/SELECT_RECORD).is_file()
