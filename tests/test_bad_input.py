@@ -1017,5 +1017,6 @@ def test_round_three_the_temporary_folders_of_a_killed_select_are_removed_by_the
     (running/SELECT_RECORD).write_text(json.dumps(dict(pid=os.getpid(), host=socket.gethostname(),
                                                        command='legalnb select', started=time.time())))
     assert main(argv) == 0
-    assert sorted(p.name for p in tmp_path.glob('.select-*')) == ['.select-mine', '.select-notes.txt', '.select-running']
+    left = sorted(p.name for p in tmp_path.glob('.select-*'))
+    assert left == ['.select-mine', '.select-notes.txt', '.select-running'], left
     assert (tmp_path/'.select-mine'/'notes.md').read_text() == 'mine' and (running/SELECT_RECORD).is_file()
