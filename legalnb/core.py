@@ -415,10 +415,14 @@ def _lock_record(fd: int) -> dict:
         return rec if isinstance(rec, dict) else {}
     except (OSError, ValueError): return {}
 
+def _stat(pid: int) -> list[str]:
+    "The fields of /proc/PID/stat after the command's name: state, parent, ... (Linux; raises OSError elsewhere)."
+    return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()
+
 def _started(pid: int) -> float | None:
     "When process `pid` started (Unix time, from /proc), or None where that cannot be read."
     try:
-        ticks = int(Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[19])
+        ticks = int(_stat(pid)[19])
         boot = next(float(l.split()[1]) for l in open('/proc/stat') if l.startswith('btime'))
         return boot + ticks / os.sysconf('SC_CLK_TCK')
     except (OSError, ValueError, IndexError, StopIteration): return None
@@ -431,6 +435,9 @@ def holder_alive(rec: dict) -> bool:
     try: os.kill(pid, 0)
     except ProcessLookupError: return False
     except PermissionError: pass   # another user's process
+    try:
+        if _stat(pid)[0] == 'Z': return False   # killed, its parent has not reaped it yet: it holds nothing
+    except (OSError, IndexError): pass
     t = _started(pid)
     return t is None or t <= rec.get('started', math.inf) + 1   # started later: the number was reused
 

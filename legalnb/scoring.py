@@ -19,20 +19,20 @@ from tqdm.auto import tqdm
 
 from .core import (LegalnbError, atomic_write, jsonl_records, parse_count, parse_number,
                           refuse_overwriting_inputs, usable_cores)
-from .core import command_settings, run_writing
+from .core import command_settings, run_writing, holder_alive
 from .sources import Document, DOC_TYPES, EU_LANGUAGES, write_jsonl, record_fields, skip_reason, _pool, in_order
 
 # %% auto #0
 __all__ = ['PRIORITY_TOPICS', 'RULES', 'CHARS_PER_TOKEN', 'SCAN_RANGE', 'PREFER', 'SHINGLE_WORDS', 'NUM_PERM', 'LSH_WEIGHTS',
-           'BAND_BUCKET', 'SPILL_FILES', 'SELECT_BUCKET', 'ScoringRules', 'Facts', 'facts_of', 'Rule', 'Recency',
-           'DocType', 'Length', 'topic_flags', 'Subject', 'LanguageBonus', 'Score', 'rule_points', 'score_document',
-           'estimate_tokens', 'split_long_text', 'tokenizer_counter', 'language_codes', 'type_names', 'iso_date',
-           'FilterTally', 'DocumentFilter', 'Candidate', 'year_band', 'Candidates', 'as_candidates', 'gc_paused',
-           'scan_documents', 'act_of', 'acts_of', 'prefer_versions', 'language_quotas', 'rank', 'choose_documents',
-           'split_by_share', 'document_quotas', 'with_score', 'copy_selected', 'write_selected', 'shingle_hashes',
-           'minhash', 'lsh_bands', 'near_duplicates', 'near_duplicate_share', 'minhash_of', 'synthetic_documents',
-           'select_documents', 'selection_report', 'report_table', 'write_selection_report', 'plot_report', 'top_count',
-           'token_target', 'select_command', 'select_run', 'select_main']
+           'BAND_BUCKET', 'SPILL_FILES', 'SELECT_RECORD', 'SELECT_BUCKET', 'ScoringRules', 'Facts', 'facts_of', 'Rule',
+           'Recency', 'DocType', 'Length', 'topic_flags', 'Subject', 'LanguageBonus', 'Score', 'rule_points',
+           'score_document', 'estimate_tokens', 'split_long_text', 'tokenizer_counter', 'language_codes', 'type_names',
+           'iso_date', 'FilterTally', 'DocumentFilter', 'Candidate', 'year_band', 'Candidates', 'as_candidates',
+           'gc_paused', 'scan_documents', 'act_of', 'acts_of', 'prefer_versions', 'language_quotas', 'rank',
+           'choose_documents', 'split_by_share', 'document_quotas', 'with_score', 'copy_selected', 'write_selected',
+           'shingle_hashes', 'minhash', 'lsh_bands', 'near_duplicates', 'near_duplicate_share', 'minhash_of',
+           'synthetic_documents', 'select_documents', 'selection_report', 'report_table', 'write_selection_report',
+           'plot_report', 'top_count', 'token_target', 'select_command', 'select_run', 'select_main']
 
 # %% ../nbs/01_scoring.ipynb #718167de
 PRIORITY_TOPICS = ('data protection', 'gdpr', 'privacy', 'consumer rights', 'environment', 'climate',
@@ -956,6 +956,28 @@ def _tokens_per_lang(found: Candidates, mask: np.ndarray | None = None) -> Count
     langs = found.names['lang']
     return Counter({l: int(t) for l, t in zip(langs, np.bincount(found.lang, w, len(langs))) if t})
 
+SELECT_RECORD = '.legalnb-select.json'   # in each temporary folder of select: the process that made it
+
+def _left_by_killed_selects(where: Path) -> list[Path]:
+    "The `.select-*` folders in `where` that a select made and that no longer runs (its record inside says so)."
+    left = []
+    for p in sorted(where.glob('.select-*')):
+        if p.is_symlink() or not p.is_dir(): continue
+        try: rec = json.loads((p/SELECT_RECORD).read_text(encoding='utf-8'))
+        except (OSError, ValueError): continue   # no record: not legalnb's (or not yet written), left alone
+        if isinstance(rec, dict) and rec.get('command') == 'legalnb select' and not holder_alive(rec): left.append(p)
+    return left
+
+@contextmanager
+def _select_folder(where: Path) -> Iterator[Path]:
+    "A temporary folder `.select-*` in `where`, recorded as this process's; those of killed selects go first."
+    import shutil, socket
+    for p in _left_by_killed_selects(where): shutil.rmtree(p, ignore_errors=True)
+    with tempfile.TemporaryDirectory(dir=where, prefix='.select-') as tmp:
+        rec = dict(pid=os.getpid(), host=socket.gethostname(), command='legalnb select', started=time.time())
+        (Path(tmp)/SELECT_RECORD).write_text(json.dumps(rec))
+        yield Path(tmp)
+
 def select_documents(src: str | Path, out: str | Path,
                      target_tokens: int | None,   # token budget; None: no budget (then `top` is required)
                      rules: ScoringRules | None = None,
@@ -996,8 +1018,7 @@ def select_documents(src: str | Path, out: str | Path,
     skipped, meta = [], dict(input=str(src), output=str(out), prefer=prefer, near_duplicates=None,
                              filters=keep.settings())
     work = next(p for p in Path(os.path.abspath(out)).parents if p.is_dir())   # beside the output, or its first folder
-    with tempfile.TemporaryDirectory(dir=work, prefix='.select-') as tmp:
-        tmp = Path(tmp)   # what select keeps on disk: a few hundred bytes a document
+    with _select_folder(work) as tmp:   # what select keeps on disk: a few hundred bytes a document
         read, buckets, langs, state = _spill_scan(src, rules, tokenizer_counter(tokenizer) if tokenizer
                                                   else estimate_tokens, strict, skipped, num_proc, tmp, keep)
         if keep: keep.check(state['seen'], src)

@@ -925,6 +925,8 @@ def file_kind(path: str | Path, head: bytes | None = None) -> tuple[str, str]:
     "What a file is, from its first 16 kB: (kind, '') for a kind legalnb reads, else (reason, what the file is)."
     if head is None:
         with open(path, 'rb') as f: head = f.read(1 << 14)
+    if head[:2] in (b'\xff\xfe', b'\xfe\xff'):   # UTF-16 with its byte-order mark: sniffed as its text
+        head = head.decode('utf-16', 'ignore').encode('utf-8')   # ('ignore': the 16 kB may end inside a character)
     head = head.removeprefix(b'\xef\xbb\xbf')
     if Path(path).suffix == '.jsonl': return 'jsonl', ''
     if not head.strip(): return 'empty_file', 'an empty file'
@@ -1208,26 +1210,48 @@ def _parse_batch(job: tuple) -> dict:
             doc = item[1]; counts['notes.kept' if notes else 'notes.dropped'] += item[2]
             f.write(json.dumps(doc.to_json(), ensure_ascii=False) + '\n')
             docs.append([doc.celex, doc.lang, doc.doc_type, doc.date is not None, doc.base_celex])
-    marker = dict(format=PARTS_FORMAT, batch=k, signature=signature, docs=docs, counts=dict(counts), skipped=skipped)
+    marker = dict(format=PARTS_FORMAT, batch=k, signature=signature, docs=docs, counts=dict(counts), skipped=skipped,
+                  file=_batch_file(parts/f'{k:07d}.jsonl'))   # what a resumed parse checks before trusting the file
     with atomic_write(parts/f'{k:07d}.json') as tmp: tmp.write_text(json.dumps(marker, ensure_ascii=False))
     return marker
 
-def _finished(parts: Path, k: int, signature: str) -> dict | None:
-    "The marker of batch `k` when an earlier run finished it and its files have not changed since, else None."
+def _batch_file(path: Path) -> dict:
+    "The documents (lines) and SHA-256 of a batch file, as its marker records them."
+    h, n = hashlib.sha256(), 0
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 20), b''): h.update(block); n += block.count(b'\n')
+    return dict(documents=n, sha256=h.hexdigest())
+
+def _mismatch(parts: Path, k: int, marker: dict) -> str | None:
+    "Why batch `k`'s file is not the one its marker describes (count of documents, checksum), or None when it is."
+    path, want, docs = parts/f'{k:07d}.jsonl', marker.get('file'), marker.get('docs')
+    if not (isinstance(want, dict) and isinstance(docs, list)): return 'its marker records no count and checksum'
+    try: got = _batch_file(path)
+    except OSError: return f'its file {path.name} is missing'
+    if len(docs) != want.get('documents'): return f'its marker lists {len(docs):,} of {want.get("documents")} documents'
+    if got['documents'] != want['documents']:
+        return f'its file holds {got["documents"]:,} of {want["documents"]:,} documents'
+    if got['sha256'] != want.get('sha256'): return 'its file is not the one written for it (another checksum)'
+    return None
+
+def _finished(parts: Path, k: int, signature: str) -> tuple[dict | None, str | None]:
+    "Batch `k`'s marker when an earlier run finished it, its files unchanged and its file intact; else None and why."
     try: marker = json.loads((parts/f'{k:07d}.json').read_text(encoding='utf-8'))
-    except (OSError, ValueError): return None
-    ok = marker.get('signature') == signature and (parts/f'{k:07d}.jsonl').is_file()
-    return marker if ok else None
+    except (OSError, ValueError): return None, None
+    if not isinstance(marker, dict) or marker.get('signature') != signature: return None, None   # not finished, changed
+    why = _mismatch(parts, k, marker)
+    return (None, why) if why else (marker, None)
 
 # %% ../nbs/00_sources.ipynb #b729aafc
-def _parse_or_resume(job: tuple) -> tuple[dict, bool]:
-    "The marker of a batch: an earlier run's, when that run finished it and its files are unchanged, else read now."
+def _parse_or_resume(job: tuple) -> tuple[dict, bool, str | None]:
+    "A batch's marker (an earlier run's when it can be trusted, else read now), whether resumed, why it was read again."
     k, batch, notes, parts = job
     signature = _signature(batch)
-    if (marker := _finished(parts, k, signature)) is not None: return marker, True
+    marker, why = _finished(parts, k, signature)
+    if marker is not None: return marker, True, None
     marker = _parse_batch((k, batch, notes, parts, signature))
     trim_memory()   # the batch's freed trees and strings (see core)
-    return marker, False
+    return marker, False, why
 
 @contextmanager
 def _exclusive(lock: Path):
@@ -1339,8 +1363,10 @@ def _parse(inputs, out, key, progress, strict, num_proc, notes, batch_files, on_
         procs, batches = _procs_for(parse_batches(inputs, [out], batch_files), num_proc or usable_cores())
         with bar, _pool(procs) as pool:
             jobs = ((k, b, notes, parts) for k, b in enumerate(batches))
-            for marker, resumed in in_order(pool, _parse_or_resume, jobs, 2 * procs + 2 if procs > 1 else 1):
-                n += 1; counts['batches.resumed'] += resumed; counts.update(marker['counts'])
+            for marker, resumed, why in in_order(pool, _parse_or_resume, jobs, 2 * procs + 2 if procs > 1 else 1):
+                n += 1; counts['batches.resumed'] += resumed; counts['batches.reparsed'] += bool(why)
+                counts.update(marker['counts'])
+                if why: bar.write(f'legalnb parse: batch {marker["batch"]} of the earlier run read again: {why}')
                 first = first or next((x for x in marker['skipped'] if x['reason'] not in NOT_DOCUMENTS), None)
                 if strict and first:
                     raise LegalnbError(first['error'] + '; without --strict it would be skipped and reported')
@@ -1405,9 +1431,10 @@ def format_parse_summary(counts: Counter, out: str | Path = '', skipped: Iterabl
         lines.append(f'  versions: {counts["versions.acts"]:,} acts have several versions in one language '
                      f'({counts["versions.documents"]:,} documents, up to {counts["versions.most"]:,} of one act); '
                      f'legalnb select keeps the newest of each by default, {counts["versions.extra"]:,} fewer')
-    if counts['batches.resumed']:
+    if counts['batches.resumed'] or counts['batches.reparsed']:
         lines.append(f'  resumed: {counts["batches.resumed"]:,} of {counts["batches"]:,} batches of files were '
-                     'finished by an earlier run and kept')
+                     'finished by an earlier run and kept' + (f', {counts["batches.reparsed"]:,} read again (their '
+                     'files did not match their markers)' if counts['batches.reparsed'] else ''))
     return '\n'.join(lines)
 
 # %% ../nbs/00_sources.ipynb #ee069f88

@@ -913,3 +913,110 @@ def test_own_lists_only_the_files_named_in_a_folder_that_holds_others(base, tmp_
     owned = owned_files(run)
     assert Path('summary.json') in owned and Path('model/model.safetensors') in owned
     assert Path('notes.md') not in owned and not any(p.parts[0] == '.ipynb_checkpoints' for p in owned)
+
+# ---------------------------------------------------------------- issue 39: a resumed parse verifies what it trusts
+# A parse stopped after three batches leaves their files and markers; one of them is then damaged the way a disk, a
+# copy or a hand can damage it. The resumed parse reads that batch again, says so in one line, and writes the bytes an
+# uninterrupted parse writes.
+def cut_last_line(parts: Path):
+    "Batch 1's file loses its last document (a write that stopped short: 144 of 146)."
+    lines = (parts/'0000001.jsonl').read_bytes().splitlines(keepends=True)
+    (parts/'0000001.jsonl').write_bytes(b''.join(lines[:-1]))
+
+def swap_files(parts: Path):
+    "Batch 1's file is batch 0's (documents written twice, others missing)."
+    shutil.copyfile(parts/'0000000.jsonl', parts/'0000001.jsonl')
+
+def empty_marker(parts: Path):
+    "Batch 1's marker lists no documents (its documents would be dropped from the output)."
+    marker = json.loads((parts/'0000001.json').read_text()); marker['docs'] = []
+    (parts/'0000001.json').write_text(json.dumps(marker))
+
+TAMPERED = [('a truncated batch file', cut_last_line, 'its file holds {n} of {m} documents'),
+            ("a batch file swapped for another batch's", swap_files, 'its file '),
+            ('a marker listing no documents', empty_marker, 'its marker lists 0 of {m} documents')]
+
+@pytest.fixture(scope='module')
+def sample12(tmp_path_factory):
+    "12 sample publications and their uninterrupted parse, in batches of 3 files."
+    d = tmp_path_factory.mktemp('resume-parse')
+    assert main(['sample', str(d/'sample'), '--docs', '12']) == 0
+    assert main(['parse', str(d/'sample'), '--out', str(d/'whole.jsonl'), '--batch-files', '3', '--num-proc', '1']) == 0
+    return d
+
+@pytest.mark.parametrize('name,tamper,expect', TAMPERED, ids=[c[0] for c in TAMPERED])
+def test_round_three_a_tampered_parse_batch_is_parsed_again(name, tamper, expect, sample12, tmp_path, capsys):
+    "3. The damaged batch is read again (one line naming it); the output is the uninterrupted parse byte for byte."
+    from legalnb.sources import parse_documents, parts_folder
+    def stop_after_3(marker):
+        if marker['batch'] == 2: raise KeyboardInterrupt
+    out = tmp_path/'parsed.jsonl'
+    with pytest.raises(KeyboardInterrupt):
+        parse_documents([sample12/'sample'], out, False, num_proc=1, batch_files=3, on_batch=stop_after_3)
+    parts = parts_folder(out)
+    m = len(json.loads((parts/'0000001.json').read_text())['docs'])
+    assert m >= 2 and (parts/'0000000.jsonl').read_bytes() != (parts/'0000001.jsonl').read_bytes()
+    tamper(parts)
+    capsys.readouterr()
+    assert main(['parse', str(sample12/'sample'), '--out', str(out), '--batch-files', '3', '--num-proc', '1']) == 0
+    said = [l for l in capsys.readouterr().out.splitlines() if 'read again:' in l]
+    assert len(said) == 1 and said[0].startswith('legalnb parse: batch 1 of the earlier run read again: '), said
+    assert expect.format(n=m - 1, m=m) in said[0], said
+    assert out.read_bytes() == (sample12/'whole.jsonl').read_bytes()
+
+# ---------------------------------------------------------------- issue 39: smaller cases
+def test_round_three_a_lock_held_by_a_killed_unreaped_process_is_taken_over(tmp_path):
+    "A writer killed but not yet reaped by its parent (a zombie: `kill(pid, 0)` still succeeds) holds no lock."
+    import socket
+    from legalnb.core import folder_lock, lock_path
+    zombie = subprocess.Popen(['sleep', '60']); zombie.kill()
+    state = lambda: Path(f'/proc/{zombie.pid}/stat').read_text().rsplit(')', 1)[1].split()[0]
+    for _ in range(500):
+        if state() == 'Z': break
+        time.sleep(0.01)
+    try:
+        assert state() == 'Z'
+        os.kill(zombie.pid, 0)   # what made the lock look held
+        rec = dict(pid=zombie.pid, host=socket.gethostname(), command='legalnb train', started=time.time())
+        lock_path(tmp_path/'run').write_text(json.dumps(rec))
+        with folder_lock(tmp_path/'run', 'legalnb train') as stale: assert stale['pid'] == zombie.pid
+    finally: zombie.wait()
+
+def test_round_three_a_utf16_formex_act_is_read_as_its_utf8_twin(sample12, tmp_path):
+    "A valid UTF-16 Formex act (byte-order mark, encoding declared) gives the document its UTF-8 copy gives."
+    from legalnb.sources import parse_documents
+    act = next(p for p in sorted((sample12/'sample').rglob('*.xml')) if b'<ACT' in p.read_bytes()[:200])
+    text = act.read_text(encoding='utf-8')
+    (tmp_path/'utf8').mkdir(); (tmp_path/'utf16').mkdir()
+    (tmp_path/'utf8'/act.name).write_text(text, encoding='utf-8')
+    (tmp_path/'utf16'/act.name).write_bytes(text.replace('encoding="UTF-8"', 'encoding="UTF-16"', 1).encode('utf-16'))
+    assert (tmp_path/'utf16'/act.name).read_bytes()[:2] in (b'\xff\xfe', b'\xfe\xff')
+    docs = {}
+    for enc in ('utf8', 'utf16'):
+        counts = parse_documents([tmp_path/enc], tmp_path/f'{enc}.jsonl', False, num_proc=1)
+        assert counts['documents'] == 1, (enc, counts)
+        docs[enc] = json.loads((tmp_path/f'{enc}.jsonl').read_text()); docs[enc].pop('source')
+    assert docs['utf16'] == docs['utf8'] and len(docs['utf8']['text']) > 100
+
+KILL_IN_SELECT = ('import os, signal, sys; import legalnb.scoring as s; '
+                  's._spill_versions = lambda *a: os.kill(os.getpid(), signal.SIGKILL); '
+                  'from legalnb.cli import main; main(sys.argv[1:])')
+
+def test_round_three_the_temporary_folders_of_a_killed_select_are_removed_by_the_next(sample12, tmp_path):
+    "A select killed half-way leaves its `.select-*` folder; the next select removes it, and only what legalnb left."
+    import socket
+    from legalnb.scoring import SELECT_RECORD
+    argv = ['select', str(sample12/'whole.jsonl'), '--out', str(tmp_path/'selected.jsonl'), '--target-tokens', '1M']
+    killed = subprocess.run([sys.executable, '-c', KILL_IN_SELECT, *argv], env=ENV, capture_output=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    left = sorted(tmp_path.glob('.select-*'))
+    assert len(left) == 1 and (left[0]/SELECT_RECORD).is_file() and len(list(left[0].iterdir())) > 1, left
+    (tmp_path/'.select-mine').mkdir(); (tmp_path/'.select-mine'/'notes.md').write_text('mine')   # the user's
+    (tmp_path/'.select-notes.txt').write_text('mine too')
+    running = tmp_path/'.select-running'; running.mkdir()   # a select still running here (this process)
+    (running/SELECT_RECORD).write_text(json.dumps(dict(pid=os.getpid(), host=socket.gethostname(),
+                                                       command='legalnb select', started=time.time())))
+    assert main(argv) == 0
+    left = sorted(p.name for p in tmp_path.glob('.select-*'))
+    assert left == ['.select-mine', '.select-notes.txt', '.select-running'], left
+    assert (tmp_path/'.select-mine'/'notes.md').read_text() == 'mine' and (running/SELECT_RECORD).is_file()
