@@ -212,9 +212,11 @@ def check_top_values(raw: dict, path):
     "Refuse top-level values of the wrong kind: input a path or a list of paths, the others one path or name."
     for k in (k for k in TOP if raw.get(k) is not None):
         v = raw[k]
-        if k == 'input' and isinstance(v, list) and (bad := next((x for x in v if not _scalar(x)), ...)) is not ...:
-            raise LegalnbError(f'{path}: input: expected a path or a list of paths, got a list holding {_shown(bad)}')
-        if not _scalar(v) and not (k == 'input' and isinstance(v, list)):
+        if k == 'input' and isinstance(v, list):
+            if bad := [x for x in v if not _scalar(x)]:
+                raise LegalnbError(f'{path}: input: expected a path or a list of paths, got a list holding '
+                                   f'{_shown(bad[0])}')
+        elif not _scalar(v):
             what = 'a path or a list of paths' if k == 'input' else 'a path' if k in ('out', 'model') else 'a name'
             raise LegalnbError(f'{path}: {k}: expected {what}, got {_shown(v)}')
 
@@ -227,7 +229,7 @@ def wrong_value(action: argparse.Action, value) -> str | None:
     for v in value if isinstance(value, list) else [value]:
         if not _scalar(v): return f'expected a value or a list of values, got a list holding {_shown(v)}'
         try: v = action.type(str(v)) if callable(action.type) else str(v)
-        except (ValueError, TypeError, argparse.ArgumentTypeError, LegalnbError) as e: return f'{v}: {e}'
+        except (ValueError, TypeError, argparse.ArgumentTypeError, LegalnbError) as e: return str(e)
         if action.choices is not None and v not in action.choices:
             return f'expected one of {", ".join(map(str, action.choices))}, got {v}'
 

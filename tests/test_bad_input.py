@@ -957,7 +957,7 @@ PLAN_CASES = [  # 4. plans parsed with limits, every value checked against its f
     ('run a plan with a list for a number', ['run', '{w}/plan.yaml', '--yes'],
      plan(PLAN + 'train: {max_steps: [1, 2]}\n'), 'train.max_steps: expected one value, got a list'),
     ('run a plan with a word for a number', ['run', '{w}/plan.yaml', '--yes'],
-     plan(PLAN + 'train: {max_steps: many}\n'), "train.max_steps: many: expected a whole number, got 'many'"),
+     plan(PLAN + 'train: {max_steps: many}\n'), "{w}/plan.yaml: train.max_steps: expected a whole number, got 'many'"),
     ('run a plan with a mapping for a path', ['run', '{w}/plan.yaml', '--yes'],
      plan(PLAN + 'evaluate: {general: {path: x}}\n'), 'evaluate.general: expected one value, got a mapping'),
     ('run a plan with a number for a switch', ['run', '{w}/plan.yaml', '--yes'],
