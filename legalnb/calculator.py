@@ -15,11 +15,12 @@ from .presets import (parse_batch_schedule, micro_steps_before, steps_holding,
                              peak_tflops)
 
 # %% auto #0
-__all__ = ['GIB', 'USABLE', 'SHARDED', 'ACTIVATION_BYTES', 'NF4_BYTES', 'INT8_BYTES', 'Plan', 'count_steps', 'data_sequences',
-           'sci', 'attention_flops_per_token', 'flops_per_token', 'mfu_of', 'run_seconds', 'run_cost', 'scale_lr',
-           'Memory', 'estimate_memory', 'Estimate', 'check_claim', 'estimate', 'plan_for', 'model_plan_fields',
-           'Calibration', 'calibrate', 'Comparison', 'compare', 'calibration_from_metrics', 'measured_activation_bytes',
-           'Measurement', 'GpuCheck', 'read_gpu_check', 'EstimateConfig', 'estimate_command', 'estimate_main']
+__all__ = ['GIB', 'USABLE', 'SHARDED', 'ACTIVATION_BYTES', 'NF4_BYTES', 'INT8_BYTES', 'GPU_CHECK_SCHEMA', 'CALIBRATION_SCHEMA',
+           'Plan', 'count_steps', 'data_sequences', 'sci', 'attention_flops_per_token', 'flops_per_token', 'mfu_of',
+           'run_seconds', 'run_cost', 'scale_lr', 'Memory', 'estimate_memory', 'Estimate', 'check_claim', 'estimate',
+           'plan_for', 'model_plan_fields', 'Calibration', 'calibrate', 'Comparison', 'compare',
+           'calibration_from_metrics', 'measured_activation_bytes', 'Measurement', 'GpuCheck', 'schema_error',
+           'read_gpu_check', 'EstimateConfig', 'estimate_command', 'estimate_main']
 
 # %% ../nbs/08_calculator.ipynb #89f33b7c
 _POSITIVE = ('examples', 'tokens', 'epochs', 'steps', 'micro_batch', 'grad_accum', 'gpus', 'seq_len', 'sec_per_step',
@@ -597,15 +598,51 @@ def _measurement(name: str, check: dict) -> Measurement:
     return Measurement(name, c['model'], plan, c.get('params') or plan.params, c['peak_bytes'], c['tokens_per_sec'],
                        measured_activation_bytes(plan, c['peak_bytes'], c.get('params')), mfu)
 
+def _json_kind(value) -> str:
+    "A JSON value's kind, in an error message's words: null, true, a number, a string, a list, an object."
+    if value is None or isinstance(value, bool): return json.dumps(value)
+    return ('a number' if isinstance(value, (int, float)) else 'a string' if isinstance(value, str)
+            else 'a list' if isinstance(value, list) else 'an object')
+
+_KIND_OK = dict(number=lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+                string=lambda v: isinstance(v, str), bool=lambda v: isinstance(v, bool), null=lambda v: v is None,
+                object=lambda v: isinstance(v, dict))
+_KIND_WORDS = dict(number='a number', string='a string', bool='true or false', null='null', object='an object')
+
+def schema_error(value: dict,        # a JSON object read from a report
+                 schema: dict,       # field -> 'number', 'string|null', 'bool', 'object', or a schema (object/null)
+                 where: str = '') -> str | None:   # the dotted path of `value`, for the message
+    "The first field of `value` that is not of the kind `schema` names ('plan.gpu: expected ..., got ...'), or None."
+    for key, kind in ((k, s) for k, s in schema.items() if k in value):
+        v, name = value[key], f'{where}{key}'
+        if isinstance(kind, dict):
+            if v is not None and not isinstance(v, dict): return f'{name}: expected an object, got {_json_kind(v)}'
+            if v is not None and (why := schema_error(v, kind, name + '.')): return why
+        elif not any(_KIND_OK[k](v) for k in kind.split('|')):
+            return f'{name}: expected {" or ".join(_KIND_WORDS[k] for k in kind.split("|"))}, got {_json_kind(v)}'
+
+def _plan_schema() -> dict:
+    "Each `Plan` field's JSON kind, from its annotation: a report's plan is checked against the class it rebuilds."
+    words = {'int': 'number', 'float': 'number', 'str': 'string', 'bool': 'bool', 'None': 'null'}
+    kinds = lambda t: '|'.join(dict.fromkeys(words[w.strip()] for w in str(t).split('|') if w.strip() in words))
+    return {f.name: kinds(f.type) for f in fields(Plan)}
+
+GPU_CHECK_SCHEMA = dict(date='string', dry_run='bool', checks='object', environment=dict(gpu='string|null'))
+CALIBRATION_SCHEMA = dict(model='string', plan=_plan_schema(), params='number|null', peak_bytes='number',
+                          tokens_per_sec='number', mfu='number|null')   # a passed check's calibration entry
+
 def read_gpu_check(path) -> GpuCheck:  # report.json written by bench/gpu_check.py (make gpu-check)
     "The measurements of a GPU check's report; a damaged or foreign file is one line naming it."
     what = 'the report.json that bench/gpu_check.py writes (make gpu-check)'
     r = read_json(path, what)
     if r.get('kind') != 'gpu-check' or not isinstance(r.get('checks'), dict):
         raise LegalnbError(f'{path}: not a GPU check report (no "kind": "gpu-check" with its checks); expected {what}')
+    if why := schema_error(r, GPU_CHECK_SCHEMA): raise LegalnbError(f'{path}: {why}; expected {what}')
     runs = []
     for name, check in r['checks'].items():
         if not isinstance(check, dict) or check.get('status') != 'pass' or not check.get('calibration'): continue
+        if why := schema_error(check, dict(calibration=CALIBRATION_SCHEMA), f'checks.{name}.'):
+            raise LegalnbError(f'{path}: {why}; expected {what}')
         try: runs.append(_measurement(name, check))
         except (KeyError, TypeError, LegalnbError) as e:
             raise LegalnbError(f'{path}: check {name}: its calibration entry is damaged ({e}); run the check again')

@@ -298,7 +298,11 @@ def named_acts(path: str | Path) -> set[str]:
         celex = read_json(path, 'a corpus manifest (its heldout_celex)').get('heldout_celex')
         if not isinstance(celex, list):
             raise LegalnbError(f'--val-acts {path}: no "heldout_celex" list; expected a corpus manifest')
-    else: celex = [l.strip() for l in path.read_text(encoding='utf-8').splitlines() if l.strip()]
+    else:
+        try: celex = [l.strip() for l in path.read_text(encoding='utf-8').splitlines() if l.strip()]
+        except UnicodeDecodeError:
+            raise LegalnbError(f'--val-acts {path}: not UTF-8 text; expected a manifest.json or a list of CELEX '
+                               'numbers, one a line') from None
     return {act_key(dict(celex=c)) for c in celex}
 
 def _act_int(key: str, seed: int) -> int:

@@ -4,7 +4,7 @@
 
 # %% ../nbs/14_run.ipynb #7f0c9df4
 from __future__ import annotations
-import argparse, functools, hashlib, json, math, os, re, shlex, shutil, sys, time
+import argparse, datetime, functools, hashlib, json, math, os, re, shlex, shutil, sys, time
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -12,8 +12,9 @@ from .core import LegalnbError, atomic_write, command_flags, command_parser, com
 from .core import GPU_HOUR_PRICE, read_json, parse_number
 
 # %% auto #0
-__all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'RUN_DEFAULTS', 'PLAN_TEMPLATE', 'NATIVE_TRAINING', 'WORK_NAMES', 'write_plan',
-           'stage_parser', 'stage_flags', 'read_plan', 'check_mix_section', 'mix_flags', 'check_plan_keys',
+__all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'RUN_DEFAULTS', 'PLAN_TEMPLATE', 'PLAN_DEPTH', 'PLAN_VALUES', 'NATIVE_TRAINING',
+           'RECORD_FIELDS', 'WORK_NAMES', 'write_plan', 'stage_parser', 'stage_flags', 'plan_loader', 'read_plan',
+           'check_mix_section', 'mix_flags', 'check_plan_keys', 'check_top_values', 'wrong_value', 'check_plan_values',
            'cli_overrides', 'Stage', 'build_stages', 'check_plan', 'fingerprint', 'read_record', 'write_record',
            'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines', 'training_estimate', 'confirm',
            'staged_files', 'stage_split', 'run_plan', 'selection_result', 'reference_lines', 'write_run_report',
@@ -106,6 +107,38 @@ def _argv(stage: str, section: dict, where: str) -> list[str]:
         else: argv += [flag, str(value)]
     return argv
 
+# %% ../nbs/14_run.ipynb #95a5228b
+PLAN_DEPTH = 32          # nesting levels a plan may have: it needs three (stage2: train: flag: value)
+PLAN_VALUES = 10_000     # values a plan may hold with its aliases (*name) expanded: a real one holds a few hundred
+
+@functools.cache
+def plan_loader() -> type:
+    "PyYAML's safe loader, bounded: nesting deeper than PLAN_DEPTH or aliases expanding past PLAN_VALUES: refused."
+    import yaml
+    class PlanLoader(yaml.SafeLoader):
+        def __init__(self, stream):
+            super().__init__(stream)
+            self.depth, self.sizes = 0, {}   # id(node) -> its values with aliases expanded (an alias is its anchor)
+
+        def compose_node(self, parent, index):   # refused while composing: before any value is built or expanded
+            line, alias = self.peek_event().start_mark.line + 1, self.check_event(yaml.AliasEvent)
+            if self.depth >= PLAN_DEPTH:
+                raise LegalnbError(f'line {line}: nested deeper than {PLAN_DEPTH} levels; a plan is a mapping of '
+                                   'sections of flag: value')
+            self.depth += 1
+            try: node = super().compose_node(parent, index)
+            finally: self.depth -= 1
+            if not alias:   # an alias is its anchor's size; an anchor not finished (used inside itself): unbounded
+                kids = ([] if isinstance(node, yaml.ScalarNode) else node.value if isinstance(node, yaml.SequenceNode)
+                        else [n for pair in node.value for n in pair])
+                self.sizes[id(node)] = 1 + sum(self.sizes[id(k)] for k in kids)
+            if self.sizes.get(id(node), PLAN_VALUES + 1) > PLAN_VALUES:
+                raise LegalnbError(f'line {line}: its aliases (*name) expand to more than {PLAN_VALUES:,} values; '
+                                   'a plan holds a few hundred: write the values out')
+            return node
+    return PlanLoader
+
+
 # %% ../nbs/14_run.ipynb #236fc93a
 def read_plan(path: str | Path | dict | None) -> tuple[dict, Path]:
     "The plan in a YAML file (or given as a dict, or an empty one) and the folder its relative paths start from."
@@ -113,13 +146,14 @@ def read_plan(path: str | Path | dict | None) -> tuple[dict, Path]:
     if isinstance(path, dict): return check_plan_keys(dict(path), 'plan'), Path('.')
     import yaml
     path = Path(path)
-    try: raw = yaml.safe_load(path.read_text(encoding='utf-8')) or {}
+    try: raw = yaml.load(path.read_text(encoding='utf-8'), Loader=plan_loader()) or {}
     except OSError as e: raise LegalnbError(f'{path}: cannot be read ({e.strerror}); expected a plan (YAML)') from None
     except UnicodeDecodeError: raise LegalnbError(f'{path}: not UTF-8 text; expected a plan (YAML)') from None
     except yaml.YAMLError as e:
         mark = getattr(e, 'problem_mark', None)
         raise LegalnbError(f'{path}: not valid YAML ({f"line {mark.line + 1}: " if mark else ""}'
                            f'{getattr(e, "problem", None) or e})') from None
+    except LegalnbError as e: raise LegalnbError(f'{path}: {e}') from None   # beyond the loader's bounds
     if not isinstance(raw, dict): raise LegalnbError(f'{path}: expected a mapping (input:, out:, parse:, ...)')
     return check_plan_keys(raw, path), path.parent
 
@@ -156,13 +190,60 @@ def check_plan_keys(raw: dict, path) -> dict:
         if raw[k] is None: raw[k] = {}
         if not isinstance(raw[k], dict): raise LegalnbError(f'{path}: {k}: expected a mapping of flag: value')
     check_mix_section(raw, path)
+    check_top_values(raw, path)
     for k, v in (raw.get('stage2') or {}).items():
         if k not in ('select', 'train', 'finetune'):
             raise LegalnbError(f'{path}: stage2.{k}: unknown; stage2 has select:, train: (a native model) and '
                                'finetune: (a Hugging Face model), the flags of each')
         if v is None: raw['stage2'][k] = {}
         elif not isinstance(v, dict): raise LegalnbError(f'{path}: stage2.{k}: expected a mapping of flag: value')
+    check_plan_values(raw, path)
     return raw
+
+# %% ../nbs/14_run.ipynb #d6e13a1e
+def _shown(value) -> str:
+    "A YAML value as an error message shows it: a list, a mapping, true, 3, many."
+    if isinstance(value, bool) or value is None: return json.dumps(value)
+    return 'a list' if isinstance(value, list) else 'a mapping' if isinstance(value, dict) else str(value)
+
+def _scalar(value) -> bool: return isinstance(value, (str, int, float, datetime.date)) and not isinstance(value, bool)
+
+def check_top_values(raw: dict, path):
+    "Refuse top-level values of the wrong kind: input a path or a list of paths, the others one path or name."
+    for k in (k for k in TOP if raw.get(k) is not None):
+        v = raw[k]
+        if k == 'input' and isinstance(v, list):
+            if bad := [x for x in v if not _scalar(x)]:
+                raise LegalnbError(f'{path}: input: expected a path or a list of paths, got a list holding '
+                                   f'{_shown(bad[0])}')
+        elif not _scalar(v):
+            what = 'a path or a list of paths' if k == 'input' else 'a path' if k in ('out', 'model') else 'a name'
+            raise LegalnbError(f'{path}: {k}: expected {what}, got {_shown(v)}')
+
+def wrong_value(action: argparse.Action, value) -> str | None:
+    "Why a plan's `value` cannot be the flag `action` (a switch: true or false; a number: a number...), or None."
+    if action.nargs == 0: return None if isinstance(value, bool) else f'expected true or false, got {_shown(value)}'
+    many = action.nargs in ('+', '*') or isinstance(action.nargs, int)
+    if isinstance(value, bool) and action.nargs == '?': return None   # bare: the flag's own value (--against)
+    if not many and not _scalar(value): return f'expected one value, got {_shown(value)}'
+    for v in value if isinstance(value, list) else [value]:
+        if not _scalar(v): return f'expected a value or a list of values, got a list holding {_shown(v)}'
+        try: v = action.type(str(v)) if callable(action.type) else str(v)
+        except (ValueError, TypeError, argparse.ArgumentTypeError, LegalnbError) as e: return str(e)
+        if action.choices is not None and v not in action.choices:
+            return f'expected one of {", ".join(map(str, action.choices))}, got {v}'
+
+def check_plan_values(raw: dict, path):
+    "Check every value of the plan's stage sections against the flag it sets, naming the key; unknown keys later."
+    sections = [('', s, raw[s]) for s in (*STAGES, 'finetune') if raw.get(s)]
+    sections += [('stage2.', s, v) for s, v in (raw.get('stage2') or {}).items() if v]
+    for where, stage, section in sections:
+        flags = stage_flags(stage)
+        for key, value in section.items():
+            action = flags.get('--' + str(key).replace('_', '-'))
+            if action and value is not None and (why := wrong_value(action, value)):
+                raise LegalnbError(f'{path}: {where}{stage}.{key}: {why}')
+
 
 # %% ../nbs/14_run.ipynb #1788a77b
 def cli_overrides(rest: list[str]) -> dict[str, dict]:
@@ -459,10 +540,24 @@ def fingerprint(path: Path) -> str | None:
             st = p.stat(); h.update(f'{p.relative_to(path)}\0{st.st_size}\0{st.st_mtime_ns}\n'.encode())
     return h.hexdigest()
 
+RECORD_FIELDS = dict(argv='a list of strings', inputs='a list of checksums', finished='true or false',
+                     output='a checksum')   # what a stage record's fields hold (None: not yet)
+
+def _record_field_ok(key: str, value) -> bool:
+    "Does a stage record's `value` of `key` hold what RECORD_FIELDS says?"
+    if key == 'argv': return isinstance(value, list) and all(isinstance(a, str) for a in value)
+    if key == 'inputs': return isinstance(value, list) and all(a is None or isinstance(a, str) for a in value)
+    return isinstance(value, bool) if key == 'finished' else value is None or isinstance(value, str)
+
 def read_record(work: Path, stage: str) -> dict:
-    "A stage's record in the work folder ({} if there is none or it is damaged)."
-    try: return read_json(work/RECORDS/f'{stage}.json')
+    "A stage's record in the work folder ({} if there is none or it is not JSON); fields of the wrong kind: one line."
+    path = work/RECORDS/f'{stage}.json'
+    try: rec = read_json(path)
     except LegalnbError: return {}
+    if bad := next((k for k in RECORD_FIELDS if k in rec and not _record_field_ok(k, rec[k])), None):
+        raise LegalnbError(f'{path}: a damaged stage record ({bad}: expected {RECORD_FIELDS[bad]}); delete it and '
+                           f'legalnb run runs {stage} again')
+    return rec
 
 def write_record(work: Path, stage: str, rec: dict):
     "Write a stage's record atomically."

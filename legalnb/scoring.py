@@ -24,15 +24,16 @@ from .sources import Document, DOC_TYPES, EU_LANGUAGES, write_jsonl, record_fiel
 
 # %% auto #0
 __all__ = ['PRIORITY_TOPICS', 'RULES', 'CHARS_PER_TOKEN', 'SCAN_RANGE', 'PREFER', 'SHINGLE_WORDS', 'NUM_PERM', 'LSH_WEIGHTS',
-           'BAND_BUCKET', 'SPILL_FILES', 'SELECT_RECORD', 'SELECT_BUCKET', 'ScoringRules', 'Facts', 'facts_of', 'Rule',
-           'Recency', 'DocType', 'Length', 'topic_flags', 'Subject', 'LanguageBonus', 'Score', 'rule_points',
-           'score_document', 'estimate_tokens', 'split_long_text', 'tokenizer_counter', 'language_codes', 'type_names',
-           'iso_date', 'FilterTally', 'DocumentFilter', 'Candidate', 'year_band', 'Candidates', 'as_candidates',
-           'gc_paused', 'scan_documents', 'act_of', 'acts_of', 'prefer_versions', 'language_quotas', 'rank',
-           'choose_documents', 'split_by_share', 'document_quotas', 'with_score', 'copy_selected', 'write_selected',
-           'shingle_hashes', 'minhash', 'lsh_bands', 'near_duplicates', 'near_duplicate_share', 'minhash_of',
-           'synthetic_documents', 'select_documents', 'selection_report', 'report_table', 'write_selection_report',
-           'plot_report', 'top_count', 'token_target', 'select_command', 'select_run', 'select_main']
+           'NEAR_DUP_MAX', 'BAND_BUCKET', 'SPILL_FILES', 'SELECT_RECORD', 'SELECT_BUCKET', 'ScoringRules', 'Facts',
+           'facts_of', 'Rule', 'Recency', 'DocType', 'Length', 'topic_flags', 'Subject', 'LanguageBonus', 'Score',
+           'rule_points', 'score_document', 'estimate_tokens', 'split_long_text', 'tokenizer_counter', 'language_codes',
+           'type_names', 'iso_date', 'FilterTally', 'DocumentFilter', 'Candidate', 'year_band', 'Candidates',
+           'as_candidates', 'gc_paused', 'scan_documents', 'act_of', 'acts_of', 'prefer_versions', 'language_quotas',
+           'rank', 'choose_documents', 'split_by_share', 'document_quotas', 'with_score', 'copy_selected',
+           'write_selected', 'shingle_hashes', 'minhash', 'lsh_bands', 'near_duplicates', 'near_duplicate_share',
+           'minhash_of', 'synthetic_documents', 'select_documents', 'selection_report', 'report_table',
+           'write_selection_report', 'plot_report', 'top_count', 'token_target', 'select_command', 'select_run',
+           'select_main']
 
 # %% ../nbs/01_scoring.ipynb #718167de
 PRIORITY_TOPICS = ('data protection', 'gdpr', 'privacy', 'consumer rights', 'environment', 'climate',
@@ -745,6 +746,7 @@ def minhash(text: str, num_perm: int = NUM_PERM):
     return m
 
 LSH_WEIGHTS = (0.05, 0.95)   # a missed pair stays in the selection; a false one only costs a comparison of signatures
+NEAR_DUP_MAX = 0.99          # the highest threshold datasketch's LSH bands with 128 permutations (at 0.997: one band)
 
 def lsh_bands(threshold: float, num_perm: int = NUM_PERM) -> tuple[int, int]:
     "(bands, rows) `datasketch.MinHashLSH` chooses for `threshold`, weighing a missed pair 19 times a false one."
@@ -1005,9 +1007,10 @@ def select_documents(src: str | Path, out: str | Path,
     if not 0 < tolerance < 1:
         raise LegalnbError(f'tolerance must be a fraction between 0 and 1 (0.02 = 2 percentage points), '
                            f'got {tolerance!r}')
-    if not (near_dup == 0 or 0 < near_dup <= 1):
-        raise LegalnbError(f'--near-dup must be a Jaccard similarity between 0 and 1 (0.8), '
-                           f'or 0 to keep near-duplicates, got {near_dup!r}')
+    if not (near_dup == 0 or 0 < near_dup <= NEAR_DUP_MAX):   # datasketch fails above it, after the scoring
+        raise LegalnbError(f'--near-dup must be a Jaccard similarity above 0 and at most {NEAR_DUP_MAX} (0.8; '
+                           f"datasketch's LSH needs two bands of {NUM_PERM} permutations), or 0 to keep "
+                           f'near-duplicates, got {near_dup!r}')
     if num_proc < 1: raise LegalnbError(f'--num-proc must be at least 1, got {num_proc}')
     _refuse_outputs([src, tokenizer], out, report)
     if not src.is_file():

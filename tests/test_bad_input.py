@@ -1020,3 +1020,116 @@ def test_round_three_the_temporary_folders_of_a_killed_select_are_removed_by_the
     left = sorted(p.name for p in tmp_path.glob('.select-*'))
     assert left == ['.select-mine', '.select-notes.txt', '.select-running'], left
     assert (tmp_path/'.select-mine'/'notes.md').read_text() == 'mine' and (running/SELECT_RECORD).is_file()
+
+
+# ---------------------------------------------------------------- issue 39: plans parsed with limits, numbers bounded
+# A plan's YAML is read with bounds (nesting, aliases expanded) before anything is built, and every value is checked
+# against the flag it sets; numeric flags are bounded before any work; reports and records are checked by their
+# schema. Each is one line through the round-two harness.
+def plan(text: str):
+    "A setup step: `w/plan.yaml` holds `text` (paths in it start from `w`)."
+    return write('plan.yaml', text)
+
+PLAN = 'input: sample\nout: work\n'
+BOMB = 'select:\n  languages: [&a [lol, lol, lol, lol, lol, lol, lol, lol, lol], ' + ', '.join(
+    f'&{b} [{", ".join([f"*{a}"] * 9)}]' for a, b in zip('abcdefgh', 'bcdefghi')) + ']\n'
+
+def calibration(edit):
+    "A setup step: `w/report.json` is the committed GPU check's report with `edit(report, its first passed check)`."
+    def setup(w: Path):
+        r = json.loads((ROOT/'tests'/'fixtures'/'gpu_check_dry_run.json').read_text())
+        edit(r, r['checks']['train-resonance']['calibration'])
+        (w/'report.json').write_text(json.dumps(r))
+    return setup
+
+def stage_record(stage: str, rec: dict):
+    "A setup step: the work folder of `legalnb run` (legalnb's: recorded by `legalnb own`) holds `rec` for `stage`."
+    def setup(w: Path):
+        write(f'work/.legalnb-run/{stage}.json', json.dumps(rec))(w)
+        assert main(['own', str(w/'work')]) == 0
+    return setup
+
+ESTIMATE = ['estimate', '--steps', '10', '--seq-len', '256', '--model-size', 'small', '--calibration', '{w}/report.json']
+
+PLAN_CASES = [  # 4. plans parsed with limits, every value checked against its flag
+    ('run a YAML alias bomb', ['run', '{w}/plan.yaml', '--yes'], plan(PLAN + BOMB),
+     '{w}/plan.yaml: line 4: its aliases (*name) expand to more than 10,000 values'),
+    ('run a plan nested 100,000 deep', ['run', '{w}/plan.yaml', '--yes'], plan('input: ' + '[' * 100_000 + '\n'),
+     '{w}/plan.yaml: line 1: nested deeper than 32 levels'),
+    ('run a plan whose input holds nested lists', ['run', '{w}/plan.yaml', '--yes'],
+     plan('input: [[sample, parsed.jsonl]]\nout: work\n'),
+     '{w}/plan.yaml: input: expected a path or a list of paths, got a list holding a list'),
+    ('run a plan whose out is a list', ['run', '{w}/plan.yaml', '--yes'], plan('input: sample\nout: [a, b]\n'),
+     '{w}/plan.yaml: out: expected a path, got a list'),
+    ('run a plan with a list for a number', ['run', '{w}/plan.yaml', '--yes'],
+     plan(PLAN + 'train: {max_steps: [1, 2]}\n'), 'train.max_steps: expected one value, got a list'),
+    ('run a plan with a word for a number', ['run', '{w}/plan.yaml', '--yes'],
+     plan(PLAN + 'train: {max_steps: many}\n'), "{w}/plan.yaml: train.max_steps: expected a whole number, got 'many'"),
+    ('run a plan with a mapping for a path', ['run', '{w}/plan.yaml', '--yes'],
+     plan(PLAN + 'evaluate: {general: {path: x}}\n'), 'evaluate.general: expected one value, got a mapping'),
+    ('run a plan with a number for a switch', ['run', '{w}/plan.yaml', '--yes'],
+     plan(PLAN + 'select: {strict: 3}\n'), 'select.strict: expected true or false, got 3'),
+    ('run a plan with a value outside its choices', ['run', '{w}/plan.yaml', '--yes'],
+     plan(PLAN + 'split: {by: pages}\n'), 'split.by: expected one of auto, documents, files, rows, got pages'),
+]
+
+FLAG_CASES = [  # 5. numbers bounded before any work, files and records checked by what they must hold
+    ('select --near-dup 1', ['select', '{w}/parsed.jsonl', '--out', '{w}/new/s.jsonl', '--target-tokens', '1M',
+     '--near-dup', '1'], nothing, '--near-dup must be a Jaccard similarity above 0 and at most 0.99'),
+    ('evaluate --bootstrap 1000000000', ['evaluate', '{w}/run', '--data', '{w}/selected.jsonl', '--out', '{w}/ev',
+     '--device', 'cpu', '--bootstrap', '1000000000'], nothing, '--bootstrap must be at most 100,000, got 1,000,000,000 (the default is 1,000)'),
+    ('build-corpus a binary --val-acts', ['build-corpus', '{w}/selected.jsonl', '--out', '{w}/new/c', '--seq-len', '32',
+     '--train-tokenizer', '300', '--val-acts', '{w}/acts.txt'], write('acts.txt', b'\x89PNG\r\n\x1a\n\x00\xff\xfe'),
+     '--val-acts {w}/acts.txt: not UTF-8 text; expected a manifest.json or a list of CELEX'),
+    ('run a stage record whose argv is not a list of words', ['run', '--input', '{w}/sample', '--out', '{w}/work',
+     '--yes'], stage_record('parse', dict(stage='parse', argv=[1, 2], inputs=[], finished=True)),
+     '{w}/work/.legalnb-run/parse.json: a damaged stage record (argv: expected a list of strings)'),
+    ('run a stage record whose finished is a word', ['run', '--input', '{w}/sample', '--out', '{w}/work', '--yes'],
+     stage_record('parse', dict(stage='parse', argv=['x'], inputs=[None], finished='yes')),
+     '{w}/work/.legalnb-run/parse.json: a damaged stage record (finished: expected true or false); delete it'),
+    ('estimate: a calibration report whose environment is a word', ESTIMATE,
+     calibration(lambda r, c: r.update(environment='h100')),
+     '{w}/report.json: environment: expected an object, got a string; expected the report.json'),
+    ('estimate: a calibration whose gpu is a number', ESTIMATE,
+     calibration(lambda r, c: c['plan'].update(gpu=5)),
+     '{w}/report.json: checks.train-resonance.calibration.plan.gpu: expected a string or null, got a number'),
+    ('estimate: a calibration whose speed is a list', ESTIMATE,
+     calibration(lambda r, c: c.update(tokens_per_sec=[1])),
+     '{w}/report.json: checks.train-resonance.calibration.tokens_per_sec: expected a number, got a list'),
+    ('estimate: a calibration whose peak is true', ESTIMATE, calibration(lambda r, c: c.update(peak_bytes=True)),
+     'checks.train-resonance.calibration.peak_bytes: expected a number, got true'),
+    ('estimate: a calibration whose model is a number', ESTIMATE, calibration(lambda r, c: c.update(model=5)),
+     'checks.train-resonance.calibration.model: expected a string, got a number'),
+    ('estimate: a calibration whose dry_run is a word', ESTIMATE, calibration(lambda r, c: r.update(dry_run='no')),
+     '{w}/report.json: dry_run: expected true or false, got a string'),
+]
+
+LIMIT_CASES = PLAN_CASES + FLAG_CASES
+
+@pytest.mark.parametrize('name,argv,setup,expect', LIMIT_CASES, ids=[c[0] for c in LIMIT_CASES])
+def test_round_three_limits(name, argv, setup, expect, base, tmp_path, capsys):
+    "The round-two harness: exit 2, one line naming the key, flag or field, and every file unchanged."
+    w = tmp_path/'w'
+    shutil.copytree(base, w, symlinks=True)
+    setup(w)
+    before, files = snapshot(w), tree(w)
+    capsys.readouterr()
+    code = main([a.format(w=w) for a in argv])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and 'Traceback' not in err, (code, err[-3000:])
+    assert expect.format(w=w) in lines[0], (expect, lines[0])
+    assert snapshot(w) == before and tree(w) == files, 'files changed or appeared'
+
+def test_a_yaml_alias_bomb_is_refused_in_under_a_second_and_a_few_mb(tmp_path):
+    "4. 9^9 strings by aliases: refused while composing, before anything is built (time and peak memory measured)."
+    import tracemalloc
+    from legalnb.core import LegalnbError
+    from legalnb.run import build_stages, read_plan
+    (tmp_path/'plan.yaml').write_text(PLAN + BOMB)
+    tracemalloc.start(); t0 = time.perf_counter()
+    with pytest.raises(LegalnbError, match='expand to more than 10,000 values') as e:
+        raw, at = read_plan(tmp_path/'plan.yaml'); build_stages(raw, at, {})
+    seconds, peak = time.perf_counter() - t0, tracemalloc.get_traced_memory()[1]; tracemalloc.stop()
+    assert seconds < 1 and peak < 20 * 2**20, (seconds, peak)
+    assert str(e.value).startswith(f'{tmp_path}/plan.yaml: line 4:'), e.value
