@@ -1186,8 +1186,8 @@ def check_evaluate_settings(o: dict):
                            'leave it out to score every held-out token')
 
 def _check_target(model: str, data: str, out: str, harness: bool, lm_eval_tasks: list[str] | None, trust: bool):
-    "Before the model loads: the suites exist, the harness gets a model it scores, --out is neither input nor not ours; "
-    "lm-eval's task manager for the suites (None without)."
+    "Before the model loads: the suites exist, the harness gets a model it scores, --out is neither input nor not "
+    "ours; lm-eval's task manager for the suites, every name checked (None without)."
     if lm_eval_tasks: suite_tasks(lm_eval_tasks, trust)   # a missing task file fails before the model loads
     if (harness or lm_eval_tasks) and model_kind(model)[0] == 'native':
         raise LegalnbError(f'--harness and --lm-eval-tasks score Hugging Face models and finetune outputs; {model} is '

@@ -262,7 +262,7 @@ PICKLED_WEIGHTS = {'pytorch_model.bin': 'model.safetensors', 'pytorch_model.bin.
                    'adapter_model.bin': 'adapter_model.safetensors'}   # pickled weights -> the safetensors name
 
 def refuse_pickled_weights(folder: str | Path):
-    "Refuse a model folder whose weights are pickled (pytorch_model.bin, adapter_model.bin) before any loader opens them."
+    "Refuse a folder whose weights are pickled (pytorch_model.bin, adapter_model.bin) before any loader opens them."
     for name, safe in PICKLED_WEIGHTS.items():
         if (Path(folder)/name).exists() and not any(Path(folder).glob(f'{safe.split(".")[0]}*.safetensors')):
             raise LegalnbError(f'{Path(folder)/name}: pickled weights, not safetensors; legalnb reads and writes only '
