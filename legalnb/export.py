@@ -264,7 +264,8 @@ def _staged(out: Path, write) -> list[str]:
 def refuse_other_export(out: Path, folder: Path, overwrite: bool) -> str:
     "The record entry of an export of `folder`; refused when `out` holds the export of another model (--overwrite)."
     source = f'legalnb export {os.path.realpath(folder)}'
-    others = {recorded_by(out, n) for n in EXPORT_FILES if (out/n).is_file()} - {None, 'legalnb export', source}
+    others = {c for n in EXPORT_FILES if (out/n).is_file() and (c := recorded_by(out, n) or '') != source
+              and c.startswith('legalnb export ')}   # 'legalnb export' alone: a record from before it named the model
     if others and not overwrite:
         other = sorted(others)[0].removeprefix('legalnb export ')
         raise LegalnbError(f'--out {out} holds the export of {other}, not of {folder}: pass --overwrite to replace it, '
