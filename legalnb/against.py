@@ -16,7 +16,7 @@ from .evaluate import (AGAINST_FILES, BOOTSTRAP, EVALUATE_OUTPUTS, GENERAL_GROUP
                               HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS, REPORT_FILES, RETAINED_FILES, bootstrap_estimate,
                               cap_documents, capped_note, check_evaluate_settings, clear_other_modes, evaluate,
                               evaluate_command, harness_scores, load_eval_model, lora_base, model_tokenizer,
-                              read_general, read_heldout, suite_tasks, write_evaluation, written_by_evaluate)
+                              read_general, read_heldout, suite_manager, write_evaluation, written_by_evaluate)
 
 # %% auto #0
 __all__ = ['AGAINST_FORMAT', 'RETAINED_FORMAT', 'NO_DIFFERENCE', 'KEPT_CLAIM', 'verdict', 'change', 'forgetting', 'kept',
@@ -497,7 +497,8 @@ def _score(path: Path, docs: list[dict], gdocs, o: dict, context: int | None, ba
     r['data']['source'] = str(o['data'])
     if gdocs: r['general']['source'] = str(o['general'])
     if o['lm_eval_tasks']:
-        r['suites'] = harness_scores(lm, o['lm_eval_tasks'], iters=o['bootstrap'], seed=o['seed'], task_manager=manager)
+        r['suites'] = harness_scores(lm, o['lm_eval_tasks'], iters=o['bootstrap'], seed=o['seed'], task_manager=manager,
+                                     trust_remote_code=o.get('trust_remote_code', False))
     del lm
     return r
 
@@ -520,8 +521,7 @@ def _prepare(paths: list[Path], o: dict) -> tuple[list[dict], list[dict] | None,
         if any(model_kind(p)[0] == 'native' for p in paths):
             raise LegalnbError('--lm-eval-tasks scores Hugging Face models and finetune outputs; a native run is '
                                'among the models')
-        from lm_eval.tasks import TaskManager
-        manager = TaskManager(include_path=suite_tasks(o['lm_eval_tasks'])[1] or None)   # indexed once, for all
+        manager = suite_manager(o['lm_eval_tasks'], o.get('trust_remote_code', False))   # indexed once, names checked
     return docs, gdocs, o['context'] or (min(known) if known else None), manager
 
 def _is_base(model: Path, ref: Path, o: dict) -> bool:

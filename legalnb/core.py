@@ -17,10 +17,10 @@ __all__ = ['GPU_HOUR_PRICE', 'NUMBER_EXAMPLES', 'PRECISIONS', 'OWNED', 'OWNED_FO
            'format_duration', 'markdown_table', 'resolve_precision', 'cuda_capability', 'usable_cores',
            'loader_workers', 'available_memory', 'refuse_oversized', 'libc', 'trim_memory', 'refuse_overwriting_inputs',
            'bookkeeping', 'foreign_files', 'refuse_foreign_files', 'folder_files', 'everyones', 'owned_files',
-           'unowned_stamps', 'record_written', 'remove_owned', 'open_lock', 'lock_path', 'holder_alive', 'folder_lock',
-           'followed', 'refuse_unowned', 'output_folder', 'others_files', 'own_command', 'own_main', 'CommandParser',
-           'command_parser', 'Output', 'run_writing', 'run_command', 'Command', 'command_main', 'command_flags',
-           'command_settings', 'command_run']
+           'unowned_stamps', 'record_written', 'remove_owned', 'recorded_by', 'record_as', 'open_lock', 'lock_path',
+           'holder_alive', 'folder_lock', 'followed', 'refuse_unowned', 'output_folder', 'others_files', 'own_command',
+           'own_main', 'CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command', 'Command',
+           'command_main', 'command_flags', 'command_settings', 'command_run']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -371,6 +371,18 @@ def remove_owned(folder: str | Path,   # an output folder
         raise LegalnbError(f'{flag} {folder}: {theirs[0]} was not written by legalnb, and {rel}{"/" if tree else ""} '
                            f'would be deleted with it: move it away, or choose another {flag}')
     shutil.rmtree(target) if tree else target.unlink()
+
+# %% ../nbs/00_core.ipynb #c39rec01
+def recorded_by(folder: str | Path, rel: str | Path) -> str | None:
+    "The command the record of `folder` says wrote `folder/rel`; None when its record does not list it."
+    return _records(Path(folder)).get(Path(rel).as_posix())
+
+def record_as(folder: str | Path, files: Iterable[str | Path], command: str):
+    "Record `files` (relative paths, just written) as `command`'s, whichever command wrote them before."
+    folder = Path(folder)
+    new = {**_records(folder), **{Path(f).as_posix(): command for f in files}}
+    with atomic_write(folder/OWNED) as tmp:
+        tmp.write_text(json.dumps(dict(format=OWNED_FORMAT, files=dict(sorted(new.items()))), indent=0) + '\n')
 
 # %% ../nbs/00_core.ipynb #a780bb4c
 import errno, stat

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, jsonl_records, read_json,
                    refuse_foreign_files, refuse_overwriting_inputs, resolve_precision, run_command)
 from .core import GPU_HOUR_PRICE, Output, command_settings, refuse_oversized, refuse_unowned, run_writing
-from .models import decoder_of, load_native, model_kind, native_tokenizer
+from .models import decoder_of, load_native, model_kind, native_tokenizer, refuse_pickled_weights
 from .export import legalnb_remote_code
 
 # %% auto #0
@@ -38,7 +38,7 @@ __all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF',
            'resample_counts', 'unit_sums', 'bootstrap_estimate', 'add_intervals', 'general_texts',
            'write_general_texts', 'mix_heldout', 'read_general', 'score_general', 'evaluate', 'capped_note',
            'format_table', 'report_markdown', 'write_evaluation', 'evaluation_lines', 'write_lm_eval_tasks',
-           'run_harness', 'suite_tasks', 'harness_scores', 'written_by_evaluate', 'clear_other_modes',
+           'run_harness', 'suite_tasks', 'suite_manager', 'harness_scores', 'written_by_evaluate', 'clear_other_modes',
            'check_evaluate_settings', 'evaluate_command', 'evaluate_parser', 'evaluate_main', 'generate_command',
            'generate_main']
 
@@ -186,6 +186,7 @@ def load_eval_model(path: str | Path,                  # run folder, Hugging Fac
     else:
         from transformers import AutoModelForCausalLM
         model_dir = lora_base(folder, base) if kind == 'lora' else folder
+        refuse_pickled_weights(model_dir)   # a LoRA's base too: no loader sees a pickle
         trust = legalnb_remote_code(model_dir, trust_remote_code)   # refused here unless legalnb's or trusted
         hf_tok = _hf_tokenizer(*([Path(tokenizer)] if tokenizer else [folder, model_dir]), trust=trust_remote_code)
         if hf_tok.eos_token_id is None:
@@ -1080,7 +1081,16 @@ def run_harness(model,                        # an EvalModel of a Hugging Face m
     return {t: {k.split(',')[0]: float(v) for k, v in res[t].items() if ',' in k and 'stderr' not in k} for t in names}
 
 # %% ../nbs/11_evaluate.ipynb #c98a3292
-def suite_tasks(tasks: list[str]) -> tuple[list[str], list[str]]:
+def _refuse_task_code(t: str, folder: Path):
+    "Refuse a task folder whose YAML names Python code (`!function`): lm-eval would import and run it."
+    for y in sorted(folder.rglob('*.y*ml')):
+        if m := re.search(r'!function\s+([\w.]+)', y.read_text(encoding='utf-8', errors='replace')):
+            raise LegalnbError(f'--lm-eval-tasks {t}: {y} names Python code (!function {m[1]}) that lm-eval would run; '
+                               'legalnb runs no code from a data folder: pass --trust-remote-code if you trust it')
+
+def suite_tasks(tasks: list[str],                # --lm-eval-tasks: task names, task YAML files or folders
+                trust_remote_code: bool = False  # let lm-eval run the code a task YAML names (`!function`)
+               ) -> tuple[list[str], list[str]]:
     "lm-eval task names and folders to include, from --lm-eval-tasks: registered names, task YAML files or folders."
     names, folders = [], []
     for t in tasks:
@@ -1092,9 +1102,24 @@ def suite_tasks(tasks: list[str]) -> tuple[list[str], list[str]]:
         if (p.is_dir() or p.is_file()) and not found:
             raise LegalnbError(f'--lm-eval-tasks {t}: no `task:` name in {", ".join(map(str, ymls)) or "the folder"}; '
                                'expected lm-eval task YAML files')
-        if found: folders.append(str((p if p.is_dir() else p.parent).resolve())); names += found
+        if found:
+            folders.append(str((p if p.is_dir() else p.parent).resolve())); names += found
+            if not trust_remote_code: _refuse_task_code(t, p if p.is_dir() else p.parent)   # lm-eval reads it all
         else: names.append(t)   # a task (or group) lm-eval ships: belebele_deu_Latn, legalbench_proa
     return names, folders
+
+def suite_manager(tasks: list[str], trust_remote_code: bool = False):
+    "lm-eval's TaskManager for --lm-eval-tasks, every name checked against it before anything is scored."
+    import difflib
+    from lm_eval.tasks import TaskManager
+    names, folders = suite_tasks(tasks, trust_remote_code)
+    manager = TaskManager(include_path=folders or None)   # indexes every task lm-eval ships (seconds): made once
+    if unknown := [n for n in names if n not in manager.all_tasks]:
+        close = difflib.get_close_matches(unknown[0], manager.all_tasks, 3)
+        raise LegalnbError(f'--lm-eval-tasks {unknown[0]}: no such lm-eval task' +
+                           (f'; close names: {", ".join(close)}' if close else '') +
+                           ' (`lm_eval --tasks list` lists them all)')
+    return manager
 
 def _per_item(value, metric: str) -> tuple[float, float] | None:
     "An lm-eval per-item metric as (numerator, denominator): a number counts once; bits_per_byte is (ll, bytes)."
@@ -1104,17 +1129,17 @@ def _per_item(value, metric: str) -> tuple[float, float] | None:
     return None   # perplexities are exponentials of ratios: their bits per byte says the same
 
 def harness_scores(lm: EvalModel, tasks: list[str], batch_size: int = 8, iters: int = BOOTSTRAP, seed: int = 0,
-                   task_manager=None) -> dict:  # a TaskManager to reuse (it indexes every task lm-eval ships)
+                   task_manager=None,  # `suite_manager(tasks)` to reuse (it indexes every task lm-eval ships)
+                   trust_remote_code: bool = False) -> dict:  # let lm-eval run the code a task YAML names
     "Every task's metrics from lm-eval on a Hugging Face model, with intervals over its items and the per-item rows."
     if lm.hf_tokenizer is None:
         raise LegalnbError(f'--lm-eval-tasks scores Hugging Face models and finetune outputs; {lm.name} is a '
                            f'{lm.kind} model')
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
-    names, folders = suite_tasks(tasks)
+    manager = task_manager or suite_manager(tasks, trust_remote_code)
+    names = suite_tasks(tasks, trust_remote_code)[0]
     hflm = HFLM(pretrained=lm.module, tokenizer=lm.hf_tokenizer, batch_size=batch_size, max_length=lm.context)
-    manager = task_manager or TaskManager(include_path=folders or None)
     res = simple_evaluate(model=hflm, tasks=names, task_manager=manager, bootstrap_iters=0, log_samples=True)
     out = {}
     for task, items in res['samples'].items():
@@ -1170,9 +1195,10 @@ def check_evaluate_settings(o: dict):
         raise LegalnbError(f'--max-tokens must be at least 1 (tokens to score at most), got {o["max_tokens"]}; '
                            'leave it out to score every held-out token')
 
-def _check_target(model: str, data: str, out: str, harness: bool, lm_eval_tasks: list[str] | None):
-    "Before the model loads: the suites exist, the harness gets a model it scores, --out is neither input nor not ours."
-    if lm_eval_tasks: suite_tasks(lm_eval_tasks)   # a missing task file fails before the model loads
+def _check_target(model: str, data: str, out: str, harness: bool, lm_eval_tasks: list[str] | None, trust: bool):
+    "Before the model loads: the suites exist, the harness gets a model it scores, --out is neither input nor not "
+    "ours; lm-eval's task manager for the suites, every name checked (None without)."
+    if lm_eval_tasks: suite_tasks(lm_eval_tasks, trust)   # a missing task file fails before the model loads
     if (harness or lm_eval_tasks) and model_kind(model)[0] == 'native':
         raise LegalnbError(f'--harness and --lm-eval-tasks score Hugging Face models and finetune outputs; {model} is '
                            'a native run')
@@ -1180,6 +1206,7 @@ def _check_target(model: str, data: str, out: str, harness: bool, lm_eval_tasks:
     refuse_overwriting_inputs([model, data], [out])
     refuse_foreign_files(out, written_by_evaluate, '--out')
     refuse_unowned(out, written_by_evaluate, '--out')   # an eval.json of the user's is not replaced
+    return suite_manager(lm_eval_tasks, trust) if lm_eval_tasks else None   # every task name known before scoring
 
 def evaluate_command(model: str,                  # run folder (legalnb train --out), HF model folder or finetune output
                      data: str = None,            # held-out documents: a JSONL file, or a folder holding heldout.jsonl
@@ -1220,7 +1247,7 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
         if export_lm_eval: return 0
         raise LegalnbError('MODEL is required: a run folder (legalnb train --out), a Hugging Face model folder '
                            'or a finetune output')
-    _check_target(model, data, out, harness, lm_eval_tasks)
+    manager = _check_target(model, data, out, harness, lm_eval_tasks, trust_remote_code)
     lm = load_eval_model(model, tokenizer, base, context, device, precision, trust_remote_code)
     r = evaluate(lm, docs, batch_tokens=batch_tokens, citations=citations, samples=samples,
                  max_new_tokens=max_new_tokens, seed=seed, eos=eos, progress=progress, rouge=rouge, general=gdocs,
@@ -1231,7 +1258,8 @@ def evaluate_command(model: str,                  # run folder (legalnb train --
         with tempfile.TemporaryDirectory() as tmp:
             r['harness'] = run_harness(lm, export_lm_eval or write_lm_eval_tasks(docs, tmp, citations, seed)[0].parent)
     if lm_eval_tasks:
-        r['suites'] = harness_scores(lm, lm_eval_tasks, iters=bootstrap, seed=seed)
+        r['suites'] = harness_scores(lm, lm_eval_tasks, iters=bootstrap, seed=seed, task_manager=manager,
+                                     trust_remote_code=trust_remote_code)
     files = write_evaluation(r, out, written_by_evaluate)
     clear_other_modes(Path(out), lambda p: str(p) in REPORT_FILES)
     if json: print(_json_text(r))

@@ -11,12 +11,12 @@ from pathlib import Path
 import torch
 
 from .core import LegalnbError, refuse_foreign_files, refuse_overwriting_inputs, run_command, read_json
-from .core import Output, followed
+from .core import Output, followed, record_as, recorded_by
 
 # %% auto #0
 __all__ = ['RESONANCE_TYPE', 'MODELING_SOURCES', 'RESONANCE_AUTO_MAP', 'EXPORT_FILES', 'TRUST_HINT', 'resonance_modeling_code',
            'resonance_config_code', 'exported_code', 'export_resonance', 'export_gpt', 'export_tokenizer',
-           'export_model', 'legalnb_remote_code', 'export_command', 'export_main']
+           'refuse_other_export', 'export_model', 'legalnb_remote_code', 'export_command', 'export_main']
 
 # %% ../nbs/10_export.ipynb #3f036d57
 RESONANCE_TYPE = 'legalnb_resonance'    # the model_type of an exported ResonanceNet (config.json)
@@ -261,9 +261,21 @@ def _staged(out: Path, write) -> list[str]:
         raise
     finally: shutil.rmtree(tmp, ignore_errors=True)
 
+def refuse_other_export(out: Path, folder: Path, overwrite: bool) -> str:
+    "The record entry of an export of `folder`; refused when `out` holds the export of another model (--overwrite)."
+    source = f'legalnb export {os.path.realpath(folder)}'
+    others = {c for n in EXPORT_FILES if (out/n).is_file() and (c := recorded_by(out, n) or '') != source
+              and c.startswith('legalnb export ')}   # 'legalnb export' alone: a record from before it named the model
+    if others and not overwrite:
+        other = sorted(others)[0].removeprefix('legalnb export ')
+        raise LegalnbError(f'--out {out} holds the export of {other}, not of {folder}: pass --overwrite to replace it, '
+                           'or choose another --out')
+    return source
+
 def export_model(model: str | Path,            # run folder (legalnb train --out) or a model.save() folder
                  out: str | Path,              # the Hugging Face folder to write
                  tokenizer: str | Path | None = None,  # tokenizer.json (default: found as legalnb evaluate does)
+                 overwrite: bool = False,      # replace the export of another model in `out`
                 ) -> list[str]:                # the files written into `out`
     "Write a native legalnb model as a folder that transformers' Auto classes load without legalnb."
     from legalnb.corpus import find_eos
@@ -276,6 +288,7 @@ def export_model(model: str | Path,            # run folder (legalnb train --out
     out = followed(out)   # a link: the files go into the folder it leads to
     refuse_overwriting_inputs([model, folder], [out])
     refuse_foreign_files(out, lambda p: str(p) in EXPORT_FILES, '--out')
+    source = refuse_other_export(out, folder, overwrite)
     arch = read_json(folder/'config.json', 'a model config').get('architecture', 'resonance')
     if arch not in MODELS:
         raise LegalnbError(f'{folder/"config.json"}: architecture {arch!r} is not registered; '
@@ -286,7 +299,9 @@ def export_model(model: str | Path,            # run folder (legalnb train --out
     eos = find_eos(tok)
     def write(tmp: Path) -> list[str]:
         return writer(native, tmp, eos) + export_tokenizer(tok, eos, native.config.max_seq_len, tmp)
-    return _staged(out, write)
+    names = _staged(out, write)
+    record_as(out, names, source)   # the record says which model this export is of
+    return names
 
 # %% ../nbs/10_export.ipynb #5c07958b
 TRUST_HINT = ('loading it would run that code: pass --trust-remote-code if you trust it, or export the model '
@@ -300,7 +315,12 @@ def legalnb_remote_code(folder: Path,        # a Hugging Face model or tokenizer
     import hashlib
     maps = {f: read_json(folder/f, 'a model config').get('auto_map') for f in ('config.json', 'tokenizer_config.json')
             if (folder/f).is_file()}
-    if not any(maps.values()): return False
+    if not any(maps.values()):
+        if read_json(folder/'config.json', 'a model config').get('model_type') == RESONANCE_TYPE:
+            raise LegalnbError(f'{folder/"config.json"}: model_type {RESONANCE_TYPE!r} without the auto_map legalnb '
+                               'export writes; transformers knows this model only through it: export the model again '
+                               'with `legalnb export`')
+        return False
     if trust: return True
     if maps.get('tokenizer_config.json'):   # legalnb export writes a plain fast tokenizer: no code of its own
         raise LegalnbError(f'{folder/"tokenizer_config.json"}: its auto_map names tokenizer code legalnb did not '
@@ -320,10 +340,11 @@ def legalnb_remote_code(folder: Path,        # a Hugging Face model or tokenizer
 # %% ../nbs/10_export.ipynb #ec47a299
 def export_command(model: str,              # run folder (legalnb train --out) or a model.save() folder
                    out: str = None,         # the Hugging Face folder to write (required)
-                   tokenizer: str = None):  # tokenizer.json (default: beside the model, in the run or its data)
+                   tokenizer: str = None,   # tokenizer.json (default: beside the model, in the run or its data)
+                   overwrite: bool = False):  # replace the export of another model in --out (the same one: always)
     "Write a trained model as a Hugging Face folder: AutoModelForCausalLM and AutoTokenizer load it without legalnb."
     if out is None: raise LegalnbError('--out is required: the folder to write, e.g. --out hf-model')
-    files = export_model(model, out, tokenizer)
+    files = export_model(model, out, tokenizer, overwrite)
     remote = 'modeling_legalnb_resonance.py' in files
     print(f'wrote {out}: {", ".join(files)}')
     print(f"load it with AutoModelForCausalLM.from_pretrained({out!r}{', trust_remote_code=True' if remote else ''})")

@@ -16,7 +16,7 @@ from fastcore.basics import patch
 from safetensors.torch import save_file, load_file
 
 from .core import LegalnbError, atomic_write, read_json
-from .models import next_token   # the one sampling rule of every model
+from .models import load_weights, next_token   # the one sampling rule of every model
 
 # %% auto #0
 __all__ = ['MODEL_SIZES', 'ARCHITECTURE', 'GPTConfig', 'rope_angles', 'apply_rope', 'document_mask', 'KVCache',
@@ -372,8 +372,6 @@ def load(cls: GPTLanguageModel, directory: str | Path, map_location: str | torch
     model = cls(config)
     state = load_file(str(weights), device=str(map_location))
     if config.tie_embeddings and 'tok_emb.weight' in state: state['lm_head.weight'] = state['tok_emb.weight']
-    try: missing, unexpected = model.load_state_dict(state, strict=False)
-    except RuntimeError as e: raise LegalnbError(f'{weights}: does not fit {path} ({str(e).splitlines()[-1].strip()})')
-    if missing or unexpected: raise LegalnbError(f'{weights}: missing {missing}, unexpected {unexpected}')
+    load_weights(model, state, weights, path)
     if config.tie_embeddings: model.lm_head.weight = model.tok_emb.weight
     return model.to(map_location)

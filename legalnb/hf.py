@@ -19,6 +19,7 @@ from .core import (LegalnbError, PRECISIONS, CommandParser, atomic_write, comman
 from .presets import (BATCH_LR_RULES, PRESET_NAMES, Preset, accum_at, batch_lr_factor, get_preset, lora_steps,
                              packed_accumulation, parse_batch_schedule, steps_holding)
 from .metrics import MetricsFile, metric_lines, notify
+from .models import refuse_pickled_weights   # no loader sees a pickle
 
 # %% auto #0
 __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', 'STRATEGY_FILES', 'legal_sentences',
@@ -109,7 +110,7 @@ def load_hf_model(path: str | Path, dtype: str | torch.dtype = 'auto',
                tokenizer_only: bool = False):  # return (None, tokenizer) without loading the weights
     "(model, tokenizer) from a local `save_pretrained` folder; nothing is downloaded."
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    path = Path(path); cfg = hf_config(path)
+    path = Path(path); cfg = hf_config(path); refuse_pickled_weights(path)
     for name, found in (('config.json', cfg), ('tokenizer_config.json', _json_or_empty(path/'tokenizer_config.json'))):
         if found.get('auto_map'):   # transformers would ask on a terminal, and run the folder's Python on a yes
             raise LegalnbError(f'{path/name}: its auto_map names Python code ({", ".join(sorted(found["auto_map"]))}); '
@@ -428,6 +429,7 @@ def merge_adapter(base: str | Path, adapter: str | Path, out: str | Path | None 
     model, tok = load_hf_model(base)
     if not (Path(adapter)/'adapter_config.json').is_file():
         raise LegalnbError(f'{adapter}: no adapter_config.json; expected a folder saved from a LoRA run')
+    refuse_pickled_weights(adapter)
     merged = PeftModel.from_pretrained(model, adapter, local_files_only=True).merge_and_unload()
     if out: merged.save_pretrained(out); tok.save_pretrained(out)
     return merged

@@ -13,10 +13,11 @@ from fastcore.basics import patch
 from .core import LegalnbError, read_json, refuse_oversized
 
 # %% auto #0
-__all__ = ['MODELS', 'CONFIG_CONTRACT', 'MODEL_CONTRACT', 'MAX_LAYERS', 'MAX_CONTEXT', 'MAX_PARAMS', 'ModelSpec',
-           'resonance_no_decay', 'gpt_no_decay', 'get_model', 'check_contract', 'register', 'size_table',
-           'check_config_sizes', 'model_footprint', 'refuse_nonfinite', 'load_model', 'load_native', 'model_kind',
-           'native_tokenizer', 'next_token', 'recurrent_decoder', 'transformers_decoder', 'decoder_of']
+__all__ = ['MODELS', 'CONFIG_CONTRACT', 'MODEL_CONTRACT', 'MAX_LAYERS', 'MAX_CONTEXT', 'MAX_PARAMS', 'PICKLED_WEIGHTS',
+           'ModelSpec', 'resonance_no_decay', 'gpt_no_decay', 'get_model', 'check_contract', 'register', 'size_table',
+           'check_config_sizes', 'model_footprint', 'load_weights', 'refuse_nonfinite', 'load_model', 'load_native',
+           'refuse_pickled_weights', 'model_kind', 'native_tokenizer', 'next_token', 'recurrent_decoder',
+           'transformers_decoder', 'decoder_of']
 
 # %% ../nbs/02a_models.ipynb #823bc6e4
 def _resolve(ref: Any) -> Any:
@@ -211,6 +212,16 @@ def model_footprint(directory: str | Path) -> tuple[int, int]:
                            'model\'s')
     return params, sum(t.numel() * 4 for t in tensors)
 
+def load_weights(model, state: dict, weights: Path, config: Path):
+    "Load `state` into `model`, refusing in one line a tensor whose shape `config` does not give (another model's)."
+    own = model.state_dict()
+    if bad := next((k for k, t in state.items() if k in own and own[k].shape != t.shape), None):
+        raise LegalnbError(f'{weights}: tensor {bad} is {tuple(state[bad].shape)}, {config} makes it '
+                           f'{tuple(own[bad].shape)}: these are the weights of another model (another width or '
+                           'vocabulary); keep each model.safetensors beside the config.json it was saved with')
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected: raise LegalnbError(f'{weights}: missing {missing}, unexpected {unexpected}')
+
 def refuse_nonfinite(model, weights: str | Path):
     "Refuse weights holding NaN or infinite values, naming the first such tensor (a diverged or damaged run)."
     import torch
@@ -247,12 +258,25 @@ def _model_config(folder: Path) -> dict:
     "The config.json of a folder, {} when there is none."
     return read_json(folder/'config.json', 'a model config') if (folder/'config.json').is_file() else {}
 
+PICKLED_WEIGHTS = {'pytorch_model.bin': 'model.safetensors', 'pytorch_model.bin.index.json': 'model.safetensors',
+                   'adapter_model.bin': 'adapter_model.safetensors'}   # pickled weights -> the safetensors name
+
+def refuse_pickled_weights(folder: str | Path):
+    "Refuse a folder whose weights are pickled (pytorch_model.bin, adapter_model.bin) before any loader opens them."
+    for name, safe in PICKLED_WEIGHTS.items():
+        if (Path(folder)/name).exists() and not any(Path(folder).glob(f'{safe.split(".")[0]}*.safetensors')):
+            raise LegalnbError(f'{Path(folder)/name}: pickled weights, not safetensors; legalnb reads and writes only '
+                               'safetensors (unpickling can run code). Convert them where you trust the file: '
+                               f'torch.load(..., weights_only=True) then safetensors.torch.save_file(state, "{safe}"), '
+                               'or save_pretrained(..., safe_serialization=True)')
+
 def model_kind(path: str | Path) -> tuple[str, Path]:
     "What a folder holds: ('native', RUN/model), ('hf', folder) or ('lora', adapter); a finetune output's final/ too."
     p = Path(path)
     if not p.is_dir(): raise LegalnbError(f'{p}: no such folder; expected a run folder (legalnb train --out), '
                                           'a Hugging Face model folder or a legalnb finetune output')
     for q in (p, p/'final'):
+        if (q/'config.json').is_file() or (q/'adapter_config.json').is_file(): refuse_pickled_weights(q)
         if (q/'adapter_config.json').is_file(): return 'lora', q
         if (q/'model'/'model.safetensors').is_file(): return 'native', q/'model'
         cfg = _model_config(q)

@@ -16,7 +16,7 @@ from fastcore.basics import patch
 from safetensors.torch import save_file, load_file
 
 from .core import LegalnbError, atomic_write, read_json
-from .models import next_token   # the one sampling rule of every model
+from .models import load_weights, next_token   # the one sampling rule of every model
 
 # %% auto #0
 __all__ = ['MODEL_SIZES', 'LONG_CONTEXT', 'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length',
@@ -1023,9 +1023,7 @@ def load(cls: ResonanceLanguageModel, directory: str | Path,
     except Exception:
         raise LegalnbError(f'{directory/"model.safetensors"}: truncated or damaged, not a safetensors file') from None
     if config.tie_embeddings: state['lm_head.weight'] = state['tok_emb.weight']
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise LegalnbError(f'{directory/"model.safetensors"}: missing {missing}, unexpected {unexpected}')
+    load_weights(model, state, directory/'model.safetensors', directory/'config.json')
     if config.tie_embeddings: model.lm_head.weight = model.tok_emb.weight
     return model.to(map_location)
 

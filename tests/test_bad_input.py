@@ -1133,3 +1133,107 @@ def test_a_yaml_alias_bomb_is_refused_in_under_a_second_and_a_few_mb(tmp_path):
     seconds, peak = time.perf_counter() - t0, tracemalloc.get_traced_memory()[1]; tracemalloc.stop()
     assert seconds < 1 and peak < 20 * 2**20, (seconds, peak)
     assert str(e.value).startswith(f'{tmp_path}/plan.yaml: line 4:'), e.value
+
+# ---------------------------------------------------------------- issue 39: model folders and lm-eval suites
+# Weights that are not safetensors are refused before any loader opens them (the pickle below would write `pwned`);
+# an export without its auto_map, another model's weights and another run's export are one line; lm-eval task names
+# are checked before anything is scored, and a task folder's `!function` code runs only with --trust-remote-code.
+class _Pwn:
+    "Unpickled, it writes the file `path` (what a hostile pytorch_model.bin does)."
+    def __init__(self, path: str): self.path = path
+    def __reduce__(self): return (open, (self.path, 'w'))
+
+def hf_folder(rel: str, weights: str | None = None):
+    "A setup step: a tiny Llama config.json and the corpus's tokenizer in `w/rel`; `weights`: a hostile pickle there."
+    def setup(w: Path):
+        from legalnb.hf import tiny_config
+        f = w/rel; f.mkdir(parents=True)
+        tiny_config('llama', 300, hidden=16, layers=1).to_json_file(f/'config.json')
+        shutil.copy(w/'corpus'/'tokenizer.json', f/'tokenizer.json')
+        (f/'tokenizer_config.json').write_text(json.dumps(dict(tokenizer_class='PreTrainedTokenizerFast',
+                                                               eos_token='<|endoftext|>')))
+        if weights: torch.save({'model': _Pwn(str(w/'pwned'))}, f/weights)
+    return setup
+
+def lora_folder(rel: str, base: str):
+    "A setup step: a LoRA finetune output in `w/rel` on the model `w/base`, its adapter a hostile pickle."
+    def setup(w: Path):
+        (w/rel).mkdir(parents=True)
+        (w/rel/'adapter_config.json').write_text(json.dumps(dict(peft_type='LORA', base_model_name_or_path=str(w/base),
+                                                                 r=2, lora_alpha=4, target_modules=['q_proj'])))
+        torch.save({'model': _Pwn(str(w/'pwned'))}, w/rel/'adapter_model.bin')
+    return setup
+
+def wider_gpt_weights(rel: str):
+    "A setup step: a copy of the base run in `w/rel` whose model.safetensors holds a GPT of twice its width."
+    def setup(w: Path):
+        from safetensors.torch import save_file
+        from legalnb.gpt import GPTConfig, GPTLanguageModel
+        shutil.copytree(w/'run', w/rel, symlinks=True)
+        gpt = GPTLanguageModel(GPTConfig(vocab_size=300, dim=32, num_layers=1, num_heads=2, max_seq_len=32))
+        save_file({k: v.contiguous() for k, v in gpt.state_dict().items() if k != 'lm_head.weight'},
+                  str(w/rel/'model'/'model.safetensors'))
+    return setup
+
+def task_folder(rel: str):
+    "A setup step: an lm-eval task folder whose YAML names `!function utils.docs` (utils.py would write `pwned`)."
+    def setup(w: Path):
+        (w/rel).mkdir(parents=True)
+        (w/rel/'mine.yaml').write_text(f'task: mine\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: '
+                                       f'{w/"selected.jsonl"}\ntest_split: test\noutput_type: loglikelihood_rolling\n'
+                                       'doc_to_text: ""\ndoc_to_target: "{{text}}"\nprocess_docs: !function utils.docs\n'
+                                       'metric_list:\n  - metric: bits_per_byte\n')
+        (w/rel/'utils.py').write_text(f'open({str(w/"pwned")!r}, "w")\ndef docs(d): return d\n')
+    return setup
+
+def without_auto_map(f: Path):
+    cfg = json.loads((f/'config.json').read_text()); del cfg['auto_map']
+    (f/'config.json').write_text(json.dumps(cfg))
+
+EVALUATE = ['--data', '{w}/selected.jsonl', '--out', '{w}/ev', '--device', 'cpu']
+MODEL_FOLDER_CASES = [  # 5. one line for every model folder that is not what it says
+    ('evaluate a pickled pytorch_model.bin', ['evaluate', '{w}/hf', *EVALUATE], hf_folder('hf', 'pytorch_model.bin'),
+     '{w}/hf/pytorch_model.bin: pickled weights, not safetensors; legalnb reads and writes only safetensors'),
+    ('generate from a pickled pytorch_model.bin', ['generate', '{w}/hf', '--prompt', 'x', '--device', 'cpu'],
+     hf_folder('hf', 'pytorch_model.bin'), 'safetensors.torch.save_file(state, "model.safetensors")'),
+    ('finetune a pickled pytorch_model.bin', ['finetune', '--model', '{w}/hf', '--data', '{w}/corpus', '--out',
+     '{w}/ft', '--max-steps', '1', '--workers', '0', '--force-single'], hf_folder('hf', 'pytorch_model.bin'),
+     '{w}/hf/pytorch_model.bin: pickled weights, not safetensors'),
+    ('evaluate a LoRA adapter_model.bin', ['evaluate', '{w}/lora', *EVALUATE],
+     both(hf_folder('hf'), lora_folder('lora', 'hf')), '{w}/lora/adapter_model.bin: pickled weights, not safetensors'),
+    ('generate from an export whose auto_map was removed', ['generate', '{w}/exp', '--prompt', 'x', '--device', 'cpu'],
+     exported('exp', without_auto_map), "{w}/exp/config.json: model_type 'legalnb_resonance' without the auto_map "
+     'legalnb export writes'),
+    ('evaluate gpt weights of another width in a resonance run', ['evaluate', '{w}/mixed', *EVALUATE],
+     wider_gpt_weights('mixed'), '{w}/mixed/model/model.safetensors: tensor norm.weight is (32,), '
+     '{w}/mixed/model/config.json makes it (16,): these are the weights of another model'),
+    ('export one run over the export of another', ['export', '{w}/run2', '--out', '{w}/hf'],
+     both(exported('hf'), lambda w: shutil.copytree(w/'run', w/'run2', symlinks=True)),
+     '--out {w}/hf holds the export of {w}/run/model, not of {w}/run2/model: pass --overwrite'),
+    ('evaluate --lm-eval-tasks a folder whose YAML names code', ['evaluate', '{w}/hf', *EVALUATE, '--lm-eval-tasks',
+     '{w}/tasks'], both(hf_folder('hf'), task_folder('tasks')), '--lm-eval-tasks {w}/tasks: {w}/tasks/mine.yaml '
+     'names Python code (!function utils.docs) that lm-eval would run; legalnb runs no code from a data folder'),
+    ('evaluate --lm-eval-tasks an unknown name', ['evaluate', '{w}/hf', *EVALUATE, '--lm-eval-tasks',
+     'belebele_deu_latn'], hf_folder('hf'), '--lm-eval-tasks belebele_deu_latn: no such lm-eval task; close names: '
+     'belebele_deu_Latn'),
+]
+
+@pytest.mark.parametrize('name,argv,setup,expect', MODEL_FOLDER_CASES, ids=[c[0] for c in MODEL_FOLDER_CASES])
+def test_round_three_model_folders(name, argv, setup, expect, base, tmp_path, capsys, monkeypatch):
+    "The round-three harness; no pickle is opened, no task code runs."
+    test_round_three_locks_and_records(name, argv, setup, expect, base, tmp_path, capsys, monkeypatch)
+    assert not (tmp_path/'w'/'pwned').exists(), 'a pickle was opened or a task\'s code ran'
+
+def test_export_replaces_its_own_run_s_export_and_another_s_with_overwrite(base, tmp_path, capsys):
+    "5. Exporting the same run again needs no flag; another run's needs --overwrite, then the record names it."
+    from legalnb.core import recorded_by
+    run2 = tmp_path/'run2'
+    shutil.copytree(base/'run', run2, symlinks=True)
+    hf = tmp_path/'hf'
+    assert main(['export', str(base/'run'), '--out', str(hf)]) == 0
+    assert main(['export', str(base/'run'), '--out', str(hf)]) == 0
+    assert main(['export', str(run2), '--out', str(hf)]) == 2
+    assert recorded_by(hf, 'model.safetensors') == f'legalnb export {os.path.realpath(base/"run"/"model")}'
+    assert main(['export', str(run2), '--out', str(hf), '--overwrite']) == 0
+    assert recorded_by(hf, 'model.safetensors') == f'legalnb export {os.path.realpath(run2/"model")}'
+    assert main(['export', str(run2), '--out', str(hf)]) == 0
