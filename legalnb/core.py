@@ -13,8 +13,8 @@ from fastcore.docments import docments
 
 # %% auto #0
 __all__ = ['GPU_HOUR_PRICE', 'NUMBER_EXAMPLES', 'PRECISIONS', 'OWNED', 'OWNED_FORMAT', 'LOCK', 'COMMANDS', 'LegalnbError',
-           'atomic_write', 'jsonl_record', 'jsonl_records', 'read_json', 'parse_number', 'parse_count',
-           'format_duration', 'markdown_table', 'resolve_precision', 'cuda_capability', 'usable_cores',
+           'max_procs', 'check_num_proc', 'atomic_write', 'jsonl_record', 'jsonl_records', 'read_json', 'parse_number',
+           'parse_count', 'format_duration', 'markdown_table', 'resolve_precision', 'cuda_capability', 'usable_cores',
            'loader_workers', 'available_memory', 'refuse_oversized', 'libc', 'trim_memory', 'refuse_overwriting_inputs',
            'bookkeeping', 'foreign_files', 'refuse_foreign_files', 'folder_files', 'everyones', 'owned_files',
            'unowned_stamps', 'record_written', 'remove_owned', 'recorded_by', 'record_as', 'open_lock', 'lock_path',
@@ -25,6 +25,21 @@ __all__ = ['GPU_HOUR_PRICE', 'NUMBER_EXAMPLES', 'PRECISIONS', 'OWNED', 'OWNED_FO
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
     "Bad input or a failed stage: the message names the file, the position and what was expected."
+
+# %% ../nbs/00_core.ipynb #85fc66bd
+def max_procs() -> int:
+    "The most worker processes a --num-proc may start here: eight per core, at least 64."
+    return max(64, 8 * (os.cpu_count() or 1))
+
+def check_num_proc(n: int | None,   # worker processes asked (None: the command's default)
+                   flag: str = '--num-proc'):
+    "Refuse a worker count below 1, or one so large that starting it would exhaust the machine, before any starts."
+    if n is None: return
+    if n < 1: raise LegalnbError(f'{flag} must be at least 1, got {n}')
+    if n > (most := max_procs()):
+        raise LegalnbError(f'{flag} {n:,} would start {n:,} processes on a machine with {os.cpu_count()} cores; '
+                           f'give at most {most:,} (one per core is the usual choice)')
+
 
 # %% ../nbs/00_core.ipynb #ccf86b40
 def _umask() -> int:

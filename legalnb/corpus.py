@@ -19,7 +19,7 @@ from fastcore.basics import patch
 from fastcore.meta import delegates
 from tqdm import tqdm
 from .core import (LegalnbError, atomic_write, foreign_files, format_duration, jsonl_records, read_json,
-                          refuse_foreign_files, refuse_overwriting_inputs, jsonl_record)
+                          refuse_foreign_files, refuse_overwriting_inputs, jsonl_record, check_num_proc)
 from .core import Output, command_settings, followed, libc, run_writing, trim_memory
 from .sources import parse_celex, parse_date
 
@@ -831,12 +831,13 @@ def _clear(folder: Path):
 
 # %% ../nbs/02_corpus.ipynb #5e940520
 def _check_args(selected: Path, out: Path, seq_len: int, shards: int, tokenizer, vocab_size, val_docs: float = 0,
-                val_min_acts: int = VAL_MIN_ACTS):
+                val_min_acts: int = VAL_MIN_ACTS, num_proc: int = 1):
     "Refuse arguments that cannot give a corpus, and an `out` that would destroy something, before anything is written."
     check_val_docs(val_docs)
     if val_min_acts < 0: raise LegalnbError(f'--val-min-acts must be 0 or more, got {val_min_acts}')
     if seq_len < 2: raise LegalnbError(f'--seq-len must be at least 2 (a row holds seq_len + 1 tokens), got {seq_len}')
     if shards < 1: raise LegalnbError(f'--shards must be at least 1, got {shards}')
+    check_num_proc(num_proc)
     if (tokenizer is None) == (vocab_size is None):
         raise LegalnbError('give either a tokenizer (--tokenizer PATH) or a vocabulary size to train one '
                            '(--train-tokenizer VOCAB)')
@@ -1000,7 +1001,7 @@ def build_corpus(selected: str | Path,         # selected.jsonl from `legalnb se
     "Tokenize, pack and shard a selection into `out`; return the manifest."
     selected, out = Path(selected), followed(out)   # a link: the rebuild replaces the folder it leads to
     _recover(out)
-    _check_args(selected, out, seq_len, shards, tokenizer, vocab_size, val_docs, val_min_acts)
+    _check_args(selected, out, seq_len, shards, tokenizer, vocab_size, val_docs, val_min_acts, num_proc)
     if val_after: parse_date(str(val_after), '--val-after')   # a day that is not one stops here
     named = sorted(named_acts(val_acts)) if val_acts else []
     val_docs = int(val_docs) if val_docs >= 1 else val_docs  # a count of acts, or a share of them

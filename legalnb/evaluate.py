@@ -27,20 +27,20 @@ from .export import legalnb_remote_code
 
 # %% auto #0
 __all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'LEVEL',
-           'BOOTSTRAP', 'BOOTSTRAP_MAX', 'MIN_ACTS', 'GROUPS', 'GENERAL_GROUPS', 'FIGURES', 'GENERAL_BUILTIN',
-           'GENERAL_LANG', 'REPORT_FILES', 'LM_EVAL_TASKS', 'LM_EVAL_FILES', 'PROMPT_CHARS', 'AGAINST_FILES',
-           'RETAINED_FILES', 'RUN_DIRS', 'EVALUATE_OUTPUTS', 'heldout_path', 'decade_of', 'read_heldout', 'EvalModel',
-           'lora_base', 'load_eval_model', 'model_tokenizer', 'as_model', 'document_windows', 'position_buckets',
-           'bucket_label', 'is_cut', 'document_batches', 'score_documents', 'metrics', 'grouped', 'fair_shares',
-           'cap_documents', 'uncapped', 'cap_record', 'fit_prompt', 'generate_ids', 'TextStream', 'generate',
-           'extract_citations', 'citation_items', 'score_citations', 'LookupModel', 'summarize_citations', 'opening',
-           'generate_samples', 'rouge_l', 'rouge_openings', 'score_rouge', 'document_rows', 'citation_marks',
-           'resample_counts', 'unit_sums', 'bootstrap_estimate', 'add_intervals', 'general_texts',
-           'write_general_texts', 'mix_heldout', 'read_general', 'score_general', 'evaluate', 'capped_note',
-           'format_table', 'report_markdown', 'write_evaluation', 'evaluation_lines', 'write_lm_eval_tasks',
-           'run_harness', 'suite_tasks', 'suite_manager', 'harness_scores', 'written_by_evaluate', 'clear_other_modes',
-           'check_evaluate_settings', 'evaluate_command', 'evaluate_parser', 'evaluate_main', 'generate_command',
-           'generate_main']
+           'BOOTSTRAP', 'BOOTSTRAP_MAX', 'MAX_NEW_TOKENS', 'MIN_ACTS', 'GROUPS', 'GENERAL_GROUPS', 'FIGURES',
+           'GENERAL_BUILTIN', 'GENERAL_LANG', 'REPORT_FILES', 'LM_EVAL_TASKS', 'LM_EVAL_FILES', 'PROMPT_CHARS',
+           'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'EVALUATE_OUTPUTS', 'heldout_path', 'decade_of',
+           'read_heldout', 'EvalModel', 'lora_base', 'load_eval_model', 'model_tokenizer', 'as_model',
+           'document_windows', 'position_buckets', 'bucket_label', 'is_cut', 'document_batches', 'score_documents',
+           'metrics', 'grouped', 'fair_shares', 'cap_documents', 'uncapped', 'cap_record', 'fit_prompt', 'generate_ids',
+           'TextStream', 'generate', 'extract_citations', 'citation_items', 'score_citations', 'LookupModel',
+           'summarize_citations', 'opening', 'generate_samples', 'rouge_l', 'rouge_openings', 'score_rouge',
+           'check_new_tokens', 'document_rows', 'citation_marks', 'resample_counts', 'unit_sums', 'bootstrap_estimate',
+           'add_intervals', 'general_texts', 'write_general_texts', 'mix_heldout', 'read_general', 'score_general',
+           'evaluate', 'capped_note', 'format_table', 'report_markdown', 'write_evaluation', 'evaluation_lines',
+           'write_lm_eval_tasks', 'run_harness', 'suite_tasks', 'suite_manager', 'harness_scores',
+           'written_by_evaluate', 'clear_other_modes', 'check_evaluate_settings', 'evaluate_command', 'evaluate_parser',
+           'evaluate_main', 'generate_command', 'generate_main']
 
 # %% ../nbs/11_evaluate.ipynb #76359c74
 EVAL_FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
@@ -621,6 +621,14 @@ def score_rouge(lm: EvalModel, docs: list[dict], openings: list[dict], max_new_t
 LEVEL = 0.95       # the coverage of every interval
 BOOTSTRAP = 1000   # bootstrap resamples of the held-out acts per interval
 BOOTSTRAP_MAX = 100_000   # the most --bootstrap takes: (resamples × acts) counts are drawn at once, in memory
+MAX_NEW_TOKENS = 100_000   # the most --max-new-tokens takes: a continuation longer than a book is a typo, and it
+                           # would generate (and hold the cache of) every one of them
+
+def check_new_tokens(n: int):
+    "Refuse a --max-new-tokens below 1 or above MAX_NEW_TOKENS, before a model loads."
+    if n < 1: raise LegalnbError(f'--max-new-tokens must be at least 1, got {n}')
+    if n > MAX_NEW_TOKENS:
+        raise LegalnbError(f'--max-new-tokens must be at most {MAX_NEW_TOKENS:,} (tokens per continuation), got {n:,}')
 MIN_ACTS = 5       # fewer acts than this: no interval (two acts would give an 'interval' that is just their values)
 GROUPS = {'by_language': 'lang', 'by_doc_type': 'doc_type', 'by_year_band': 'band'}   # report key: document field
 GENERAL_GROUPS = {'by_language': 'lang', 'by_source': 'source'}                     # ... and of the general text
@@ -1185,9 +1193,9 @@ def check_evaluate_settings(o: dict):
     "The checks every mode of `legalnb evaluate` (one model, --against, --retained) makes of its settings first."
     if o['data'] is None:
         raise LegalnbError('--data is required: the held-out documents (heldout.jsonl, or its folder)')
-    for flag, least in (('batch_tokens', 1), ('max_new_tokens', 1), ('samples', 0), ('citations', 0), ('rouge', 0),
-                        ('bootstrap', 0)):
+    for flag, least in (('batch_tokens', 1), ('samples', 0), ('citations', 0), ('rouge', 0), ('bootstrap', 0)):
         if o[flag] < least: raise LegalnbError(f'--{flag.replace("_", "-")} must be at least {least}, got {o[flag]}')
+    check_new_tokens(o['max_new_tokens'])
     if o['bootstrap'] > BOOTSTRAP_MAX:   # before any work: 10^9 resamples would draw 149 GiB of counts at the end
         raise LegalnbError(f'--bootstrap must be at most {BOOTSTRAP_MAX:,}, got {o["bootstrap"]:,} (the default is '
                            f'{BOOTSTRAP:,})')
@@ -1298,7 +1306,7 @@ def generate_command(model: str,                 # run folder, Hugging Face mode
                      trust_remote_code: bool = False):  # run the Python code a model folder names (auto_map)
     "Continue a prompt with a trained model, streaming the text as it comes."
     if prompt is None: raise LegalnbError("--prompt is required: the text to continue, e.g. --prompt 'Article 1'")
-    if max_new_tokens < 1: raise LegalnbError(f'--max-new-tokens must be at least 1, got {max_new_tokens}')
+    check_new_tokens(max_new_tokens)
     if temperature < 0 or top_k < 0: raise LegalnbError('--temperature and --top-k must be 0 or more')
     lm = load_eval_model(model, tokenizer, base, device=device, precision=precision,
                          trust_remote_code=trust_remote_code)

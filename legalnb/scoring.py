@@ -18,7 +18,7 @@ from fastcore.basics import adict, patch
 from tqdm.auto import tqdm
 
 from .core import (LegalnbError, atomic_write, jsonl_records, parse_count, parse_number,
-                          refuse_overwriting_inputs, usable_cores)
+                          refuse_overwriting_inputs, usable_cores, check_num_proc)
 from .core import command_settings, run_writing, holder_alive
 from .sources import Document, DOC_TYPES, EU_LANGUAGES, write_jsonl, record_fields, skip_reason, _pool, in_order
 
@@ -1011,7 +1011,7 @@ def select_documents(src: str | Path, out: str | Path,
         raise LegalnbError(f'--near-dup must be a Jaccard similarity above 0 and at most {NEAR_DUP_MAX} (0.8; '
                            f"datasketch's LSH needs two bands of {NUM_PERM} permutations), or 0 to keep "
                            f'near-duplicates, got {near_dup!r}')
-    if num_proc < 1: raise LegalnbError(f'--num-proc must be at least 1, got {num_proc}')
+    check_num_proc(num_proc)
     _refuse_outputs([src, tokenizer], out, report)
     if not src.is_file():
         raise LegalnbError(f'{src}: no such file; expected a JSONL file of documents (the output of legalnb parse)')

@@ -20,7 +20,7 @@ from fastcore.basics import patch
 from tqdm.auto import tqdm
 
 from .core import (LegalnbError, _missing_parents, atomic_write, jsonl_records, refuse_overwriting_inputs,
-                          usable_cores)
+                          usable_cores, check_num_proc)
 from .core import Output, command_settings, followed, run_writing, trim_memory
 
 # %% auto #0
@@ -1339,7 +1339,7 @@ def parse_documents(inputs: Iterable[str | Path], out: str | Path, progress: boo
                     ) -> Counter:
     "Read `inputs` in batches, skip and report what cannot be read, drop duplicates, write `out` and its report."
     inputs, out = ([inputs] if isinstance(inputs, (str, Path)) else list(inputs)), Path(out)
-    if num_proc is not None and num_proc < 1: raise LegalnbError(f'--num-proc must be at least 1, got {num_proc}')
+    check_num_proc(num_proc)
     _check_out(inputs, out)
     if (missing := next((p for p in inputs if not Path(p).exists()), None)) is not None:
         raise LegalnbError(f'{missing}: no such file or folder')
