@@ -540,10 +540,22 @@ def followed(path: str | Path) -> Path:
     "The folder a symbolic link `path` leads to (a rebuild renames that folder, never the link); other paths as given."
     return Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
 
+def _started_by(rec: dict) -> bool:
+    "Whether the process a lock record names started this one (its parent, or a parent of that), on this host."
+    import socket
+    pid, me = rec.get('pid'), os.getppid()
+    if rec.get('host') != socket.gethostname() or not isinstance(pid, int): return False
+    while me > 1:
+        if me == pid: return True
+        try: me = int(_stat(me)[1])
+        except (OSError, IndexError, ValueError): return False
+    return False
+
 def _refuse_nested_writers(real: Path, name: str):
     "Refuse a folder inside one that another process is writing, or holding one that another process is writing."
-    for up in real.absolute().parents:
-        if up.parent != up and (rec := _held_by_other(up.parent/f'.{up.name}{LOCK}')) is not None:
+    for up in real.absolute().parents:   # a folder the process that started this one is writing is not another's
+        if up.parent != up and (rec := _held_by_other(up.parent/f'.{up.name}{LOCK}')) is not None \
+                and not _started_by(rec):
             raise LegalnbError(f'{name} is inside {up}, which is being written by {_holder(rec)}: wait for it to '
                                'finish, or choose another folder')
     for root, _, files in os.walk(real) if real.is_dir() else ():

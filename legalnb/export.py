@@ -316,7 +316,8 @@ def legalnb_remote_code(folder: Path,        # a Hugging Face model or tokenizer
     maps = {f: read_json(folder/f, 'a model config').get('auto_map') for f in ('config.json', 'tokenizer_config.json')
             if (folder/f).is_file()}
     if not any(maps.values()):
-        if read_json(folder/'config.json', 'a model config').get('model_type') == RESONANCE_TYPE:
+        if (folder/'config.json').is_file() and read_json(folder/'config.json', 'a model config').get('model_type') \
+                == RESONANCE_TYPE:   # a tokenizer or LoRA adapter folder has no config.json
             raise LegalnbError(f'{folder/"config.json"}: model_type {RESONANCE_TYPE!r} without the auto_map legalnb '
                                'export writes; transformers knows this model only through it: export the model again '
                                'with `legalnb export`')
