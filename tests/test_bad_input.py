@@ -623,9 +623,8 @@ SIZE_CASES = [  # 6. sizes and numbers checked before use
 
 ROUND_TWO = CODE_CASES + OWNED_CASES + STAGE_CASES + LINK_CASES + SIZE_CASES   # 3. locks: two processes, below
 
-@pytest.mark.parametrize('name,argv,setup,expect', ROUND_TWO, ids=[c[0] for c in ROUND_TWO])
-def test_round_two(name, argv, setup, expect, base, tmp_path, capsys):
-    "The harness above, with `tree()` (every file's bytes, links followed) beside `snapshot()`, and nothing run."
+def refused_in_one_line(argv, setup, expect, base, tmp_path, capsys) -> Path:
+    "Run `argv` on a copy `w` of `base` that `setup` prepared: exit 2, one line holding `expect`, every file unchanged."
     w = tmp_path/'w'
     shutil.copytree(base, w, symlinks=True)
     setup(w)
@@ -637,6 +636,12 @@ def test_round_two(name, argv, setup, expect, base, tmp_path, capsys):
     assert code == 2 and len(lines) == 1 and 'Traceback' not in err, (code, err)
     assert expect.format(w=w) in lines[0], (expect, lines[0])
     assert snapshot(w) == before and tree(w) == files, 'files changed or appeared'
+    return w
+
+@pytest.mark.parametrize('name,argv,setup,expect', ROUND_TWO, ids=[c[0] for c in ROUND_TWO])
+def test_round_two(name, argv, setup, expect, base, tmp_path, capsys):
+    "The harness above, with `tree()` (every file's bytes, links followed) beside `snapshot()`, and nothing run."
+    w = refused_in_one_line(argv, setup, expect, base, tmp_path, capsys)
     assert not (w/'pwned').exists(), 'code of the model folder ran'
     assert not list(tmp_path.rglob('*.legalnb-lock')), 'a lock was left behind'
 
@@ -885,18 +890,8 @@ ROUND_THREE = LOCK_CASES + RECORD_CASES
 @pytest.mark.parametrize('name,argv,setup,expect', ROUND_THREE, ids=[c[0] for c in ROUND_THREE])
 def test_round_three_locks_and_records(name, argv, setup, expect, base, tmp_path, capsys, monkeypatch):
     "The round-two harness; the home folder is `w/home` here. A planted link stays, and its target is unchanged."
-    w = tmp_path/'w'
-    shutil.copytree(base, w, symlinks=True)
-    monkeypatch.setenv('HOME', str(w/'home'))
-    setup(w)
-    before, files = snapshot(w), tree(w)
-    capsys.readouterr()
-    code = main([a.format(w=w) for a in argv])
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and 'Traceback' not in err, (code, err)
-    assert expect.format(w=w) in lines[0], (expect, lines[0])
-    assert snapshot(w) == before and tree(w) == files, 'files changed or appeared'
+    monkeypatch.setenv('HOME', str(tmp_path/'w'/'home'))
+    w = refused_in_one_line(argv, setup, expect, base, tmp_path, capsys)
     if (w/'precious.txt').exists(): assert (w/'precious.txt').read_text() == PRECIOUS
     assert not (w/'outside'/'made.txt').exists(), 'a file was made through a dangling link'
 
