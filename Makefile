@@ -1,8 +1,16 @@
 # The two README commands: `make quickstart` (the main job) and `make test` (the whole test suite).
 # Both create .venv and install legalnb with its dev extras the first time, every package at the version
-# requirements.lock pins (torch aside: TORCH picks the build for the machine).
+# requirements.lock pins (torch aside: the variables below pick the build for the machine).
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
+# Where torch comes from. Neither: PyPI (its Linux x86-64 wheel is a CUDA build). TORCH_VARIANT=cpu|cu126|cu128|...:
+# PyTorch's index for that build (https://download.pytorch.org/whl/VARIANT), e.g. cu126 for a driver older than the
+# default wheel's CUDA. TORCH_INDEX=URL: another index. SYSTEM_TORCH=1: the torch already installed for PYTHON (a
+# PyTorch image's): .venv sees PYTHON's site-packages and torch is not installed again. Changing any of them (or
+# TORCH) installs again: they are kept in TORCH_CHOICE, which the stamp depends on (.ci/torch_choice.py).
+TORCH_VARIANT ?=
+TORCH_INDEX ?=
+SYSTEM_TORCH ?=
 LOCK  ?= requirements.lock
 VENV  ?= .venv
 BIN   := $(VENV)/bin
@@ -13,14 +21,24 @@ TEST_WORKERS ?= 2
 
 .PHONY: install quickstart test test-latest lock sync gpu-check
 
+# The torch choice, rewritten only when it changes (so the stamp is remade then, and only then). `+`: it runs under
+# make -n and make -q too, so they answer for the choice given. With SYSTEM_TORCH=1 it pins the image's torch.
+TORCH_CHOICE := $(VENV)/.torch-choice
+TORCH_URL = $(or $(TORCH_INDEX),$(if $(TORCH_VARIANT),https://download.pytorch.org/whl/$(TORCH_VARIANT)))
+CHOOSE_TORCH = $(PYTHON) .ci/torch_choice.py --venv $(VENV) --python $(PYTHON) --torch "$(TORCH)" \
+	--variant "$(TORCH_VARIANT)" --index "$(TORCH_INDEX)" --system "$(SYSTEM_TORCH)"
+$(TORCH_CHOICE): FORCE
+	+@$(CHOOSE_TORCH) record
+FORCE:
+
 # The lock as pip constraints: every package installed is the version it names; check_lock.py fails the install
 # when one is not (a stale lock). `make install LOCK=` installs the newest versions settings.ini's ranges allow.
 CONSTRAIN := $(if $(LOCK),-c $(LOCK))
-$(STAMP): settings.ini setup.py $(LOCK)
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(STAMP): settings.ini setup.py $(LOCK) $(TORCH_CHOICE)
+	$(CHOOSE_TORCH) venv
 	$(BIN)/python -m pip install -q $(CONSTRAIN) --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q $(CONSTRAIN) -e ".[dev]"
+	$(if $(filter 1,$(SYSTEM_TORCH)),,$(BIN)/python -m pip install -q "$(TORCH)"$(if $(TORCH_URL), --index-url $(TORCH_URL)))
+	$(BIN)/python -m pip install -q $(CONSTRAIN) -c $(TORCH_CHOICE) -e ".[dev]"
 	$(if $(LOCK),$(BIN)/python .ci/check_lock.py)
 	touch $(STAMP)
 
@@ -41,9 +59,9 @@ test: $(STAMP)
 
 # Drift, caught on our side: a new environment (.venv-latest) with the newest releases settings.ini's ranges allow,
 # and the whole test suite on it. A weekly GitHub workflow runs it; what it finds becomes a fix or a tighter range.
-# KEEP_VENV=1 keeps a .venv-latest that holds only a torch build put there first (CI's CPU build).
+# `make test-latest TORCH_VARIANT=cpu` on a machine without a GPU (the workflow's) takes torch's CPU build.
 test-latest:
-	$(if $(KEEP_VENV),rm -f .venv-latest/.installed-stamp,rm -rf .venv-latest)
+	rm -rf .venv-latest
 	$(MAKE) install VENV=.venv-latest LOCK=
 	.venv-latest/bin/python .ci/check_lock.py --report
 	$(MAKE) test VENV=.venv-latest LOCK=

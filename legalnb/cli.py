@@ -4,18 +4,20 @@
 
 # %% ../nbs/15_cli.ipynb #8ee0a7d5
 from __future__ import annotations
-import argparse, json, math, os, shutil, sys, time
+import argparse, json, math, os, re, shlex, shutil, sys, time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Literal
 from .core import COMMANDS, GPU_HOUR_PRICE, LegalnbError, atomic_write, command_main, command_parser
-from .core import command_settings
+from .core import command_settings, resolve_precision
 from .core import format_duration, read_json
 from .core import output_folder, record_written, remove_owned
 
 # %% auto #0
-__all__ = ['QUICKSTART_PROMPT', 'QUICKSTART_OUTPUTS', 'usage', 'main', 'exit_process', 'console', 'prepare_workdir',
-           'h100_estimate', 'write_quickstart_report', 'quickstart_plan', 'quickstart', 'quickstart_main']
+__all__ = ['QUICKSTART_PROMPT', 'QUICKSTART_OUTPUTS', 'SLURM_TIME', 'SLURM_STRATEGIES', 'usage', 'main', 'exit_process',
+           'console', 'prepare_workdir', 'h100_estimate', 'write_quickstart_report', 'quickstart_plan', 'quickstart',
+           'quickstart_main', 'check_slurm_job', 'torchrun_launch', 'accelerate_launch', 'slurm_script', 'write_job',
+           'slurm_parser', 'slurm_main']
 
 # %% ../nbs/15_cli.ipynb #3aaa7b0c
 def usage() -> str:
@@ -235,6 +237,140 @@ def quickstart_main(argv: list[str]) -> int:
           f'  eval/         eval.md, eval.json: the held-out evaluation, its plots; against.md: against the baseline\n'
           f'  baseline/     the same-size transformer the run is held against\n'
           f'  corpus/       shards and tokenizer.json;  split/  train/ and val/;  selection.json  the selection report')
+    return 0
+
+# %% ../nbs/15_cli.ipynb #a3cb2d1b
+SLURM_TIME = re.compile(r'^(\d+-)?\d+(:\d\d){0,2}$')   # MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+SLURM_STRATEGIES = ('ddp', 'fsdp', 'deepspeed-zero3')   # hf's STRATEGY_FILES (not imported: --help stays fast)
+
+def _lines(groups: list[list[str]], indent: str = '    ') -> str:
+    "Shell words as one command: each group (a flag and its value) on a continued line."
+    return f' \\\n{indent}'.join(' '.join(g) for g in groups)
+
+def _flag_groups(flags: str) -> list[list[str]]:
+    "`--a 1 --b --c x` as [['--a', '1'], ['--b'], ['--c', 'x']]."
+    groups = []
+    for w in flags.split():
+        if w.startswith('-') or not groups: groups.append([w])
+        else: groups[-1].append(w)
+    return groups
+
+def check_slurm_job(nodes: int, gpus_per_node: int, time: str, cpus_per_gpu: int, port: int,
+                    partition: str | None = None, account: str | None = None):
+    "Refuse a job that SLURM or the launchers would refuse later, naming the flag."
+    for flag, n in (('--nodes', nodes), ('--gpus-per-node', gpus_per_node), ('--cpus-per-gpu', cpus_per_gpu)):
+        if n < 1: raise LegalnbError(f'{flag} must be at least 1, got {n}')
+    if not SLURM_TIME.match(time):
+        raise LegalnbError(f'--time {time!r}: expected MINUTES, HH:MM:SS or D-HH:MM:SS (e.g. 90, 24:00:00, 2-00:00:00)')
+    if not 1024 <= port <= 65535: raise LegalnbError(f'--port must be between 1024 and 65535, got {port}')
+    for flag, name in (('--partition', partition), ('--account', account)):
+        if name is not None and not re.fullmatch(r'[\w.,-]+', name):
+            raise LegalnbError(f'{flag} {name!r}: expected a SLURM name (letters, digits, _ . , -)')
+
+# %% ../nbs/15_cli.ipynb #e9093b81
+def torchrun_launch(args: list[str], gpus_per_node: int, port: int) -> list[list[str]]:
+    "`legalnb train ARGS` under torchrun on every node: c10d rendezvous at the first node, the job's id as its id."
+    return [['srun', 'torchrun'], ['--nnodes', '"$SLURM_NNODES"'], ['--nproc-per-node', str(gpus_per_node)],
+            ['--rdzv-id', '"$SLURM_JOB_ID"'], ['--rdzv-backend', 'c10d'], ['--rdzv-endpoint', f'"$head_node:{port}"'],
+            ['-m', 'legalnb.cli', 'train', *map(shlex.quote, args)]]
+
+def accelerate_launch(args: list[str], settings: dict, nodes: int, gpus_per_node: int, port: int,
+                      strategy: str | None) -> list[list[str]]:
+    "`legalnb finetune ARGS` under accelerate launch on every node (its rank: SLURM_NODEID), with finetune's configs."
+    from legalnb.hf import _layer_class, launch_flags
+    from legalnb.presets import get_preset
+    data = Path(settings['data'])
+    if strategy is None and not data.exists():
+        raise LegalnbError(f'--data {data}: not found here, and the strategy follows from it (a corpus folder: '
+                           'continued pretraining, a JSONL file: LoRA); give --strategy, or write the job where '
+                           'the nodes see the data')
+    preset = get_preset('cpt' if data.is_dir() else 'lora', settings.get('preset') or 'fast')
+    strategy = strategy or {'single': 'ddp'}.get(preset.strategy, preset.strategy)
+    # the nodes' GPUs are not this machine's: bf16 tensor cores assumed (A100, H100); --precision fp16 for older ones
+    precision = resolve_precision(settings.get('precision') or preset.precision, (8, 0))
+    flags = launch_flags(strategy, nodes * gpus_per_node, precision, _layer_class(settings['model']))
+    flags += ' --deepspeed_multinode_launcher standard' * (strategy == 'deepspeed-zero3')   # not pdsh: srun starts it
+    inner = [['accelerate', 'launch'], ['--num_machines', '"$SLURM_NNODES"'], ['--machine_rank', '"$SLURM_NODEID"'],
+             ['--main_process_ip', '"$head_node"'], ['--main_process_port', str(port)], *_flag_groups(flags),
+             ['-m', 'legalnb.cli', 'finetune', *map(shlex.quote, args)]]
+    return [['srun', 'bash', '-c', shlex.quote(_lines(inner, ' ' * 8))]]   # bash -c: SLURM_NODEID is each node's
+
+# %% ../nbs/15_cli.ipynb #92126288
+def _parsed(command: str, args: list[str], required: tuple[str, ...]) -> dict:
+    "`legalnb COMMAND ARGS`'s settings, parsed here: a typo fails now, not after the job waited in the queue."
+    try: settings = command_settings(command, args)
+    except LegalnbError as e: raise LegalnbError(f'the flags of legalnb {command} after --: {e}') from None
+    if missing := [f'--{k}' for k in required if not settings.get(k) and not settings.get('config')]:
+        raise LegalnbError(f'legalnb {command} needs {", ".join(missing)}: give it after --, e.g. legalnb slurm '
+                           f'{command} --nodes 2 -o job.slurm -- {" ".join(f"{m} ..." for m in missing)}')
+    return settings
+
+def slurm_script(command: Literal['train', 'finetune'],  # train (under torchrun) or finetune (accelerate launch)
+                 args: list[str] = (),           # the command's flags (on the command line: after --)
+                 nodes: int = 2,                 # machines
+                 gpus_per_node: int = 8,         # GPUs of each machine, one process each
+                 time: str = '24:00:00',         # time limit: MINUTES, HH:MM:SS or D-HH:MM:SS
+                 partition: str | None = None,   # the partition (queue) of GPU nodes (default: the cluster's)
+                 account: str | None = None,     # the account the job is charged to (default: yours)
+                 cpus_per_gpu: int = 8,          # CPU cores per GPU, for data loading
+                 port: int = 29500,              # rendezvous port on the first node
+                 strategy: Literal[SLURM_STRATEGIES] | None = None,  # finetune's sharding (default: its preset's)
+                 bin_dir: str | None = None      # bin/ of legalnb's env, first on PATH (default: this Python's)
+                ) -> str:
+    "A SLURM batch script that runs `legalnb COMMAND ARGS` on `nodes` machines with `gpus_per_node` GPUs each."
+    check_slurm_job(nodes, gpus_per_node, time, cpus_per_gpu, port, partition, account)
+    args = [str(a) for a in args]
+    settings = _parsed(command, args, ('data', 'out') if command == 'train' else ('model', 'data', 'out'))
+    launch = (torchrun_launch(args, gpus_per_node, port) if command == 'train' else
+              accelerate_launch(args, settings, nodes, gpus_per_node, port, strategy))
+    launcher = 'torchrun' if command == 'train' else 'accelerate launch'
+    about = [f'legalnb {command} on {nodes} node(s) x {gpus_per_node} GPU(s): srun starts {launcher} on each node,',
+             'which starts one process per GPU; they meet at the first node. Written by `legalnb slurm` (run it again',
+             f'to change the job); submit it with `sbatch FILE`; the log is legalnb-{command}-JOBID.out.']
+    sbatch = dict(job_name=f'legalnb-{command}', nodes=nodes, ntasks_per_node=1, gpus_per_node=gpus_per_node,
+                  cpus_per_task=cpus_per_gpu * gpus_per_node, time=time, partition=partition, account=account,
+                  output='%x-%j.out')
+    bin_dir = shlex.quote(str(bin_dir or Path(sys.executable).parent))
+    return '\n'.join([
+        '#!/bin/bash', *[f'# {line}' for line in about],
+        *[f'#SBATCH --{k.replace("_", "-")}={v}' for k, v in sbatch.items() if v is not None],
+        'set -euo pipefail', '',
+        f'export PATH={bin_dir}:"$PATH"   # legalnb\'s Python environment (the nodes see this file system)',
+        'hosts=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))   # the job\'s nodes (no `| head -n1`: SIGPIPE)',
+        'head_node=${hosts[0]}',
+        *['export head_node   # for the bash -c on each node'] * (command == 'finetune'), '',
+        _lines(launch), ''])
+
+# %% ../nbs/15_cli.ipynb #4230ef9f
+def write_job(path: str | Path, text: str, overwrite: bool = False) -> Path:
+    "Write the batch script to `path` (atomically); an existing file only with `overwrite`."
+    path = Path(path)
+    if path.is_dir(): raise LegalnbError(f'-o {path}: is a folder; expected the batch script to write, e.g. job.slurm')
+    if path.exists() and not overwrite:
+        raise LegalnbError(f'-o {path}: exists; pass --overwrite to replace it, or choose another file')
+    with atomic_write(path) as tmp: tmp.write_text(text)
+    return path
+
+def slurm_parser() -> argparse.ArgumentParser:
+    "The flags of `legalnb slurm`: `slurm_script`'s, -o FILE and --overwrite; the command's own flags follow `--`."
+    p = command_parser(slurm_script, 'legalnb slurm', skip=('args',))
+    p.usage = 'legalnb slurm {train,finetune} [FLAGS] [-o FILE] -- FLAGS OF legalnb train OR finetune'
+    p.epilog = ('e.g. legalnb slurm train --nodes 2 --gpus-per-node 8 -o job.slurm -- --data split --out run '
+                '&& sbatch job.slurm')
+    p.add_argument('-o', '--output', metavar='FILE', help='the batch script to write (default: print it)')
+    p.add_argument('--overwrite', action='store_true', help='replace the -o file if it exists')
+    return p
+
+def slurm_main(argv: list[str]) -> int:
+    "`legalnb slurm COMMAND [FLAGS] [-o FILE] -- ARGS`: write (or print) the batch script that runs the command."
+    argv = list(map(str, argv)); cut = argv.index('--') if '--' in argv else len(argv)
+    a = vars(slurm_parser().parse_args(argv[:cut]))
+    output, overwrite = a.pop('output'), a.pop('overwrite')
+    text = slurm_script(args=argv[cut + 1:], **a)
+    if output is None: print(text, end=''); return 0
+    write_job(output, text, overwrite)
+    print(f'{output}: legalnb {a["command"]} on {a["nodes"]} node(s) x {a["gpus_per_node"]} GPU(s); '
+          f'submit it with  sbatch {output}')
     return 0
 
 # %% ../nbs/15_cli.ipynb #4244909a

@@ -808,6 +808,8 @@ COMMANDS = {
                             'time and cost of a training plan, checked against physics'),
     'run':          Command('legalnb.run:run_main', 'legalnb.run:run_parser',
                             'your documents to an evaluated model from one plan, resumable per stage'),
+    'slurm':        Command('legalnb.cli:slurm_main', 'legalnb.cli:slurm_parser',
+                            'a SLURM batch script: train (torchrun) or finetune (accelerate) on several nodes'),
     'quickstart':   Command('legalnb.cli:quickstart_main', 'legalnb.cli:quickstart',
                             'sample -> select -> corpus -> train a tiny model -> report'),
     'own':          Command('legalnb.core:own_main', 'legalnb.core:own_command',
