@@ -22,8 +22,8 @@ from tqdm import tqdm
 from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, jsonl_records, read_json,
                    refuse_foreign_files, refuse_overwriting_inputs, resolve_device, resolve_precision, run_command)
 from .core import GPU_HOUR_PRICE, Output, command_settings, refuse_oversized, refuse_unowned, run_writing
-from .models import decoder_of, is_hub_name, load_native, model_folder, model_kind, native_tokenizer
-from .models import refuse_pickled_weights
+from .models import decoder_of, hub_cache, hub_snapshot, is_hub_name, load_native, model_folder, model_kind
+from .models import native_tokenizer, refuse_pickled_weights
 from .export import legalnb_remote_code
 
 # %% auto #0
@@ -138,9 +138,12 @@ def lora_base(adapter: Path, base: str | Path | None = None) -> Path:
     name = read_json(adapter/'adapter_config.json', 'a LoRA adapter config').get('base_model_name_or_path') or ''
     for p in (Path(name), adapter/name, adapter.parent/name, adapter.parent.parent/name):
         if name and (p/'config.json').is_file(): return p
-    if is_hub_name(name): return model_folder(name)   # a Hub name (not a folder here): the Hugging Face cache's
+    hub = ''
+    if is_hub_name(name):   # a name on the Hub: the Hugging Face cache's copy
+        try: return hub_snapshot(name)
+        except LegalnbError: hub = f' (or `hf download {name}`: the Hugging Face cache {hub_cache()} has none)'
     raise LegalnbError(f'{adapter/"adapter_config.json"}: its base model {name!r} is not a local model folder; '
-                       'pass --base BASE_MODEL_FOLDER')
+                       f'pass --base BASE_MODEL_FOLDER{hub}')
 
 def _hf_footprint(model_dir: Path, trust: bool, dtype: torch.dtype) -> tuple[int, int]:
     "Parameters and bytes of a Hugging Face model at `dtype`, from its config.json alone (built on the meta device)."
