@@ -11,7 +11,8 @@ from typing import Callable
 from .core import (GPU_HOUR_PRICE, LegalnbError, atomic_write, format_duration, markdown_table, read_json,
                           refuse_foreign_files, refuse_overwriting_inputs, refuse_unowned, run_writing)
 from .core import command_settings
-from .models import model_folder, model_kind
+from .core import model_folder
+from .models import model_kind
 from .evaluate import (AGAINST_FILES, BOOTSTRAP, EVALUATE_OUTPUTS, GENERAL_GROUPS, GROUPS,
                               HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS, REPORT_FILES, RETAINED_FILES, bootstrap_estimate,
                               cap_documents, capped_note, check_evaluate_settings, clear_other_modes, evaluate,

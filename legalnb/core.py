@@ -4,8 +4,8 @@
 
 # %% ../nbs/00_core.ipynb #c05bf6d8
 from __future__ import annotations
-import argparse, ctypes, functools, importlib, inspect, json, math, os, re, shutil, subprocess, sys, tempfile, time, types
-import typing
+import argparse, ctypes, functools, hashlib, importlib, inspect, json, math, os, re, shutil, subprocess, sys, tempfile
+import time, types, typing
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, is_dataclass
 from pathlib import Path
@@ -17,13 +17,14 @@ __all__ = ['GPU_HOUR_PRICE', 'NUMBER_EXAMPLES', 'PRECISIONS', 'NVIDIA_SMI_TIMEOU
            'DEVICES', 'OWNED', 'OWNED_FORMAT', 'LOCK', 'COMMANDS', 'LegalnbError', 'max_procs', 'check_num_proc',
            'atomic_write', 'jsonl_record', 'jsonl_records', 'read_json', 'parse_number', 'parse_count',
            'format_duration', 'markdown_table', 'resolve_precision', 'cuda_capability', 'NvidiaGpu', 'parse_nvidia_smi',
-           'nvidia_gpus', 'torch_variant', 'torch_install', 'cuda_unusable', 'say_once', 'resolve_device',
-           'usable_cores', 'loader_workers', 'available_memory', 'refuse_oversized', 'libc', 'trim_memory',
-           'refuse_overwriting_inputs', 'bookkeeping', 'foreign_files', 'refuse_foreign_files', 'folder_files',
-           'everyones', 'owned_files', 'unowned_stamps', 'record_written', 'remove_owned', 'recorded_by', 'record_as',
-           'open_lock', 'lock_path', 'holder_alive', 'folder_lock', 'followed', 'refuse_unowned', 'output_folder',
-           'others_files', 'own_command', 'own_main', 'CommandParser', 'command_parser', 'Output', 'run_writing',
-           'run_command', 'Command', 'command_main', 'command_flags', 'command_settings', 'command_run']
+           'nvidia_gpus', 'torch_variant', 'torch_install', 'cuda_unusable', 'say_once', 'resolve_device', 'hub_cache',
+           'is_hub_name', 'hub_snapshot', 'model_folder', 'add_to_hub_cache', 'usable_cores', 'loader_workers',
+           'available_memory', 'refuse_oversized', 'libc', 'trim_memory', 'refuse_overwriting_inputs', 'bookkeeping',
+           'foreign_files', 'refuse_foreign_files', 'folder_files', 'everyones', 'owned_files', 'unowned_stamps',
+           'record_written', 'remove_owned', 'recorded_by', 'record_as', 'open_lock', 'lock_path', 'holder_alive',
+           'folder_lock', 'followed', 'refuse_unowned', 'output_folder', 'others_files', 'own_command', 'own_main',
+           'CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command', 'Command', 'command_main',
+           'command_flags', 'command_settings', 'command_run']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -299,6 +300,55 @@ def resolve_device(device: str = 'auto',        # 'auto' (the GPU when torch can
                            '--device cuda: no CUDA GPU is visible; use --device cpu')
     if why: say_once(f'legalnb: running on the CPU, although the driver shows {gpus[0]}: {why}')
     return torch.device('cpu')
+
+# %% ../nbs/00_core.ipynb #6ef34d8e
+def hub_cache() -> Path:
+    "The Hugging Face cache `hf download` fills: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."
+    env = os.environ
+    if found := env.get('HF_HUB_CACHE') or env.get('HUGGINGFACE_HUB_CACHE'): return Path(found).expanduser()
+    home = env.get('HF_HOME') or Path(env.get('XDG_CACHE_HOME') or Path.home()/'.cache')/'huggingface'
+    return Path(home).expanduser()/'hub'
+
+def is_hub_name(name: str) -> bool:
+    "Whether `name` reads as a model's name on the Hugging Face Hub, org/name (a relative path of two parts may too)."
+    return bool(re.fullmatch(r'[\w-][\w.-]*/[\w-][\w.-]*', str(name))) and '--' not in name and '..' not in name
+
+def hub_snapshot(name: str) -> Path:
+    "The folder of model `name` (org/name) in the Hugging Face cache, found without the network."
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
+    cache, how = hub_cache(), f'`hf download {name}` (HF_HOME decides where it goes)'
+    try: return Path(snapshot_download(name, local_files_only=True, cache_dir=cache))
+    except IncompleteSnapshotError:
+        raise LegalnbError(f'{name}: its download into the Hugging Face cache {cache} is incomplete; run {how} '
+                           'again') from None
+    except LocalEntryNotFoundError:
+        raise LegalnbError(f'{name}: no such folder, and no model {name} in the Hugging Face cache {cache}; download '
+                           f'it with {how}, or give a model folder') from None
+
+def model_folder(model: str | Path) -> Path:
+    "The folder of `model`: a folder here (it wins over the cache), else org/name's snapshot in the Hugging Face cache."
+    p = Path(model)
+    return hub_snapshot(str(model)) if not p.exists() and is_hub_name(str(model)) else p
+
+# %% ../nbs/00_core.ipynb #c2770792
+def add_to_hub_cache(folder: str | Path,               # a model folder (save_pretrained)
+                     name: str,                        # its name on the Hub, org/name
+                     cache: str | Path | None = None,  # the cache (default: `hub_cache()`)
+                    ) -> Path:                         # the snapshot folder
+    "Put `folder` into a Hugging Face cache as `hf download` lays a model out (blobs, refs/main, snapshots/COMMIT)."
+    from huggingface_hub.file_download import repo_folder_name
+    repo = Path(cache or hub_cache())/repo_folder_name(repo_id=name, repo_type='model')
+    files = {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(Path(folder).rglob('*')) if p.is_file()}
+    commit = hashlib.sha1(json.dumps({str(k): v for k, v in files.items()}).encode()).hexdigest()
+    for rel, digest in files.items():
+        blob, link = repo/'blobs'/digest, repo/'snapshots'/commit/rel
+        blob.parent.mkdir(parents=True, exist_ok=True); link.parent.mkdir(parents=True, exist_ok=True)
+        if not blob.exists(): shutil.copyfile(Path(folder)/rel, blob)
+        if not link.is_symlink(): link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo/'refs').mkdir(exist_ok=True); (repo/'refs'/'main').write_text(commit)
+    return repo/'snapshots'/commit
 
 # %% ../nbs/00_core.ipynb #653164a7
 def usable_cores() -> int:

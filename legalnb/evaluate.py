@@ -22,8 +22,8 @@ from tqdm import tqdm
 from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, jsonl_records, read_json,
                    refuse_foreign_files, refuse_overwriting_inputs, resolve_device, resolve_precision, run_command)
 from .core import GPU_HOUR_PRICE, Output, command_settings, refuse_oversized, refuse_unowned, run_writing
-from .models import decoder_of, hub_cache, hub_snapshot, is_hub_name, load_native, model_folder, model_kind
-from .models import native_tokenizer, refuse_pickled_weights
+from .core import hub_cache, hub_snapshot, is_hub_name, model_folder
+from .models import decoder_of, load_native, model_kind, native_tokenizer, refuse_pickled_weights
 from .export import legalnb_remote_code
 
 # %% auto #0

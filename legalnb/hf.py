@@ -14,12 +14,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from .core import (LegalnbError, PRECISIONS, CommandParser, atomic_write, command_parser, cuda_capability,
-                          format_duration, jsonl_records, loader_workers, read_json, refuse_foreign_files,
+                          format_duration, jsonl_records, loader_workers, model_folder, read_json, refuse_foreign_files,
                           refuse_overwriting_inputs, resolve_device, resolve_precision, usable_cores)
 from .presets import (BATCH_LR_RULES, PRESET_NAMES, Preset, accum_at, batch_lr_factor, get_preset, lora_steps,
                              packed_accumulation, parse_batch_schedule, steps_holding)
 from .metrics import MetricsFile, metric_lines, notify
-from .models import model_folder, refuse_pickled_weights   # no loader sees a pickle
+from .models import refuse_pickled_weights   # no loader sees a pickle
 
 # %% auto #0
 __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', 'STRATEGY_FILES', 'legal_sentences',

@@ -4,20 +4,20 @@
 
 # %% ../nbs/02a_models.ipynb #749c8b43
 from __future__ import annotations
-import hashlib, importlib, json, os, re, shutil
+import importlib, json
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from fastcore.basics import patch
-from .core import LegalnbError, read_json, refuse_oversized
+from .core import LegalnbError, model_folder, read_json, refuse_oversized
 
 # %% auto #0
 __all__ = ['MODELS', 'CONFIG_CONTRACT', 'MODEL_CONTRACT', 'MAX_LAYERS', 'MAX_CONTEXT', 'MAX_PARAMS', 'PICKLED_WEIGHTS',
            'ModelSpec', 'resonance_no_decay', 'gpt_no_decay', 'get_model', 'check_contract', 'register', 'size_table',
-           'check_config_sizes', 'model_footprint', 'load_weights', 'refuse_nonfinite', 'load_model', 'hub_cache',
-           'is_hub_name', 'hub_snapshot', 'model_folder', 'add_to_hub_cache', 'load_native', 'refuse_pickled_weights',
-           'model_kind', 'native_tokenizer', 'next_token', 'recurrent_decoder', 'transformers_decoder', 'decoder_of']
+           'check_config_sizes', 'model_footprint', 'load_weights', 'refuse_nonfinite', 'load_model', 'load_native',
+           'refuse_pickled_weights', 'model_kind', 'native_tokenizer', 'next_token', 'recurrent_decoder',
+           'transformers_decoder', 'decoder_of']
 
 # %% ../nbs/02a_models.ipynb #823bc6e4
 def _resolve(ref: Any) -> Any:
@@ -246,55 +246,6 @@ def load_model(directory: str | Path,     # a folder with config.json and model.
     size = weights.stat().st_size if weights.is_file() else 0
     refuse_oversized(path, params, nbytes + size)   # the model and the file's tensors, both in memory while loading
     return MODELS[arch].load(directory, map_location=map_location)
-
-# %% ../nbs/02a_models.ipynb #6ef34d8e
-def hub_cache() -> Path:
-    "The Hugging Face cache `hf download` fills: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."
-    env = os.environ
-    if found := env.get('HF_HUB_CACHE') or env.get('HUGGINGFACE_HUB_CACHE'): return Path(found).expanduser()
-    home = env.get('HF_HOME') or Path(env.get('XDG_CACHE_HOME') or Path.home()/'.cache')/'huggingface'
-    return Path(home).expanduser()/'hub'
-
-def is_hub_name(name: str) -> bool:
-    "Whether `name` reads as a model's name on the Hugging Face Hub, org/name (a relative path of two parts may too)."
-    return bool(re.fullmatch(r'[\w-][\w.-]*/[\w-][\w.-]*', str(name))) and '--' not in name and '..' not in name
-
-def hub_snapshot(name: str) -> Path:
-    "The folder of model `name` (org/name) in the Hugging Face cache, found without the network."
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
-    cache, how = hub_cache(), f'`hf download {name}` (HF_HOME decides where it goes)'
-    try: return Path(snapshot_download(name, local_files_only=True, cache_dir=cache))
-    except IncompleteSnapshotError:
-        raise LegalnbError(f'{name}: its download into the Hugging Face cache {cache} is incomplete; run {how} '
-                           'again') from None
-    except LocalEntryNotFoundError:
-        raise LegalnbError(f'{name}: no such folder, and no model {name} in the Hugging Face cache {cache}; download '
-                           f'it with {how}, or give a model folder') from None
-
-def model_folder(model: str | Path) -> Path:
-    "The folder of `model`: a folder here (it wins over the cache), else org/name's snapshot in the Hugging Face cache."
-    p = Path(model)
-    return hub_snapshot(str(model)) if not p.exists() and is_hub_name(str(model)) else p
-
-# %% ../nbs/02a_models.ipynb #c2770792
-def add_to_hub_cache(folder: str | Path,               # a model folder (save_pretrained)
-                     name: str,                        # its name on the Hub, org/name
-                     cache: str | Path | None = None,  # the cache (default: `hub_cache()`)
-                    ) -> Path:                         # the snapshot folder
-    "Put `folder` into a Hugging Face cache as `hf download` lays a model out (blobs, refs/main, snapshots/COMMIT)."
-    from huggingface_hub.file_download import repo_folder_name
-    repo = Path(cache or hub_cache())/repo_folder_name(repo_id=name, repo_type='model')
-    files = {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest()
-             for p in sorted(Path(folder).rglob('*')) if p.is_file()}
-    commit = hashlib.sha1(json.dumps({str(k): v for k, v in files.items()}).encode()).hexdigest()
-    for rel, digest in files.items():
-        blob, link = repo/'blobs'/digest, repo/'snapshots'/commit/rel
-        blob.parent.mkdir(parents=True, exist_ok=True); link.parent.mkdir(parents=True, exist_ok=True)
-        if not blob.exists(): shutil.copyfile(Path(folder)/rel, blob)
-        if not link.is_symlink(): link.symlink_to(os.path.relpath(blob, link.parent))
-    (repo/'refs').mkdir(exist_ok=True); (repo/'refs'/'main').write_text(commit)
-    return repo/'snapshots'/commit
 
 # %% ../nbs/02a_models.ipynb #f1428122
 def load_native(path: str | Path) -> nn.Module:

@@ -460,7 +460,8 @@ def _second_finetune(own: dict, first: dict, b: dict, work: Path, stage_to: str 
 def _hf_model(model: str, base: Path) -> str | None:
     "The folder of a Hugging Face `model`: a folder (from the plan's), or org/name's snapshot in the Hugging Face "
     "cache; None for a registered architecture."
-    from legalnb.models import MODELS, hub_snapshot, is_hub_name
+    from legalnb.core import hub_snapshot, is_hub_name
+    from legalnb.models import MODELS
     if model in MODELS: return None
     p = Path(model) if Path(model).is_absolute() else base/model
     if (p/'config.json').is_file(): return str(p)

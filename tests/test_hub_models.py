@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from legalnb.cli import main
-from legalnb.models import add_to_hub_cache
+from legalnb.core import add_to_hub_cache
 
 NAME = 'legal-org/tiny-llama'
 QUICK = ['--citations', '0', '--samples', '0', '--rouge', '0', '--bootstrap', '0', '--general', 'none', '--device', 'cpu',
@@ -119,7 +119,12 @@ def test_a_plan_names_a_cached_model(cache):
         build_stages({'input': ['formex'], 'out': 'work', 'model': 'legal-org/absent'}, Path('.'), {})
 
 
+def test_build_corpus_takes_a_cached_models_tokenizer_by_name(cache, tiny_llama):
+    from legalnb.corpus import load_tokenizer
+    assert load_tokenizer(NAME).to_str() == load_tokenizer(tiny_llama).to_str()
+
+
 def test_help_says_a_model_may_be_named():
     from legalnb.core import command_flags
-    for command in ('finetune', 'evaluate', 'generate', 'run'):
+    for command in ('finetune', 'evaluate', 'generate', 'run', 'build-corpus'):
         assert 'org/name' in command_flags(command).format_help(), command
