@@ -311,7 +311,8 @@ def hub_cache() -> Path:
 
 def is_hub_name(name: str) -> bool:
     "Whether `name` reads as a model's name on the Hugging Face Hub, org/name (a relative path of two parts may too)."
-    return bool(re.fullmatch(r'[\w-][\w.-]*/[\w-][\w.-]*', str(name))) and '--' not in name and '..' not in name
+    name = str(name)
+    return bool(re.fullmatch(r'[\w-][\w.-]*/[\w-][\w.-]*', name)) and '--' not in name and '..' not in name
 
 def hub_snapshot(name: str) -> Path:
     "The folder of model `name` (org/name) in the Hugging Face cache, found without the network."
@@ -347,7 +348,7 @@ def add_to_hub_cache(folder: str | Path,               # a model folder (save_pr
         blob.parent.mkdir(parents=True, exist_ok=True); link.parent.mkdir(parents=True, exist_ok=True)
         if not blob.exists(): shutil.copyfile(Path(folder)/rel, blob)
         if not link.is_symlink(): link.symlink_to(os.path.relpath(blob, link.parent))
-    (repo/'refs').mkdir(exist_ok=True); (repo/'refs'/'main').write_text(commit)
+    (repo/'refs').mkdir(parents=True, exist_ok=True); (repo/'refs'/'main').write_text(commit)
     return repo/'snapshots'/commit
 
 # %% ../nbs/00_core.ipynb #653164a7
