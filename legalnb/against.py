@@ -11,6 +11,7 @@ from typing import Callable
 from .core import (GPU_HOUR_PRICE, LegalnbError, atomic_write, format_duration, markdown_table, read_json,
                           refuse_foreign_files, refuse_overwriting_inputs, refuse_unowned, run_writing)
 from .core import command_settings
+from .core import model_folder
 from .models import model_kind
 from .evaluate import (AGAINST_FILES, BOOTSTRAP, EVALUATE_OUTPUTS, GENERAL_GROUPS, GROUPS,
                               HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS, REPORT_FILES, RETAINED_FILES, bootstrap_estimate,
@@ -527,7 +528,7 @@ def _prepare(paths: list[Path], o: dict) -> tuple[list[dict], list[dict] | None,
 def _is_base(model: Path, ref: Path, o: dict) -> bool:
     "Is the reference what the model started from (then its change on general text is forgetting)?"
     if o['against'] == 'base': return True
-    try: return reference_of(model, o['base']).resolve() == ref.resolve()
+    try: return reference_of(model, o['base']).resolve() == model_folder(ref).resolve()   # org/name: its snapshot
     except LegalnbError: return False
 
 def against_command(**o) -> int:

@@ -13,7 +13,7 @@ from typing import Iterator, Literal
 from fastcore.docments import docments
 from .core import (LegalnbError, atomic_write, command_parser, format_duration, markdown_table,
                           parse_number, read_json, refuse_foreign_files, refuse_overwriting_inputs, run_writing)
-from .core import Output, command_settings
+from .core import Output, command_settings, resolve_device
 from .models import MODELS, get_model
 
 # %% auto #0
@@ -122,12 +122,6 @@ def check_settings(data, models, size, overrides, budget, budget_kind, lr, lr_fa
                 eval_points=eval_points, eval_batches=eval_batches, seed=seed, precision=precision)
 
 # %% ../nbs/12_compare.ipynb #00b1cd70
-def _device(device: str) -> str:
-    "'cuda' or 'cpu' for --device auto/cuda/cpu."
-    import torch
-    if device == 'cuda' and not torch.cuda.is_available(): raise LegalnbError('--device cuda: no CUDA GPU is visible')
-    return 'cuda' if device != 'cpu' and torch.cuda.is_available() else 'cpu'
-
 def plan_comparison(settings: dict, device: str = 'cpu') -> dict:
     "The runs of a comparison: each model x each learning rate, with the steps the budget buys that model."
     from legalnb.train import open_split
@@ -222,7 +216,7 @@ def train_run(plan: dict, run: dict, out: Path, state: dict, resume: bool, devic
     "Train one run (resuming it from its latest checkpoint when `resume`), record its status and peak memory."
     from legalnb.train import train
     cfg = run_config(plan, run, out, resume, device, **how)
-    with peak_memory(_device(device)) as mem:
+    with peak_memory(resolve_device(device).type) as mem:
         try: train(cfg, callbacks); status, error = 'done', None
         except LegalnbError as e:
             if not str(e).startswith('loss is '): raise   # a diverged learning rate is a result; anything else stops
@@ -370,7 +364,7 @@ def compare_models(data: str, models: list[str] = ('resonance', 'gpt'), size: st
     refuse_overwriting_inputs([data], [out], '--out')
     if out.exists() and not out.is_dir(): raise LegalnbError(f'--out {out} is a file; --out names a folder')
     if not (out/PLAN).is_file(): refuse_foreign_files(out, lambda p: False, '--out')
-    plan = load_or_plan(out, settings, _device(device))
+    plan = load_or_plan(out, settings, resolve_device(device).type)
     refuse_foreign_files(out, _ours(plan), '--out')
     state = read_json(out/STATE, 'the runs of a comparison') if (out/STATE).is_file() else {}
     todo = [(r, run_status(out, r, state)) for r in plan['runs']]

@@ -4,7 +4,8 @@
 
 # %% ../nbs/00_core.ipynb #c05bf6d8
 from __future__ import annotations
-import argparse, ctypes, functools, importlib, inspect, json, math, os, re, shutil, sys, tempfile, time, types, typing
+import argparse, ctypes, functools, hashlib, importlib, inspect, json, math, os, re, shutil, subprocess, sys, tempfile
+import time, types, typing
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, is_dataclass
 from pathlib import Path
@@ -12,15 +13,18 @@ from typing import Callable, Iterable, Iterator, Literal, NamedTuple
 from fastcore.docments import docments
 
 # %% auto #0
-__all__ = ['GPU_HOUR_PRICE', 'NUMBER_EXAMPLES', 'PRECISIONS', 'OWNED', 'OWNED_FORMAT', 'LOCK', 'COMMANDS', 'LegalnbError',
-           'max_procs', 'check_num_proc', 'atomic_write', 'jsonl_record', 'jsonl_records', 'read_json', 'parse_number',
-           'parse_count', 'format_duration', 'markdown_table', 'resolve_precision', 'cuda_capability', 'usable_cores',
-           'loader_workers', 'available_memory', 'refuse_oversized', 'libc', 'trim_memory', 'refuse_overwriting_inputs',
-           'bookkeeping', 'foreign_files', 'refuse_foreign_files', 'folder_files', 'everyones', 'owned_files',
-           'unowned_stamps', 'record_written', 'remove_owned', 'recorded_by', 'record_as', 'open_lock', 'lock_path',
-           'holder_alive', 'folder_lock', 'followed', 'refuse_unowned', 'output_folder', 'others_files', 'own_command',
-           'own_main', 'CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command', 'Command',
-           'command_main', 'command_flags', 'command_settings', 'command_run']
+__all__ = ['GPU_HOUR_PRICE', 'NUMBER_EXAMPLES', 'PRECISIONS', 'NVIDIA_SMI_TIMEOUT', 'TORCH_CUDA_VARIANTS', 'TORCH_INDEX',
+           'DEVICES', 'OWNED', 'OWNED_FORMAT', 'LOCK', 'COMMANDS', 'LegalnbError', 'max_procs', 'check_num_proc',
+           'atomic_write', 'jsonl_record', 'jsonl_records', 'read_json', 'parse_number', 'parse_count',
+           'format_duration', 'markdown_table', 'resolve_precision', 'cuda_capability', 'NvidiaGpu', 'parse_nvidia_smi',
+           'nvidia_gpus', 'torch_variant', 'torch_install', 'cuda_unusable', 'say_once', 'resolve_device', 'hub_cache',
+           'is_hub_name', 'hub_snapshot', 'model_folder', 'add_to_hub_cache', 'usable_cores', 'loader_workers',
+           'available_memory', 'refuse_oversized', 'libc', 'trim_memory', 'refuse_overwriting_inputs', 'bookkeeping',
+           'foreign_files', 'refuse_foreign_files', 'folder_files', 'everyones', 'owned_files', 'unowned_stamps',
+           'record_written', 'remove_owned', 'recorded_by', 'record_as', 'open_lock', 'lock_path', 'holder_alive',
+           'folder_lock', 'followed', 'refuse_unowned', 'output_folder', 'others_files', 'own_command', 'own_main',
+           'CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command', 'Command', 'command_main',
+           'command_flags', 'command_settings', 'command_run']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -195,6 +199,157 @@ def cuda_capability(device: int | str | None = None) -> tuple[int, int] | None:
     import torch
     if not torch.cuda.is_available(): return None
     return tuple(torch.cuda.get_device_capability(device))
+
+# %% ../nbs/00_core.ipynb #55098ac4
+class NvidiaGpu(NamedTuple):
+    "A GPU as the NVIDIA driver shows it, whatever torch makes of it."
+    name: str           # e.g. 'NVIDIA H100 80GB HBM3'
+    driver: str | None  # the driver's version, e.g. '535.104.05'
+    cuda: str | None    # the newest CUDA the driver runs, e.g. '12.2' (None: not known)
+
+    def __str__(self) -> str:
+        return f'{self.name} (driver {self.driver or "?"}, CUDA {self.cuda or "?"})'
+
+NVIDIA_SMI_TIMEOUT = 5   # seconds: a driver that hangs must not hang a command
+
+def parse_nvidia_smi(text: str) -> list[NvidiaGpu]:
+    "The GPUs of `nvidia-smi`'s table, with the driver and CUDA versions of its banner."
+    driver, cuda = (re.search(rf'{k} Version:\s*([\d.]+)', text) for k in ('Driver', 'CUDA'))
+    names = re.findall(r'^\|\s+\d+\s+(.+?)\s+(?:On|Off)\s+\|', text, re.M)   # "|   0  NVIDIA H100 ...  On  |"
+    return [NvidiaGpu(n, driver and driver[1], cuda and cuda[1]) for n in names]
+
+def _proc_gpus(proc: Path) -> list[NvidiaGpu]:
+    "The GPUs the kernel module lists in /proc/driver/nvidia (its version there; the CUDA version is not)."
+    try:
+        driver = re.search(r'Kernel Module\s+([\d.]+)', (proc/'version').read_text())
+        infos = [p.read_text() for p in sorted((proc/'gpus').glob('*/information'))]
+    except OSError: return []
+    return [NvidiaGpu(m[1].strip() if (m := re.search(r'Model:\s*(.+)', t)) else 'an NVIDIA GPU',
+                      driver and driver[1], None) for t in infos]
+
+def nvidia_gpus(proc: str | Path = '/proc/driver/nvidia') -> list[NvidiaGpu]:
+    "The NVIDIA GPUs this machine has as its driver shows them: `nvidia-smi` (5 s at most), else `proc`; [] for none."
+    if exe := shutil.which('nvidia-smi'):
+        try: text = subprocess.run([exe], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT).stdout
+        except (OSError, subprocess.SubprocessError): text = ''
+        if found := parse_nvidia_smi(text): return found
+    return _proc_gpus(Path(proc))
+
+# %% ../nbs/00_core.ipynb #1fbdac25
+TORCH_CUDA_VARIANTS = {'cu126': (12, 6), 'cu128': (12, 8), 'cu130': (13, 0)}   # PyTorch's CUDA wheel indexes
+TORCH_INDEX = 'https://download.pytorch.org/whl'
+
+def _cuda_version(text: str | None) -> tuple[int, int] | None:
+    "(major, minor) of a CUDA version such as '12.6'; None when unknown."
+    parts = re.findall(r'\d+', text or '')
+    return (int(parts[0]), int(parts[1]) if len(parts) > 1 else 0) if parts else None
+
+def torch_variant(driver_cuda: str | None) -> str | None:
+    "The PyTorch CUDA build a driver runs: the newest not past its CUDA, else its major's oldest; None: none runs."
+    d, known = _cuda_version(driver_cuda), TORCH_CUDA_VARIANTS
+    if d is None: return 'cu126'   # the driver's CUDA unknown: the build the most drivers run
+    if below := [v for v, c in known.items() if c <= d]: return max(below, key=known.get)
+    same = [v for v, c in known.items() if c[0] == d[0]]   # CUDA minor-version compatibility: 12.x runs on any 12.x
+    return min(same, key=known.get) if same else None
+
+def torch_install(variant: str | None) -> str:
+    "What to run for a torch of `variant` (None: the driver is older than every build)."
+    if variant is None:
+        oldest = '.'.join(map(str, min(TORCH_CUDA_VARIANTS.values())))
+        return f"update the NVIDIA driver (PyTorch's builds need CUDA {oldest} or later)"
+    return f'make install TORCH_VARIANT={variant} (or pip install torch --index-url {TORCH_INDEX}/{variant})'
+
+def cuda_unusable(gpu: NvidiaGpu,          # the GPU the driver shows
+                  torch_version: str,      # torch.__version__
+                  torch_cuda: str | None   # torch.version.cuda: the CUDA torch was built for (None: a CPU build)
+                 ) -> str:
+    "Why torch cannot use `gpu`, and what to install."
+    if torch_cuda is None:
+        return (f'torch {torch_version} is a CPU-only build (torch.version.cuda is None); install a CUDA build: '
+                + torch_install(torch_variant(gpu.cuda)))
+    d, t = _cuda_version(gpu.cuda), _cuda_version(torch_cuda)
+    if d and t and d < t:
+        v = torch_variant(gpu.cuda)
+        fix = f'{torch_install(v)}, or update the driver' if v and TORCH_CUDA_VARIANTS[v] < t else torch_install(None)
+        return (f'the driver {gpu.driver} runs CUDA up to {gpu.cuda}, older than the CUDA {torch_cuda} torch '
+                f'{torch_version} was built for: {fix}')
+    hidden = os.environ.get('CUDA_VISIBLE_DEVICES')
+    return (f'torch {torch_version} (CUDA {torch_cuda}) finds no GPU'
+            + (f' with CUDA_VISIBLE_DEVICES={hidden!r}' if hidden is not None else '')
+            + '; check CUDA_VISIBLE_DEVICES and the container\'s GPU access (docker run --gpus all)')
+
+# %% ../nbs/00_core.ipynb #f71fcb74
+DEVICES = ('auto', 'cuda', 'cpu')
+_SAID: set[str] = set()
+
+def say_once(line: str):
+    "Print `line` on stderr once per process, on the main rank only."
+    if line not in _SAID and int(os.environ.get('RANK', 0)) == 0: _SAID.add(line); print(line, file=sys.stderr)
+
+def resolve_device(device: str = 'auto',        # 'auto' (the GPU when torch can use one), 'cuda' or 'cpu'
+                   index: int | None = None):   # which GPU (a rank's LOCAL_RANK); None: the current one
+    "The torch.device to run on; on the CPU while the driver shows a GPU, 'auto' says why in one line, 'cuda' refuses."
+    import torch
+    if device not in DEVICES: raise LegalnbError(f'--device must be one of {", ".join(DEVICES)}, got {device!r}')
+    if device == 'cpu': return torch.device('cpu')
+    if torch.cuda.is_available(): return torch.device('cuda', index) if index is not None else torch.device('cuda')
+    gpus = nvidia_gpus()
+    why = cuda_unusable(gpus[0], torch.__version__, torch.version.cuda) if gpus else None
+    if device == 'cuda':
+        raise LegalnbError(f'--device cuda: the driver shows {gpus[0]}, but {why}' if gpus else
+                           '--device cuda: no CUDA GPU is visible; use --device cpu')
+    if why: say_once(f'legalnb: running on the CPU, although the driver shows {gpus[0]}: {why}')
+    return torch.device('cpu')
+
+# %% ../nbs/00_core.ipynb #6ef34d8e
+def hub_cache() -> Path:
+    "The Hugging Face cache `hf download` fills: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."
+    env = os.environ
+    if found := env.get('HF_HUB_CACHE') or env.get('HUGGINGFACE_HUB_CACHE'): return Path(found).expanduser()
+    home = env.get('HF_HOME') or Path(env.get('XDG_CACHE_HOME') or Path.home()/'.cache')/'huggingface'
+    return Path(home).expanduser()/'hub'
+
+def is_hub_name(name: str) -> bool:
+    "Whether `name` reads as a model's name on the Hugging Face Hub, org/name (a relative path of two parts may too)."
+    name = str(name)
+    return bool(re.fullmatch(r'[\w-][\w.-]*/[\w-][\w.-]*', name)) and '--' not in name and '..' not in name
+
+def hub_snapshot(name: str) -> Path:
+    "The folder of model `name` (org/name) in the Hugging Face cache, found without the network."
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
+    cache, how = hub_cache(), f'`hf download {name}` (HF_HOME decides where it goes)'
+    try: return Path(snapshot_download(name, local_files_only=True, cache_dir=cache))
+    except IncompleteSnapshotError:
+        raise LegalnbError(f'{name}: its download into the Hugging Face cache {cache} is incomplete; run {how} '
+                           'again') from None
+    except LocalEntryNotFoundError:
+        raise LegalnbError(f'{name}: no such folder, and no model {name} in the Hugging Face cache {cache}; download '
+                           f'it with {how}, or give a model folder') from None
+
+def model_folder(model: str | Path) -> Path:
+    "The folder of `model`: a folder here (it wins over the cache), else org/name's snapshot in the Hugging Face cache."
+    p = Path(model)
+    return hub_snapshot(str(model)) if not p.exists() and is_hub_name(str(model)) else p
+
+# %% ../nbs/00_core.ipynb #c2770792
+def add_to_hub_cache(folder: str | Path,               # a model folder (save_pretrained)
+                     name: str,                        # its name on the Hub, org/name
+                     cache: str | Path | None = None,  # the cache (default: `hub_cache()`)
+                    ) -> Path:                         # the snapshot folder
+    "Put `folder` into a Hugging Face cache as `hf download` lays a model out (blobs, refs/main, snapshots/COMMIT)."
+    from huggingface_hub.file_download import repo_folder_name
+    repo = Path(cache or hub_cache())/repo_folder_name(repo_id=name, repo_type='model')
+    files = {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(Path(folder).rglob('*')) if p.is_file()}
+    commit = hashlib.sha1(json.dumps({str(k): v for k, v in files.items()}).encode()).hexdigest()
+    for rel, digest in files.items():
+        blob, link = repo/'blobs'/digest, repo/'snapshots'/commit/rel
+        blob.parent.mkdir(parents=True, exist_ok=True); link.parent.mkdir(parents=True, exist_ok=True)
+        if not blob.exists(): shutil.copyfile(Path(folder)/rel, blob)
+        if not link.is_symlink(): link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo/'refs').mkdir(parents=True, exist_ok=True); (repo/'refs'/'main').write_text(commit)
+    return repo/'snapshots'/commit
 
 # %% ../nbs/00_core.ipynb #653164a7
 def usable_cores() -> int:

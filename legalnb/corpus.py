@@ -19,7 +19,7 @@ from fastcore.basics import patch
 from fastcore.meta import delegates
 from tqdm import tqdm
 from .core import (LegalnbError, atomic_write, foreign_files, format_duration, jsonl_records, read_json,
-                          refuse_foreign_files, refuse_overwriting_inputs, jsonl_record, check_num_proc)
+                          refuse_foreign_files, refuse_overwriting_inputs, jsonl_record, check_num_proc, model_folder)
 from .core import Output, command_settings, followed, libc, run_writing, trim_memory
 from .sources import parse_celex, parse_date
 
@@ -52,10 +52,11 @@ def _with_text(path: Path, n: int, rec: dict) -> dict:
 
 # %% ../nbs/02_corpus.ipynb #f117f0cf
 def load_tokenizer(path) -> Tokenizer:
-    "A `tokenizers.Tokenizer` from a tokenizer.json file, a saved tokenizer folder, or a loaded (fast) tokenizer."
+    "A `tokenizers.Tokenizer` from a tokenizer.json file, a tokenizer or model folder (or org/name in the Hugging Face "
+    "cache), or a loaded (fast) tokenizer."
     if isinstance(path, Tokenizer): return path
     if hasattr(path, 'backend_tokenizer'): return path.backend_tokenizer  # transformers fast tokenizer
-    p = Path(path)
+    p = Path(path) if str(path).endswith('.json') else model_folder(path)   # org/name: the Hugging Face cache's
     f = p/'tokenizer.json' if p.is_dir() else p
     if not f.is_file():
         raise LegalnbError(f'{p}: no tokenizer there: expected a tokenizer.json file or a folder holding one '
@@ -981,7 +982,7 @@ def build_corpus(selected: str | Path,         # selected.jsonl from `legalnb se
                  out: str | Path,              # the corpus folder to write
                  seq_len: int = 3072,          # context length; rows hold seq_len + 1 tokens
                  shards: int = 16,             # number of .npy shards (each about 1/shards of the input bytes)
-                 tokenizer=None,               # tokenizer.json, a saved tokenizer folder, or a loaded tokenizer
+                 tokenizer=None,               # tokenizer.json, a tokenizer folder, org/name (HF cache), or a tokenizer
                  vocab_size: int | None = None,  # train a byte-level BPE of this size instead of loading one
                  num_proc: int = 1,            # encoding worker processes (1: encode here, on the tokenizer's threads)
                  eos: str | None = None,       # end-of-document token; default: the first of EOS_CANDIDATES found

@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, jsonl_records, read_json,
-                   refuse_foreign_files, refuse_overwriting_inputs, resolve_precision, run_command)
+                   refuse_foreign_files, refuse_overwriting_inputs, resolve_device, resolve_precision, run_command)
 from .core import GPU_HOUR_PRICE, Output, command_settings, refuse_oversized, refuse_unowned, run_writing
+from .core import hub_cache, hub_snapshot, is_hub_name, model_folder
 from .models import decoder_of, load_native, model_kind, native_tokenizer, refuse_pickled_weights
 from .export import legalnb_remote_code
 
@@ -129,16 +130,20 @@ def _hf_tokenizer(*folders: Path, trust: bool = False):
                        'save the tokenizer beside the model with save_pretrained, or pass --tokenizer FOLDER')
 
 def lora_base(adapter: Path, base: str | Path | None = None) -> Path:
-    "The base model of a LoRA adapter: `base`, else the folder adapter_config.json names (as written or nearby)."
+    "The base model of a LoRA adapter: `base`, else the one adapter_config.json names (a folder, nearby, or cached)."
     if base is not None:
-        if not (Path(base)/'config.json').is_file():
+        if not (model_folder(base)/'config.json').is_file():   # org/name: its snapshot in the Hugging Face cache
             raise LegalnbError(f'--base {base}: not a model folder (no config.json)')
-        return Path(base)
+        return model_folder(base)
     name = read_json(adapter/'adapter_config.json', 'a LoRA adapter config').get('base_model_name_or_path') or ''
     for p in (Path(name), adapter/name, adapter.parent/name, adapter.parent.parent/name):
         if name and (p/'config.json').is_file(): return p
+    hub = ''
+    if is_hub_name(name):   # a name on the Hub: the Hugging Face cache's copy
+        try: return hub_snapshot(name)
+        except LegalnbError: hub = f' (or `hf download {name}`: the Hugging Face cache {hub_cache()} has none)'
     raise LegalnbError(f'{adapter/"adapter_config.json"}: its base model {name!r} is not a local model folder; '
-                       'pass --base BASE_MODEL_FOLDER')
+                       f'pass --base BASE_MODEL_FOLDER{hub}')
 
 def _hf_footprint(model_dir: Path, trust: bool, dtype: torch.dtype) -> tuple[int, int]:
     "Parameters and bytes of a Hugging Face model at `dtype`, from its config.json alone (built on the meta device)."
@@ -157,15 +162,8 @@ def _hf_context(config, tok) -> int:
     if 1 < tok.model_max_length < 1e7: return tok.model_max_length
     raise LegalnbError('the model config gives no context length; pass --context N')
 
-def _device(device: str) -> torch.device:
-    "'auto' (the GPU when there is one), 'cuda' or 'cpu'."
-    if device == 'auto': return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-    if device == 'cuda' and not torch.cuda.is_available():
-        raise LegalnbError('--device cuda: no CUDA GPU is visible; use --device cpu')
-    return torch.device(device)
-
 # %% ../nbs/11_evaluate.ipynb #07f30948
-def load_eval_model(path: str | Path,                  # run folder, Hugging Face model folder or finetune output
+def load_eval_model(path: str | Path,                  # run folder, finetune output, HF model folder or org/name
                     tokenizer: str | Path | None = None,  # tokenizer.json (native) or tokenizer folder; default: found
                     base: str | Path | None = None,    # LoRA: the base model folder (default: the adapter's)
                     context: int | None = None,        # window length (default: the model's context)
@@ -174,7 +172,7 @@ def load_eval_model(path: str | Path,                  # run folder, Hugging Fac
                     trust_remote_code: bool = False) -> EvalModel:  # run a Hugging Face folder's own code (auto_map)
     "Load a native run, a Hugging Face model folder or a LoRA finetune output (merged into its base), all local."
     kind, folder = model_kind(path)
-    dev = _device(device)
+    dev = resolve_device(device)   # auto on the CPU while the driver shows a GPU: one line says why
     prec = resolve_precision(precision, cuda_capability(dev) if dev.type == 'cuda' else None)
     if kind == 'native':
         from legalnb.corpus import find_eos, vocab_size_of
@@ -1216,11 +1214,11 @@ def _check_target(model: str, data: str, out: str, harness: bool, lm_eval_tasks:
     refuse_unowned(out, written_by_evaluate, '--out')   # an eval.json of the user's is not replaced
     return suite_manager(lm_eval_tasks, trust) if lm_eval_tasks else None   # every task name known before scoring
 
-def evaluate_command(model: str,                  # run folder (legalnb train --out), HF model folder or finetune output
+def evaluate_command(model: str,                  # run folder, finetune output, HF model folder, or org/name (HF cache)
                      data: str = None,            # held-out documents: a JSONL file, or a folder holding heldout.jsonl
                      out: str = 'eval',           # folder for eval.json, eval.md and the plots
                      tokenizer: str = None,       # tokenizer.json (native) or tokenizer folder; default: found
-                     base: str = None,            # LoRA: the base model folder (default: the one the adapter names)
+                     base: str = None,            # LoRA: the base model folder or org/name (default: the adapter's)
                      context: int = None,         # window length in tokens (default: the model's context)
                      batch_tokens: int = 16384,   # tokens per forward pass (rows x window length)
                      citations: int = 500,        # citation items at most (a seeded sample of the references)
@@ -1293,14 +1291,14 @@ def evaluate_main(argv: list[str]) -> int:
     return run_writing(evaluate_command, command_settings('evaluate', argv), 'legalnb evaluate', EVALUATE_OUTPUTS)
 
 # %% ../nbs/11_evaluate.ipynb #b5c60226
-def generate_command(model: str,                 # run folder, Hugging Face model folder or finetune output
+def generate_command(model: str,                 # run folder, finetune output, HF model folder, or org/name (HF cache)
                      prompt: str = None,         # the text to continue (required)
                      max_new_tokens: int = 200,  # tokens at most; generation stops earlier at the end-of-document token
                      temperature: float = 0.8,   # 0: greedy; below 1 sharper, above 1 flatter
                      top_k: int = 50,            # sample among the K most likely tokens (0: all)
                      seed: int = 0,              # the same seed and settings give the same text
                      tokenizer: str = None,      # tokenizer.json (native) or tokenizer folder; default: found
-                     base: str = None,           # LoRA: the base model folder (default: the one the adapter names)
+                     base: str = None,           # LoRA: the base model folder or org/name (default: the adapter's)
                      device: Literal['auto', 'cuda', 'cpu'] = 'auto',  # 'auto': the GPU when there is one
                      precision: Literal['auto', 'bf16', 'fp16', 'fp32'] = 'auto',  # 'auto': bf16 where the GPU has it
                      trust_remote_code: bool = False):  # run the Python code a model folder names (auto_map)

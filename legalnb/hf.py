@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from .core import (LegalnbError, PRECISIONS, CommandParser, atomic_write, command_parser, cuda_capability,
-                          format_duration, jsonl_records, loader_workers, read_json, refuse_foreign_files,
-                          refuse_overwriting_inputs, resolve_precision, usable_cores)
+                          format_duration, jsonl_records, loader_workers, model_folder, read_json, refuse_foreign_files,
+                          refuse_overwriting_inputs, resolve_device, resolve_precision, usable_cores)
 from .presets import (BATCH_LR_RULES, PRESET_NAMES, Preset, accum_at, batch_lr_factor, get_preset, lora_steps,
                              packed_accumulation, parse_batch_schedule, steps_holding)
 from .metrics import MetricsFile, metric_lines, notify
@@ -89,8 +89,8 @@ def build_tiny_model(out: str | Path, arch: str = 'llama', texts: Sequence[str] 
 def _first_line(e: Exception) -> str: return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 def hf_config(path: str | Path) -> dict:
-    "The config.json of a local `save_pretrained` folder, checked (a LegalnbError names what is wrong)."
-    path = Path(path)
+    "The config.json of a `save_pretrained` folder (or org/name in the Hugging Face cache), checked in one line."
+    path = model_folder(path)
     if not (path/'config.json').is_file():
         raise LegalnbError(f'{path}: not a model folder (no config.json); expected a folder written by save_pretrained')
     cfg = read_json(path/'config.json', 'a model config written by save_pretrained')
@@ -108,9 +108,9 @@ def load_hf_model(path: str | Path, dtype: str | torch.dtype = 'auto',
                attention: str | None = None,   # 'sdpa', 'eager' or 'flash_attention_2' (None: transformers' default)
                quantization=None,              # a transformers BitsAndBytesConfig (QLoRA's 4-bit weights), or None
                tokenizer_only: bool = False):  # return (None, tokenizer) without loading the weights
-    "(model, tokenizer) from a local `save_pretrained` folder; nothing is downloaded."
+    "(model, tokenizer) from a `save_pretrained` folder or org/name in the Hugging Face cache; nothing is downloaded."
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    path = Path(path); cfg = hf_config(path); refuse_pickled_weights(path)
+    path = model_folder(path); cfg = hf_config(path); refuse_pickled_weights(path)
     for name, found in (('config.json', cfg), ('tokenizer_config.json', _json_or_empty(path/'tokenizer_config.json'))):
         if found.get('auto_map'):   # transformers would ask on a terminal, and run the folder's Python on a yes
             raise LegalnbError(f'{path/name}: its auto_map names Python code ({", ".join(sorted(found["auto_map"]))}); '
@@ -886,7 +886,7 @@ def _start_run(model, data: Path, out: Path, preset, lora, qlora: bool, qlora_bi
                    preset=f'{p.task}/{p.name}', qlora=qlora,
                    qlora_bits=qlora_bits if qlora else None, attention=attention, batch_schedule=batch_schedule,
                    batch_lr_rule=batch_lr_rule if sched else None)
-    summary.update(base=str(Path(model).resolve()), device='cuda' if torch.cuda.is_available() else 'cpu')  # --against
+    summary.update(base=str(Path(model).resolve()), device=resolve_device('auto').type)  # --against
     return FinetuneRun(task, p, p.steps, use_lora, sched, last, world, world == 1 or os.environ.get('RANK') == '0',
                        cfg, tok, summary, examples, shards)
 
@@ -968,7 +968,7 @@ def _finished(run: FinetuneRun, trainer, result, out: Path, args, how: str, dtyp
         with atomic_write(out/'finetune.json') as tmp: tmp.write_text(json.dumps(summary, indent=1))
     return summary
 
-def finetune(model: str | Path,                 # folder written by save_pretrained (weights, config, tokenizer)
+def finetune(model: str | Path,                 # save_pretrained folder, or org/name in the Hugging Face cache
              data: str | Path,                  # shard folder (continued pretraining) or JSONL file (SFT)
              out: str | Path,                   # run folder: checkpoints, final/, metrics.jsonl, finetune.json
              preset='fast',                     # preset name, or a Preset
@@ -991,7 +991,7 @@ def finetune(model: str | Path,                 # folder written by save_pretrai
     "Continued pretraining or SFT of a local model on `data` with the transformers Trainer; returns the run summary."
     from transformers import Trainer
     from transformers.trainer_utils import get_last_checkpoint
-    data, out = Path(data), Path(out)
+    data, out, model = Path(data), Path(out), model_folder(model)   # org/name: its snapshot in the HF cache
     if not data.exists(): raise LegalnbError(f'{data}: no such file or folder; expected a shard folder or a JSONL file')
     run = _start_run(model, data, out, preset, lora, qlora, qlora_bits, resume, force_single, batch_schedule,
                      batch_lr_rule, attention, command, overrides)
@@ -1038,7 +1038,8 @@ def _override_preset(p: Preset, batch_size: int | None, grad_accum: int | None, 
                    steps=max_steps or p.steps, precision=precision or p.precision,
                    warmup_steps=p.warmup_steps if warmup_steps is None else warmup_steps)
 
-_REQUIRED = {'--model': 'a folder written by save_pretrained', '--out': 'the run folder to write',
+_REQUIRED = {'--model': 'a folder written by save_pretrained, or org/name of a model in the Hugging Face cache',
+             '--out': 'the run folder to write',
              '--data': 'a corpus folder of shard_*.npy, or a JSONL file of examples'}
 
 def _check_flags(values: dict[str, float | None], least: dict[str, float]):
@@ -1050,7 +1051,7 @@ def _check_flags(values: dict[str, float | None], least: dict[str, float]):
 @dataclass
 class FinetuneConfig:
     "What `legalnb finetune` is told: a field a flag (its comment is the flag's help), checked once, when it is made."
-    model: str = None             # folder written by save_pretrained (weights, config, tokenizer)
+    model: str = None             # save_pretrained folder, or org/name in the Hugging Face cache (a folder here wins)
     data: str = None              # corpus folder of shard_*.npy (continued pretraining), or examples JSONL (SFT)
     out: str = None               # run folder: checkpoints, final/, metrics.jsonl, finetune.json
     preset: Literal[PRESET_NAMES] = 'fast'  # the task's preset (see legalnb.presets)

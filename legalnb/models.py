@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fastcore.basics import patch
-from .core import LegalnbError, read_json, refuse_oversized
+from .core import LegalnbError, model_folder, read_json, refuse_oversized
 
 # %% auto #0
 __all__ = ['MODELS', 'CONFIG_CONTRACT', 'MODEL_CONTRACT', 'MAX_LAYERS', 'MAX_CONTEXT', 'MAX_PARAMS', 'PICKLED_WEIGHTS',
@@ -272,7 +272,7 @@ def refuse_pickled_weights(folder: str | Path):
 
 def model_kind(path: str | Path) -> tuple[str, Path]:
     "What a folder holds: ('native', RUN/model), ('hf', folder) or ('lora', adapter); a finetune output's final/ too."
-    p = Path(path)
+    p = model_folder(path)   # org/name: its snapshot in the Hugging Face cache
     if not p.is_dir(): raise LegalnbError(f'{p}: no such folder; expected a run folder (legalnb train --out), '
                                           'a Hugging Face model folder or a legalnb finetune output')
     for q in (p, p/'final'):

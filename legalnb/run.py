@@ -38,7 +38,8 @@ PLAN_TEMPLATE = '''\
 input: {input}    # Formex folders and/or JSONL files (legalnb parse)
 out: {out}               # work folder: every stage's output, the stage records (.legalnb-run/), report.md
 preset: {preset}            # fast, full, aggressive (legalnb.presets, shown with its provenance), or none
-model: {model}        # a native model (resonance, gpt) or a Hugging Face model folder (then finetune)
+model: {model}        # a native model (resonance, gpt), or a Hugging Face model folder or org/name in its
+                        # cache (hf download org/name): then finetune
 size: {size}             # native: small, medium, large, xlarge
 # baseline: gpt          # native: also train this model at the same size on the same data (baseline/), and report
 #                        # the run against it (gpt:num_heads=2 sets a shape field); an HF model: against its base
@@ -305,8 +306,8 @@ def _top_values(plan: dict, base: Path, cli: dict) -> dict:
     inputs = [rel(p) for p in (top['input'] if isinstance(top['input'], list) else [top['input']])]
     work, preset = rel(top['out']), top.get('preset') or RUN_DEFAULTS['preset']
     model, size = top.get('model') or RUN_DEFAULTS['model'], top.get('size') or RUN_DEFAULTS['size']
-    hf = _is_hf(model, base)
-    if hf: model = str(rel(model))
+    hf = (folder := _hf_model(model, base)) is not None
+    if hf: model = folder
     if hf and preset == 'none': raise LegalnbError('preset none: a Hugging Face model trains from a cpt preset '
                                                    '(fast, full or aggressive)')
     return top | dict(input=inputs, out=work, preset=preset, model=model, size=size, hf=hf)
@@ -456,12 +457,15 @@ def _second_finetune(own: dict, first: dict, b: dict, work: Path, stage_to: str 
             Stage('finetune-2', ['--out', str(work/'run-2'), *_argv('finetune', t, 'stage2.')],
                   [work/'corpus-2'/'manifest.json', work/OUTPUTS['finetune']], work/'run-2'/'finetune.json')]
 
-def _is_hf(model: str, base: Path) -> bool:
-    "Is `model` a Hugging Face model folder (a config.json with a model_type) rather than a registered name?"
+def _hf_model(model: str, base: Path) -> str | None:
+    "The folder of a Hugging Face `model`: a folder (from the plan's), or org/name's snapshot in the Hugging Face "
+    "cache; None for a registered architecture."
+    from legalnb.core import hub_snapshot, is_hub_name
     from legalnb.models import MODELS
-    if model in MODELS: return False
+    if model in MODELS: return None
     p = Path(model) if Path(model).is_absolute() else base/model
-    if (p/'config.json').is_file(): return True
+    if (p/'config.json').is_file(): return str(p)
+    if not p.exists() and is_hub_name(model): return str(hub_snapshot(model))   # else one line: `hf download` it
     raise LegalnbError(f'model {model!r}: neither a registered model ({", ".join(MODELS)}) nor a Hugging Face model '
                        f'folder (no {p/"config.json"})')
 
@@ -996,7 +1000,7 @@ def run_plan_command(plan: str = None,            # the plan (YAML): `legalnb ru
                 input: list[str] = None,     # Formex folders and JSONL files (instead of the plan's input:)
                 out: str = None,             # the work folder (instead of the plan's out:)
                 preset: str = None,          # fast, full, aggressive or none (default: the plan's, else fast)
-                model: str = None,           # resonance, gpt, or a Hugging Face model folder (then finetune)
+                model: str = None,           # resonance, gpt, or a Hugging Face model: folder or org/name (finetune)
                 size: str = None,            # the native model's size: small, medium, large, xlarge
                 baseline: str = None,        # native: also train this model (gpt) at the same size; report against it
                 write_plan: bool = False,    # print a commented plan to start from, and run nothing

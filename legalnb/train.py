@@ -13,9 +13,9 @@ from typing import Iterable, Iterator, Literal
 import numpy as np
 import torch
 import torch.distributed as dist
-from .core import (LegalnbError, atomic_write, read_json, format_duration, parse_number, PRECISIONS,
+from .core import (LegalnbError, atomic_write, read_json, format_duration, parse_number, PRECISIONS, DEVICES,
                           resolve_precision, cuda_capability, command_parser, refuse_overwriting_inputs,
-                          loader_workers, usable_cores)
+                          loader_workers, usable_cores, resolve_device)
 from .presets import (seq_len_at, BATCH_LR_RULES, parse_batch_schedule, accum_at, micro_steps_before,
                              batch_lr_factor)
 from .metrics import MetricsFile, metric_lines, notify, read_metrics
@@ -23,20 +23,19 @@ from .checkpoint import (checkpoint_step, find_checkpoint, list_checkpoints, loa
                                 rng_state, save_checkpoint, seed_everything, set_rng_state)
 
 # %% auto #0
-__all__ = ['SCHEDULES', 'DEVICES', 'NATIVE_STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHANGE', 'RUN_OUTPUTS', 'RUN_LISTED',
-           'TrainConfig', 'from_preset', 'from_yaml', 'describe', 'lr_at', 'format_log_line', 'ProgressBar',
-           'TensorBoardLog', 'WandbLog', 'autocast_for', 'Dist', 'setup_distributed', 'all_mean', 'open_split',
-           'train_loader', 'val_loader', 'unpack_batch', 'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows',
-           'model_config', 'saved_model_config', 'predated', 'make_optimizer', 'check_resume', 'upgraded_config',
-           'check_same_run', 'evaluate_loss', 'val_bytes_per_token', 'bits_per_byte', 'peak_flops', 'shard_model',
-           'save_shards', 'load_shards', 'consolidated_model', 'Interval', 'run_folder', 'check_new_run', 'Run',
-           'setup', 'resume', 'init_weights', 'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize',
+__all__ = ['SCHEDULES', 'NATIVE_STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHANGE', 'RUN_OUTPUTS', 'RUN_LISTED', 'TrainConfig',
+           'from_preset', 'from_yaml', 'describe', 'lr_at', 'format_log_line', 'ProgressBar', 'TensorBoardLog',
+           'WandbLog', 'autocast_for', 'Dist', 'setup_distributed', 'all_mean', 'open_split', 'train_loader',
+           'val_loader', 'unpack_batch', 'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows', 'model_config',
+           'saved_model_config', 'predated', 'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run',
+           'evaluate_loss', 'val_bytes_per_token', 'bits_per_byte', 'peak_flops', 'shard_model', 'save_shards',
+           'load_shards', 'consolidated_model', 'Interval', 'run_folder', 'check_new_run', 'Run', 'setup', 'resume',
+           'init_weights', 'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize',
            'record_architecture', 'stopped_summary', 'train', 'train_parser', 'config_from_args',
            'config_from_settings', 'train_main']
 
 # %% ../nbs/05_train.ipynb #a6da8542
 SCHEDULES = ('cosine', 'restarts', 'constant')
-DEVICES = ('auto', 'cuda', 'cpu')
 NATIVE_STRATEGIES = ('ddp', 'fsdp')
 SHAPE_FLAGS = ('dim', 'num_layers', 'num_frequencies')  # shortcuts of model_overrides, kept as flags
 
@@ -368,9 +367,8 @@ class Dist:
 def setup_distributed(device: str = 'auto') -> Dist:
     "Read the torchrun environment, join the process group if there is one, pick the device."
     world, rank, local = (int(os.environ.get(k, d)) for k, d in (('WORLD_SIZE', 1), ('RANK', 0), ('LOCAL_RANK', 0)))
-    cuda = torch.cuda.is_available() and device != 'cpu'
-    if device == 'cuda' and not torch.cuda.is_available(): raise LegalnbError('--device cuda: no CUDA GPU is visible')
-    dev = torch.device('cuda', local) if cuda else torch.device('cpu')
+    dev = resolve_device(device, local)   # auto on the CPU while the driver shows a GPU: one line says why
+    cuda = dev.type == 'cuda'
     if cuda: torch.cuda.set_device(dev)
     launched = world > 1 or 'TORCHELASTIC_RUN_ID' in os.environ   # torchrun sets it, --nproc_per_node 1 too
     if launched and not dist.is_initialized():

@@ -80,3 +80,9 @@ def load_bench(name: str, monkeypatch):
     spec = importlib.util.spec_from_file_location(f'bench_{name}', ROOT/'bench'/f'{name}.py')
     module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
     return module
+
+@pytest.fixture(scope='session')
+def tiny_llama(tmp_path_factory) -> Path:
+    "A tiny Llama folder (save_pretrained: weights, config, tokenizer), made once per session."
+    from legalnb.hf import build_tiny_model
+    return build_tiny_model(tmp_path_factory.mktemp('tiny-llama')/'llama')
