@@ -302,36 +302,34 @@ def folder_files(folder: str | Path) -> list[Path]:
         found += [rel/d for d in dirs if os.path.islink(os.path.join(root, d))]   # a linked folder: one entry
     return sorted(found)
 
-def _record(folder: Path) -> tuple[dict[str, str], dict[str, int]]:
+def _record(folder: Path) -> tuple[dict[str, str], set[str]]:
     "The ownership record in `folder` itself: its files (relative path -> the command that wrote it) and the "
-    "subfolders legalnb made (relative path -> inode); ({}, {}) when there is none."
-    if not (folder/OWNED).is_file(): return {}, {}
+    "subfolders legalnb made (relative paths); ({}, set()) when there is none."
+    if not (folder/OWNED).is_file(): return {}, set()
     damaged = f'{folder/OWNED}: a damaged record of legalnb ({{}}); delete it, and the files legalnb wrote there ' \
               'count as yours'
     if (folder/OWNED).is_symlink(): raise LegalnbError(damaged.format('a symbolic link: a record is a file that '
                                                                       'legalnb wrote in the folder it describes'))
     rec = read_json(folder/OWNED, "legalnb's record of the files it wrote there")
-    files, made = rec.get('files'), rec.get('folders', {})
-    if rec.get('format') != OWNED_FORMAT or not isinstance(files, dict) or not isinstance(made, dict):
+    files, made = rec.get('files'), rec.get('folders', [])
+    if rec.get('format') != OWNED_FORMAT or not isinstance(files, dict) or not isinstance(made, list):
         raise LegalnbError(damaged.format(f'not {OWNED_FORMAT}'))
-    if (bad := next((k for k in [*files, *made] if not _inside(k)), None)) is not None:
+    if (bad := next((k for k in [*files, *made] if not isinstance(k, str) or not _inside(k)), None)) is not None:
         raise LegalnbError(damaged.format(f'it lists {bad!r}, not a relative path inside {folder}'))
-    return ({k: v for k, v in files.items() if isinstance(v, str)},
-            {k: v for k, v in made.items() if isinstance(v, int) and not isinstance(v, bool)})
+    return {k: v for k, v in files.items() if isinstance(v, str)}, set(made)
 
 def _vouched(folder: Path, listed: bool = False) -> set[str]:
-    "The files `folder`'s record vouches for: those whose every folder below `folder` legalnb made (by its inode); "
+    "The files `folder`'s record vouches for: those whose every folder below `folder` legalnb made; "
     "with `listed`, every file it lists."
     files, made = _record(folder)
     if listed: return set(files)
-    ours = {d for d, ino in made.items() if _made_here(folder/d, ino)}
+    ours = {d for d in made if _a_folder(folder/d)}
     return {rel for rel in files if all(p.as_posix() in ours for p in Path(rel).parents[:-1])}
 
-def _made_here(path: Path, ino: int) -> bool:
-    "Whether `path` is still the folder legalnb made: a folder, not a link, with the inode it recorded."
-    try: st = path.lstat()
+def _a_folder(path: Path) -> bool:
+    "Whether `path` is a folder, not a link to one (a link put where legalnb made a folder is not legalnb's)."
+    try: return stat.S_ISDIR(path.lstat().st_mode)
     except OSError: return False
-    return stat.S_ISDIR(st.st_mode) and st.st_ino == ino
 
 def _inside(rel: str) -> bool:
     "Whether a record's entry is a relative path that stays inside its folder (no root, no `..`, not the folder)."
@@ -391,20 +389,19 @@ def record_written(folder: str | Path,                     # an output folder
     if not folder.is_dir(): return
     (old, old_made), owned, known = _record(folder), owned_files(folder), before or {}
     new = {k: v for k, v in old.items() if os.path.lexists(folder/k)}
-    made = {d: ino for d, ino in old_made.items() if _made_here(folder/d, ino)}
+    made = {d for d in old_made if _a_folder(folder/d)}
     for rel in folder_files(folder):
         if rel not in owned and (ours is None or ours(rel)) and known.get(rel) != _stamp(folder/rel):
             new[rel.as_posix()] = command
-            made |= {d.as_posix(): (folder/d).lstat().st_ino for d in rel.parents[:-1]
-                     if before is None or d not in known}
+            made |= {d.as_posix() for d in rel.parents[:-1] if before is None or d not in known}
     if (new, made) != (old, old_made): _write_record(folder, new, made)
 
-def _write_record(folder: Path, files: dict[str, str], made: dict[str, int]):
+def _write_record(folder: Path, files: dict[str, str], made: set[str]):
     "Write `folder`'s record of the files legalnb wrote and the subfolders it made there (none: no record)."
     if not files: (folder/OWNED).unlink(missing_ok=True); return
     with atomic_write(folder/OWNED) as tmp:
         tmp.write_text(json.dumps(dict(format=OWNED_FORMAT, files=dict(sorted(files.items())),
-                                       **({'folders': dict(sorted(made.items()))} if made else {})), indent=0) + '\n')
+                                       **({'folders': sorted(made)} if made else {})), indent=0) + '\n')
 
 def remove_owned(folder: str | Path,   # an output folder
                  rel: str | Path,      # the file or subfolder of it to delete
