@@ -47,14 +47,15 @@ install: $(STAMP)
 quickstart: $(STAMP)
 	$(BIN)/legalnb quickstart --workdir $(WORKDIR)
 
-# Notebooks clean and exported, README in step with index.ipynb, notebook tests, then tests/.
-# One torch thread per process: nbdev_test runs two notebooks at once, and oversubscribed torch threads
-# made a tiny CPU model ten times slower on a 2-core machine. pytest runs the test files in TEST_WORKERS processes
-# (--dist loadfile: a file's module fixtures are made once); most tests use one core, so two take 2 cores.
+# Notebooks clean and exported, README in step with index.ipynb, then tests/. The notebooks' tests run once, in
+# tests/test_run_all.py: every notebook in a fresh Jupyter kernel, the cells nbdev_test runs (`nbdev_test` runs them
+# in-process, e.g. `nbdev_test --path nbs/01_scoring.ipynb` while writing one). One torch thread per process:
+# oversubscribed torch threads made a tiny CPU model ten times slower on a 2-core machine. pytest runs the test
+# files in TEST_WORKERS processes (--dist loadfile: a file's module fixtures are made once); most tests use one
+# core, so two take 2 cores.
 test: export OMP_NUM_THREADS := 1
 test: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python .ci/check_sync.py
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/nbdev_test --n_workers 2 --timing
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile
 
 # Drift, caught on our side: a new environment (.venv-latest) with the newest releases settings.ini's ranges allow,

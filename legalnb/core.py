@@ -446,6 +446,8 @@ def refuse_foreign_files(folder: str | Path, ours: Callable[[Path], bool], flag:
                            'choose an empty or new folder')
 
 # %% ../nbs/00_core.ipynb #24593614
+import stat
+
 def folder_files(folder: str | Path) -> list[Path]:
     "Every file and link under `folder` (links not followed), relative and sorted; legalnb's bookkeeping left out."
     folder, found = Path(folder), []
@@ -455,19 +457,34 @@ def folder_files(folder: str | Path) -> list[Path]:
         found += [rel/d for d in dirs if os.path.islink(os.path.join(root, d))]   # a linked folder: one entry
     return sorted(found)
 
-def _records(folder: Path) -> dict[str, str]:
-    "The ownership record in `folder` itself: relative path -> the command that wrote it; {} when there is none."
-    if not (folder/OWNED).is_file(): return {}
+def _record(folder: Path) -> tuple[dict[str, str], set[str]]:
+    "The ownership record in `folder` itself: its files (relative path -> the command that wrote it) and the "
+    "subfolders legalnb made (relative paths); ({}, set()) when there is none."
+    if not (folder/OWNED).is_file(): return {}, set()
     damaged = f'{folder/OWNED}: a damaged record of legalnb ({{}}); delete it, and the files legalnb wrote there ' \
               'count as yours'
     if (folder/OWNED).is_symlink(): raise LegalnbError(damaged.format('a symbolic link: a record is a file that '
                                                                       'legalnb wrote in the folder it describes'))
     rec = read_json(folder/OWNED, "legalnb's record of the files it wrote there")
-    if rec.get('format') != OWNED_FORMAT or not isinstance(rec.get('files'), dict):
+    files, made = rec.get('files'), rec.get('folders', [])
+    if rec.get('format') != OWNED_FORMAT or not isinstance(files, dict) or not isinstance(made, list):
         raise LegalnbError(damaged.format(f'not {OWNED_FORMAT}'))
-    if (bad := next((k for k in rec['files'] if not _inside(k)), None)) is not None:
+    if (bad := next((k for k in [*files, *made] if not isinstance(k, str) or not _inside(k)), None)) is not None:
         raise LegalnbError(damaged.format(f'it lists {bad!r}, not a relative path inside {folder}'))
-    return {k: v for k, v in rec['files'].items() if isinstance(v, str)}
+    return {k: v for k, v in files.items() if isinstance(v, str)}, set(made)
+
+def _vouched(folder: Path, listed: bool = False) -> set[str]:
+    "The files `folder`'s record vouches for: those whose every folder below `folder` legalnb made; "
+    "with `listed`, every file it lists."
+    files, made = _record(folder)
+    if listed: return set(files)
+    ours = {d for d in made if _a_folder(folder/d)}
+    return {rel for rel in files if all(p.as_posix() in ours for p in Path(rel).parents[:-1])}
+
+def _a_folder(path: Path) -> bool:
+    "Whether `path` is a folder, not a link to one (a link put where legalnb made a folder is not legalnb's)."
+    try: return stat.S_ISDIR(path.lstat().st_mode)
+    except OSError: return False
 
 def _inside(rel: str) -> bool:
     "Whether a record's entry is a relative path that stays inside its folder (no root, no `..`, not the folder)."
@@ -479,30 +496,37 @@ def everyones(folder: str | Path) -> bool:
     real, home = Path(os.path.realpath(folder)), Path(os.path.realpath(os.path.expanduser('~')))
     return real == Path(real.anchor) or real == home or real in home.parents
 
-def owned_files(folder: str | Path) -> set[Path]:
+def owned_files(folder: str | Path, listed: bool = False) -> set[Path]:
     "The files under `folder` that legalnb wrote (those still there), by the records in it, in its subfolders, and in "
-    "the folders around it (`legalnb run` records what its stages wrote in its work folder)."
+    "the folders around it (`legalnb run` records what its stages wrote in its work folder); a record vouches for a "
+    "file in a subfolder only where legalnb made that subfolder (with `listed`: every file a record lists)."
     folder, owned = Path(folder), set()
     for root, _, files in os.walk(folder):
         if OWNED in files:
-            owned |= {(Path(root)/rel).relative_to(folder) for rel in _records(Path(root))
+            owned |= {(Path(root)/rel).relative_to(folder) for rel in _vouched(Path(root), listed)
                       if os.path.lexists(Path(root)/rel)}
     here = Path(os.path.realpath(folder))
     for up in [] if os.path.ismount(here) else here.parents:   # never across another file system, /, or home
         if everyones(up): break
-        try: listed = _records(up)
-        except LegalnbError: listed = {}   # another folder's damaged record: not this command's to judge
+        try: theirs = _vouched(up, listed)
+        except LegalnbError: theirs = set()   # another folder's damaged record: not this command's to judge
         inside = here.relative_to(up).as_posix() + '/'
-        owned |= {Path(rel[len(inside):]) for rel in listed if rel.startswith(inside) and os.path.lexists(up/rel)}
+        owned |= {Path(rel[len(inside):]) for rel in theirs if rel.startswith(inside) and os.path.lexists(up/rel)}
         if os.path.ismount(up): break
     return owned
 
 def unowned_stamps(folder: str | Path) -> dict[Path, tuple]:
-    "The files under `folder` no record owns, with their inode and modification time: what was there before a command."
+    "The files under `folder` no record owns and every subfolder, with their inode and modification time: what was "
+    "there before a command."
     folder = Path(folder)
     if not folder.is_dir(): return {}
     owned = owned_files(folder)
-    return {rel: _stamp(folder/rel) for rel in folder_files(folder) if rel not in owned}
+    return {rel: _stamp(folder/rel) for rel in folder_files(folder) + _subfolders(folder) if rel not in owned}
+
+def _subfolders(folder: Path) -> list[Path]:
+    "Every folder under `folder` (links not followed), relative."
+    return [Path(root).relative_to(folder)/d for root, dirs, _ in os.walk(folder) for d in dirs
+            if not os.path.islink(os.path.join(root, d))]
 
 def _stamp(path: Path) -> tuple[int, int]:
     "Inode and modification time (ns) of a file or link: a file written again has other ones."
@@ -512,20 +536,27 @@ def _stamp(path: Path) -> tuple[int, int]:
 def record_written(folder: str | Path,                     # an output folder
                    command: str,                           # the command that wrote the new files
                    ours: Callable[[Path], bool] | None = None,  # which files it may write (relative paths); None: all
-                   before: dict | None = None):            # `unowned_stamps` when it started: those it did not write
+                   before: dict | None = None):            # `unowned_stamps` when it started (None: not known)
     "Add the files `ours` matches that no record owns yet to `folder`'s record (they are `command`'s), leaving out "
-    "those that were there, unchanged, before it started; drop the records of files that are gone."
-    folder, before = Path(folder), before or {}
+    "those that were there, unchanged, before it started, with the subfolders they are in that were not there "
+    "(all of them when `before` is None); drop the records of files and folders that are gone."
+    folder = Path(folder)
     if not folder.is_dir(): return
-    old, owned = _records(folder), owned_files(folder)
+    (old, old_made), owned, known = _record(folder), owned_files(folder), before or {}
     new = {k: v for k, v in old.items() if os.path.lexists(folder/k)}
+    made = {d for d in old_made if _a_folder(folder/d)}
     for rel in folder_files(folder):
-        if rel not in owned and (ours is None or ours(rel)) and before.get(rel) != _stamp(folder/rel):
+        if rel not in owned and (ours is None or ours(rel)) and known.get(rel) != _stamp(folder/rel):
             new[rel.as_posix()] = command
-    if new == old: return
-    if not new: (folder/OWNED).unlink(); return
+            made |= {d.as_posix() for d in rel.parents[:-1] if before is None or d not in known}
+    if (new, made) != (old, old_made): _write_record(folder, new, made)
+
+def _write_record(folder: Path, files: dict[str, str], made: set[str]):
+    "Write `folder`'s record of the files legalnb wrote and the subfolders it made there (none: no record)."
+    if not files: (folder/OWNED).unlink(missing_ok=True); return
     with atomic_write(folder/OWNED) as tmp:
-        tmp.write_text(json.dumps(dict(format=OWNED_FORMAT, files=dict(sorted(new.items()))), indent=0) + '\n')
+        tmp.write_text(json.dumps(dict(format=OWNED_FORMAT, files=dict(sorted(files.items())),
+                                       **({'folders': sorted(made)} if made else {})), indent=0) + '\n')
 
 def remove_owned(folder: str | Path,   # an output folder
                  rel: str | Path,      # the file or subfolder of it to delete
@@ -545,17 +576,15 @@ def remove_owned(folder: str | Path,   # an output folder
 # %% ../nbs/00_core.ipynb #c39rec01
 def recorded_by(folder: str | Path, rel: str | Path) -> str | None:
     "The command the record of `folder` says wrote `folder/rel`; None when its record does not list it."
-    return _records(Path(folder)).get(Path(rel).as_posix())
+    return _record(Path(folder))[0].get(Path(rel).as_posix())
 
 def record_as(folder: str | Path, files: Iterable[str | Path], command: str):
     "Record `files` (relative paths, just written) as `command`'s, whichever command wrote them before."
-    folder = Path(folder)
-    new = {**_records(folder), **{Path(f).as_posix(): command for f in files}}
-    with atomic_write(folder/OWNED) as tmp:
-        tmp.write_text(json.dumps(dict(format=OWNED_FORMAT, files=dict(sorted(new.items()))), indent=0) + '\n')
+    files_, made = _record(Path(folder))
+    _write_record(Path(folder), {**files_, **{Path(f).as_posix(): command for f in files}}, made)
 
 # %% ../nbs/00_core.ipynb #a780bb4c
-import errno, stat
+import errno
 
 def open_lock(path: Path,   # a lock file: legalnb's, or none yet
               name: str     # what it locks, as the user named it (`--out run`), for the message
@@ -733,8 +762,8 @@ def refuse_unowned(folder: str | Path,                    # the output folder
                                                  (mine(f) and f not in owned))]
     if found:
         names = ', '.join(map(str, found[:3])) + (f' and {len(found) - 3} more' if len(found) > 3 else '')
-        earlier = '' if owned else (f' (if a legalnb older than its records wrote them: `legalnb own {shown or folder}`'
-                                    ' marks them as its own)')
+        earlier = '' if owned and not owned_files(folder, listed=True) & set(found) else (
+            f' (if a legalnb older than its records wrote them: `legalnb own {shown or folder}` marks them as its own)')
         raise LegalnbError(f'{flag} {shown or folder} holds files legalnb did not write ({names}); '.lstrip() +
                            (f'{what}: move them away, or choose another folder' if what
                             else 'choose an empty or new folder') + earlier)

@@ -868,7 +868,18 @@ LOCK_CASES = [  # 1. a link at the lock path: refused, its target byte for byte,
      'legalnb parse: its lock {w}/.p.jsonl.lock is a symbolic link (to {w}/precious.txt)'),
 ]
 
+def listed_around(entry: str):
+    "A setup step: the user's file `w/proj/entry` (in a folder of theirs) is listed by a record in `w/proj`."
+    def setup(w: Path):
+        from legalnb.core import OWNED
+        (w/'proj'/entry).parent.mkdir(parents=True); (w/'proj'/entry).write_text(PRECIOUS)
+        (w/'proj'/OWNED).write_text(json.dumps(dict(format='legalnb.owned/1', files={entry: 'legalnb run'})))
+    return setup
+
 RECORD_CASES = [  # 2. records that vouch too much: one line, nothing deleted
+    ('train --overwrite into the user\'s folder that a record around it lists',
+     ['train', *[a.replace('{w}/run', '{w}/proj/mine') for a in TRAIN_RUN], '--max-steps', '3', '--overwrite'],
+     listed_around('mine/summary.json'), '--out {w}/proj/mine holds files legalnb did not write (summary.json)'),
     ('train --overwrite: a record listing an absolute path', ['train', *TRAIN_RUN, '--max-steps', '3', '--overwrite'],
      record_listing('run', '{w}/precious.txt'), "{w}/run/.legalnb-owned.json: a damaged record of legalnb (it lists "
      "'{w}/precious.txt', not a relative path inside {w}/run); delete it"),

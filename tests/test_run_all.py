@@ -2,6 +2,8 @@
 ipykernel, not nbdev's in-process runner), skipping the cells nbdev skips (`#| eval: false`, and cells flagged with a
 `tst_flags` flag such as `#| slow` or `#| gpu`: they need a GPU or a long run). Any error fails the notebook's case,
 and so does a figure that a fresh kernel shows as its text (`<Figure size 700x320 with 2 Axes>`) instead of an image.
+This is where `make test` runs the notebooks' tests (once: nbdev_test runs the same cells in-process, for one notebook
+while it is written).
 
 Two notebooks run at a time (pytest-xdist is not needed: the kernels are separate processes, started here in a pool),
 one torch thread per kernel, so the whole module takes a few minutes on a 2-core machine."""
