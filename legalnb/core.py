@@ -317,7 +317,9 @@ def is_hub_name(name: str) -> bool:
 def hub_snapshot(name: str) -> Path:
     "The folder of model `name` (org/name) in the Hugging Face cache, found without the network."
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
+    from huggingface_hub import errors
+    from huggingface_hub.errors import LocalEntryNotFoundError
+    IncompleteSnapshotError = getattr(errors, 'IncompleteSnapshotError', ())   # older releases lack it
     cache, how = hub_cache(), f'`hf download {name}` (HF_HOME decides where it goes)'
     try: return Path(snapshot_download(name, local_files_only=True, cache_dir=cache))
     except IncompleteSnapshotError:
