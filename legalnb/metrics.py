@@ -5,7 +5,7 @@
 # %% ../nbs/04c_metrics.ipynb #b13c8a26
 from __future__ import annotations
 import argparse, json, os, sys, uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
@@ -56,6 +56,9 @@ def read_metrics(path: str | Path, event: str = 'step') -> list[dict]:
 
 # %% ../nbs/04c_metrics.ipynb #8852abfc
 TRACKERS = {'tensorboard': 'tensorboard', 'wandb': 'wandb', 'mlflow': 'mlflow-skinny', 'trackio': 'trackio'}  # pip name
+# MLflow starts its usage telemetry when it is imported (an id file under ~/.config/mlflow, a request to its server),
+# and deepspeed imports it whenever both are installed, so every Hugging Face model load would: off unless asked for
+os.environ.setdefault('MLFLOW_DISABLE_TELEMETRY', 'true')
 TRACKER_FILES = ('trackers.json', 'tb', 'mlruns', 'wandb', 'trackio')   # what they write into a run folder
 
 def parse_report_to(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -116,8 +119,7 @@ def tracker_environment(out: str | Path,          # the run folder
     if 'mlflow' in names:
         want['MLFLOW_EXPERIMENT_NAME'] = 'legalnb'
         if not env.get('MLFLOW_TRACKING_URI'):   # a file store in the run folder (MLflow 3 asks for it by name)
-            want |= dict(MLFLOW_TRACKING_URI=(out/'mlruns').as_uri(), MLFLOW_ALLOW_FILE_STORE='true',
-                         MLFLOW_DISABLE_TELEMETRY='true')
+            want |= dict(MLFLOW_TRACKING_URI=(out/'mlruns').as_uri(), MLFLOW_ALLOW_FILE_STORE='true')
     if 'wandb' in names:
         want |= dict(WANDB_DIR=str(out), WANDB_PROJECT='legalnb')
         if not env.get('WANDB_MODE') and not wandb_logged_in(env): want['WANDB_MODE'] = 'offline'   # `wandb sync` later
@@ -182,7 +184,8 @@ def tracker_lines(names: Sequence[str], ids: dict) -> list[str]:
     "One line per tracker: where it writes (as the environment now says) and how to look at it."
     e, lines = os.environ, []
     if 'tensorboard' in names:
-        lines.append(f"tensorboard: {e['TENSORBOARD_LOGGING_DIR']} (tensorboard --logdir {e['TENSORBOARD_LOGGING_DIR']})")
+        tb = e['TENSORBOARD_LOGGING_DIR']
+        lines.append(f'tensorboard: {tb} (tensorboard --logdir {tb})')
     if 'mlflow' in names:
         uri = e.get('MLFLOW_TRACKING_URI') or "mlflow's default store"
         ui = f' (MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {uri})' if uri.startswith('file:') else ''
@@ -199,7 +202,7 @@ def tracker_lines(names: Sequence[str], ids: dict) -> list[str]:
 def close_open_runs(ids: dict, failed: bool):
     "End the runs of `ids` a tracker library still holds open; after a failure, mark a run MLflow still has as running."
     status = 'FAILED' if failed else 'FINISHED'
-    if (wandb := sys.modules.get('wandb')) and getattr(wandb.run, 'id', None) == ids.get('wandb'):
+    if (wandb := sys.modules.get('wandb')) and 'wandb' in ids and getattr(wandb.run, 'id', None) == ids['wandb']:
         wandb.finish(exit_code=int(failed))
     if (mlflow := sys.modules.get('mlflow')) and 'mlflow' in ids:
         active = mlflow.active_run()
@@ -223,6 +226,8 @@ def tracking(out: str | Path,           # the run folder
         ids = tracker_runs(out, names, resume)
         print('\n'.join(tracker_lines(names, ids)), flush=True)
         with environment(run_environment(ids, names)):
-            failed = True
-            try: yield ids; failed = False
-            finally: close_open_runs(ids, failed)
+            try: yield ids
+            except BaseException:
+                with suppress(Exception): close_open_runs(ids, failed=True)   # the run's own error is the one to see
+                raise
+            close_open_runs(ids, failed=False)
