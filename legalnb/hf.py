@@ -18,7 +18,8 @@ from .core import (LegalnbError, PRECISIONS, CommandParser, atomic_write, comman
                           refuse_overwriting_inputs, resolve_device, resolve_precision, usable_cores)
 from .presets import (BATCH_LR_RULES, PRESET_NAMES, Preset, accum_at, batch_lr_factor, get_preset, lora_steps,
                              packed_accumulation, parse_batch_schedule, steps_holding)
-from .metrics import MetricsFile, metric_lines, notify
+from .metrics import (MetricsFile, metric_lines, notify, parse_report_to, check_trackers, report_to_flag,
+                             tracking, wandb_run, TRACKER_FILES)
 from .models import refuse_pickled_weights   # no loader sees a pickle
 
 # %% auto #0
@@ -652,7 +653,7 @@ def _losses(trainer) -> list[float]:
 
 def _run_file(rel: Path) -> bool:
     "Whether a file (relative to the run folder) is one a finetune run writes."
-    return (rel.parts[0] in ('final', 'launch', 'finetune.json', 'metrics.jsonl')
+    return (rel.parts[0] in ('final', 'launch', 'finetune.json', 'metrics.jsonl', *TRACKER_FILES)
             or rel.parts[0].startswith('checkpoint-'))
 
 def check_run_folder(model: str | Path,   # the model folder the run reads
@@ -1003,6 +1004,9 @@ def finetune(model: str | Path,                 # save_pretrained folder, or org
         print(f'--batch-schedule {batch_schedule}: accumulation {pairs}'
               + f' of micro-batches of {run.preset.micro_batch} rows x {run.world} process(es); lr x {batch_lr_rule} '
               f'rule; {run.preset.steps:,} steps' + ('' if run.fixed_steps else ' (one pass over the rows)'))
+    names = parse_report_to(overrides.pop('report_to', None))   # transformers' integrations log to the trackers
+    check_trackers(names)
+    if names: overrides['report_to'] = list(names)
     # the TrainingArguments (and a DeepSpeed config) exist before the weights load: ZeRO-3 shards at load time
     make_args = lambda per_row: training_args_from_preset(run.preset, out, verbose=run.main, examples_per_row=per_row,
                                                            evaluation=run.evald is not None,
@@ -1019,9 +1023,12 @@ def finetune(model: str | Path,                 # save_pretrained folder, or org
     kw = dict(model=net, args=args, train_dataset=run.train, eval_dataset=run.evald, data_collator=collate,
               processing_class=run.tok, callbacks=[records := trainer_records(
                   [start_metrics(out/'metrics.jsonl', step), *sinks] if run.main else [])])
-    trainer = (scheduled_trainer(batch_schedule, run.preset.micro_batch, batch_lr_rule, run.tok.pad_token_id, **kw)
-               if run.sched else Trainer(**kw))
-    result = trainer.train(resume_from_checkpoint=run.last)
+    with tracking(out, names, resume=run.last is not None, main=run.main) as ids:   # OUT/tb, OUT/mlruns, ...
+        if names: args.run_name, args.project = ids.get('name'), 'legalnb'   # W&B's and trackio's name for the run
+        if 'wandb' in ids and 'wandb' in names: wandb_run(ids)   # the integration logs to the run it finds started
+        trainer = (scheduled_trainer(batch_schedule, run.preset.micro_batch, batch_lr_rule, run.tok.pad_token_id, **kw)
+                   if run.sched else Trainer(**kw))
+        result = trainer.train(resume_from_checkpoint=run.last)
     if records.stopped:   # a sink (the budget guard) stopped it: the checkpoint is the result; --resume goes on
         return {**run.summary, 'stopped': records.stopped, 'step': trainer.state.global_step,
                 'max_steps': trainer.state.max_steps, 'checkpoint': get_last_checkpoint(str(out)),
@@ -1085,6 +1092,7 @@ class FinetuneConfig:
     batch_schedule: str = None    # FROM_STEP:GRAD_ACCUM pairs, e.g. 0:64,500:32,1500:16 (instead of --grad-accum)
     batch_lr_rule: Literal[BATCH_LR_RULES] = 'sqrt'  # lr at a scheduled batch: x sqrt(accum/first), x accum/first
     lora: bool = None             # True: LoRA adapter (SFT's default), False: full fine-tuning (CPT's default)
+    report_to: str = 'none'       # experiment trackers: tensorboard, wandb, mlflow, trackio (comma-separated)
 
     def __post_init__(self):
         for flag in ('--model', '--data', '--out'):
@@ -1100,6 +1108,9 @@ class FinetuneConfig:
             raise LegalnbError(f'--lora-dropout must be at least 0 and below 1, got {self.lora_dropout:g}')
         if not 0 <= self.eval_share < 1:
             raise LegalnbError(f'--eval-share must be at least 0 and below 1, got {self.eval_share:g}')
+        try: self.report_to = ','.join(parse_report_to(self.report_to)) or 'none'   # a list from the flag or a plan
+        except LegalnbError as e: raise LegalnbError(f'--report-to: {e}') from None
+        check_trackers(parse_report_to(self.report_to))
         self._check_setup()
 
     def _check_setup(self):
@@ -1130,7 +1141,8 @@ class FinetuneConfig:
         over = dict(save_steps=self.save_steps, dataloader_num_workers=self.workers, logging_steps=self.logging_steps,
                     seed=self.seed, deepspeed=self.deepspeed, activation_checkpointing=self.activation_checkpointing,
                     eval_steps=self.eval_steps, gradient_accumulation_steps=self.grad_accum,
-                    torch_compile=self.torch_compile or None)
+                    torch_compile=self.torch_compile or None,
+                    report_to=None if self.report_to == 'none' else self.report_to)
         return {k: v for k, v in over.items() if v is not None}
 
 _LEAST = dict.fromkeys(['max_steps', 'batch_size', 'grad_accum', 'seed', 'save_steps', 'logging_steps', 'max_length',
@@ -1163,6 +1175,7 @@ def finetune_parser() -> CommandParser:
     "The flags of `legalnb finetune`: `FinetuneConfig`'s fields, with --lora and --full (one or the other)."
     p = command_parser(FinetuneConfig, 'legalnb finetune', skip=('lora',))
     p.description = finetune_command.__doc__
+    report_to_flag(p)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument('--lora', dest='lora', action='store_true', default=None,
                       help="train a LoRA adapter (SFT's default)")

@@ -4,14 +4,18 @@
 
 # %% ../nbs/04c_metrics.ipynb #b13c8a26
 from __future__ import annotations
-import json
+import argparse, json, os, sys, uuid
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator, Sequence
 
-from .core import LegalnbError
+from .core import LegalnbError, atomic_write, read_json
 
 # %% auto #0
-__all__ = ['notify', 'MetricsFile', 'metric_lines', 'read_metrics']
+__all__ = ['TRACKERS', 'TRACKER_FILES', 'TRACKER_HELP', 'notify', 'MetricsFile', 'metric_lines', 'read_metrics',
+           'parse_report_to', 'check_trackers', 'report_to_flag', 'wandb_logged_in', 'tracker_environment',
+           'environment', 'mlflow_run', 'tracker_runs', 'wandb_run', 'run_environment', 'tracker_lines',
+           'close_open_runs', 'tracking']
 
 # %% ../nbs/04c_metrics.ipynb #a3b48442
 def notify(callbacks: Iterable, event: str, record: dict):
@@ -49,3 +53,181 @@ def metric_lines(path: str | Path) -> list[tuple[str, dict]]:
 def read_metrics(path: str | Path, event: str = 'step') -> list[dict]:
     "The records of one `event` kind from a metrics.jsonl file."
     return [r for _, r in metric_lines(path) if r.get('event') == event]
+
+# %% ../nbs/04c_metrics.ipynb #8852abfc
+TRACKERS = {'tensorboard': 'tensorboard', 'wandb': 'wandb', 'mlflow': 'mlflow-skinny', 'trackio': 'trackio'}  # pip name
+# MLflow starts its usage telemetry when it is imported (an id file under ~/.config/mlflow, a request to its server),
+# and deepspeed imports it whenever both are installed, so every Hugging Face model load would: off unless asked for
+os.environ.setdefault('MLFLOW_DISABLE_TELEMETRY', 'true')
+TRACKER_FILES = ('trackers.json', 'tb', 'mlruns', 'wandb', 'trackio')   # what they write into a run folder
+
+def parse_report_to(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    "The trackers a --report-to value names ('tensorboard,wandb', or a list of names); 'none' or nothing: ()."
+    words = [w.strip().lower() for v in ([value] if isinstance(value, str) else value or []) for w in str(v).split(',')]
+    words = [w for w in words if w]
+    if bad := [w for w in words if w not in (*TRACKERS, 'none')]:
+        raise LegalnbError(f'{bad[0]!r} is not a tracker: choose none, or one or more of {", ".join(TRACKERS)} '
+                           '(comma-separated)')
+    names = tuple(dict.fromkeys(w for w in words if w != 'none'))
+    if names and 'none' in words: raise LegalnbError(f'none and {names[0]} together: none turns every tracker off')
+    return names
+
+def check_trackers(names: Sequence[str]):
+    "Refuse, in one line, a tracker whose package is not installed."
+    import importlib.util
+    if missing := [n for n in names if importlib.util.find_spec(n) is None]:
+        n = missing[0]
+        raise LegalnbError(f"--report-to {n} needs the {n} package: pip install {TRACKERS[n]} "
+                           "(pip install 'legalnb[track]' installs every tracker)")
+
+# %% ../nbs/04c_metrics.ipynb #59729de6
+TRACKER_HELP = ("experiment trackers, one or more of tensorboard, wandb, mlflow, trackio (comma-separated; none: off). "
+                "They write into the run folder: OUT/tb, OUT/mlruns (an MLflow file store), OUT/wandb (offline unless "
+                "you ran wandb login or set WANDB_MODE), OUT/trackio; --resume continues the same runs (their ids are "
+                "in OUT/trackers.json). TENSORBOARD_LOGGING_DIR, MLFLOW_TRACKING_URI, WANDB_DIR and TRACKIO_DIR send "
+                "them elsewhere. pip install 'legalnb[track]' installs them")
+
+def _trackers_word(text: str) -> str:
+    "One word of --report-to, checked: the trackers it names, comma-joined ('none' for none)."
+    try: return ','.join(parse_report_to(text)) or 'none'
+    except LegalnbError as e: raise argparse.ArgumentTypeError(str(e)) from None
+
+def report_to_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    "`parser` with its --report-to (a config field) taking one or more words, each checked, and the trackers' help."
+    action = next(a for a in parser._actions if '--report-to' in a.option_strings)
+    action.nargs, action.type, action.metavar, action.help = '+', _trackers_word, 'TRACKER', TRACKER_HELP
+    return parser
+
+# %% ../nbs/04c_metrics.ipynb #1106afe8
+def wandb_logged_in(env: dict | None = None) -> bool:
+    "Whether W&B has the user's key (WANDB_API_KEY, or the ~/.netrc entry `wandb login` writes): runs then go online."
+    import netrc
+    from urllib.parse import urlparse
+    env = os.environ if env is None else env
+    if env.get('WANDB_API_KEY'): return True
+    host = urlparse(env.get('WANDB_BASE_URL') or 'https://api.wandb.ai').hostname
+    try: return netrc.netrc(env.get('NETRC')).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError): return False
+
+def tracker_environment(out: str | Path,          # the run folder
+                        names: Sequence[str],     # the trackers of the run
+                        env: dict | None = None   # the environment as it is (default: os.environ)
+                       ) -> dict[str, str]:
+    "The environment variables that send each tracker into the run folder: only those `env` does not set already."
+    env, out, want = os.environ if env is None else env, Path(out).absolute(), {}
+    if 'tensorboard' in names: want['TENSORBOARD_LOGGING_DIR'] = str(out/'tb')
+    if 'mlflow' in names:
+        want['MLFLOW_EXPERIMENT_NAME'] = 'legalnb'
+        if not env.get('MLFLOW_TRACKING_URI'):   # a file store in the run folder (MLflow 3 asks for it by name)
+            want |= dict(MLFLOW_TRACKING_URI=(out/'mlruns').as_uri(), MLFLOW_ALLOW_FILE_STORE='true')
+    if 'wandb' in names:
+        want |= dict(WANDB_DIR=str(out), WANDB_PROJECT='legalnb')
+        if not env.get('WANDB_MODE') and not wandb_logged_in(env): want['WANDB_MODE'] = 'offline'   # `wandb sync` later
+        if (env.get('WANDB_MODE') or want.get('WANDB_MODE')) == 'offline':   # its service's logs too, not in ~/.cache
+            want['WANDB_CACHE_DIR'] = str(out/'wandb'/'cache')
+    if 'trackio' in names: want['TRACKIO_DIR'] = str(out/'trackio')
+    return {k: v for k, v in want.items() if not env.get(k)}
+
+@contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    "The environment variables `values` set inside the block, each back as it was after it."
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try: yield
+    finally:
+        for k, v in before.items():
+            if v is None: os.environ.pop(k, None)
+            else: os.environ[k] = v
+
+# %% ../nbs/04c_metrics.ipynb #ba387164
+def mlflow_run(run_id: str | None, name: str) -> str:
+    "`run_id` when the tracking store (MLFLOW_TRACKING_URI) holds it, else a new run `name` in MLFLOW_EXPERIMENT_NAME."
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+    client = MlflowClient()
+    if run_id:
+        try: return client.get_run(run_id).info.run_id
+        except MlflowException: pass   # not in this store (another MLFLOW_TRACKING_URI): a new run
+    experiment = os.environ.get('MLFLOW_EXPERIMENT_NAME') or 'legalnb'
+    found = client.get_experiment_by_name(experiment)
+    exp_id = found.experiment_id if found else client.create_experiment(experiment)
+    return client.create_run(exp_id, run_name=name).info.run_id
+
+def tracker_runs(out: str | Path, names: Sequence[str], resume: bool) -> dict:
+    "The run name and tracker ids of the run in `out` (its trackers.json): kept when `resume`, else new; written."
+    path = Path(out)/'trackers.json'
+    kept = read_json(path, 'the trackers of a run (legalnb writes it)') if resume and path.is_file() else {}
+    ids = dict(kept, name=kept.get('name') or f'{Path(out).absolute().name}-{uuid.uuid4().hex[:6]}')
+    if 'wandb' in names: ids['wandb'] = kept.get('wandb') or uuid.uuid4().hex[:12]
+    if 'mlflow' in names: ids['mlflow'] = mlflow_run(kept.get('mlflow'), ids['name'])
+    if ids != kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_write(path) as tmp: tmp.write_text(json.dumps(ids, indent=1) + '\n')
+    return ids
+
+def wandb_run(ids: dict, config: dict | None = None):
+    "Start (or continue) the W&B run `ids` names, where and how the environment says, passed explicitly: W&B reads "
+    "the environment once a process, and a second run in the same process (a notebook, `legalnb run`) must not "
+    "land in the first one's folder."
+    import wandb
+    e = os.environ
+    return wandb.init(project=e.get('WANDB_PROJECT') or 'legalnb', id=ids['wandb'], name=ids['name'], resume='allow',
+                      dir=e.get('WANDB_DIR'), mode=e.get('WANDB_MODE') or None, config=config, allow_val_change=True)
+
+def run_environment(ids: dict, names: Sequence[str]) -> dict[str, str]:
+    "The environment variables that make W&B and MLflow (and transformers' integrations) continue the runs `ids` name."
+    env = dict(WANDB_RUN_ID=ids['wandb'], WANDB_RESUME='allow') if 'wandb' in names else {}
+    return env | ({'MLFLOW_RUN_ID': ids['mlflow']} if 'mlflow' in names else {})
+
+# %% ../nbs/04c_metrics.ipynb #a2dd46f1
+def tracker_lines(names: Sequence[str], ids: dict) -> list[str]:
+    "One line per tracker: where it writes (as the environment now says) and how to look at it."
+    e, lines = os.environ, []
+    if 'tensorboard' in names:
+        tb = e['TENSORBOARD_LOGGING_DIR']
+        lines.append(f'tensorboard: {tb} (tensorboard --logdir {tb})')
+    if 'mlflow' in names:
+        uri = e.get('MLFLOW_TRACKING_URI') or "mlflow's default store"
+        ui = f' (MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {uri})' if uri.startswith('file:') else ''
+        lines.append(f"mlflow: run {ids['mlflow']} in {uri}{ui}")
+    if 'wandb' in names:
+        where = Path(e.get('WANDB_DIR') or '.')/'wandb'
+        offline = f', offline (wandb sync {where}/offline-run-* uploads it)' if e.get('WANDB_MODE') == 'offline' else ''
+        lines.append(f"wandb: run {ids['wandb']} in {where}{offline}")
+    if 'trackio' in names:   # trackio reads TRACKIO_DIR once, when it is imported: say where it really writes
+        where = getattr(sys.modules.get('trackio.utils'), 'TRACKIO_DIR', None) or e.get('TRACKIO_DIR')
+        lines.append(f"trackio: run {ids['name']} in {where} (TRACKIO_DIR={where} trackio show --project legalnb)")
+    return lines
+
+def close_open_runs(ids: dict, failed: bool):
+    "End the runs of `ids` a tracker library still holds open; after a failure, mark a run MLflow still has as running."
+    status = 'FAILED' if failed else 'FINISHED'
+    if (wandb := sys.modules.get('wandb')) and 'wandb' in ids and getattr(wandb.run, 'id', None) == ids['wandb']:
+        wandb.finish(exit_code=int(failed))
+    if (mlflow := sys.modules.get('mlflow')) and 'mlflow' in ids:
+        active = mlflow.active_run()
+        if active and active.info.run_id == ids['mlflow']: mlflow.end_run(status)
+        elif failed and mlflow.MlflowClient().get_run(ids['mlflow']).info.status == 'RUNNING':
+            mlflow.MlflowClient().set_terminated(ids['mlflow'], status)
+    if (trackio := sys.modules.get('trackio')) and (run := trackio.context_vars.current_run.get()) is not None:
+        if getattr(run, 'name', None) == ids.get('name'): trackio.finish()
+
+@contextmanager
+def tracking(out: str | Path,           # the run folder
+             names: Sequence[str],      # the trackers (parse_report_to)
+             resume: bool = False,      # continue the runs of out/trackers.json
+             main: bool = True          # rank 0 (the other ranks track nothing)
+            ) -> Iterator[dict]:
+    "The trackers' environment while a run trains: their files in `out`, their runs continued on `resume`; yields "
+    "the ids ({} without trackers); the runs a tracker library holds open are closed after, however the block ends."
+    if not names or not main: yield {}; return
+    check_trackers(names)
+    with environment(tracker_environment(out, names)):
+        ids = tracker_runs(out, names, resume)
+        print('\n'.join(tracker_lines(names, ids)), flush=True)
+        with environment(run_environment(ids, names)):
+            try: yield ids
+            except BaseException:
+                with suppress(Exception): close_open_runs(ids, failed=True)   # the run's own error is the one to see
+                raise
+            close_open_runs(ids, failed=False)

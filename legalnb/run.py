@@ -59,6 +59,7 @@ build-corpus:
 split: {{}}
 train: {{}}                # flags of `legalnb train`: max_steps, dim, num_layers, batch_size, device, save_every ...
 finetune: {{}}             # flags of `legalnb finetune` (a Hugging Face model): max_steps, lr, force_single ...
+#                        # both: report_to: [tensorboard, mlflow] sends the run to trackers (files in run/)
 evaluate:
   citations: {citations}
   general: {general}   # general text, for forgetting (built in; or your JSONL). against: the base, or baseline/

@@ -5,7 +5,7 @@
 # %% ../nbs/05_train.ipynb #a2630aca
 from __future__ import annotations
 import argparse, dataclasses, functools, inspect, json, math, os, pickle, random, re, shutil, sys, time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, asdict, fields, InitVar
 from pathlib import Path
 from typing import Iterable, Iterator, Literal
@@ -18,20 +18,22 @@ from .core import (LegalnbError, atomic_write, read_json, format_duration, parse
                           loader_workers, usable_cores, resolve_device)
 from .presets import (seq_len_at, BATCH_LR_RULES, parse_batch_schedule, accum_at, micro_steps_before,
                              batch_lr_factor)
-from .metrics import MetricsFile, metric_lines, notify, read_metrics
+from .metrics import (MetricsFile, metric_lines, notify, read_metrics, parse_report_to, check_trackers,
+                             report_to_flag, tracking, wandb_run, TRACKER_FILES)
 from .checkpoint import (checkpoint_step, find_checkpoint, list_checkpoints, load_checkpoint, load_for_resume,
                                 rng_state, save_checkpoint, seed_everything, set_rng_state)
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'NATIVE_STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHANGE', 'RUN_OUTPUTS', 'RUN_LISTED', 'TrainConfig',
-           'from_preset', 'from_yaml', 'describe', 'lr_at', 'format_log_line', 'ProgressBar', 'TensorBoardLog',
-           'WandbLog', 'autocast_for', 'Dist', 'setup_distributed', 'all_mean', 'open_split', 'train_loader',
-           'val_loader', 'unpack_batch', 'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows', 'model_config',
-           'saved_model_config', 'predated', 'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run',
-           'evaluate_loss', 'val_bytes_per_token', 'bits_per_byte', 'peak_flops', 'shard_model', 'save_shards',
-           'load_shards', 'consolidated_model', 'Interval', 'run_folder', 'check_new_run', 'Run', 'setup', 'resume',
-           'init_weights', 'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize',
-           'record_architecture', 'stopped_summary', 'train', 'train_parser', 'config_from_args',
+           'from_preset', 'from_yaml', 'describe', 'lr_at', 'format_log_line', 'ProgressBar', 'tracked_values',
+           'TrackerLog', 'TensorBoardLog', 'WandbLog', 'MLflowLog', 'TrackioLog', 'autocast_for', 'Dist',
+           'setup_distributed', 'all_mean', 'open_split', 'train_loader', 'val_loader', 'unpack_batch',
+           'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows', 'model_config', 'saved_model_config',
+           'predated', 'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run', 'evaluate_loss',
+           'val_bytes_per_token', 'bits_per_byte', 'peak_flops', 'shard_model', 'save_shards', 'load_shards',
+           'consolidated_model', 'Interval', 'run_folder', 'check_new_run', 'Run', 'setup', 'resume', 'init_weights',
+           'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize', 'record_architecture',
+           'tracker_log', 'tracked', 'stopped_summary', 'train', 'train_parser', 'config_from_args',
            'config_from_settings', 'train_main']
 
 # %% ../nbs/05_train.ipynb #a6da8542
@@ -91,11 +93,14 @@ class TrainConfig:
     resume: str | None = None           # continue from 'latest' (the default of a bare --resume) or a checkpoint folder
     overwrite: bool = False             # deletes an earlier run's checkpoints/ metrics.jsonl summary.json model/ tb/
     progress: bool = True               # progress bar (a plain line per log interval when not a TTY)
-    tensorboard: bool = False           # write TensorBoard scalars to OUT/tb (needs tensorboard)
-    wandb: bool = False                 # log to Weights & Biases (needs wandb and its login)
+    report_to: str = 'none'             # experiment trackers: tensorboard, wandb, mlflow, trackio (comma-separated)
+    tensorboard: bool = False           # the same as --report-to tensorboard (kept for older commands)
+    wandb: bool = False                 # the same as --report-to wandb (kept for older commands)
 
     def __post_init__(self, dim, num_layers, num_frequencies):
+        if isinstance(self.report_to, (list, tuple)): self.report_to = ','.join(map(str, self.report_to))  # a YAML list
         for f in fields(self): setattr(self, f.name, _typed(f, getattr(self, f.name)))
+        self.report_to = _trackers(self.report_to, self.tensorboard, self.wandb)
         shortcuts = dict(dim=dim, num_layers=num_layers, num_frequencies=num_frequencies)
         self.model_overrides = _model_overrides(self.model, self.size, self.model_overrides, shortcuts)
         positive = ('lr', 'batch_size', 'grad_accum', 'max_steps', 'save_every', 'keep', 'log_every',
@@ -135,6 +140,14 @@ def _invalid(name: str, what: str):
     "Raise the error for field `name`: 'TrainConfig.lr must be > 0, got 0.0' (callers may swap the prefix for a flag)."
     e = LegalnbError(f'TrainConfig.{name}{what}'); e.field, e.what = name, what
     raise e
+
+def _trackers(report_to: str, tensorboard: bool, wandb: bool) -> str:
+    "The trackers of a run, comma-joined ('none' for none): --report-to's, and the older --tensorboard and --wandb."
+    try: names = parse_report_to(report_to)
+    except LegalnbError as e: _invalid('report_to', f': {e}')
+    names = tuple(dict.fromkeys([*names, *['tensorboard'] * tensorboard, *['wandb'] * wandb]))
+    check_trackers(names)   # a missing package: refused now, in one line, not after the data is read
+    return ','.join(names) or 'none'
 
 def _typed(f: dataclasses.Field, v, name: str | None = None, text: bool = True):
     "The value `v` of field `f` as the field's type: numbers from text ('1e-3', '2,000'), whole numbers for ints."
@@ -269,7 +282,8 @@ def describe(self: TrainConfig, world_size: int = 1, seq_len: int | None = None)
         f'  data loader: {self.num_workers} workers ({usable_cores()} cores here), prefetch {self.prefetch_factor}, '
         f'pinned memory {on(self.pin_memory)}'
         + (f'; resume from {self.resume}' if self.resume else '')
-        + ('; overwrite the run in out' if self.overwrite else '')])
+        + ('; overwrite the run in out' if self.overwrite else '')
+        + (f'; report to {self.report_to.replace(",", ", ")}' if self.report_to != 'none' else '')])
 TrainConfig.describe = describe
 
 # %% ../nbs/05_train.ipynb #179f8713
@@ -320,30 +334,66 @@ class ProgressBar:
     def on_stop(self, r: dict): self.bar.close()
 
 # %% ../nbs/05_train.ipynb #b8546a67
-class TensorBoardLog:
-    "Write step and eval scalars to TensorBoard event files (imports tensorboard lazily)."
-    def __init__(self, logdir: str | Path):
-        try: from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise LegalnbError('--tensorboard needs the tensorboard package: pip install tensorboard') from None
-        self.w = SummaryWriter(str(logdir))
-    def on_step(self, r: dict):
-        for k in ('loss', 'lr', 'grad_norm', 'tokens_per_sec', 'mfu', 'step_ms', 'data_wait', 'seq_len'):
-            if r.get(k) is not None: self.w.add_scalar(f'train/{k}', r[k], r['step'])
-    def on_eval(self, r: dict):
-        self.w.add_scalar('val/loss', r['val_loss'], r['step']); self.w.add_scalar('val/ppl', r['val_ppl'], r['step'])
-    def on_end(self, r: dict): self.w.close()
+def tracked_values(r: dict,       # a step or eval record
+                   prefix: str    # 'train' for a step record, 'val' for an eval record
+                  ) -> dict[str, float]:
+    "The numbers of a record as a tracker names them: train/loss, train/lr, ... and val/loss, val/ppl, val/bpb."
+    return {f'{prefix}/{k.removeprefix("val_")}': float(v) for k, v in r.items()
+            if k != 'step' and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
-class WandbLog:
-    "Log step and eval records to Weights & Biases (imports wandb lazily)."
-    def __init__(self, config: dict, project: str = 'legalnb'):
-        try: import wandb
-        except ImportError: raise LegalnbError('--wandb needs the wandb package: pip install wandb') from None
-        self.wandb, self.run = wandb, wandb.init(project=project, config=config)
-    def on_step(self, r: dict):
-        self.run.log({f'train/{k}': v for k, v in r.items() if k != 'step' and v is not None}, step=r['step'])
-    def on_eval(self, r: dict): self.run.log({'val/loss': r['val_loss'], 'val/ppl': r['val_ppl']}, step=r['step'])
-    def on_end(self, r: dict): self.run.finish()
+class TrackerLog:
+    "What the trackers' loggers share: a step and an eval go to `_log`, and the run is closed once, however it ends."
+    closed = False
+    def on_step(self, r: dict): self._log(tracked_values(r, 'train'), r['step'])
+    def on_eval(self, r: dict): self._log(tracked_values(r, 'val'), r['step'])
+    def close(self, status: str = 'finished'):   # finished, stopped (a callback ended it: resumable) or failed
+        if not self.closed: self.closed = True; self._close(status)
+    def on_end(self, r: dict): self.close('finished')
+    def on_stop(self, r: dict): self.close('stopped')
+
+class TensorBoardLog(TrackerLog):
+    "Write the records as TensorBoard scalars; a resumed run's events continue its steps."
+    def __init__(self, logdir: str | Path,
+                 purge_step: int | None = None):   # resumed: events of an earlier try from this step on are dropped
+        try: from torch.utils.tensorboard import SummaryWriter
+        except ImportError: check_trackers(['tensorboard']); raise
+        self.w = SummaryWriter(str(logdir), purge_step=purge_step)
+    def _log(self, values: dict, step: int):
+        for k, v in values.items(): self.w.add_scalar(k, v, step)
+    def _close(self, status: str): self.w.close()   # flushes the events still queued
+
+class WandbLog(TrackerLog):
+    "Log the records to the Weights & Biases run `ids` names (continued if it exists), where the environment says."
+    def __init__(self, config: dict, ids: dict):   # ids: `legalnb.metrics.tracker_runs`' (run name, W&B id)
+        check_trackers(['wandb'])
+        self.run = wandb_run(ids, config)
+    def _log(self, values: dict, step: int): self.run.log(values, step=step)
+    def _close(self, status: str): self.run.finish(exit_code=int(status == 'failed'))
+
+class MLflowLog(TrackerLog):
+    "Log the records to the MLflow run `run_id` (`legalnb.metrics.mlflow_run` makes it); its status says how it ended."
+    def __init__(self, run_id: str, params: dict | None = None):   # params: a new run's config (a resumed one has it)
+        check_trackers(['mlflow'])
+        from mlflow import MlflowClient
+        from mlflow.entities import Param
+        self.client, self.run_id = MlflowClient(), run_id
+        self.client.update_run(run_id, status='RUNNING')
+        if params: self.client.log_batch(run_id, params=[Param(k, str(v)[:500]) for k, v in params.items()])
+    def _log(self, values: dict, step: int):
+        from mlflow.entities import Metric
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+    def _close(self, status: str):
+        self.client.set_terminated(self.run_id, {'finished': 'FINISHED', 'stopped': 'KILLED'}.get(status, 'FAILED'))
+
+class TrackioLog(TrackerLog):
+    "Log the records to the trackio run `name` (continued if it exists), in its local store (TRACKIO_DIR)."
+    def __init__(self, name: str, config: dict | None = None, project: str = 'legalnb'):
+        check_trackers(['trackio'])
+        import trackio
+        self.trackio, self.run = trackio, trackio.init(project=project, name=name, resume='allow', config=config)
+    def _log(self, values: dict, step: int): self.trackio.log(values, step=step)
+    def _close(self, status: str): self.trackio.finish()
 
 # %% ../nbs/05_train.ipynb #ac9d3f72
 def autocast_for(precision: str, device: torch.device):
@@ -523,7 +573,7 @@ def upgraded_config(saved: dict) -> dict:
     return {'model': 'resonance', **saved, 'model_overrides': {**saved.get('model_overrides', {}), **over}}
 
 RESUME_MAY_CHANGE = ('max_steps', 'epochs', 'save_every', 'keep', 'eval_every', 'eval_batches', 'log_every', 'progress',
-                     'tensorboard', 'wandb', 'resume', 'overwrite', 'out', 'data', 'device', 'cpu_threads',
+                     'tensorboard', 'wandb', 'report_to', 'resume', 'overwrite', 'out', 'data', 'device', 'cpu_threads',
                      'num_workers', 'pin_memory', 'prefetch_factor', 'compile')  # how long, watched, where: not what
 
 def check_same_run(saved: dict,        # the TrainConfig stored in the checkpoint (its config.json)
@@ -668,7 +718,8 @@ def run_folder(cfg: TrainConfig):
     "legalnb's, and is recorded; a link is replaced in `cfg.out` by the folder it leads to."
     from legalnb.core import output_folder
     if int(os.environ.get('RANK', 0)) != 0: yield; return   # the other ranks: rank 0 holds the folder
-    with output_folder(cfg.out, 'legalnb train', lambda rel: rel.parts[0] in RUN_OUTPUTS, strict=False,
+    ours = lambda rel: rel.parts[0] in (*RUN_OUTPUTS, *TRACKER_FILES)   # the trackers' files too (tb/ is both)
+    with output_folder(cfg.out, 'legalnb train', ours, strict=False,
                        what=f'train writes {RUN_LISTED} there, and --overwrite deletes them') as out:
         if out != Path(cfg.out): cfg.out = str(out)
         yield
@@ -717,6 +768,7 @@ class Run:
     elapsed0: float = 0.0        # seconds trained before this process (a resumed run)
     t_start: float = dataclasses.field(default_factory=time.perf_counter)
     callbacks: list = dataclasses.field(default_factory=list)  # rank 0's watchers
+    trackers: list = dataclasses.field(default_factory=list)   # rank 0's tracker loggers (--report-to), among them
     interval: Interval | None = None  # the log interval in progress
     last: dict | None = None     # the latest step record
     val: dict | None = None      # the latest eval record
@@ -929,7 +981,7 @@ def record_architecture(folder: Path, name: str):
 
 
 # %% ../nbs/05_train.ipynb #a1b2c307
-def _open_run_folder(run: Run, callbacks: Iterable):
+def _open_run_folder(run: Run):
     "Rank 0: clear what --overwrite deletes, metrics after the resumed step, half-written saves; start the watchers."
     cfg, out = run.cfg, run.out
     if not run.d.main: return
@@ -940,9 +992,32 @@ def _open_run_folder(run: Run, callbacks: Iterable):
     for p in (out/'checkpoints').glob('.tmp-step-*'): shutil.rmtree(p, ignore_errors=True)
     run.callbacks = [MetricsFile(out/'metrics.jsonl')]
     if cfg.progress: run.callbacks.append(ProgressBar(run.max_steps, run.start))
-    if cfg.tensorboard: run.callbacks.append(TensorBoardLog(out/'tb'))
-    if cfg.wandb: run.callbacks.append(WandbLog(asdict(cfg)))
-    run.callbacks += list(callbacks)
+
+def tracker_log(name: str, run: Run, ids: dict) -> TrackerLog:
+    "The logger of tracker `name` for `run`, writing where `tracking` said and to the run `ids` names."
+    config, resumed = asdict(run.cfg), run.start > 0
+    if name == 'tensorboard':
+        logdir = Path(os.environ['TENSORBOARD_LOGGING_DIR']).expanduser()
+        return TensorBoardLog(logdir, purge_step=run.start + 1 if resumed else None)
+    if name == 'wandb': return WandbLog(config, ids)
+    if name == 'mlflow': return MLflowLog(ids['mlflow'], params=None if resumed else config)
+    return TrackioLog(ids['name'], config)
+
+@contextmanager
+def tracked(run: Run, callbacks: Iterable = ()):
+    "Rank 0: the loggers of --report-to join the watchers, then `callbacks`; each tracker's run is continued on "
+    "--resume and closed however the block ends: finished, stopped by a callback (a budget guard), or failed."
+    names = parse_report_to(run.cfg.report_to) if run.d.main else ()
+    with tracking(run.out, names, bool(run.cfg.resume), run.d.main) as ids:
+        status = 'failed'
+        try:
+            for name in names: run.trackers.append(tracker_log(name, run, ids))
+            if run.d.main: run.callbacks += [*run.trackers, *callbacks]
+            yield
+            status = 'stopped' if run.stopped else 'finished'
+        finally:
+            for t in run.trackers:
+                with suppress(Exception) if status == 'failed' else nullcontext(): t.close(status)  # the error first
 
 def stopped_summary(run: Run) -> dict:
     "What a run that a callback stopped early says: why, the step it reached, its checkpoint (for --resume)."
@@ -957,14 +1032,15 @@ def train(cfg: TrainConfig,                   # the run
     with run_folder(cfg):                                # rank 0: --out locked, what the run writes there recorded
         run = setup(cfg)                                 # every check that can refuse the run: nothing written before
         with _removed_if_failed(run.out, run.d.main):    # a run folder made here goes again if no checkpoint was saved
-            _open_run_folder(run, callbacks)             # the run folder and its watchers (metrics, progress, ...)
-            batches = iter(train_loader(run.train_ds, run.cfg, run.d, run.start))  # batches from the resumed step on
-            run.model.train(); run.interval = Interval.start(run.d.device)
-            while run.step < run.max_steps and not run.stopped:
-                step = train_step(run, batches)          # grad_accum micro-batches, clip, AdamW
-                end_interval(run, step)                  # log, NaN stop, eval, checkpoint: when their step has come
-            if run.stopped: summary = stopped_summary(run)   # a callback asked to stop: checkpointed, resumable
-            else: summary = summarize(run)               # the final model and summary.json
+            _open_run_folder(run)                        # the run folder and its watchers (metrics, progress)
+            with tracked(run, callbacks):                # --report-to's trackers, then yours; closed however it ends
+                batches = iter(train_loader(run.train_ds, run.cfg, run.d, run.start))  # from the resumed step on
+                run.model.train(); run.interval = Interval.start(run.d.device)
+                while run.step < run.max_steps and not run.stopped:
+                    step = train_step(run, batches)      # grad_accum micro-batches, clip, AdamW
+                    end_interval(run, step)              # log, NaN stop, eval, checkpoint: when their step has come
+                if run.stopped: summary = stopped_summary(run)   # a callback asked to stop: checkpointed, resumable
+                else: summary = summarize(run)           # the final model and summary.json
     notify(run.callbacks, 'on_stop' if run.stopped else 'on_end', summary)
     return summary
 
@@ -991,6 +1067,7 @@ def train_parser() -> argparse.ArgumentParser:
     from fastcore.docments import docments
     p = command_parser(TrainConfig, 'legalnb train', suppress=True, skip=('resume', 'model_overrides', *SHAPE_FLAGS))
     p.description = 'Train a model of the registry (legalnb.models) on a split folder.'
+    report_to_flag(p)
     doc = docments(TrainConfig)
     for name in SHAPE_FLAGS:
         p.add_argument('--' + name.replace('_', '-'), type=_flag_int(name), metavar='N', default=argparse.SUPPRESS,
