@@ -518,17 +518,13 @@ def owned_files(folder: str | Path, listed: bool = False) -> set[Path]:
     return owned
 
 def unowned_stamps(folder: str | Path) -> dict[Path, tuple]:
-    "The files under `folder` no record owns and every subfolder, with their inode and modification time: what was "
-    "there before a command."
+    "The files under `folder` no record owns, and the subfolders holding them, with their inode and modification "
+    "time: what was there before a command (a folder that holds only legalnb's files is legalnb's to remake)."
     folder = Path(folder)
     if not folder.is_dir(): return {}
     owned = owned_files(folder)
-    return {rel: _stamp(folder/rel) for rel in folder_files(folder) + _subfolders(folder) if rel not in owned}
-
-def _subfolders(folder: Path) -> list[Path]:
-    "Every folder under `folder` (links not followed), relative."
-    return [Path(root).relative_to(folder)/d for root, dirs, _ in os.walk(folder) for d in dirs
-            if not os.path.islink(os.path.join(root, d))]
+    theirs = [rel for rel in folder_files(folder) if rel not in owned]
+    return {rel: _stamp(folder/rel) for rel in theirs + sorted({d for f in theirs for d in f.parents[:-1]})}
 
 def _stamp(path: Path) -> tuple[int, int]:
     "Inode and modification time (ns) of a file or link: a file written again has other ones."
