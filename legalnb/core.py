@@ -536,8 +536,8 @@ def record_written(folder: str | Path,                     # an output folder
                    ours: Callable[[Path], bool] | None = None,  # which files it may write (relative paths); None: all
                    before: dict | None = None):            # `unowned_stamps` when it started (None: not known)
     "Add the files `ours` matches that no record owns yet to `folder`'s record (they are `command`'s), leaving out "
-    "those that were there, unchanged, before it started, with the subfolders they are in that were not there "
-    "(all of them when `before` is None); drop the records of files and folders that are gone."
+    "those that were there, unchanged, before it started, with the subfolders they are in that it made (not there, "
+    "or another folder, when it started; all of them when `before` is None); drop the records of what is gone."
     folder = Path(folder)
     if not folder.is_dir(): return
     (old, old_made), owned, known = _record(folder), owned_files(folder), before or {}
@@ -546,8 +546,12 @@ def record_written(folder: str | Path,                     # an output folder
     for rel in folder_files(folder):
         if rel not in owned and (ours is None or ours(rel)) and known.get(rel) != _stamp(folder/rel):
             new[rel.as_posix()] = command
-            made |= {d.as_posix() for d in rel.parents[:-1] if before is None or d not in known}
+            made |= {d.as_posix() for d in rel.parents[:-1] if before is None or _remade(folder/d, known.get(d))}
     if (new, made) != (old, old_made): _write_record(folder, new, made)
+
+def _remade(path: Path, stamp: tuple | None) -> bool:
+    "Whether the folder `path` is not the one that was there when the command started (`stamp`: none was)."
+    return stamp is None or stamp[0] != path.lstat().st_ino
 
 def _write_record(folder: Path, files: dict[str, str], made: set[str]):
     "Write `folder`'s record of the files legalnb wrote and the subfolders it made there (none: no record)."
