@@ -78,6 +78,7 @@ def _keys(e: dict) -> dict:
                 openings=[(x['celex'], x['lang'], x['reference']) for x in e.get('rouge', {}).get('rows', [])],
                 general=[(d['celex'], d['bytes']) for d in e.get('general', {}).get('documents', [])])
 
+# %% ../nbs/11a_against.ipynb #371c5125
 def check_comparable(evals: list[dict], names: list[str]):
     "Refuse evaluations that did not score the same documents, citation items, openings and general text."
     for e, name in zip(evals, names):
@@ -90,6 +91,7 @@ def check_comparable(evals: list[dict], names: list[str]):
             raise LegalnbError(f'{names[0]} and {name} were scored on different {" and ".join(diff)}: evaluate them '
                                'on the same --data (and --general) with the same --citations, --rouge and --seed')
 
+# %% ../nbs/11a_against.ipynb #76f133bd
 def _windows(a: dict, b: dict) -> str:
     "How the two models' windows relate: the same, or the same documents compared per byte."
     if a['tokenizer'] == b['tokenizer'] and a['context'] == b['context']:
@@ -97,6 +99,7 @@ def _windows(a: dict, b: dict) -> str:
     return (f"the same documents in each model's own tokens (contexts {a['context']:,} and {b['context']:,}"
             + ('' if a['tokenizer'] == b['tokenizer'] else ', different tokenizers') + '), compared per byte')
 
+# %% ../nbs/11a_against.ipynb #8fff3967
 def compare_evaluations(model: dict, reference: dict, iters: int = BOOTSTRAP, seed: int = 0,
                         names: tuple[str, str] = ('the model', 'the reference'),
                         base: bool = True) -> dict:   # the reference is the model's base: general text is forgetting
@@ -126,12 +129,14 @@ def compare_evaluations(model: dict, reference: dict, iters: int = BOOTSTRAP, se
         out['general_capabilities'] = capabilities_kept(model['suites'], reference['suites'], iters, seed)
     return out
 
+# %% ../nbs/11a_against.ipynb #905adf60
 def _suite_change(ms: list[dict], iters: int, seed: int) -> dict:
     "An lm-eval metric's change over the suite's items and, where higher is better, the share of the score kept."
     runs, up = [m['rows'] for m in ms], ms[0]['higher_is_better']
     return (change(runs, 'ratio', None, up is False, iters, seed) | dict(items=ms[0]['items'])
             | (kept(runs, iters, seed) if up else {}))
 
+# %% ../nbs/11a_against.ipynb #1a7ba5a9
 def capabilities_kept(model: dict, reference: dict, iters: int = BOOTSTRAP, seed: int = 0) -> dict:
     "Per metric where higher is better, the share kept over every suite's items pooled (each item once, paired)."
     pools = {}
@@ -147,6 +152,7 @@ def capabilities_kept(model: dict, reference: dict, iters: int = BOOTSTRAP, seed
                     reference=bootstrap_estimate(lambda a: a, p['runs'][1:], 'ratio', iters=iters, seed=seed)[0])
                | kept(p['runs'], iters, seed) for k, p in pools.items()}
 
+# %% ../nbs/11a_against.ipynb #f3c72ef4
 _BELEBELE = dict(bg='bul_Cyrl', cs='ces_Latn', da='dan_Latn', de='deu_Latn', el='ell_Grek', en='eng_Latn',
                  es='spa_Latn', et='est_Latn', fi='fin_Latn', fr='fra_Latn', hr='hrv_Latn', hu='hun_Latn',
                  it='ita_Latn', lt='lit_Latn', lv='lvs_Latn', mt='mlt_Latn', nl='nld_Latn', pl='pol_Latn',
@@ -285,6 +291,7 @@ def _bars(ax, labels: list[str], changes: list[dict], unit: str, scale: float = 
     ax.use_sticky_edges = False; ax.margins(x=0.08)   # room beyond the longest bar
     ax.set_xlabel(f'change, model - reference ({unit})')
 
+# %% ../nbs/11a_against.ipynb #3dacb7a8
 def _rows(ax, labels: list[str]):
     "Row labels that never run into each other: wrapped, smaller as they get more; at most six ticks along x."
     from matplotlib.ticker import MaxNLocator
@@ -293,6 +300,7 @@ def _rows(ax, labels: list[str]):
     ax.xaxis.set_major_locator(MaxNLocator(nbins=6)); ax.tick_params(axis='x', labelsize=8)
     ax.grid(axis='x', alpha=0.3)
 
+# %% ../nbs/11a_against.ipynb #7ac375c1
 def _kept_points(ax, labels: list[str], shares: list[dict]):
     "The share of the base's score kept per suite, with its interval, beside the seeds' claim."
     for i, m in enumerate(shares):
@@ -303,15 +311,18 @@ def _kept_points(ax, labels: list[str], shares: list[dict]):
     _rows(ax, labels); ax.margins(x=0.08)
     ax.set_xlabel(f"score kept: model / base (%); dashed: the seeds' claim ({KEPT_CLAIM:.0%})")
 
+# %% ../nbs/11a_against.ipynb #477d2193
 def _short(name: str) -> str:
     "A model by the last two names of its folder: runs/x/final -> x/final, /models/hf/SmolLM2 -> hf/SmolLM2."
     return '/'.join(Path(name).parts[-2:]) or name
 
+# %% ../nbs/11a_against.ipynb #e15054c8
 def against_title(c: dict) -> str:
     "Who is compared with whom, and the reference's role: 'model: x/final vs base: hf/SmolLM2'."
     who = 'base' if c.get('reference_is_base', True) else 'reference'
     return f"model: {_short(c['model']['name'])} vs {who}: {_short(c['reference']['name'])}"
 
+# %% ../nbs/11a_against.ipynb #87d89179
 def against_panels(c: dict) -> list[tuple[str, list[str], list[dict]]]:
     "The plot's panels with something to show: held-out law, general text, citations, suites kept."
     langs, base = list(c['by_language']), c.get('reference_is_base', True)
@@ -329,6 +340,7 @@ def against_panels(c: dict) -> list[tuple[str, list[str], list[dict]]]:
     if kept: out.append(('General capabilities kept (lm-eval)', [k for k, _ in kept], [m for _, m in kept]))
     return out
 
+# %% ../nbs/11a_against.ipynb #fb817d23
 def against_figure(c: dict):
     "against.png: the change in bits per byte (held-out law per language, and general text) and in citation accuracy."
     from matplotlib.figure import Figure
@@ -503,6 +515,7 @@ def _score(path: Path, docs: list[dict], gdocs, o: dict, context: int | None, ba
     del lm
     return r
 
+# %% ../nbs/11a_against.ipynb #a045a296
 def _prepare(paths: list[Path], o: dict) -> tuple[list[dict], list[dict] | None, int | None, object]:
     "Checks before any model loads: the data, the general text, the output folder; the shared context, lm-eval tasks."
     for p in paths: model_kind(p)
@@ -525,12 +538,14 @@ def _prepare(paths: list[Path], o: dict) -> tuple[list[dict], list[dict] | None,
         manager = suite_manager(o['lm_eval_tasks'], o.get('trust_remote_code', False))   # indexed once, names checked
     return docs, gdocs, o['context'] or (min(known) if known else None), manager
 
+# %% ../nbs/11a_against.ipynb #33df7939
 def _is_base(model: Path, ref: Path, o: dict) -> bool:
     "Is the reference what the model started from (then its change on general text is forgetting)?"
     if o['against'] == 'base': return True
     try: return reference_of(model, o['base']).resolve() == model_folder(ref).resolve()   # org/name: its snapshot
     except LegalnbError: return False
 
+# %% ../nbs/11a_against.ipynb #284ee15d
 def against_command(**o) -> int:
     "`legalnb evaluate MODEL --against [REF]` and `legalnb evaluate --retained BASE FAST FULL`."
     check_evaluate_settings(o)
@@ -556,6 +571,7 @@ def against_command(**o) -> int:
                 f"{out/'against.json'}, {out/'against.png'}, {out/'eval.md'}, {out/'reference'/'eval.md'}")
     return 0
 
+# %% ../nbs/11a_against.ipynb #80d68fe8
 def retained_command(**o) -> int:
     "Score BASE, FAST and FULL on the same acts; print the share of the full run's gain the fast run kept."
     if o['model'] is not None or o['against'] is not None:
@@ -575,10 +591,12 @@ def retained_command(**o) -> int:
                 f"{out/'retained.png'} and each run's eval.md in {out}/base, fast, full")
     return 0
 
+# %% ../nbs/11a_against.ipynb #b89ca638
 def evaluate_run(settings: dict) -> int:
     "`legalnb evaluate`, every mode: MODEL alone (`evaluate_command`), `--against [REF]` or `--retained B F F` (here)."
     several = settings['against'] is not None or settings['retained']
     return run_writing(against_command if several else evaluate_command, settings, 'legalnb evaluate',
                        EVALUATE_OUTPUTS)
 
+# %% ../nbs/11a_against.ipynb #64e6692f
 def against_main(argv: list[str]) -> int: return evaluate_run(command_settings('evaluate', argv))

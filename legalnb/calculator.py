@@ -228,6 +228,7 @@ def _base(plan: Plan, shard: int) -> tuple[float, str]:
     b, name = (NF4_BYTES, 'NF4') if plan.qlora_bits == 4 else (INT8_BYTES, 'int8')
     return (b * (N - emb) + 4 * emb) / shard, f'{b:.3f} B × {human(N - emb)} {name}{kept}'
 
+# %% ../nbs/08_calculator.ipynb #562b67f2
 def _states(plan: Plan) -> tuple[float, float, float, list[str]]:
     "Weights, gradients and AdamW state in bytes per GPU, with the arithmetic."
     shard = plan.gpus if plan.strategy in SHARDED else 1
@@ -248,6 +249,7 @@ def _states(plan: Plan) -> tuple[float, float, float, list[str]]:
              f'AdamW       8 B × {human(T)}{by} = {o / GIB:.2f} GiB']
     return w, g, o, lines
 
+# %% ../nbs/08_calculator.ipynb #c7042e3a
 def _gathered(plan: Plan) -> tuple[float, list[str]]:
     "FSDP / ZeRO-3: bytes of one layer gathered whole while it runs (DeepSpeed: 4 B × the largest layer)."
     zero3 = plan.strategy == 'deepspeed-zero3'
@@ -261,6 +263,7 @@ def _gathered(plan: Plan) -> tuple[float, list[str]]:
     return g, [f'gathered    {k} B × {human(plan.params)} ÷ {plan.layers} layers (one layer\'s {what}, whole '
                f'while it runs) = {g / GIB:.2f} GiB']
 
+# %% ../nbs/08_calculator.ipynb #cad056ee
 def _activations(plan: Plan) -> tuple[float, float, list[str]]:
     "Activation and logit bytes per GPU (0 when the shape is unknown), with the arithmetic."
     if not (plan.layers and plan.d_model and plan.seq_len): return 0.0, 0.0, []
@@ -278,6 +281,7 @@ def _activations(plan: Plan) -> tuple[float, float, list[str]]:
     if lg: lines.append(f'logits      4 B × {b} × {s:,} × {plan.vocab:,} = {lg / GIB:.2f} GiB')
     return a, lg, lines
 
+# %% ../nbs/08_calculator.ipynb #68f1a2ea
 def estimate_memory(plan: Plan) -> Memory | None:
     "Training memory per GPU for `plan` (None without `params`), and whether it fits its GPU."
     if not plan.params: return None
@@ -330,6 +334,7 @@ def _scheduled_steps(plan: Plan, data: int | None) -> tuple[int, int, int | None
                  f'{plan.batch_schedule}) = {micro:,}; sequences = {micro:,} × {plan.micro_batch} × {plan.gpus}')
     return steps, micro * per_micro, data, lines
 
+# %% ../nbs/08_calculator.ipynb #7cfe07a9
 def _steps(plan: Plan) -> tuple[int, int | None, int | None, list[str]]:
     "Optimizer steps, sequences fed, sequences in the data, and the arithmetic."
     data, gb, unit = data_sequences(plan), plan.global_batch, 'examples' if plan.lora else 'sequences'
@@ -349,6 +354,7 @@ def _steps(plan: Plan) -> tuple[int, int | None, int | None, list[str]]:
             f'ceil({exact:,.6g}) = {steps:,}{note}')
     return steps, int(ep * data), data, [line]
 
+# %% ../nbs/08_calculator.ipynb #530454c6
 def _mfu(plan: Plan, steps: int, flops: float | None, seconds: float | None
         ) -> tuple[float | None, list[str], list[str]]:
     "Implied MFU with its arithmetic and warnings; refuses a plan above 100% of the dense peak."
@@ -365,6 +371,7 @@ def _mfu(plan: Plan, steps: int, flops: float | None, seconds: float | None
     warn = [f'implied MFU {mfu:.0%} is optimistic: tuned large runs reach 38-55%'] if mfu > 0.6 else []
     return mfu, ([] if plan.mfu else [line]), warn  # with a given MFU the line would only repeat it
 
+# %% ../nbs/08_calculator.ipynb #749c5a34
 def check_claim(plan: Plan, steps: int, tokens: int | None, seconds: float | None, flops: float | None,
                 arithmetic: str = '') -> str | None:
     "A warning when `claimed_hours` is off the computed time by over 20%, with the figures that would make it true."
@@ -580,6 +587,7 @@ class Measurement:
     activation_bytes: float  # measured_activation_bytes of the plan at that peak
     mfu: float | None        # tokens/s × the plan's FLOPs per token ÷ the GPU's dense peak (None: a CPU, a GPU unknown)
 
+# %% ../nbs/08_calculator.ipynb #0d20689c
 @dataclass
 class GpuCheck:
     "A report of bench/gpu_check.py as calibration: measured MFU and activation bytes per architecture and length."
@@ -589,6 +597,7 @@ class GpuCheck:
     dry_run: bool            # toy sizes on a CPU: a CPU's figures, not a GPU's
     runs: list[Measurement]  # its training checks that passed
 
+# %% ../nbs/08_calculator.ipynb #fd988653
 def _measurement(name: str, check: dict) -> Measurement:
     "A check's calibration entry (the plan's fields, peak bytes, parameters, tokens/s) as a `Measurement`."
     c = check['calibration']
@@ -598,12 +607,14 @@ def _measurement(name: str, check: dict) -> Measurement:
     return Measurement(name, c['model'], plan, c.get('params') or plan.params, c['peak_bytes'], c['tokens_per_sec'],
                        measured_activation_bytes(plan, c['peak_bytes'], c.get('params')), mfu)
 
+# %% ../nbs/08_calculator.ipynb #5690a145
 def _json_kind(value) -> str:
     "A JSON value's kind, in an error message's words: null, true, a number, a string, a list, an object."
     if value is None or isinstance(value, bool): return json.dumps(value)
     return ('a number' if isinstance(value, (int, float)) else 'a string' if isinstance(value, str)
             else 'a list' if isinstance(value, list) else 'an object')
 
+# %% ../nbs/08_calculator.ipynb #d995ed57
 _KIND_OK = dict(number=lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
                 string=lambda v: isinstance(v, str), bool=lambda v: isinstance(v, bool), null=lambda v: v is None,
                 object=lambda v: isinstance(v, dict))
@@ -621,12 +632,14 @@ def schema_error(value: dict,        # a JSON object read from a report
         elif not any(_KIND_OK[k](v) for k in kind.split('|')):
             return f'{name}: expected {" or ".join(_KIND_WORDS[k] for k in kind.split("|"))}, got {_json_kind(v)}'
 
+# %% ../nbs/08_calculator.ipynb #c70298a3
 def _plan_schema() -> dict:
     "Each `Plan` field's JSON kind, from its annotation: a report's plan is checked against the class it rebuilds."
     words = {'int': 'number', 'float': 'number', 'str': 'string', 'bool': 'bool', 'None': 'null'}
     kinds = lambda t: '|'.join(dict.fromkeys(words[w.strip()] for w in str(t).split('|') if w.strip() in words))
     return {f.name: kinds(f.type) for f in fields(Plan)}
 
+# %% ../nbs/08_calculator.ipynb #79a68542
 GPU_CHECK_SCHEMA = dict(date='string', dry_run='bool', checks='object', environment=dict(gpu='string|null'))
 CALIBRATION_SCHEMA = dict(model='string', plan=_plan_schema(), params='number|null', peak_bytes='number',
                           tokens_per_sec='number', mfu='number|null')   # a passed check's calibration entry
@@ -651,6 +664,7 @@ def read_gpu_check(path) -> GpuCheck:  # report.json written by bench/gpu_check.
     gpu = (r.get('environment') or {}).get('gpu')
     return GpuCheck(str(path), r.get('date', '?'), gpu, bool(r.get('dry_run')), runs)
 
+# %% ../nbs/08_calculator.ipynb #4c96b17c
 @patch
 def nearest(self: GpuCheck, model: str, seq_len: int | None, checkpointing: bool = False) -> Measurement | None:
     "The run of `model` nearest `seq_len` (by ratio), with the same activation checkpointing where one has it."
@@ -658,6 +672,7 @@ def nearest(self: GpuCheck, model: str, seq_len: int | None, checkpointing: bool
     same = [m for m in runs if bool(m.plan.checkpointing or m.plan.qlora) == checkpointing] or runs
     return min(same, key=lambda m: abs(math.log((seq_len or m.plan.seq_len) / m.plan.seq_len)), default=None)
 
+# %% ../nbs/08_calculator.ipynb #655b6189
 @patch
 def calibrate(self: GpuCheck, plan: Plan, model: str) -> tuple[Plan, list[str], list[str]]:
     "`plan` with `model`'s measured activation bytes (and MFU, when the plan gives no speed), its lines and warnings."
@@ -710,10 +725,12 @@ def _plan(preset: str | None, model_size: str | None, fields: dict, model: str =
         if task == 'scratch': fields['size'] = model_size
     return plan_for(task, name, model=model if task == 'scratch' else None, **fields) if preset else Plan(**fields)
 
+# %% ../nbs/08_calculator.ipynb #5f15fb77
 def _show(e: Estimate, as_json: bool) -> str:
     "What `legalnb estimate` prints: the table, or one JSON object."
     return json.dumps(e.to_json()) if as_json else e.table()
 
+# %% ../nbs/08_calculator.ipynb #babe092d
 _FIELD_OF = dict(batch_size='micro_batch', mixing_flops='mixing_flops_per_token')   # flag -> Plan field if unlike
 _NOT_PLAN = ('preset', 'model_size', 'model', 'calibration', 'json')   # how to make the plan, and how to print it
 
@@ -779,6 +796,7 @@ class EstimateConfig:
         given['mfu'] = self.mfu and self.mfu / 100
         return _plan(self.preset, self.model_size, {k: v for k, v in given.items() if v is not None}, self.model)
 
+# %% ../nbs/08_calculator.ipynb #fab17228
 def estimate_command(config: EstimateConfig):
     "Print the estimate of the plan `config` describes (calibrated by a GPU check's report if it names one)."
     plan, lines, warnings = config.plan(), [], []
@@ -790,4 +808,5 @@ def estimate_command(config: EstimateConfig):
     e.lines[:0], e.warnings = lines, e.warnings + warnings
     print(_show(e, config.json))
 
+# %% ../nbs/08_calculator.ipynb #4cc5ba4c
 def estimate_main(argv: list[str]) -> int: return estimate_command(EstimateConfig(**command_settings('estimate', argv)))

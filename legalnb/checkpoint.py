@@ -42,6 +42,7 @@ def checkpoint_step(path: Path) -> int:
     "The step a checkpoint folder name records (step-00000200 -> 200)."
     return int(Path(path).name.split('-')[1])
 
+# %% ../nbs/04e_checkpoint.ipynb #1449829a
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     "The complete checkpoints of a run, oldest first; hidden half-written folders are skipped, strangers refused."
     ck = Path(run_dir)/'checkpoints'
@@ -55,10 +56,12 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
         if (p/'config.json').exists(): found.append(p)
     return sorted(found, key=checkpoint_step)
 
+# %% ../nbs/04e_checkpoint.ipynb #fcfcb174
 def _save_file(obj, path: Path):
     "torch.save `obj` to `path` and flush it to disk."
     with open(path, 'wb') as f: torch.save(obj, f); f.flush(); os.fsync(f.fileno())
 
+# %% ../nbs/04e_checkpoint.ipynb #8215ee35
 def save_checkpoint(run_dir: str | Path,  # the run folder (checkpoints/ is created in it)
                     state: dict,          # model, optimizer, scheduler, scaler, rng, data, step, elapsed, configs
                     keep: int = 3,        # newest checkpoints kept
@@ -87,6 +90,7 @@ def save_checkpoint(run_dir: str | Path,  # the run folder (checkpoints/ is crea
     for p in older[:max(0, len(older) - (keep - 1))]: shutil.rmtree(p, ignore_errors=True)
     return final
 
+# %% ../nbs/04e_checkpoint.ipynb #0e0455f7
 def find_checkpoint(run_dir: str | Path, which: str = 'latest') -> Path:
     "The checkpoint folder `which` names: 'latest' in `run_dir`, or a path."
     if which != 'latest':
@@ -99,6 +103,7 @@ def find_checkpoint(run_dir: str | Path, which: str = 'latest') -> Path:
         raise LegalnbError(f'{Path(run_dir)/"checkpoints"}: no checkpoint to resume from; start without --resume')
     return found[-1]
 
+# %% ../nbs/04e_checkpoint.ipynb #ade53c85
 def _load_pt(path: Path, map_location) -> object:
     "torch.load with weights_only=True: tensors, numbers, text, lists and dicts come back; code never runs."
     try: return torch.load(path, map_location=map_location, weights_only=True)
@@ -110,6 +115,7 @@ def _load_pt(path: Path, map_location) -> object:
                            'loading it could run code (legalnb writes none: was it made by another program?)') from None
     except Exception: raise LegalnbError(f'{path}: truncated or damaged, not a torch file that loads') from None
 
+# %% ../nbs/04e_checkpoint.ipynb #2138491c
 def load_checkpoint(path: str | Path, map_location='cpu') -> dict:
     "Read a checkpoint folder back into the dict `save_checkpoint` was given (nothing in it runs as code)."
     path = Path(path)
@@ -120,6 +126,7 @@ def load_checkpoint(path: str | Path, map_location='cpu') -> dict:
     if (path/'sharded').is_dir(): return {**trainer, **meta, 'sharded': path/'sharded'}  # FSDP: read by every rank
     return {**trainer, **meta, 'model': _load_pt(path/'model.pt', map_location)}
 
+# %% ../nbs/04e_checkpoint.ipynb #72027b09
 def load_for_resume(path: Path, run_dir: str | Path) -> dict:
     "`load_checkpoint(path)`; when it fails, the message offers the newest checkpoint of the run that loads."
     try: return load_checkpoint(path)

@@ -167,6 +167,7 @@ def quickstart_plan(docs: int, vocab_size: int, seq_len: int, steps: int, dim: i
             'evaluate': dict(device=device, seed=0, citations=200, samples=1),
             'split': dict(seed=0)}
 
+# %% ../nbs/15_cli.ipynb #ba8c47bc
 def _compare(wd: Path, t: dict, seq_len: int):
     "ResonanceNet against the gpt baseline on the run's split: the run's own training settings (`t`, its plan's "
     "train section) with a comparison's overrides, the run's tokens as the budget."
@@ -179,6 +180,7 @@ def _compare(wd: Path, t: dict, seq_len: int):
                        budget=t['max_steps'] * t['batch_size'] * seq_len))
     if compare_run(settings): raise LegalnbError('quickstart: the compare stage failed; see its messages above')
 
+# %% ../nbs/15_cli.ipynb #e5b43aa5
 def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
                docs: int = 200,          # sample publications
                vocab_size: int = 1024,   # BPE vocabulary to train

@@ -459,6 +459,7 @@ def folder_files(folder: str | Path) -> list[Path]:
         found += [rel/d for d in dirs if os.path.islink(os.path.join(root, d))]   # a linked folder: one entry
     return sorted(found)
 
+# %% ../nbs/00_core.ipynb #7ae52198
 def _record(folder: Path) -> tuple[dict[str, str], set[str]]:
     "The ownership record in `folder` itself: its files (relative path -> the command that wrote it) and the "
     "subfolders legalnb made (relative paths); ({}, set()) when there is none."
@@ -475,6 +476,7 @@ def _record(folder: Path) -> tuple[dict[str, str], set[str]]:
         raise LegalnbError(damaged.format(f'it lists {bad!r}, not a relative path inside {folder}'))
     return {k: v for k, v in files.items() if isinstance(v, str)}, set(made)
 
+# %% ../nbs/00_core.ipynb #bdd74b69
 def _vouched(folder: Path, listed: bool = False) -> set[str]:
     "The files `folder`'s record vouches for: those whose every folder below `folder` legalnb made; "
     "with `listed`, every file it lists."
@@ -483,21 +485,25 @@ def _vouched(folder: Path, listed: bool = False) -> set[str]:
     ours = {d for d in made if _a_folder(folder/d)}
     return {rel for rel in files if all(p.as_posix() in ours for p in Path(rel).parents[:-1])}
 
+# %% ../nbs/00_core.ipynb #cdbbe403
 def _a_folder(path: Path) -> bool:
     "Whether `path` is a folder, not a link to one (a link put where legalnb made a folder is not legalnb's)."
     try: return stat.S_ISDIR(path.lstat().st_mode)
     except OSError: return False
 
+# %% ../nbs/00_core.ipynb #306cf9ba
 def _inside(rel: str) -> bool:
     "Whether a record's entry is a relative path that stays inside its folder (no root, no `..`, not the folder)."
     p = Path(rel)
     return bool(rel) and '\0' not in rel and not p.is_absolute() and bool(p.parts) and '..' not in p.parts
 
+# %% ../nbs/00_core.ipynb #eb7e5ad4
 def everyones(folder: str | Path) -> bool:
     "Whether `folder` is the root, the home folder or a folder above it: no command's output folder, no record's."
     real, home = Path(os.path.realpath(folder)), Path(os.path.realpath(os.path.expanduser('~')))
     return real == Path(real.anchor) or real == home or real in home.parents
 
+# %% ../nbs/00_core.ipynb #3cc4f53b
 def owned_files(folder: str | Path, listed: bool = False) -> set[Path]:
     "The files under `folder` that legalnb wrote (those still there), by the records in it, in its subfolders, and in "
     "the folders around it (`legalnb run` records what its stages wrote in its work folder); a record vouches for a "
@@ -517,6 +523,7 @@ def owned_files(folder: str | Path, listed: bool = False) -> set[Path]:
         if os.path.ismount(up): break
     return owned
 
+# %% ../nbs/00_core.ipynb #76cff425
 def unowned_stamps(folder: str | Path) -> dict[Path, tuple]:
     "The files under `folder` no record owns, and the subfolders holding them, with their inode and modification "
     "time: what was there before a command (a folder that holds only legalnb's files is legalnb's to remake)."
@@ -526,11 +533,13 @@ def unowned_stamps(folder: str | Path) -> dict[Path, tuple]:
     theirs = [rel for rel in folder_files(folder) if rel not in owned]
     return {rel: _stamp(folder/rel) for rel in theirs + sorted({d for f in theirs for d in f.parents[:-1]})}
 
+# %% ../nbs/00_core.ipynb #73b99881
 def _stamp(path: Path) -> tuple[int, int]:
     "Inode and modification time (ns) of a file or link: a file written again has other ones."
     st = path.lstat()
     return st.st_ino, st.st_mtime_ns
 
+# %% ../nbs/00_core.ipynb #5e3c7279
 def record_written(folder: str | Path,                     # an output folder
                    command: str,                           # the command that wrote the new files
                    ours: Callable[[Path], bool] | None = None,  # which files it may write (relative paths); None: all
@@ -553,6 +562,8 @@ def _remade(path: Path, stamp: tuple | None) -> bool:
     "Whether the folder `path` is not the one that was there when the command started (`stamp`: none was)."
     return stamp is None or stamp[0] != path.lstat().st_ino
 
+
+# %% ../nbs/00_core.ipynb #70eadfb3
 def _write_record(folder: Path, files: dict[str, str], made: set[str]):
     "Write `folder`'s record of the files legalnb wrote and the subfolders it made there (none: no record)."
     if not files: (folder/OWNED).unlink(missing_ok=True); return
@@ -560,6 +571,7 @@ def _write_record(folder: Path, files: dict[str, str], made: set[str]):
         tmp.write_text(json.dumps(dict(format=OWNED_FORMAT, files=dict(sorted(files.items())),
                                        **({'folders': sorted(made)} if made else {})), indent=0) + '\n')
 
+# %% ../nbs/00_core.ipynb #4efa4ee8
 def remove_owned(folder: str | Path,   # an output folder
                  rel: str | Path,      # the file or subfolder of it to delete
                  flag: str = '--out'): # the flag that named the folder, for the message
@@ -620,6 +632,7 @@ def lock_path(folder: str | Path) -> Path:
     real = Path(os.path.realpath(folder))
     return real.parent/f'.{real.name}{LOCK}'
 
+# %% ../nbs/00_core.ipynb #1cd332b4
 def _lock_record(fd: int) -> dict:
     "The holder a lock file names ({} when it is empty or half-written)."
     try:
@@ -628,10 +641,12 @@ def _lock_record(fd: int) -> dict:
         return rec if isinstance(rec, dict) else {}
     except (OSError, ValueError): return {}
 
+# %% ../nbs/00_core.ipynb #06e0ef6a
 def _stat(pid: int) -> list[str]:
     "The fields of /proc/PID/stat after the command's name: state, parent, ... (Linux; raises OSError elsewhere)."
     return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()
 
+# %% ../nbs/00_core.ipynb #0bd5aca0
 def _started(pid: int) -> float | None:
     "When process `pid` started (Unix time, from /proc), or None where that cannot be read."
     try:
@@ -640,6 +655,7 @@ def _started(pid: int) -> float | None:
         return boot + ticks / os.sysconf('SC_CLK_TCK')
     except (OSError, ValueError, IndexError, StopIteration): return None
 
+# %% ../nbs/00_core.ipynb #0c0b94a8
 def holder_alive(rec: dict) -> bool:
     "Whether the process a lock record names still runs (same host, its pid there, started before the lock was taken)."
     import socket
@@ -654,6 +670,7 @@ def holder_alive(rec: dict) -> bool:
     t = _started(pid)
     return t is None or t <= rec.get('started', math.inf) + 1   # started later: the number was reused
 
+# %% ../nbs/00_core.ipynb #ea572a1a
 def _holder(rec: dict) -> str:
     "'pid 4242 on host1 (legalnb train, since 2026-11-26 10:42:00)', or 'another process'."
     if not rec.get('pid'): return 'another process'
@@ -661,6 +678,7 @@ def _holder(rec: dict) -> str:
         rec.get('started'), (int, float)) else '?'
     return f"pid {rec['pid']} on {rec.get('host', '?')} ({rec.get('command', '?')}, since {since})"
 
+# %% ../nbs/00_core.ipynb #7db9c8de
 def _held_by_other(lock: Path) -> dict | None:
     "The record of the process holding `lock` ({} if unreadable), or None when no other process holds it."
     import fcntl
@@ -674,6 +692,7 @@ def _held_by_other(lock: Path) -> dict | None:
     except BlockingIOError: return _lock_record(fd)
     finally: os.close(fd)
 
+# %% ../nbs/00_core.ipynb #6bc151e0
 @contextmanager
 def folder_lock(folder: str | Path,   # the output folder to lock (it need not exist yet)
                 command: str,         # what holds it, for the message of a process that is refused
@@ -726,6 +745,7 @@ def followed(path: str | Path) -> Path:
     "The folder a symbolic link `path` leads to (a rebuild renames that folder, never the link); other paths as given."
     return Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
 
+# %% ../nbs/00_core.ipynb #2da16b8f
 def _started_by(rec: dict) -> bool:
     "Whether the process a lock record names started this one (its parent, or a parent of that), on this host."
     import socket
@@ -737,6 +757,7 @@ def _started_by(rec: dict) -> bool:
         except (OSError, IndexError, ValueError): return False
     return False
 
+# %% ../nbs/00_core.ipynb #39927753
 def _refuse_nested_writers(real: Path, name: str):
     "Refuse a folder inside one that another process is writing, or holding one that another process is writing."
     for up in real.absolute().parents:   # a folder the process that started this one is writing is not another's
@@ -750,6 +771,7 @@ def _refuse_nested_writers(real: Path, name: str):
                 raise LegalnbError(f'{name} holds {Path(root)/n[1:-len(LOCK)]}, which is being written by '
                                    f'{_holder(rec)}: wait for it to finish, or choose another folder')
 
+# %% ../nbs/00_core.ipynb #4f2668d2
 def refuse_unowned(folder: str | Path,                    # the output folder
                    ours: Callable[[Path], bool] | None = None,  # the files the command writes or deletes; None: all
                    flag: str = '--out',                   # how the user named the folder
@@ -770,6 +792,7 @@ def refuse_unowned(folder: str | Path,                    # the output folder
                            (f'{what}: move them away, or choose another folder' if what
                             else 'choose an empty or new folder') + earlier)
 
+# %% ../nbs/00_core.ipynb #99ac78ae
 @contextmanager
 def output_folder(folder: str | Path,                    # the folder the command writes (new or not)
                   command: str,                          # the command, for the records and the lock
@@ -855,6 +878,7 @@ class CommandParser(argparse.ArgumentParser):
         message = re.sub(r"invalid (\w+) value: ", 'got ', message)
         raise LegalnbError(f'{message}; see {self.prog} --help')
 
+# %% ../nbs/00_core.ipynb #aefbc133
 class _Formatter(argparse.HelpFormatter):
     "Help that shows each flag's default, so no help text has to repeat it."
     def _get_help_string(self, action):
@@ -865,6 +889,7 @@ class _Formatter(argparse.HelpFormatter):
             h += f' (default: {default})'
         return h
 
+# %% ../nbs/00_core.ipynb #e93d6a14
 def _number_type(kind: type) -> Callable[[str], float]:
     "An argparse type for int/float flags that also reads 2,000, 5e9, 125M (and refuses inf and nan)."
     what = 'a whole number' if kind is int else 'a number'
@@ -876,6 +901,7 @@ def _number_type(kind: type) -> Callable[[str], float]:
         return kind(value)
     return convert
 
+# %% ../nbs/00_core.ipynb #3eca3d5e
 def _base_type(anno, func):
     "The plain type inside `X | None` or `Optional[X]`, else the annotation (a string is evaluated in `func`'s module)."
     if isinstance(anno, str):
@@ -886,6 +912,7 @@ def _base_type(anno, func):
         return args[0] if len(args) == 1 else str
     return anno
 
+# %% ../nbs/00_core.ipynb #ab285dce
 def _argument(name: str, info, suppress: bool, func: Callable) -> tuple[list[str], dict]:
     "The option strings and add_argument keywords for one documented parameter."
     anno, default, helptext = _base_type(info.anno, func), info.default, info.docment or ''
@@ -902,6 +929,7 @@ def _argument(name: str, info, suppress: bool, func: Callable) -> tuple[list[str
     kw['default'] = argparse.SUPPRESS if suppress else default
     return ['--' + name.replace('_', '-')], kw
 
+# %% ../nbs/00_core.ipynb #39449f7c
 def _checked_type(convert: Callable) -> Callable:
     "A converter whose LegalnbError becomes argparse's error, so the message names the flag."
     def checked(text: str):
@@ -910,6 +938,7 @@ def _checked_type(convert: Callable) -> Callable:
     checked.__name__ = getattr(convert, '__name__', 'value')
     return checked
 
+# %% ../nbs/00_core.ipynb #787b6e38
 def command_parser(func: Callable,           # a function (or dataclass) whose parameters carry docments comments
                    prog: str,                # the command as typed: 'legalnb select'
                    suppress: bool = False,   # leave flags that were not given out of the result (config layering)
@@ -925,6 +954,7 @@ def command_parser(func: Callable,           # a function (or dataclass) whose p
         if suppress: action.shown_default = info.default   # not in the parsed result, but shown in --help
     return p
 
+# %% ../nbs/00_core.ipynb #382b3713
 @dataclass
 class Output:
     "An output folder of a command (`run_command`): locked while it runs, what it writes recorded, others' refused."
@@ -935,6 +965,7 @@ class Output:
     what: str = ''                               # what the command does to the files `ours` matches (refusals)
     check: bool = True                           # False: the command's own check of the folder is the stricter one
 
+# %% ../nbs/00_core.ipynb #66b05d17
 def run_writing(func: Callable, kwargs: dict, prog: str, outputs: Iterable[Output] = ()) -> int:
     "Call `func(**kwargs)` with every output folder locked, checked and recorded (a link: the folder it leads to)."
     with ExitStack() as held:
@@ -944,11 +975,13 @@ def run_writing(func: Callable, kwargs: dict, prog: str, outputs: Iterable[Outpu
             if folder != Path(given): kwargs[o.arg] = str(folder)
         return func(**kwargs) or 0
 
+# %% ../nbs/00_core.ipynb #d5193f11
 def run_command(func: Callable, argv: list[str], prog: str,
                 outputs: Iterable[Output] = ()) -> int:   # the folders it writes (see `Output`)
     "Parse `argv` with `command_parser(func)` and call `func` with the result; its return value is the exit code."
     return run_writing(func, vars(_parser_of(func, prog).parse_args(list(map(str, argv)))), prog, outputs)
 
+# %% ../nbs/00_core.ipynb #d5b265d6
 @functools.cache
 def _parser_of(func: Callable, prog: str) -> CommandParser:
     "A command's parser, built once a process (`command_flags` and `run_command` share it)."
@@ -1002,25 +1035,30 @@ COMMANDS = {
                             "record a folder an older legalnb wrote (no records yet) as legalnb's"),
 }
 
+# %% ../nbs/00_core.ipynb #f2dc06b9
 def _named(spec: str) -> Callable:
     "The function `module:function` names."
     module, name = spec.split(':')
     return getattr(importlib.import_module(module), name)
 
+# %% ../nbs/00_core.ipynb #bc4048d5
 def command_main(name: str) -> Callable[[list[str]], int]:
     "The entry point of `legalnb NAME`: it takes the arguments after the command and returns the exit code."
     return _named(COMMANDS[name].main)
 
+# %% ../nbs/00_core.ipynb #438b76b6
 @functools.cache
 def command_flags(name: str) -> argparse.ArgumentParser:
     "The parser of `legalnb NAME`'s flags, built once a process (parsing does not change a parser)."
     spec = COMMANDS[name].flags
     return _named(spec)() if spec.endswith('_parser') else _parser_of(_named(spec), f'legalnb {name}')
 
+# %% ../nbs/00_core.ipynb #7ed51e07
 def command_settings(name: str, argv: list[str]) -> dict:
     "`legalnb NAME ARGV`'s settings: its flags parsed once, typed (numbers, lists, switches) and defaulted."
     return vars(command_flags(name).parse_args(list(map(str, argv))))
 
+# %% ../nbs/00_core.ipynb #39e16dbf
 def command_run(name: str) -> Callable[[dict], int]:
     "The function that runs stage command `name` from its settings (`command_settings`); argv stays at the edge."
     if not COMMANDS[name].run: raise LegalnbError(f'legalnb {name} is not a stage of legalnb run')

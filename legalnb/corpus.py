@@ -278,10 +278,12 @@ def act_key(rec: dict) -> str:
     except LegalnbError: return celex  # not a CELEX number: the identifier as it is
     return f"{'3' if c.sector == '0' else c.sector}{c.year}{c.type}{c.number.zfill(4)}"  # sector 0: consolidated
 
+# %% ../nbs/02_corpus.ipynb #638099d3
 def act_number(key: str, seed: int = 0) -> float:
     "A number in [0, 1) for an act and a seed, from SHA-256: the same pair always gives the same number."
     return int.from_bytes(hashlib.sha256(f'{seed}:{key}'.encode()).digest()[:8], 'big') / 2**64
 
+# %% ../nbs/02_corpus.ipynb #e7ecad1e
 def check_val_docs(val_docs: float):
     "Refuse a --val-docs that is neither 0 (off), a share below 1, nor a whole number of acts."
     if not (val_docs >= 0 and (val_docs < 1 or float(val_docs).is_integer())):
@@ -290,6 +292,7 @@ def check_val_docs(val_docs: float):
 
 VAL_MIN_ACTS = 20   # the fewest acts --val-docs holds out (all but one in a selection of fewer): one act is no test
 
+# %% ../nbs/02_corpus.ipynb #a0c89fe5
 def named_acts(path: str | Path) -> set[str]:
     "The acts a file names: the `heldout_celex` of a corpus's manifest.json, or one CELEX number a line."
     path = Path(path)
@@ -306,10 +309,12 @@ def named_acts(path: str | Path) -> set[str]:
                                'numbers, one a line') from None
     return {act_key(dict(celex=c)) for c in celex}
 
+# %% ../nbs/02_corpus.ipynb #7569c7c1
 def _act_int(key: str, seed: int) -> int:
     "`act_number` as the 64-bit integer it is made of (a hash of the act: equal for its every document)."
     return int.from_bytes(hashlib.sha256(f'{seed}:{key}'.encode()).digest()[:8], 'big')
 
+# %% ../nbs/02_corpus.ipynb #94c2cd68
 class _ActDays:
     "The earliest day of each act (by its `_act_int`) in an SQLite file: memory stays flat however many acts there are"
     def __init__(self, path: Path):
@@ -333,6 +338,7 @@ class _ActDays:
         "The earliest day (an ordinal) of act `n`'s documents."
         self._flush(); return self.db.execute('SELECT day FROM acts WHERE n = ?', (n - (1 << 63),)).fetchone()[0]
 
+# %% ../nbs/02_corpus.ipynb #3d43c778
 def heldout_acts(selected: str | Path, val_docs: float, seed: int = 0,
                  val_after: date | str | None = None,  # also hold out the acts dated after this day
                  min_acts: int = VAL_MIN_ACTS,          # the fewest acts --val-docs holds out (all but one of fewer)
@@ -374,15 +380,18 @@ def heldout_acts(selected: str | Path, val_docs: float, seed: int = 0,
                            f'fewer (a share such as 0.1, a count below {n_acts:,}, or a later --val-after)')
     return held, n_acts
 
+# %% ../nbs/02_corpus.ipynb #b804b954
 def _holds_out(args: dict) -> bool:
     "Does a build with these arguments hold acts out (`--val-docs`, `--val-after` or `--val-acts`)?"
     return bool(args.get('val_docs') or args.get('val_after') or args.get('val_acts'))
 
+# %% ../nbs/02_corpus.ipynb #3d6a3f6c
 def _rule(args: dict) -> dict:
     "What decided the held-out acts, for the manifest."
     return {k: args.get(k) for k in ('val_docs', 'seed', 'val_min_acts', 'val_after', 'val_acts')
             if args.get(k) is not None}
 
+# %% ../nbs/02_corpus.ipynb #99e1e093
 def _rule_words(rule: dict) -> str:
     "The held-out rule as the flags that set it: '--val-docs 0.02 (at least 20 acts), --val-after 2024-06-30'."
     floor = f' (at least {rule["val_min_acts"]} acts)' if rule.get('val_min_acts') else ''
@@ -446,6 +455,7 @@ def _mix_kind(f: Path) -> str | None:
     "The `datasets` builder of a file, by its name ('json', 'parquet', 'arrow'); None for another file."
     return next((k for sfx, k in _MIX_SUFFIXES.items() if f.name.endswith(sfx) and not f.name.startswith('.')), None)
 
+# %% ../nbs/02_corpus.ipynb #7fcc1057
 def mix_format(src: MixSource) -> tuple[str, list[str]]:
     "How `datasets` reads a source: ('disk', []) for a save_to_disk folder, else the builder and the files, sorted."
     p = Path(src.path)
@@ -462,8 +472,10 @@ def mix_format(src: MixSource) -> tuple[str, list[str]]:
         raise LegalnbError(f'--mix {src.name}: {p} {what}; expected {_MIX_FORMS}')
     return next(iter(kinds.items()))
 
+# %% ../nbs/02_corpus.ipynb #8a2300a0
 def _first_line(e: Exception) -> str: return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
+# %% ../nbs/02_corpus.ipynb #34c18476
 def _from_disk(src: MixSource):
     "The Dataset a save_to_disk folder holds (a DatasetDict's train split) as an iterable one, memory-mapped."
     import datasets
@@ -474,6 +486,7 @@ def _from_disk(src: MixSource):
         d = d['train']
     return d.to_iterable_dataset()
 
+# %% ../nbs/02_corpus.ipynb #3d1f43bb
 def open_mix(src: MixSource):
     "A source's records as a `datasets` IterableDataset (streamed: read as far as it is iterated), with a text column."
     import datasets
@@ -489,6 +502,7 @@ def open_mix(src: MixSource):
                            'each record needs its text in "text"')
     return ds
 
+# %% ../nbs/02_corpus.ipynb #b4e87d52
 def mix_records(src: MixSource, start: int = 0) -> Iterator[tuple[int, dict]]:
     "(record number, record) of a source from record `start` on, streamed; a record without a string text is refused."
     it, i = iter(open_mix(src).skip(start)), start
@@ -502,6 +516,7 @@ def mix_records(src: MixSource, start: int = 0) -> Iterator[tuple[int, dict]]:
             raise LegalnbError(f'--mix {src.name}: {src.path}, record {i} {got}; expected a string')
         yield i, rec; i += 1
 
+# %% ../nbs/02_corpus.ipynb #a48d05f5
 def mix_sources(specs: Iterable[str | MixSource], heldout: int = MIX_HELDOUT) -> list[MixSource]:
     "Parse and check --mix sources: names, shares, and that each opens and holds a record with a text."
     if heldout < 0: raise LegalnbError(f'--mix-heldout must be 0 or more tokens, got {heldout}')
@@ -510,6 +525,7 @@ def mix_sources(specs: Iterable[str | MixSource], heldout: int = MIX_HELDOUT) ->
         if next(mix_records(s), None) is None: raise LegalnbError(f'--mix {s.name}: {s.path} holds no records')
     return sources
 
+# %% ../nbs/02_corpus.ipynb #e3c8a065
 def mix_sha256(sources: list[MixSource]) -> str:
     "A fingerprint of the sources' files (names, sizes, modification times): a changed source is not resumed into."
     h = hashlib.sha256()
@@ -1052,6 +1068,7 @@ def _build_all(selected, out, tok, key, done, held, eos_id, vocab, row_len, shar
     if opt['mix']: _build_mix(out, tok, partial, eos_id, vocab, row_len, shards, opt)
     return _finish(out, tok, key, partial, eos_id, vocab, row_len, held)
 
+# %% ../nbs/02_corpus.ipynb #8c53e9f7
 def _write_heldout(selected: Path, out: Path, acts: set[str]) -> dict:
     "Copy the lines of the held-out acts' documents to `out/heldout.jsonl`, byte for byte; the file's record."
     with atomic_write(out/'heldout.jsonl') as tmp, open(tmp, 'wb') as f, open(selected, 'rb') as src:
@@ -1061,6 +1078,7 @@ def _write_heldout(selected: Path, out: Path, acts: set[str]) -> dict:
                 f.write(raw if raw.endswith(b'\n') else raw + b'\n')
     return dict(file='heldout.jsonl', sha256=file_sha256(out/'heldout.jsonl'), acts=len(acts))
 
+# %% ../nbs/02_corpus.ipynb #367dd065
 _NO_VAL_ROWS = ('the held-out acts give less than one row of seq_len + 1 tokens; hold out more acts (--val-docs) '
                 'or lower --seq-len')
 
@@ -1092,6 +1110,7 @@ def _build(source, out, sub, tok, partial, eos_id, vocab, row_len, shards, opt, 
     finally:
         bar.close(); stream.encoded.close()
 
+# %% ../nbs/02_corpus.ipynb #970684a5
 def _shard_record(out: Path, sub: str, name: str, rec: dict, acc: dict, first: int, row_len: int):
     "Write a finished shard's document starts (offsets inside it) and complete its record `rec` (from write_shard)."
     starts = np.array(acc['starts'], np.int64) - first   # `first`: the packer's position when the shard began
@@ -1100,6 +1119,7 @@ def _shard_record(out: Path, sub: str, name: str, rec: dict, acc: dict, first: i
                tokens_per_lang=dict(sorted(acc['tokens_per_lang'].items())), documents=len(starts),
                doc_starts=f'{sub}doc_starts/{name}', doc_starts_sha256=file_sha256(out/sub/'doc_starts'/name))
 
+# %% ../nbs/02_corpus.ipynb #54224f0f
 def _write_json(dest: Path, obj: dict):
     "Write JSON atomically, indented, keys in a fixed order."
     with atomic_write(dest) as tmp: tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + '\n')

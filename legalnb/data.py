@@ -142,6 +142,7 @@ def _row_count(file: Path) -> int:
     "Number of rows in a row file, read from its header when possible."
     return read_npy_header(file)[0][0] if file.suffix == '.npy' else len(open_rows(file))
 
+# %% ../nbs/03_data.ipynb #b1c8ea39
 _INDEX_FORM = '{"segments": [{"file": ..., "start": ..., "stop": ...}]}'
 
 def _read_index(index: Path) -> list[Segment]:
@@ -150,6 +151,7 @@ def _read_index(index: Path) -> list[Segment]:
     if not isinstance(segs, list) or not segs: raise LegalnbError(f'{index}: lists no segments; expected {_INDEX_FORM}')
     return [_index_segment(index, i, s) for i, s in enumerate(segs)]
 
+# %% ../nbs/03_data.ipynb #b58198d8
 def _index_segment(index: Path, i: int, s) -> Segment:
     "Entry `i` of an index as a Segment, once it names a file and whole row numbers."
     if not isinstance(s, dict) or not isinstance(s.get('file'), str):
@@ -160,6 +162,7 @@ def _index_segment(index: Path, i: int, s) -> Segment:
                                f'got {json.dumps(s.get(k))}')
     return Segment(index.parent/s['file'], s['start'], s['stop'])
 
+# %% ../nbs/03_data.ipynb #75d71234
 def _refuse_unfinished(folder: Path):
     "Refuse a corpus whose build was interrupted (a partial manifest, no manifest.json), saying how to finish it."
     if (folder/'manifest.json').exists() or not (folder/'manifest.partial.json').is_file(): return
@@ -167,6 +170,7 @@ def _refuse_unfinished(folder: Path):
     how = f'run `{cmd}` again' if isinstance(cmd, str) else 'run the same `legalnb build-corpus` command again'
     raise LegalnbError(f'{folder}: an unfinished build (manifest.partial.json, no manifest.json): {how} to finish it')
 
+# %% ../nbs/03_data.ipynb #13040d89
 def data_files(folder: Path) -> list[Path]:
     "Row files of a folder: the manifest's shards when there is one, else every .npy/.pt but `*.docs.npy`."
     _refuse_unfinished(folder)
@@ -174,6 +178,7 @@ def data_files(folder: Path) -> list[Path]:
         return [folder/s['file'] for s in spec['shards'] + mixed_shards(spec)]   # the legal rows, then the mixed
     return sorted(p for p in folder.iterdir() if p.suffix in ('.npy', '.pt') and not p.name.endswith('.docs.npy'))
 
+# %% ../nbs/03_data.ipynb #34d9e517
 def list_sources(path: str | Path | Sequence[str | Path]) -> list[Path] | list[Segment]:
     "The files of a folder, one file or a list of files; or the segments of a `rows.json` index."
     if isinstance(path, (list, tuple)): files = [Path(p) for p in path]
@@ -190,10 +195,12 @@ def list_sources(path: str | Path | Sequence[str | Path]) -> list[Path] | list[S
         if not f.exists(): raise LegalnbError(f'{f}: listed but missing')
     return files
 
+# %% ../nbs/03_data.ipynb #80334b7d
 def find_segments(path: str | Path | Sequence[str | Path]) -> list[Segment]:
     "Segments of a folder, a `rows.json` index, one file, or a list of files (every row of each file)."
     return [_checked(s) if isinstance(s, Segment) else Segment(s, 0, _row_count(s)) for s in list_sources(path)]
 
+# %% ../nbs/03_data.ipynb #7a2c6102
 def _checked(seg: Segment) -> Segment:
     "A segment from an index, once its file exists and holds its rows."
     if not seg.file.exists(): raise LegalnbError(f'{seg.file}: listed in {ROWS_INDEX} but missing')
@@ -684,6 +691,7 @@ def _heldout_shards(src: Path) -> list[Path] | None:
         raise LegalnbError(f'{src/"manifest.json"}: "val_shards" must be a list of {{"file": ...}} records')
     return [src/r['file'] for r in recs]
 
+# %% ../nbs/03_data.ipynb #7722b919
 def split(path: str | Path,          # folder (or file) of row files
           out: str | Path,           # new folder: out/train, out/val
           val_ratio: float | None = None,  # val/'s share of rows or files, in (0, 1); if not given 0.01
@@ -736,6 +744,7 @@ def split(path: str | Path,          # folder (or file) of row files
         if made and not out.exists(): shutil.rmtree(made[0], ignore_errors=True)
     return info
 
+# %% ../nbs/03_data.ipynb #938538e6
 def _heldout_side(files: list[Path], ds: PretokenizedDataset) -> list[Segment]:
     "The segments of the held-out shards, once they exist and have the training rows' length."
     for f in files:

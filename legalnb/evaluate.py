@@ -206,6 +206,7 @@ def load_eval_model(path: str | Path,                  # run folder, finetune ou
     return EvalModel(module.to(dev).eval(), context=context or default, kind=kind, name=str(path), precision=prec,
                      **spec)
 
+# %% ../nbs/11_evaluate.ipynb #0bc9887e
 def model_tokenizer(path: str | Path, tokenizer: str | Path | None = None, base: str | Path | None = None,
                     trust_remote_code: bool = False):
     "The `tokenizers.Tokenizer` that `load_eval_model` would give a model folder, read without the weights."
@@ -215,6 +216,7 @@ def model_tokenizer(path: str | Path, tokenizer: str | Path | None = None, base:
     folders = [Path(tokenizer)] if tokenizer else [folder, model_dir]
     return _hf_tokenizer(*folders, trust=trust_remote_code).backend_tokenizer
 
+# %% ../nbs/11_evaluate.ipynb #f3db27e9
 def as_model(model, tokenizer=None, **load) -> EvalModel:
     "An EvalModel from an EvalModel, a folder (`load_eval_model`), or an nn.Module with its tokenizer."
     if isinstance(model, EvalModel): return model
@@ -750,12 +752,14 @@ def _general_doc(rec: dict, where: str, source: str, prefix: str = '') -> dict |
     return dict(celex=prefix + str(rec.get('id') or where), lang=str(rec.get('lang') or GENERAL_LANG).lower(),
                 doc_type='general', band='unknown', source=source, text=rec['text'])
 
+# %% ../nbs/11_evaluate.ipynb #79e5d4c9
 def _general_file(p: Path, source: str, prefix: str = '') -> list[dict]:
     "The general documents of one JSON-lines file, all of one source."
     docs = [d for n, _, _, rec in jsonl_records(p) if (d := _general_doc(rec, f'{p}, line {n}', source, prefix))]
     if not docs: raise LegalnbError(f'{p}: no general text; expected one {{"text": "...", "lang": "fr"}} per line')
     return docs
 
+# %% ../nbs/11_evaluate.ipynb #605b4526
 _NO_MIX = ('build it with `legalnb build-corpus ... --mix general=PATH:0.05` (each mixed source keeps a held-out '
            'slice it never trains on), or pass --general FILE.jsonl')
 
@@ -785,6 +789,7 @@ def mix_heldout(corpus: str | Path) -> list[dict]:
         docs += _general_file(folder/rel, name, f'{name}:')
     return docs
 
+# %% ../nbs/11_evaluate.ipynb #70155621
 def read_general(source: str | Path) -> list[dict]:
     "General (non-legal) documents: a JSON-lines file, a mixed corpus folder's held-out slices, or 'python-docs'."
     if str(source) == GENERAL_BUILTIN and not Path(source).exists():
@@ -797,6 +802,7 @@ def read_general(source: str | Path) -> list[dict]:
                            '(built in: Python\'s docstrings)')
     return _general_file(p, p.stem)
 
+# %% ../nbs/11_evaluate.ipynb #20830c6d
 def score_general(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384, eos: bool = True,
                   source: str | None = None, progress: bool = False) -> dict:
     "Loss, perplexity and bits per byte of general text, overall, per language and per source; its rows (intervals)."
@@ -935,14 +941,17 @@ def _figures(r: dict) -> dict:
     ax.grid(axis='y', alpha=0.3); f2.tight_layout()
     return {'loss_by_position.png': f1, 'bpb_by_language.png': f2}
 
+# %% ../nbs/11_evaluate.ipynb #1a1a0363
 def _md_table(rows: dict, first: str) -> list[str]:
     out = [f'| {first} | docs | tokens | loss | perplexity | bits/byte | 95% interval |',
            '|---|---:|---:|---:|---:|---:|---:|']
     return out + [f'| {k} | {m["docs"]:,} | {m["tokens"]:,} | {m["loss"]:.3f} | {m["perplexity"]:.2f} | '
                   f'{m["bits_per_byte"]:.3f} | {_ci(m.get("bits_per_byte_ci"))} |' for k, m in rows.items()]
 
+# %% ../nbs/11_evaluate.ipynb #86595a9e
 def _quote(text: str) -> str: return '`' + ' '.join(text.split()).replace('`', "'") + '`'
 
+# %% ../nbs/11_evaluate.ipynb #fe66ec73
 def report_markdown(r: dict) -> str:
     "eval.md: the tables, the two plots, citation examples and generated samples."
     m, c, d = r['model'], r['citations'], r['data']
@@ -988,8 +997,10 @@ def report_markdown(r: dict) -> str:
                for t, ms in r['suites'].items() for k, m in ms.items()] + ['']
     return '\n'.join(md)
 
+# %% ../nbs/11_evaluate.ipynb #f663a9ac
 def _json_text(r: dict) -> str: return json.dumps(r, indent=1, ensure_ascii=False)
 
+# %% ../nbs/11_evaluate.ipynb #34776286
 REPORT_FILES = ('eval.json', 'eval.md', 'loss_by_position.png', 'bpb_by_language.png')
 
 def write_evaluation(r: dict, out: str | Path,
@@ -1094,6 +1105,7 @@ def _refuse_task_code(t: str, folder: Path):
             raise LegalnbError(f'--lm-eval-tasks {t}: {y} names Python code (!function {m[1]}) that lm-eval would run; '
                                'legalnb runs no code from a data folder: pass --trust-remote-code if you trust it')
 
+# %% ../nbs/11_evaluate.ipynb #cb440cfd
 def suite_tasks(tasks: list[str],                # --lm-eval-tasks: task names, task YAML files or folders
                 trust_remote_code: bool = False  # let lm-eval run the code a task YAML names (`!function`)
                ) -> tuple[list[str], list[str]]:
@@ -1114,6 +1126,7 @@ def suite_tasks(tasks: list[str],                # --lm-eval-tasks: task names, 
         else: names.append(t)   # a task (or group) lm-eval ships: belebele_deu_Latn, legalbench_proa
     return names, folders
 
+# %% ../nbs/11_evaluate.ipynb #c17d87ad
 def suite_manager(tasks: list[str], trust_remote_code: bool = False):
     "lm-eval's TaskManager for --lm-eval-tasks, every name checked against it before anything is scored."
     import difflib
@@ -1127,6 +1140,7 @@ def suite_manager(tasks: list[str], trust_remote_code: bool = False):
                            ' (`lm_eval --tasks list` lists them all)')
     return manager
 
+# %% ../nbs/11_evaluate.ipynb #ce7f45ee
 def _per_item(value, metric: str) -> tuple[float, float] | None:
     "An lm-eval per-item metric as (numerator, denominator): a number counts once; bits_per_byte is (ll, bytes)."
     if isinstance(value, (int, float)): return float(value), 1.0
@@ -1134,6 +1148,7 @@ def _per_item(value, metric: str) -> tuple[float, float] | None:
         return -float(value[0]) / LN2, float(value[1])
     return None   # perplexities are exponentials of ratios: their bits per byte says the same
 
+# %% ../nbs/11_evaluate.ipynb #d4e2f41d
 def harness_scores(lm: EvalModel, tasks: list[str], batch_size: int = 8, iters: int = BOOTSTRAP, seed: int = 0,
                    task_manager=None,  # `suite_manager(tasks)` to reuse (it indexes every task lm-eval ships)
                    trust_remote_code: bool = False) -> dict:  # let lm-eval run the code a task YAML names
@@ -1173,6 +1188,7 @@ def written_by_evaluate(p: Path) -> bool:
     if len(p.parts) == 1: return p.name in (*REPORT_FILES, *AGAINST_FILES, *RETAINED_FILES)
     return len(p.parts) == 2 and p.parts[0] in RUN_DIRS and p.name in REPORT_FILES
 
+# %% ../nbs/11_evaluate.ipynb #a6e8457d
 def clear_other_modes(out: Path, keep: Callable[[Path], bool]):
     "Delete what an earlier evaluate of another mode wrote into `out` (a stale comparison must not be read as new)."
     for p in sorted(out.rglob('*'), reverse=True) if out.is_dir() else ():
@@ -1180,6 +1196,7 @@ def clear_other_modes(out: Path, keep: Callable[[Path], bool]):
         if p.is_file() and written_by_evaluate(rel) and not keep(rel): p.unlink()
         elif p.is_dir() and rel.name in RUN_DIRS and not any(p.iterdir()): p.rmdir()
 
+# %% ../nbs/11_evaluate.ipynb #bb0bfa7d
 def _export_tasks(docs: list[dict], folder: str, inputs: list, citations: int, seed: int, json: bool):
     "--export-lm-eval: the held-out set as lm-eval tasks in `folder` (never over an input or a folder not ours)."
     refuse_overwriting_inputs(inputs, [folder], '--export-lm-eval')
@@ -1187,6 +1204,7 @@ def _export_tasks(docs: list[dict], folder: str, inputs: list, citations: int, s
     written = write_lm_eval_tasks(docs, folder, citations, seed)
     print(f'lm-eval tasks in {folder}: ' + ', '.join(p.name for p in written), file=sys.stderr if json else sys.stdout)
 
+# %% ../nbs/11_evaluate.ipynb #ba401fdc
 def check_evaluate_settings(o: dict):
     "The checks every mode of `legalnb evaluate` (one model, --against, --retained) makes of its settings first."
     if o['data'] is None:
@@ -1201,6 +1219,7 @@ def check_evaluate_settings(o: dict):
         raise LegalnbError(f'--max-tokens must be at least 1 (tokens to score at most), got {o["max_tokens"]}; '
                            'leave it out to score every held-out token')
 
+# %% ../nbs/11_evaluate.ipynb #32c8c5f9
 def _check_target(model: str, data: str, out: str, harness: bool, lm_eval_tasks: list[str] | None, trust: bool):
     "Before the model loads: the suites exist, the harness gets a model it scores, --out is neither input nor not "
     "ours; lm-eval's task manager for the suites, every name checked (None without)."
@@ -1214,6 +1233,7 @@ def _check_target(model: str, data: str, out: str, harness: bool, lm_eval_tasks:
     refuse_unowned(out, written_by_evaluate, '--out')   # an eval.json of the user's is not replaced
     return suite_manager(lm_eval_tasks, trust) if lm_eval_tasks else None   # every task name known before scoring
 
+# %% ../nbs/11_evaluate.ipynb #a4e18243
 def evaluate_command(model: str,                  # run folder, finetune output, HF model folder, or org/name (HF cache)
                      data: str = None,            # held-out documents: a JSONL file, or a folder holding heldout.jsonl
                      out: str = 'eval',           # folder for eval.json, eval.md and the plots
@@ -1273,6 +1293,7 @@ def evaluate_command(model: str,                  # run folder, finetune output,
     return 0
 
 
+# %% ../nbs/11_evaluate.ipynb #5a2b02b7
 @functools.cache
 def evaluate_parser():
     "`legalnb evaluate`'s parser: MODEL may be left out (--export-lm-eval, --retained); a bare --against is the base."
@@ -1283,6 +1304,7 @@ def evaluate_parser():
     acts['retained'].nargs, acts['retained'].metavar = 3, ('BASE', 'FAST', 'FULL')
     return p
 
+# %% ../nbs/11_evaluate.ipynb #c260ca28
 EVALUATE_OUTPUTS = (Output(ours=written_by_evaluate, check=False),   # checked after the arguments
                     Output('export_lm_eval', '--export-lm-eval', ours=lambda p: str(p) in LM_EVAL_FILES, check=False))
 

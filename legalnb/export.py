@@ -170,6 +170,7 @@ def resonance_modeling_code() -> str:
         return inspect.getsource(obj)
     return _HEADER + '\n\n' + '\n\n'.join(source(n) for n in MODELING_SOURCES) + _WRAPPER
 
+# %% ../nbs/10_export.ipynb #4f17f849
 def resonance_config_code() -> str:
     "configuration_legalnb_resonance.py: a PretrainedConfig with ResonanceConfig's fields, each defaulting to what "
     "`ResonanceConfig.from_dict` gives a config.json without it (a field added since reads as before it)."
@@ -261,6 +262,7 @@ def _staged(out: Path, write) -> list[str]:
         raise
     finally: shutil.rmtree(tmp, ignore_errors=True)
 
+# %% ../nbs/10_export.ipynb #8114a138
 def refuse_other_export(out: Path, folder: Path, overwrite: bool) -> str:
     "The record entry of an export of `folder`; refused when `out` holds the export of another model (--overwrite)."
     source = f'legalnb export {os.path.realpath(folder)}'
@@ -272,6 +274,7 @@ def refuse_other_export(out: Path, folder: Path, overwrite: bool) -> str:
                            'or choose another --out')
     return source
 
+# %% ../nbs/10_export.ipynb #519ac586
 def export_model(model: str | Path,            # run folder (legalnb train --out) or a model.save() folder
                  out: str | Path,              # the Hugging Face folder to write
                  tokenizer: str | Path | None = None,  # tokenizer.json (default: found as legalnb evaluate does)

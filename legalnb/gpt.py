@@ -135,6 +135,7 @@ class KVCache:
         self.k[layer, :, :, self.length:end], self.v[layer, :, :, self.length:end] = k, v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
+# %% ../nbs/04a_gpt.ipynb #00174055
 class CausalSelfAttention(nn.Module):
     "Multi-head self-attention with RoPE and optional grouped key/value heads, via scaled_dot_product_attention."
     def __init__(self, config: GPTConfig, layer: int):
@@ -158,6 +159,7 @@ class CausalSelfAttention(nn.Module):
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.out_proj(y.transpose(1, 2).reshape(B, L, H * self.head_dim))
 
+# %% ../nbs/04a_gpt.ipynb #a85ed722
 class SwiGLU(nn.Module):
     "Gated MLP: down(silu(gate(x)) * up(x)), with the gate and up projections in one matrix."
     def __init__(self, config: GPTConfig):
@@ -170,6 +172,7 @@ class SwiGLU(nn.Module):
         gate, up = self.gate_up(x).chunk(2, dim=-1)      # (B, L, hidden) each
         return self.down(F.silu(gate) * up)
 
+# %% ../nbs/04a_gpt.ipynb #42cd58a3
 class GPTBlock(nn.Module):
     "Pre-norm transformer block: x + attention(norm(x)), then x + MLP(norm(x))."
     def __init__(self, config: GPTConfig, layer: int):

@@ -438,6 +438,7 @@ def merge_adapter(base: str | Path, adapter: str | Path, out: str | Path | None 
 # %% ../nbs/06_hf.ipynb #ce9e116e
 def _world_size() -> int: return int(os.environ.get('WORLD_SIZE', '1'))
 
+# %% ../nbs/06_hf.ipynb #8f25aab7
 CHECKPOINT_EVERY, CHECKPOINTS_KEPT, WARMUP_CAP = 2000, 3, 0.1   # the workflow's numbers; warm-up at most 10% of a run
 
 def _warmup(preset, steps: int) -> tuple[int | float, str]:
@@ -448,6 +449,7 @@ def _warmup(preset, steps: int) -> tuple[int | float, str]:
     if w <= cap: return preset.warmup_steps, why
     return cap, f'capped: the preset\'s {w:,} warm-up steps are more than 10% of the {steps:,} steps'
 
+# %% ../nbs/06_hf.ipynb #47bba0dd
 def _step_rows(preset, out: str | Path, examples_per_row: float, world: int) -> dict[str, tuple]:
     "The steps, the learning rate and its schedule, the batch: from the preset, for `world` processes."
     accum = (packed_accumulation(preset, examples_per_row, preset.micro_batch, world) if preset.global_batch
@@ -469,6 +471,7 @@ def _step_rows(preset, out: str | Path, examples_per_row: float, world: int) -> 
         'gradient_accumulation_steps': (accum, f'global batch {global_batch} {unit} ~ micro {preset.micro_batch}'
                                                f'{per_row} x accumulation {accum} x {world} process(es)')}
 
+# %% ../nbs/06_hf.ipynb #81420f33
 def _compute_rows(preset, cap: tuple | None) -> dict[str, tuple]:
     "Precision and memory on this machine's GPU (`cap`: its compute capability; None: no GPU)."
     cuda, prec = cap is not None, resolve_precision(preset.precision, cap)
@@ -484,6 +487,7 @@ def _compute_rows(preset, cap: tuple | None) -> dict[str, tuple]:
         'activation_checkpointing_kwargs': ({'use_reentrant': False},
                                             'the non-reentrant form works with frozen (LoRA) base weights')}
 
+# %% ../nbs/06_hf.ipynb #cd017990
 def _loop_rows(preset, steps: int, evaluation: bool, cuda: bool) -> dict[str, tuple]:
     "Reading, checkpoints, evaluation, logging and the optimizer's kernel."
     save = min(CHECKPOINT_EVERY, max(1, math.ceil(steps / 5))) if steps > 0 else 0.2
@@ -501,6 +505,7 @@ def _loop_rows(preset, steps: int, evaluation: bool, cuda: bool) -> dict[str, tu
         'logging_steps': (max(1, min(10, steps // 20)) if steps > 0 else 10, 'loss every few steps'),
         'optim': ('adamw_torch_fused' if cuda else 'adamw_torch', 'fused AdamW kernel on GPUs')}
 
+# %% ../nbs/06_hf.ipynb #2104a603
 def plan_training_args(preset, out: str | Path,
                        examples_per_row: float = 1.0,   # SFT: mean examples per packed row; CPT: row / preset seq_len
                        evaluation: bool = False,        # an evaluation split exists: evaluate at every checkpoint
@@ -530,11 +535,13 @@ def plan_training_args(preset, out: str | Path,
         plan['eval_steps'] = (overrides['save_steps'], 'with the checkpoints')
     return plan
 
+# %% ../nbs/06_hf.ipynb #b9a808c5
 def format_plan(plan: dict[str, tuple]) -> str:
     "The plan as aligned `name = value   # why` lines."
     w = max(map(len, plan))
     return '\n'.join(f'{k:<{w}} = {v!r:<24} # {why}' for k, (v, why) in plan.items() if k != 'output_dir')
 
+# %% ../nbs/06_hf.ipynb #73c9d849
 def training_args_from_preset(preset, out: str | Path, verbose: bool = True, examples_per_row: float = 1.0,
                               evaluation: bool = False, batch_schedule: str | None = None, **overrides):
     "transformers `TrainingArguments` for `preset` on this machine (printing what each sets and why)."
@@ -732,6 +739,7 @@ def split_off(n: int, share: float, seed: int = 0) -> tuple[list[int], list[int]
     chosen = set(held)
     return [i for i in range(n) if i not in chosen], held
 
+# %% ../nbs/06_hf.ipynb #a06dc292
 def _eval_rows(data: Path, rows: CausalLMShards, share: float) -> tuple[Dataset, Dataset | None, str]:
     "(train, eval, where) for continued pretraining: a split's val/ or the corpus's held-out val/, else its last rows."
     from legalnb.data import held_out_rows, train_val_folders
@@ -743,11 +751,13 @@ def _eval_rows(data: Path, rows: CausalLMShards, share: float) -> tuple[Dataset,
     if not k: return rows, None, 'none'
     return Subset(rows, range(len(rows) - k)), Subset(rows, range(len(rows) - k, len(rows))), f'the last {k} rows'
 
+# %% ../nbs/06_hf.ipynb #ec063121
 def _held_out_kind(data: Path) -> str:
     "What a val/ holds: held-out acts (a corpus's, a split by documents), or rows or files a split held out."
     mode = read_json(data/'split.json', 'a split summary').get('mode') if (data/'split.json').is_file() else None
     return 'held-out acts' if mode in (None, 'documents') else f'held out by legalnb split --by {mode}'
 
+# %% ../nbs/06_hf.ipynb #830eb573
 def qlora_unavailable() -> str | None:
     "Why 4-bit QLoRA cannot run here (None when it can): bitsandbytes, with a CUDA GPU or its CPU backend (>= 0.48)."
     from importlib.metadata import PackageNotFoundError, version
@@ -756,12 +766,14 @@ def qlora_unavailable() -> str | None:
     if not torch.cuda.is_available() and tuple(int(x) for x in v.split('.')[:2] if x.isdigit()) < (0, 48):
         return f'bitsandbytes {v} has 4-bit weights on CUDA GPUs only and none is visible (0.48 and later run on CPUs)'
 
+# %% ../nbs/06_hf.ipynb #8d52993b
 def quantization_4bit(compute: torch.dtype):
     "QLoRA's weights: NF4 with double quantization (Dettmers et al. 2023), computing in `compute`."
     from transformers import BitsAndBytesConfig
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', bnb_4bit_use_double_quant=True,
                               bnb_4bit_compute_dtype=compute)
 
+# %% ../nbs/06_hf.ipynb #a1ad8f08
 def quantization_for(bits: int,             # 4: NF4 (QLoRA); 8: LLM.int8 (Dettmers et al. 2022)
                      compute: torch.dtype):
     "The bitsandbytes config that loads a frozen base in `bits` bits."
@@ -770,6 +782,7 @@ def quantization_for(bits: int,             # 4: NF4 (QLoRA); 8: LLM.int8 (Dettm
     from transformers import BitsAndBytesConfig
     return BitsAndBytesConfig(load_in_8bit=True)
 
+# %% ../nbs/06_hf.ipynb #c5f95c08
 def packs_here(model) -> bool:
     "`packs_without_leakage`; under ZeRO-3 (sharded weights, no plain forward): does the model use transformers' masks?"
     # transformers' masking utilities read packed sequences from the position ids (find_packed_sequence_indices)
@@ -777,6 +790,7 @@ def packs_here(model) -> bool:
     if not is_deepspeed_zero3_enabled(): return packs_without_leakage(model)
     return hasattr(sys.modules[type(model).__module__], 'create_causal_mask')
 
+# %% ../nbs/06_hf.ipynb #291c2408
 def _layer_class(model: str | Path) -> str:
     "The decoder layer class of the model at `model` (what FSDP wraps), from its config alone."
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -785,6 +799,7 @@ def _layer_class(model: str | Path) -> str:
     except Exception: return 'LlamaDecoderLayer'   # unknown here: the common one (the printed command shows it)
     return sorted(getattr(cls, '_no_split_modules', None) or ['LlamaDecoderLayer'])[0]
 
+# %% ../nbs/06_hf.ipynb #8228066d
 def refuse_single_process(p: Preset, model: str | Path, command: str):
     "A multi-GPU preset started as one process: refuse with the exact `accelerate launch` command to run."
     flags = launch_flags(p.strategy, p.gpus, resolve_precision(p.precision, cuda_capability()), _layer_class(model))
@@ -857,6 +872,7 @@ class FinetuneRun:
         return (self.sched[0][1] if self.sched else overrides.get('gradient_accumulation_steps')
                 or packed_accumulation(p, self.per_row, p.micro_batch, self.world))
 
+# %% ../nbs/06_hf.ipynb #aaebf7fe
 def _start_run(model, data: Path, out: Path, preset, lora, qlora: bool, qlora_bits: int, resume: bool,
                force_single: bool, batch_schedule, batch_lr_rule: str, attention, command, overrides: dict):
     "Every flag checked against the others and the folders, the data read, the tokenizer loaded: before the model."
@@ -891,6 +907,7 @@ def _start_run(model, data: Path, out: Path, preset, lora, qlora: bool, qlora_bi
     return FinetuneRun(task, p, p.steps, use_lora, sched, last, world, world == 1 or os.environ.get('RANK') == '0',
                        cfg, tok, summary, examples, shards)
 
+# %% ../nbs/06_hf.ipynb #f635afc0
 def _prepare_shards(run: FinetuneRun, data: Path, eval_share: float, overrides: dict):
     "Continued pretraining: the rows held out, the accumulation that keeps the preset's batch in tokens."
     p, shards = run.preset, run.shards
@@ -904,6 +921,7 @@ def _prepare_shards(run: FinetuneRun, data: Path, eval_share: float, overrides: 
               f'sees ~{p.global_batch * p.seq_len:,} tokens')
     run.summary.update(seq_len=shards.seq_len, doc_boundaries=shards.boundaries, eval=held, grad_accum=accum)
 
+# %% ../nbs/06_hf.ipynb #52dfb000
 def _prepare_examples(run: FinetuneRun, max_length, percentile, packing: bool, eval_share: float, overrides: dict):
     "SFT: encode, truncate, hold out, pack, all before the model, so the step count is known."
     p, cap = run.preset, run.cfg.get('max_position_embeddings') or run.cfg.get('n_positions')
@@ -924,6 +942,7 @@ def _prepare_examples(run: FinetuneRun, max_length, percentile, packing: bool, e
     run.summary.update(length=asdict(choice), examples=len(train), eval_examples=len(held), grad_accum=accum,
                        examples_per_row=round(run.per_row, 3))
 
+# %% ../nbs/06_hf.ipynb #41ef8333
 def _load_for_training(run: FinetuneRun, model, attention, qlora: bool, qlora_bits: int):
     "The weights, in fp32 for full fine-tuning (autocast computes in the preset's precision), in the compute "
     "precision under a frozen LoRA base (peft keeps the adapter in fp32); whether ZeRO-3 sharded them at load."
@@ -934,6 +953,7 @@ def _load_for_training(run: FinetuneRun, model, attention, qlora: bool, qlora_bi
     if qlora: unpack_4bit_on_cpu(net)   # before the first forward without gradients (packs_here runs one)
     return net, dtype, any(hasattr(w, 'ds_id') for w in net.parameters())   # built under deepspeed.zero.Init
 
+# %% ../nbs/06_hf.ipynb #79b968b7
 def _batching(run: FinetuneRun, net, attention, make_args, args, overrides: dict):
     "How rows become batches (the collator and its name); the arguments again when the model cannot take packed rows."
     if run.task == 'cpt':
@@ -953,6 +973,7 @@ def _batching(run: FinetuneRun, net, attention, make_args, args, overrides: dict
     return DataCollatorForSeq2Seq(run.tok, padding='longest', pad_to_multiple_of=8,
                                   label_pad_token_id=-100), 'length-grouped', args
 
+# %% ../nbs/06_hf.ipynb #ad9df5d5
 def _finished(run: FinetuneRun, trainer, result, out: Path, args, how: str, dtype, sharded: bool) -> dict:
     "Save the model and write finetune.json: what was trained, how, how fast; the summary."
     trainer.save_model(out/'final')
@@ -969,6 +990,7 @@ def _finished(run: FinetuneRun, trainer, result, out: Path, args, how: str, dtyp
         with atomic_write(out/'finetune.json') as tmp: tmp.write_text(json.dumps(summary, indent=1))
     return summary
 
+# %% ../nbs/06_hf.ipynb #8b33efff
 def finetune(model: str | Path,                 # save_pretrained folder, or org/name in the Hugging Face cache
              data: str | Path,                  # shard folder (continued pretraining) or JSONL file (SFT)
              out: str | Path,                   # run folder: checkpoints, final/, metrics.jsonl, finetune.json
@@ -1049,12 +1071,14 @@ _REQUIRED = {'--model': 'a folder written by save_pretrained, or org/name of a m
              '--out': 'the run folder to write',
              '--data': 'a corpus folder of shard_*.npy, or a JSONL file of examples'}
 
+# %% ../nbs/06_hf.ipynb #a888e7a5
 def _check_flags(values: dict[str, float | None], least: dict[str, float]):
     "Refuse a flag whose value is below its least allowed value, naming the flag."
     for flag, v in values.items():
         if v is not None and not v >= least[flag]:
             raise LegalnbError(f'{flag} must be at least {least[flag]:g}, got {v:g}')
 
+# %% ../nbs/06_hf.ipynb #75abd3cf
 @dataclass
 class FinetuneConfig:
     "What `legalnb finetune` is told: a field a flag (its comment is the flag's help), checked once, when it is made."
@@ -1149,6 +1173,7 @@ _LEAST = dict.fromkeys(['max_steps', 'batch_size', 'grad_accum', 'seed', 'save_s
                         'lora_r', 'lora_alpha', 'workers', 'warmup_steps', 'eval_steps'], 1) | dict(
                         max_length=2, seed=0, workers=0, warmup_steps=0)   # the least value of each counted flag
 
+# %% ../nbs/06_hf.ipynb #413da4c6
 def finetune_command(command: str | None = None,   # the command line, repeated in a refusal's launch command
                      sinks: Sequence = (),          # (Python only) record sinks, e.g. legalnb.run's budget guard
                      **flags) -> int:               # the fields of a FinetuneConfig
@@ -1170,6 +1195,7 @@ def finetune_command(command: str | None = None,   # the command line, repeated 
               f"model in {s['final']}")
     return 0
 
+# %% ../nbs/06_hf.ipynb #75c1e53b
 @functools.cache
 def finetune_parser() -> CommandParser:
     "The flags of `legalnb finetune`: `FinetuneConfig`'s fields, with --lora and --full (one or the other)."
@@ -1183,6 +1209,7 @@ def finetune_parser() -> CommandParser:
                       help="full fine-tuning (CPT's default)")
     return p
 
+# %% ../nbs/06_hf.ipynb #39582589
 def finetune_main(argv: list[str]) -> int:
     "`legalnb finetune ARGV`; under a launcher, the process group is taken down before the process exits."
     from legalnb.core import Output, run_writing
@@ -1246,6 +1273,7 @@ def check_resumed_schedule(checkpoint: str | Path,   # a checkpoint-* folder of 
                else 'no --batch-schedule')
         raise LegalnbError(f'--resume: {checkpoint} was trained with {was}; resume with the same, or start a new --out')
 
+# %% ../nbs/06_hf.ipynb #36ae56c9
 def scheduled_trainer(schedule: str,          # FROM_STEP:GRAD_ACCUM pairs, e.g. '0:64,500:32,1500:16'
                       micro: int,             # rows per micro-batch per process
                       lr_rule: str = 'sqrt',  # how the lr follows the batch (BATCH_LR_RULES)

@@ -281,6 +281,7 @@ def attention_mask(L: int,                                  # tokens in the row
     seg = doc_starts.long().cumsum(1)                       # (B, L): the document number of each token
     return (m & (seg[:, :, None] == seg[:, None, :]))[:, None]
 
+# %% ../nbs/04_resonance.ipynb #f3cd9cc5
 def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # (B, H, L, E) queries, keys, values
                     window: int,                                        # each query reads the latest `window` keys
                     doc_starts: torch.Tensor | None = None,             # (B, L) bool: not across a document start
@@ -302,6 +303,7 @@ def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,  # (B, H,
     y = F.scaled_dot_product_attention(blocks(q), before(blocks(k)), before(blocks(v)), attn_mask=mask)
     return y.reshape(B, H, n * W, E)[:, :, :L]
 
+# %% ../nbs/04_resonance.ipynb #b93bfc5f
 class ResonanceAttention(nn.Module):
     "Causal softmax attention as a block's mixer (the hybrid): recall by content, and a KV cache for generation."
     def __init__(self, config: ResonanceConfig):
@@ -379,6 +381,7 @@ def taylor_features(x: torch.Tensor) -> torch.Tensor:   # (..., F) -> (..., 1 + 
     square = (x[..., :, None] * x[..., None, :]).flatten(-2) / math.sqrt(2)
     return torch.cat([torch.ones_like(x[..., :1]), x, square], -1)
 
+# %% ../nbs/04_resonance.ipynb #0f8500e4
 def linear_attention(fq: torch.Tensor, fk: torch.Tensor,   # (B, L, Fd) features of the queries and keys
                      v: torch.Tensor,                      # (B, L, D) values
                      doc_starts: torch.Tensor | None = None,   # (B, L) bool: not across a document start
@@ -409,6 +412,7 @@ def linear_attention(fq: torch.Tensor, fk: torch.Tensor,   # (B, L, Fd) features
     out = out.reshape(B, n * chunk, -1)[:, :L]                    # cut the padding before dividing (0 / 0 there)
     return out[..., :-1] / out[..., -1:], S[:, -1]
 
+# %% ../nbs/04_resonance.ipynb #ea32f656
 def read_by_content(q: torch.Tensor, k: torch.Tensor,   # (B, L, F) queries and keys
                     v: torch.Tensor,                      # (B, L, D) values
                     doc_starts: torch.Tensor | None = None,   # (B, L) bool
@@ -419,6 +423,7 @@ def read_by_content(q: torch.Tensor, k: torch.Tensor,   # (B, L, F) queries and 
         q, k, v = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k, v))
         return linear_attention(taylor_features(q), taylor_features(k), v, doc_starts)
 
+# %% ../nbs/04_resonance.ipynb #bf5dd3f8
 def linear_attention_step(state: dict,                # holds 'S' (B, Fd, D+1), `linear_attention`'s state; updated
                           q: torch.Tensor, k: torch.Tensor,   # (B, F) the new token's query and key
                           v: torch.Tensor,             # (B, D) its value
@@ -429,6 +434,7 @@ def linear_attention_step(state: dict,                # holds 'S' (B, Fd, D+1), 
     out = (taylor_features(q)[:, None] @ state['S'])[:, 0]
     return out[..., :-1] / out[..., -1:]
 
+# %% ../nbs/04_resonance.ipynb #1a152843
 def short_conv_window(z: torch.Tensor,             # (B, C, L) a short convolution's input
                       last: torch.Tensor,          # (B,) the position of the last token in its document
                       taps: int) -> torch.Tensor:  # (B, C, taps - 1): its last inputs, 0 before the last document
@@ -436,6 +442,7 @@ def short_conv_window(z: torch.Tensor,             # (B, C, L) a short convoluti
     back = torch.arange(taps - 1, 0, -1, device=z.device)     # columns: inputs L-taps+1 .. L-1, `back` before L
     return F.pad(z, (taps - 1, 0))[..., z.shape[-1]:] * (last[:, None] + 1 >= back)[:, None]
 
+# %% ../nbs/04_resonance.ipynb #3b3c0acc
 class LinearAttention(nn.Module):
     "Linear attention with a Taylor feature map as a block's mixer (Based): content-based weights over the whole "
     "document at a cost linear in its length, after the same short convolution as the attention block."
@@ -517,6 +524,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor,   # (B, H, L, dk) queries
         S = S * carry[:, :, c, None, None] + ks[:, :, c].transpose(-1, -2) @ vn
     return torch.stack(out, 2).reshape(B, H, n * C, -1)[:, :, :L], S
 
+# %% ../nbs/04_resonance.ipynb #a74cb4d6
 def gated_delta_step(S: torch.Tensor,                      # (B, H, dk, dv) the state, `gated_delta_rule`'s
                      q: torch.Tensor, k: torch.Tensor,      # (B, H, dk) the new token's query and key (normalised)
                      v: torch.Tensor,                       # (B, H, dv)
@@ -528,6 +536,7 @@ def gated_delta_step(S: torch.Tensor,                      # (B, H, dk, dv) the 
     S = S + k[..., :, None] * err[..., None, :]
     return (q[..., :, None] * S).sum(-2) * q.shape[-1] ** -0.5, S
 
+# %% ../nbs/04_resonance.ipynb #9f4b24a3
 class DeltaNet(nn.Module):
     "Gated DeltaNet as a block's mixer: q, k, v through the short convolution and SiLU, q and k L2-normalised per "
     "head, a decay and a write strength per head and token, the gated delta rule, a per-head RMSNorm gated by SiLU."
@@ -756,6 +765,7 @@ def resonance_states(u: torch.Tensor,        # (B, D, L) input of the long convo
         x = x + torch.where((full > 0)[:, None, None], carried, torch.zeros_like(carried))
     return x
 
+# %% ../nbs/04_resonance.ipynb #d0b2e399
 @torch.compiler.disable
 def document_fft_conv(u: torch.Tensor,           # (B, D, L) input signals (k*v)
                       filt: ResonanceFilter,     # the long filters
@@ -885,6 +895,7 @@ class ResonanceState:
     position: torch.Tensor    # (B,) int64: the next token's position in its document (its row of the position table)
     length: int               # tokens in the context so far
 
+# %% ../nbs/04_resonance.ipynb #eec819bd
 @patch
 def recurrent_state(self: ResonanceLayer,
                     z: torch.Tensor,                        # (B, 3D, L) the short convolution's input
@@ -908,6 +919,7 @@ def recurrent_state(self: ResonanceLayer,
     if hasattr(self, 'more_filters'): state['more'] = [of(f) for f in self.more_filters]
     return state
 
+# %% ../nbs/04_resonance.ipynb #3cff00f0
 @patch
 def step(self: ResonanceLayer,
          x: torch.Tensor,     # (B, D) the new token's normalised activations
@@ -934,6 +946,7 @@ def step(self: ResonanceLayer,
     if branch: y = y + (self.recall_gate * linear_attention_step(state, *branch, v)).to(y.dtype)
     return self.out_proj(y)
 
+# %% ../nbs/04_resonance.ipynb #aea7cefa
 @patch
 @torch.no_grad()
 def prefill(self: ResonanceLanguageModel,
@@ -948,6 +961,7 @@ def prefill(self: ResonanceLanguageModel,
             else torch.full((input_ids.shape[0],), L - 1, device=input_ids.device))
     return logits, ResonanceState(states, last + 1, L)
 
+# %% ../nbs/04_resonance.ipynb #9822be37
 @patch
 @torch.no_grad()
 def step(self: ResonanceLanguageModel,
@@ -964,6 +978,7 @@ def step(self: ResonanceLanguageModel,
     state.position, state.length = state.position + 1, state.length + 1
     return self.head(x)
 
+# %% ../nbs/04_resonance.ipynb #232e36a6
 @patch
 @torch.no_grad()
 def generate(self: ResonanceLanguageModel,

@@ -298,6 +298,7 @@ class Stage:
                 self.config = config_from_settings(self.settings)
         except LegalnbError as e: raise LegalnbError(f'{self.name}: {e}') from None
 
+# %% ../nbs/14_run.ipynb #3d790346
 def _top_values(plan: dict, base: Path, cli: dict) -> dict:
     "The plan's top-level values with the command line's on top, paths from the plan's folder, defaults filled."
     top = {k: plan.get(k) for k in TOP} | {k: v for k, v in cli.pop('_top', {}).items() if v is not None}
@@ -313,6 +314,7 @@ def _top_values(plan: dict, base: Path, cli: dict) -> dict:
                                                    '(fast, full or aggressive)')
     return top | dict(input=inputs, out=work, preset=preset, model=model, size=size, hf=hf)
 
+# %% ../nbs/14_run.ipynb #8b4a3f50
 def _sections(plan: dict, cli: dict, top: dict) -> dict:
     "Each stage's settings: the plan's section, the command line's on top, legalnb run's defaults under both."
     from legalnb.presets import get_preset
@@ -335,6 +337,7 @@ def _sections(plan: dict, cli: dict, top: dict) -> dict:
     b.setdefault('val_docs', RUN_DEFAULTS['val_docs']); b.setdefault('progress', False)
     return sec
 
+# %% ../nbs/14_run.ipynb #f873def1
 def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None) -> tuple[list[Stage], dict]:
     "The stages of a plan with the command line's flags on top, and the plan's top-level values."
     top = _top_values(plan, base, cli)
@@ -378,6 +381,7 @@ def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None)
                         work/OUTPUTS['evaluate']))
     return stages, top | {'sections': sec}
 
+# %% ../nbs/14_run.ipynb #b946a3d7
 _SAME_SCHEDULE = ('lr', 'max_steps', 'epochs', 'batch_size', 'grad_accum', 'batch_tokens', 'batch_schedule',
                   'warmup_steps', 'seq_warmup_steps', 'seq_warmup_start', 'precision', 'seed')
 
@@ -397,6 +401,7 @@ def _baseline_stage(spec: str, train: Stage, t: dict, data: Path, work: Path) ->
     return Stage('baseline', ['--data', str(data), '--out', str(work/'baseline'), *_argv('train', flags, 'baseline.')],
                  [work/'split'/'split.json'], work/'baseline'/'summary.json')
 
+# %% ../nbs/14_run.ipynb #4345d916
 def _second_stage(s2: dict, first: dict, b: dict, work: Path, stage_to: str | None, trained: Stage) -> list[Stage]:
     "select-2 (the best documents), build-corpus-2, then split-2 and train-2 (native) or finetune-2 (Hugging Face)."
     hf = trained.name == 'finetune'
@@ -414,10 +419,12 @@ def _second_stage(s2: dict, first: dict, b: dict, work: Path, stage_to: str | No
             _second_train(dict(s2.get(own) or {}), first, b, work, stage_to, trained.config.max_steps))
     return [select, *rest]
 
+# %% ../nbs/14_run.ipynb #83e26e99
 def _same_acts(work: Path) -> dict:
     "build-corpus flags that hold out the first corpus's acts in the second: by name, and no floor adding others."
     return {'val_acts': str(work/'corpus'/'manifest.json'), 'val_min_acts': 0}
 
+# %% ../nbs/14_run.ipynb #16f28873
 def _second_train(own: dict, first: dict, b: dict, work: Path, stage_to: str | None, steps: int) -> list[Stage]:
     "build-corpus-2, split-2, train-2: the first corpus's tokenizer and held-out acts, from the first run's weights."
     t = first | own
@@ -441,6 +448,7 @@ def _second_train(own: dict, first: dict, b: dict, work: Path, stage_to: str | N
                               *_argv('train', t, 'stage2.')],
                   [work/'split-2'/'split.json', work/OUTPUTS['train']], work/'run-2'/'summary.json')]
 
+# %% ../nbs/14_run.ipynb #b1b79b7d
 def _second_finetune(own: dict, first: dict, b: dict, work: Path, stage_to: str | None) -> list[Stage]:
     "build-corpus-2 in the model's tokenizer, the same row length and held-out acts; finetune-2 from run/final."
     for k in ('model', 'data', 'out'):
@@ -458,6 +466,7 @@ def _second_finetune(own: dict, first: dict, b: dict, work: Path, stage_to: str 
             Stage('finetune-2', ['--out', str(work/'run-2'), *_argv('finetune', t, 'stage2.')],
                   [work/'corpus-2'/'manifest.json', work/OUTPUTS['finetune']], work/'run-2'/'finetune.json')]
 
+# %% ../nbs/14_run.ipynb #beaa6c2c
 def _hf_model(model: str, base: Path) -> str | None:
     "The folder of a Hugging Face `model`: a folder (from the plan's), or org/name's snapshot in the Hugging Face "
     "cache; None for a registered architecture."
@@ -704,6 +713,7 @@ def staged_files(src: Path) -> dict[str, Path]:
             found.setdefault((Path(rel).parent/'doc_starts'/p.name).as_posix(), starts)
     return found
 
+# %% ../nbs/14_run.ipynb #b44e97e7
 def _known_sha256(src: Path) -> dict[str, str]:
     "SHA-256 of the corpus files behind `src`, by real path, as its manifest records them (shards, starts, held out)."
     if not (src/'manifest.json').is_file(): return {}
@@ -715,6 +725,7 @@ def _known_sha256(src: Path) -> dict[str, str]:
             if isinstance(f, str) and isinstance(h, str): known[os.path.realpath(corpus/f)] = h
     return known
 
+# %% ../nbs/14_run.ipynb #cfa5dfba
 def _copy_hashed(src: Path, dest: Path, bar) -> str:
     "Copy `src` to `dest` atomically; the SHA-256 of the bytes read."
     h = hashlib.sha256()
@@ -722,6 +733,7 @@ def _copy_hashed(src: Path, dest: Path, bar) -> str:
         while chunk := f.read(1 << 22): h.update(chunk); out.write(chunk); bar.update(len(chunk))
     return h.hexdigest()
 
+# %% ../nbs/14_run.ipynb #4213a648
 def stage_split(split: Path, dest: Path, progress: bool = True) -> Path:
     "Copy what training reads from `split` (shards, their document starts, manifest, tokenizer) to `dest`, each "
     "file's content checked by SHA-256 (the manifest's, or computed once from the source); `dest`."
@@ -765,12 +777,14 @@ def _run_stage(s: Stage):
     if command_run(s.name.removesuffix('-2'))(dict(s.settings)):   # select-2 is legalnb select
         raise LegalnbError(f'the {s.name} stage failed; see its messages above')
 
+# %% ../nbs/14_run.ipynb #7ff1c3f8
 def _ask_once(opts: dict, what: str):
     "The question before training, once per `legalnb run`: the answer covers a second stage's training too."
     if opts.get('confirmed'): return
     if not confirm(opts['yes']): raise LegalnbError(f'{what} not started: not confirmed (--yes skips the question)')
     opts['confirmed'] = True
 
+# %% ../nbs/14_run.ipynb #b173fe8a
 def _train(s: Stage, work: Path, top: dict, info: dict, opts: dict, resuming: bool) -> dict:
     "The training stage: machine, estimate, provenance, confirmation, then train under the budget guard."
     from legalnb.presets import get_preset
@@ -797,6 +811,7 @@ def _train(s: Stage, work: Path, top: dict, info: dict, opts: dict, resuming: bo
     summary.update(estimate_s=e.seconds, forecast=guard.forecast)
     return summary
 
+# %% ../nbs/14_run.ipynb #c6695f08
 def _finetune(s: Stage, again: bool, opts: dict) -> dict:
     "The finetune stage (resumed when `again`) under the budget guard: {} when it finished, the stop record when "
     "the guard ended it."
@@ -808,6 +823,7 @@ def _finetune(s: Stage, again: bool, opts: dict) -> dict:
     if rc: raise LegalnbError('the finetune stage failed; see its messages above')
     return {}
 
+# %% ../nbs/14_run.ipynb #f97c9ea6
 def _before_finetune(s: Stage, top: dict, opts: dict):
     "The finetune stage's preamble: the machine, the preset's provenance, the calculator's command, the question."
     from legalnb.presets import get_preset
@@ -820,6 +836,7 @@ def _before_finetune(s: Stage, top: dict, opts: dict):
               'does not carry the optimizer state)')
     _ask_once(opts, 'fine-tuning')
 
+# %% ../nbs/14_run.ipynb #e9073346
 def _stopped_message(summary: dict, opts: dict) -> str:
     "What the budget guard says when it stops a run: how far it got, and the command that continues it."
     f, again = summary.get('forecast') or {}, [a for a in opts['argv'] if a != '--resume']
@@ -844,6 +861,7 @@ def _ours(rel: Path) -> bool:
                                                                   '.selected-2.jsonl', '.corpus-2.', '.split-2.',
                                                                   '.split.', '.report.md', '.loss.png'))
 
+# %% ../nbs/14_run.ipynb #58e10146
 def _from_the_shell(top_cli: dict) -> dict:
     "The command line's paths from the shell's folder (a plan's paths start from the plan's folder)."
     here = lambda v: os.path.abspath(v) if v else v
@@ -852,6 +870,7 @@ def _from_the_shell(top_cli: dict) -> dict:
                 model=here(top_cli['model']) if top_cli.get('model') and Path(top_cli['model']).exists()
                 else top_cli.get('model'))
 
+# %% ../nbs/14_run.ipynb #68fe724e
 def _what_runs(stages: list[Stage], work: Path, opts: dict) -> tuple[int, int, list[str]]:
     "The first stage to run, the training to run or resume first, and why each stage is stale ('' when up to date)."
     names = [s.name for s in stages]
@@ -867,6 +886,7 @@ def _what_runs(stages: list[Stage], work: Path, opts: dict) -> tuple[int, int, l
                            f'({reasons[first]}); drop --resume')
     return first, t, reasons
 
+# %% ../nbs/14_run.ipynb #21a541dc
 def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> dict:
     "Check the plan, then run the stages that are not up to date; the training summary (or the stop) and the stages."
     from legalnb.core import output_folder, refuse_unowned, remove_owned
@@ -924,6 +944,7 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
 # %% ../nbs/14_run.ipynb #ec4d9824
 def _lines(path: Path) -> int: return sum(1 for _ in open(path, encoding='utf-8'))
 
+# %% ../nbs/14_run.ipynb #a170c974
 def selection_result(work: Path) -> str:
     "What select kept, in report.md's words: the documents, and the filters asked with the documents they dropped."
     from legalnb.scoring import DocumentFilter
@@ -932,6 +953,7 @@ def selection_result(work: Path) -> str:
     why = ', '.join(f'{k.removeprefix("dropped.").replace("_", " ")} {c[k]:,}' for k in keep.counted())
     return f'{c["documents.selected"]:,} documents kept' + (f'; only {keep} (dropped: {why})' if keep else '')
 
+# %% ../nbs/14_run.ipynb #fb19011c
 def reference_lines(folder: Path, what: str) -> list[str]:
     "The report's comparison section: the change against the reference (eval/against.json), or how to get one."
     from legalnb.against import against_lines
@@ -942,6 +964,7 @@ def reference_lines(folder: Path, what: str) -> list[str]:
     c = read_json(folder/'against.json', 'a comparison (legalnb evaluate --against)')
     return [f'## Against {what}', '', *against_lines(c, folder.name)]
 
+# %% ../nbs/14_run.ipynb #fc1fb649
 def write_run_report(work: Path, stages: list[Stage], top: dict) -> Path:
     "Write report.md in the work folder: what each stage made and took, estimate against measurement, evaluation."
     from legalnb.evaluate import evaluation_lines

@@ -296,6 +296,7 @@ def _call(n: int) -> str:
     "A footnote call as CONVEX writes it: `(1)`, linked to the note."
     return f'<a id="ntc{n}-E{n:04d}" href="#ntr{n}-E{n:04d}">(<span class="oj-super oj-note-tag">{n}</span>)</a>'
 
+# %% ../nbs/00a_sample.ipynb #f24d3f6f
 def _inline(el: ET.Element, notes: list) -> str:
     "The XHTML of an element's inline content: quotation marks as characters, footnote calls, italics; text escaped."
     out = [escape(el.text or '')]
@@ -307,11 +308,13 @@ def _inline(el: ET.Element, notes: list) -> str:
         out.append(escape(c.tail or ''))
     return ''.join(out)
 
+# %% ../nbs/00a_sample.ipynb #da73a7a1
 def _point(number: str, text: str) -> str:
     "A numbered point as the OJ lays it out: a table, the number in one column and the text in the other."
     return (f'{_LAYOUT}<col width="4%"/><col width="96%"/><tbody><tr><td valign="top"><p class="oj-normal">{number}</p>'
             f'</td><td valign="top">{text}</td></tr></tbody></table>')
 
+# %% ../nbs/00a_sample.ipynb #bf2c895c
 def _xhtml_blocks(el: ET.Element, notes: list) -> str:
     "The XHTML of a Formex block of the sample's acts and annexes (paragraphs, points, articles, tables)."
     tag = el.tag
@@ -333,6 +336,7 @@ def _xhtml_blocks(el: ET.Element, notes: list) -> str:
     if tag in ('BIB.INSTANCE', 'NO.P', 'TXT'): return ''
     return ''.join(_xhtml_blocks(c, notes) for c in el if isinstance(c.tag, str))
 
+# %% ../nbs/00a_sample.ipynb #6c63d63a
 def _header(lang: str, published: date, oj: str) -> str:
     "The OJ's header table: date of publication, language, the journal's name, its reference."
     cells = [('hd-date', f'{published.day}.{published.month}.{published.year}'), ('hd-lg', lang.upper()),
@@ -341,6 +345,7 @@ def _header(lang: str, published: date, oj: str) -> str:
     return (f'{_LAYOUT}<tbody><tr>{row}</tr></tbody>'
             '</table><hr class="oj-separator"/>')
 
+# %% ../nbs/00a_sample.ipynb #816fa19c
 def _notes_html(notes: list, first: int) -> str:
     "The footnotes from number `first + 1` on, as CONVEX writes them after the act (or after an annex)."
     note = lambda n, t: (f'<p class="oj-note"><a id="ntr{n}-E{n:04d}" href="#ntc{n}-E{n:04d}">(<span class="oj-super">'
@@ -348,6 +353,7 @@ def _notes_html(notes: list, first: int) -> str:
     if not notes[first:]: return ''
     return '<hr class="oj-note"/>' + ''.join(note(n, t) for n, t in enumerate(notes[first:], first + 1))
 
+# %% ../nbs/00a_sample.ipynb #095792d6
 def formex_to_xhtml(files: list[tuple[str, str]], lang: str, published: date, oj: str) -> str:
     "The Official Journal's XHTML of a sample publication, made from its Formex as CONVEX makes it (the same text)."
     roots = [ET.fromstring(xml.encode()) for _, xml in files]

@@ -459,6 +459,7 @@ def gc_paused():
     finally:
         if was_on: gc.enable()
 
+# %% ../nbs/01_scoring.ipynb #2e2b988d
 # bits of a candidate's `flags`, counted after deduplication
 _FLAGS = ('kept.no_date', 'kept.unknown_type', 'kept.rescored')
 _SCAN: dict = {}   # what the scanning processes read (set before they are forked): rules, token counter, strict, keep
@@ -499,6 +500,7 @@ def _scan_range(job: tuple[Path, int, int, int]) -> tuple[Candidates, np.ndarray
 
 SCAN_RANGE = 1 << 25   # bytes of the input a process scores at a time (32 MB: about 3,000 documents)
 
+# %% ../nbs/01_scoring.ipynb #1e303df6
 def _line_ranges(path: Path, parts: int) -> list[tuple[int, int]]:
     "About `parts` byte ranges of `path` that start and end at line starts."
     size, cuts = path.stat().st_size, [0]
@@ -508,6 +510,7 @@ def _line_ranges(path: Path, parts: int) -> list[tuple[int, int]]:
             if cuts[-1] < f.tell() < size: cuts.append(f.tell())
     return list(zip(cuts, cuts[1:] + [size]))
 
+# %% ../nbs/01_scoring.ipynb #c97e4d5e
 def _count_lines(job: tuple[Path, int, int]) -> int:
     "The line breaks of `path` between bytes `start` and `end`."
     path, start, end = job
@@ -517,6 +520,7 @@ def _count_lines(job: tuple[Path, int, int]) -> int:
         while start < end and (block := f.read(min(1 << 20, end - start))): n += block.count(b'\n'); start += len(block)
     return n
 
+# %% ../nbs/01_scoring.ipynb #677e37bc
 def _first_of_each(cands: Candidates) -> np.ndarray:
     "A mask of the candidates first of their (CELEX, language) in the input; one without a CELEX always is."
     order = np.lexsort((cands.offset, cands.lang, cands.celex))
@@ -526,6 +530,7 @@ def _first_of_each(cands: Candidates) -> np.ndarray:
     keep = np.ones(len(cands), bool); keep[order[again]] = False
     return keep
 
+# %% ../nbs/01_scoring.ipynb #5e609e92
 def _scan_parts(path: Path, rules: ScoringRules, count_tokens: Callable[[str], int], strict: bool,
                 skipped: list | None, num_proc: int, state: dict,
                 keep: DocumentFilter | None = None) -> Iterator[tuple[Candidates, np.ndarray]]:
@@ -548,6 +553,7 @@ def _scan_parts(path: Path, rules: ScoringRules, count_tokens: Callable[[str], i
             if skipped is not None: skipped.extend(lost[:max(0, 10_000 - len(skipped))])
             yield cands, flags
 
+# %% ../nbs/01_scoring.ipynb #7b363130
 def _check_read(path: Path, read: int, state: dict):
     "Raise when no line of `path` was a document: an empty file, or one whose lines could not be read."
     if read: return
@@ -557,12 +563,14 @@ def _check_read(path: Path, read: int, state: dict):
                            + '; no document could be read')
     raise LegalnbError(f'{path}: no documents (the file is empty); expected one JSON document per line')
 
+# %% ../nbs/01_scoring.ipynb #5c874172
 def _scan_counters(read: int, flags: np.ndarray, bad: Counter | None = None) -> Counter:
     "The first pass's counters: documents read, repeats dropped, the `flags` of those kept, lines skipped."
     return Counter({'documents.read': read, 'dropped.duplicate': read - len(flags),
                     **{name: int((flags >> bit & 1).sum()) for bit, name in enumerate(_FLAGS)},
                     **{f'skipped.{r}': n for r, n in (bad or {}).items()}})
 
+# %% ../nbs/01_scoring.ipynb #f00a088d
 def scan_documents(path: Path, rules: ScoringRules, count_tokens: Callable[[str], int] = estimate_tokens,
                    strict: bool = False,           # stop at the first line that cannot be read
                    skipped: list | None = None,    # a list to add each skipped line to: (line, reason, error)
@@ -578,10 +586,12 @@ def scan_documents(path: Path, rules: ScoringRules, count_tokens: Callable[[str]
 
 PREFER = ('both', 'consolidated', 'original')
 
+# %% ../nbs/01_scoring.ipynb #42ce9133
 def act_of(celex: str) -> str:
     "The act a CELEX belongs to: a consolidated text's base act (`02016R0679-20160504` -> `32016R0679`), else itself."
     return '3' + celex[1:celex.index('-')] if celex[:1] == '0' and '-' in celex else celex
 
+# %% ../nbs/01_scoring.ipynb #c4483eb1
 def acts_of(celex: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     "`act_of` for an array of CELEX numbers (bytes), and which of them are consolidated texts."
     dash = np.strings.find(celex, b'-')
@@ -590,6 +600,7 @@ def acts_of(celex: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     acts[consolidated] = np.strings.add(b'3', np.strings.slice(celex[consolidated], 1, dash[consolidated]))
     return acts, consolidated
 
+# %% ../nbs/01_scoring.ipynb #f392dc89
 def _act_groups(found: Candidates) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     "Candidates with a CELEX in (act, language, CELEX) order, where each group starts, and which are consolidated."
     index = np.flatnonzero(found.celex != b'')
@@ -599,6 +610,7 @@ def _act_groups(found: Candidates) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     starts = np.flatnonzero(np.r_[True, (acts[1:] != acts[:-1]) | (langs[1:] != langs[:-1])]) if len(order) else order
     return index[order], starts, consolidated[order]
 
+# %% ../nbs/01_scoring.ipynb #ec1bf71e
 def prefer_versions(found: Candidates | list[Candidate], prefer: str = 'consolidated',
                     counters: Counter | None = None   # where to count the versions seen (`versions.acts`, ...)
                     ) -> tuple[Candidates, int]:
@@ -608,6 +620,7 @@ def prefer_versions(found: Candidates | list[Candidate], prefer: str = 'consolid
     drop = _other_versions(found, prefer, counters)
     return found.take(~drop), int(drop.sum())
 
+# %% ../nbs/01_scoring.ipynb #1bca5f6b
 def _other_versions(found: Candidates, prefer: str, counters: Counter | None) -> np.ndarray:
     "A mask of the candidates that are versions of an act `prefer` does not ask for; `counters` count those seen."
     index, starts, consolidated = _act_groups(found)
@@ -764,6 +777,7 @@ def _signatures(job: tuple[Path, list[int], list[int], int]) -> np.ndarray:
             out[i] = minhash(json.loads(os.pread(f.fileno(), s, o))['text'], num_perm).hashvalues
     return out
 
+# %% ../nbs/01_scoring.ipynb #7fa4f7e0
 def _band_keys(sigs: np.ndarray, langs: np.ndarray, bands: int, rows: int, first: int = 0) -> np.ndarray:
     "(n, bands) 64-bit keys: band b of a signature (its `rows` values) and its language; equal keys: a candidate pair."
     keys = np.empty((len(sigs), bands), np.uint64)
@@ -777,11 +791,13 @@ def _band_keys(sigs: np.ndarray, langs: np.ndarray, bands: int, rows: int, first
                    + np.arange(bands, dtype=np.uint64))
     return keys
 
+# %% ../nbs/01_scoring.ipynb #75120973
 def _root(parent: array.array, i: int) -> int:
     "The group of `i` (its best-ranked member), halving the path on the way."
     while parent[i] != i: parent[i] = parent[parent[i]]; i = parent[i]
     return i
 
+# %% ../nbs/01_scoring.ipynb #dd2ed359
 _RANKED = np.dtype([('offset', '<i8'), ('size', '<i8'), ('tokens', '<i8'), ('row', '<i8'), ('score', '<i4'),
                     ('lang', 'u1')])   # a candidate in a file of them best first: its line, tokens, row, language code
 _KEYED = np.dtype([('key', '<u8'), ('rank', '<i8')])   # a band key of the candidate at `rank`
@@ -795,12 +811,14 @@ def _ranked_records(found: Candidates, order: np.ndarray) -> np.ndarray:
     rec['row'] = order
     return rec
 
+# %% ../nbs/01_scoring.ipynb #78ab8764
 def _read_ranked(path: Path, chunk: int = 1 << 13) -> Iterator[tuple[int, np.ndarray]]:
     "The records of a file of ranked candidates `chunk` at a time, each with the rank of its first."
     with open(path, 'rb') as f:
         rank = 0
         while len(rec := np.fromfile(f, _RANKED, chunk)): yield rank, rec; rank += len(rec)
 
+# %% ../nbs/01_scoring.ipynb #f9343401
 def _signatures_of(src: Path, rec: np.ndarray, num_perm: int, pool, num_proc: int) -> np.ndarray:
     "The MinHash signatures of the documents of `rec`, computed by `pool` 256 at a time, read in file order."
     by_file = np.argsort(rec['offset'], kind='stable')
@@ -810,12 +828,14 @@ def _signatures_of(src: Path, rec: np.ndarray, num_perm: int, pool, num_proc: in
     for i, part in zip(parts, in_order(pool, _signatures, jobs, 2 * num_proc if num_proc > 1 else 1)): sigs[i] = part
     return sigs
 
+# %% ../nbs/01_scoring.ipynb #fb818293
 def _sig_rows(fd: int, ranks: np.ndarray, num_perm: int) -> np.ndarray:
     "Rows of the signatures file at `ranks` (read one by one: the file stays out of this process's memory)."
     width = 4 * num_perm
     return np.frombuffer(b''.join([os.pread(fd, width, r * width) for r in ranks.tolist()]),
                          np.uint32).reshape(-1, num_perm)
 
+# %% ../nbs/01_scoring.ipynb #7e245d12
 def _similar_pairs(fd: int, keyed: np.ndarray, threshold: float, num_perm: int, report: dict,
                    chunk: int = 1 << 12) -> Iterator[tuple[int, int]]:
     "(best, other) for each candidate sharing a band key with a better-ranked one, when their signatures agree enough."
@@ -832,6 +852,7 @@ def _similar_pairs(fd: int, keyed: np.ndarray, threshold: float, num_perm: int, 
         report['similar_pairs'] += int(close.sum())
         yield from zip(b[close].tolist(), o[close].tolist())
 
+# %% ../nbs/01_scoring.ipynb #bda968f1
 def _near_duplicate_ranks(src: Path, ranked: Path, n: int, threshold: float, num_proc: int,
                           num_perm: int = NUM_PERM) -> tuple[array.array, dict]:
     "Groups of near-duplicates among the `n` candidates of the file `ranked` (best first): each rank's parent; counts."
@@ -864,6 +885,7 @@ def _near_duplicate_ranks(src: Path, ranked: Path, n: int, threshold: float, num
             os.remove(tmp/f'keys-{j}')
     return parent, report
 
+# %% ../nbs/01_scoring.ipynb #741eb4da
 def _near_duplicate_ranked(src: Path, ranked: Path, n: int, threshold: float, num_proc: int,
                            num_perm: int = NUM_PERM) -> tuple[np.ndarray, dict]:
     "Which of the `n` candidates of the file `ranked` are near-duplicates of a better-ranked one; the report."
@@ -875,6 +897,7 @@ def _near_duplicate_ranked(src: Path, ranked: Path, n: int, threshold: float, nu
     return dropped, dict(report, groups=rooted.count(1), dropped=int(dropped.sum()),
                          seconds=round(time.perf_counter() - t0, 3))
 
+# %% ../nbs/01_scoring.ipynb #3c1c43e3
 def near_duplicates(src: Path, found: Candidates, threshold: float = 0.8,
                     num_proc: int = 1,          # processes computing signatures
                     workdir: str | Path | None = None,  # where the signatures are kept while they are compared
@@ -952,12 +975,14 @@ def _refuse_outputs(inputs: list, out, report):
         if Path(report).resolve() == Path(out).resolve():
             raise LegalnbError(f'--report {report} is the same file as --out; choose another --report')
 
+# %% ../nbs/01_scoring.ipynb #555785cf
 def _tokens_per_lang(found: Candidates, mask: np.ndarray | None = None) -> Counter:
     "Tokens per language of the candidates (where `mask` is true)."
     w = found.tokens if mask is None else np.where(mask, found.tokens, 0)
     langs = found.names['lang']
     return Counter({l: int(t) for l, t in zip(langs, np.bincount(found.lang, w, len(langs))) if t})
 
+# %% ../nbs/01_scoring.ipynb #1dfb6e3e
 SELECT_RECORD = '.legalnb-select.json'   # in each temporary folder of select: the process that made it
 
 def _left_by_killed_selects(where: Path) -> list[Path]:
@@ -970,6 +995,7 @@ def _left_by_killed_selects(where: Path) -> list[Path]:
         if isinstance(rec, dict) and rec.get('command') == 'legalnb select' and not holder_alive(rec): left.append(p)
     return left
 
+# %% ../nbs/01_scoring.ipynb #747b01c1
 @contextmanager
 def _select_folder(where: Path) -> Iterator[Path]:
     "A temporary folder `.select-*` in `where`, recorded as this process's; those of killed selects go first."
@@ -980,6 +1006,7 @@ def _select_folder(where: Path) -> Iterator[Path]:
         (Path(tmp)/SELECT_RECORD).write_text(json.dumps(rec))
         yield Path(tmp)
 
+# %% ../nbs/01_scoring.ipynb #de7405fc
 def select_documents(src: str | Path, out: str | Path,
                      target_tokens: int | None,   # token budget; None: no budget (then `top` is required)
                      rules: ScoringRules | None = None,
@@ -1053,16 +1080,19 @@ _NEAR, _PICKED = 1, 2     # bits of a row's mark
 
 def _spill(f, *parts): pickle.dump(parts, f, pickle.HIGHEST_PROTOCOL)
 
+# %% ../nbs/01_scoring.ipynb #799bbb92
 def _unspill(path: Path) -> Iterator[tuple]:
     "What `_spill` wrote to the file `path`, one call's parts at a time."
     with open(path, 'rb') as f:
         while f.peek(1): yield pickle.load(f)
 
+# %% ../nbs/01_scoring.ipynb #f2b8a97c
 def _bucket_of(cands: Candidates, rows: np.ndarray, buckets: int) -> np.ndarray:
     "The file of each candidate: by its act (the versions and repeats of an act meet), by its row without a CELEX."
     acts, _ = acts_of(cands.celex)
     return np.where(cands.celex == b'', rows, [zlib.crc32(a) for a in acts.tolist()]).astype(np.int64) % buckets
 
+# %% ../nbs/01_scoring.ipynb #e4dc8f1b
 def _spill_scan(src: Path, rules: ScoringRules, count_tokens: Callable[[str], int], strict: bool,
                 skipped: list, num_proc: int, tmp: Path,
                 keep: DocumentFilter | None = None) -> tuple[int, int, tuple, dict]:
@@ -1082,6 +1112,7 @@ def _spill_scan(src: Path, rules: ScoringRules, count_tokens: Callable[[str], in
                                                        ids[which == b])
     return read, len(buckets), tuple(sorted(langs)), state
 
+# %% ../nbs/01_scoring.ipynb #3e6c4d79
 def _spill_versions(tmp: Path, buckets: int, prefer: str, rules: ScoringRules) -> tuple[Counter, Counter, int]:
     "Per file: the first of each (CELEX, language), the versions `prefer` asks for (`kept-B`), its eligible best first."
     counters, rest, kept = Counter(), Counter(), 0   # rest: tokens per language of those below the threshold
@@ -1105,6 +1136,7 @@ def _spill_versions(tmp: Path, buckets: int, prefer: str, rules: ScoringRules) -
             for s in range(0, len(ranked), 256): _spill(f, cands.take(ranked[s:s + 256]), rows[ranked[s:s + 256]])
     return counters, rest, kept
 
+# %% ../nbs/01_scoring.ipynb #7bf172eb
 def _merged_runs(tmp: Path, buckets: int) -> Iterator[tuple]:
     "The eligible candidates of all files best first: (-score, CELEX, language, offset, size, tokens, row)."
     def run(b):
@@ -1114,6 +1146,7 @@ def _merged_runs(tmp: Path, buckets: int) -> Iterator[tuple]:
                            *(cands.cols[k].tolist() for k in ('offset', 'size', 'tokens')), rows.tolist())
     return heapq.merge(*(run(b) for b in range(buckets)))   # `rank`'s order: score, CELEX, language, offset
 
+# %% ../nbs/01_scoring.ipynb #51051223
 def _write_ranked(merged: Iterator[tuple], dest: Path, langs: tuple) -> int:
     "Write the merged candidates to `dest` as `_RANKED` records; return how many."
     code, n = {l: i for i, l in enumerate(langs)}, 0
@@ -1126,6 +1159,7 @@ def _write_ranked(merged: Iterator[tuple], dest: Path, langs: tuple) -> int:
             rec.tofile(f); n += len(block)
     return n
 
+# %% ../nbs/01_scoring.ipynb #b1c7f64b
 def _live_ranked(path: Path, marks: np.ndarray, langs: tuple) -> Iterator[tuple[int, str, int]]:
     "(row, language, tokens) of the ranked candidates not dropped as near-duplicates, best first."
     names = np.array(langs or ('',), object)
@@ -1133,6 +1167,7 @@ def _live_ranked(path: Path, marks: np.ndarray, langs: tuple) -> Iterator[tuple[
         rec = rec[marks[rec['row']] & _NEAR == 0]
         yield from zip(rec['row'].tolist(), names[rec['lang']].tolist(), rec['tokens'].tolist())
 
+# %% ../nbs/01_scoring.ipynb #8c331760
 def _choose_ranked(path: Path, marks: np.ndarray, langs: tuple, rest: Counter, target: int | None,
                    top: int | None) -> tuple[dict, Counter]:
     "Quotas from the tokens per language, then `choose_documents` over the ranked file: marks the rows picked."
@@ -1148,6 +1183,7 @@ def _choose_ranked(path: Path, marks: np.ndarray, langs: tuple, rest: Counter, t
     for row in picked: marks[row] |= _PICKED
     return quotas, why
 
+# %% ../nbs/01_scoring.ipynb #fe765cbc
 def _tally_kept(tmp: Path, buckets: int, marks: np.ndarray, rules: ScoringRules) -> dict:
     "The report's tally of the candidates left (not near-duplicates), file by file."
     tally = None
@@ -1157,6 +1193,7 @@ def _tally_kept(tmp: Path, buckets: int, marks: np.ndarray, rules: ScoringRules)
             tally = _add_tally(tally, _tally_found(cands.take(live), m[live] & _PICKED > 0, rules))
     return tally
 
+# %% ../nbs/01_scoring.ipynb #1dbc197a
 def _picked_lines(path: Path, marks: np.ndarray) -> Iterator[tuple[int, int, int, int]]:
     "(offset, size, score, tokens) of the rows picked, in input order."
     with open(path, 'rb') as f:
@@ -1177,6 +1214,7 @@ def _groups(found: Candidates, picked: np.ndarray, threshold: int) -> dict:
     return {(name('lang', k >> 24), name('doc_type', k >> 16 & 255), name('year_band', k >> 8 & 255), bool(k >> 1 & 1),
              bool(k & 1)): [int(d), int(t)] for k, d, t in zip(keys.tolist(), docs.tolist(), tokens.tolist())}
 
+# %% ../nbs/01_scoring.ipynb #5572eaa1
 def _tally(groups: dict, index: int, order: list | None = None) -> dict:
     "Documents and tokens, all and selected, per value of one group field; in `order`, else most tokens first."
     t = {}
@@ -1189,12 +1227,14 @@ def _tally(groups: dict, index: int, order: list | None = None) -> dict:
     position = {k: i for i, k in enumerate(order or [])}
     return dict(sorted(t.items(), key=lambda kv: (position.get(kv[0], len(position)), -kv[1]['tokens'])))
 
+# %% ../nbs/01_scoring.ipynb #25c551bd
 def _histogram(scores: np.ndarray, top: int, width: int = 10) -> list[int]:
     "Counts of scores in bins [0, width), [width, 2·width), ... up to `top`."
     bins = top // width + 1
     return np.bincount(np.minimum(np.maximum(np.asarray(scores, np.int64), 0) // width, bins - 1),
                        minlength=bins).tolist()
 
+# %% ../nbs/01_scoring.ipynb #5fc60267
 def _language_rows(langs: dict, quotas: dict, target: int, unit: str = 'tokens') -> list[dict]:
     "Add shares, quota and shortfall to each language's tally (`unit`: 'tokens', or 'docs' for top alone)."
     n_in, n_quota = sum(r['tokens'] for r in langs.values()) or 1, sum(quotas.values()) or 1
@@ -1208,6 +1248,7 @@ def _language_rows(langs: dict, quotas: dict, target: int, unit: str = 'tokens')
     return [{'lang': l, f'eligible_{unit}': r[f'eligible_{unit}'], f'wanted_{unit}': r[f'wanted_{unit}']}
             for l, r in langs.items() if r['short']]
 
+# %% ../nbs/01_scoring.ipynb #e0f6d867
 def selection_report(found: Candidates | list[Candidate], chosen: Candidates | list[Candidate], counters: Counter,
                      quotas: dict,
                      rules: ScoringRules, target: int | None, tolerance: float, token_source: str, meta: dict,
@@ -1217,10 +1258,12 @@ def selection_report(found: Candidates | list[Candidate], chosen: Candidates | l
     tally = _tally_found(found, np.isin(found.offset, chosen.offset), rules)
     return _report(tally, counters, quotas, rules, target, tolerance, token_source, meta, top)
 
+# %% ../nbs/01_scoring.ipynb #89d8596f
 def _highest(rules: ScoringRules) -> int:
     "The highest score the rules can give."
     return sum(r.highest(rules) for r in RULES)
 
+# %% ../nbs/01_scoring.ipynb #013c5347
 def _tally_found(found: Candidates, picked: np.ndarray, rules: ScoringRules) -> dict:
     "What the report counts of the candidates left, `picked` the selected ones; tallies of parts add up."
     highest, scores = _highest(rules), found.score.astype(np.int64)
@@ -1229,6 +1272,7 @@ def _tally_found(found: Candidates, picked: np.ndarray, rules: ScoringRules) -> 
                 histogram_all=np.array(_histogram(scores, highest)),
                 histogram_chosen=np.array(_histogram(scores[picked], highest)))
 
+# %% ../nbs/01_scoring.ipynb #535784b1
 def _add_tally(a: dict | None, b: dict) -> dict:
     "Two tallies as one."
     if a is None: return b
@@ -1237,6 +1281,7 @@ def _add_tally(a: dict | None, b: dict) -> dict:
         d, t = groups.get(key, (0, 0)); groups[key] = [d + docs, t + tokens]
     return dict(groups=groups, **{k: a[k] + b[k] for k in a if k != 'groups'})
 
+# %% ../nbs/01_scoring.ipynb #2fbcc4fb
 def _report(tally: dict, counters: Counter, quotas: dict, rules: ScoringRules, target: int | None, tolerance: float,
             token_source: str, meta: dict, top: int | None) -> dict:
     "`selection_report` from a tally of the candidates left."
@@ -1285,6 +1330,7 @@ def _rows(title: str, table: dict, extra: bool = False) -> list[str]:
         lines.append(line)
     return lines + ['']
 
+# %% ../nbs/01_scoring.ipynb #7c3c577d
 def _summary(report: dict) -> list[str]:
     "The report's opening lines: documents, tokens, average scores and the named counters."
     c, avg = report['counters'], report['average_score']
@@ -1302,6 +1348,7 @@ def _summary(report: dict) -> list[str]:
             f'dropped: {named("dropped.")}', f'kept and counted: {named("kept.")}', *_versions_lines(report),
             f'lines skipped (could not be read): {named("skipped.")}', '']
 
+# %% ../nbs/01_scoring.ipynb #ab077efa
 def _filter_lines(report: dict) -> list[str]:
     "The filters asked (`--languages`, `--types`, `--since`, `--until`) in a line, when there are some."
     keep, c = DocumentFilter(**report.get('filters') or {}), report['counters']
@@ -1310,6 +1357,7 @@ def _filter_lines(report: dict) -> list[str]:
     return [f'kept only {keep}: {kept:,} of {c["documents.read"]:,} documents read '
             '(the language mix is that of the documents kept)']
 
+# %% ../nbs/01_scoring.ipynb #5aa26d20
 def _versions_lines(report: dict) -> list[str]:
     "What the version policy and near-duplicate removal did, in words."
     c, near, prefer = report['counters'], report.get('near_duplicates'), report.get('prefer', 'both')
@@ -1324,6 +1372,7 @@ def _versions_lines(report: dict) -> list[str]:
     else: lines.append('near-duplicates: kept (--near-dup 0)')
     return lines
 
+# %% ../nbs/01_scoring.ipynb #a6b506ea
 def _score_rows(report: dict) -> list[str]:
     "The score distribution, all vs selected, one row per non-empty bin."
     h = report['score_histogram']; w = h['bin_width']
@@ -1331,6 +1380,7 @@ def _score_rows(report: dict) -> list[str]:
             for i, (a, s) in enumerate(zip(h['all'], h['selected'])) if a]
     return [f'{"score":<12}{"all":>9}{"selected":>10}'] + rows + ['']
 
+# %% ../nbs/01_scoring.ipynb #4a6f23f0
 def _balance_lines(report: dict) -> list[str]:
     "Shortfalls, then whether every language stayed within the tolerance of its target share."
     bal, tol, u = report['balance'], 100 * report['tolerance'], report.get('share_unit', 'tokens')
@@ -1349,18 +1399,21 @@ def _balance_lines(report: dict) -> list[str]:
     return lines + [f'language balance: {", ".join(bal["outside"])} more than {tol:.1f} points from the target share '
                     f'(largest gap {100 * bal["max_gap"]:.2f}): documents too large for their quota']
 
+# %% ../nbs/01_scoring.ipynb #ebad7b73
 def _rule_lines(report: dict) -> list[str]:
     "What a score is made of: the rules, a line each."
     rules = ScoringRules.from_dict(report['rules'])
     return ([f'score: {report["threshold"]} of at most {_highest(rules)} points to be eligible'] +
             [f'  {r.name:<12}{r.line(rules)}' for r in RULES] + [''])
 
+# %% ../nbs/01_scoring.ipynb #ae7e1ece
 def report_table(report: dict) -> str:
     "The selection report as a printed table."
     return '\n'.join(_summary(report) + _rule_lines(report) + _rows('language', report['languages'], extra=True)
                      + _rows('type', report['doc_types']) + _rows('year band', report['year_bands'])
                      + _score_rows(report) + _balance_lines(report))
 
+# %% ../nbs/01_scoring.ipynb #4d7fa090
 def write_selection_report(report: dict, dest: str | Path) -> Path:
     "Write the report as JSON to `dest`, atomically."
     with atomic_write(dest) as tmp:

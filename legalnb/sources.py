@@ -720,6 +720,7 @@ def _rows(table) -> Iterator:
         if part.tag == 'tr': yield part
         elif part.tag in ('tbody', 'thead', 'tfoot'): yield from (r for r in part if r.tag == 'tr')
 
+# %% ../nbs/00_sources.ipynb #6943fefa
 def _flat(cell, out: _Html) -> str:
     "The text of a table cell on one line (its footnotes go to `out.notes`)."
     b = _Html(out.notes, out.skip, out.calls, out.note_texts)
@@ -728,6 +729,7 @@ def _flat(cell, out: _Html) -> str:
     b.end(force=True)
     return ' '.join(b.blocks).strip()
 
+# %% ../nbs/00_sources.ipynb #cb39e627
 def _numbered(labels: list, content, out: _Html):
     "A point laid out in columns (a table row, a grid): its number, then its text on the same line."
     out.end()
@@ -738,6 +740,7 @@ def _numbered(labels: list, content, out: _Html):
         for child in content: _walk_html(child, out)
     out.end(force=True)
 
+# %% ../nbs/00_sources.ipynb #95412051
 def _table(el, out: _Html):
     "A table of data: a line per row, cells joined by ' | ' (as Formex `ROW`); a layout table: numbered points."
     out.end()
@@ -748,6 +751,7 @@ def _table(el, out: _Html):
         line = ' | '.join(_flat(c, out) for c in cells)
         if line.strip(' |'): out.add(line); out.end(force=True)
 
+# %% ../nbs/00_sources.ipynb #e16357d9
 def _grid(el, out: _Html):
     "A point of a consolidated text's grid list: `grid-list-column-1` holds its number, `grid-list-column-2` its text."
     cols = [c for c in el if isinstance(c.tag, str)]
@@ -756,6 +760,7 @@ def _grid(el, out: _Html):
     _numbered(labels, rest[0] if len(rest) == 1 else None, out)
     for c in rest[1:] if len(rest) == 1 else rest: _walk_html(c, out)
 
+# %% ../nbs/00_sources.ipynb #aa3f3a61
 def _note_text(el, out: _Html) -> str:
     "A footnote's text without its number: `(1) OJ C 184, 25.5.2023, p. 28.` -> `OJ C 184, 25.5.2023, p. 28.`"
     b = _Html(None, out.skip, set(), set())
@@ -764,6 +769,7 @@ def _note_text(el, out: _Html) -> str:
     b.end(force=True)
     return re.sub(r'^\(?\*?\d+\)?\s*', '', ' '.join(b.blocks).strip())
 
+# %% ../nbs/00_sources.ipynb #a2cde73d
 def _footnotes(page: Page) -> tuple[set, set]:
     "The footnote calls of a page (`<a href='#ntr1-...'>(1)</a>`) and its footnotes' texts (`p.oj-note`)."
     calls = {r.getparent() if r.tag == 'span' and r.getparent() is not None and r.getparent().tag == 'a' else r
@@ -772,6 +778,7 @@ def _footnotes(page: Page) -> tuple[set, set]:
               and not ({'note', 'footnote'} & _classes(a.getparent()))}
     return calls, {el for el in page.find('note', 'footnote') if el.tag in ('p', 'div', 'dl', 'table')}
 
+# %% ../nbs/00_sources.ipynb #0a690440
 def html_text(page: Page, body, skip: Iterable = (),
               notes: list | None = None,  # a list to collect footnote texts in (None: footnotes are dropped)
               footnotes: tuple | None = None  # `_footnotes(page)`, when already found
@@ -796,6 +803,7 @@ def html_kind(page: Page) -> str:
             or re.search(r'EUR-Lex - \S+ - [A-Z]{2}\b', page.title_tag())): return 'eurlex'
     return ''
 
+# %% ../nbs/00_sources.ipynb #4d0d1ee5
 def _title_block(page: Page) -> list:
     "The elements of an OJ act's title: the first `eli-main-title`, else the first run of `doc-ti` paragraphs."
     if (main := page.find('eli-main-title')): return main[:1]
@@ -803,11 +811,13 @@ def _title_block(page: Page) -> list:
     while run and (nxt := run[-1].getnext()) is not None and 'doc-ti' in _classes(nxt): run.append(nxt)
     return run
 
+# %% ../nbs/00_sources.ipynb #a6702fe5
 def _in_capitals(s: str) -> bool:
     "Is `s` written in capitals, as the OJ prints an act's name (`REGULATION (EU) No 575/2013 OF THE ...`)?"
     letters = [c for c in s if c.isalpha()]
     return bool(letters) and sum(c.isupper() for c in letters) >= 0.8 * len(letters)
 
+# %% ../nbs/00_sources.ipynb #828785eb
 def oj_facts(page: Page) -> dict:
     "Language, title, date, type, CELEX of an act as the OJ published it, and the elements that are not its text."
     lang = next((_text_of(e) for e in page.find('hd-lg')), '') or page.root.get('lang') or ''
@@ -824,6 +834,7 @@ def oj_facts(page: Page) -> dict:
     return dict(lang=lang, title=' '.join(lines), date=day, doc_type=doc_type, skip=set(block) | header,
                 celex=celex_from_number(n[0], n[1], doc_type) if n else '')
 
+# %% ../nbs/00_sources.ipynb #5509ade2
 def consolidated_facts(page: Page) -> dict:
     "CELEX (`0YYYYTNNNN-YYYYMMDD`), language, date, title of a consolidated text, and what is not its text."
     ref = page.find('reference')
@@ -840,6 +851,7 @@ def consolidated_facts(page: Page) -> dict:
     return dict(celex=celex, lang=m[4], date=date(int(m[7]), int(m[6]), int(m[5])), doc_type=_doc_type(None, celex),
                 title=' '.join(map(_text_of, titled)) if titled else (_text_of(cells[-1]) if cells else ''), skip=skip)
 
+# %% ../nbs/00_sources.ipynb #daccdf7d
 def eurlex_facts(page: Page) -> dict:
     "CELEX, language, title and date of an EUR-Lex page, from its `DC.*` or `WT.*` meta tags and its `<title>`."
     m = re.search(r'CELEX(?::|%3A)([0-9A-Z()\-]+)', page.meta('DC.identifier'))
@@ -849,6 +861,7 @@ def eurlex_facts(page: Page) -> dict:
     return dict(celex=page.meta('WT.z_docID') or (m[1] if m else '') or (t[1] if t else ''), lang=lang, title=title,
                 date=date_in_words(title, lang.strip().lower()), doc_type=doc_type_from_title(title), skip=set())
 
+# %% ../nbs/00_sources.ipynb #88ef9d8b
 def eurlex_body(page: Page):
     "The element holding the text on an EUR-Lex page; None when there is none (a notice or search page)."
     boxes = ('TexteOnly', 'document1', 'docHtml', 'textTabContent')
@@ -965,6 +978,7 @@ def _spill(entries: Iterable[tuple[int, str]]):
     f.writelines(b'%d%s\0' % (kind, os.fsencode(name)) for kind, name in entries); f.flush()
     return f
 
+# %% ../nbs/00_sources.ipynb #c3cc9ede
 def _unspill(f) -> Iterator[tuple[int, str]]:
     "The entries of a file `_spill` wrote, read 16 kB at a time (at its own offset: many readers may share the file)."
     offset, rest = 0, b''
@@ -973,6 +987,7 @@ def _unspill(f) -> Iterator[tuple[int, str]]:
         *whole, rest = (rest + block).split(b'\0')
         for r in whole: yield r[0] - 48, os.fsdecode(r[1:])
 
+# %% ../nbs/00_sources.ipynb #464f24a7
 _JSONL, _FILE, _FOLDER = 0, 1, 2   # the kinds of a folder's entries, in the order they are read
 
 class _Listing:
@@ -999,10 +1014,12 @@ class _Listing:
         "Every entry, in order."
         return heapq.merge(*map(_unspill, self.runs)) if self.runs else iter(self.held)
 
+# %% ../nbs/00_sources.ipynb #fbe768dc
 def _files(folder: Path, names: Iterable[str], skip: set) -> Iterator[Path]:
     "The paths of `names` in `folder`, but those in `skip` (resolved: a link to the output is the output)."
     return (p for name in names if (p := folder/name).resolve() not in skip)
 
+# %% ../nbs/00_sources.ipynb #598fd012
 def _cut(files: Iterable[Path], size: int) -> Iterator[list[Path]]:
     "One folder's many files in runs of about `size`, cut only where the name's stem (before its first dot) changes."
     run = []
@@ -1011,6 +1028,7 @@ def _cut(files: Iterable[Path], size: int) -> Iterator[list[Path]]:
         run.append(p)
     if run: yield run
 
+# %% ../nbs/00_sources.ipynb #5015f808
 def _folder_units(folder: Path, skip: set, size: int) -> Iterator[tuple[Path, list[Path]]]:
     "The (folder, files) units under `folder`, read once in name order: each JSON-lines file alone, the other files in"
     "runs (`_cut`), then each subfolder's units; hidden entries left out."
@@ -1021,6 +1039,7 @@ def _folder_units(folder: Path, skip: set, size: int) -> Iterator[tuple[Path, li
         else:
             for name in names: yield from _folder_units(folder/name, skip, size)
 
+# %% ../nbs/00_sources.ipynb #3e4bd974
 def _input_units(path: Path, skip: set, size: int) -> Iterator[tuple[Path, list[Path]]]:
     "The (folder, files) units of one input path: a folder's files (cut when there are many), or one file."
     if not path.exists(): raise LegalnbError(f'{path}: no such file or folder')
@@ -1036,6 +1055,7 @@ def _input_units(path: Path, skip: set, size: int) -> Iterator[tuple[Path, list[
     yield folder, (list(_files(folder, (name for kind, name in _Listing(folder).merged() if kind == _FILE), skip))
                    if wrapper else [path])
 
+# %% ../nbs/00_sources.ipynb #2a7d0c5a
 def parse_batches(paths: str | Path | Iterable[str | Path], skip: Iterable[str | Path] = (),
                   size: int = PARSE_BATCH   # files a batch, about (a folder's publication is never cut)
                   ) -> Iterator[list[tuple[Path, list[Path]]]]:
@@ -1178,17 +1198,20 @@ def _count(counts: Counter, lang: str, doc_type: str, dated: bool, consolidated:
     if doc_type == 'other': counts['default.other_type'] += 1
     if consolidated: counts['consolidated'] += 1
 
+# %% ../nbs/00_sources.ipynb #13aa1491
 def report_path(out: str | Path) -> Path:
     "Where `parse_documents` writes its report: `parse_report.json` beside the output."
     return Path(out).with_name('parse_report.json')
 
 PARTS_FORMAT = 'legalnb.parse-parts/1'
 
+# %% ../nbs/00_sources.ipynb #59fd318b
 def parts_folder(out: str | Path) -> Path:
     "The hidden folder beside `out` where a parse keeps its finished batches until the output is written."
     out = Path(os.path.abspath(out))
     return out.with_name(f'.{out.name}.parts')
 
+# %% ../nbs/00_sources.ipynb #e3e25ecb
 def _signature(batch: list[tuple[Path, list[Path]]]) -> str:
     "What a batch's files are now (names, sizes, times): a finished batch whose files changed is read again."
     h = hashlib.sha256()
@@ -1197,6 +1220,7 @@ def _signature(batch: list[tuple[Path, list[Path]]]) -> str:
             st = p.stat(); h.update(f'{p}\0{st.st_size}\0{st.st_mtime_ns}\n'.encode())
     return h.hexdigest()
 
+# %% ../nbs/00_sources.ipynb #5b02cccb
 def _parse_batch(job: tuple) -> dict:
     "Read one batch, write its documents to `parts/NNNNNNN.jsonl`, then its marker `NNNNNNN.json`; return the marker."
     k, batch, notes, parts, signature = job
@@ -1215,6 +1239,7 @@ def _parse_batch(job: tuple) -> dict:
     with atomic_write(parts/f'{k:07d}.json') as tmp: tmp.write_text(json.dumps(marker, ensure_ascii=False))
     return marker
 
+# %% ../nbs/00_sources.ipynb #3ebadd71
 def _batch_file(path: Path) -> dict:
     "The documents (lines) and SHA-256 of a batch file, as its marker records them."
     h, n = hashlib.sha256(), 0
@@ -1222,6 +1247,7 @@ def _batch_file(path: Path) -> dict:
         for block in iter(lambda: f.read(1 << 20), b''): h.update(block); n += block.count(b'\n')
     return dict(documents=n, sha256=h.hexdigest())
 
+# %% ../nbs/00_sources.ipynb #8893aeae
 def _mismatch(parts: Path, k: int, marker: dict) -> str | None:
     "Why batch `k`'s file is not the one its marker describes (count of documents, checksum), or None when it is."
     path, want, docs = parts/f'{k:07d}.jsonl', marker.get('file'), marker.get('docs')
@@ -1234,6 +1260,7 @@ def _mismatch(parts: Path, k: int, marker: dict) -> str | None:
     if got['sha256'] != want.get('sha256'): return 'its file is not the one written for it (another checksum)'
     return None
 
+# %% ../nbs/00_sources.ipynb #96407f8d
 def _finished(parts: Path, k: int, signature: str) -> tuple[dict | None, str | None]:
     "Batch `k`'s marker when an earlier run finished it, its files unchanged and its file intact; else None and why."
     try: marker = json.loads((parts/f'{k:07d}.json').read_text(encoding='utf-8'))
@@ -1253,6 +1280,7 @@ def _parse_or_resume(job: tuple) -> tuple[dict, bool, str | None]:
     trim_memory()   # the batch's freed trees and strings (see core)
     return marker, False, why
 
+# %% ../nbs/00_sources.ipynb #55427ec3
 @contextmanager
 def _exclusive(lock: Path):
     "Hold the lock file `lock` (a second parse of the same output waits), and remove it when done."
@@ -1268,6 +1296,7 @@ def _exclusive(lock: Path):
     try: yield
     finally: os.unlink(lock); os.close(fd)
 
+# %% ../nbs/00_sources.ipynb #4d3ef10a
 def _open_parts(out: Path, key: dict) -> Path:
     "The parts folder of this parse: an earlier run's with the same inputs and settings (resumed), else a new one."
     parts = parts_folder(out)
@@ -1283,10 +1312,12 @@ def _open_parts(out: Path, key: dict) -> Path:
     with atomic_write(parts/'key.json') as tmp: tmp.write_text(json.dumps(key))
     return parts
 
+# %% ../nbs/00_sources.ipynb #5522c5c8
 def _markers(parts: Path, n: int) -> Iterator[dict]:
     "The markers of batches 0 to n-1, in order."
     for k in range(n): yield json.loads((parts/f'{k:07d}.json').read_text(encoding='utf-8'))
 
+# %% ../nbs/00_sources.ipynb #9ea1df45
 def _seen_db(path: Path) -> sqlite3.Connection:
     "A new SQLite file for the keys a parse has seen: on disk, so memory stays flat however many documents there are."
     path.unlink(missing_ok=True)   # left by a join that was stopped
@@ -1296,12 +1327,14 @@ def _seen_db(path: Path) -> sqlite3.Connection:
                      'CREATE TABLE acts (key TEXT PRIMARY KEY, n INTEGER) WITHOUT ROWID')   # versions of (act, lang)
     return db
 
+# %% ../nbs/00_sources.ipynb #76377c99
 def _versions(db: sqlite3.Connection) -> dict:
     "Counters of the acts (in one language) that have several versions among the written documents."
     acts, docs, most = db.execute('SELECT total(n > 1), total(iif(n > 1, n, 0)), max(n) FROM acts').fetchone()
     return {'versions.acts': int(acts), 'versions.documents': int(docs), 'versions.extra': int(docs - acts),
             'versions.most': most or 0}
 
+# %% ../nbs/00_sources.ipynb #c8f92919
 def _join_parts(parts: Path, n: int, dest: Path, counts: Counter):
     "Write the parts' documents to the file `dest` in batch order, duplicates dropped, and count them."
     with closing(_seen_db(parts/'seen.db')) as db, open(dest, 'wb') as w:
@@ -1330,6 +1363,7 @@ def _check_out(inputs: list, out: Path):
         raise LegalnbError(f'--out {out} is a {what} file of an input folder; '
                            'writing it would destroy what is read: choose another --out')
 
+# %% ../nbs/00_sources.ipynb #24e591f5
 def parse_documents(inputs: Iterable[str | Path], out: str | Path, progress: bool | None = None,
                     strict: bool = False,         # stop at the first publication, page or line that cannot be read
                     num_proc: int | None = None,  # processes (None: all cores); the output bytes do not change
@@ -1354,6 +1388,7 @@ def parse_documents(inputs: Iterable[str | Path], out: str | Path, progress: boo
             except OSError: break
         raise
 
+# %% ../nbs/00_sources.ipynb #79c7a38a
 def _parse(inputs, out, key, progress, strict, num_proc, notes, batch_files, on_batch) -> Counter:
     "The body of `parse_documents`, once it holds the lock on `out`."
     parts = _open_parts(out, key)
@@ -1387,10 +1422,12 @@ def _parse(inputs, out, key, progress, strict, num_proc, notes, batch_files, on_
     shutil.rmtree(parts)
     return counts
 
+# %% ../nbs/00_sources.ipynb #baeb10fa
 def _skipped_items(parts: Path, n: int) -> Iterator[dict]:
     "What the batches skipped, in order."
     for marker in _markers(parts, n): yield from marker['skipped']
 
+# %% ../nbs/00_sources.ipynb #6188f257
 def write_parse_report(counts: Counter, skipped: Iterable[dict], inputs: list, out: str | Path) -> Path:
     "Write `parse_report.json` beside `out`: the counters and every file, publication or line skipped, with its reason."
     head = dict(inputs=[str(p) for p in inputs], output=str(out), documents=counts['documents'],

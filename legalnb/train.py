@@ -341,6 +341,7 @@ def tracked_values(r: dict,       # a step or eval record
     return {f'{prefix}/{k.removeprefix("val_")}': float(v) for k, v in r.items()
             if k != 'step' and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
+# %% ../nbs/05_train.ipynb #6d184220
 class TrackerLog:
     "What the trackers' loggers share: a step and an eval go to `_log`, and the run is closed once, however it ends."
     closed = False
@@ -351,6 +352,7 @@ class TrackerLog:
     def on_end(self, r: dict): self.close('finished')
     def on_stop(self, r: dict): self.close('stopped')
 
+# %% ../nbs/05_train.ipynb #ec806e18
 class TensorBoardLog(TrackerLog):
     "Write the records as TensorBoard scalars; a resumed run's events continue its steps."
     def __init__(self, logdir: str | Path,
@@ -362,6 +364,7 @@ class TensorBoardLog(TrackerLog):
         for k, v in values.items(): self.w.add_scalar(k, v, step)
     def _close(self, status: str): self.w.close()   # flushes the events still queued
 
+# %% ../nbs/05_train.ipynb #aedf562d
 class WandbLog(TrackerLog):
     "Log the records to the Weights & Biases run `ids` names (continued if it exists), where the environment says."
     def __init__(self, config: dict, ids: dict):   # ids: `legalnb.metrics.tracker_runs`' (run name, W&B id)
@@ -370,6 +373,7 @@ class WandbLog(TrackerLog):
     def _log(self, values: dict, step: int): self.run.log(values, step=step)
     def _close(self, status: str): self.run.finish(exit_code=int(status == 'failed'))
 
+# %% ../nbs/05_train.ipynb #267ec688
 class MLflowLog(TrackerLog):
     "Log the records to the MLflow run `run_id` (`legalnb.metrics.mlflow_run` makes it); its status says how it ended."
     def __init__(self, run_id: str, params: dict | None = None):   # params: a new run's config (a resumed one has it)
@@ -386,6 +390,7 @@ class MLflowLog(TrackerLog):
     def _close(self, status: str):
         self.client.set_terminated(self.run_id, {'finished': 'FINISHED', 'stopped': 'KILLED'}.get(status, 'FAILED'))
 
+# %% ../nbs/05_train.ipynb #0e2427bb
 class TrackioLog(TrackerLog):
     "Log the records to the trackio run `name` (continued if it exists), in its local store (TRACKIO_DIR)."
     def __init__(self, name: str, config: dict | None = None, project: str = 'legalnb'):
@@ -695,6 +700,7 @@ class Interval:
                     data_wait=self.wait / secs, eta_s=(run.max_steps - step) * secs / n, seq_len=run.seq_len,
                     step_tokens=self.tokens * run.d.world_size // n)
 
+# %% ../nbs/05_train.ipynb #1ce984ec
 def _nan_stop(loss: float, first: int, last: int, out: Path):
     "Stop the run on a non-finite loss, naming the last good checkpoint."
     good = list_checkpoints(out)
@@ -703,12 +709,14 @@ def _nan_stop(loss: float, first: int, last: int, out: Path):
         '(a new --out, or --overwrite)' if good
         else 'No checkpoint was written yet; lower --lr or lengthen --warmup-steps'))
 
+# %% ../nbs/05_train.ipynb #6bd7c830
 def _trim_metrics(path: Path, step: int):
     "Drop records after `step` from a metrics file (a resumed run writes them again), and a torn last line."
     if not path.exists(): return
     keep = [line for line, r in metric_lines(path) if r.get('step', 0) <= step]
     with atomic_write(path) as tmp: tmp.write_text(''.join(l + '\n' for l in keep), encoding='utf-8')
 
+# %% ../nbs/05_train.ipynb #b50ef2cb
 RUN_OUTPUTS = ('checkpoints', 'metrics.jsonl', 'summary.json', 'model', 'tb')  # what a run writes into --out
 RUN_LISTED = 'checkpoints/, metrics.jsonl, summary.json, model/ and tb/'   # the same, as --overwrite's help says it
 
@@ -724,6 +732,7 @@ def run_folder(cfg: TrainConfig):
         if out != Path(cfg.out): cfg.out = str(out)
         yield
 
+# %% ../nbs/05_train.ipynb #28537dce
 def check_new_run(out: Path, overwrite: bool):
     "Refuse to start a new run in `out` if an earlier run is there (checkpoints or a final model), unless `overwrite`."
     earlier = list_checkpoints(out)[::-1] + [p for p in (out/'summary.json', out/'model') if p.exists()]
@@ -731,6 +740,7 @@ def check_new_run(out: Path, overwrite: bool):
         raise LegalnbError(f'--out {out} holds an earlier run ({earlier[0].relative_to(out)}); continue it with '
                            f'--resume, or start a new run there with --overwrite (deletes its {RUN_LISTED})')
 
+# %% ../nbs/05_train.ipynb #4effc5fc
 @contextmanager
 def _removed_if_failed(out: Path, main: bool):
     "Remove `out` again if it is created in this block and the block fails before a checkpoint is written."
@@ -835,6 +845,7 @@ def setup(cfg: TrainConfig) -> Run:
     run.net = torch.compile(net) if cfg.compile else net
     return run
 
+# %% ../nbs/05_train.ipynb #b6034459
 def resume(run: Run):
     "Load the checkpoint `--resume` names into `run`, after checking that it is this run's."
     cfg, out, rows = run.cfg, run.out, len(run.train_ds)
@@ -858,6 +869,7 @@ def resume(run: Run):
     run.scaler.load_state_dict(ck['scaler']); set_rng_state(ck['rng'])
     run.start = run.step = ck['step']; run.elapsed0 = ck['elapsed']
 
+# %% ../nbs/05_train.ipynb #5960905a
 def init_weights(run: Run):
     "A second stage: the weights of `--init-from` (a model folder or a checkpoint), and its optimizer if asked."
     src = run.cfg.init_from
@@ -993,6 +1005,7 @@ def _open_run_folder(run: Run):
     run.callbacks = [MetricsFile(out/'metrics.jsonl')]
     if cfg.progress: run.callbacks.append(ProgressBar(run.max_steps, run.start))
 
+# %% ../nbs/05_train.ipynb #60942f34
 def tracker_log(name: str, run: Run, ids: dict) -> TrackerLog:
     "The logger of tracker `name` for `run`, writing where `tracking` said and to the run `ids` names."
     config, resumed = asdict(run.cfg), run.start > 0
@@ -1003,6 +1016,7 @@ def tracker_log(name: str, run: Run, ids: dict) -> TrackerLog:
     if name == 'mlflow': return MLflowLog(ids['mlflow'], params=None if resumed else config)
     return TrackioLog(ids['name'], config)
 
+# %% ../nbs/05_train.ipynb #356419df
 @contextmanager
 def tracked(run: Run, callbacks: Iterable = ()):
     "Rank 0: the loggers of --report-to join the watchers, then `callbacks`; each tracker's run is continued on "
@@ -1019,6 +1033,7 @@ def tracked(run: Run, callbacks: Iterable = ()):
             for t in run.trackers:
                 with suppress(Exception) if status == 'failed' else nullcontext(): t.close(status)  # the error first
 
+# %% ../nbs/05_train.ipynb #e64c9e80
 def stopped_summary(run: Run) -> dict:
     "What a run that a callback stopped early says: why, the step it reached, its checkpoint (for --resume)."
     newest = list_checkpoints(run.out)[-1:] if run.d.main else []
@@ -1026,6 +1041,7 @@ def stopped_summary(run: Run) -> dict:
                 elapsed_s=run.elapsed0 + time.perf_counter() - run.t_start,
                 checkpoint=str(newest[0]) if newest else None)
 
+# %% ../nbs/05_train.ipynb #755940f0
 def train(cfg: TrainConfig,                   # the run
           callbacks: Iterable = ()) -> dict:  # extra callbacks (rank 0 only), e.g. the live plot
     "Train the architecture `cfg.model` names as `cfg` says; the run's summary (`stopped`: a callback ended it early)."

@@ -307,6 +307,7 @@ def _task_changed(self: PresetPicker, change):
     if self.gpus.value != gpus: self.gpus.value = gpus
     else: self.refresh()
 
+# %% ../nbs/09_widgets.ipynb #74c8e03c
 @patch
 def _model_changed(self: PresetPicker, change):
     "A new model brings its own named sizes (the current one kept when it has it), then a new estimate."
@@ -317,6 +318,7 @@ def _model_changed(self: PresetPicker, change):
     if mfu := self.measured_mfu(self.task.value, self.preset.value, change.new, self.size.value): self.mfu.value = mfu
     self.refresh()
 
+# %% ../nbs/09_widgets.ipynb #c7072d9c
 @patch
 def config(self: PresetPicker):
     "What the trainer takes: a TrainConfig (scratch) or transformers TrainingArguments (cpt, lora)."
@@ -333,6 +335,7 @@ def config(self: PresetPicker):
     return training_args_from_preset(self.chosen(), self.out, verbose=False,
                                      gradient_accumulation_steps=plan.grad_accum, **steps)
 
+# %% ../nbs/09_widgets.ipynb #fc6053a1
 @patch
 def explain(self: PresetPicker) -> tuple[str, str]:
     "What the button produced (`self.result`), in one line, and the code that trains with it."
@@ -354,6 +357,7 @@ def explain(self: PresetPicker) -> tuple[str, str]:
             f'train_dataset=dataset).train()\n\n# or with legalnb (packing, LoRA, metrics), in a terminal:\n'
             f'{run} --model MODEL_DIR --data {data} --preset {p} --out {r.output_dir}')
 
+# %% ../nbs/09_widgets.ipynb #ba40a245
 @patch
 def use(self: PresetPicker, button=None):
     "Button handler: keep the chosen config in `self.result` and show what it is and how to use it."
