@@ -5,19 +5,20 @@
 # %% ../nbs/11a_against.ipynb #ac5080d6
 from __future__ import annotations
 import json, textwrap
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 from .core import (GPU_HOUR_PRICE, LegalnbError, atomic_write, format_duration, markdown_table, read_json,
-                          refuse_foreign_files, refuse_overwriting_inputs, refuse_unowned, run_writing)
+                          refuse_foreign_files, refuse_overwriting_inputs, refuse_unowned)
 from .core import command_settings
 from .core import model_folder
 from .models import model_kind
-from .evaluate import (AGAINST_FILES, BOOTSTRAP, EVALUATE_OUTPUTS, GENERAL_GROUPS, GROUPS,
-                              HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS, REPORT_FILES, RETAINED_FILES, bootstrap_estimate,
-                              cap_documents, capped_note, check_evaluate_settings, clear_other_modes, evaluate,
-                              evaluate_command, harness_scores, load_eval_model, lora_base, model_tokenizer,
-                              read_general, read_heldout, suite_manager, write_evaluation, written_by_evaluate)
+from .evaluate import (AGAINST_FILES, BOOTSTRAP, GENERAL_GROUPS, GROUPS, HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS,
+                              REPORT_FILES, RETAINED_FILES, EvaluateConfig, bootstrap_estimate, cap_documents,
+                              capped_note, clear_other_modes, evaluate, evaluate_command, evaluate_writing,
+                              lora_base, model_tokenizer, read_general, read_heldout, score_model, suite_manager,
+                              write_evaluation, written_by_evaluate)
 
 # %% auto #0
 __all__ = ['AGAINST_FORMAT', 'RETAINED_FORMAT', 'NO_DIFFERENCE', 'KEPT_CLAIM', 'verdict', 'change', 'forgetting', 'kept',
@@ -499,71 +500,53 @@ def declared_context(model: str | Path, base: str | Path | None = None) -> int |
                 if isinstance(cfg.get(k), int)), None)
     return top and min(top, HF_DEFAULT_CONTEXT)
 
-# %% ../nbs/11a_against.ipynb #1a3c90b3
-def _score(path: Path, docs: list[dict], gdocs, o: dict, context: int | None, base=None, tokenizer=None,
-           manager=None) -> dict:
-    "Load one model, evaluate it on the held-out documents (and general text, and lm-eval suites), let it go."
-    lm = load_eval_model(path, tokenizer, base, context, o['device'], o['precision'], o.get('trust_remote_code', False))
-    r = evaluate(lm, docs, batch_tokens=o['batch_tokens'], citations=o['citations'], samples=o['samples'],
-                 max_new_tokens=o['max_new_tokens'], seed=o['seed'], eos=o['eos'], progress=o['progress'],
-                 rouge=o['rouge'], general=gdocs, bootstrap=o['bootstrap'], max_tokens=o.get('max_tokens'))
-    r['data']['source'] = str(o['data'])
-    if gdocs: r['general']['source'] = str(o['general'])
-    if o['lm_eval_tasks']:
-        r['suites'] = harness_scores(lm, o['lm_eval_tasks'], iters=o['bootstrap'], seed=o['seed'], task_manager=manager,
-                                     trust_remote_code=o.get('trust_remote_code', False))
-    del lm
-    return r
-
 # %% ../nbs/11a_against.ipynb #a045a296
-def _prepare(paths: list[Path], o: dict) -> tuple[list[dict], list[dict] | None, int | None, object]:
+def _prepare(paths: list[Path], cfg: EvaluateConfig) -> tuple[list[dict], list[dict] | None, int | None, object]:
     "Checks before any model loads: the data, the general text, the output folder; the shared context, lm-eval tasks."
     for p in paths: model_kind(p)
-    docs = read_heldout(o['data'])
-    gdocs = read_general(o['general']) if o['general'] and o['general'] != 'none' else None
-    refuse_overwriting_inputs([*paths, o['data']], [o['out']])
-    refuse_foreign_files(o['out'], written_by_evaluate, '--out')
-    refuse_unowned(o['out'], written_by_evaluate, '--out')   # a file of the user's in --out is not replaced
-    if o.get('max_tokens'):   # cut once, by the first model's tokenizer: every model scores the same text
-        tok = model_tokenizer(paths[0], None if o['retained'] else o['tokenizer'], o['base'],
-                              o.get('trust_remote_code', False))
-        docs = cap_documents(tok, docs, o['max_tokens'], o['eos'])
-        gdocs = gdocs and cap_documents(tok, gdocs, o['max_tokens'], o['eos'])
-    known = [c for p in paths if (c := declared_context(p, o['base'] if p == paths[0] else None))]
+    docs = read_heldout(cfg.data)
+    gdocs = read_general(cfg.general) if cfg.general and cfg.general != 'none' else None
+    refuse_overwriting_inputs([*paths, cfg.data], [cfg.out])
+    refuse_foreign_files(cfg.out, written_by_evaluate, '--out')
+    refuse_unowned(cfg.out, written_by_evaluate, '--out')   # a file of the user's in --out is not replaced
+    if cfg.max_tokens:   # cut once, by the first model's tokenizer: every model scores the same text
+        tok = model_tokenizer(paths[0], None if cfg.retained else cfg.tokenizer, cfg.base, cfg.trust_remote_code)
+        docs = cap_documents(tok, docs, cfg.max_tokens, cfg.eos)
+        gdocs = gdocs and cap_documents(tok, gdocs, cfg.max_tokens, cfg.eos)
+    known = [c for p in paths if (c := declared_context(p, cfg.base if p == paths[0] else None))]
     manager = None
-    if o['lm_eval_tasks']:
+    if cfg.lm_eval_tasks:
         if any(model_kind(p)[0] == 'native' for p in paths):
             raise LegalnbError('--lm-eval-tasks scores Hugging Face models and finetune outputs; a native run is '
                                'among the models')
-        manager = suite_manager(o['lm_eval_tasks'], o.get('trust_remote_code', False))   # indexed once, names checked
-    return docs, gdocs, o['context'] or (min(known) if known else None), manager
+        manager = suite_manager(cfg.lm_eval_tasks, cfg.trust_remote_code)   # indexed once, every name checked
+    return docs, gdocs, cfg.context or (min(known) if known else None), manager
 
 # %% ../nbs/11a_against.ipynb #33df7939
-def _is_base(model: Path, ref: Path, o: dict) -> bool:
+def _is_base(model: Path, ref: Path, cfg: EvaluateConfig) -> bool:
     "Is the reference what the model started from (then its change on general text is forgetting)?"
-    if o['against'] == 'base': return True
-    try: return reference_of(model, o['base']).resolve() == model_folder(ref).resolve()   # org/name: its snapshot
+    if cfg.against == 'base': return True
+    try: return reference_of(model, cfg.base).resolve() == model_folder(ref).resolve()   # org/name: its snapshot
     except LegalnbError: return False
 
 # %% ../nbs/11a_against.ipynb #284ee15d
-def against_command(**o) -> int:
+def against_command(cfg: EvaluateConfig) -> int:
     "`legalnb evaluate MODEL --against [REF]` and `legalnb evaluate --retained BASE FAST FULL`."
-    check_evaluate_settings(o)
-    if o['retained']: return retained_command(**o)
-    if o['model'] is None: raise LegalnbError('--against compares MODEL with a reference: give MODEL')
-    if o['export_lm_eval'] or o['harness']:
+    if cfg.retained: return retained_command(cfg)
+    if cfg.model is None: raise LegalnbError('--against compares MODEL with a reference: give MODEL')
+    if cfg.export_lm_eval or cfg.harness:
         raise LegalnbError('--export-lm-eval and --harness score one model; with --against use --lm-eval-tasks')
-    model = Path(o['model'])
-    ref = reference_of(model, o['base']) if o['against'] == 'base' else Path(o['against'])
-    docs, gdocs, ctx, manager = _prepare([model, ref], o)
-    mine = _score(model, docs, gdocs, o, ctx, o['base'], o['tokenizer'], manager)
-    theirs = _score(ref, docs, gdocs, o, ctx, manager=manager)
-    c = compare_evaluations(mine, theirs, o['bootstrap'], o['seed'], (str(model), str(ref)), _is_base(model, ref, o))
-    out = Path(o['out'])
+    model = Path(cfg.model)
+    ref = reference_of(model, cfg.base) if cfg.against == 'base' else Path(cfg.against)
+    docs, gdocs, ctx, manager = _prepare([model, ref], cfg)
+    mine = score_model(replace(cfg, model=model, context=ctx), docs, gdocs, manager)
+    theirs = score_model(replace(cfg, model=ref, context=ctx, base=None, tokenizer=None), docs, gdocs, manager)
+    c = compare_evaluations(mine, theirs, cfg.bootstrap, cfg.seed, (str(model), str(ref)), _is_base(model, ref, cfg))
+    out = Path(cfg.out)
     write_evaluation(mine, out, written_by_evaluate); write_evaluation(theirs, out/'reference')
     write_against(c, out)
     clear_other_modes(out, lambda p: str(p) in (*REPORT_FILES, *AGAINST_FILES) or p.parts[0] == 'reference')
-    if o['json']: print(json.dumps(c, indent=1, ensure_ascii=False))
+    if cfg.json: print(json.dumps(c, indent=1, ensure_ascii=False))
     else: print(f"{model} against {ref}: {c['windows']}\n" + (f"{note}\n" if (note := capped_note(mine)) else '')
                 + f"\n{against_table(c)}\n\n"
                 + (f'general capabilities maintained:\n{t}\n\n' if (t := kept_table(c)) else '')
@@ -572,31 +555,31 @@ def against_command(**o) -> int:
     return 0
 
 # %% ../nbs/11a_against.ipynb #80d68fe8
-def retained_command(**o) -> int:
+def retained_command(cfg: EvaluateConfig) -> int:
     "Score BASE, FAST and FULL on the same acts; print the share of the full run's gain the fast run kept."
-    if o['model'] is not None or o['against'] is not None:
+    if cfg.model is not None or cfg.against is not None:
         raise LegalnbError('--retained BASE FAST FULL compares three models: drop MODEL and --against')
-    if o['export_lm_eval'] or o['harness']: raise LegalnbError('--export-lm-eval and --harness score one model')
-    paths = [_run_folder(Path(p)) for p in o['retained']]
-    docs, gdocs, ctx, manager = _prepare(paths, dict(o, base=None))
-    evals = [_score(p, docs, gdocs, o, ctx, manager=manager) for p in paths]
-    r = retained(*evals, o['bootstrap'], o['seed'], tuple(o['retained']))
-    facts = {k: run_facts(p, o['price_per_hour']) for k, p in zip(('base', 'fast', 'full'), o['retained'])}
-    out = Path(o['out'])
+    if cfg.export_lm_eval or cfg.harness: raise LegalnbError('--export-lm-eval and --harness score one model')
+    paths = [_run_folder(Path(p)) for p in cfg.retained]
+    cfg = replace(cfg, base=None, tokenizer=None)   # each run its own base and tokenizer
+    docs, gdocs, ctx, manager = _prepare(paths, cfg)
+    evals = [score_model(replace(cfg, model=p, context=ctx), docs, gdocs, manager) for p in paths]
+    r = retained(*evals, cfg.bootstrap, cfg.seed, tuple(cfg.retained))
+    facts = {k: run_facts(p, cfg.price_per_hour) for k, p in zip(('base', 'fast', 'full'), cfg.retained)}
+    out = Path(cfg.out)
     for k, e in zip(('base', 'fast', 'full'), evals): write_evaluation(e, out/k)
     write_retained(r, out, facts)
     clear_other_modes(out, lambda p: str(p) in RETAINED_FILES or p.parts[0] in ('base', 'fast', 'full'))
-    if o['json']: print(json.dumps(r | dict(facts=facts), indent=1, ensure_ascii=False))
+    if cfg.json: print(json.dumps(r | dict(facts=facts), indent=1, ensure_ascii=False))
     else: print(f"{retained_table(r, facts)}\n\nwrote {out/'retained.md'}, {out/'retained.json'}, "
                 f"{out/'retained.png'} and each run's eval.md in {out}/base, fast, full")
     return 0
 
 # %% ../nbs/11a_against.ipynb #b89ca638
-def evaluate_run(settings: dict) -> int:
+def evaluate_run(cfg: EvaluateConfig) -> int:
     "`legalnb evaluate`, every mode: MODEL alone (`evaluate_command`), `--against [REF]` or `--retained B F F` (here)."
-    several = settings['against'] is not None or settings['retained']
-    return run_writing(against_command if several else evaluate_command, settings, 'legalnb evaluate',
-                       EVALUATE_OUTPUTS)
+    several = cfg.against is not None or cfg.retained
+    return evaluate_writing(against_command if several else evaluate_command, cfg)
 
 # %% ../nbs/11a_against.ipynb #64e6692f
-def against_main(argv: list[str]) -> int: return evaluate_run(command_settings('evaluate', argv))
+def against_main(argv: list[str]) -> int: return evaluate_run(EvaluateConfig(**command_settings('evaluate', argv)))

@@ -8,7 +8,7 @@ import functools, json, math, random, re, sys, tempfile
 from bisect import bisect_left
 from collections import defaultdict
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 from pathlib import Path
 from typing import Callable, Iterator, Literal
@@ -38,10 +38,10 @@ __all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF',
            'summarize_citations', 'opening', 'generate_samples', 'rouge_l', 'rouge_openings', 'score_rouge',
            'check_new_tokens', 'document_rows', 'citation_marks', 'resample_counts', 'unit_sums', 'bootstrap_estimate',
            'add_intervals', 'general_texts', 'write_general_texts', 'mix_heldout', 'read_general', 'score_general',
-           'evaluate', 'capped_note', 'format_table', 'report_markdown', 'write_evaluation', 'evaluation_lines',
-           'write_lm_eval_tasks', 'run_harness', 'suite_tasks', 'suite_manager', 'harness_scores',
-           'written_by_evaluate', 'clear_other_modes', 'check_evaluate_settings', 'evaluate_command', 'evaluate_parser',
-           'evaluate_main', 'generate_command', 'generate_main']
+           'EvaluateConfig', 'check_evaluate_settings', 'evaluate', 'capped_note', 'format_table', 'report_markdown',
+           'write_evaluation', 'evaluation_lines', 'write_lm_eval_tasks', 'run_harness', 'suite_tasks', 'suite_manager',
+           'harness_scores', 'written_by_evaluate', 'clear_other_modes', 'score_model', 'evaluate_command',
+           'evaluate_parser', 'evaluate_writing', 'evaluate_main', 'generate_command', 'generate_main']
 
 # %% ../nbs/11_evaluate.ipynb #76359c74
 EVAL_FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
@@ -813,62 +813,102 @@ def score_general(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384, eo
                 **{key: grouped(docs, s, field) for key, field in GENERAL_GROUPS.items()},
                 documents=[r | dict(source=d['source']) for r, d in zip(document_rows(docs, s), docs)])
 
+# %% ../nbs/11_evaluate.ipynb #5f3743cb
+@dataclass
+class EvaluateConfig:
+    "Score a model on held-out acts: loss, perplexity, bits per byte, loss by position, citations, samples."
+    model: str | EvalModel | nn.Module  # run folder, finetune output, HF model folder, or org/name (HF cache)
+    data: str | list[dict] = None  # held-out documents: a JSONL file, or a folder holding heldout.jsonl
+    out: str = 'eval'              # folder for eval.json, eval.md and the plots
+    tokenizer: str = None          # tokenizer.json (native) or tokenizer folder; default: found
+    base: str = None               # LoRA: the base model folder or org/name (default: the adapter's)
+    context: int = None            # window length in tokens (default: the model's context)
+    batch_tokens: int = 16384      # tokens per forward pass (rows x window length)
+    citations: int = 500           # citation items at most (a seeded sample of the references)
+    samples: int = 3               # generated continuations of held-out openings
+    max_new_tokens: int = 64       # tokens per continuation
+    seed: int = 0                  # seeds the citation sample, the openings, the sampling, the bootstrap
+    eos: bool = True               # score the end-of-document token (--no-eos: as lm-eval does)
+    device: Literal['auto', 'cuda', 'cpu'] = 'auto'  # 'auto': the GPU when there is one
+    precision: Literal['auto', 'bf16', 'fp16', 'fp32'] = 'auto'  # 'auto': bf16 where the GPU has it
+    json: bool = False             # print eval.json to stdout instead of the table
+    export_lm_eval: str = None     # also write the held-out set as lm-eval tasks into this folder
+    harness: bool = False          # also score the model with lm-evaluation-harness on those tasks
+    progress: bool = True          # progress bar in tokens on stderr
+    rouge: int = 20                # held-out openings continued greedily for ROUGE-L (0: none)
+    general: str | list[dict] = None  # general text for forgetting: JSONL, mixed corpus folder, python-docs
+    bootstrap: int = BOOTSTRAP     # bootstrap resamples of the held-out acts per interval (0: none)
+    max_tokens: int = None         # score at most N tokens, over every document (and N of --general)
+    against: str = None            # also score this reference and report the change (bare: the base)
+    retained: list[str] = None     # BASE FAST FULL: the share of the full run's gain the fast run kept
+    lm_eval_tasks: list[str] = None  # lm-eval suites too: task names, task YAML files or folders
+    price_per_hour: float = GPU_HOUR_PRICE  # dollars per GPU-hour, for each --retained run's cost
+    trust_remote_code: bool = False  # run the Python code a model folder names (auto_map)
+
+    def __post_init__(self): check_evaluate_settings(self)
+
+# %% ../nbs/11_evaluate.ipynb #2a8f6315
+def check_evaluate_settings(cfg: EvaluateConfig):
+    "The checks every mode of `legalnb evaluate` (one model, --against, --retained) makes of its settings first."
+    if cfg.data is None:
+        raise LegalnbError('--data is required: the held-out documents (heldout.jsonl, or its folder)')
+    for flag, least in (('batch_tokens', 1), ('samples', 0), ('citations', 0), ('rouge', 0), ('bootstrap', 0)):
+        if (v := getattr(cfg, flag)) < least:
+            raise LegalnbError(f'--{flag.replace("_", "-")} must be at least {least}, got {v}')
+    check_new_tokens(cfg.max_new_tokens)
+    if cfg.bootstrap > BOOTSTRAP_MAX:   # before any work: 10^9 resamples would draw 149 GiB of counts at the end
+        raise LegalnbError(f'--bootstrap must be at most {BOOTSTRAP_MAX:,}, got {cfg.bootstrap:,} (the default is '
+                           f'{BOOTSTRAP:,})')
+    if cfg.max_tokens is not None and cfg.max_tokens < 1:
+        raise LegalnbError(f'--max-tokens must be at least 1 (tokens to score at most), got {cfg.max_tokens}; '
+                           'leave it out to score every held-out token')
+
 # %% ../nbs/11_evaluate.ipynb #5ec3bb3b
 def _tokenizer_id(lm: EvalModel) -> str:
     "A short fingerprint of the tokenizer: two models with the same one are scored on the same windows."
     import hashlib
     return hashlib.sha256(lm.tokenizer.to_str().encode('utf-8')).hexdigest()[:16]
 
-def evaluate(model,                       # an EvalModel, a model folder (run, Hugging Face, finetune), or an nn.Module
-             data,                        # held-out JSONL (or a folder holding heldout.jsonl), or a list of documents
-             tokenizer=None,              # tokenizer.json or folder (default: found beside the model or its data)
-             batch_tokens: int = 16384,   # tokens per forward pass (rows x window length)
-             citations: int = 500,        # citation items at most (a seeded sample of the references)
-             samples: int = 3,            # generated continuations of held-out openings
-             max_new_tokens: int = 64,    # tokens per continuation
-             seed: int = 0,               # seeds the citation sample, the openings, the sampling and the bootstrap
-             eos: bool = True,            # score the end-of-document token after each text
-             progress: bool = False,      # progress bar in tokens on stderr
-             rouge: int = 20,             # held-out openings continued greedily for ROUGE-L (0: none)
-             general=None,                # general text for forgetting: JSONL, 'python-docs', or a list of documents
-             bootstrap: int = BOOTSTRAP,  # bootstrap resamples of the acts per interval (0: no intervals)
-             max_tokens: int | None = None,  # score at most this many held-out tokens (and general ones), shared fairly
-             **load) -> dict:             # load_eval_model's options for a folder (base, context, device, precision)
+def evaluate(cfg: EvaluateConfig) -> dict:
     "Loss, perplexity and bits per byte (overall, per language, type and decade), loss by position, citations, samples."
+    data, general, max_tokens, eos, seed = cfg.data, cfg.general, cfg.max_tokens, cfg.eos, cfg.seed
     docs = data if isinstance(data, list) else read_heldout(data)
-    lm = as_model(model, tokenizer, **load)
+    lm = as_model(cfg.model, cfg.tokenizer, base=cfg.base, context=cfg.context, device=cfg.device,
+                  precision=cfg.precision, trust_remote_code=cfg.trust_remote_code)
     scored = cap_documents(lm.tokenizer, docs, max_tokens, eos) if max_tokens else docs
     docs = uncapped(scored)   # citations, samples and openings: from the whole documents, with their own counts
-    s = score_documents(lm, scored, batch_tokens, eos, progress)
-    items = citation_items(docs, citations, seed)
-    right = score_citations(lm, docs, items, batch_tokens)
+    s = score_documents(lm, scored, cfg.batch_tokens, eos, cfg.progress)
+    items = citation_items(docs, cfg.citations, seed)
+    right = score_citations(lm, docs, items, cfg.batch_tokens)
     cites = summarize_citations(lm, docs, items, right)
     r = dict(format=EVAL_FORMAT,
              model=dict(name=lm.name, kind=lm.kind, context=lm.context, precision=lm.precision,
                         params=sum(p.numel() for p in lm.module.parameters()), tokenizer=_tokenizer_id(lm)),
              data=dict(source=None if isinstance(data, list) else str(data), docs=len(docs),
                        acts=len({d['celex'] for d in docs})),
-             settings=dict(windows=f'rolling, {lm.context} tokens', eos=eos, seed=seed, citations=citations,
-                           samples=samples, max_new_tokens=max_new_tokens, rouge=rouge, max_tokens=max_tokens),
+             settings=dict(windows=f'rolling, {lm.context} tokens', eos=eos, seed=seed, citations=cfg.citations,
+                           samples=cfg.samples, max_new_tokens=cfg.max_new_tokens, rouge=cfg.rouge,
+                           max_tokens=max_tokens),
              overall=metrics(sum(s['doc_nll']), sum(s['doc_tokens']), sum(s['doc_bytes']), len(docs)),
              by_language=grouped(docs, s, 'lang'), by_doc_type=grouped(docs, s, 'doc_type'),
              by_year_band=grouped(docs, s, 'band'),
              by_position=[dict(bucket=b['bucket'], lo=b['lo'], hi=b['hi'], tokens=b['tokens'],
                                loss=b['nll'] / b['tokens'] if b['tokens'] else None) for b in s['buckets']],
              citations=cites | dict(marks=citation_marks(docs, items, right)),
-             samples=generate_samples(lm, docs, samples, max_new_tokens, seed), documents=document_rows(scored, s))
+             samples=generate_samples(lm, docs, cfg.samples, cfg.max_new_tokens, seed),
+             documents=document_rows(scored, s))
     if max_tokens: r['data']['cap'] = cap_record(lm, scored, r['overall']['tokens'], max_tokens, eos)
-    if rouge:
-        rows = score_rouge(lm, docs, rouge_openings(docs, rouge, seed), max_new_tokens, progress)
+    if cfg.rouge:
+        rows = score_rouge(lm, docs, rouge_openings(docs, cfg.rouge, seed), cfg.max_new_tokens, cfg.progress)
         r['rouge'] = dict(openings=len(rows), rouge_l=sum(x['rouge_l'] for x in rows) / len(rows) if rows else None,
                           rows=rows)
     if general is not None:
         gdocs = general if isinstance(general, list) else read_general(general)
         if max_tokens: gdocs = cap_documents(lm.tokenizer, gdocs, max_tokens, eos)   # general text: its own N
-        r['general'] = score_general(lm, gdocs, batch_tokens, eos, None if isinstance(general, list) else str(general),
-                                     progress)
+        r['general'] = score_general(lm, gdocs, cfg.batch_tokens, eos,
+                                     None if isinstance(general, list) else str(general), cfg.progress)
         if max_tokens: r['general']['cap'] = cap_record(lm, gdocs, r['general']['overall']['tokens'], max_tokens, eos)
-    return add_intervals(r, bootstrap, seed)
+    return add_intervals(r, cfg.bootstrap, seed)
 
 # %% ../nbs/11_evaluate.ipynb #8145960d
 def _ci(ci: list | None, digits: int = 3) -> str:
@@ -1197,107 +1237,73 @@ def clear_other_modes(out: Path, keep: Callable[[Path], bool]):
         elif p.is_dir() and rel.name in RUN_DIRS and not any(p.iterdir()): p.rmdir()
 
 # %% ../nbs/11_evaluate.ipynb #bb0bfa7d
-def _export_tasks(docs: list[dict], folder: str, inputs: list, citations: int, seed: int, json: bool):
-    "--export-lm-eval: the held-out set as lm-eval tasks in `folder` (never over an input or a folder not ours)."
-    refuse_overwriting_inputs(inputs, [folder], '--export-lm-eval')
+def _export_tasks(docs: list[dict], cfg: EvaluateConfig):
+    "--export-lm-eval: the held-out set as lm-eval tasks in its folder (never over an input or a folder not ours)."
+    folder = cfg.export_lm_eval
+    refuse_overwriting_inputs([cfg.data] + ([cfg.model] if cfg.model else []), [folder], '--export-lm-eval')
     refuse_unowned(folder, lambda p: str(p) in LM_EVAL_FILES, '--export-lm-eval')   # by the records
-    written = write_lm_eval_tasks(docs, folder, citations, seed)
-    print(f'lm-eval tasks in {folder}: ' + ', '.join(p.name for p in written), file=sys.stderr if json else sys.stdout)
-
-# %% ../nbs/11_evaluate.ipynb #ba401fdc
-def check_evaluate_settings(o: dict):
-    "The checks every mode of `legalnb evaluate` (one model, --against, --retained) makes of its settings first."
-    if o['data'] is None:
-        raise LegalnbError('--data is required: the held-out documents (heldout.jsonl, or its folder)')
-    for flag, least in (('batch_tokens', 1), ('samples', 0), ('citations', 0), ('rouge', 0), ('bootstrap', 0)):
-        if o[flag] < least: raise LegalnbError(f'--{flag.replace("_", "-")} must be at least {least}, got {o[flag]}')
-    check_new_tokens(o['max_new_tokens'])
-    if o['bootstrap'] > BOOTSTRAP_MAX:   # before any work: 10^9 resamples would draw 149 GiB of counts at the end
-        raise LegalnbError(f'--bootstrap must be at most {BOOTSTRAP_MAX:,}, got {o["bootstrap"]:,} (the default is '
-                           f'{BOOTSTRAP:,})')
-    if o.get('max_tokens') is not None and o['max_tokens'] < 1:
-        raise LegalnbError(f'--max-tokens must be at least 1 (tokens to score at most), got {o["max_tokens"]}; '
-                           'leave it out to score every held-out token')
+    written = write_lm_eval_tasks(docs, folder, cfg.citations, cfg.seed)
+    print(f'lm-eval tasks in {folder}: ' + ', '.join(p.name for p in written),
+          file=sys.stderr if cfg.json else sys.stdout)
 
 # %% ../nbs/11_evaluate.ipynb #32c8c5f9
-def _check_target(model: str, data: str, out: str, harness: bool, lm_eval_tasks: list[str] | None, trust: bool):
+def _check_target(cfg: EvaluateConfig):
     "Before the model loads: the suites exist, the harness gets a model it scores, --out is neither input nor not "
     "ours; lm-eval's task manager for the suites, every name checked (None without)."
-    if lm_eval_tasks: suite_tasks(lm_eval_tasks, trust)   # a missing task file fails before the model loads
-    if (harness or lm_eval_tasks) and model_kind(model)[0] == 'native':
+    model, tasks, trust = cfg.model, cfg.lm_eval_tasks, cfg.trust_remote_code
+    if tasks: suite_tasks(tasks, trust)   # a missing task file fails before the model loads
+    if (cfg.harness or tasks) and model_kind(model)[0] == 'native':
         raise LegalnbError(f'--harness and --lm-eval-tasks score Hugging Face models and finetune outputs; {model} is '
                            'a native run')
     model_kind(model)
-    refuse_overwriting_inputs([model, data], [out])
-    refuse_foreign_files(out, written_by_evaluate, '--out')
-    refuse_unowned(out, written_by_evaluate, '--out')   # an eval.json of the user's is not replaced
-    return suite_manager(lm_eval_tasks, trust) if lm_eval_tasks else None   # every task name known before scoring
+    refuse_overwriting_inputs([model, cfg.data], [cfg.out])
+    refuse_foreign_files(cfg.out, written_by_evaluate, '--out')
+    refuse_unowned(cfg.out, written_by_evaluate, '--out')   # an eval.json of the user's is not replaced
+    return suite_manager(tasks, trust) if tasks else None   # every task name known before scoring
+
+# %% ../nbs/11_evaluate.ipynb #9ea7af08
+def score_model(cfg: EvaluateConfig, docs: list[dict], gdocs: list[dict] | None, manager=None) -> dict:
+    "Load `cfg.model`, evaluate it on `docs` (and `gdocs`, the harness, lm-eval suites): its eval.json; let it go."
+    lm = load_eval_model(cfg.model, cfg.tokenizer, cfg.base, cfg.context, cfg.device, cfg.precision,
+                         cfg.trust_remote_code)
+    r = evaluate(replace(cfg, model=lm, data=docs, general=gdocs))
+    r['data']['source'] = str(cfg.data)
+    if gdocs: r['general']['source'] = str(cfg.general)
+    if cfg.harness:
+        with tempfile.TemporaryDirectory() as tmp:
+            r['harness'] = run_harness(lm, cfg.export_lm_eval or
+                                       write_lm_eval_tasks(docs, tmp, cfg.citations, cfg.seed)[0].parent)
+    if cfg.lm_eval_tasks:
+        r['suites'] = harness_scores(lm, cfg.lm_eval_tasks, iters=cfg.bootstrap, seed=cfg.seed, task_manager=manager,
+                                     trust_remote_code=cfg.trust_remote_code)
+    return r
 
 # %% ../nbs/11_evaluate.ipynb #a4e18243
-def evaluate_command(model: str,                  # run folder, finetune output, HF model folder, or org/name (HF cache)
-                     data: str = None,            # held-out documents: a JSONL file, or a folder holding heldout.jsonl
-                     out: str = 'eval',           # folder for eval.json, eval.md and the plots
-                     tokenizer: str = None,       # tokenizer.json (native) or tokenizer folder; default: found
-                     base: str = None,            # LoRA: the base model folder or org/name (default: the adapter's)
-                     context: int = None,         # window length in tokens (default: the model's context)
-                     batch_tokens: int = 16384,   # tokens per forward pass (rows x window length)
-                     citations: int = 500,        # citation items at most (a seeded sample of the references)
-                     samples: int = 3,            # generated continuations of held-out openings
-                     max_new_tokens: int = 64,    # tokens per continuation
-                     seed: int = 0,               # seeds the citation sample, the openings, the sampling, the bootstrap
-                     eos: bool = True,            # score the end-of-document token (--no-eos: as lm-eval does)
-                     device: Literal['auto', 'cuda', 'cpu'] = 'auto',  # 'auto': the GPU when there is one
-                     precision: Literal['auto', 'bf16', 'fp16', 'fp32'] = 'auto',  # 'auto': bf16 where the GPU has it
-                     json: bool = False,          # print eval.json to stdout instead of the table
-                     export_lm_eval: str = None,  # also write the held-out set as lm-eval tasks into this folder
-                     harness: bool = False,       # also score the model with lm-evaluation-harness on those tasks
-                     progress: bool = True,       # progress bar in tokens on stderr
-                     rouge: int = 20,             # held-out openings continued greedily for ROUGE-L (0: none)
-                     general: str = None,         # general text for forgetting: JSONL, mixed corpus folder, python-docs
-                     bootstrap: int = BOOTSTRAP,  # bootstrap resamples of the held-out acts per interval (0: none)
-                     max_tokens: int = None,      # score at most N tokens, over every document (and N of --general)
-                     against: str = None,         # also score this reference and report the change (bare: the base)
-                     retained: list[str] = None,  # BASE FAST FULL: the share of the full run's gain the fast run kept
-                     lm_eval_tasks: list[str] = None,  # lm-eval suites too: task names, task YAML files or folders
-                     price_per_hour: float = GPU_HOUR_PRICE,  # dollars per GPU-hour, for each --retained run's cost
-                     trust_remote_code: bool = False):  # run the Python code a model folder names (auto_map)
+def evaluate_command(cfg: EvaluateConfig) -> int:
     "Score a model on held-out acts: loss, perplexity, bits per byte, loss by position, citations, samples."
-    check_evaluate_settings(locals())
-    if against is not None or retained:
+    if cfg.against is not None or cfg.retained:
         raise LegalnbError('--against and --retained score two or three models: legalnb.against.against_command '
                            'does (the legalnb evaluate command sends them there)')
-    docs = read_heldout(data)
-    gdocs = read_general(general) if general and general != 'none' else None
-    if export_lm_eval: _export_tasks(docs, export_lm_eval, [data] + ([model] if model else []), citations, seed, json)
-    if model is None:
-        if export_lm_eval: return 0
+    docs = read_heldout(cfg.data)
+    gdocs = read_general(cfg.general) if cfg.general and cfg.general != 'none' else None
+    if cfg.export_lm_eval: _export_tasks(docs, cfg)
+    if cfg.model is None:
+        if cfg.export_lm_eval: return 0
         raise LegalnbError('MODEL is required: a run folder (legalnb train --out), a Hugging Face model folder '
                            'or a finetune output')
-    manager = _check_target(model, data, out, harness, lm_eval_tasks, trust_remote_code)
-    lm = load_eval_model(model, tokenizer, base, context, device, precision, trust_remote_code)
-    r = evaluate(lm, docs, batch_tokens=batch_tokens, citations=citations, samples=samples,
-                 max_new_tokens=max_new_tokens, seed=seed, eos=eos, progress=progress, rouge=rouge, general=gdocs,
-                 bootstrap=bootstrap, max_tokens=max_tokens)
-    r['data']['source'] = str(data)
-    if gdocs: r['general']['source'] = str(general)
-    if harness:
-        with tempfile.TemporaryDirectory() as tmp:
-            r['harness'] = run_harness(lm, export_lm_eval or write_lm_eval_tasks(docs, tmp, citations, seed)[0].parent)
-    if lm_eval_tasks:
-        r['suites'] = harness_scores(lm, lm_eval_tasks, iters=bootstrap, seed=seed, task_manager=manager,
-                                     trust_remote_code=trust_remote_code)
-    files = write_evaluation(r, out, written_by_evaluate)
-    clear_other_modes(Path(out), lambda p: str(p) in REPORT_FILES)
-    if json: print(_json_text(r))
+    manager = _check_target(cfg)
+    r = score_model(cfg, docs, gdocs, manager)
+    files = write_evaluation(r, cfg.out, written_by_evaluate)
+    clear_other_modes(Path(cfg.out), lambda p: str(p) in REPORT_FILES)
+    if cfg.json: print(_json_text(r))
     else: print(format_table(r) + f'\n\nwrote {", ".join(str(p) for p in files)}')
     return 0
-
 
 # %% ../nbs/11_evaluate.ipynb #5a2b02b7
 @functools.cache
 def evaluate_parser():
     "`legalnb evaluate`'s parser: MODEL may be left out (--export-lm-eval, --retained); a bare --against is the base."
-    p = command_parser(evaluate_command, 'legalnb evaluate')
+    p = command_parser(EvaluateConfig, 'legalnb evaluate')
     acts = {a.dest: a for a in p._actions}
     acts['model'].nargs, acts['model'].default = '?', None
     acts['against'].nargs, acts['against'].const, acts['against'].metavar = '?', 'base', 'REFERENCE'
@@ -1308,9 +1314,14 @@ def evaluate_parser():
 EVALUATE_OUTPUTS = (Output(ours=written_by_evaluate, check=False),   # checked after the arguments
                     Output('export_lm_eval', '--export-lm-eval', ours=lambda p: str(p) in LM_EVAL_FILES, check=False))
 
+def evaluate_writing(command: Callable[[EvaluateConfig], int], cfg: EvaluateConfig) -> int:
+    "`command(cfg)` with --out and --export-lm-eval locked, checked and recorded (a link: the folder it leads to)."
+    folders = dict(out=cfg.out, export_lm_eval=cfg.export_lm_eval)
+    return run_writing(lambda **given: command(replace(cfg, **given)), folders, 'legalnb evaluate', EVALUATE_OUTPUTS)
+
 def evaluate_main(argv: list[str]) -> int:
     "`legalnb evaluate RUN_OR_MODEL --data HELDOUT [--json] [--out DIR]`: one model (`against_main` takes the rest)."
-    return run_writing(evaluate_command, command_settings('evaluate', argv), 'legalnb evaluate', EVALUATE_OUTPUTS)
+    return evaluate_writing(evaluate_command, EvaluateConfig(**command_settings('evaluate', argv)))
 
 # %% ../nbs/11_evaluate.ipynb #b5c60226
 def generate_command(model: str,                 # run folder, finetune output, HF model folder, or org/name (HF cache)

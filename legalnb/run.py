@@ -774,7 +774,10 @@ def stage_split(split: Path, dest: Path, progress: bool = True) -> Path:
 # %% ../nbs/14_run.ipynb #0a843d82
 def _run_stage(s: Stage):
     "Run stage `s`'s command from its settings in this process; a failure stops the run."
-    if command_run(s.name.removesuffix('-2'))(dict(s.settings)):   # select-2 is legalnb select
+    import typing
+    run = command_run(s.name.removesuffix('-2'))   # select-2 is legalnb select
+    kind = typing.get_type_hints(run).get('cfg')   # a stage that takes its config (EvaluateConfig) is given it
+    if run(kind(**s.settings) if kind else dict(s.settings)):
         raise LegalnbError(f'the {s.name} stage failed; see its messages above')
 
 # %% ../nbs/14_run.ipynb #7ff1c3f8

@@ -15,8 +15,8 @@ import torch
 from legalnb.core import OWNED, LegalnbError
 from legalnb.corpus import train_tokenizer
 from legalnb.evaluate import (EVAL_FORMAT, REPORT_FILES, EvalModel, LookupModel, citation_items, document_windows,
-                              evaluate, evaluate_main, extract_citations, generate, generate_ids, generate_main,
-                              load_eval_model,
+                              EvaluateConfig, evaluate, evaluate_main, extract_citations, generate, generate_ids,
+                              generate_main, load_eval_model,
                               metrics, position_buckets, read_heldout, run_harness, score_citations, score_documents,
                               TextStream, write_lm_eval_tasks)
 from legalnb.against import against_main
@@ -105,12 +105,12 @@ def test_bits_per_byte_by_hand(tiny):
     with torch.no_grad(): lp = tiny.module(seq[:, :-1]).log_softmax(-1)[0]
     nll = -lp.gather(1, seq[0, 1:, None]).sum().item()
     doc = dict(celex='x', lang='de', doc_type='other', band='unknown', text=text)
-    r = evaluate(tiny, [doc], citations=0, samples=0)
+    r = evaluate(EvaluateConfig(tiny, [doc], citations=0, samples=0, progress=False))
     assert r['overall']['bytes'] == nbytes and r['overall']['tokens'] == seq.shape[1] - 1
     assert r['overall']['bits_per_byte'] == pytest.approx(nll / math.log(2) / nbytes, rel=1e-5)
     assert r['overall']['loss'] == pytest.approx(nll / (seq.shape[1] - 1), rel=1e-5)
     assert r['overall']['perplexity'] == pytest.approx(math.exp(nll / (seq.shape[1] - 1)), rel=1e-5)
-    no_eos = evaluate(tiny, [doc], eos=False, citations=0, samples=0)['overall']
+    no_eos = evaluate(EvaluateConfig(tiny, [doc], eos=False, citations=0, samples=0, progress=False))['overall']
     assert no_eos['tokens'] == seq.shape[1] - 2
     assert no_eos['bits_per_byte'] * nbytes * math.log(2) == pytest.approx(nll + lp[-1, 0].item(), rel=1e-5)
 
@@ -193,11 +193,11 @@ def test_a_model_that_copies_scores_100_percent_and_a_random_one_about_0(tiny):
     memory = [[0] + tiny.encode(d['text']) + [0] for d in docs]
     copier = EvalModel(LookupModel(memory, 400, order=64), tiny.tokenizer, context=1024, eos_id=0, name='copier')
     assert all(score_citations(copier, docs, items))
-    r = evaluate(copier, docs, citations=500, samples=0)
+    r = evaluate(EvaluateConfig(copier, docs, citations=500, samples=0, progress=False))
     assert r['citations']['accuracy'] == 1.0 and r['citations']['items'] == 80
     assert r['citations']['by_kind']['act']['items'] == 40 and len(r['citations']['right_examples']) == 5
     assert r['citations']['right_examples'][0]['greedy'].startswith(r['citations']['right_examples'][0]['expected'])
-    random_model = evaluate(tiny, docs, citations=500, samples=0)['citations']
+    random_model = evaluate(EvaluateConfig(tiny, docs, citations=500, samples=0, progress=False))['citations']
     assert random_model['accuracy'] <= 0.05 and len(random_model['wrong_examples']) == 5
 
 
@@ -248,10 +248,11 @@ def test_streaming_waits_for_whole_characters(tiny):
 
 def test_evaluate_hf_model_and_its_lora_adapter(hf, corpus, tmp_path):
     small = corpus['dir']/'small.jsonl'
-    base = evaluate(hf/'tiny', small, citations=20, samples=1, max_new_tokens=8, rouge=2)
+    kw = dict(citations=20, samples=1, max_new_tokens=8, rouge=2, progress=False)
+    base = evaluate(EvaluateConfig(hf/'tiny', small, **kw))
     assert base['model']['kind'] == 'hf' and base['model']['context'] == 2048
-    lora = evaluate(hf/'ft', small, citations=20, samples=1, max_new_tokens=8, rouge=2)   # a finetune output
-    merged = evaluate(hf/'merged', small, citations=20, samples=1, max_new_tokens=8, rouge=2)
+    lora = evaluate(EvaluateConfig(hf/'ft', small, **kw))   # a finetune output
+    merged = evaluate(EvaluateConfig(hf/'merged', small, **kw))
     assert lora['model']['kind'] == 'lora'
     assert lora['overall']['tokens'] == base['overall']['tokens']
     assert lora['overall']['bits_per_byte'] != pytest.approx(base['overall']['bits_per_byte'], rel=1e-4)
@@ -269,7 +270,7 @@ def test_lm_eval_tasks_load_and_score_a_tiny_llama(hf, corpus, tmp_path, monkeyp
                                        'legalnb_citations.yaml'}
     lm = load_eval_model(hf/'tiny')
     h = run_harness(lm, tmp_path/'tasks', batch_size=4)
-    ours = evaluate(lm, docs, eos=False, citations=0, samples=0, rouge=0)['overall']
+    ours = evaluate(EvaluateConfig(lm, docs, eos=False, citations=0, samples=0, rouge=0, progress=False))['overall']
     # the same windows, prefix token and bytes: lm-eval's bits per byte is ours without the EOS
     assert h['legalnb_heldout']['bits_per_byte'] == pytest.approx(ours['bits_per_byte'], rel=1e-5)
     assert 0 <= h['legalnb_citations']['acc'] <= 1
