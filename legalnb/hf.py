@@ -12,6 +12,7 @@ from typing import Iterable, Literal, Sequence
 
 import numpy as np
 import torch
+from fastcore.basics import patch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from .core import (LegalnbError, PRECISIONS, CommandParser, atomic_write, command_parser, cuda_capability,
                           format_duration, jsonl_records, loader_workers, model_folder, read_json, refuse_foreign_files,
@@ -32,7 +33,7 @@ __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', '
            'training_args_from_preset', 'deepspeed_zero3_config', 'write_launch_configs', 'launch_environment',
            'launch_plugin', 'launch_commands', 'launch_flags', 'check_run_folder', 'trainer_records', 'start_metrics',
            'split_off', 'qlora_unavailable', 'quantization_4bit', 'quantization_for', 'packs_here',
-           'refuse_single_process', 'training_rows', 'unpack_4bit_on_cpu', 'FinetuneRun', 'finetune', 'FinetuneConfig',
+           'refuse_single_process', 'training_rows', 'unpack_4bit_on_cpu', 'FinetuneConfig', 'FinetuneRun', 'finetune',
            'finetune_command', 'finetune_parser', 'finetune_main', 'ScheduledBatches', 'StepCollator',
            'check_resumed_schedule', 'scheduled_trainer']
 
@@ -839,6 +840,141 @@ def unpack_4bit_on_cpu(net: torch.nn.Module) -> int:
     for m in layers: m.support_avx512bf16_for_cpu = False
     return len(layers)
 
+# %% ../nbs/06_hf.ipynb #c78469d8
+def _override_preset(p: Preset, batch_size: int | None, grad_accum: int | None, lr: float | None,
+                     max_steps: int | None, precision: str | None, warmup_steps: float | None) -> Preset:
+    "The preset with the CLI's preset-level flags applied; a new micro batch keeps the global batch."
+    micro = batch_size or p.micro_batch
+    accum = grad_accum or (max(1, p.global_batch // (micro * p.gpus)) if p.global_batch else p.grad_accum)
+    return replace(p, micro_batch=micro, grad_accum=accum, global_batch=micro * accum * p.gpus, lr=lr or p.lr,
+                   steps=max_steps or p.steps, precision=precision or p.precision,
+                   warmup_steps=p.warmup_steps if warmup_steps is None else warmup_steps)
+
+_REQUIRED = {'--model': 'a folder written by save_pretrained, or org/name of a model in the Hugging Face cache',
+             '--out': 'the run folder to write',
+             '--data': 'a corpus folder of shard_*.npy, or a JSONL file of examples'}
+
+# %% ../nbs/06_hf.ipynb #a888e7a5
+def _check_flags(values: dict[str, float | None], least: dict[str, float]):
+    "Refuse a flag whose value is below its least allowed value, naming the flag."
+    for flag, v in values.items():
+        if v is not None and not v >= least[flag]:
+            raise LegalnbError(f'{flag} must be at least {least[flag]:g}, got {v:g}')
+
+_LEAST = dict.fromkeys(['max_steps', 'batch_size', 'grad_accum', 'seed', 'save_steps', 'logging_steps', 'max_length',
+                        'lora_r', 'lora_alpha', 'workers', 'warmup_steps', 'eval_steps'], 1) | dict(
+                        max_length=2, seed=0, workers=0, warmup_steps=0)   # the least value of each counted flag
+_LORA = LoraSettings()   # the --lora-* flags' defaults: the adapter's own
+
+
+# %% ../nbs/06_hf.ipynb #75abd3cf
+@dataclass
+class FinetuneConfig:
+    "What `legalnb finetune` is told: a field a flag (its comment is the flag's help), checked once, when it is made."
+    model: str = None             # save_pretrained folder, or org/name in the Hugging Face cache (a folder here wins)
+    data: str = None              # corpus folder of shard_*.npy (continued pretraining), or examples JSONL (SFT)
+    out: str = None               # run folder: checkpoints, final/, metrics.jsonl, finetune.json
+    preset: Literal[PRESET_NAMES] = 'fast'  # the task's preset (see legalnb.presets)
+    max_steps: int = None         # optimizer steps (default: the preset's; LoRA: one pass over the examples)
+    lr: float = None              # peak learning rate (default: the preset's)
+    batch_size: int = None        # micro batch per GPU (the accumulation follows, keeping the global batch)
+    grad_accum: int = None        # gradient accumulation steps (default: sized for the preset's global batch)
+    warmup_steps: float = None    # warmup steps (< 1: a fraction of the steps; at most a tenth of the run)
+    save_steps: int = None        # steps between checkpoints (default: 2,000, or a fifth of a shorter run)
+    workers: int = None           # DataLoader worker processes (default 4, at most the machine's cores)
+    logging_steps: int = None     # steps between loss logs
+    max_length: int = None        # SFT: fixed length in tokens (default: right-sized from the examples)
+    percentile: float = None      # SFT: size the length on this percentile of the example lengths
+    seed: int = None              # random seed (default 0)
+    lora_r: int = _LORA.r          # LoRA rank
+    lora_alpha: int = _LORA.alpha  # LoRA alpha: the update is scaled by alpha / r
+    lora_dropout: float = _LORA.dropout  # dropout on the LoRA adapter's input
+    lora_scope: Literal['all', 'attention'] = _LORA.scope  # LoRA on every linear layer of the blocks, or attention only
+    deepspeed: str = None         # DeepSpeed JSON (e.g. launch/ds_zero3.json)
+    precision: Literal[PRECISIONS] = None  # default: the preset's (auto: bf16 with bf16 tensor cores, else fp16)
+    packing: bool = True          # SFT: padding-free packed rows (--no-packing: padded, length-grouped batches)
+    torch_compile: bool = False   # compile the model with torch.compile
+    activation_checkpointing: bool = None  # recompute activations in backward (default: on GPUs)
+    resume: bool = False          # continue the run in --out from its newest checkpoint
+    eval_share: float = 0.05      # share held out for evaluation (CPT: the corpus's val/ shards when it has them)
+    eval_steps: int = None        # steps between evaluations (default: at every checkpoint)
+    attention: Literal['sdpa', 'eager', 'flash_attention_2'] = 'sdpa'  # attention backend
+    qlora: bool = False           # LoRA on 4-bit NF4 base weights (bitsandbytes: CUDA, or CPUs from 0.48)
+    qlora_bits: Literal[4, 8] = 4  # --qlora's base weights: 4 bits (NF4) or 8 (LLM.int8)
+    force_single: bool = False    # train a multi-GPU preset on this one process anyway
+    batch_schedule: str = None    # FROM_STEP:GRAD_ACCUM pairs, e.g. 0:64,500:32,1500:16 (instead of --grad-accum)
+    batch_lr_rule: Literal[BATCH_LR_RULES] = 'sqrt'  # lr at a scheduled batch: x sqrt(accum/first), x accum/first
+    lora: bool = None             # True: LoRA adapter (SFT's default), False: full fine-tuning (CPT's default)
+    report_to: str = 'none'       # experiment trackers: tensorboard, wandb, mlflow, trackio (comma-separated)
+
+    def __post_init__(self):
+        for flag in ('--model', '--data', '--out'):
+            if not getattr(self, flag[2:]): raise LegalnbError(f'{flag} is required: {_REQUIRED[flag]}')
+        _check_flags({f'--{name.replace("_", "-")}': getattr(self, name) for name in _LEAST},
+                     {f'--{name.replace("_", "-")}': least for name, least in _LEAST.items()})
+        if self.lr is not None and not self.lr > 0: raise LegalnbError(f'--lr must be more than 0, got {self.lr:g}')
+        if self.seed is not None and self.seed >= 2 ** 32:
+            raise LegalnbError(f'--seed must be below 2**32, got {self.seed}')
+        if self.percentile is not None and not 0 < self.percentile <= 100:
+            raise LegalnbError(f'--percentile must be above 0 and at most 100, got {self.percentile:g}')
+        if not 0 <= self.lora_dropout < 1:
+            raise LegalnbError(f'--lora-dropout must be at least 0 and below 1, got {self.lora_dropout:g}')
+        if not 0 <= self.eval_share < 1:
+            raise LegalnbError(f'--eval-share must be at least 0 and below 1, got {self.eval_share:g}')
+        try: self.report_to = ','.join(parse_report_to(self.report_to)) or 'none'   # a list from the flag or a plan
+        except LegalnbError as e: raise LegalnbError(f'--report-to: {e}') from None
+        check_trackers(parse_report_to(self.report_to))
+        self._check_setup()
+
+
+# %% ../nbs/06_hf.ipynb #a02a677a
+@patch
+def _check_setup(self: FinetuneConfig):
+    "What the machine and the files must have: flash-attn, one source of accumulation, the data, DeepSpeed."
+    if self.attention == 'flash_attention_2' and (importlib.util.find_spec('flash_attn') is None
+                                                  or not torch.cuda.is_available()):
+        raise LegalnbError('--attention flash_attention_2 needs a CUDA GPU and the flash-attn package '
+                           '(pip install flash-attn); use --attention sdpa here')
+    if parse_batch_schedule(self.batch_schedule) and self.grad_accum:
+        raise LegalnbError('--batch-schedule and --grad-accum both set the accumulation: give one of them')
+    if not Path(self.data).exists():
+        raise LegalnbError(f'--data {self.data}: no such file or folder; expected {_REQUIRED["--data"]}')
+    if self.deepspeed:
+        read_json(self.deepspeed, 'a DeepSpeed JSON config (e.g. launch/ds_zero3.json)')
+        if importlib.util.find_spec('deepspeed') is None:
+            raise LegalnbError(f'--deepspeed {self.deepspeed}: the deepspeed package is not installed '
+                               '(pip install deepspeed)')
+
+
+# %% ../nbs/06_hf.ipynb #8d15c178
+@patch
+def preset_to_run(self: FinetuneConfig) -> Preset:
+    "The task's preset with the flags that change it (a schedule's first accumulation for --grad-accum)."
+    sched = parse_batch_schedule(self.batch_schedule)
+    return _override_preset(get_preset('cpt' if Path(self.data).is_dir() else 'lora', self.preset),
+                            self.batch_size, self.grad_accum or (sched[0][1] if sched else None), self.lr,
+                            self.max_steps, self.precision, self.warmup_steps)
+
+
+# %% ../nbs/06_hf.ipynb #a4b14a72
+@patch
+def training_overrides(self: FinetuneConfig) -> dict:
+    "The TrainingArguments the flags set (an explicit accumulation wins over the recomputed one)."
+    over = dict(save_steps=self.save_steps, dataloader_num_workers=self.workers, logging_steps=self.logging_steps,
+                seed=self.seed, deepspeed=self.deepspeed, activation_checkpointing=self.activation_checkpointing,
+                eval_steps=self.eval_steps, gradient_accumulation_steps=self.grad_accum,
+                torch_compile=self.torch_compile or None,
+                report_to=None if self.report_to == 'none' else self.report_to)
+    return {k: v for k, v in over.items() if v is not None}
+
+
+# %% ../nbs/06_hf.ipynb #68911db9
+@patch
+def lora_settings(self: FinetuneConfig) -> LoraSettings:
+    "The LoRA adapter's shape that the --lora-* flags give."
+    return LoraSettings(self.lora_r, self.lora_alpha, self.lora_dropout, self.lora_scope)
+
+
 # %% ../nbs/06_hf.ipynb #9eafa480
 @dataclass
 class FinetuneRun:
@@ -873,39 +1009,42 @@ class FinetuneRun:
                 or packed_accumulation(p, self.per_row, p.micro_batch, self.world))
 
 # %% ../nbs/06_hf.ipynb #aaebf7fe
-def _start_run(model, data: Path, out: Path, preset, lora, qlora: bool, qlora_bits: int, resume: bool,
-               force_single: bool, batch_schedule, batch_lr_rule: str, attention, command, overrides: dict):
+def _start_run(cfg: FinetuneConfig,       # the run's settings
+               model: Path,               # the model folder (org/name resolved to its snapshot)
+               preset: Preset | None,     # a Preset to train with as it is (None: cfg's, with its flags)
+               command: str | None,       # the flags to repeat in a refusal's launch command
+               overrides: dict):          # TrainingArguments
     "Every flag checked against the others and the folders, the data read, the tokenizer loaded: before the model."
     from transformers.trainer_utils import get_last_checkpoint
     from legalnb.data import train_val_folders
+    c, data, out = cfg, Path(cfg.data), Path(cfg.out)
     check_run_folder(model, data, out)
-    task = 'cpt' if data.is_dir() else 'lora'
-    p = get_preset(task, preset) if isinstance(preset, str) else preset
-    use_lora = task == 'lora' if lora is None else lora
-    if qlora and not use_lora: raise LegalnbError('--qlora trains a LoRA adapter on 4-bit weights; drop --full')
-    if qlora: quantization_for(qlora_bits, torch.float32)   # a bad --qlora-bits fails before anything loads
-    if qlora and (why := qlora_unavailable()): raise LegalnbError(f'--qlora: {why}; use --lora (16-bit base) here')
-    sched = parse_batch_schedule(batch_schedule)
-    batch_lr_factor(1, 1, batch_lr_rule)   # a bad rule fails before anything loads
+    task, p = 'cpt' if data.is_dir() else 'lora', preset or c.preset_to_run()
+    use_lora = task == 'lora' if c.lora is None else c.lora
+    if c.qlora and not use_lora: raise LegalnbError('--qlora trains a LoRA adapter on 4-bit weights; drop --full')
+    if c.qlora: quantization_for(c.qlora_bits, torch.float32)   # a bad --qlora-bits fails before anything loads
+    if c.qlora and (why := qlora_unavailable()): raise LegalnbError(f'--qlora: {why}; use --lora (16-bit base) here')
+    sched = parse_batch_schedule(c.batch_schedule)
+    batch_lr_factor(1, 1, c.batch_lr_rule)   # a bad rule fails before anything loads
     if sched and overrides.get('gradient_accumulation_steps'):
         raise LegalnbError('--batch-schedule and --grad-accum both set the accumulation: give one of them')
-    last = get_last_checkpoint(str(out)) if resume and out.is_dir() else None
-    if resume and last is None:
+    last = get_last_checkpoint(str(out)) if c.resume and out.is_dir() else None
+    if c.resume and last is None:
         raise LegalnbError(f'--resume: {out} holds no checkpoint-* folder; drop --resume to start the run')
-    if last: check_resumed_schedule(last, batch_schedule, batch_lr_rule)
+    if last: check_resumed_schedule(last, c.batch_schedule, c.batch_lr_rule)
     examples = read_examples(data) if task == 'lora' else None   # bad data fails before the model loads
     shards = CausalLMShards(train_val_folders(data)[0]) if task == 'cpt' else None   # a split: its train/
-    cfg, world = hf_config(model), _world_size()
-    if p.strategy != 'single' and world == 1 and not force_single:
+    found, world = hf_config(model), _world_size()
+    if p.strategy != 'single' and world == 1 and not c.force_single:
         refuse_single_process(p, model, command or f'--model {model} --data {data} --out {out}')
     _, tok = load_hf_model(model, tokenizer_only=True)
     summary = dict(task='continued pretraining' if task == 'cpt' else 'sft', mode='lora' if use_lora else 'full',
-                   preset=f'{p.task}/{p.name}', qlora=qlora,
-                   qlora_bits=qlora_bits if qlora else None, attention=attention, batch_schedule=batch_schedule,
-                   batch_lr_rule=batch_lr_rule if sched else None)
+                   preset=f'{p.task}/{p.name}', qlora=c.qlora,
+                   qlora_bits=c.qlora_bits if c.qlora else None, attention=c.attention, batch_schedule=c.batch_schedule,
+                   batch_lr_rule=c.batch_lr_rule if sched else None)
     summary.update(base=str(Path(model).resolve()), device=resolve_device('auto').type)  # --against
     return FinetuneRun(task, p, p.steps, use_lora, sched, last, world, world == 1 or os.environ.get('RANK') == '0',
-                       cfg, tok, summary, examples, shards)
+                       found, tok, summary, examples, shards)
 
 # %% ../nbs/06_hf.ipynb #f635afc0
 def _prepare_shards(run: FinetuneRun, data: Path, eval_share: float, overrides: dict):
@@ -991,40 +1130,24 @@ def _finished(run: FinetuneRun, trainer, result, out: Path, args, how: str, dtyp
     return summary
 
 # %% ../nbs/06_hf.ipynb #8b33efff
-def finetune(model: str | Path,                 # save_pretrained folder, or org/name in the Hugging Face cache
-             data: str | Path,                  # shard folder (continued pretraining) or JSONL file (SFT)
-             out: str | Path,                   # run folder: checkpoints, final/, metrics.jsonl, finetune.json
-             preset='fast',                     # preset name, or a Preset
-             lora: bool | None = None,          # None: LoRA for SFT, full fine-tuning for CPT
-             lora_settings: LoraSettings | None = None,
-             max_length: int | None = None,     # SFT: fixed length instead of right-sizing
-             percentile: float | None = None,   # SFT: size the length on this percentile of the example lengths
-             packing: bool = True,              # SFT: padding-free packed rows where the model supports them
-             resume: bool = False,              # continue from the newest checkpoint-* in `out`
-             eval_share: float = 0.05,          # held out for evaluation (CPT: the corpus's val/ shards if any)
-             attention: str | None = 'sdpa',    # attention backend: 'sdpa', 'eager', 'flash_attention_2'
-             qlora: bool = False,               # LoRA on 4-bit NF4 base weights (bitsandbytes)
-             qlora_bits: int = 4,               # the base's bits under qlora: 4 (NF4) or 8 (LLM.int8)
-             force_single: bool = False,        # train a multi-GPU preset on this one process anyway
-             batch_schedule: str | None = None, # FROM_STEP:GRAD_ACCUM pairs (0:64,500:32): the accumulation by step
-             batch_lr_rule: str = 'sqrt',       # the lr at a scheduled batch: x sqrt(accum/first), x accum/first, x 1
-             sinks: Sequence = (),              # more record sinks (on_step/on_eval/on_end), e.g. a LiveLossPlot
-             command: str | None = None,        # the flags to repeat in a refusal's launch command
-             **overrides) -> dict:              # TrainingArguments overrides
+def finetune(cfg: FinetuneConfig,              # the run's settings: model, data, out, preset, LoRA, lengths ...
+             preset: Preset | None = None,     # (Python only) a Preset to train with as it is, instead of cfg's
+             sinks: Sequence = (),             # more record sinks (on_step/on_eval/on_end), e.g. a LiveLossPlot
+             command: str | None = None,       # the flags to repeat in a refusal's launch command
+             **overrides) -> dict:             # more TrainingArguments, over those cfg's flags set
     "Continued pretraining or SFT of a local model on `data` with the transformers Trainer; returns the run summary."
     from transformers import Trainer
     from transformers.trainer_utils import get_last_checkpoint
-    data, out, model = Path(data), Path(out), model_folder(model)   # org/name: its snapshot in the HF cache
-    if not data.exists(): raise LegalnbError(f'{data}: no such file or folder; expected a shard folder or a JSONL file')
-    run = _start_run(model, data, out, preset, lora, qlora, qlora_bits, resume, force_single, batch_schedule,
-                     batch_lr_rule, attention, command, overrides)
-    if run.task == 'lora' and not packing: overrides.setdefault('train_sampling_strategy', 'group_by_length')
-    if run.task == 'cpt': _prepare_shards(run, data, eval_share, overrides)
-    else: _prepare_examples(run, max_length, percentile, packing, eval_share, overrides)
+    c, data, out, model = cfg, Path(cfg.data), Path(cfg.out), model_folder(cfg.model)   # org/name: its HF snapshot
+    overrides = cfg.training_overrides() | overrides
+    run = _start_run(cfg, model, preset, command, overrides)
+    if run.task == 'lora' and not c.packing: overrides.setdefault('train_sampling_strategy', 'group_by_length')
+    if run.task == 'cpt': _prepare_shards(run, data, c.eval_share, overrides)
+    else: _prepare_examples(run, c.max_length, c.percentile, c.packing, c.eval_share, overrides)
     if run.main and run.sched:
         pairs = ', '.join(f'{a} from step {s:,}' for s, a in run.sched)
-        print(f'--batch-schedule {batch_schedule}: accumulation {pairs}'
-              + f' of micro-batches of {run.preset.micro_batch} rows x {run.world} process(es); lr x {batch_lr_rule} '
+        print(f'--batch-schedule {c.batch_schedule}: accumulation {pairs}'
+              + f' of micro-batches of {run.preset.micro_batch} rows x {run.world} process(es); lr x {c.batch_lr_rule} '
               f'rule; {run.preset.steps:,} steps' + ('' if run.fixed_steps else ' (one pass over the rows)'))
     names = parse_report_to(overrides.pop('report_to', None))   # transformers' integrations log to the trackers
     check_trackers(names)
@@ -1032,15 +1155,15 @@ def finetune(model: str | Path,                 # save_pretrained folder, or org
     # the TrainingArguments (and a DeepSpeed config) exist before the weights load: ZeRO-3 shards at load time
     make_args = lambda per_row: training_args_from_preset(run.preset, out, verbose=run.main, examples_per_row=per_row,
                                                            evaluation=run.evald is not None,
-                                                           batch_schedule=batch_schedule, **overrides)
+                                                           batch_schedule=c.batch_schedule, **overrides)
     args = make_args(run.per_row)
-    net, dtype, sharded = _load_for_training(run, model, attention, qlora, qlora_bits)
-    collate, how, args = _batching(run, net, attention, make_args, args, overrides)
-    if qlora:
+    net, dtype, sharded = _load_for_training(run, model, c.attention, c.qlora, c.qlora_bits)
+    collate, how, args = _batching(run, net, c.attention, make_args, args, overrides)
+    if c.qlora:
         from peft import prepare_model_for_kbit_training
         net = prepare_model_for_kbit_training(
             net, use_gradient_checkpointing=bool(getattr(args, 'activation_checkpointing', False)))
-    if run.use_lora: net = add_lora(net, lora_settings)
+    if run.use_lora: net = add_lora(net, c.lora_settings())
     step = int(Path(run.last).name.split('-')[-1]) if run.last else None
     kw = dict(model=net, args=args, train_dataset=run.train, eval_dataset=run.evald, data_collator=collate,
               processing_class=run.tok, callbacks=[records := trainer_records(
@@ -1048,8 +1171,8 @@ def finetune(model: str | Path,                 # save_pretrained folder, or org
     with tracking(out, names, resume=run.last is not None, main=run.main) as ids:   # OUT/tb, OUT/mlruns, ...
         if names: args.run_name, args.project = ids.get('name'), 'legalnb'   # W&B's and trackio's name for the run
         if 'wandb' in ids and 'wandb' in names: wandb_run(ids)   # the integration logs to the run it finds started
-        trainer = (scheduled_trainer(batch_schedule, run.preset.micro_batch, batch_lr_rule, run.tok.pad_token_id, **kw)
-                   if run.sched else Trainer(**kw))
+        trainer = (scheduled_trainer(c.batch_schedule, run.preset.micro_batch, c.batch_lr_rule, run.tok.pad_token_id,
+                                     **kw) if run.sched else Trainer(**kw))
         result = trainer.train(resume_from_checkpoint=run.last)
     if records.stopped:   # a sink (the budget guard) stopped it: the checkpoint is the result; --resume goes on
         return {**run.summary, 'stopped': records.stopped, 'step': trainer.state.global_step,
@@ -1057,133 +1180,12 @@ def finetune(model: str | Path,                 # save_pretrained folder, or org
                 'elapsed_s': result.metrics['train_runtime']}
     return _finished(run, trainer, result, out, args, how, dtype, sharded)
 
-# %% ../nbs/06_hf.ipynb #c78469d8
-def _override_preset(p: Preset, batch_size: int | None, grad_accum: int | None, lr: float | None,
-                     max_steps: int | None, precision: str | None, warmup_steps: float | None) -> Preset:
-    "The preset with the CLI's preset-level flags applied; a new micro batch keeps the global batch."
-    micro = batch_size or p.micro_batch
-    accum = grad_accum or (max(1, p.global_batch // (micro * p.gpus)) if p.global_batch else p.grad_accum)
-    return replace(p, micro_batch=micro, grad_accum=accum, global_batch=micro * accum * p.gpus, lr=lr or p.lr,
-                   steps=max_steps or p.steps, precision=precision or p.precision,
-                   warmup_steps=p.warmup_steps if warmup_steps is None else warmup_steps)
-
-_REQUIRED = {'--model': 'a folder written by save_pretrained, or org/name of a model in the Hugging Face cache',
-             '--out': 'the run folder to write',
-             '--data': 'a corpus folder of shard_*.npy, or a JSONL file of examples'}
-
-# %% ../nbs/06_hf.ipynb #a888e7a5
-def _check_flags(values: dict[str, float | None], least: dict[str, float]):
-    "Refuse a flag whose value is below its least allowed value, naming the flag."
-    for flag, v in values.items():
-        if v is not None and not v >= least[flag]:
-            raise LegalnbError(f'{flag} must be at least {least[flag]:g}, got {v:g}')
-
-# %% ../nbs/06_hf.ipynb #75abd3cf
-@dataclass
-class FinetuneConfig:
-    "What `legalnb finetune` is told: a field a flag (its comment is the flag's help), checked once, when it is made."
-    model: str = None             # save_pretrained folder, or org/name in the Hugging Face cache (a folder here wins)
-    data: str = None              # corpus folder of shard_*.npy (continued pretraining), or examples JSONL (SFT)
-    out: str = None               # run folder: checkpoints, final/, metrics.jsonl, finetune.json
-    preset: Literal[PRESET_NAMES] = 'fast'  # the task's preset (see legalnb.presets)
-    max_steps: int = None         # optimizer steps (default: the preset's; LoRA: one pass over the examples)
-    lr: float = None              # peak learning rate (default: the preset's)
-    batch_size: int = None        # micro batch per GPU (the accumulation follows, keeping the global batch)
-    grad_accum: int = None        # gradient accumulation steps (default: sized for the preset's global batch)
-    warmup_steps: float = None    # warmup steps (< 1: a fraction of the steps; at most a tenth of the run)
-    save_steps: int = None        # steps between checkpoints (default: 2,000, or a fifth of a shorter run)
-    workers: int = None           # DataLoader worker processes (default 4, at most the machine's cores)
-    logging_steps: int = None     # steps between loss logs
-    max_length: int = None        # SFT: fixed length in tokens (default: right-sized from the examples)
-    percentile: float = None      # SFT: size the length on this percentile of the example lengths
-    seed: int = None              # random seed (default 0)
-    lora_r: int = 16              # LoRA rank
-    lora_alpha: int = 32          # LoRA alpha: the update is scaled by alpha / r
-    lora_dropout: float = 0.05    # dropout on the LoRA adapter's input
-    lora_scope: Literal['all', 'attention'] = 'all'  # LoRA on every linear layer of the blocks, or attention only
-    deepspeed: str = None         # DeepSpeed JSON (e.g. launch/ds_zero3.json)
-    precision: Literal[PRECISIONS] = None  # default: the preset's (auto: bf16 with bf16 tensor cores, else fp16)
-    packing: bool = True          # SFT: padding-free packed rows (--no-packing: padded, length-grouped batches)
-    torch_compile: bool = False   # compile the model with torch.compile
-    activation_checkpointing: bool = None  # recompute activations in backward (default: on GPUs)
-    resume: bool = False          # continue the run in --out from its newest checkpoint
-    eval_share: float = 0.05      # share held out for evaluation (CPT: the corpus's val/ shards when it has them)
-    eval_steps: int = None        # steps between evaluations (default: at every checkpoint)
-    attention: Literal['sdpa', 'eager', 'flash_attention_2'] = 'sdpa'  # attention backend
-    qlora: bool = False           # LoRA on 4-bit NF4 base weights (bitsandbytes: CUDA, or CPUs from 0.48)
-    qlora_bits: Literal[4, 8] = 4  # --qlora's base weights: 4 bits (NF4) or 8 (LLM.int8)
-    force_single: bool = False    # train a multi-GPU preset on this one process anyway
-    batch_schedule: str = None    # FROM_STEP:GRAD_ACCUM pairs, e.g. 0:64,500:32,1500:16 (instead of --grad-accum)
-    batch_lr_rule: Literal[BATCH_LR_RULES] = 'sqrt'  # lr at a scheduled batch: x sqrt(accum/first), x accum/first
-    lora: bool = None             # True: LoRA adapter (SFT's default), False: full fine-tuning (CPT's default)
-    report_to: str = 'none'       # experiment trackers: tensorboard, wandb, mlflow, trackio (comma-separated)
-
-    def __post_init__(self):
-        for flag in ('--model', '--data', '--out'):
-            if not getattr(self, flag[2:]): raise LegalnbError(f'{flag} is required: {_REQUIRED[flag]}')
-        _check_flags({f'--{name.replace("_", "-")}': getattr(self, name) for name in _LEAST},
-                     {f'--{name.replace("_", "-")}': least for name, least in _LEAST.items()})
-        if self.lr is not None and not self.lr > 0: raise LegalnbError(f'--lr must be more than 0, got {self.lr:g}')
-        if self.seed is not None and self.seed >= 2 ** 32:
-            raise LegalnbError(f'--seed must be below 2**32, got {self.seed}')
-        if self.percentile is not None and not 0 < self.percentile <= 100:
-            raise LegalnbError(f'--percentile must be above 0 and at most 100, got {self.percentile:g}')
-        if not 0 <= self.lora_dropout < 1:
-            raise LegalnbError(f'--lora-dropout must be at least 0 and below 1, got {self.lora_dropout:g}')
-        if not 0 <= self.eval_share < 1:
-            raise LegalnbError(f'--eval-share must be at least 0 and below 1, got {self.eval_share:g}')
-        try: self.report_to = ','.join(parse_report_to(self.report_to)) or 'none'   # a list from the flag or a plan
-        except LegalnbError as e: raise LegalnbError(f'--report-to: {e}') from None
-        check_trackers(parse_report_to(self.report_to))
-        self._check_setup()
-
-    def _check_setup(self):
-        "What the machine and the files must have: flash-attn, one source of accumulation, the data, DeepSpeed."
-        if self.attention == 'flash_attention_2' and (importlib.util.find_spec('flash_attn') is None
-                                                      or not torch.cuda.is_available()):
-            raise LegalnbError('--attention flash_attention_2 needs a CUDA GPU and the flash-attn package '
-                               '(pip install flash-attn); use --attention sdpa here')
-        if parse_batch_schedule(self.batch_schedule) and self.grad_accum:
-            raise LegalnbError('--batch-schedule and --grad-accum both set the accumulation: give one of them')
-        if not Path(self.data).exists():
-            raise LegalnbError(f'--data {self.data}: no such file or folder; expected {_REQUIRED["--data"]}')
-        if self.deepspeed:
-            read_json(self.deepspeed, 'a DeepSpeed JSON config (e.g. launch/ds_zero3.json)')
-            if importlib.util.find_spec('deepspeed') is None:
-                raise LegalnbError(f'--deepspeed {self.deepspeed}: the deepspeed package is not installed '
-                                   '(pip install deepspeed)')
-
-    def preset_to_run(self) -> Preset:
-        "The task's preset with the flags that change it (a schedule's first accumulation for --grad-accum)."
-        sched = parse_batch_schedule(self.batch_schedule)
-        return _override_preset(get_preset('cpt' if Path(self.data).is_dir() else 'lora', self.preset),
-                                self.batch_size, self.grad_accum or (sched[0][1] if sched else None), self.lr,
-                                self.max_steps, self.precision, self.warmup_steps)
-
-    def training_overrides(self) -> dict:
-        "The TrainingArguments the flags set (an explicit accumulation wins over the recomputed one)."
-        over = dict(save_steps=self.save_steps, dataloader_num_workers=self.workers, logging_steps=self.logging_steps,
-                    seed=self.seed, deepspeed=self.deepspeed, activation_checkpointing=self.activation_checkpointing,
-                    eval_steps=self.eval_steps, gradient_accumulation_steps=self.grad_accum,
-                    torch_compile=self.torch_compile or None,
-                    report_to=None if self.report_to == 'none' else self.report_to)
-        return {k: v for k, v in over.items() if v is not None}
-
-_LEAST = dict.fromkeys(['max_steps', 'batch_size', 'grad_accum', 'seed', 'save_steps', 'logging_steps', 'max_length',
-                        'lora_r', 'lora_alpha', 'workers', 'warmup_steps', 'eval_steps'], 1) | dict(
-                        max_length=2, seed=0, workers=0, warmup_steps=0)   # the least value of each counted flag
-
 # %% ../nbs/06_hf.ipynb #413da4c6
 def finetune_command(command: str | None = None,   # the command line, repeated in a refusal's launch command
                      sinks: Sequence = (),          # (Python only) record sinks, e.g. legalnb.run's budget guard
                      **flags) -> int:               # the fields of a FinetuneConfig
     "Continued pretraining (DATA = shard folder) or SFT (DATA = JSONL) of a local model."
-    c = FinetuneConfig(**flags)
-    s = finetune(c.model, c.data, c.out, c.preset_to_run(), c.lora, LoraSettings(c.lora_r, c.lora_alpha,
-                 c.lora_dropout, c.lora_scope), c.max_length, c.percentile, c.packing, resume=c.resume,
-                 eval_share=c.eval_share, attention=c.attention, qlora=c.qlora, qlora_bits=c.qlora_bits,
-                 force_single=c.force_single, batch_schedule=c.batch_schedule, batch_lr_rule=c.batch_lr_rule,
-                 command=command, sinks=sinks, **c.training_overrides())
+    s = finetune(FinetuneConfig(**flags), sinks=sinks, command=command)
     if s.get('stopped'):
         print(f"legalnb finetune: stopped at step {s['step']} of {s['max_steps']}: {s['stopped']}; checkpoint "
               f"{s['checkpoint']} (--resume continues)")

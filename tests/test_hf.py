@@ -281,11 +281,11 @@ def test_corpus_with_a_bigger_vocabulary_is_refused(work, tmp_path, capsys):
 
 
 def test_padded_fallback_trains_with_length_grouped_batches(work, tmp_path):
-    from legalnb.hf import finetune
+    from legalnb.hf import FinetuneConfig, finetune
     from dataclasses import replace
     from legalnb.presets import get_preset
     p = replace(get_preset('lora', 'fast'), steps=2, micro_batch=4, grad_accum=1, global_batch=4, warmup_steps=0)
-    s = finetune(work/'model', work/'sft.jsonl', tmp_path/'run', p, packing=False, dataloader_num_workers=0)
+    s = finetune(FinetuneConfig(model=work/'model', data=work/'sft.jsonl', out=tmp_path/'run', packing=False, workers=0), p)
     assert s['batches'] == 'length-grouped' and s['steps'] == 2 and len(s['losses']) >= 1
 
 
@@ -449,7 +449,7 @@ def _changed_share(before: dict, after: dict) -> float:
 def test_bf16_checkpoint_trains_with_fp32_master_weights(tmp_path):
     "Today 76% of the entries of a bf16 checkpoint did not change after 5 AdamW steps at lr 3e-5; fp32 masters change all."
     from safetensors.torch import load_file
-    from legalnb.hf import finetune
+    from legalnb.hf import FinetuneConfig, finetune
     from dataclasses import replace
     from legalnb.presets import get_preset
     m = build_tiny_model(tmp_path/'bf16', dtype=torch.bfloat16)
@@ -457,7 +457,7 @@ def test_bf16_checkpoint_trains_with_fp32_master_weights(tmp_path):
     write_demo_shards(tmp_path/'corpus', tok, rows=16)
     p = replace(get_preset('cpt', 'fast'), steps=5, lr=3e-5, micro_batch=2, grad_accum=1, gpus=1, global_batch=2,
                 warmup_steps=0, strategy='single', seq_len=64)
-    s = finetune(m, tmp_path/'corpus', tmp_path/'run', p, dataloader_num_workers=0, save_steps=100)
+    s = finetune(FinetuneConfig(model=m, data=tmp_path/'corpus', out=tmp_path/'run', workers=0, save_steps=100), p)
     assert s['steps'] == 5 and s['dtype'] == 'float32'
     before, after = load_file(m/'model.safetensors'), load_file(tmp_path/'run'/'final'/'model.safetensors')
     assert next(iter(before.values())).dtype == torch.bfloat16
@@ -489,10 +489,11 @@ def test_calculator_steps_equal_the_run_steps_on_a_packed_set(work, tmp_path, ca
     "lora/fast on a packed set: the run takes lora_steps(examples) optimizer steps of ~32 examples, as the calculator says."
     from legalnb.calculator import estimate, plan_for
     from legalnb.presets import get_preset, lora_steps, packed_accumulation
-    from legalnb.hf import finetune
+    from legalnb.hf import FinetuneConfig, finetune
     examples = demo_examples(80, seed=3)
     write_jsonl(examples, tmp_path/'sft.jsonl')
-    s = finetune(work/'model', tmp_path/'sft.jsonl', tmp_path/'run', 'fast', dataloader_num_workers=0, logging_steps=1)
+    s = finetune(FinetuneConfig(model=work/'model', data=tmp_path/'sft.jsonl', out=tmp_path/'run', preset='fast', workers=0,
+                                logging_steps=1))
     p = get_preset('lora', 'fast')
     assert s['examples'] == 76 and s['examples_per_row'] > 1.5, 'packed'
     assert s['steps'] == estimate(plan_for('lora', 'fast', examples=s['examples'])).steps == lora_steps(p, 76) == 3
@@ -557,7 +558,7 @@ def test_resume_evaluation_and_metrics_in_the_native_format(work, tmp_path, caps
     full = read_metrics(run/'metrics.jsonl')
     shutil.rmtree(run/'checkpoint-6'); shutil.rmtree(run/'final')   # as if it stopped after step 3's checkpoint
     with pytest.raises(LegalnbError, match='holds no checkpoint'):
-        hf.finetune(work/'model', work/'sft.jsonl', tmp_path/'fresh', resume=True)
+        hf.finetune(hf.FinetuneConfig(model=work/'model', data=work/'sft.jsonl', out=tmp_path/'fresh', resume=True))
     assert cli(argv + ['--resume']) == 0
     s = json.loads((run/'finetune.json').read_text())
     assert s['resumed_from'] == 'checkpoint-3' and s['steps'] == 6 and s['eval_examples'] == 2
@@ -573,29 +574,29 @@ def test_resume_evaluation_and_metrics_in_the_native_format(work, tmp_path, caps
 
 
 def test_attention_backend_is_a_choice_and_qlora_says_what_it_needs(work, tmp_path, capsys):
-    from legalnb.hf import finetune
+    from legalnb.hf import FinetuneConfig, finetune
     from dataclasses import replace
     from legalnb.presets import get_preset
     p = replace(get_preset('lora', 'fast'), steps=1, micro_batch=2, grad_accum=1, global_batch=2)
-    s = finetune(work/'model', work/'sft.jsonl', tmp_path/'eager', p, attention='eager', dataloader_num_workers=0)
+    s = finetune(FinetuneConfig(model=work/'model', data=work/'sft.jsonl', out=tmp_path/'eager', attention='eager', workers=0), p)
     assert s['attention'] == 'eager' and s['batches'] == 'padding-free' and s['steps'] == 1
     with pytest.raises(LegalnbError, match='drop --full'):
-        finetune(work/'model', work/'sft.jsonl', tmp_path/'q', p, lora=False, qlora=True)
+        finetune(FinetuneConfig(model=work/'model', data=work/'sft.jsonl', out=tmp_path/'q', lora=False, qlora=True), p)
     assert not (tmp_path/'q').exists()
 
 
 def test_qlora_trains_an_adapter_on_4bit_base_weights(work, tmp_path):
     "bitsandbytes >= 0.48 runs NF4 weights on the CPU too: QLoRA end to end on the tiny model (48- and 24-wide layers)."
-    from legalnb.hf import finetune, qlora_unavailable
+    from legalnb.hf import FinetuneConfig, finetune, qlora_unavailable
     from dataclasses import replace
     from legalnb.presets import get_preset
     p = replace(get_preset('lora', 'fast'), steps=3, lr=1e-2, micro_batch=2, grad_accum=1, global_batch=2)
     if (why := qlora_unavailable()) is not None:   # a platform without it: one line, nothing written
-        with pytest.raises(LegalnbError, match=f'--qlora: {why}'): finetune(work/'model', work/'sft.jsonl', tmp_path/'q', p, qlora=True)
+        with pytest.raises(LegalnbError, match=f'--qlora: {why}'): finetune(FinetuneConfig(model=work/'model', data=work/'sft.jsonl', out=tmp_path/'q', qlora=True), p)
         assert not (tmp_path/'q').exists()
         pytest.skip(why)
-    s = finetune(work/'model', work/'sft.jsonl', tmp_path/'q', p, qlora=True, dataloader_num_workers=0, logging_steps=1,
-                 save_steps=1)
+    s = finetune(FinetuneConfig(model=work/'model', data=work/'sft.jsonl', out=tmp_path/'q', qlora=True, workers=0,
+                                logging_steps=1, save_steps=1), p)
     assert s['qlora'] and s['steps'] == 3 and all(np.isfinite(s['losses']))
     assert len(s['eval_losses']) == 3 and all(np.isfinite(s['eval_losses'])), 'evaluated (and trained on) after each step'
     cfg = json.loads((tmp_path/'q'/'final'/'adapter_config.json').read_text())
@@ -604,7 +605,7 @@ def test_qlora_trains_an_adapter_on_4bit_base_weights(work, tmp_path):
 
 def test_a_sink_can_stop_a_finetune_run_at_a_checkpoint_and_resume_finishes_it(work, tmp_path):
     "A budget guard's should_stop(record): the run stops after that log with a checkpoint; --resume ends where an unbroken run does."
-    from legalnb.hf import finetune
+    from legalnb.hf import FinetuneConfig, finetune
     from legalnb.metrics import metric_lines
     from dataclasses import replace
     from legalnb.presets import get_preset
@@ -617,43 +618,43 @@ def test_a_sink_can_stop_a_finetune_run_at_a_checkpoint_and_resume_finishes_it(w
             return f"step {r['step']} reached" if r['step'] >= self.step else None
 
     guard, run = StopAt(3), tmp_path/'run'
-    s = finetune(work/'model', work/'sft.jsonl', run, p, sinks=[guard], dataloader_num_workers=0, logging_steps=1,
-                 save_steps=100)
+    s = finetune(FinetuneConfig(model=work/'model', data=work/'sft.jsonl', out=run, workers=0, logging_steps=1,
+                                save_steps=100), p, sinks=[guard])
     assert s['stopped'] == 'step 3 reached' and s['step'] == 3 and s['max_steps'] == 6
     assert guard.seen == [(1, 6, True), (2, 6, True), (3, 6, True)]
     assert Path(s['checkpoint']).name == 'checkpoint-3' and not (run/'final').exists()
     events = [r['event'] for _, r in metric_lines(run/'metrics.jsonl')]
     assert events == ['step'] * 3 + ['stop']
-    done = finetune(work/'model', work/'sft.jsonl', run, p, resume=True, dataloader_num_workers=0, logging_steps=1,
-                    save_steps=100)
+    done = finetune(FinetuneConfig(model=work/'model', data=work/'sft.jsonl', out=run, resume=True, workers=0,
+                                   logging_steps=1, save_steps=100), p)
     assert 'stopped' not in done and done['steps'] == 6 and (run/'final'/'adapter_model.safetensors').is_file()
     assert [r['step'] for _, r in metric_lines(run/'metrics.jsonl') if r['event'] == 'step'] == [1, 2, 3, 4, 5, 6]
 
 
 def test_lora_on_an_8bit_base_trains_and_bad_bits_are_refused(work, tmp_path):
     "qlora_bits=8 loads the frozen base with LLM.int8 (bitsandbytes' Linear8bitLt) and trains the adapter."
-    from legalnb.hf import finetune, qlora_unavailable
+    from legalnb.hf import FinetuneConfig, finetune, qlora_unavailable
     from dataclasses import replace
     from legalnb.presets import get_preset
     p = replace(get_preset('lora', 'fast'), steps=2, lr=1e-2, micro_batch=2, grad_accum=1, global_batch=2)
     with pytest.raises(LegalnbError, match='--qlora-bits must be 4 or 8, got 3'):
-        finetune(work/'model', work/'sft.jsonl', tmp_path/'q3', p, qlora=True, qlora_bits=3)
+        finetune(FinetuneConfig(model=work/'model', data=work/'sft.jsonl', out=tmp_path/'q3', qlora=True, qlora_bits=3), p)
     assert not (tmp_path/'q3').exists()
     if (why := qlora_unavailable()) is not None: pytest.skip(why)
-    s = finetune(work/'model', work/'sft.jsonl', tmp_path/'q8', p, qlora=True, qlora_bits=8, dataloader_num_workers=0,
-                 logging_steps=1)
+    s = finetune(FinetuneConfig(model=work/'model', data=work/'sft.jsonl', out=tmp_path/'q8', qlora=True, qlora_bits=8,
+                                workers=0, logging_steps=1), p)
     assert s['qlora_bits'] == 8 and s['steps'] == 2 and all(np.isfinite(s['losses']))
     assert (tmp_path/'q8'/'final'/'adapter_model.safetensors').is_file()
 
 
 def test_cpt_steps_carry_the_presets_tokens_whatever_the_corpus_row_length(work, tmp_path):
     "A preset of 4 sequences of 128 tokens per step on a corpus of 64-token rows: 8 rows per step, not 4."
-    from legalnb.hf import finetune
+    from legalnb.hf import FinetuneConfig, finetune
     from dataclasses import replace
     from legalnb.presets import get_preset
     p = replace(get_preset('cpt', 'fast'), steps=2, micro_batch=2, grad_accum=2, gpus=1, global_batch=4, seq_len=128,
                 strategy='single', warmup_steps=0)
-    s = finetune(work/'model', work/'corpus', tmp_path/'run', p, dataloader_num_workers=0, eval_share=0)
+    s = finetune(FinetuneConfig(model=work/'model', data=work/'corpus', out=tmp_path/'run', workers=0, eval_share=0), p)
     assert s['grad_accum'] == 4 and s['tokens'] == 2 * 4 * 128
 
 
