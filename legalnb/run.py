@@ -774,7 +774,9 @@ def stage_split(split: Path, dest: Path, progress: bool = True) -> Path:
 # %% ../nbs/14_run.ipynb #0a843d82
 def _run_stage(s: Stage):
     "Run stage `s`'s command from its settings in this process; a failure stops the run."
-    if command_run(s.name.removesuffix('-2'))(dict(s.settings)):   # select-2 is legalnb select
+    from legalnb.core import COMMANDS, _named   # a command whose flags are a config class runs from its config
+    flags = _named(COMMANDS[name := s.name.removesuffix('-2')].flags)   # select-2 is legalnb select
+    if command_run(name)(flags(**s.settings) if isinstance(flags, type) else dict(s.settings)):
         raise LegalnbError(f'the {s.name} stage failed; see its messages above')
 
 # %% ../nbs/14_run.ipynb #7ff1c3f8
