@@ -1069,7 +1069,7 @@ def chosen_rules(cfg: SelectConfig) -> ScoringRules:
 def select_documents(cfg: SelectConfig,   # the selection's settings: `legalnb select`'s flags
                      rules: ScoringRules | None = None,   # rules given whole; None: `chosen_rules(cfg)`
                      ) -> dict:
-    "Score the documents of `cfg.input`, write the best (up to `cfg.target_tokens`, `cfg.top`) to `cfg.out`; the report."
+    "Score the documents of `cfg.input`, write the best (to `cfg.target_tokens`, `cfg.top`) to `cfg.out`; the report."
     src, t0 = Path(cfg.input), time.perf_counter()
     if cfg.target_tokens is None and cfg.top is None:
         raise LegalnbError('target_tokens or top is required: a token budget, a number of documents, or both')
@@ -1079,13 +1079,14 @@ def select_documents(cfg: SelectConfig,   # the selection's settings: `legalnb s
     rules = rules or chosen_rules(cfg)
     keep = DocumentFilter(cfg.languages, cfg.types, cfg.since, cfg.until)
     meta = dict(input=str(src), output=str(cfg.out), prefer=cfg.prefer, near_duplicates=None, filters=keep.settings())
-    work = next(p for p in Path(os.path.abspath(cfg.out)).parents if p.is_dir())   # beside the output, or its first folder
+    work = next(p for p in Path(os.path.abspath(cfg.out)).parents if p.is_dir())   # beside the output (or above)
     with _select_folder(work) as tmp:   # what select keeps on disk: a few hundred bytes a document
         return _select_in(tmp, cfg, rules, keep, meta, t0)
 
 # %% ../nbs/01_scoring.ipynb #47e8f732
-def _select_in(tmp: Path, cfg: SelectConfig, rules: ScoringRules, keep: DocumentFilter, meta: dict, t0: float) -> dict:
-    "`select_documents`' passes, with its temporary files in `tmp`: scan, versions, rank, near-duplicates, choose, write."
+def _select_in(tmp: Path, cfg: SelectConfig, rules: ScoringRules, keep: DocumentFilter, meta: dict,
+               t0: float) -> dict:
+    "`select_documents`' passes, their files in `tmp`: scan, versions, rank, near-duplicates, choose, write."
     src, procs, skipped = Path(cfg.input), cfg.num_proc or usable_cores(), []
     count = tokenizer_counter(cfg.tokenizer) if cfg.tokenizer else estimate_tokens
     read, buckets, langs, state = _spill_scan(src, rules, count, cfg.strict, skipped, procs, tmp, keep)
