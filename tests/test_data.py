@@ -287,7 +287,7 @@ def test_corpus_to_validate_split_and_batches(tmp_path):
     rng = np.random.default_rng(0)
     docs = [Document(f'3201{i % 10}R{i:04d}', f'Act {i}', ' '.join(rng.choice(words, 120)) + '.', 'en').to_json() for i in range(40)]
     write_jsonl(docs, tmp_path/'selected.jsonl')
-    m = corpus.build_corpus(CorpusConfig(tmp_path/'selected.jsonl', tmp_path/'corpus', seq_len=32, shards=4, train_tokenizer=300, progress=False))
+    m = corpus.build_corpus(corpus.CorpusConfig(tmp_path/'selected.jsonl', tmp_path/'corpus', seq_len=32, shards=4, train_tokenizer=300, progress=False))
     rep = validate(tmp_path/'corpus')
     assert rep.ok, rep.problems
     assert (rep.rows, rep.row_len, rep.vocab_size, rep.vocab_source) == (m['rows'], 33, m['vocab_size'], 'manifest.json')
