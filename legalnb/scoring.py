@@ -1057,7 +1057,7 @@ def _check_selection(cfg: SelectConfig):
         raise LegalnbError(f'--near-dup must be a Jaccard similarity above 0 and at most {NEAR_DUP_MAX} (0.8; '
                            f"datasketch's LSH needs two bands of {NUM_PERM} permutations), or 0 to keep "
                            f'near-duplicates, got {cfg.near_dup!r}')
-    if cfg.num_proc is not None: check_num_proc(cfg.num_proc)
+    check_num_proc(cfg.num_proc or None)   # None (or 0, as the command always took it): every usable core
     if cfg.prefer not in PREFER: raise LegalnbError(f'--prefer must be one of {", ".join(PREFER)}, got {cfg.prefer!r}')
 
 def chosen_rules(cfg: SelectConfig) -> ScoringRules:
