@@ -45,13 +45,13 @@ def make_selection(path: Path, mb: float, seed: int = 0) -> Path:
 
 CHILD = '''
 import json, resource, sys, time
-from legalnb.corpus import build_corpus
+from legalnb.corpus import CorpusConfig, build_corpus
 def status(key):  # from /proc: VmHWM is this process's own peak (ru_maxrss keeps the forking parent's peak across exec)
     return next(int(l.split()[1]) / 1024 for l in open('/proc/self/status') if l.startswith(key + ':'))
 sel, out, tok, num_proc, seq_len, shards = sys.argv[1:7]
 base = status('VmRSS')
 t = time.perf_counter()
-m = build_corpus(sel, out, int(seq_len), int(shards), tokenizer=tok, num_proc=int(num_proc), progress=False)
+m = build_corpus(CorpusConfig(sel, out, seq_len=int(seq_len), shards=int(shards), tokenizer=tok, num_proc=int(num_proc), progress=False))
 dt = time.perf_counter() - t
 print(json.dumps(dict(seconds=dt, tokens=m['tokens'] + m['dropped_tail_tokens'], docs=m['documents_read'],
                       rss_mb=status('VmHWM'), base_mb=base,

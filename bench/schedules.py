@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 
 from common import header, markdown_table, run
-from legalnb.corpus import build_corpus
+from legalnb.corpus import CorpusConfig, build_corpus
 from legalnb.data import split
 from legalnb.models import load_model
-from legalnb.scoring import select_documents
+from legalnb.scoring import SelectConfig, select_documents
 from legalnb.sources import parse_documents
 from legalnb.sample import write_sample
 from legalnb.train import TrainConfig, evaluate_loss, open_split, setup_distributed, train, val_loader
@@ -38,17 +38,17 @@ def corpora(root: Path, docs: int, seq_len: int, vocab: int) -> tuple[Path, Path
     "The full split (val: whole held-out acts) and the stage-2 split of the best third, with their manifests."
     write_sample(root/'sample', docs=docs, seed=0)
     parse_documents([root/'sample'], root/'parsed.jsonl', progress=False)
-    select_documents(root/'parsed.jsonl', root/'all.jsonl', 10**12)
-    full = build_corpus(root/'all.jsonl', root/'corpus', seq_len=seq_len, shards=2, vocab_size=vocab, val_docs=0.1,
-                        progress=False)
+    select_documents(SelectConfig(root/'parsed.jsonl', root/'all.jsonl', 10**12, num_proc=1))
+    full = build_corpus(CorpusConfig(root/'all.jsonl', root/'corpus', seq_len=seq_len, shards=2, train_tokenizer=vocab, val_docs=0.1,
+                        progress=False))
     split(root/'corpus', root/'split', seed=0, by='documents')
     held = set(full['heldout_celex'])
     lines = [l for l in (root/'parsed.jsonl').read_text().splitlines() if json.loads(l)['celex'] not in held]
     (root/'parsed-train.jsonl').write_text('\n'.join(lines) + '\n')
     chars = sum(len(json.loads(l)['text']) for l in lines)
-    report = select_documents(root/'parsed-train.jsonl', root/'best.jsonl', chars // 4 // 3)  # a third, by score
-    best = build_corpus(root/'best.jsonl', root/'best', seq_len=seq_len, shards=1,
-                        tokenizer=root/'corpus'/'tokenizer.json', progress=False)
+    report = select_documents(SelectConfig(root/'parsed-train.jsonl', root/'best.jsonl', chars // 4 // 3, num_proc=1))  # a third, by score
+    best = build_corpus(CorpusConfig(root/'best.jsonl', root/'best', seq_len=seq_len, shards=1,
+                        tokenizer=root/'corpus'/'tokenizer.json', progress=False))
     split(root/'best', root/'best-split', val_ratio=0.02, seed=0, by='rows')
     return root/'split', root/'best-split', dict(full=full, best=best, selection=report)
 

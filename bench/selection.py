@@ -12,7 +12,7 @@ corpora:
 Steps:
   read+parse   every line read (1 MB buffer) and `json.loads`-ed, nothing else (the least any stage pays to see them);
   read-docs    `legalnb.sources.read_jsonl_documents`: the project's reader, lines to validated `Document`s;
-  select       `select_documents(..., near_dup=0)`: parse + validate + score + count tokens, choose, write the
+  select       `select_documents(SelectConfig(..., near_dup=0, num_proc=1))`: parse + validate + score + count tokens, choose, write the
                selected lines (no near-duplicate removal: what select cost before issue 27);
   +near-dups   the default `select_documents`: the same plus near-duplicate removal (a MinHash of every eligible
                document's 8-word shingles, read again by offset, and the LSH bands sorted on disk);
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from common import header, markdown_table, run
 from legalnb.core import format_duration
-from legalnb.scoring import (ScoringRules, estimate_tokens, near_duplicates, scan_documents, select_documents,
+from legalnb.scoring import (ScoringRules, SelectConfig, estimate_tokens, near_duplicates, scan_documents, select_documents,
                              synthetic_documents)
 from legalnb.sources import read_jsonl_documents, write_jsonl
 
@@ -67,12 +67,12 @@ def measure(d: Path, name: str, docs: int, chars: tuple[int, int], seed: int, re
     rules = ScoringRules()
     eligible = (found := scan_documents(src, rules)[0]).take(found.score >= rules.threshold)
     steps = {'read+parse': lambda: read_parse(src), 'read-docs': lambda: sum(1 for _ in read_jsonl_documents(src)),
-             'select': lambda: select_documents(src, out, int(tokens * 0.4), near_dup=0),
-             '+near-dups': lambda: select_documents(src, out, int(tokens * 0.4)),
+             'select': lambda: select_documents(SelectConfig(src, out, int(tokens * 0.4), near_dup=0, num_proc=1)),
+             '+near-dups': lambda: select_documents(SelectConfig(src, out, int(tokens * 0.4), num_proc=1)),
              'minhash': lambda: near_duplicates(src, eligible, 0.8, workdir=d)}
     if full:
         whole_texts = replace(ScoringRules(), subject_scan_chars=None)
-        steps['select-full'] = lambda: select_documents(src, out, int(tokens * 0.4), whole_texts, near_dup=0)
+        steps['select-full'] = lambda: select_documents(SelectConfig(src, out, int(tokens * 0.4), near_dup=0, num_proc=1), whole_texts)
     best = {k: (float('inf'), float('inf')) for k in steps}
     for _ in range(repeat):   # interleaved, fastest kept
         for k, f in steps.items():

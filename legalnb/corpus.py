@@ -8,7 +8,7 @@ import ctypes, hashlib, heapq, json, multiprocessing as mp, os, re, shlex, shuti
 from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 from functools import cache
 from pathlib import Path
@@ -16,7 +16,6 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from fastcore.basics import patch
-from fastcore.meta import delegates
 from tqdm import tqdm
 from .core import (LegalnbError, atomic_write, foreign_files, format_duration, jsonl_records, read_json,
                           refuse_foreign_files, refuse_overwriting_inputs, jsonl_record, check_num_proc, model_folder)
@@ -30,7 +29,7 @@ __all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'MIX
            'shard_dtype', 'npy_header_bytes', 'file_sha256', 'write_shard', 'act_key', 'act_number', 'check_val_docs',
            'named_acts', 'heldout_acts', 'MixSource', 'parse_mix', 'check_mix', 'mix_rows', 'mix_format', 'open_mix',
            'mix_records', 'mix_sources', 'mix_sha256', 'write_mix_heldout', 'MixPiece', 'mix_pieces', 'mix_summary',
-           'Piece', 'iter_pieces', 'batch_pieces', 'build_corpus', 'build_corpus_command', 'build_corpus_run',
+           'Piece', 'iter_pieces', 'batch_pieces', 'CorpusConfig', 'build_corpus', 'build_corpus_run',
            'build_corpus_main', 'summary']
 
 # %% ../nbs/02_corpus.ipynb #530136c6
@@ -846,21 +845,52 @@ def _clear(folder: Path):
             if not any(p.iterdir()): p.rmdir()
         elif own(p.relative_to(folder)): p.unlink()
 
-# %% ../nbs/02_corpus.ipynb #5e940520
-def _check_args(selected: Path, out: Path, seq_len: int, shards: int, tokenizer, vocab_size, val_docs: float = 0,
-                val_min_acts: int = VAL_MIN_ACTS, num_proc: int = 1):
-    "Refuse arguments that cannot give a corpus, and an `out` that would destroy something, before anything is written."
-    check_val_docs(val_docs)
-    if val_min_acts < 0: raise LegalnbError(f'--val-min-acts must be 0 or more, got {val_min_acts}')
-    if seq_len < 2: raise LegalnbError(f'--seq-len must be at least 2 (a row holds seq_len + 1 tokens), got {seq_len}')
-    if shards < 1: raise LegalnbError(f'--shards must be at least 1, got {shards}')
-    check_num_proc(num_proc)
-    if (tokenizer is None) == (vocab_size is None):
-        raise LegalnbError('give either a tokenizer (--tokenizer PATH) or a vocabulary size to train one '
-                           '(--train-tokenizer VOCAB)')
-    if vocab_size is not None and vocab_size < MIN_VOCAB:
+# %% ../nbs/02_corpus.ipynb #9f3cf1b9
+@dataclass
+class CorpusConfig:
+    "Tokenize and pack selected documents into .npy shards."
+    selected: str                       # selected.jsonl written by `legalnb select`
+    out: str | None = None              # the corpus folder to write (required)
+    train_tokenizer: int | None = None  # train a byte-level BPE of this vocabulary size
+    seq_len: int = 3072                 # context length; rows hold seq_len + 1 tokens
+    shards: int = 16                    # number of .npy shards (each about 1/shards of the input bytes)
+    tokenizer: str | Tokenizer | None = None  # tokenizer.json, a tokenizer folder, org/name (HF cache), or a tokenizer
+    num_proc: int = 1                   # encoding worker processes (1: encode here, on the tokenizer's threads)
+    eos: str | None = None              # end-of-document token; default: the first of EOS_CANDIDATES found
+    max_chars: int = 100_000            # documents longer than this are split at paragraph breaks
+    val_docs: float = 0                 # hold out whole acts: a share (0.01) or a count (50) of acts; 0: none
+    seed: int = 0                       # which acts --val-docs holds out
+    val_min_acts: int = VAL_MIN_ACTS    # the fewest acts --val-docs holds out (all but one of fewer)
+    val_after: str | None = None        # also hold out the acts dated after this day (yyyy-mm-dd)
+    val_acts: str | None = None         # also hold out the acts a file names (a manifest.json, or CELEX lines)
+    mix: list[str] | None = None        # more sources NAME=PATH:SHARE, each SHARE of the training tokens
+    mix_heldout: int = MIX_HELDOUT      # tokens of each --mix source's first documents held out (untrained)
+    progress: bool = True               # show a progress bar (only on a terminal)
+
+    def __post_init__(self): _check_settings(self)   # checked once, when the config is made
+
+def _check_settings(cfg: CorpusConfig):
+    "Refuse settings that cannot give a corpus, naming the flag, before any file is read."
+    if cfg.out is None: raise LegalnbError('--out is required: the corpus folder to write, e.g. --out corpus')
+    if cfg.tokenizer is not None and cfg.train_tokenizer is not None:
+        raise LegalnbError('--tokenizer and --train-tokenizer exclude each other: load a tokenizer or train one')
+    if cfg.tokenizer is None and cfg.train_tokenizer is None:
+        raise LegalnbError('--tokenizer PATH or --train-tokenizer VOCAB is required: either a tokenizer to load '
+                           'or a vocabulary size to train one')
+    check_val_docs(cfg.val_docs)
+    if cfg.val_min_acts < 0: raise LegalnbError(f'--val-min-acts must be 0 or more, got {cfg.val_min_acts}')
+    if cfg.seq_len < 2:
+        raise LegalnbError(f'--seq-len must be at least 2 (a row holds seq_len + 1 tokens), got {cfg.seq_len}')
+    if cfg.shards < 1: raise LegalnbError(f'--shards must be at least 1, got {cfg.shards}')
+    check_num_proc(cfg.num_proc)
+    if cfg.train_tokenizer is not None and cfg.train_tokenizer < MIN_VOCAB:
         raise LegalnbError(f'--train-tokenizer must be at least {MIN_VOCAB} (256 bytes + special tokens), '
-                           f'got {vocab_size}')
+                           f'got {cfg.train_tokenizer}')
+    if cfg.val_after: parse_date(str(cfg.val_after), '--val-after')   # a day that is not one stops here
+
+# %% ../nbs/02_corpus.ipynb #5e940520
+def _check_paths(selected: Path, out: Path):
+    "Refuse a selection without text, and an `out` that would destroy something, before anything is written."
     refuse_overwriting_inputs([selected], [out])
     if out.exists() and not out.is_dir():
         raise LegalnbError(f'--out {out} is a file; expected a folder for the corpus (shards, tokenizer.json, '
@@ -994,60 +1024,52 @@ def _recover(out: Path):
     else: shutil.rmtree(trash)
 
 # %% ../nbs/02_corpus.ipynb #0cdadf10
-def build_corpus(selected: str | Path,         # selected.jsonl from `legalnb select`
-                 out: str | Path,              # the corpus folder to write
-                 seq_len: int = 3072,          # context length; rows hold seq_len + 1 tokens
-                 shards: int = 16,             # number of .npy shards (each about 1/shards of the input bytes)
-                 tokenizer=None,               # tokenizer.json, a tokenizer folder, org/name (HF cache), or a tokenizer
-                 vocab_size: int | None = None,  # train a byte-level BPE of this size instead of loading one
-                 num_proc: int = 1,            # encoding worker processes (1: encode here, on the tokenizer's threads)
-                 eos: str | None = None,       # end-of-document token; default: the first of EOS_CANDIDATES found
-                 max_chars: int = 100_000,     # documents longer than this are split at paragraph breaks
-                 val_docs: float = 0,          # hold out whole acts: a share (0.01) or a count (50) of acts; 0: none
-                 seed: int = 0,                # which acts --val-docs holds out
-                 val_min_acts: int = VAL_MIN_ACTS,  # the fewest acts --val-docs holds out (all but one of fewer)
-                 val_after: str | None = None,  # also hold out the acts dated after this day (yyyy-mm-dd)
-                 val_acts: str | None = None,   # also hold out the acts a file names (a manifest.json, or CELEX lines)
-                 mix: list[str] | None = None,  # more sources NAME=PATH:SHARE, each SHARE of the training tokens
-                 mix_heldout: int = MIX_HELDOUT,  # tokens of each --mix source's first documents held out (untrained)
-                 batch_chars: int | None = None,  # characters per encoding batch; None: 128k per CPU core, >= 256k
-                 flush_tokens: int = 1 << 20,  # write rows to disk whenever this many tokens wait (bounds memory)
-                 progress: bool = True,        # show a progress bar (only on a terminal)
+def build_corpus(cfg: CorpusConfig,   # the build's settings: `legalnb build-corpus`'s flags
                  on_shard: Callable[[dict], None] | None = None,  # called with each finished shard's record
+                 batch_chars: int | None = None,  # characters per encoding batch; None: 128k per CPU core, >= 256k
+                 flush_tokens: int = 1 << 20,     # write rows to disk whenever this many tokens wait (bounds memory)
                 ) -> dict:
-    "Tokenize, pack and shard a selection into `out`; return the manifest."
-    selected, out = Path(selected), followed(out)   # a link: the rebuild replaces the folder it leads to
+    "Tokenize, pack and shard the selection `cfg.selected` into `cfg.out`; return the manifest."
+    selected, out = Path(cfg.selected), followed(cfg.out)   # a link: the rebuild replaces the folder it leads to
     _recover(out)
-    _check_args(selected, out, seq_len, shards, tokenizer, vocab_size, val_docs, val_min_acts, num_proc)
-    if val_after: parse_date(str(val_after), '--val-after')   # a day that is not one stops here
-    named = sorted(named_acts(val_acts)) if val_acts else []
-    val_docs = int(val_docs) if val_docs >= 1 else val_docs  # a count of acts, or a share of them
-    sources = mix_sources(mix or [], mix_heldout)   # every source opened and checked before anything is written
-    path_like = tokenizer is None or isinstance(tokenizer, (str, Path))
-    args = dict(selected=str(selected), seq_len=seq_len, shards=shards, train_tokenizer=vocab_size, eos=eos,
-                tokenizer=str(tokenizer) if path_like and tokenizer is not None else
-                          None if tokenizer is None else type(tokenizer).__name__, max_chars=max_chars,
-                **(dict(val_docs=val_docs, seed=seed, val_min_acts=val_min_acts) if val_docs else {}),
-                **(dict(val_after=str(val_after)) if val_after else {}),
-                **(dict(val_acts=str(val_acts), val_acts_named=named) if val_acts else {}),
-                **(dict(mix=[s.spec for s in sources], mix_heldout=mix_heldout) if sources else {}))
+    _check_paths(selected, out)
+    named = sorted(named_acts(cfg.val_acts)) if cfg.val_acts else []
+    val_docs = int(cfg.val_docs) if cfg.val_docs >= 1 else cfg.val_docs  # a count of acts, or a share of them
+    sources = mix_sources(cfg.mix or [], cfg.mix_heldout)   # every source opened and checked before anything is written
+    args = _build_args(cfg, selected, val_docs, named, sources)
     key = dict(args=args, input_sha256=file_sha256(selected),
                **(dict(mix_sha256=mix_sha256(sources)) if sources else {}))
     # read when first needed
-    held = cache(lambda: heldout_acts(selected, val_docs, seed, val_after, val_min_acts, named)
+    held = cache(lambda: heldout_acts(selected, val_docs, cfg.seed, cfg.val_after, cfg.val_min_acts, named)
                         if _holds_out(args) else None)
-    tok = _get_tokenizer(selected, out, tokenizer, vocab_size, key, held)
+    tok = _get_tokenizer(selected, out, cfg.tokenizer, cfg.train_tokenizer, key, held)
     key['tokenizer_sha256'] = tokenizer_sha256(tok)
     if (m := _up_to_date(out, key)): return m
-    eos_id, work = find_eos(tok, eos or configured_eos(tokenizer)), _work_folder(out, key)
+    eos_id, work = find_eos(tok, cfg.eos or configured_eos(cfg.tokenizer)), _work_folder(out, key)
     held()  # a --val-docs that leaves no training act is refused before anything is written
-    opt = dict(num_proc=num_proc, batch_chars=batch_chars, flush_tokens=flush_tokens, progress=progress,
-               on_shard=on_shard, command=_command_line(args, out) if path_like else None, mix=sources)
+    opt = dict(num_proc=cfg.num_proc, batch_chars=batch_chars, flush_tokens=flush_tokens, progress=cfg.progress,
+               on_shard=on_shard, command=_command_line(args, out) if _path_like(cfg.tokenizer) else None,
+               mix=sources)
     with _undone_on_error(work, out):
         done = _start(work, key, tok, opt['command'])
-        m = _build_all(selected, work, tok, key, done, held(), eos_id, vocab_size_of(tok), seq_len + 1, shards, opt)
+        m = _build_all(selected, work, tok, key, done, held(), eos_id, vocab_size_of(tok), cfg.seq_len + 1,
+                       cfg.shards, opt)
     if work != out: _swap(work, out)
     return m
+
+def _path_like(tokenizer) -> bool:
+    "Whether a tokenizer setting is a path or name (which a command line can repeat), not a tokenizer object."
+    return tokenizer is None or isinstance(tokenizer, (str, Path))
+
+def _build_args(cfg: CorpusConfig, selected: Path, val_docs: float, named: list[str], sources: list) -> dict:
+    "The settings a build's manifest records (and compares, to reuse or resume a build): those that make its bytes."
+    tokenizer = cfg.tokenizer if _path_like(cfg.tokenizer) else type(cfg.tokenizer).__name__
+    return dict(selected=str(selected), seq_len=cfg.seq_len, shards=cfg.shards, train_tokenizer=cfg.train_tokenizer,
+                eos=cfg.eos, tokenizer=None if tokenizer is None else str(tokenizer), max_chars=cfg.max_chars,
+                **(dict(val_docs=val_docs, seed=cfg.seed, val_min_acts=cfg.val_min_acts) if val_docs else {}),
+                **(dict(val_after=str(cfg.val_after)) if cfg.val_after else {}),
+                **(dict(val_acts=str(cfg.val_acts), val_acts_named=named) if cfg.val_acts else {}),
+                **(dict(mix=[s.spec for s in sources], mix_heldout=cfg.mix_heldout) if sources else {}))
 
 def _fresh() -> dict:
     "The resume point of a build that has not started."
@@ -1152,31 +1174,25 @@ def _finish(out, tok, key, partial, eos_id, vocab, row_len, held) -> dict:
     return m
 
 # %% ../nbs/02_corpus.ipynb #1d485e56
-@delegates(build_corpus, but=['vocab_size', 'batch_chars', 'flush_tokens', 'on_shard'])
-def build_corpus_command(selected: str,                       # selected.jsonl written by `legalnb select`
-                         out: str | None = None,              # the corpus folder to write (required)
-                         train_tokenizer: int | None = None,  # train a byte-level BPE of this vocabulary size
-                         **kwargs) -> int:
-    "Tokenize and pack selected documents into .npy shards."
-    if out is None: raise LegalnbError('--out is required: the corpus folder to write, e.g. --out corpus')
-    if kwargs.get('tokenizer') is not None and train_tokenizer is not None:
-        raise LegalnbError('--tokenizer and --train-tokenizer exclude each other: load a tokenizer or train one')
-    if kwargs.get('tokenizer') is None and train_tokenizer is None:
-        raise LegalnbError('--tokenizer PATH or --train-tokenizer VOCAB is required: load a tokenizer or train one')
+def _build_and_report(cfg: CorpusConfig) -> int:
+    "Build the corpus and print what was written (or that it was up to date, or how many shards a resume kept)."
     t0, written = time.perf_counter(), []
-    m = build_corpus(selected, out, vocab_size=train_tokenizer, on_shard=written.append, **kwargs)
-    if not written: print(f'{out} is up to date (same input, arguments and tokenizer; every shard verified)')
+    m = build_corpus(cfg, on_shard=written.append)
+    if not written: print(f'{cfg.out} is up to date (same input, arguments and tokenizer; every shard verified)')
     elif len(written) < (n := len(m['shards']) + len(m.get('val_shards', [])) + sum(len(x['shards'])
                                                                                     for x in m.get('mix', []))):
         print(f'resumed: {n - len(written)} finished shards kept')
-    print(summary(m, time.perf_counter() - t0, out))
+    print(summary(m, time.perf_counter() - t0, cfg.out))
     return 0
 
-def build_corpus_run(settings: dict) -> int:
-    return run_writing(build_corpus_command, settings, 'legalnb build-corpus',
-                       [Output(check=False)])   # the manifests decide what may be there
+def build_corpus_run(cfg: CorpusConfig) -> int:
+    "Run `legalnb build-corpus` from its config, its --out folder locked and recorded; the exit code."
+    return run_writing(lambda out: _build_and_report(replace(cfg, out=out)), dict(out=cfg.out),
+                       'legalnb build-corpus', [Output(check=False)])   # the manifests decide what may be there
 
-def build_corpus_main(argv: list[str]) -> int: return build_corpus_run(command_settings('build-corpus', argv))
+def build_corpus_main(argv: list[str]) -> int:
+    "`legalnb build-corpus ARGV`: the flags parsed into a `CorpusConfig` (checked there), then the build."
+    return build_corpus_run(CorpusConfig(**command_settings('build-corpus', argv)))
 
 def summary(m: dict, seconds: float, out) -> str:
     "A human summary of a manifest."

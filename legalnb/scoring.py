@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from .core import (LegalnbError, atomic_write, jsonl_records, parse_count, parse_number,
                           refuse_overwriting_inputs, usable_cores, check_num_proc)
-from .core import command_settings, run_writing, holder_alive
+from .core import command_settings, holder_alive
 from .sources import Document, DOC_TYPES, EU_LANGUAGES, write_jsonl, record_fields, skip_reason, _pool, in_order
 
 # %% auto #0
@@ -31,9 +31,9 @@ __all__ = ['PRIORITY_TOPICS', 'RULES', 'CHARS_PER_TOKEN', 'SCAN_RANGE', 'PREFER'
            'as_candidates', 'gc_paused', 'scan_documents', 'act_of', 'acts_of', 'prefer_versions', 'language_quotas',
            'rank', 'choose_documents', 'split_by_share', 'document_quotas', 'with_score', 'copy_selected',
            'write_selected', 'shingle_hashes', 'minhash', 'lsh_bands', 'near_duplicates', 'near_duplicate_share',
-           'minhash_of', 'synthetic_documents', 'select_documents', 'selection_report', 'report_table',
-           'write_selection_report', 'plot_report', 'top_count', 'token_target', 'select_command', 'select_run',
-           'select_main']
+           'minhash_of', 'synthetic_documents', 'top_count', 'token_target', 'SelectConfig', 'chosen_rules',
+           'select_documents', 'selection_report', 'report_table', 'write_selection_report', 'plot_report',
+           'select_run', 'select_main']
 
 # %% ../nbs/01_scoring.ipynb #718167de
 PRIORITY_TOPICS = ('data protection', 'gdpr', 'privacy', 'consumer rights', 'environment', 'climate',
@@ -1006,71 +1006,111 @@ def _select_folder(where: Path) -> Iterator[Path]:
         (Path(tmp)/SELECT_RECORD).write_text(json.dumps(rec))
         yield Path(tmp)
 
-# %% ../nbs/01_scoring.ipynb #de7405fc
-def select_documents(src: str | Path, out: str | Path,
-                     target_tokens: int | None,   # token budget; None: no budget (then `top` is required)
-                     rules: ScoringRules | None = None,
-                     tokenizer: str | Path | None = None,  # tokenizer.json to count tokens with; None: characters / 4
-                     tolerance: float = 0.02,   # allowed gap between a language's selected and target share
-                     report: str | Path | None = None,     # where to write the report too (JSON); None: not written
-                     prefer: str = 'consolidated',  # versions of an act: 'consolidated', 'original' or 'both'
-                     strict: bool = False,   # stop at the first line that cannot be read (else: skipped, counted)
-                     top: int | None = None,  # at most this many documents, the best (see "The best N documents")
-                     near_dup: float = 0.8,   # drop near-duplicates: Jaccard of 8-word shingles at least this; 0: off
-                     num_proc: int = 1,       # processes scoring the input and computing MinHash signatures
-                     languages: list[str] | str | None = None,  # keep only these languages (ISO 639-1: ['en', 'de'])
-                     types: list[str] | str | None = None,      # keep only these document types (['regulation'])
-                     since: date | str | None = None,           # keep only documents dated on or after this day
-                     until: date | str | None = None,           # keep only documents dated on or before this day
-                     ) -> dict:
-    "Score the documents of the JSONL `src`, write the best (up to `target_tokens`, `top`) to `out`, return the report."
-    src, rules, t0 = Path(src), rules or ScoringRules(), time.perf_counter()
-    if target_tokens is None and top is None:
-        raise LegalnbError('target_tokens or top is required: a token budget, a number of documents, or both')
-    if target_tokens is not None and (not isinstance(target_tokens, int) or target_tokens <= 0):
-        raise LegalnbError(f'target tokens must be a positive integer, got {target_tokens!r}')
-    if top is not None and (not isinstance(top, int) or isinstance(top, bool) or top < 1):
-        raise LegalnbError(f'top must be a whole number of documents of at least 1, got {top!r}')
-    if not 0 < tolerance < 1:
+# %% ../nbs/01_scoring.ipynb #399399fd
+def top_count(text: str) -> int:
+    "A number of documents of at least 1 from '10000', '10,000' or '10K' (a flag type: core's parser names the flag)."
+    if (n := parse_number(text)) < 1 or n != int(n):
+        raise LegalnbError(f'expected a whole number of documents of at least 1, such as 10000 or 10K, got {text!r}')
+    return int(n)
+
+def token_target(text: str) -> int:
+    "A token budget of at least 1 from '2,000,000', '2e9', '500M' or '2B' (a flag type: core's parser names the flag)."
+    if (n := parse_count(text)) < 1:
+        raise LegalnbError(f'expected at least 1 token, such as 2,000,000, 2e9, 500M, got {text!r}')
+    return n
+
+
+# %% ../nbs/01_scoring.ipynb #f026edda
+@dataclass
+class SelectConfig:
+    "Score documents and select the best up to a token target and/or a number of documents, keeping the language mix."
+    input: str                             # JSONL of documents (the output of legalnb parse)
+    out: str = 'selected.jsonl'            # where to write the selected documents (JSONL, with scores)
+    target_tokens: token_target = None     # token budget: 2,000,000, 2e9, 500M, 2B (or --top, or both)
+    top: top_count = None                  # at most the N best documents: 10000, 10K (alone: no budget)
+    languages: list[language_codes] = None  # keep only these languages (ISO 639-1): en,de
+    types: list[type_names] = None         # keep only these document types: regulation,directive
+    since: iso_date = None                 # keep only documents dated on or after this day (yyyy-mm-dd)
+    until: iso_date = None                 # keep only documents dated on or before this day (yyyy-mm-dd)
+    threshold: int | None = None           # minimum score to be eligible; without it, the rules' threshold
+    report: str | None = None              # also write the selection report here (JSON)
+    rules: str | None = None               # YAML or JSON file naming the scoring rules it changes
+    tokenizer: str | None = None           # tokenizer.json to count tokens with; without it, characters / 4
+    tolerance: float = 0.02                # allowed gap between a language's selected and target share
+    prefer: Literal['both', 'consolidated', 'original'] = 'consolidated'  # versions of one act to keep
+    near_dup: float = 0.8                  # drop near-duplicates: 8-word shingles Jaccard >= this (0: off)
+    num_proc: int | None = None            # processes scoring and comparing documents (default: all cores)
+    strict: bool = False                   # stop at the first line that cannot be read
+
+    def __post_init__(self): _check_selection(self)   # checked once, when the config is made
+
+def _check_selection(cfg: SelectConfig):
+    "Refuse settings that cannot give a selection, naming the setting, before any file is read."
+    if cfg.target_tokens is not None and (not isinstance(cfg.target_tokens, int) or cfg.target_tokens <= 0):
+        raise LegalnbError(f'target tokens must be a positive integer, got {cfg.target_tokens!r}')
+    if cfg.top is not None and (not isinstance(cfg.top, int) or isinstance(cfg.top, bool) or cfg.top < 1):
+        raise LegalnbError(f'top must be a whole number of documents of at least 1, got {cfg.top!r}')
+    if not 0 < cfg.tolerance < 1:
         raise LegalnbError(f'tolerance must be a fraction between 0 and 1 (0.02 = 2 percentage points), '
-                           f'got {tolerance!r}')
-    if not (near_dup == 0 or 0 < near_dup <= NEAR_DUP_MAX):   # datasketch fails above it, after the scoring
+                           f'got {cfg.tolerance!r}')
+    if not (cfg.near_dup == 0 or 0 < cfg.near_dup <= NEAR_DUP_MAX):   # datasketch fails above it, after the scoring
         raise LegalnbError(f'--near-dup must be a Jaccard similarity above 0 and at most {NEAR_DUP_MAX} (0.8; '
                            f"datasketch's LSH needs two bands of {NUM_PERM} permutations), or 0 to keep "
-                           f'near-duplicates, got {near_dup!r}')
-    check_num_proc(num_proc)
-    _refuse_outputs([src, tokenizer], out, report)
+                           f'near-duplicates, got {cfg.near_dup!r}')
+    check_num_proc(cfg.num_proc or None)   # None (or 0, as the command always took it): every usable core
+    if cfg.prefer not in PREFER: raise LegalnbError(f'--prefer must be one of {", ".join(PREFER)}, got {cfg.prefer!r}')
+
+def chosen_rules(cfg: SelectConfig) -> ScoringRules:
+    "The scoring rules a selection uses: the `--rules` file's (or the defaults), with `--threshold` over them."
+    rules = ScoringRules.load(cfg.rules) if cfg.rules else ScoringRules()
+    return rules if cfg.threshold is None else replace(rules, threshold=cfg.threshold)
+
+# %% ../nbs/01_scoring.ipynb #765f8c91
+def select_documents(cfg: SelectConfig,   # the selection's settings: `legalnb select`'s flags
+                     rules: ScoringRules | None = None,   # rules given whole; None: `chosen_rules(cfg)`
+                     ) -> dict:
+    "Score the documents of `cfg.input`, write the best (to `cfg.target_tokens`, `cfg.top`) to `cfg.out`; the report."
+    src, t0 = Path(cfg.input), time.perf_counter()
+    if cfg.target_tokens is None and cfg.top is None:
+        raise LegalnbError('target_tokens or top is required: a token budget, a number of documents, or both')
+    _refuse_outputs([src, cfg.rules, cfg.tokenizer], cfg.out, cfg.report)
     if not src.is_file():
         raise LegalnbError(f'{src}: no such file; expected a JSONL file of documents (the output of legalnb parse)')
-    if prefer not in PREFER: raise LegalnbError(f'--prefer must be one of {", ".join(PREFER)}, got {prefer!r}')
-    keep = DocumentFilter(languages, types, since, until)
-    token_source = f'tokenizer {tokenizer}' if tokenizer else f'estimate: characters / {CHARS_PER_TOKEN}'
-    skipped, meta = [], dict(input=str(src), output=str(out), prefer=prefer, near_duplicates=None,
-                             filters=keep.settings())
-    work = next(p for p in Path(os.path.abspath(out)).parents if p.is_dir())   # beside the output, or its first folder
+    rules = rules or chosen_rules(cfg)
+    keep = DocumentFilter(cfg.languages, cfg.types, cfg.since, cfg.until)
+    meta = dict(input=str(src), output=str(cfg.out), prefer=cfg.prefer, near_duplicates=None, filters=keep.settings())
+    work = next(p for p in Path(os.path.abspath(cfg.out)).parents if p.is_dir())   # beside the output (or above)
     with _select_folder(work) as tmp:   # what select keeps on disk: a few hundred bytes a document
-        read, buckets, langs, state = _spill_scan(src, rules, tokenizer_counter(tokenizer) if tokenizer
-                                                  else estimate_tokens, strict, skipped, num_proc, tmp, keep)
-        if keep: keep.check(state['seen'], src)
-        _check_read(src, read, state)
-        counters, rest, kept = _spill_versions(tmp, buckets, prefer, rules)
-        counters.update({f'skipped.{r}': n for r, n in state['bad'].items()})
-        counters.update(dict.fromkeys(keep.counted(), 0) | state['seen'].dropped)   # documents the filters dropped
-        counters['documents.read'] += state['seen'].dropped.total()
-        n = _write_ranked(_merged_runs(tmp, buckets), tmp/'ranked', langs)
-        marks = np.zeros(read, np.uint8)   # a byte a row: _NEAR, _PICKED
-        if near_dup:
-            dropped, meta['near_duplicates'] = _near_duplicate_ranked(src, tmp/'ranked', n, near_dup, num_proc)
-            for first, rec in _read_ranked(tmp/'ranked'): marks[rec['row'][dropped[first:first + len(rec)]]] |= _NEAR
-            counters['dropped.near_duplicate'] = int(dropped.sum())
-        quotas, why = _choose_ranked(tmp/'ranked', marks, langs, rest, target_tokens, top)
-        counters.update(why, **{'dropped.below_threshold': kept - n})
-        tally = _tally_kept(tmp, buckets, marks, rules)
-        with atomic_write(out) as dest:   # the report is written inside: if it fails, the selection is not replaced
-            _copy_lines(src, dest, _picked_lines(tmp/'rows', marks), rewrite=counters['kept.rescored'] > 0)
-            meta.update(seconds=round(time.perf_counter() - t0, 3), skipped=skipped[:1000])
-            result = _report(tally, counters, quotas, rules, target_tokens, tolerance, token_source, meta, top)
-            if report: write_selection_report(result, report)
+        return _select_in(tmp, cfg, rules, keep, meta, t0)
+
+# %% ../nbs/01_scoring.ipynb #47e8f732
+def _select_in(tmp: Path, cfg: SelectConfig, rules: ScoringRules, keep: DocumentFilter, meta: dict,
+               t0: float) -> dict:
+    "`select_documents`' passes, their files in `tmp`: scan, versions, rank, near-duplicates, choose, write."
+    src, procs, skipped = Path(cfg.input), cfg.num_proc or usable_cores(), []
+    count = tokenizer_counter(cfg.tokenizer) if cfg.tokenizer else estimate_tokens
+    read, buckets, langs, state = _spill_scan(src, rules, count, cfg.strict, skipped, procs, tmp, keep)
+    if keep: keep.check(state['seen'], src)
+    _check_read(src, read, state)
+    counters, rest, kept = _spill_versions(tmp, buckets, cfg.prefer, rules)
+    counters.update({f'skipped.{r}': n for r, n in state['bad'].items()})
+    counters.update(dict.fromkeys(keep.counted(), 0) | state['seen'].dropped)   # documents the filters dropped
+    counters['documents.read'] += state['seen'].dropped.total()
+    n = _write_ranked(_merged_runs(tmp, buckets), tmp/'ranked', langs)
+    marks = np.zeros(read, np.uint8)   # a byte a row: _NEAR, _PICKED
+    if cfg.near_dup:
+        dropped, meta['near_duplicates'] = _near_duplicate_ranked(src, tmp/'ranked', n, cfg.near_dup, procs)
+        for first, rec in _read_ranked(tmp/'ranked'): marks[rec['row'][dropped[first:first + len(rec)]]] |= _NEAR
+        counters['dropped.near_duplicate'] = int(dropped.sum())
+    quotas, why = _choose_ranked(tmp/'ranked', marks, langs, rest, cfg.target_tokens, cfg.top)
+    counters.update(why, **{'dropped.below_threshold': kept - n})
+    tally = _tally_kept(tmp, buckets, marks, rules)
+    token_source = f'tokenizer {cfg.tokenizer}' if cfg.tokenizer else f'estimate: characters / {CHARS_PER_TOKEN}'
+    with atomic_write(cfg.out) as dest:   # the report is written inside: if it fails, the selection is not replaced
+        _copy_lines(src, dest, _picked_lines(tmp/'rows', marks), rewrite=counters['kept.rescored'] > 0)
+        meta.update(seconds=round(time.perf_counter() - t0, 3), skipped=skipped[:1000])
+        result = _report(tally, counters, quotas, rules, cfg.target_tokens, cfg.tolerance, token_source, meta, cfg.top)
+        if cfg.report: write_selection_report(result, cfg.report)
     return result
 
 # %% ../nbs/01_scoring.ipynb #5e1ec7ed
@@ -1442,45 +1482,15 @@ def plot_report(report: dict):
     return fig
 
 # %% ../nbs/01_scoring.ipynb #8825a288
-def top_count(text: str) -> int:
-    "A number of documents of at least 1 from '10000', '10,000' or '10K' (a flag type: core's parser names the flag)."
-    if (n := parse_number(text)) < 1 or n != int(n):
-        raise LegalnbError(f'expected a whole number of documents of at least 1, such as 10000 or 10K, got {text!r}')
-    return int(n)
-
-def token_target(text: str) -> int:
-    "A token budget of at least 1 from '2,000,000', '2e9', '500M' or '2B' (a flag type: core's parser names the flag)."
-    if (n := parse_count(text)) < 1:
-        raise LegalnbError(f'expected at least 1 token, such as 2,000,000, 2e9, 500M, got {text!r}')
-    return n
-
-def select_command(input: str,                         # JSONL of documents (the output of legalnb parse)
-                   out: str = 'selected.jsonl',        # where to write the selected documents (JSONL, with scores)
-                   target_tokens: token_target = None, # token budget: 2,000,000, 2e9, 500M, 2B (or --top, or both)
-                   top: top_count = None,              # at most the N best documents: 10000, 10K (alone: no budget)
-                   languages: list[language_codes] = None,  # keep only these languages (ISO 639-1): en,de
-                   types: list[type_names] = None,     # keep only these document types: regulation,directive
-                   since: iso_date = None,             # keep only documents dated on or after this day (yyyy-mm-dd)
-                   until: iso_date = None,             # keep only documents dated on or before this day (yyyy-mm-dd)
-                   threshold: int | None = None,       # minimum score to be eligible; without it, the rules' threshold
-                   report: str | None = None,          # also write the selection report here (JSON)
-                   rules: str | None = None,           # YAML or JSON file naming the scoring rules it changes
-                   tokenizer: str | None = None,       # tokenizer.json to count tokens with; without it, characters / 4
-                   tolerance: float = 0.02,            # allowed gap between a language's selected and target share
-                   prefer: Literal['both', 'consolidated', 'original'] = 'consolidated',  # versions of one act to keep
-                   near_dup: float = 0.8,              # drop near-duplicates: 8-word shingles Jaccard >= this (0: off)
-                   num_proc: int | None = None,        # processes scoring and comparing documents (default: all cores)
-                   strict: bool = False):              # stop at the first line that cannot be read
-    "Score documents and select the best up to a token target and/or a number of documents, keeping the language mix."
-    if target_tokens is None and top is None:
+def select_run(cfg: SelectConfig) -> int:
+    "Run `legalnb select` from its config: the selection, then its report as a table; the exit code."
+    if cfg.target_tokens is None and cfg.top is None:
         raise LegalnbError('--target-tokens or --top is required: a token budget such as 2M, or a number of '
                            'documents such as 10K; see legalnb select --help')
-    _refuse_outputs([input, rules, tokenizer], out, report)
-    chosen_rules = ScoringRules.load(rules) if rules else ScoringRules()
-    if threshold is not None: chosen_rules = replace(chosen_rules, threshold=threshold)
-    result = select_documents(input, out, target_tokens, chosen_rules, tokenizer, tolerance, report, prefer,
-                              strict, top, near_dup, num_proc or usable_cores(), languages, types, since, until)
-    print(report_table(result)); print(f'\nwrote {out}' + (f' and {report}' if report else ''))
+    result = select_documents(cfg)
+    print(report_table(result)); print(f'\nwrote {cfg.out}' + (f' and {cfg.report}' if cfg.report else ''))
+    return 0
 
-def select_run(settings: dict) -> int: return run_writing(select_command, settings, 'legalnb select')
-def select_main(argv: list[str]) -> int: return select_run(command_settings('select', argv))
+def select_main(argv: list[str]) -> int:
+    "`legalnb select ARGV`: the flags parsed into a `SelectConfig` (checked there), then the selection."
+    return select_run(SelectConfig(**command_settings('select', argv)))

@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from legalnb.cli import main
-from legalnb.corpus import build_corpus, iter_selected, load_tokenizer, split_text
+from legalnb.corpus import CorpusConfig, build_corpus, iter_selected, load_tokenizer, split_text
 from legalnb.core import LegalnbError
 from legalnb.sources import write_jsonl
 
@@ -53,7 +53,7 @@ def tok10(tmp_path):
 def test_exact_packing_by_hand(tmp_path, tok10):
     # docs: [1 2 3] [4 5] [6 7 8 9 10] -> stream 1 2 3 0 | 4 5 0 6 | 7 8 9 10 | 0 (row_len 4: seq_len 3)
     sel = docs(tmp_path/'s.jsonl', ['w1 w2 w3', 'w4 w5', 'w6 w7 w8 w9 w10'], ['en', 'de', 'en'])
-    m = build_corpus(sel, tmp_path/'c', seq_len=3, shards=1, tokenizer=tok10, progress=False)
+    m = build_corpus(CorpusConfig(sel, tmp_path/'c', seq_len=3, shards=1, tokenizer=tok10, progress=False))
     rows = np.load(tmp_path/'c'/'shard_00000.npy')
     assert rows.dtype == np.uint16 and rows.tolist() == [[1, 2, 3, 0], [4, 5, 0, 6], [7, 8, 9, 10]]
     assert np.load(tmp_path/'c'/'doc_starts'/'shard_00000.npy').tolist() == [0, 4, 7]
@@ -67,17 +67,17 @@ def test_saved_tokenizer_folder_and_its_eos(tmp_path, tok10):
     from transformers import PreTrainedTokenizerFast
     hf = PreTrainedTokenizerFast(tokenizer_file=str(tok10), eos_token='w19')  # the folder's config names its EOS
     hf.save_pretrained(tmp_path/'hf')
-    m = build_corpus(docs(tmp_path/'s.jsonl', ['w1 w2 w3', 'w4 w5 w6 w7']), tmp_path/'c', seq_len=4, shards=1, tokenizer=tmp_path/'hf', progress=False)
+    m = build_corpus(CorpusConfig(docs(tmp_path/'s.jsonl', ['w1 w2 w3', 'w4 w5 w6 w7']), tmp_path/'c', seq_len=4, shards=1, tokenizer=tmp_path/'hf', progress=False))
     assert m['eos_id'] == 19 and np.load(tmp_path/'c'/'shard_00000.npy').tolist() == [[1, 2, 3, 19, 4]]
     assert m['dropped_tail_tokens'] == 4 and (tmp_path/'c'/'tokenizer.json').is_file()
-    m = build_corpus(tmp_path/'s.jsonl', tmp_path/'d', seq_len=4, shards=1, tokenizer=tmp_path/'hf', eos='<|endoftext|>', progress=False)
+    m = build_corpus(CorpusConfig(tmp_path/'s.jsonl', tmp_path/'d', seq_len=4, shards=1, tokenizer=tmp_path/'hf', eos='<|endoftext|>', progress=False))
     assert m['eos_id'] == 0 and m['args']['eos'] == '<|endoftext|>'
 
 
 def test_rows_continue_across_shards(tmp_path, tok10):
     # 12 one-word documents -> 24 tokens -> 6 rows of 4; 3 shards split the input bytes, the stream stays continuous
     sel = docs(tmp_path/'s.jsonl', [f'w{i % 9 + 1}' for i in range(12)])
-    m = build_corpus(sel, tmp_path/'c', seq_len=3, shards=3, tokenizer=tok10, progress=False)
+    m = build_corpus(CorpusConfig(sel, tmp_path/'c', seq_len=3, shards=3, tokenizer=tok10, progress=False))
     flat = np.concatenate([np.load(tmp_path/'c'/s['file']).reshape(-1) for s in m['shards']])
     assert flat.tolist() == [t for i in range(12) for t in (i % 9 + 1, 0)] and m['dropped_tail_tokens'] == 0
     assert [s['rows'] for s in m['shards']] == [2, 2, 2] and sum(s['documents'] for s in m['shards']) == 12
@@ -90,7 +90,7 @@ def test_rows_continue_across_shards(tmp_path, tok10):
 def test_dtype_at_the_uint16_boundary(tmp_path, vocab, dtype):
     tok = word_tokenizer(tmp_path/'tok.json', [f'w{i}' for i in range(1, vocab)])
     top = f'w{vocab - 1}'  # the largest id: 65535 fits uint16, 65536 would wrap to 0
-    m = build_corpus(docs(tmp_path/'s.jsonl', [f'w1 {top} w2']), tmp_path/'c', seq_len=3, shards=1, tokenizer=tok, progress=False)
+    m = build_corpus(CorpusConfig(docs(tmp_path/'s.jsonl', [f'w1 {top} w2']), tmp_path/'c', seq_len=3, shards=1, tokenizer=tok, progress=False))
     rows = np.load(tmp_path/'c'/'shard_00000.npy', mmap_mode='r')
     assert rows.dtype == dtype and m['dtype'] == np.dtype(dtype).name and m['vocab_size'] == vocab
     assert rows.tolist() == [[1, vocab - 1, 2, 0]]
@@ -100,15 +100,15 @@ def test_vocabulary_with_gaps_sizes_by_largest_id(tmp_path):
     tok = Tokenizer(models.WordLevel({'<|endoftext|>': 0, 'a': 1, 'b': 70_000}, unk_token='<|endoftext|>'))  # 3 tokens, largest id 70000
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(str(tmp_path/'tok.json'))
-    m = build_corpus(docs(tmp_path/'s.jsonl', ['a b a']), tmp_path/'c', seq_len=3, shards=1, tokenizer=tmp_path/'tok.json', progress=False)
+    m = build_corpus(CorpusConfig(docs(tmp_path/'s.jsonl', ['a b a']), tmp_path/'c', seq_len=3, shards=1, tokenizer=tmp_path/'tok.json', progress=False))
     assert m['vocab_size'] == 70_001 and m['dtype'] == 'uint32'
     assert np.load(tmp_path/'c'/'shard_00000.npy').tolist() == [[1, 70_000, 1, 0]]
 
 
 def test_determinism_and_num_proc(tmp_path):
     sel = synthetic(tmp_path/'s.jsonl', 400)
-    a = build_corpus(sel, tmp_path/'a', seq_len=31, shards=4, vocab_size=300, progress=False)
-    b = build_corpus(sel, tmp_path/'b', seq_len=31, shards=4, vocab_size=300, num_proc=2, batch_chars=3000, progress=False)
+    a = build_corpus(CorpusConfig(sel, tmp_path/'a', seq_len=31, shards=4, train_tokenizer=300, progress=False))
+    b = build_corpus(CorpusConfig(sel, tmp_path/'b', seq_len=31, shards=4, train_tokenizer=300, num_proc=2, progress=False), batch_chars=3000)
     assert tree_bytes(tmp_path/'a') == tree_bytes(tmp_path/'b') and a == b
     assert a['rows'] > 40 and all(s['rows'] > 0 for s in a['shards'])
     # the packed stream is the selection encoded document by document, one EOS after each
@@ -120,47 +120,47 @@ def test_determinism_and_num_proc(tmp_path):
 
 def test_rerun_is_up_to_date(tmp_path, tok10):
     sel = synthetic(tmp_path/'s.jsonl', 60)
-    m = build_corpus(sel, tmp_path/'c', seq_len=15, shards=2, vocab_size=300, progress=False)
+    m = build_corpus(CorpusConfig(sel, tmp_path/'c', seq_len=15, shards=2, train_tokenizer=300, progress=False))
     seen = []
-    assert build_corpus(sel, tmp_path/'c', seq_len=15, shards=2, vocab_size=300, progress=False, on_shard=seen.append) == m and seen == []
+    assert build_corpus(CorpusConfig(sel, tmp_path/'c', seq_len=15, shards=2, train_tokenizer=300, progress=False), on_shard=seen.append) == m and seen == []
     (tmp_path/'c'/'shard_00001.npy').write_bytes(b'broken')  # a damaged shard is rebuilt, not trusted
-    assert build_corpus(sel, tmp_path/'c', seq_len=15, shards=2, vocab_size=300, progress=False) == m
+    assert build_corpus(CorpusConfig(sel, tmp_path/'c', seq_len=15, shards=2, train_tokenizer=300, progress=False)) == m
     assert np.load(tmp_path/'c'/'shard_00001.npy').shape[1] == 16
 
 
 def test_resume_after_exception(tmp_path):
     sel = synthetic(tmp_path/'s.jsonl', 300)
-    ref = build_corpus(sel, tmp_path/'ref', seq_len=15, shards=5, vocab_size=300, progress=False)
+    ref = build_corpus(CorpusConfig(sel, tmp_path/'ref', seq_len=15, shards=5, train_tokenizer=300, progress=False))
 
     def crash(rec):
         if rec['file'] == 'shard_00002.npy': raise RuntimeError('crash')
-    with pytest.raises(RuntimeError): build_corpus(sel, tmp_path/'c', seq_len=15, shards=5, vocab_size=300, progress=False, on_shard=crash)
+    with pytest.raises(RuntimeError): build_corpus(CorpusConfig(sel, tmp_path/'c', seq_len=15, shards=5, train_tokenizer=300, progress=False), on_shard=crash)
     partial = json.loads((tmp_path/'c'/'manifest.partial.json').read_text())
     assert [s['file'] for s in partial['shards']] == ['shard_00000.npy', 'shard_00001.npy', 'shard_00002.npy']
     (tmp_path/'c'/'shard_00002.npy').write_bytes(b'corrupt')  # a shard that fails its checksum is redone
     seen = []
-    m = build_corpus(sel, tmp_path/'c', seq_len=15, shards=5, vocab_size=300, progress=False, on_shard=lambda r: seen.append(r['file']))
+    m = build_corpus(CorpusConfig(sel, tmp_path/'c', seq_len=15, shards=5, train_tokenizer=300, progress=False), on_shard=lambda r: seen.append(r['file']))
     assert seen == ['shard_00002.npy', 'shard_00003.npy', 'shard_00004.npy'] and m == ref
     assert tree_bytes(tmp_path/'c') == tree_bytes(tmp_path/'ref') and not (tmp_path/'c'/'manifest.partial.json').exists()
 
 
 KILLER = '''
 import os, signal, sys
-from legalnb.corpus import build_corpus
+from legalnb.corpus import CorpusConfig, build_corpus
 def kill(rec):
     if rec['file'] == 'shard_00001.npy': os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no finally
-build_corpus(sys.argv[1], sys.argv[2], seq_len=15, shards=4, vocab_size=300, num_proc=2, batch_chars=2000, progress=False, on_shard=kill)
+build_corpus(CorpusConfig(sys.argv[1], sys.argv[2], seq_len=15, shards=4, train_tokenizer=300, num_proc=2, progress=False), batch_chars=2000, on_shard=kill)
 '''
 
 
 def test_resume_after_sigkill(tmp_path):
     sel = synthetic(tmp_path/'s.jsonl', 300)
-    ref = build_corpus(sel, tmp_path/'ref', seq_len=15, shards=4, vocab_size=300, progress=False)
+    ref = build_corpus(CorpusConfig(sel, tmp_path/'ref', seq_len=15, shards=4, train_tokenizer=300, progress=False))
     r = subprocess.run([sys.executable, '-c', KILLER, str(sel), str(tmp_path/'c')], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == -signal.SIGKILL, r.stderr
     assert not (tmp_path/'c'/'manifest.json').exists() and (tmp_path/'c'/'shard_00001.npy').exists()
     seen = []
-    m = build_corpus(sel, tmp_path/'c', seq_len=15, shards=4, vocab_size=300, progress=False, on_shard=lambda r: seen.append(r['file']))
+    m = build_corpus(CorpusConfig(sel, tmp_path/'c', seq_len=15, shards=4, train_tokenizer=300, progress=False), on_shard=lambda r: seen.append(r['file']))
     assert seen == ['shard_00002.npy', 'shard_00003.npy'] and m == ref and tree_bytes(tmp_path/'c') == tree_bytes(tmp_path/'ref')
 
 
@@ -183,7 +183,7 @@ def test_long_documents_split_and_no_whitespace(tmp_path, tok10):
     # a 3 MB document with no paragraph breaks is split at spaces; ids equal encoding it whole
     text = ' '.join(f'w{i % 19 + 1}' for i in range(1_000_000))
     assert max(map(len, split_text(text, 100_000))) <= 100_000
-    m = build_corpus(docs(tmp_path/'s.jsonl', [text, 'w1 w2']), tmp_path/'c', seq_len=999, shards=2, tokenizer=tok10, progress=False)
+    m = build_corpus(CorpusConfig(docs(tmp_path/'s.jsonl', [text, 'w1 w2']), tmp_path/'c', seq_len=999, shards=2, tokenizer=tok10, progress=False))
     got = np.concatenate([np.load(tmp_path/'c'/s['file']).reshape(-1) for s in m['shards']])
     want = np.array([i % 19 + 1 for i in range(1_000_000)] + [0, 1, 2, 0])
     assert (got == want[:len(got)]).all() and m['documents_read'] == 2
@@ -199,7 +199,7 @@ def test_50_mb_document(tmp_path):
     big = para * (50_000_000 // len(para))
     sel = docs(tmp_path/'s.jsonl', ['Article', big, 'Article'])
     assert sel.stat().st_size > 50_000_000
-    m = build_corpus(sel, tmp_path/'c', seq_len=4095, shards=4, tokenizer=tok, num_proc=2, progress=False)
+    m = build_corpus(CorpusConfig(sel, tmp_path/'c', seq_len=4095, shards=4, tokenizer=tok, num_proc=2, progress=False))
     n = 1 + 1 + big.count(' ') + big.count('\n\n') + 1 + 2  # Article EOS, the big one's words and EOS, Article EOS
     assert m['documents_read'] == 3 and m['tokens'] + m['dropped_tail_tokens'] == n and all(s['rows'] > 0 for s in m['shards'])
     row = np.load(tmp_path/'c'/'shard_00000.npy', mmap_mode='r')[0]
@@ -235,7 +235,7 @@ def test_bad_input(tmp_path, tok10, capsys):
     for i in range(1, 9):  # nothing new: no folder, no shard, partial or temporary file anywhere
         assert not (tmp_path/f'o{i}').exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith('.')], 'no hidden sibling or temporary file'
-    with pytest.raises(LegalnbError, match='either a tokenizer'): build_corpus(sel, tmp_path/'o9')
+    with pytest.raises(LegalnbError, match='either a tokenizer'): build_corpus(CorpusConfig(sel, tmp_path/'o9'))
 
 
 def test_cli_subprocess_summary(tmp_path, tok10):
@@ -260,7 +260,7 @@ def snapshot(d: Path) -> dict:
 def good(tmp_path):
     "A selection and a finished corpus built from it (seq_len 15, 3 shards, trained tokenizer)."
     sel = synthetic(tmp_path/'s.jsonl', 120)
-    build_corpus(sel, tmp_path/'C', seq_len=15, shards=3, vocab_size=300, progress=False)
+    build_corpus(CorpusConfig(sel, tmp_path/'C', seq_len=15, shards=3, train_tokenizer=300, progress=False))
     return sel, tmp_path/'C'
 
 
@@ -280,8 +280,8 @@ def test_failed_rebuild_leaves_the_old_corpus_byte_identical(tmp_path, good, cap
 
 def test_rebuild_replaces_the_corpus_only_when_finished(tmp_path, good):
     sel, c = good
-    ref = build_corpus(sel, tmp_path/'ref', seq_len=7, shards=3, vocab_size=300, progress=False)
-    m = build_corpus(sel, c, seq_len=7, shards=3, vocab_size=300, progress=False)
+    ref = build_corpus(CorpusConfig(sel, tmp_path/'ref', seq_len=7, shards=3, train_tokenizer=300, progress=False))
+    m = build_corpus(CorpusConfig(sel, c, seq_len=7, shards=3, train_tokenizer=300, progress=False))
     assert m == ref and tree_bytes(c) == tree_bytes(tmp_path/'ref') and not (tmp_path/'.C.rebuild').exists()
 
 
@@ -295,8 +295,8 @@ def test_killed_rebuild_keeps_the_old_corpus_and_resumes(tmp_path, good):
     assert r.returncode == -signal.SIGKILL, r.stderr
     assert snapshot(c) == before and (tmp_path/'.C.rebuild'/'manifest.partial.json').is_file()
     seen = []
-    m = build_corpus(sel, c, seq_len=7, shards=4, vocab_size=300, progress=False, on_shard=lambda r: seen.append(r['file']))
-    ref = build_corpus(sel, tmp_path/'ref', seq_len=7, shards=4, vocab_size=300, progress=False)
+    m = build_corpus(CorpusConfig(sel, c, seq_len=7, shards=4, train_tokenizer=300, progress=False), on_shard=lambda r: seen.append(r['file']))
+    ref = build_corpus(CorpusConfig(sel, tmp_path/'ref', seq_len=7, shards=4, train_tokenizer=300, progress=False))
     assert seen == ['shard_00002.npy', 'shard_00003.npy'] and m == ref and tree_bytes(c) == tree_bytes(tmp_path/'ref')
     assert not (tmp_path/'.C.rebuild').exists()
 
@@ -333,20 +333,20 @@ def test_output_that_is_an_input_is_refused(tmp_path, capsys):
 def test_killed_before_the_first_shard_is_resumed(tmp_path):
     "A build killed in its first second (only its partial manifest and tokenizer exist) is the build's own folder."
     sel = synthetic(tmp_path/'s.jsonl', 60)
-    ref = build_corpus(sel, tmp_path/'ref', seq_len=15, shards=2, vocab_size=300, progress=False)
+    ref = build_corpus(CorpusConfig(sel, tmp_path/'ref', seq_len=15, shards=2, train_tokenizer=300, progress=False))
     def crash(rec): raise KeyboardInterrupt
-    with pytest.raises(KeyboardInterrupt): build_corpus(sel, tmp_path/'c', seq_len=15, shards=2, vocab_size=300, progress=False, on_shard=crash)
+    with pytest.raises(KeyboardInterrupt): build_corpus(CorpusConfig(sel, tmp_path/'c', seq_len=15, shards=2, train_tokenizer=300, progress=False), on_shard=crash)
     partial = json.loads((tmp_path/'c'/'manifest.partial.json').read_text())
     assert partial['command'] == f'legalnb build-corpus {sel} --out {tmp_path/"c"} --seq-len 15 --shards 2 --train-tokenizer 300 --max-chars 100000'
     (tmp_path/'c'/'manifest.partial.json').write_text(json.dumps({**partial, 'shards': []}))  # as if killed before shard 0
-    assert build_corpus(sel, tmp_path/'c', seq_len=15, shards=2, vocab_size=300, progress=False) == ref
+    assert build_corpus(CorpusConfig(sel, tmp_path/'c', seq_len=15, shards=2, train_tokenizer=300, progress=False)) == ref
     assert tree_bytes(tmp_path/'c') == tree_bytes(tmp_path/'ref')
 
 
 @pytest.mark.parametrize('umask', [0o022, 0o002])
 def test_files_get_the_mode_of_a_plain_open(tmp_path, umask):
     old = os.umask(umask)
-    try: build_corpus(synthetic(tmp_path/'s.jsonl', 30), tmp_path/'c', seq_len=15, shards=2, vocab_size=300, progress=False)
+    try: build_corpus(CorpusConfig(synthetic(tmp_path/'s.jsonl', 30), tmp_path/'c', seq_len=15, shards=2, train_tokenizer=300, progress=False))
     finally: os.umask(old)
     modes = {str(p.relative_to(tmp_path/'c')): p.stat().st_mode & 0o777 for p in (tmp_path/'c').rglob('*')}
     assert modes == {**{k: 0o666 & ~umask for k in modes}, 'doc_starts': 0o777 & ~umask}, modes
@@ -365,7 +365,7 @@ def test_rebuild_killed_at_any_moment_is_the_old_or_the_new_corpus(tmp_path):
     sel = synthetic(tmp_path/'s.jsonl', 3000, seed=1)
     args = ['--seq-len', '7', '--shards', '8', '--train-tokenizer', '300', '--no-progress']
     cmd = [sys.executable, '-m', 'legalnb.cli', 'build-corpus', str(sel), *args]
-    build_corpus(sel, tmp_path/'c', seq_len=15, shards=8, vocab_size=300, progress=False)
+    build_corpus(CorpusConfig(sel, tmp_path/'c', seq_len=15, shards=8, train_tokenizer=300, progress=False))
     assert subprocess.run(cmd + ['--out', str(tmp_path/'new')], capture_output=True).returncode == 0
     old, new = tree_bytes(tmp_path/'c'), tree_bytes(tmp_path/'new')
     rng = random.Random(0)
@@ -381,10 +381,10 @@ def test_a_swap_killed_half_way_is_finished_by_the_next_run(tmp_path, good):
     sel, c = good
     before, seen = tree_bytes(c), []
     c.rename(tmp_path/'.C.trash')  # killed after the old corpus was moved out, before the new one was moved in
-    m = build_corpus(sel, c, seq_len=15, shards=3, vocab_size=300, progress=False, on_shard=seen.append)
+    m = build_corpus(CorpusConfig(sel, c, seq_len=15, shards=3, train_tokenizer=300, progress=False), on_shard=seen.append)
     assert seen == [] and tree_bytes(c) == before and not (tmp_path/'.C.trash').exists(), 'the old corpus is back'
     (tmp_path/'.C.trash').mkdir(); (tmp_path/'.C.trash'/'shard_00002.npy').write_bytes(b'half deleted')
-    assert build_corpus(sel, c, seq_len=15, shards=3, vocab_size=300, progress=False) == m
+    assert build_corpus(CorpusConfig(sel, c, seq_len=15, shards=3, train_tokenizer=300, progress=False)) == m
     assert not (tmp_path/'.C.trash').exists() and tree_bytes(c) == before
 
 
@@ -430,7 +430,7 @@ def base(celex: str) -> str:
 
 def test_heldout_acts_are_celex_disjoint_with_every_version(tmp_path):
     sel = acts_selection(tmp_path/'s.jsonl')
-    m = build_corpus(sel, tmp_path/'c', seq_len=15, shards=2, vocab_size=300, val_docs=0.2, progress=False)
+    m = build_corpus(CorpusConfig(sel, tmp_path/'c', seq_len=15, shards=2, train_tokenizer=300, val_docs=0.2, progress=False))
     train, held = sides(sel, tmp_path/'c')
     assert {base(c) for c in train}.isdisjoint({base(c) for c in held}), 'no act on both sides'
     assert sorted({base(c) for c in held}) == m['heldout_celex'] and len(m['heldout_celex']) == m['heldout']['acts'] >= 2
@@ -448,7 +448,7 @@ def test_heldout_lines_are_copied_and_the_shards_hold_the_other_documents(tmp_pa
     sel = docs(tmp_path/'s.jsonl', ['w1 w2', 'w3 w4 w5', 'w6', 'w7 w8 w9', 'w10 w11'])
     lines = sel.read_bytes().splitlines(keepends=True)
     held = {'32022R0001', '32023R0001'}  # documents 2 and 3 by their CELEX
-    m = build_corpus(sel, tmp_path/'c', seq_len=3, shards=1, tokenizer=tok10, val_docs=2, seed=0, val_min_acts=0, progress=False)
+    m = build_corpus(CorpusConfig(sel, tmp_path/'c', seq_len=3, shards=1, tokenizer=tok10, val_docs=2, seed=0, val_min_acts=0, progress=False))
     held = set(m['heldout_celex'])
     assert len(held) == 2
     kept = [l for l in lines if json.loads(l)['celex'] in held]
@@ -465,9 +465,9 @@ def test_heldout_lines_are_copied_and_the_shards_hold_the_other_documents(tmp_pa
 def test_heldout_choice_is_a_function_of_the_seed_and_stable_when_documents_are_added(tmp_path):
     sel = acts_selection(tmp_path/'s.jsonl', 60)
     # the property holds for the share itself: the floor of 20 acts adds the next acts of each selection (off here)
-    a = build_corpus(sel, tmp_path/'a', seq_len=15, shards=2, vocab_size=300, val_docs=0.1, val_min_acts=0, progress=False)
-    b = build_corpus(sel, tmp_path/'b', seq_len=15, shards=2, vocab_size=300, val_docs=0.1, val_min_acts=0, num_proc=2,
-                     progress=False)
+    a = build_corpus(CorpusConfig(sel, tmp_path/'a', seq_len=15, shards=2, train_tokenizer=300, val_docs=0.1, val_min_acts=0, progress=False))
+    b = build_corpus(CorpusConfig(sel, tmp_path/'b', seq_len=15, shards=2, train_tokenizer=300, val_docs=0.1, val_min_acts=0, num_proc=2,
+                     progress=False))
     assert tree_bytes(tmp_path/'a') == tree_bytes(tmp_path/'b'), 'same seed, same bytes'
     assert heldout_acts(sel, 0.1, seed=1, min_acts=0)[0] != set(a['heldout_celex'])
     more = tmp_path/'more.jsonl'
@@ -477,28 +477,28 @@ def test_heldout_choice_is_a_function_of_the_seed_and_stable_when_documents_are_
 
 def test_tokenizer_is_trained_on_the_training_side_only(tmp_path):
     sel = acts_selection(tmp_path/'s.jsonl')
-    m = build_corpus(sel, tmp_path/'c', seq_len=15, shards=1, vocab_size=300, val_docs=0.3, progress=False)
+    m = build_corpus(CorpusConfig(sel, tmp_path/'c', seq_len=15, shards=1, train_tokenizer=300, val_docs=0.3, progress=False))
     train = [rec['text'] for *_, rec in jsonl_records(sel) if act_key(rec) not in set(m['heldout_celex'])]
     assert m['tokenizer_sha256'] == tokenizer_sha256(train_tokenizer(train, 300))
 
 
 def test_heldout_build_resumes_in_each_part(tmp_path):
     sel = acts_selection(tmp_path/'s.jsonl', 60)
-    kw = dict(seq_len=15, shards=3, vocab_size=300, val_docs=0.2, progress=False)
-    ref = build_corpus(sel, tmp_path/'ref', **kw)
+    kw = dict(seq_len=15, shards=3, train_tokenizer=300, val_docs=0.2, progress=False)
+    ref = build_corpus(CorpusConfig(sel, tmp_path/'ref', **kw))
     for stop in ('shard_00001.npy', 'val/shard_00000.npy'):
         def crash(rec):
             if rec['file'] == stop: raise RuntimeError('crash')
         c = tmp_path/stop.replace('/', '_')
-        with pytest.raises(RuntimeError): build_corpus(sel, c, on_shard=crash, **kw)
+        with pytest.raises(RuntimeError): build_corpus(CorpusConfig(sel, c, **kw), on_shard=crash)
         assert (c/'heldout.jsonl').is_file() and not (c/'manifest.json').exists()
         seen = []
-        assert build_corpus(sel, c, on_shard=lambda r: seen.append(r['file']), **kw) == ref
+        assert build_corpus(CorpusConfig(sel, c, **kw), on_shard=lambda r: seen.append(r['file'])) == ref
         assert seen == (['shard_00002.npy', 'val/shard_00000.npy'] if stop == 'shard_00001.npy' else [])
         assert tree_bytes(c) == tree_bytes(tmp_path/'ref')
     (tmp_path/'ref'/'heldout.jsonl').write_bytes(b'damaged')  # not up to date any more: rebuilt to the same bytes
     c2 = tmp_path/'shard_00001.npy'
-    assert build_corpus(sel, tmp_path/'ref', **kw) == ref and tree_bytes(tmp_path/'ref') == tree_bytes(c2)
+    assert build_corpus(CorpusConfig(sel, tmp_path/'ref', **kw)) == ref and tree_bytes(tmp_path/'ref') == tree_bytes(c2)
 
 
 HELD_KILLER = KILLER.replace('progress=False', 'val_docs=0.2, progress=False')
@@ -510,13 +510,13 @@ def test_killed_heldout_build_resumes_and_its_files_are_its_own(tmp_path):
                        text=True, timeout=120)
     assert r.returncode == -signal.SIGKILL, r.stderr
     assert (tmp_path/'c'/'heldout.jsonl').is_file() and not (tmp_path/'c'/'manifest.json').exists()
-    kw = dict(seq_len=15, shards=4, vocab_size=300, val_docs=0.2, progress=False)
+    kw = dict(seq_len=15, shards=4, train_tokenizer=300, val_docs=0.2, progress=False)
     seen = []
-    m = build_corpus(sel, tmp_path/'c', on_shard=lambda r: seen.append(r['file']), **kw)
+    m = build_corpus(CorpusConfig(sel, tmp_path/'c', **kw), on_shard=lambda r: seen.append(r['file']))
     assert seen == ['shard_00002.npy', 'shard_00003.npy', 'val/shard_00000.npy']
-    assert m == build_corpus(sel, tmp_path/'ref', **kw)
+    assert m == build_corpus(CorpusConfig(sel, tmp_path/'ref', **kw))
     assert tree_bytes(tmp_path/'c') == tree_bytes(tmp_path/'ref')
-    m2 = build_corpus(sel, tmp_path/'c', seq_len=15, shards=2, vocab_size=300, progress=False)  # a rebuild without
+    m2 = build_corpus(CorpusConfig(sel, tmp_path/'c', seq_len=15, shards=2, train_tokenizer=300, progress=False))  # a rebuild without
     assert m2['heldout'] is None and not (tmp_path/'c'/'heldout.jsonl').exists() and not (tmp_path/'c'/'val').exists()
 
 

@@ -287,7 +287,7 @@ def test_corpus_to_validate_split_and_batches(tmp_path):
     rng = np.random.default_rng(0)
     docs = [Document(f'3201{i % 10}R{i:04d}', f'Act {i}', ' '.join(rng.choice(words, 120)) + '.', 'en').to_json() for i in range(40)]
     write_jsonl(docs, tmp_path/'selected.jsonl')
-    m = corpus.build_corpus(tmp_path/'selected.jsonl', tmp_path/'corpus', seq_len=32, shards=4, vocab_size=300, progress=False)
+    m = corpus.build_corpus(corpus.CorpusConfig(tmp_path/'selected.jsonl', tmp_path/'corpus', seq_len=32, shards=4, train_tokenizer=300, progress=False))
     rep = validate(tmp_path/'corpus')
     assert rep.ok, rep.problems
     assert (rep.rows, rep.row_len, rep.vocab_size, rep.vocab_source) == (m['rows'], 33, m['vocab_size'], 'manifest.json')
@@ -411,7 +411,7 @@ def test_validate_and_split_flags_are_declared_once(capsys, monkeypatch):
 def word_corpus(tmp_path: Path, texts: list[str], seq_len: int, **kw) -> tuple[Path, dict]:
     "A corpus built from `texts` with a word-level tokenizer: <|endoftext|> = 0, word `wN` = N."
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from legalnb.corpus import build_corpus
+    from legalnb.corpus import CorpusConfig, build_corpus
     from legalnb.sources import write_jsonl
     tok = Tokenizer(models.WordLevel({'<|endoftext|>': 0, **{f'w{i}': i for i in range(1, 40)}}, unk_token='<|endoftext|>'))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -419,8 +419,8 @@ def word_corpus(tmp_path: Path, texts: list[str], seq_len: int, **kw) -> tuple[P
     tok.save(str(tmp_path/'tok.json'))
     write_jsonl([dict(celex=f'320{10 + i}R0001', title='t', text=t, lang='en') for i, t in enumerate(texts)],
                 tmp_path/'s.jsonl')
-    m = build_corpus(tmp_path/'s.jsonl', tmp_path/'corpus', seq_len=seq_len, tokenizer=tmp_path/'tok.json',
-                     progress=False, **kw)
+    m = build_corpus(CorpusConfig(tmp_path/'s.jsonl', tmp_path/'corpus', seq_len=seq_len, tokenizer=tmp_path/'tok.json',
+                     progress=False, **kw))
     return tmp_path/'corpus', m
 
 

@@ -101,19 +101,19 @@ def test_realised_shares_of_a_native_run_and_exact_resume(work, tmp_path):
 
 def test_killed_build_resumes_to_the_same_bytes(work, tmp_path):
     "A build with --mix stopped after its general source's first shard finishes with the uninterrupted build's bytes."
-    from legalnb.corpus import build_corpus
+    from legalnb.corpus import CorpusConfig, build_corpus
     d, _ = work
     kw = dict(seq_len=31, shards=2, val_docs=0.2, val_min_acts=3, progress=False, tokenizer=d/'corpus'/'tokenizer.json',
               mix=[f'general={d/"general.jsonl"}:0.1', f'disk={d/"disk"}:0.05'], mix_heldout=200)
-    full = build_corpus(d/'sample.jsonl', tmp_path/'full', **kw)
+    full = build_corpus(CorpusConfig(d/'sample.jsonl', tmp_path/'full', **kw))
     def stop(rec):
         if rec['file'].startswith('mix/general/'): raise KeyboardInterrupt
-    with pytest.raises(KeyboardInterrupt): build_corpus(d/'sample.jsonl', tmp_path/'cut', on_shard=stop, **kw)
+    with pytest.raises(KeyboardInterrupt): build_corpus(CorpusConfig(d/'sample.jsonl', tmp_path/'cut', **kw), on_shard=stop)
     assert (tmp_path/'cut'/'manifest.partial.json').is_file() and not (tmp_path/'cut'/'manifest.json').exists()
     for half in ('mix/general/.general_00001.npy.x1.tmp', 'mix/general/doc_starts/.general_00001.npy.x2.tmp',
                  'mix/disk/.heldout.jsonl.x3.tmp'):   # what a SIGKILL leaves mid-write
         (tmp_path/'cut'/half).parent.mkdir(parents=True, exist_ok=True); (tmp_path/'cut'/half).write_bytes(b'half')
-    assert build_corpus(d/'sample.jsonl', tmp_path/'cut', **kw) == full
+    assert build_corpus(CorpusConfig(d/'sample.jsonl', tmp_path/'cut', **kw)) == full
     files = lambda p: {q.relative_to(p): q.read_bytes() for q in sorted(p.rglob('*')) if q.is_file()}
     assert files(tmp_path/'cut') == files(tmp_path/'full')
 

@@ -343,11 +343,11 @@ def test_a_plans_select_section_keeps_languages_types_and_dates(tmp_path):
     with pytest.raises(Exception, match="--since: expected a date as yyyy-mm-dd, such as 2015-01-01, got '2015'"):
         build_stages({'input': ['formex'], 'out': 'work', 'select': {'since': 2015}}, Path('.'), {})
     from legalnb.run import selection_result   # report.md's line for the select stage names the filters
-    from legalnb.scoring import select_documents, synthetic_documents
+    from legalnb.scoring import SelectConfig, select_documents, synthetic_documents
     from legalnb.sources import write_jsonl
     write_jsonl((d.to_json() for d in synthetic_documents(40, seed=3)), tmp_path/'parsed.jsonl')
-    r = select_documents(tmp_path/'parsed.jsonl', tmp_path/'selected.jsonl', None, top=5, languages='en',
-                         since='2010-01-01', report=tmp_path/'selection.json', near_dup=0)
+    r = select_documents(SelectConfig(tmp_path/'parsed.jsonl', tmp_path/'selected.jsonl', None, top=5, languages='en',
+                         since='2010-01-01', report=tmp_path/'selection.json', near_dup=0, num_proc=1))
     c = r['counters']
     assert selection_result(tmp_path) == (f'5 documents kept; only --languages en --since 2010-01-01 (dropped: language '
                                           f'{c["dropped.language"]}, undated {c["dropped.undated"]}, before since '

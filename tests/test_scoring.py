@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from legalnb.cli import main
-from legalnb.scoring import (ScoringRules, estimate_tokens, score_document, select_documents, synthetic_documents,
+from legalnb.scoring import (ScoringRules, SelectConfig, estimate_tokens, score_document, select_documents, synthetic_documents,
                              tokenizer_counter)
 from legalnb.sources import Document, write_jsonl
 
@@ -49,7 +49,7 @@ def test_language_shares_stay_within_tolerance(tmp_path, fraction):
     docs = list(synthetic_documents(2_500, seed=11))
     src = write_docs(tmp_path/'in.jsonl', docs)
     total = sum(estimate_tokens(d.text) for d in docs)
-    report = select_documents(src, tmp_path/'out.jsonl', int(total * fraction))
+    report = select_documents(SelectConfig(src, tmp_path/'out.jsonl', int(total * fraction), num_proc=1))
     assert report['balance']['ok'] and not report['shortfalls']
     for lang, row in report['languages'].items():
         assert abs(row['selected_share'] - row['input_share']) <= 0.02, (lang, row['selected_share'], row['input_share'])
@@ -59,7 +59,7 @@ def test_short_language_is_reported_and_the_others_keep_their_proportions(tmp_pa
     def dull(d): return replace(d, date=None, doc_type='recommendation', subjects=['customs'], title='Act')
     docs = [dull(d) if d.lang == 'es' else d for d in synthetic_documents(2_500, seed=12)]
     src = write_docs(tmp_path/'in.jsonl', docs)
-    report = select_documents(src, tmp_path/'out.jsonl', sum(estimate_tokens(d.text) for d in docs) // 4)
+    report = select_documents(SelectConfig(src, tmp_path/'out.jsonl', sum(estimate_tokens(d.text) for d in docs) // 4, num_proc=1))
     L = report['languages']
     assert [s['lang'] for s in report['shortfalls']] == ['es'] and L['es']['tokens_selected'] == 0
     assert L['es']['short'] and report['shortfalls'][0]['wanted_tokens'] > report['shortfalls'][0]['eligible_tokens'] == 0
@@ -76,7 +76,7 @@ def test_tie_break_is_deterministic_and_ignores_input_order(tmp_path):
     outs = []
     for seed in range(3):
         shuffled = random.Random(seed).sample(docs, len(docs))
-        select_documents(write_docs(tmp_path/f'in{seed}.jsonl', shuffled), tmp_path/f'out{seed}.jsonl', 5_000, near_dup=0)
+        select_documents(SelectConfig(write_docs(tmp_path/f'in{seed}.jsonl', shuffled), tmp_path/f'out{seed}.jsonl', 5_000, near_dup=0, num_proc=1))
         outs.append(sorted(d['celex'] for d in lines(tmp_path/f'out{seed}.jsonl')))
     assert outs[0] == outs[1] == outs[2] == [f'32020R{n:04d}' for n in range(5)]
 
@@ -84,7 +84,7 @@ def test_duplicates_and_defaults_are_counted(tmp_path):
     docs = list(synthetic_documents(100, seed=13))
     undated = Document('52099PC0001', 'No date', 'y' * 3_000, 'en', None, 'other')
     src = write_docs(tmp_path/'in.jsonl', docs + docs[:7] + [undated])
-    c = select_documents(src, tmp_path/'out.jsonl', 10**9)['counters']
+    c = select_documents(SelectConfig(src, tmp_path/'out.jsonl', 10**9, num_proc=1))['counters']
     assert c['documents.read'] == 108 and c['dropped.duplicate'] == 7 and c['documents.unique'] == 101
     assert c['kept.no_date'] == sum(d.date is None for d in docs) + 1
     assert c['kept.unknown_type'] == sum(d.doc_type == 'other' for d in docs) + 1
@@ -181,10 +181,10 @@ def test_selection_does_not_hold_the_texts(tmp_path):
     src = write_docs(tmp_path/'in.jsonl', synthetic_documents(800, seed=17, chars=(20_000, 40_000)))
     size = src.stat().st_size
     warm = write_docs(tmp_path/'warm.jsonl', synthetic_documents(20, seed=1))   # imports and caches, not traced
-    select_documents(warm, tmp_path/'warm-out.jsonl', 10**6)
+    select_documents(SelectConfig(warm, tmp_path/'warm-out.jsonl', 10**6, num_proc=1))
     tracemalloc.start()
     try:
-        report = select_documents(src, tmp_path/'out.jsonl', 10**6)
+        report = select_documents(SelectConfig(src, tmp_path/'out.jsonl', 10**6, num_proc=1))
         peak = tracemalloc.get_traced_memory()[1]
     finally: tracemalloc.stop()
     assert report['counters']['documents.read'] == 800 and size > 20e6
@@ -250,9 +250,9 @@ def test_a_failed_select_into_a_new_folder_leaves_no_folder(tmp_path, capsys):
 def test_select_flags_are_kept():
     "Every flag `legalnb select` had before it was declared as a function is still there."
     from legalnb.core import command_parser
-    from legalnb.scoring import select_command
+    from legalnb.scoring import SelectConfig
     want = set(json.loads((Path(__file__).parent/'fixtures'/'cli_flags.json').read_text())['select'])
-    have = {o for a in command_parser(select_command, 'legalnb select')._actions for o in a.option_strings}
+    have = {o for a in command_parser(SelectConfig, 'legalnb select')._actions for o in a.option_strings}
     assert want <= have, want - have
 
 # --- issue 12: bad lines skipped and counted, consolidated texts and their base acts ----------------------------------
@@ -305,7 +305,7 @@ def test_language_balance_over_the_24_languages(tmp_path):
                      EU_LANGUAGES[i % 24], date(2015 + i % 9, 1, 1), 'regulation', ['data protection']) for i in range(24 * 30)]
     src = write_docs(tmp_path/'in.jsonl', docs)
     total = sum(estimate_tokens(d.text) for d in docs)
-    report = select_documents(src, tmp_path/'s.jsonl', total // 3, near_dup=0)   # one sentence repeated: all near-duplicates
+    report = select_documents(SelectConfig(src, tmp_path/'s.jsonl', total // 3, near_dup=0, num_proc=1))   # one sentence repeated: all near-duplicates
     assert sorted(report['languages']) == sorted(EU_LANGUAGES)
     assert report['balance']['ok'], report['balance']
     assert all(abs(r['selected_share'] - r['input_share']) <= 0.02 for r in report['languages'].values())
@@ -354,7 +354,7 @@ def test_top_ignores_input_order_and_ties_go_to_the_lower_celex(tmp_path):
     outs = []
     for seed in range(3):
         shuffled = random.Random(seed).sample(docs, len(docs))
-        select_documents(write_docs(tmp_path/f'in{seed}.jsonl', shuffled), tmp_path/f'out{seed}.jsonl', None, top=5, near_dup=0)
+        select_documents(SelectConfig(write_docs(tmp_path/f'in{seed}.jsonl', shuffled), tmp_path/f'out{seed}.jsonl', None, top=5, near_dup=0, num_proc=1))
         outs.append(sorted(d['celex'] for d in lines(tmp_path/f'out{seed}.jsonl')))
     assert outs[0] == outs[1] == outs[2] == [f'32020R{n:04d}' for n in range(5)]
 
@@ -422,7 +422,7 @@ def test_two_processes_select_what_one_selects(tmp_path):
     src = tmp_path/'in.jsonl'
     src.write_bytes(b''.join(lines_[:150]) + bad + b''.join(lines_[150:300]) + bad + b''.join(lines_[300:]))
     assert src.stat().st_size > 4 << 20, 'large enough for several ranges'
-    reports = [select_documents(src, tmp_path/f'out{n}.jsonl', 2_000_000, num_proc=n) for n in (1, 2)]
+    reports = [select_documents(SelectConfig(src, tmp_path/f'out{n}.jsonl', 2_000_000, num_proc=n)) for n in (1, 2)]
     assert (tmp_path/'out1.jsonl').read_bytes() == (tmp_path/'out2.jsonl').read_bytes()
     one, two = ({k: v for k, v in r.items() if k not in ('seconds', 'output', 'near_duplicates')} for r in reports)
     assert one == two and [s['line'] for s in reports[1]['skipped']] == [151, 302]
