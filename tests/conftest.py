@@ -22,6 +22,14 @@ def shape(model: str) -> list[str]:
     rest = [f'{k}={v}' for k, v in tiny.items() if k not in SHAPE_FLAGS]
     return ['--model', model, *flags, *(['--model-overrides', *rest] if rest else [])]
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    "Under `--dist loadgroup` (make test) each test file is one unit of work, unless its tests name their own group."
+    # a file's module fixtures are then made once; test_run_all.py gives each notebook its own group, so the notebooks
+    # spread over the workers instead of running on one
+    for item in items:
+        if not item.get_closest_marker('xdist_group'): item.add_marker(pytest.mark.xdist_group(item.path.name))
+
 def make_split(root: Path, rows=96, seq_len=16, vocab=32, seed=0) -> Path:
     "A corpus of counting rows in two shards, split into train/ and val/ by the data stage."
     rng = np.random.default_rng(seed)
