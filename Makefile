@@ -52,13 +52,13 @@ quickstart: $(STAMP)
 # tests/test_run_all.py: every notebook in a fresh Jupyter kernel, the cells nbdev_test runs (`nbdev_test` runs them
 # in-process, e.g. `nbdev_test --path nbs/01_scoring.ipynb` while writing one). One torch thread per process:
 # oversubscribed torch threads made a tiny CPU model ten times slower on a 2-core machine. pytest runs the test
-# files in TEST_WORKERS processes (--dist loadgroup: tests/conftest.py makes each file one group, so its module
-# fixtures are made once, and test_run_all.py each notebook one, so the notebooks spread over the workers); most tests
-# use one core, so two take 2 cores.
+# files in TEST_WORKERS processes (--dist loadfile: a file's module fixtures are made once; tests/conftest.py makes
+# each notebook of test_run_all.py a unit of its own, so the notebooks spread over the workers); most tests use one
+# core, so two take 2 cores.
 test: export OMP_NUM_THREADS := 1
 test: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python .ci/check_sync.py
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadgroup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest tests -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile
 
 # Drift, caught on our side: a new environment (.venv-latest) with the newest releases settings.ini's ranges allow,
 # and the whole test suite on it. A weekly GitHub workflow runs it; what it finds becomes a fix or a tighter range.

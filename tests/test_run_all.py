@@ -5,9 +5,9 @@ and so does a figure that a fresh kernel shows as its text (`<Figure size 700x32
 This is where `make test` runs the notebooks' tests (once: nbdev_test runs the same cells in-process, for one notebook
 while it is written).
 
-One test per notebook, each in its own xdist group (`--dist loadgroup`, as `make test` runs; tests/conftest.py groups
-every other test by its file), so pytest-xdist spreads the notebooks over its workers beside the other test files,
-the largest first; one torch thread per kernel. Without xdist they run one after another."""
+One test per notebook, each a unit of work of its own for pytest-xdist (`make test`'s `--dist loadfile` keeps the other
+test files whole; tests/conftest.py makes this file the exception), so the notebooks spread over the workers beside
+the other test files, the largest first; one torch thread per kernel. Without xdist they run one after another."""
 import os, re, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -72,7 +72,7 @@ def bare_figures(nb) -> str | None:
     return f'a figure shows as text, not as an image (display it as PNG) in: {bad}' if bad else None
 
 
-@pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.xdist_group(n)) for n in BY_SIZE])
+@pytest.mark.parametrize('name', BY_SIZE)
 def test_notebook_runs_all_in_a_fresh_kernel(name):
     _, secs, err = run_notebook(name)
     if err and name in KNOWN_FAILURES:   # still failing as reported; once fixed, the case passes
