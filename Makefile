@@ -16,7 +16,8 @@ VENV  ?= .venv
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 WORKDIR ?= quickstart
-# pytest processes (pytest-xdist) of `make test`; each test file runs whole in one of them
+# pytest processes (pytest-xdist) of `make test`; each test file runs whole in one of them (each notebook of
+# tests/test_run_all.py in any one)
 TEST_WORKERS ?= 2
 
 .PHONY: install quickstart test test-latest lock sync gpu-check
@@ -51,7 +52,8 @@ quickstart: $(STAMP)
 # tests/test_run_all.py: every notebook in a fresh Jupyter kernel, the cells nbdev_test runs (`nbdev_test` runs them
 # in-process, e.g. `nbdev_test --path nbs/01_scoring.ipynb` while writing one). One torch thread per process:
 # oversubscribed torch threads made a tiny CPU model ten times slower on a 2-core machine. pytest runs the test
-# files in TEST_WORKERS processes (--dist loadfile: a file's module fixtures are made once); most tests use one
+# files in TEST_WORKERS processes (--dist loadfile: a file's module fixtures are made once; tests/conftest.py makes
+# each notebook of test_run_all.py a unit of its own, so the notebooks spread over the workers); most tests use one
 # core, so two take 2 cores.
 test: export OMP_NUM_THREADS := 1
 test: $(STAMP)

@@ -16,11 +16,11 @@ from .presets import (parse_batch_schedule, micro_steps_before, steps_holding,
 
 # %% auto #0
 __all__ = ['GIB', 'USABLE', 'SHARDED', 'ACTIVATION_BYTES', 'NF4_BYTES', 'INT8_BYTES', 'GPU_CHECK_SCHEMA', 'CALIBRATION_SCHEMA',
-           'Plan', 'count_steps', 'data_sequences', 'sci', 'attention_flops_per_token', 'flops_per_token', 'mfu_of',
-           'run_seconds', 'run_cost', 'scale_lr', 'Memory', 'estimate_memory', 'Estimate', 'check_claim', 'estimate',
-           'plan_for', 'model_plan_fields', 'Calibration', 'calibrate', 'Comparison', 'compare',
-           'calibration_from_metrics', 'measured_activation_bytes', 'Measurement', 'GpuCheck', 'schema_error',
-           'read_gpu_check', 'EstimateConfig', 'estimate_command', 'estimate_main']
+           'Plan', 'check_plan_fields', 'count_steps', 'data_sequences', 'sci', 'attention_flops_per_token',
+           'flops_per_token', 'mfu_of', 'run_seconds', 'run_cost', 'scale_lr', 'Memory', 'estimate_memory', 'Estimate',
+           'check_claim', 'estimate', 'plan_for', 'model_plan_fields', 'Calibration', 'calibrate', 'Comparison',
+           'compare', 'calibration_from_metrics', 'measured_activation_bytes', 'Measurement', 'GpuCheck',
+           'schema_error', 'read_gpu_check', 'EstimateConfig', 'estimate_command', 'estimate_main']
 
 # %% ../nbs/08_calculator.ipynb #89f33b7c
 _POSITIVE = ('examples', 'tokens', 'epochs', 'steps', 'micro_batch', 'grad_accum', 'gpus', 'seq_len', 'sec_per_step',
@@ -62,45 +62,50 @@ class Plan:
                                          # (a GPU check, `GpuCheck.calibrate`); None: the HF Llama's ACTIVATION_BYTES
     activation_source: str | None = None # where activation_bytes was measured, named in the arithmetic
 
-    def __post_init__(self):
-        for f in _POSITIVE + ('mixing_flops_per_token',):
-            v, least = getattr(self, f), 'a finite number ≥ 0' if f == 'mixing_flops_per_token' else 'a number > 0'
-            if v is not None and (not v >= 0 or f in _POSITIVE and v == 0 or isinstance(v, float) and math.isinf(v)):
-                raise LegalnbError(f'plan: {f} must be {least}, got {v!r}')
-        speeds = [f for f in ('sec_per_step', 'tokens_per_sec', 'mfu') if getattr(self, f) is not None]
-        if len(speeds) > 1:
-            raise LegalnbError(f'plan: give one of sec_per_step, tokens_per_sec, mfu; got {", ".join(speeds)}')
-        if self.mfu is not None and self.mfu > 1:
-            raise LegalnbError(f'plan: mfu is a fraction of the peak (0.4 = 40%), must be ≤ 1, got {self.mfu}')
-        if self.steps is not None and self.epochs is not None:
-            raise LegalnbError('plan: give epochs or steps, not both')
-        if self.strategy not in STRATEGIES:
-            raise LegalnbError(f'plan: strategy must be one of {", ".join(STRATEGIES)}, got {self.strategy!r}')
-        if self.task is not None and self.task not in TASKS:
-            raise LegalnbError(f'plan: task must be one of {", ".join(TASKS)}, got {self.task!r}')
-        if self.qlora and not self.lora:
-            raise LegalnbError('plan: qlora (--qlora) quantises the frozen base of a LoRA run: give task lora '
-                               '(--preset lora/NAME) or lora_params (--lora-params)')
-        if self.qlora_bits not in (4, 8): raise LegalnbError(f'plan: qlora_bits must be 4 or 8, got {self.qlora_bits}')
-        if self.batch_schedule:   # the first pair's accumulation is the plan's grad_accum (its global_batch)
-            self.grad_accum = parse_batch_schedule(self.batch_schedule, 'plan: batch_schedule')[0][1]
-        if isinstance(self.gpu, str): self.gpu = find_gpu(self.gpu)
-        gpu_precision(self.precision, self.gpu)
+    def __post_init__(self): check_plan_fields(self)   # the checks: `check_plan_fields`, below
 
-    @property
-    def global_batch(self) -> int:
-        "Sequences per optimizer step across all GPUs (LoRA: examples, packed or not; otherwise rows of seq_len)."
-        return self.micro_batch * self.grad_accum * self.gpus
+# %% ../nbs/08_calculator.ipynb #0ee096af
+@patch(as_prop=True)
+def global_batch(self: Plan) -> int:
+    "Sequences per optimizer step across all GPUs (LoRA: examples, packed or not; otherwise rows of seq_len)."
+    return self.micro_batch * self.grad_accum * self.gpus
 
-    @property
-    def lora(self) -> bool:
-        "A LoRA run: the base frozen, adapters trained (task 'lora', or LoRA parameters given)."
-        return self.task == 'lora' or self.lora_params is not None
+@patch(as_prop=True)
+def lora(self: Plan) -> bool:
+    "A LoRA run: the base frozen, adapters trained (task 'lora', or LoRA parameters given)."
+    return self.task == 'lora' or self.lora_params is not None
 
-    @property
-    def compute_precision(self) -> str:
-        "The precision the run computes in on its GPU: `precision` with 'auto' resolved (fp32 without a GPU)."
-        return gpu_precision(self.precision, self.gpu)
+@patch(as_prop=True)
+def compute_precision(self: Plan) -> str:
+    "The precision the run computes in on its GPU: `precision` with 'auto' resolved (fp32 without a GPU)."
+    return gpu_precision(self.precision, self.gpu)
+
+# %% ../nbs/08_calculator.ipynb #08be98bb
+def check_plan_fields(plan: Plan):
+    "Refuse a plan that cannot be run, naming the field; read `batch_schedule` and `gpu` into their values."
+    for f in _POSITIVE + ('mixing_flops_per_token',):
+        v, least = getattr(plan, f), 'a finite number ≥ 0' if f == 'mixing_flops_per_token' else 'a number > 0'
+        if v is not None and (not v >= 0 or f in _POSITIVE and v == 0 or isinstance(v, float) and math.isinf(v)):
+            raise LegalnbError(f'plan: {f} must be {least}, got {v!r}')
+    speeds = [f for f in ('sec_per_step', 'tokens_per_sec', 'mfu') if getattr(plan, f) is not None]
+    if len(speeds) > 1:
+        raise LegalnbError(f'plan: give one of sec_per_step, tokens_per_sec, mfu; got {", ".join(speeds)}')
+    if plan.mfu is not None and plan.mfu > 1:
+        raise LegalnbError(f'plan: mfu is a fraction of the peak (0.4 = 40%), must be ≤ 1, got {plan.mfu}')
+    if plan.steps is not None and plan.epochs is not None:
+        raise LegalnbError('plan: give epochs or steps, not both')
+    if plan.strategy not in STRATEGIES:
+        raise LegalnbError(f'plan: strategy must be one of {", ".join(STRATEGIES)}, got {plan.strategy!r}')
+    if plan.task is not None and plan.task not in TASKS:
+        raise LegalnbError(f'plan: task must be one of {", ".join(TASKS)}, got {plan.task!r}')
+    if plan.qlora and not plan.lora:
+        raise LegalnbError('plan: qlora (--qlora) quantises the frozen base of a LoRA run: give task lora '
+                           '(--preset lora/NAME) or lora_params (--lora-params)')
+    if plan.qlora_bits not in (4, 8): raise LegalnbError(f'plan: qlora_bits must be 4 or 8, got {plan.qlora_bits}')
+    if plan.batch_schedule:   # the first pair's accumulation is the plan's grad_accum (its global_batch)
+        plan.grad_accum = parse_batch_schedule(plan.batch_schedule, 'plan: batch_schedule')[0][1]
+    if isinstance(plan.gpu, str): plan.gpu = find_gpu(plan.gpu)
+    gpu_precision(plan.precision, plan.gpu)
 
 # %% ../nbs/08_calculator.ipynb #23786f09
 def count_steps(sequences: int,    # sequences in the data set
@@ -710,7 +715,7 @@ def _preset_key(preset: str) -> tuple[str, str]:
     return task, name
 
 # %% ../nbs/08_calculator.ipynb #7eae5cc1
-def _plan(preset: str | None, model_size: str | None, fields: dict, model: str = 'resonance') -> Plan:
+def _plan(preset: str | None, model_size: str | None, fields: dict, model: str) -> Plan:
     "The `Plan` that `legalnb estimate`'s flags describe: a preset's plan with the flags applied, or the flags alone."
     task, name = _preset_key(preset) if preset else ('', '')
     if fields.get('gpu'):
@@ -776,7 +781,7 @@ class EstimateConfig:
             raise LegalnbError('give --epochs or --steps, not both')
         if self.model not in MODELS:
             raise LegalnbError(f'--model: unknown model {self.model!r}; choose from {", ".join(MODELS)}')
-        if self.model != 'resonance' and not self.model_size:
+        if self.model != EstimateConfig.model and not self.model_size:   # a model named, not the default one
             raise LegalnbError('--model needs --model-size: the size to plan for')
         if self.mfu is not None and not 1 < self.mfu <= 100:
             raise LegalnbError(f'--mfu is a percent of the dense peak (40 for 40%), above 1 and at most 100, '
@@ -786,15 +791,18 @@ class EstimateConfig:
             if field in _POSITIVE and field != 'mfu' and v is not None and not v > 0:
                 raise LegalnbError(f'--{flag.replace("_", "-")} must be more than 0, got {v:g}')
 
-    def _plan_fields(self) -> dict[str, str]:
-        "Each flag that is a value of the plan -> its Plan field."
-        return {f.name: _FIELD_OF.get(f.name, f.name) for f in fields(self) if f.name not in _NOT_PLAN}
+# %% ../nbs/08_calculator.ipynb #cae554c3
+@patch
+def _plan_fields(self: EstimateConfig) -> dict[str, str]:
+    "Each flag that is a value of the plan -> its Plan field."
+    return {f.name: _FIELD_OF.get(f.name, f.name) for f in fields(self) if f.name not in _NOT_PLAN}
 
-    def plan(self) -> Plan:
-        "The `Plan` the flags describe: a preset's plan with the flags applied, or the flags alone (--mfu a percent)."
-        given = {field: getattr(self, flag) for flag, field in self._plan_fields().items()}
-        given['mfu'] = self.mfu and self.mfu / 100
-        return _plan(self.preset, self.model_size, {k: v for k, v in given.items() if v is not None}, self.model)
+@patch
+def plan(self: EstimateConfig) -> Plan:
+    "The `Plan` the flags describe: a preset's plan with the flags applied, or the flags alone (--mfu a percent)."
+    given = {field: getattr(self, flag) for flag, field in self._plan_fields().items()}
+    given['mfu'] = self.mfu and self.mfu / 100
+    return _plan(self.preset, self.model_size, {k: v for k, v in given.items() if v is not None}, self.model)
 
 # %% ../nbs/08_calculator.ipynb #fab17228
 def estimate_command(config: EstimateConfig):

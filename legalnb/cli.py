@@ -171,14 +171,15 @@ def quickstart_plan(docs: int, vocab_size: int, seq_len: int, steps: int, dim: i
 def _compare(wd: Path, t: dict, seq_len: int):
     "ResonanceNet against the gpt baseline on the run's split: the run's own training settings (`t`, its plan's "
     "train section) with a comparison's overrides, the run's tokens as the budget."
-    from legalnb.compare import RUN_SETTINGS, compare_run
+    from legalnb.compare import RUN_FLAGS, CompareConfig, compare_run
     print('\ncompare: ResonanceNet and the gpt baseline, the rows and tokens of the run above, 3 learning rates each',
           flush=True)
-    settings = (command_settings('compare', []) | {k: t[k] for k in RUN_SETTINGS if k in t}
+    settings = (command_settings('compare', []) | {k: t[k] for k in RUN_FLAGS if k in t}
                 | dict(data=str(wd/'split'), out=str(wd/'compare'), dim=t['dim'], num_layers=t['num_layers'],
                        num_frequencies=t['num_frequencies'], num_heads=2, eval_points=4, eval_batches=4,
                        budget=t['max_steps'] * t['batch_size'] * seq_len))
-    if compare_run(settings): raise LegalnbError('quickstart: the compare stage failed; see its messages above')
+    if compare_run(CompareConfig.from_settings(settings)):
+        raise LegalnbError('quickstart: the compare stage failed; see its messages above')
 
 # %% ../nbs/15_cli.ipynb #e5b43aa5
 def quickstart(workdir: str | Path = 'quickstart',  # folder for every output

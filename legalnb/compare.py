@@ -6,30 +6,32 @@
 from __future__ import annotations
 import argparse, copy, json, math, resource
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Iterator, Literal
 
+from fastcore.basics import patch
 from fastcore.docments import docments
 from .core import (LegalnbError, atomic_write, command_parser, format_duration, markdown_table,
                           parse_number, read_json, refuse_foreign_files, refuse_overwriting_inputs, run_writing)
 from .core import Output, command_settings, resolve_device
 from .models import MODELS, get_model
+from .train import TrainConfig, open_split
 
 # %% auto #0
-__all__ = ['BUDGET_KINDS', 'LR_FACTORS', 'WARMUP_SHARE', 'RUN_SETTINGS', 'PLAN', 'STATE', 'REPORT', 'RESULTS', 'PLOTS',
+__all__ = ['BUDGET_KINDS', 'LR_FACTORS', 'WARMUP_SHARE', 'RUN_FLAGS', 'PLAN', 'STATE', 'REPORT', 'RESULTS', 'PLOTS',
            'parse_models', 'parse_budget', 'model_overrides', 'model_facts', 'seconds_per_step',
-           'split_bytes_per_token', 'check_settings', 'plan_comparison', 'load_or_plan', 'run_config', 'run_status',
-           'peak_memory', 'train_run', 'run_curve', 'loss_at', 'summarize_comparison', 'comparison_table',
-           'sweep_table', 'sweep_notes', 'plot_curves', 'write_comparison', 'compare_models', 'compare_command',
-           'compare_parser', 'compare_run', 'compare_main']
+           'split_bytes_per_token', 'short_runs', 'CompareConfig', 'check_comparison', 'plan_comparison',
+           'load_or_plan', 'run_config', 'run_status', 'peak_memory', 'train_run', 'run_curve', 'loss_at',
+           'summarize_comparison', 'comparison_table', 'sweep_table', 'sweep_notes', 'plot_curves', 'write_comparison',
+           'compare_models', 'compare_command', 'compare_parser', 'compare_run', 'compare_main']
 
 # %% ../nbs/12_compare.ipynb #cec56b76
 BUDGET_KINDS = ('tokens', 'flops', 'seconds')
 LR_FACTORS = (0.5, 1.0, 2.0)   # the sweep: base lr x each, so the best of three brackets the base from both sides
 WARMUP_SHARE = 0.1             # linear warm-up over the first 10% of each run's steps
-RUN_SETTINGS = dict(lr=1e-3, batch_size=8, eval_batches=8, seed=0, precision='auto', device='auto', cpu_threads=None,
-                    progress=True)   # the TrainConfig fields every run shares, with a short comparison's defaults
+RUN_FLAGS = ('lr', 'batch_size', 'eval_batches', 'seed', 'precision', 'device', 'cpu_threads',
+             'progress')   # the TrainConfig fields that are flags of `legalnb compare` too: every run shares them
 
 def parse_models(text: str) -> list[str]:
     "Registered model names from 'resonance,gpt' (at least one, none twice)."
@@ -94,57 +96,84 @@ def split_bytes_per_token(data: str | Path, batch_size: int, eval_batches: int, 
     from legalnb.train import TrainConfig, open_split, val_bytes_per_token as measure
     return measure(data, open_split(data)[1], TrainConfig(batch_size=batch_size, eval_batches=eval_batches, seed=seed))
 
-
 # %% ../nbs/12_compare.ipynb #d2a4d7f6
-def check_settings(data, models, size, overrides, budget, budget_kind, lr, lr_factors, batch_size, eval_points,
-                   eval_batches, seed, precision) -> dict:
-    "The comparison's settings, checked before anything is written; `data` as an absolute path."
-    from legalnb.train import TrainConfig, open_split
-    if not data: raise LegalnbError('--data is required: a split folder written by legalnb split')
-    models = parse_models(','.join(models))
-    if budget_kind not in BUDGET_KINDS:
-        raise LegalnbError(f'--budget-kind must be one of {", ".join(BUDGET_KINDS)}, got {budget_kind!r}')
-    budget = parse_budget(budget)
-    if not eval_points > 0: raise LegalnbError(f'--eval-points must be more than 0, got {eval_points:g}')
-    try: TrainConfig(lr=lr, batch_size=batch_size, eval_batches=eval_batches, seed=seed, precision=precision)
-    except LegalnbError as e:   # the runs' shared settings, checked by the trainer's own config
-        raise LegalnbError(f'--{e.field.replace("_", "-")}{e.what}') from None
-    if not lr_factors or any(not k > 0 for k in lr_factors) or len(set(lr_factors)) < len(lr_factors):
-        raise LegalnbError(f'--lr-factors: expected distinct numbers above 0 such as 0.5 1 2, got {lr_factors}')
-    train_ds, _ = open_split(data)
-    shapes = model_overrides(models, overrides)
-    for m in models:
-        try: get_model(m).config(size, train_ds.vocab_size, train_ds.seq_len, **shapes[m])
+def short_runs(**changes) -> TrainConfig:
+    "The training settings every run of a comparison shares: TrainConfig's, for short runs, with `changes`."
+    return TrainConfig(**dict(lr=1e-3, eval_batches=8, seed=0, keep=1, num_workers=0) | changes)   # keep: to resume
+
+@dataclass
+class CompareConfig:
+    "Train several models on the same data, tokens and budget with a small learning-rate sweep each; compare them."
+    data: str = None                 # split folder from `legalnb split` (train/, val/, tokenizer.json)
+    models: str = 'resonance,gpt'    # registered models to compare, comma-separated
+    size: str = 'small'              # named size of every model
+    dim: int = None                  # override the width (every model with a `dim`)
+    num_layers: int = None           # override the number of blocks
+    budget: str = '2M'               # per run, in --budget-kind units: 2M tokens, 1e15 FLOPs, 600 s
+    budget_kind: Literal[BUDGET_KINDS] = 'tokens'  # what the budget counts
+    lr_factors: list[float] = LR_FACTORS  # the sweep around the base learning rate (--lr)
+    eval_points: int = 8             # held-out evaluations per run (the points of the curves)
+    out: str = 'compare'             # folder: a subfolder per run, compare.md, compare.json, plots
+    resume: bool = False             # continue an interrupted run from its latest checkpoint
+    train: TrainConfig = field(default_factory=short_runs)  # what every run shares; its lr: the base of the sweep
+    shapes: dict = field(default_factory=dict)  # more shape flags (num_heads=2): each model takes those it has
+
+    def __post_init__(self): check_comparison(self)
+
+# %% ../nbs/12_compare.ipynb #832df0de
+def check_comparison(cfg: CompareConfig):
+    "Check a comparison's settings and read them into their types (a list of models, a budget, `data` absolute)."
+    if not cfg.data: raise LegalnbError('--data is required: a split folder written by legalnb split')
+    cfg.models = parse_models(cfg.models if isinstance(cfg.models, str) else ','.join(cfg.models))
+    if cfg.budget_kind not in BUDGET_KINDS:
+        raise LegalnbError(f'--budget-kind must be one of {", ".join(BUDGET_KINDS)}, got {cfg.budget_kind!r}')
+    cfg.budget = parse_budget(cfg.budget)
+    if not cfg.eval_points > 0: raise LegalnbError(f'--eval-points must be more than 0, got {cfg.eval_points:g}')
+    k, cfg.lr_factors = cfg.lr_factors, list(cfg.lr_factors)
+    if not k or any(not x > 0 for x in k) or len(set(k)) < len(k):
+        raise LegalnbError(f'--lr-factors: expected distinct numbers above 0 such as 0.5 1 2, got {k}')
+    train_ds, _ = open_split(cfg.data)
+    shapes = model_overrides(cfg.models, cfg.overrides)
+    for m in cfg.models:
+        try: get_model(m).config(cfg.size, train_ds.vocab_size, train_ds.seq_len, **shapes[m])
         except LegalnbError as e: raise LegalnbError(f'--size/shape flags: {e}') from None
-    return dict(data=str(Path(data).resolve()), models=models, size=size,
-                overrides={k: v for k, v in overrides.items() if v is not None}, budget=budget,
-                budget_kind=budget_kind, lr=lr, lr_factors=lr_factors, batch_size=batch_size,
-                eval_points=eval_points, eval_batches=eval_batches, seed=seed, precision=precision)
+    cfg.data = str(Path(cfg.data).resolve())
+
+@patch(as_prop=True)
+def overrides(self: CompareConfig) -> dict:
+    "The shape flags given (--dim, --num-layers, then the registry's), for every model that has the field."
+    given = dict(dim=self.dim, num_layers=self.num_layers) | self.shapes
+    return {k: v for k, v in given.items() if v is not None}
 
 # %% ../nbs/12_compare.ipynb #00b1cd70
-def plan_comparison(settings: dict, device: str = 'cpu') -> dict:
+@patch(as_prop=True)
+def settings(self: CompareConfig) -> dict:
+    "What a comparison's results depend on, as its plan records them: other settings on the same --out are refused."
+    t = self.train
+    return dict(data=self.data, models=self.models, size=self.size, overrides=self.overrides, budget=self.budget,
+                budget_kind=self.budget_kind, lr=t.lr, lr_factors=self.lr_factors, batch_size=t.batch_size,
+                eval_points=self.eval_points, eval_batches=t.eval_batches, seed=t.seed, precision=t.precision)
+
+def plan_comparison(cfg: CompareConfig, device: str = 'cpu') -> dict:
     "The runs of a comparison: each model x each learning rate, with the steps the budget buys that model."
-    from legalnb.train import open_split
-    s = settings
-    train_ds, _ = open_split(s['data'])
-    seq_len, vocab, tokens_per_step = train_ds.seq_len, train_ds.vocab_size, s['batch_size'] * train_ds.seq_len
-    shapes = model_overrides(s['models'], s['overrides'])
+    t, train_ds = cfg.train, open_split(cfg.data)[0]
+    seq_len, vocab, tokens_per_step = train_ds.seq_len, train_ds.vocab_size, t.batch_size * train_ds.seq_len
+    shapes = model_overrides(cfg.models, cfg.overrides)
     facts, runs = {}, []
-    for name in s['models']:
-        f = facts[name] = model_facts(name, s['size'], shapes[name], vocab, seq_len)
-        if s['budget_kind'] == 'seconds':
-            f['sec_per_step'] = seconds_per_step(name, s['size'], shapes[name], vocab, seq_len, s['batch_size'], device,
-                                                 s['precision'])
+    for name in cfg.models:
+        f = facts[name] = model_facts(name, cfg.size, shapes[name], vocab, seq_len)
+        if cfg.budget_kind == 'seconds':
+            f['sec_per_step'] = seconds_per_step(name, cfg.size, shapes[name], vocab, seq_len, t.batch_size, device,
+                                                 t.precision)
         per = dict(tokens=tokens_per_step, flops=tokens_per_step * f['flops_per_token'],
-                   seconds=f.get('sec_per_step'))[s['budget_kind']]
-        steps = int(s['budget'] // per)
-        if steps < 1: raise LegalnbError(f"--budget {s['budget']:g} {s['budget_kind']} buys no step of {name} "
-                                         f"(one step: {per:.3g} {s['budget_kind']}); raise --budget")
-        runs += [dict(name=f'{name}-lr{s["lr"] * k:.3g}', model=name, lr=s['lr'] * k, steps=steps)
-                 for k in s['lr_factors']]
-    return dict(settings=s, seq_len=seq_len, vocab_size=vocab, tokens_per_step=tokens_per_step, shapes=shapes,
-                facts=facts, runs=runs, train_rows=len(train_ds),
-                bytes_per_token=split_bytes_per_token(s['data'], s['batch_size'], s['eval_batches'], s['seed']))
+                   seconds=f.get('sec_per_step'))[cfg.budget_kind]
+        steps = int(cfg.budget // per)
+        if steps < 1: raise LegalnbError(f"--budget {cfg.budget:g} {cfg.budget_kind} buys no step of {name} "
+                                         f"(one step: {per:.3g} {cfg.budget_kind}); raise --budget")
+        runs += [dict(name=f'{name}-lr{t.lr * k:.3g}', model=name, lr=t.lr * k, steps=steps) for k in cfg.lr_factors]
+    return dict(settings=cfg.settings, seq_len=seq_len, vocab_size=vocab, tokens_per_step=tokens_per_step,
+                shapes=shapes, facts=facts, runs=runs, train_rows=len(train_ds),
+                bytes_per_token=split_bytes_per_token(cfg.data, t.batch_size, t.eval_batches, t.seed))
 
 # %% ../nbs/12_compare.ipynb #77c00ead
 PLAN, STATE, REPORT, RESULTS = 'compare-plan.json', 'compare-runs.json', 'compare.md', 'compare.json'
@@ -153,8 +182,9 @@ PLOTS = ('loss_vs_tokens.png', 'loss_vs_seconds.png')
 def _write_json(path: Path, value):
     with atomic_write(path) as tmp: tmp.write_text(json.dumps(value, indent=1) + '\n', encoding='utf-8')
 
-def load_or_plan(out: Path, settings: dict, device: str) -> dict:
-    "The plan saved in `out` if its settings are these; a new plan (saved) when `out` holds none; else refused."
+def load_or_plan(cfg: CompareConfig, device: str) -> dict:
+    "The plan saved in --out if its settings are these; a new plan (saved) when --out holds none; else refused."
+    out, settings = Path(cfg.out), cfg.settings
     if (out/PLAN).is_file():
         saved = read_json(out/PLAN, 'the plan of a comparison (written by legalnb compare)')
         old = saved.get('settings', {})
@@ -162,7 +192,7 @@ def load_or_plan(out: Path, settings: dict, device: str) -> dict:
         if diff: raise LegalnbError(f'--out {out} holds a comparison with other settings ({"; ".join(diff)}): '
                                     'run it with the same flags to continue it, or choose a new --out')
         return saved
-    plan = plan_comparison(settings, device)
+    plan = plan_comparison(cfg, device)
     _write_json(out/PLAN, plan)
     return plan
 
@@ -172,17 +202,13 @@ def _ours(plan: dict):
     return lambda p: p.parts[0] in names
 
 # %% ../nbs/12_compare.ipynb #f4db837e
-def run_config(plan: dict, run: dict, out: Path, resume: bool = False, device: str = 'auto',
-               cpu_threads: int | None = None, progress: bool = False):
-    "The TrainConfig of one run: the same data, order (seed), batch and schedule shape for every model."
-    from legalnb.train import TrainConfig
-    s, every = plan['settings'], max(1, run['steps'] // plan['settings']['eval_points'])
-    return TrainConfig(data=s['data'], out=str(out/run['name']), model=run['model'], size=s['size'],
-                       model_overrides=plan['shapes'][run['model']], lr=run['lr'], max_steps=run['steps'],
-                       warmup_steps=max(1, round(WARMUP_SHARE * run['steps'])), batch_size=s['batch_size'],
-                       eval_every=every, eval_batches=s['eval_batches'], save_every=every, keep=1, log_every=every,
-                       seed=s['seed'], num_workers=0, precision=s['precision'], device=device,
-                       cpu_threads=cpu_threads, progress=progress, resume='latest' if resume else None)
+def run_config(cfg: CompareConfig, plan: dict, run: dict, resume: bool = False) -> TrainConfig:
+    "The TrainConfig of one run: the comparison's own, with this run's model, lr and steps (schedule, evaluations)."
+    every = max(1, run['steps'] // cfg.eval_points)
+    return replace(cfg.train, data=cfg.data, out=str(Path(cfg.out)/run['name']), model=run['model'], size=cfg.size,
+                   model_overrides=plan['shapes'][run['model']], lr=run['lr'], max_steps=run['steps'],
+                   warmup_steps=max(1, round(WARMUP_SHARE * run['steps'])), eval_every=every, save_every=every,
+                   log_every=every, resume='latest' if resume else None)
 
 def run_status(out: Path, run: dict, state: dict) -> str:
     "'done', 'diverged', 'unfinished' (checkpoints, no summary) or 'new'."
@@ -212,17 +238,16 @@ def peak_memory(device: str) -> Iterator[dict]:
     m.update(peak_mib=kib / 1024, measure=what)
 
 # %% ../nbs/12_compare.ipynb #1df9c2f6
-def train_run(plan: dict, run: dict, out: Path, state: dict, resume: bool, device: str, callbacks=(), **how) -> dict:
+def train_run(cfg: CompareConfig, plan: dict, run: dict, state: dict, resume: bool, callbacks=()) -> dict:
     "Train one run (resuming it from its latest checkpoint when `resume`), record its status and peak memory."
     from legalnb.train import train
-    cfg = run_config(plan, run, out, resume, device, **how)
-    with peak_memory(resolve_device(device).type) as mem:
-        try: train(cfg, callbacks); status, error = 'done', None
+    with peak_memory(resolve_device(cfg.train.device).type) as mem:
+        try: train(run_config(cfg, plan, run, resume), callbacks); status, error = 'done', None
         except LegalnbError as e:
             if not str(e).startswith('loss is '): raise   # a diverged learning rate is a result; anything else stops
             status, error = 'diverged', str(e).split(':')[0]
     state[run['name']] = dict(status=status, error=error, **mem)
-    _write_json(out/STATE, state)
+    _write_json(Path(cfg.out)/STATE, state)
     return state[run['name']]
 
 # %% ../nbs/12_compare.ipynb #f75bfbaf
@@ -349,72 +374,48 @@ def write_comparison(out: Path, result: dict) -> Path:
     return out/REPORT
 
 # %% ../nbs/12_compare.ipynb #616592b5
-def compare_models(data: str, models: list[str] = ('resonance', 'gpt'), size: str = 'small',
-                   overrides: dict | None = None, budget: float = 2e6, budget_kind: str = 'tokens',
-                   lr: float = RUN_SETTINGS['lr'], lr_factors: list[float] = LR_FACTORS,
-                   batch_size: int = RUN_SETTINGS['batch_size'], eval_points: int = 8,
-                   eval_batches: int = RUN_SETTINGS['eval_batches'], out: str | Path = 'compare', resume: bool = False,
-                   seed: int = RUN_SETTINGS['seed'],
-                   precision: str = 'auto', device: str = 'auto', cpu_threads: int | None = None,
-                   progress: bool = False, callbacks=(), log=print) -> dict:
+def compare_models(cfg: CompareConfig, callbacks=(), log=print) -> dict:
     "Train every model with every learning rate on the same budget and data order; write and return the comparison."
-    out = Path(out)
-    settings = check_settings(data, list(models), size, overrides or {}, budget, budget_kind, lr, list(lr_factors),
-                              batch_size, eval_points, eval_batches, seed, precision)
-    refuse_overwriting_inputs([data], [out], '--out')
+    out = Path(cfg.out)
+    refuse_overwriting_inputs([cfg.data], [out], '--out')
     if out.exists() and not out.is_dir(): raise LegalnbError(f'--out {out} is a file; --out names a folder')
     if not (out/PLAN).is_file(): refuse_foreign_files(out, lambda p: False, '--out')
-    plan = load_or_plan(out, settings, resolve_device(device).type)
+    plan = load_or_plan(cfg, resolve_device(cfg.train.device).type)
     refuse_foreign_files(out, _ours(plan), '--out')
     state = read_json(out/STATE, 'the runs of a comparison') if (out/STATE).is_file() else {}
     todo = [(r, run_status(out, r, state)) for r in plan['runs']]
-    if not resume and (stuck := [r['name'] for r, st in todo if st == 'unfinished']):
+    if not cfg.resume and (stuck := [r['name'] for r, st in todo if st == 'unfinished']):
         raise LegalnbError(f'--out {out}: run {stuck[0]} was interrupted; continue it with --resume '
                            f'(finished runs are skipped)')
     for i, (r, st) in enumerate(todo, 1):
         head = f"[{i}/{len(todo)}] {r['model']} lr {r['lr']:.3g}, {r['steps']:,} steps"
         if st in ('done', 'diverged'): log(f'{head}: {st} earlier, skipped'); continue
         log(f"{head}{' (resumed)' if st == 'unfinished' else ''}")
-        rec = train_run(plan, r, out, state, st == 'unfinished', device, callbacks, cpu_threads=cpu_threads,
-                        progress=progress)
+        rec = train_run(cfg, plan, r, state, st == 'unfinished', callbacks)
         if rec['status'] == 'diverged': log(f"  diverged: {rec['error']}")
     result = summarize_comparison(out, plan, state)
     write_comparison(out, result)
     return result
 
 # %% ../nbs/12_compare.ipynb #61cd6bbf
-def compare_command(data: str = None,                 # split folder from `legalnb split` (train/, val/, tokenizer.json)
-                    models: str = 'resonance,gpt',    # registered models to compare, comma-separated
-                    size: str = 'small',              # named size of every model
-                    dim: int = None,                  # override the width (every model with a `dim`)
-                    num_layers: int = None,           # override the number of blocks
-                    budget: str = '2M',               # per run, in --budget-kind units: 2M tokens, 1e15 FLOPs, 600 s
-                    budget_kind: Literal[BUDGET_KINDS] = 'tokens',  # what the budget counts
-                    lr_factors: list[float] = LR_FACTORS,  # the sweep around the base learning rate (--lr)
-                    eval_points: int = 8,             # held-out evaluations per run (the points of the curves)
-                    out: str = 'compare',             # folder: a subfolder per run, compare.md, compare.json, plots
-                    resume: bool = False,             # continue an interrupted run from its latest checkpoint
-                    **flags):                         # the runs' TrainConfig settings (RUN_SETTINGS) and each model's
-                                                      # shape flags (num_heads=2): `compare_parser` declares both
-    "Train several models on the same data, tokens and budget with a small learning-rate sweep each; compare them."
-    run = {k: flags.pop(k, default) for k, default in RUN_SETTINGS.items()}
-    over = dict(dim=dim, num_layers=num_layers, **flags)
-    r = compare_models(data, parse_models(models), size, over, budget, budget_kind, lr_factors=lr_factors,
-                       eval_points=eval_points, out=out, resume=resume, **run)
+def compare_command(cfg: CompareConfig) -> int:
+    "Run a comparison and print its table (timings included), its sweep, any notes and where its report is."
+    r = compare_models(cfg)
     print('\n' + comparison_table(r) + '\n\n' + sweep_table(r))
     for note in sweep_notes(r): print(f'note: {note}')
-    print(f"\nwrote {Path(out)/REPORT}, {Path(out)/RESULTS}, {', '.join(str(Path(out)/p) for p in PLOTS)}")
+    out = Path(cfg.out)
+    print(f"\nwrote {out/REPORT}, {out/RESULTS}, {', '.join(str(out/p) for p in PLOTS)}")
     return 0
 
 def compare_parser() -> argparse.ArgumentParser:
-    "`legalnb compare`'s flags: its own, the runs' training settings (TrainConfig's flags, `RUN_SETTINGS`' defaults), "
-    "then every registered model's shape flags (`ModelSpec.shape_flags`), each with its config field's comment."
+    "`legalnb compare`'s flags: its own (CompareConfig's), the runs' training settings (TrainConfig's flags, "
+    "`short_runs`' defaults), then every registered model's shape flags (`ModelSpec.shape_flags`)."
     from legalnb.train import train_parser
-    p = command_parser(compare_command, 'legalnb compare', skip=('flags',))
-    trainer = train_parser()._option_string_actions
-    for name, default in RUN_SETTINGS.items():   # TrainConfig's flag (type, choices, help), a comparison's default
+    p = command_parser(CompareConfig, 'legalnb compare', skip=('train', 'shapes'))
+    trainer, base = train_parser()._option_string_actions, short_runs()
+    for name in RUN_FLAGS:   # TrainConfig's flag (type, choices, help), a comparison's default
         a = copy.copy(trainer['--' + name.replace('_', '-')])
-        a.default = a.shown_default = default
+        a.default = a.shown_default = getattr(base, name)
         if name == 'lr': a.help += '; the base: each model tries it x each --lr-factors'
         p._add_action(a)
     whole = p._option_string_actions['--num-layers'].type   # the same whole-number reading (2,000, 1e3)
@@ -427,11 +428,22 @@ def compare_parser() -> argparse.ArgumentParser:
                        help=f'override {", ".join(s.name for s in specs)}: {what}')
     return p
 
-def compare_run(settings: dict) -> int:
-    "`legalnb compare` from its settings (its flags parsed: `command_settings('compare', argv)`)."
-    return run_writing(compare_command, settings, 'legalnb compare',
+# %% ../nbs/12_compare.ipynb #9a12d01f
+@patch(cls_method=True)
+def from_settings(cls: CompareConfig, settings: dict) -> CompareConfig:
+    "A comparison from `legalnb compare`'s parsed flags: TrainConfig's flags into `train`, shape flags into `shapes`."
+    own = {f.name for f in fields(cls)}
+    try: train = short_runs(**{k: v for k, v in settings.items() if k in RUN_FLAGS})
+    except LegalnbError as e:   # the runs' shared settings, checked by the trainer's own config
+        raise LegalnbError(f'--{e.field.replace("_", "-")}{e.what}') from None
+    shapes = {k: v for k, v in settings.items() if k not in own and k not in RUN_FLAGS}
+    return cls(**{k: v for k, v in settings.items() if k in own}, train=train, shapes=shapes)
+
+def compare_run(cfg: CompareConfig) -> int:
+    "`legalnb compare` from its config, with --out locked and recorded while it runs."
+    return run_writing(lambda out: compare_command(replace(cfg, out=out)), dict(out=cfg.out), 'legalnb compare',
                        [Output(check=False)])   # its plan and the runs' names decide what may be there
 
 def compare_main(argv: list[str]) -> int:
     "`legalnb compare --data SPLIT [--models resonance,gpt] [--budget 2M] ...`."
-    return compare_run(command_settings('compare', argv))
+    return compare_run(CompareConfig.from_settings(command_settings('compare', argv)))

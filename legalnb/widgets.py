@@ -117,6 +117,7 @@ SCALING = {'tokens': 'same tokens, more GPUs', 'batch': 'same per-GPU batch'}  #
 
 class PresetPicker:
     "Widgets to choose a preset, GPU and price, with the calculator's estimate updated live as values change."
+    out: str = 'run'   # output folder of the config handed back: set it on a picker, `picker.out = 'runs/cpt'`
     def __init__(self, task: str = 'cpt',          # 'cpt', 'lora' or 'scratch'
                  preset: str = 'fast',             # 'fast', 'full' or 'aggressive'
                  gpu: str = 'h100-sxm',            # a presets.GPUS key
@@ -128,7 +129,6 @@ class PresetPicker:
                  model: str = 'resonance',         # a registered architecture, legalnb.models.MODELS (scratch)
                  size: str = 'small',              # named size of that model (scratch)
                  scaling: str = 'tokens',          # other GPU counts: 'tokens' (time falls) or 'batch' (data grows)
-                 out: str = 'run',                 # output folder of the config handed back
                  calibration=None):                # a GPU check's report.json (or GpuCheck): measured memory and MFU
         if scaling not in SCALING: raise LegalnbError(f"scaling must be 'tokens' or 'batch', got {scaling!r}")
         self.calibration = read_gpu_check(calibration) if isinstance(calibration, (str, Path)) else calibration
@@ -150,7 +150,7 @@ class PresetPicker:
         self.plot = W.Image(format='png', layout=W.Layout(width='460px'))  # every preset's time and cost
         self.button = W.Button(description='Use this preset', button_style='primary')
         self.made = W.HTML()                                          # what the button produced, and how to use it
-        self.out, self.result, self.estimate, self.error, self.headline = out, None, None, None, ''
+        self.result, self.estimate, self.error, self.headline = None, None, None, ''
         self.task.observe(self._task_changed, names='value')
         self.model.observe(self._model_changed, names='value')
         for w in (self.preset, self.gpu, self.gpus, self.scaling, self.price, self.params, self.mfu, self.examples,

@@ -22,6 +22,18 @@ def shape(model: str) -> list[str]:
     rest = [f'{k}={v}' for k, v in tiny.items() if k not in SHAPE_FLAGS]
     return ['--model', model, *flags, *(['--model-overrides', *rest] if rest else [])]
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    "`--dist loadfile` (make test), but each notebook of test_run_all.py is a unit of its own, not the whole file."
+    # a file's module fixtures are still made once; the notebooks, run one per test in fresh kernels, spread over the
+    # workers instead of all running on one of them
+    if config.getvalue('dist') != 'loadfile': return None
+    from xdist.scheduler import LoadFileScheduling
+    class NotebooksApart(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if nodeid.split('::')[0].endswith('test_run_all.py') else super()._split_scope(nodeid)
+    return NotebooksApart(config, log)
+
 def make_split(root: Path, rows=96, seq_len=16, vocab=32, seed=0) -> Path:
     "A corpus of counting rows in two shards, split into train/ and val/ by the data stage."
     rng = np.random.default_rng(seed)

@@ -5,8 +5,10 @@ from pathlib import Path
 import pytest
 
 from conftest import make_split, tree
-from legalnb.compare import (PLAN, PLOTS, REPORT, RESULTS, compare_main, compare_models, plan_comparison,
-                             check_settings, split_bytes_per_token)
+from dataclasses import replace
+
+from legalnb.compare import (PLAN, PLOTS, REPORT, RESULTS, CompareConfig, compare_main, compare_models,
+                             plan_comparison, short_runs, split_bytes_per_token)
 from legalnb.core import LegalnbError
 
 TINY = ['--dim', '32', '--num-layers', '2', '--num-frequencies', '8', '--num-heads', '2']
@@ -80,31 +82,35 @@ class Interrupt:
 
 
 def test_an_interrupted_comparison_resumes_and_matches_an_uninterrupted_one(split, tmp_path):
-    args = dict(data=split, models=['gpt'], overrides=dict(dim=32, num_layers=2, num_heads=2), budget=12_000, lr=2e-3,
-                lr_factors=[1, 2], eval_points=3, eval_batches=2, cpu_threads=1, log=lambda *a: None)
-    with pytest.raises(RuntimeError, match='killed'): compare_models(**args, out=tmp_path/'a', callbacks=[Interrupt()])
+    train = short_runs(lr=2e-3, eval_batches=2, cpu_threads=1, progress=False)
+    def args(out, **changes): return CompareConfig(split, 'gpt', dim=32, num_layers=2, shapes=dict(num_heads=2),
+                                                  budget=12_000, lr_factors=[1, 2], eval_points=3, out=out, **changes,
+                                                  train=train)
+    quiet = lambda *a: None
+    with pytest.raises(RuntimeError, match='killed'):
+        compare_models(args(tmp_path/'a'), callbacks=[Interrupt()], log=quiet)
     assert (tmp_path/'a'/'gpt-lr0.002'/'summary.json').is_file()
     assert not (tmp_path/'a'/'gpt-lr0.004'/'summary.json').exists()
     assert list((tmp_path/'a'/'gpt-lr0.004'/'checkpoints').iterdir())
     first = (tmp_path/'a'/'gpt-lr0.002'/'summary.json').read_bytes()
     with pytest.raises(LegalnbError, match='run gpt-lr0.004 was interrupted; continue it with --resume'):
-        compare_models(**args, out=tmp_path/'a')
+        compare_models(args(tmp_path/'a'), log=quiet)
     lines = []
-    resumed = compare_models(**{**args, 'log': lines.append}, out=tmp_path/'a', resume=True)
+    resumed = compare_models(args(tmp_path/'a', resume=True), log=lines.append)
     assert lines == ['[1/2] gpt lr 0.002, 46 steps: done earlier, skipped', '[2/2] gpt lr 0.004, 46 steps (resumed)']
     assert (tmp_path/'a'/'gpt-lr0.002'/'summary.json').read_bytes() == first
-    whole = compare_models(**args, out=tmp_path/'b')
+    whole = compare_models(args(tmp_path/'b'), log=quiet)
     for a, b in zip(resumed['runs'], whole['runs']):   # exact resume: the same held-out losses at the same steps
         assert [(p['step'], p['loss']) for p in a['curve']] == [(p['step'], p['loss']) for p in b['curve']]
 
 
 def test_flops_and_seconds_budgets_give_each_model_its_own_steps(split):
-    s = check_settings(split, ['resonance', 'gpt'], 'small', dict(dim=32, num_layers=2, num_frequencies=8, num_heads=2),
-                       '2e10', 'flops', 1e-3, [1.0], 8, 4, 2, 0, 'auto')
+    s = CompareConfig(split, 'resonance,gpt', 'small', 32, 2, '2e10', 'flops', [1.0], 4,
+                      shapes=dict(num_frequencies=8, num_heads=2), train=short_runs(lr=1e-3, eval_batches=2))
     plan = plan_comparison(s)
     for r in plan['runs']:
         assert r['steps'] == int(2e10 // (8 * 32 * plan['facts'][r['model']]['flops_per_token']))
-    timed = plan_comparison({**s, 'budget': 3.0, 'budget_kind': 'seconds'})
+    timed = plan_comparison(replace(s, budget=3.0, budget_kind='seconds'))
     for r in timed['runs']:
         sec = timed['facts'][r['model']]['sec_per_step']
         assert 0 < sec and r['steps'] == int(3.0 // sec)
@@ -134,22 +140,23 @@ def test_bad_input_is_one_line_and_writes_nothing(split, tmp_path, flags, expect
 
 
 def test_out_must_be_new_or_a_comparison(split, tmp_path):
-    with pytest.raises(LegalnbError, match='--data is required'): compare_models(None, out=tmp_path/'x')
+    with pytest.raises(LegalnbError, match='--data is required'): compare_models(CompareConfig(None, out=tmp_path/'x'))
     (tmp_path/'mine').mkdir(); (tmp_path/'mine'/'notes.txt').write_text('mine')
     with pytest.raises(LegalnbError, match=r'holds files legalnb did not write \(notes.txt\)'):
-        compare_models(split, out=tmp_path/'mine')
-    with pytest.raises(LegalnbError, match='is also an input'): compare_models(split, out=split)
+        compare_models(CompareConfig(split, out=tmp_path/'mine'))
+    with pytest.raises(LegalnbError, match='is also an input'): compare_models(CompareConfig(split, out=split))
     assert (tmp_path/'mine'/'notes.txt').read_text() == 'mine' and not (tmp_path/'x').exists()
 
 
 def test_a_diverging_learning_rate_is_a_result_not_a_crash(split, tmp_path):
-    args = dict(data=split, models=['gpt'], overrides=dict(dim=32, num_layers=2, num_heads=2), budget=8000, lr=1e-3,
-                lr_factors=[1, 1e35], eval_points=2, eval_batches=2, out=tmp_path/'div', cpu_threads=1)
+    args = CompareConfig(split, 'gpt', dim=32, num_layers=2, shapes=dict(num_heads=2), budget=8000,
+                         lr_factors=[1, 1e35], eval_points=2, out=tmp_path/'div',
+                         train=short_runs(lr=1e-3, eval_batches=2, cpu_threads=1, progress=False))
     lines = []
-    r = compare_models(**args, log=lines.append)
+    r = compare_models(args, log=lines.append)
     assert [(x['status'], x['loss'] is None) for x in r['runs']] == [('done', False), ('diverged', True)]
     assert lines[-1].startswith('  diverged: loss is nan') and r['models']['gpt']['best'] == 'gpt-lr0.001'
     again = []
-    compare_models(**args, log=again.append)
+    compare_models(args, log=again.append)
     assert again == ['[1/2] gpt lr 0.001, 31 steps: done earlier, skipped',
                      '[2/2] gpt lr 1e+32, 31 steps: diverged earlier, skipped']

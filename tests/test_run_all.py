@@ -5,8 +5,9 @@ and so does a figure that a fresh kernel shows as its text (`<Figure size 700x32
 This is where `make test` runs the notebooks' tests (once: nbdev_test runs the same cells in-process, for one notebook
 while it is written).
 
-Two notebooks run at a time (pytest-xdist is not needed: the kernels are separate processes, started here in a pool),
-one torch thread per kernel, so the whole module takes a few minutes on a 2-core machine."""
+One test per notebook, each a unit of work of its own for pytest-xdist (`make test`'s `--dist loadfile` keeps the other
+test files whole; tests/conftest.py makes this file the exception), so the notebooks spread over the workers beside
+the other test files, the largest first; one torch thread per kernel. Without xdist they run one after another."""
 import os, re, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +25,8 @@ from nbdev.frontmatter import FrontmatterProc
 ROOT = Path(__file__).resolve().parents[1]
 NBS = ROOT/'nbs'
 NOTEBOOKS = sorted(p.name for p in NBS.glob('*.ipynb') if not p.name.startswith('_'))
+# the largest first, so that the workers end together (a notebook's size stands for its run time)
+BY_SIZE = sorted(NOTEBOOKS, key=lambda n: -(NBS/n).stat().st_size)
 CELL_TIMEOUT = 600   # seconds for one cell; the slowest (a tiny training run) takes well under a minute
 WORKERS = 2
 # Notebooks owned by other sessions that fail in a real kernel for reasons outside this test, with the reason:
@@ -69,19 +72,9 @@ def bare_figures(nb) -> str | None:
     return f'a figure shows as text, not as an image (display it as PNG) in: {bad}' if bad else None
 
 
-@pytest.fixture(scope='module')
-def ran(request) -> dict:
-    "The notebooks this session selected, run once, two at a time, the largest first (so the pool ends together)."
-    names = [i.callspec.params['name'] for i in request.session.items
-             if i.path == request.path and hasattr(i, 'callspec')]
-    order = sorted(names, key=lambda n: -(NBS/n).stat().st_size)
-    with ThreadPoolExecutor(WORKERS) as pool: done = list(pool.map(run_notebook, order))
-    return {name: (secs, err) for name, secs, err in done}
-
-
-@pytest.mark.parametrize('name', NOTEBOOKS)
-def test_notebook_runs_all_in_a_fresh_kernel(name, ran):
-    secs, err = ran[name]
+@pytest.mark.parametrize('name', BY_SIZE)
+def test_notebook_runs_all_in_a_fresh_kernel(name):
+    _, secs, err = run_notebook(name)
     if err and name in KNOWN_FAILURES:   # still failing as reported; once fixed, the case passes
         pytest.xfail(f'{KNOWN_FAILURES[name]}; now: {err.strip().splitlines()[-1][:200]}')
     assert err is None, f'{name} stops under Run All ({secs:.0f} s):\n{err}'

@@ -33,7 +33,7 @@ def test_picker_task_change_brings_the_preset_gpus():
 
 
 def test_picker_button_hands_back_training_arguments(tmp_path):
-    p = PresetPicker(task='cpt', preset='fast', out=str(tmp_path/'run'))
+    p = PresetPicker(task='cpt', preset='fast'); p.out = str(tmp_path/'run')
     p.button.click()
     args = p.result
     assert type(args).__name__ == 'TrainingArguments'
@@ -169,7 +169,7 @@ def test_picker_plot_follows_the_gpu_in_the_unit_that_fits():
 
 
 def test_picker_button_shows_what_it_made(tmp_path):
-    p = PresetPicker(task='scratch', preset='fast', model='gpt', size='small', out=str(tmp_path/'run'))
+    p = PresetPicker(task='scratch', preset='fast', model='gpt', size='small'); p.out = str(tmp_path/'run')
     assert p.made.value == ''
     p.button.click()
     summary, code = p.explain()
