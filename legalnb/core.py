@@ -999,7 +999,7 @@ class Command(NamedTuple):
 COMMANDS = {
     'sample':       Command('legalnb.sample:sample_main', 'legalnb.sample:sample_command',
                             'write a synthetic Formex corpus for demos and tests'),
-    'parse':        Command('legalnb.sources:parse_main', 'legalnb.sources:parse_command',
+    'parse':        Command('legalnb.sources:parse_main', 'legalnb.sources:ParseConfig',
                             'read Formex, XHTML/HTML and JSONL files into one normalised JSONL',
                             'legalnb.sources:parse_run'),
     'select':       Command('legalnb.scoring:select_main', 'legalnb.scoring:select_command',
@@ -1009,7 +1009,7 @@ COMMANDS = {
                             'tokenize and pack selected documents into .npy shards', 'legalnb.corpus:build_corpus_run'),
     'validate':     Command('legalnb.data:validate_main', 'legalnb.data:validate_command',
                             'check pretokenized .npy/.pt files and print their statistics'),
-    'split':        Command('legalnb.data:split_main', 'legalnb.data:split_command',
+    'split':        Command('legalnb.data:split_main', 'legalnb.data:SplitConfig',
                             'split pretokenized files into train/ and val/ (symbolic links)', 'legalnb.data:split_run'),
     'train':        Command('legalnb.train:train_main', 'legalnb.train:train_parser',
                             'train a native model (one GPU, or many under torchrun)', 'legalnb.train:train',

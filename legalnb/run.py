@@ -581,6 +581,7 @@ def check_plan(stages: list[Stage], top: dict) -> dict:
         raise LegalnbError(f'preset {top["preset"]} needs more GPUs than this machine has ({_gpus()})')
     return info | dict(cfg=cfg)
 
+# %% ../nbs/14_run.ipynb #3c1f0e52
 def _check_finetune(f: Stage, b: dict, top: dict) -> dict:
     "What a Hugging Face model asks of the corpus (`b`: build-corpus's settings) and of the finetune stage `f`."
     from legalnb.hf import hf_config
