@@ -23,8 +23,8 @@ __all__ = ['GPU_HOUR_PRICE', 'NUMBER_EXAMPLES', 'PRECISIONS', 'NVIDIA_SMI_TIMEOU
            'foreign_files', 'refuse_foreign_files', 'folder_files', 'everyones', 'owned_files', 'unowned_stamps',
            'record_written', 'remove_owned', 'recorded_by', 'record_as', 'open_lock', 'lock_path', 'holder_alive',
            'folder_lock', 'followed', 'refuse_unowned', 'output_folder', 'others_files', 'own_command', 'own_main',
-           'CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command', 'Command', 'command_main',
-           'command_flags', 'command_settings', 'command_run', 'command_config']
+           'CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command', 'flag_settings', 'Command',
+           'command_main', 'command_flags', 'command_settings', 'command_run', 'command_config']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -986,6 +986,11 @@ def run_command(func: Callable, argv: list[str], prog: str,
 def _parser_of(func: Callable, prog: str) -> CommandParser:
     "A command's parser, built once a process (`command_flags` and `run_command` share it)."
     return command_parser(func, prog)
+
+def flag_settings(flags: Callable, prog: str, argv: list[str]) -> dict:
+    "`PROG ARGV`'s settings by the parser of `flags` (a config dataclass, or a function whose parameters are the "
+    "flags), built once a process: a command's own main parses with it and needs no table of commands."
+    return vars(_parser_of(flags, prog).parse_args(list(map(str, argv))))
 
 # %% ../nbs/00_core.ipynb #2b84d0a8
 class Command(NamedTuple):

@@ -16,7 +16,7 @@ from fastcore.basics import patch
 from fastcore.meta import delegates
 from tqdm.auto import tqdm
 from .core import LegalnbError, loader_workers, read_json, refuse_overwriting_inputs, run_command
-from .core import Output, bookkeeping, command_settings, followed, run_writing
+from .core import Output, bookkeeping, flag_settings, followed, run_writing
 from .models import get_model
 
 # %% auto #0
@@ -830,4 +830,5 @@ def split_run(cfg: SplitConfig) -> int:
     return run_writing(lambda out: split_command(replace(cfg, out=out)), {'out': cfg.out}, 'legalnb split',
                        [Output(check=False)])
 
-def split_main(argv: list[str]) -> int: return split_run(SplitConfig(**command_settings('split', argv)))
+def split_main(argv: list[str]) -> int:
+    return split_run(SplitConfig(**flag_settings(SplitConfig, 'legalnb split', argv)))

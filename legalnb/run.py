@@ -83,7 +83,7 @@ def write_plan(input: list[str] | None = None, out: str | None = None, preset: s
 
 # %% ../nbs/14_run.ipynb #b7150321
 def stage_parser(kind: str) -> argparse.ArgumentParser:
-    "The parser of the command a stage runs: its kind (`legalnb select` for select-2, `legalnb train` for the baseline)."
+    "The parser of the command a stage runs, its kind: `legalnb select` for select-2, `legalnb train` for the baseline."
     return command_flags(kind)
 
 def stage_flags(kind: str) -> dict[str, argparse.Action]:
@@ -476,8 +476,9 @@ def _second_stage(s2: dict, first: dict, b: dict, work: Path, stage_to: str | No
     own = trained.kind
     other = 'train' if own == 'finetune' else 'finetune'
     if other in s2:
-        raise LegalnbError(f'stage2.{other}: ' + ('a Hugging Face model is fine-tuned by legalnb finetune'
-                           if own == 'finetune' else 'a native model is trained by legalnb train') + f'; use stage2.{own}')
+        by = 'a Hugging Face model is fine-tuned by legalnb finetune' if own == 'finetune' else \
+             'a native model is trained by legalnb train'
+        raise LegalnbError(f'stage2.{other}: {by}; use stage2.{own}')
     sel = dict(s2.get('select') or {})
     if 'top' not in sel:   # the N best documents, or the best up to a budget
         sel.setdefault('target_tokens', RUN_DEFAULTS['target_tokens'])
@@ -1005,10 +1006,9 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
             summary = _finetune(s, again, opts)
             if summary.get('stopped'): return dict(stopped=summary, stages=stages, work=work)
         else: _run_stage(s)
-        write_record(work, s.name, dict(stage=s.name, argv=s.argv, inputs=inputs, finished=True,
-                                        output=fingerprint(s.output), seconds=round(time.perf_counter() - t0, 3),
-                                        **({'estimate_s': summary.get('estimate_s')} if s.kind == 'train' and not s.baseline
-                                           else {})))
+        est = {'estimate_s': summary.get('estimate_s')} if s.kind == 'train' and not s.baseline else {}
+        write_record(work, s.name, dict(stage=s.name, argv=s.argv, inputs=inputs, finished=True, output=fingerprint(
+            s.output), seconds=round(time.perf_counter() - t0, 3), **est))
     return dict(stages=stages, work=work, top=top, summary=summary)
 
 # %% ../nbs/14_run.ipynb #ec4d9824

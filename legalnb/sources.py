@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from .core import (LegalnbError, _missing_parents, atomic_write, jsonl_records, refuse_overwriting_inputs,
                           usable_cores, check_num_proc)
-from .core import Output, command_settings, followed, run_writing, trim_memory
+from .core import Output, flag_settings, followed, run_writing, trim_memory
 
 # %% auto #0
 __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORDS', 'EU_LANGUAGES', 'FORMEX_BLOCKS',
@@ -1496,4 +1496,5 @@ def parse_command(cfg: ParseConfig):
     print(format_parse_summary(counts, cfg.out))
 
 def parse_run(cfg: ParseConfig) -> int: return run_writing(lambda: parse_command(cfg), {}, 'legalnb parse')
-def parse_main(argv: list[str]) -> int: return parse_run(ParseConfig(**command_settings('parse', argv)))
+def parse_main(argv: list[str]) -> int:
+    return parse_run(ParseConfig(**flag_settings(ParseConfig, 'legalnb parse', argv)))
