@@ -444,7 +444,7 @@ def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None)
     stages.append(Stage('evaluate', _paths('evaluate', final.output.parent, out=work/'eval'), e,
                         [final.output, *([stages[-1].output] if top.get('baseline') else [])],
                         work/OUTPUTS['evaluate']))
-    return stages, top | {'sections': sec}
+    return stages, top
 
 def _first(stages: list[Stage], kind: str) -> Stage:
     "The first stage's of this kind (train: the run, not its second stage or baseline)."
