@@ -23,8 +23,8 @@ __all__ = ['GPU_HOUR_PRICE', 'NUMBER_EXAMPLES', 'PRECISIONS', 'NVIDIA_SMI_TIMEOU
            'foreign_files', 'refuse_foreign_files', 'folder_files', 'everyones', 'owned_files', 'unowned_stamps',
            'record_written', 'remove_owned', 'recorded_by', 'record_as', 'open_lock', 'lock_path', 'holder_alive',
            'folder_lock', 'followed', 'refuse_unowned', 'output_folder', 'others_files', 'own_command', 'own_main',
-           'CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command', 'Command', 'command_main',
-           'command_flags', 'command_settings', 'command_run']
+           'CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command', 'flag_settings', 'Command',
+           'command_main', 'command_flags', 'command_settings', 'command_run', 'command_config']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -987,18 +987,24 @@ def _parser_of(func: Callable, prog: str) -> CommandParser:
     "A command's parser, built once a process (`command_flags` and `run_command` share it)."
     return command_parser(func, prog)
 
+def flag_settings(flags: Callable, prog: str, argv: list[str]) -> dict:
+    "`PROG ARGV`'s settings by the parser of `flags` (a config dataclass, or a function whose parameters are the "
+    "flags), built once a process: a command's own main parses with it and needs no table of commands."
+    return vars(_parser_of(flags, prog).parse_args(list(map(str, argv))))
+
 # %% ../nbs/00_core.ipynb #2b84d0a8
 class Command(NamedTuple):
     "A `legalnb` command: its entry point and its flags (`module:function` each), its line of help."
     main: str         # the function that takes the arguments and returns the exit code
     flags: str        # the function whose parameters are the flags, or (ending in _parser) that builds its parser
     help: str
-    run: str = ''     # a stage of `legalnb run`: the function that runs it from its settings (the flags, parsed)
+    run: str = ''     # a stage of `legalnb run`: the function that runs it from its config
+    config: str = ''  # what makes its config from its settings (default: its flags' dataclass, else the settings)
 
 COMMANDS = {
     'sample':       Command('legalnb.sample:sample_main', 'legalnb.sample:sample_command',
                             'write a synthetic Formex corpus for demos and tests'),
-    'parse':        Command('legalnb.sources:parse_main', 'legalnb.sources:parse_command',
+    'parse':        Command('legalnb.sources:parse_main', 'legalnb.sources:ParseConfig',
                             'read Formex, XHTML/HTML and JSONL files into one normalised JSONL',
                             'legalnb.sources:parse_run'),
     'select':       Command('legalnb.scoring:select_main', 'legalnb.scoring:SelectConfig',
@@ -1008,15 +1014,17 @@ COMMANDS = {
                             'tokenize and pack selected documents into .npy shards', 'legalnb.corpus:build_corpus_run'),
     'validate':     Command('legalnb.data:validate_main', 'legalnb.data:validate_command',
                             'check pretokenized .npy/.pt files and print their statistics'),
-    'split':        Command('legalnb.data:split_main', 'legalnb.data:split_command',
+    'split':        Command('legalnb.data:split_main', 'legalnb.data:SplitConfig',
                             'split pretokenized files into train/ and val/ (symbolic links)', 'legalnb.data:split_run'),
     'train':        Command('legalnb.train:train_main', 'legalnb.train:train_parser',
-                            'train a native model (one GPU, or many under torchrun)'),
+                            'train a native model (one GPU, or many under torchrun)', 'legalnb.train:train',
+                            'legalnb.train:config_from_settings'),
     'finetune':     Command('legalnb.hf:finetune_main', 'legalnb.hf:finetune_parser',
-                            'continued pretraining or LoRA fine-tuning with transformers + peft'),
+                            'continued pretraining or LoRA fine-tuning with transformers + peft',
+                            'legalnb.hf:finetune_command', 'legalnb.hf:FinetuneConfig'),
     'evaluate':     Command('legalnb.against:against_main', 'legalnb.evaluate:evaluate_parser',
                             'held-out loss, bits per byte, citations, loss by position',
-                            'legalnb.against:evaluate_run'),
+                            'legalnb.against:evaluate_run', 'legalnb.evaluate:EvaluateConfig'),
     'generate':     Command('legalnb.evaluate:generate_main', 'legalnb.evaluate:generate_command',
                             'continue a prompt with a trained model, streaming the text'),
     'compare':      Command('legalnb.compare:compare_main', 'legalnb.compare:compare_parser',
@@ -1059,7 +1067,15 @@ def command_settings(name: str, argv: list[str]) -> dict:
     return vars(command_flags(name).parse_args(list(map(str, argv))))
 
 # %% ../nbs/00_core.ipynb #39e16dbf
-def command_run(name: str) -> Callable[[dict], int]:
-    "The function that runs stage command `name` from its settings (`command_settings`); argv stays at the edge."
+def command_run(name: str) -> Callable:
+    "The function that runs stage command `name` from its config (`command_config`); argv stays at the edge."
     if not COMMANDS[name].run: raise LegalnbError(f'legalnb {name} is not a stage of legalnb run')
     return _named(COMMANDS[name].run)
+
+def command_config(name: str, settings: dict):
+    "Stage command `name`'s config from its settings: its config maker's (a dataclass takes them as keywords), else "
+    "its flags' dataclass (`XConfig(**settings)`), else (flags still declared by a function) the settings themselves."
+    c = COMMANDS[name]
+    make = _named(c.config or c.flags)
+    if isinstance(make, type) and is_dataclass(make): return make(**settings)
+    return make(settings) if c.config else dict(settings)

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import json, math, os, shutil, sys, tempfile
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, field, asdict, replace
 from pathlib import Path
 from typing import Iterator, Literal, Sequence
 
@@ -16,7 +16,7 @@ from fastcore.basics import patch
 from fastcore.meta import delegates
 from tqdm.auto import tqdm
 from .core import LegalnbError, loader_workers, read_json, refuse_overwriting_inputs, run_command
-from .core import Output, bookkeeping, command_settings, followed, run_writing
+from .core import Output, bookkeeping, flag_settings, followed, run_writing
 from .models import get_model
 
 # %% auto #0
@@ -25,8 +25,8 @@ __all__ = ['ROWS_INDEX', 'ID_CAP', 'CHUNK_TOKENS', 'TOKENS_PER_PARAM', 'MAX_GOOD
            'find_segments', 'by_source', 'PretokenizedDataset', 'shift_pair', 'doc_starts_file', 'read_doc_starts',
            'doc_start_mask', 'StepSampler', 'mixed_order', 'source_groups', 'make_loader', 'FileCheck',
            'ValidationReport', 'validate', 'recommend', 'format_recommendations', 'split', 'split_sides',
-           'train_val_folders', 'held_out_rows', 'validate_command', 'validate_main', 'split_command', 'split_run',
-           'split_main']
+           'train_val_folders', 'held_out_rows', 'validate_command', 'validate_main', 'SplitConfig', 'split_command',
+           'split_run', 'split_main']
 
 # %% ../nbs/03_data.ipynb #b0a87c08
 def read_npy_header(path: Path) -> tuple[tuple, np.dtype, int]:
@@ -801,23 +801,34 @@ SPLIT_MODES = {  # what each mode means for the honesty of the validation loss
     'files': 'val/ = whole files, cut without regard to documents (data without held-out acts)',
     'rows': 'val/ = a block of rows, cut without regard to documents (data without held-out acts)'}
 
-@delegates(split)
-def split_command(path: str,              # folder of .npy/.pt row files (a corpus from build-corpus) or one file
-                  out: str | None = None, # new folder for train/, val/, manifest.json, tokenizer.json (required)
-                  **kwargs) -> int:
+@dataclass
+class SplitConfig:
     "Split pretokenized files into train/ and val/ without copying."
-    if out is None: raise LegalnbError('--out is required: a new folder for train/ and val/, e.g. --out split')
-    info = split(path, out, **kwargs)
+    path: str                   # folder of .npy/.pt row files (a corpus from build-corpus) or one file
+    out: str | None = None      # new folder for train/, val/, manifest.json, tokenizer.json (required)
+    val_ratio: float | None = None  # val/'s share of rows or files, in (0, 1); if not given 0.01
+    seed: int = 0               # which files or rows go to val
+    by: Literal['auto', 'documents', 'files', 'rows'] = 'auto'  # auto: documents if held out, else files/rows
+
+    def __post_init__(self):
+        if self.out is None: raise LegalnbError('--out is required: a new folder for train/ and val/, e.g. --out split')
+
+def split_command(cfg: SplitConfig) -> int:
+    "`legalnb split` from its config: train/ and val/ made, and what went where printed."
+    info = split(cfg.path, cfg.out, val_ratio=cfg.val_ratio, seed=cfg.seed, by=cfg.by)
     how = 'rows.json row ranges' if info['mode'] == 'rows' else 'symbolic links'
     print(f'mode {info["mode"]}: {SPLIT_MODES[info["mode"]]}')
     for side in ('train', 'val'):
-        print(f'{side:<5} {info[side]["rows"]:>10,} rows from {info[side]["files"]:,} file(s) -> {Path(out)/side}')
+        print(f'{side:<5} {info[side]["rows"]:>10,} rows from {info[side]["files"]:,} file(s) -> {Path(cfg.out)/side}')
     if info.get('mix'): print('train holds the mixed sources too (val/ stays legal): ' +
                               ', '.join(f'{n} {r:,} rows' for n, r in info['mix'].items()))
     print(f'({how}; no data copied; linked: {", ".join(info["linked"]) or "nothing"})')
     return 0
 
-def split_run(settings: dict) -> int:
-    return run_writing(split_command, settings, 'legalnb split', [Output(check=False)])   # --out new or empty
+def split_run(cfg: SplitConfig) -> int:
+    "`legalnb split` with its --out locked and recorded (a link: the folder it leads to; new or empty)."
+    return run_writing(lambda out: split_command(replace(cfg, out=out)), {'out': cfg.out}, 'legalnb split',
+                       [Output(check=False)])
 
-def split_main(argv: list[str]) -> int: return split_run(command_settings('split', argv))
+def split_main(argv: list[str]) -> int:
+    return split_run(SplitConfig(**flag_settings(SplitConfig, 'legalnb split', argv)))

@@ -8,17 +8,18 @@ import argparse, datetime, functools, hashlib, json, math, os, re, shlex, shutil
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from .core import LegalnbError, atomic_write, command_flags, command_parser, command_run, format_duration
+from .core import LegalnbError, atomic_write, command_flags, command_config, command_parser, command_run
+from .core import format_duration
 from .core import GPU_HOUR_PRICE, read_json, parse_number
 
 # %% auto #0
-__all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'RUN_DEFAULTS', 'PLAN_TEMPLATE', 'PLAN_DEPTH', 'PLAN_VALUES', 'NATIVE_TRAINING',
-           'RECORD_FIELDS', 'WORK_NAMES', 'write_plan', 'stage_parser', 'stage_flags', 'plan_loader', 'read_plan',
-           'check_mix_section', 'mix_flags', 'check_plan_keys', 'check_top_values', 'wrong_value', 'check_plan_values',
-           'cli_overrides', 'Stage', 'build_stages', 'check_plan', 'fingerprint', 'read_record', 'write_record',
-           'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines', 'training_estimate', 'confirm',
-           'staged_files', 'stage_split', 'run_plan', 'selection_result', 'reference_lines', 'write_run_report',
-           'run_plan_command', 'run_parser', 'run_main']
+__all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'RUN_DEFAULTS', 'PLAN_TEMPLATE', 'PLAN_DEPTH', 'PLAN_VALUES', 'TRAINING',
+           'RECORD_FIELDS', 'WORK_NAMES', 'write_plan', 'stage_parser', 'stage_flags', 'flag_words', 'stage_settings',
+           'plan_loader', 'read_plan', 'check_mix_section', 'mix_flags', 'check_plan_keys', 'check_top_values',
+           'wrong_value', 'check_plan_values', 'cli_overrides', 'Stage', 'build_stages', 'check_plan', 'fingerprint',
+           'read_record', 'write_record', 'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines',
+           'training_estimate', 'confirm', 'staged_files', 'stage_split', 'run_plan', 'selection_result',
+           'reference_lines', 'write_run_report', 'RunConfig', 'run_parser', 'run_main']
 
 # %% ../nbs/14_run.ipynb #79e39887
 STAGES = ('parse', 'select', 'build-corpus', 'split', 'train', 'evaluate')  # 'train' is 'finetune' for an HF model
@@ -81,33 +82,73 @@ def write_plan(input: list[str] | None = None, out: str | None = None, preset: s
                                 citations=command_flags('evaluate').get_default('citations'))
 
 # %% ../nbs/14_run.ipynb #b7150321
-def stage_parser(stage: str) -> argparse.ArgumentParser:
-    "The parser of the command a stage runs (the baseline's is `legalnb train`, `select-2`'s `legalnb select`)."
-    name = stage.removesuffix('-2')
-    return command_flags('train' if name == 'baseline' else name)
+def stage_parser(kind: str) -> argparse.ArgumentParser:
+    "The parser of the command a stage runs, its kind: `legalnb select` for select-2, `legalnb train` for the baseline."
+    return command_flags(kind)
 
-def stage_flags(stage: str) -> dict[str, argparse.Action]:
-    "The flags of `legalnb STAGE` ('--seq-len' -> its argparse action)."
-    return {s: a for a in stage_parser(stage)._actions for s in a.option_strings
+def stage_flags(kind: str) -> dict[str, argparse.Action]:
+    "The flags of `legalnb KIND` ('--seq-len' -> its argparse action)."
+    return {s: a for a in stage_parser(kind)._actions for s in a.option_strings
             if s.startswith('--') and s != '--help'}
 
-def _argv(stage: str, section: dict, where: str) -> list[str]:
-    "The flags a plan section names, as `legalnb STAGE` reads them; an unknown key names the section and key."
-    flags, argv = stage_flags(stage), []
+def _positionals(kind: str) -> dict[str, argparse.Action]:
+    "The positional arguments of `legalnb KIND` by name ('inputs' -> its action)."
+    return {a.dest: a for a in stage_parser(kind)._actions if not a.option_strings}
+
+def flag_words(kind: str, key: str, value, where: str = '',
+               positional: bool = False) -> tuple[argparse.Action, str | None, list[str]] | None:
+    "What a plan's `key: value` sets in `legalnb KIND`: the action, its option string (None: a positional) and the "
+    "value as words; None when it sets nothing. An unknown key names the section and the key."
+    if value is None: return None
+    words = [*map(str, value)] if isinstance(value, list) else [str(value)]
+    if positional and (action := _positionals(kind).get(key)) is not None: return action, None, words
+    flags, flag = stage_flags(kind), '--' + str(key).replace('_', '-')
+    if flag not in flags:
+        raise LegalnbError(f'{where}{kind}.{key}: `legalnb {kind}` has no flag {flag}; see legalnb {kind} --help')
+    if isinstance(value, bool):   # a switch: --x, its --no-x, or --lora's other side --full
+        neg = '--no-' + flag[2:]
+        flag = flag if value else neg if neg in flags else '--full' if flag == '--lora' else None
+        return (flags[flag], flag, []) if flag else None
+    return flags[flag], flag, words
+
+def _argv(kind: str, section: dict, where: str = '', positional: bool = False) -> list[str]:
+    "A plan section as `legalnb KIND` would be typed: what a stage's record keeps (its argv), made at that edge only."
+    argv = []
     for key, value in section.items():
-        flag = '--' + str(key).replace('_', '-')
-        if value is None: continue
-        if flag not in flags:
-            raise LegalnbError(f'{where}{stage}.{key}: `legalnb {stage}` has no flag {flag}; '
-                               f'see legalnb {stage} --help')
-        if isinstance(value, bool):
-            neg = '--no-' + flag[2:]
-            if value: argv.append(flag)
-            elif neg in flags: argv.append(neg)
-            elif flag == '--lora': argv.append('--full')
-        elif isinstance(value, list): argv += [flag, *map(str, value)]
-        else: argv += [flag, str(value)]
+        if got := flag_words(kind, key, value, where, positional): argv += [got[1]] * bool(got[1]) + got[2]
     return argv
+
+# %% ../nbs/14_run.ipynb #5e77a9c1
+_COUNTS = {None: 'expected one argument', '?': 'expected at most one argument', '+': 'expected at least one argument'}
+
+def _defaults(p: argparse.ArgumentParser) -> argparse.Namespace:
+    "The settings a parser gives when no flag is given (as `parse_args` fills them, flags left out stay out)."
+    ns = argparse.Namespace(**{a.dest: a.default for a in p._actions
+                               if a.dest is not argparse.SUPPRESS and a.default is not argparse.SUPPRESS})
+    for k, v in p._defaults.items(): ns.__dict__.setdefault(k, v)
+    return ns
+
+def stage_settings(kind: str, *sections: dict) -> dict:
+    "`legalnb KIND`'s settings from values by name (run's own first, with positionals; then the plan's): each read by "
+    "its flag's own action (type, choices, nargs, switches) as argparse reads it, the others defaulted. No argv."
+    p, seen = stage_parser(kind), []
+    ns = _defaults(p)
+    for i, section in enumerate(sections):
+        for key, value in section.items():
+            if not (got := flag_words(kind, key, value, positional=i == 0)): continue
+            action, flag, words = got
+            if action.nargs in _COUNTS and (len(words) != 1 if action.nargs is None else
+                                            len(words) > 1 if action.nargs == '?' else not words):
+                p.error(f'argument {flag or action.dest}: {_COUNTS[action.nargs]}')
+            try: action(p, ns, p._get_values(action, words), flag)
+            except argparse.ArgumentError as e: p.error(str(e))
+            seen.append(action)
+    for a in p._actions:
+        if a not in seen and isinstance(a.default, str) and getattr(ns, a.dest, None) is a.default:
+            setattr(ns, a.dest, p._get_value(a, a.default))   # a default written as text, read by its type
+    if missing := [argparse._get_action_name(a) for a in p._actions if a.required and a not in seen]:
+        p.error(f'the following arguments are required: {", ".join(missing)}')
+    return vars(ns)
 
 # %% ../nbs/14_run.ipynb #95a5228b
 PLAN_DEPTH = 32          # nesting levels a plan may have: it needs three (stage2: train: flag: value)
@@ -278,25 +319,41 @@ def cli_overrides(rest: list[str]) -> dict[str, dict]:
     return found
 
 # %% ../nbs/14_run.ipynb #7925e23d
-NATIVE_TRAINING = ('train', 'train-2', 'baseline')   # the stages that run `legalnb train`
+TRAINING = ('train', 'finetune')   # the kinds of stage that train a model (the question, the budget guard, --resume)
 
 @dataclass
 class Stage:
-    "One stage of a run: its name, its settings (its command's flags, parsed once), its input and output files."
-    name: str           # parse, select, build-corpus, split, train/finetune, evaluate
-    argv: list[str]     # the flags `legalnb NAME` runs with, as the stage's record keeps them (the edge)
+    "One stage of a run: the command it runs (its kind), its values, typed settings and config, its input and output."
+    kind: str           # the command it runs: parse, select, build-corpus, split, train, finetune, evaluate
+    args: dict          # the values legalnb run sets (positionals by name, paths inside the work folder)
+    flags: dict         # the plan's section for it, the command line's flags on top (a key a flag's name)
     inputs: list[Path]  # what it reads (the first stage: the user's folders and files)
     output: Path        # the file whose checksum says it finished
-    settings: dict = field(init=False, repr=False)   # `argv` parsed by the command's parser: typed, defaulted
-    config: object = field(init=False, repr=False, default=None)   # a training stage's TrainConfig
+    second: bool = False     # a second stage's (stage2:): select-2, build-corpus-2, split-2, train-2, finetune-2
+    baseline: bool = False   # the same-size model the run is reported against (a `legalnb train`)
+    where: str = ''          # where its flags sit in the plan, for messages: 'stage2.', 'baseline.'
+    settings: dict = field(init=False, repr=False)   # its command's flags, typed and defaulted, read once
 
-    def __post_init__(self):   # parsed here, once: every later step reads `settings` (and `config`), not argv
-        try:
-            self.settings = vars(stage_parser(self.name).parse_args(self.argv))
-            if self.name in NATIVE_TRAINING:
-                from legalnb.train import config_from_settings
-                self.config = config_from_settings(self.settings)
+    def __post_init__(self):   # read here, once: every later step reads `settings` and `config`, never text
+        for key, value in self.flags.items(): flag_words(self.kind, key, value, self.where)   # unknown: named
+        try: self.settings = stage_settings(self.kind, self.args, self.flags)
         except LegalnbError as e: raise LegalnbError(f'{self.name}: {e}') from None
+
+    @property
+    def name(self) -> str:
+        "What its record and messages call it: its kind, with -2 in the second stage; baseline for the baseline."
+        return 'baseline' if self.baseline else self.kind + '-2' * self.second
+
+    @functools.cached_property
+    def config(self):
+        "Its command's config, made once from its settings by the command table (`XConfig(**settings)`)."
+        try: return command_config(self.kind, self.settings)
+        except LegalnbError as e: raise LegalnbError(f'{self.name}: {e}') from None
+
+    @property
+    def argv(self) -> list[str]:
+        "Its values as `legalnb KIND` would be typed: what its record keeps (a record of an earlier legalnb matches)."
+        return _argv(self.kind, self.args, positional=True) + _argv(self.kind, self.flags)
 
 # %% ../nbs/14_run.ipynb #3d790346
 def _top_values(plan: dict, base: Path, cli: dict) -> dict:
@@ -338,6 +395,14 @@ def _sections(plan: dict, cli: dict, top: dict) -> dict:
     return sec
 
 # %% ../nbs/14_run.ipynb #f873def1
+def _paths(kind: str, *positional: Path, **flags: Path) -> dict:
+    "legalnb run's own values of a stage: its positional (by the command's name for it) and path flags, as text."
+    own = {}
+    if positional:
+        action = next(iter(_positionals(kind).values()))
+        own[action.dest] = [str(p) for p in positional] if action.nargs in ('+', '*') else str(positional[0])
+    return own | {k: str(v) for k, v in flags.items()}
+
 def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None) -> tuple[list[Stage], dict]:
     "The stages of a plan with the command line's flags on top, and the plan's top-level values."
     top = _top_values(plan, base, cli)
@@ -348,38 +413,42 @@ def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None)
         if b.get('mix'): raise LegalnbError('mix: and build-corpus.mix both name mixed sources; name them in mix: only')
         b['mix'] = mix_flags(plan['mix'], base)
     data = Path(stage_to)/'split' if stage_to and not hf else work/'split'
-    stages = [Stage('parse', [*map(str, inputs), '--out', str(work/'parsed.jsonl'),
-                              *_argv('parse', sec['parse'] | {'progress': False}, '')], inputs, work/OUTPUTS['parse']),
-              Stage('select', [str(work/'parsed.jsonl'), '--out', str(work/'selected.jsonl'), '--report',
-                               str(work/'selection.json'), *_argv('select', sec['select'], '')],
+    stages = [Stage('parse', _paths('parse', *inputs, out=work/'parsed.jsonl'), sec['parse'] | {'progress': False},
+                    inputs, work/OUTPUTS['parse']),
+              Stage('select', _paths('select', work/'parsed.jsonl', out=work/'selected.jsonl',
+                                     report=work/'selection.json'), sec['select'],
                     [work/'parsed.jsonl'], work/OUTPUTS['select']),
-              Stage('build-corpus', [str(work/'selected.jsonl'), '--out', str(work/'corpus'),
-                                     *_argv('build-corpus', b, '')], [work/'selected.jsonl'],
-                    work/OUTPUTS['build-corpus']),
-              Stage('split', [str(work/'corpus'), '--out', str(work/'split'), *_argv('split', sec['split'], '')],
+              Stage('build-corpus', _paths('build-corpus', work/'selected.jsonl', out=work/'corpus'), b,
+                    [work/'selected.jsonl'], work/OUTPUTS['build-corpus']),
+              Stage('split', _paths('split', work/'corpus', out=work/'split'), sec['split'],
                     [work/'corpus'/'manifest.json'], work/OUTPUTS['split'])]
     if hf:
         corpus = Path(stage_to)/'corpus' if stage_to else work/'corpus'   # --stage-to: a verified copy
         t = sec['finetune'] | {'model': model, 'data': str(corpus), 'preset': preset}
-        stages.append(Stage('finetune', ['--out', str(work/'run'), *_argv('finetune', t, '')],
-                            [work/'corpus'/'manifest.json'], work/OUTPUTS['finetune']))
+        stages.append(Stage('finetune', _paths('finetune', out=work/'run'), t, [work/'corpus'/'manifest.json'],
+                            work/OUTPUTS['finetune']))
     else:
         t = {'preset': None if preset == 'none' else preset, 'model': model, 'size': size} | sec['train']
-        stages.append(Stage('train', ['--data', str(data), '--out', str(work/'run'), *_argv('train', t, '')],
-                            [work/'split'/'split.json'], work/OUTPUTS['train']))
+        stages.append(Stage('train', _paths('train', data=data, out=work/'run'), t, [work/'split'/'split.json'],
+                            work/OUTPUTS['train']))
+        stages[-1].config   # the run as resolved (preset, flags): a bad value is refused here
     if plan.get('stage2') is not None: stages += _second_stage(plan['stage2'], t, b, work, stage_to, stages[-1])
     final, against = stages[-1], {'against': model} if hf else {}   # a Hugging Face model: against its base
     if top.get('baseline'):
         if hf: raise LegalnbError(f'baseline {top["baseline"]}: a Hugging Face model is reported against its base '
                                   f'({model}); drop baseline')
-        stages.append(_baseline_stage(top['baseline'], next(s for s in stages if s.name == 'train'), t, data, work))
+        stages.append(_baseline_stage(top['baseline'], _first(stages, 'train'), t, data, work))
         against = {'against': str(stages[-1].output.parent)}
     e = {'general': RUN_DEFAULTS['general'], **against} | sec['evaluate'] | {'data': str(work/'corpus'/'heldout.jsonl'),
                                                                    'progress': False}
-    stages.append(Stage('evaluate', [str(final.output.parent), '--out', str(work/'eval'), *_argv('evaluate', e, '')],
+    stages.append(Stage('evaluate', _paths('evaluate', final.output.parent, out=work/'eval'), e,
                         [final.output, *([stages[-1].output] if top.get('baseline') else [])],
                         work/OUTPUTS['evaluate']))
-    return stages, top | {'sections': sec}
+    return stages, top
+
+def _first(stages: list[Stage], kind: str) -> Stage:
+    "The first stage's of this kind (train: the run, not its second stage or baseline)."
+    return next(s for s in stages if s.kind == kind)
 
 # %% ../nbs/14_run.ipynb #b946a3d7
 _SAME_SCHEDULE = ('lr', 'max_steps', 'epochs', 'batch_size', 'grad_accum', 'batch_tokens', 'batch_schedule',
@@ -398,24 +467,25 @@ def _baseline_stage(spec: str, train: Stage, t: dict, data: Path, work: Path) ->
     flags = {k: v for k, v in t.items() if k != 'model_overrides' and (k not in SHAPE_FLAGS or k in has)}
     flags |= {k: getattr(cfg, k) for k in _SAME_SCHEDULE} | {'model': name}
     if shape: flags['model_overrides'] = [kv.strip() for kv in shape.split(',') if kv.strip()]
-    return Stage('baseline', ['--data', str(data), '--out', str(work/'baseline'), *_argv('train', flags, 'baseline.')],
-                 [work/'split'/'split.json'], work/'baseline'/'summary.json')
+    return Stage('train', _paths('train', data=data, out=work/'baseline'), flags, [work/'split'/'split.json'],
+                 work/'baseline'/'summary.json', baseline=True, where='baseline.')
 
 # %% ../nbs/14_run.ipynb #4345d916
 def _second_stage(s2: dict, first: dict, b: dict, work: Path, stage_to: str | None, trained: Stage) -> list[Stage]:
     "select-2 (the best documents), build-corpus-2, then split-2 and train-2 (native) or finetune-2 (Hugging Face)."
-    hf = trained.name == 'finetune'
-    own, other = ('finetune', 'train') if hf else ('train', 'finetune')
+    own = trained.kind
+    other = 'train' if own == 'finetune' else 'finetune'
     if other in s2:
-        raise LegalnbError(f'stage2.{other}: ' + ('a Hugging Face model is fine-tuned by legalnb finetune' if hf else
-                           'a native model is trained by legalnb train') + f'; use stage2.{own}')
+        by = 'a Hugging Face model is fine-tuned by legalnb finetune' if own == 'finetune' else \
+             'a native model is trained by legalnb train'
+        raise LegalnbError(f'stage2.{other}: {by}; use stage2.{own}')
     sel = dict(s2.get('select') or {})
     if 'top' not in sel:   # the N best documents, or the best up to a budget
         sel.setdefault('target_tokens', RUN_DEFAULTS['target_tokens'])
-    select = Stage('select-2', [str(work/'parsed.jsonl'), '--out', str(work/'selected-2.jsonl'), '--report',
-                                str(work/'selection-2.json'), *_argv('select', sel, 'stage2.')],
-                   [work/'parsed.jsonl'], work/'selected-2.jsonl')
-    rest = (_second_finetune(dict(s2.get(own) or {}), first, b, work, stage_to) if hf else
+    select = Stage('select', _paths('select', work/'parsed.jsonl', out=work/'selected-2.jsonl',
+                                    report=work/'selection-2.json'), sel,
+                   [work/'parsed.jsonl'], work/'selected-2.jsonl', second=True, where='stage2.')
+    rest = (_second_finetune(dict(s2.get(own) or {}), first, b, work, stage_to) if own == 'finetune' else
             _second_train(dict(s2.get(own) or {}), first, b, work, stage_to, trained.config.max_steps))
     return [select, *rest]
 
@@ -438,15 +508,14 @@ def _second_train(own: dict, first: dict, b: dict, work: Path, stage_to: str | N
     c = ({k: v for k, v in b.items() if k != 'train_tokenizer'}
          | {'tokenizer': str(work/'corpus'/'tokenizer.json'), **_same_acts(work)})
     data = Path(stage_to)/'split-2' if stage_to else work/'split-2'
-    return [Stage('build-corpus-2', [str(work/'selected-2.jsonl'), '--out', str(work/'corpus-2'),
-                                     *_argv('build-corpus', c, '')],
+    return [Stage('build-corpus', _paths('build-corpus', work/'selected-2.jsonl', out=work/'corpus-2'), c,
                   [work/'selected-2.jsonl', work/'corpus'/'tokenizer.json', work/'corpus'/'manifest.json'],
-                  work/'corpus-2'/'manifest.json'),
-            Stage('split-2', [str(work/'corpus-2'), '--out', str(work/'split-2')],
-                  [work/'corpus-2'/'manifest.json'], work/'split-2'/'split.json'),
-            Stage('train-2', ['--data', str(data), '--out', str(work/'run-2'), '--init-from', str(start),
-                              *_argv('train', t, 'stage2.')],
-                  [work/'split-2'/'split.json', work/OUTPUTS['train']], work/'run-2'/'summary.json')]
+                  work/'corpus-2'/'manifest.json', second=True),
+            Stage('split', _paths('split', work/'corpus-2', out=work/'split-2'), {},
+                  [work/'corpus-2'/'manifest.json'], work/'split-2'/'split.json', second=True),
+            Stage('train', _paths('train', data=data, out=work/'run-2', init_from=start), t,
+                  [work/'split-2'/'split.json', work/OUTPUTS['train']], work/'run-2'/'summary.json', second=True,
+                  where='stage2.')]
 
 # %% ../nbs/14_run.ipynb #b1b79b7d
 def _second_finetune(own: dict, first: dict, b: dict, work: Path, stage_to: str | None) -> list[Stage]:
@@ -460,11 +529,12 @@ def _second_finetune(own: dict, first: dict, b: dict, work: Path, stage_to: str 
                            'into its base first and run from the merged model')
     corpus = Path(stage_to)/'corpus-2' if stage_to else work/'corpus-2'   # --stage-to: a verified copy
     t = first | own | {'model': str(work/'run'/'final'), 'data': str(corpus)}   # transformers: a fresh AdamW
-    return [Stage('build-corpus-2', [str(work/'selected-2.jsonl'), '--out', str(work/'corpus-2'),
-                                     *_argv('build-corpus', b | _same_acts(work), '')],
-                  [work/'selected-2.jsonl', work/'corpus'/'manifest.json'], work/'corpus-2'/'manifest.json'),
-            Stage('finetune-2', ['--out', str(work/'run-2'), *_argv('finetune', t, 'stage2.')],
-                  [work/'corpus-2'/'manifest.json', work/OUTPUTS['finetune']], work/'run-2'/'finetune.json')]
+    return [Stage('build-corpus', _paths('build-corpus', work/'selected-2.jsonl', out=work/'corpus-2'),
+                  b | _same_acts(work), [work/'selected-2.jsonl', work/'corpus'/'manifest.json'],
+                  work/'corpus-2'/'manifest.json', second=True),
+            Stage('finetune', _paths('finetune', out=work/'run-2'), t,
+                  [work/'corpus-2'/'manifest.json', work/OUTPUTS['finetune']], work/'run-2'/'finetune.json',
+                  second=True, where='stage2.')]
 
 # %% ../nbs/14_run.ipynb #beaa6c2c
 def _hf_model(model: str, base: Path) -> str | None:
@@ -481,43 +551,20 @@ def _hf_model(model: str, base: Path) -> str | None:
 
 # %% ../nbs/14_run.ipynb #334a4823
 def check_plan(stages: list[Stage], top: dict) -> dict:
-    "The values that must agree across stages (each stage's own flags were checked when it was parsed); one line "
-    "naming the fields."
-    sec, b = top['sections'], top['sections']['build-corpus']
-    seq_len = int(parse_number(b['seq_len']))
-    if any(s.name in ('train-2', 'finetune-2') for s in stages) and not 0 < float(b.get('val_docs') or 0) < 1:
-        raise LegalnbError(f"stage2 and build-corpus.val_docs {b.get('val_docs')}: the second corpus holds out the "
+    "The values that must agree across stages, read from the stages' parsed settings and configs (each stage's own "
+    "flags were checked when it was read); one line naming the fields."
+    b = _first(stages, 'build-corpus').settings
+    seq_len, val_docs, vocab = b['seq_len'], b['val_docs'], b['train_tokenizer']
+    if any(s.second and s.kind in TRAINING for s in stages) and not 0 < val_docs < 1:
+        raise LegalnbError(f"stage2 and build-corpus.val_docs {val_docs:g}: the second corpus holds out the "
                            'same acts only when val_docs is a share (0.01), not a count; set a share')
-    if float(b.get('val_docs') or 0) == 0:
+    if val_docs == 0:
         raise LegalnbError('build-corpus.val_docs is 0, and evaluate (and the validation loss) scores held-out acts: '
                            'set build-corpus.val_docs (0.01 holds out 1% of the acts)')
     info = dict(seq_len=seq_len)
-    if top['hf']:
-        from legalnb.hf import hf_config
-        if b.get('train_tokenizer') is not None:
-            raise LegalnbError(f'build-corpus.train_tokenizer and model {top["model"]}: a Hugging Face model reads its '
-                               'own tokenizer; drop train_tokenizer (the tokenizer is the model\'s)')
-        cfg = hf_config(top['model'])
-        tok, mv = b.get('tokenizer'), cfg.get('vocab_size')
-        if tok and mv and Path(tok).resolve() != Path(top['model']).resolve():
-            from legalnb.corpus import load_tokenizer, vocab_size_of
-            if (v := vocab_size_of(load_tokenizer(tok))) > mv:
-                raise LegalnbError(f'build-corpus.tokenizer {tok} has {v:,} tokens and model {top["model"]} a '
-                                   f'vocabulary of {mv:,}: drop build-corpus.tokenizer (the model\'s own is used)')
-        ctx = cfg.get('max_position_embeddings') or cfg.get('n_positions')
-        if ctx and seq_len > ctx:
-            raise LegalnbError(f'build-corpus.seq_len {seq_len:,} is longer than the context of model '
-                               f'{top["model"]} (max_position_embeddings {ctx:,}): lower seq_len')
-        from legalnb.presets import get_preset
-        p, f = get_preset('cpt', top['preset']), sec['finetune']
-        gpus = _gpus()
-        if p.gpus > max(1, gpus) and not f.get('force_single'):
-            raise LegalnbError(f'preset {top["preset"]} (cpt) is sized for {p.gpus} GPUs and this machine has '
-                               f'{gpus}: set finetune.force_single (or --force-single), or a preset for 1 GPU')
-        return info
-    cfg = next(s for s in stages if s.name == 'train').config
-    vocab = b.get('train_tokenizer')
-    if vocab is not None and cfg.vocab_size is not None and int(parse_number(vocab)) > cfg.vocab_size:
+    if top['hf']: return info | _check_finetune(_first(stages, 'finetune'), b, top)
+    cfg = _first(stages, 'train').config
+    if vocab is not None and cfg.vocab_size is not None and vocab > cfg.vocab_size:
         raise LegalnbError(f'build-corpus.train_tokenizer {vocab} and train.vocab_size {cfg.vocab_size}: the model '
                            'would not have a row for every token id; drop train.vocab_size')
     ctx = cfg.model_overrides.get('max_seq_len')
@@ -534,6 +581,31 @@ def check_plan(stages: list[Stage], top: dict) -> dict:
                                               model=top['model']).gpus > max(1, _gpus()):
         raise LegalnbError(f'preset {top["preset"]} needs more GPUs than this machine has ({_gpus()})')
     return info | dict(cfg=cfg)
+
+# %% ../nbs/14_run.ipynb #3c1f0e52
+def _check_finetune(f: Stage, b: dict, top: dict) -> dict:
+    "What a Hugging Face model asks of the corpus (`b`: build-corpus's settings) and of the finetune stage `f`."
+    from legalnb.hf import hf_config
+    from legalnb.presets import get_preset
+    if b['train_tokenizer'] is not None:
+        raise LegalnbError(f'build-corpus.train_tokenizer and model {top["model"]}: a Hugging Face model reads its '
+                           'own tokenizer; drop train_tokenizer (the tokenizer is the model\'s)')
+    cfg = hf_config(top['model'])
+    tok, mv = b['tokenizer'], cfg.get('vocab_size')
+    if tok and mv and Path(tok).resolve() != Path(top['model']).resolve():
+        from legalnb.corpus import load_tokenizer, vocab_size_of
+        if (v := vocab_size_of(load_tokenizer(tok))) > mv:
+            raise LegalnbError(f'build-corpus.tokenizer {tok} has {v:,} tokens and model {top["model"]} a '
+                               f'vocabulary of {mv:,}: drop build-corpus.tokenizer (the model\'s own is used)')
+    ctx = cfg.get('max_position_embeddings') or cfg.get('n_positions')
+    if ctx and b['seq_len'] > ctx:
+        raise LegalnbError(f'build-corpus.seq_len {b["seq_len"]:,} is longer than the context of model '
+                           f'{top["model"]} (max_position_embeddings {ctx:,}): lower seq_len')
+    p, gpus = get_preset('cpt', top['preset']), _gpus()
+    if p.gpus > max(1, gpus) and not f.settings['force_single']:
+        raise LegalnbError(f'preset {top["preset"]} (cpt) is sized for {p.gpus} GPUs and this machine has '
+                           f'{gpus}: set finetune.force_single (or --force-single), or a preset for 1 GPU')
+    return {}
 
 def _gpus() -> int:
     "The CUDA devices this process sees."
@@ -773,12 +845,9 @@ def stage_split(split: Path, dest: Path, progress: bool = True) -> Path:
 
 # %% ../nbs/14_run.ipynb #0a843d82
 def _run_stage(s: Stage):
-    "Run stage `s`'s command from its settings in this process; a failure stops the run."
-    import typing
-    run = command_run(s.name.removesuffix('-2'))   # select-2 is legalnb select
-    kind = typing.get_type_hints(run).get('cfg')   # a stage that takes its config (EvaluateConfig) is given it
-    if run(kind(**s.settings) if kind else dict(s.settings)):
-        raise LegalnbError(f'the {s.name} stage failed; see its messages above')
+    "Run stage `s`'s command from its config in this process (the command table's run function); a failure stops it."
+    cfg = dict(s.config) if isinstance(s.config, dict) else s.config   # a command reads its own copy
+    if command_run(s.kind)(cfg): raise LegalnbError(f'the {s.name} stage failed; see its messages above')
 
 # %% ../nbs/14_run.ipynb #7ff1c3f8
 def _ask_once(opts: dict, what: str):
@@ -788,10 +857,9 @@ def _ask_once(opts: dict, what: str):
     opts['confirmed'] = True
 
 # %% ../nbs/14_run.ipynb #b173fe8a
-def _train(s: Stage, work: Path, top: dict, info: dict, opts: dict, resuming: bool) -> dict:
+def _train(s: Stage, work: Path, top: dict, opts: dict, resuming: bool) -> dict:
     "The training stage: machine, estimate, provenance, confirmation, then train under the budget guard."
     from legalnb.presets import get_preset
-    from legalnb.train import train
     man = read_json(work/'corpus'/'manifest.json', 'a corpus manifest')
     cfg = replace(s.config, resume='latest') if resuming else replace(s.config, overwrite=s.output.parent.exists())
     why = 'no preset: the trainer\'s defaults and the train flags' if top['preset'] == 'none' else get_preset(
@@ -810,7 +878,7 @@ def _train(s: Stage, work: Path, top: dict, info: dict, opts: dict, resuming: bo
     _ask_once(opts, 'training')
     guard = BudgetGuard(opts['max_cost'], opts['deadline'], opts['price_per_hour'], max(1, _gpus()))
     if resuming: print(f'{s.name}: resuming {s.output.parent} from its newest checkpoint')
-    summary = train(cfg, [guard])
+    summary = command_run(s.kind)(cfg, [guard])   # legalnb.train.train, from the command table
     summary.update(estimate_s=e.seconds, forecast=guard.forecast)
     return summary
 
@@ -818,10 +886,10 @@ def _train(s: Stage, work: Path, top: dict, info: dict, opts: dict, resuming: bo
 def _finetune(s: Stage, again: bool, opts: dict) -> dict:
     "The finetune stage (resumed when `again`) under the budget guard: {} when it finished, the stop record when "
     "the guard ended it."
-    from legalnb.hf import finetune_command
     guard = BudgetGuard(opts['max_cost'], opts['deadline'], opts['price_per_hour'], max(1, _gpus()))
-    rc = finetune_command(**(s.settings | {'resume': True} if again else s.settings),
-                          command=shlex.join([*s.argv, *(['--resume'] if again else [])]), sinks=[guard])
+    settings = s.settings | {'resume': True} if again else s.settings   # legalnb.hf.finetune_command, by the table
+    rc = command_run(s.kind)(**settings, command=shlex.join([*s.argv, *(['--resume'] if again else [])]),
+                             sinks=[guard])
     if guard.stopped: return {**guard.stopped, 'forecast': guard.forecast}
     if rc: raise LegalnbError('the finetune stage failed; see its messages above')
     return {}
@@ -834,7 +902,7 @@ def _before_finetune(s: Stage, top: dict, opts: dict):
     print('\n'.join(machine_lines(top['out'])))
     print(f"preset {top['preset']} (cpt, {Path(top['model']).name}): {p.why}")
     print(f"estimate: legalnb estimate --preset cpt/{top['preset']} --params N --gpu GPU (N: the model's parameters)")
-    if s.name == 'finetune-2':
+    if s.second:
         print(f"{s.name}: from {s.settings['model']} (the first run's weights) with a fresh AdamW (transformers "
               'does not carry the optimizer state)')
     _ask_once(opts, 'fine-tuning')
@@ -877,7 +945,7 @@ def _from_the_shell(top_cli: dict) -> dict:
 def _what_runs(stages: list[Stage], work: Path, opts: dict) -> tuple[int, int, list[str]]:
     "The first stage to run, the training to run or resume first, and why each stage is stale ('' when up to date)."
     names = [s.name for s in stages]
-    trainers = [i for i, n in enumerate(names) if n in ('train', 'train-2', 'finetune', 'finetune-2', 'baseline')]
+    trainers = [i for i, s in enumerate(stages) if s.kind in TRAINING]
     reasons = [why_stale(s, read_record(work, s.name)) for s in stages]
     t = next((i for i in trainers if reasons[i]), trainers[-1])   # the training to run (or resume) first
     first = next((i for i, r in enumerate(reasons) if r), len(stages))
@@ -897,13 +965,13 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
     if base != Path('.'): top_cli = _from_the_shell(top_cli)
     cli = cli_overrides(rest); cli['_top'] = top_cli
     stages, top = build_stages(raw, base, cli, opts['stage_to'])
-    info = check_plan(stages, top)
+    check_plan(stages, top)
     work, names = top['out'], [s.name for s in stages]
     ours = lambda rel: _ours(rel) or rel.parts[0] in opts.get('ours', ())
     if hold := opts.get('hold'): hold(output_folder(work, 'legalnb run', ours))   # locked and recorded to the end
     else: refuse_unowned(work, ours)   # the caller holds the folder
     for s in stages if opts.get('stage_to') else ():   # a copy trained on holds only copies legalnb made: checked now
-        if s.name in ('train', 'train-2', 'finetune', 'finetune-2', 'baseline'):
+        if s.kind in TRAINING:
             refuse_unowned(Path(s.settings['data']), flag='--stage-to')
     first, t, reasons = _what_runs(stages, work, opts)
     if first <= t and not opts['yes'] and not sys.stdin.isatty(): confirm(False)   # refused before any stage runs
@@ -921,15 +989,15 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
         write_record(work, s.name, dict(stage=s.name, argv=s.argv, inputs=inputs, finished=False))
         print(f'\n[{i + 1}/{len(stages)}] {s.name}' + (' (resuming)' if resuming and i >= t else ''), flush=True)
         t0 = time.perf_counter()
-        if s.name in ('split', 'split-2'): remove_owned(work, s.output.parent.name)   # a new folder (legalnb's only)
-        if s.name in ('train', 'train-2', 'baseline'):
+        if s.kind == 'split': remove_owned(work, s.output.parent.name)   # a new folder (legalnb's only)
+        if s.kind == 'train':
             split_dir = Path(s.settings['data'])
             if opts['stage_to']: stage_split(work/split_dir.name, split_dir)
             from legalnb.checkpoint import list_checkpoints
-            got = _train(s, work, top, info, opts, resuming and bool(list_checkpoints(s.output.parent)))
+            got = _train(s, work, top, opts, resuming and bool(list_checkpoints(s.output.parent)))
             if got.get('stopped'): return dict(stopped=got, stages=stages, work=work)
-            if s.name != 'baseline': summary = got
-        elif s.name in ('finetune', 'finetune-2'):
+            if not s.baseline: summary = got
+        elif s.kind == 'finetune':
             _before_finetune(s, top, opts)
             out, data = Path(s.settings['out']), Path(s.settings['data'])   # run/, corpus/ (or -2)
             again = resuming and any(out.glob('checkpoint-*'))
@@ -938,10 +1006,9 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
             summary = _finetune(s, again, opts)
             if summary.get('stopped'): return dict(stopped=summary, stages=stages, work=work)
         else: _run_stage(s)
-        write_record(work, s.name, dict(stage=s.name, argv=s.argv, inputs=inputs, finished=True,
-                                        output=fingerprint(s.output), seconds=round(time.perf_counter() - t0, 3),
-                                        **({'estimate_s': summary.get('estimate_s')} if s.name in ('train', 'train-2')
-                                           else {})))
+        est = {'estimate_s': summary.get('estimate_s')} if s.kind == 'train' and not s.baseline else {}
+        write_record(work, s.name, dict(stage=s.name, argv=s.argv, inputs=inputs, finished=True, output=fingerprint(
+            s.output), seconds=round(time.perf_counter() - t0, 3), **est))
     return dict(stages=stages, work=work, top=top, summary=summary)
 
 # %% ../nbs/14_run.ipynb #ec4d9824
@@ -1023,26 +1090,28 @@ def write_run_report(work: Path, stages: list[Stage], top: dict) -> Path:
     return work/'report.md'
 
 # %% ../nbs/14_run.ipynb #b56eb5b9
-def run_plan_command(plan: str = None,            # the plan (YAML): `legalnb run --write-plan > plan.yaml` gives one
-                input: list[str] = None,     # Formex folders and JSONL files (instead of the plan's input:)
-                out: str = None,             # the work folder (instead of the plan's out:)
-                preset: str = None,          # fast, full, aggressive or none (default: the plan's, else fast)
-                model: str = None,           # resonance, gpt, or a Hugging Face model: folder or org/name (finetune)
-                size: str = None,            # the native model's size: small, medium, large, xlarge
-                baseline: str = None,        # native: also train this model (gpt) at the same size; report against it
-                write_plan: bool = False,    # print a commented plan to start from, and run nothing
-                yes: bool = False,           # start training without asking (required when stdin is not a terminal)
-                resume: bool = False,        # continue a training the budget guard stopped (or a crash interrupted)
-                max_cost: float = None,      # budget guard: stop cleanly when the forecast cost passes these dollars
-                deadline: str = None,        # budget guard: stop cleanly when the forecast end passes HH:MM or 90m, 2h
-                price_per_hour: float = GPU_HOUR_PRICE,  # dollars per GPU-hour, for --max-cost
-                stage_to: str = None):       # copy the training data (split; corpus for an HF model) here, verified
+@dataclass
+class RunConfig:
     "parse -> select -> build-corpus -> split -> train (or finetune) -> evaluate from one plan; resumable per stage."
+    plan: str = None            # the plan (YAML): `legalnb run --write-plan > plan.yaml` gives one
+    input: list[str] = None     # Formex folders and JSONL files (instead of the plan's input:)
+    out: str = None             # the work folder (instead of the plan's out:)
+    preset: str = None          # fast, full, aggressive or none (default: the plan's, else fast)
+    model: str = None           # resonance, gpt, or a Hugging Face model: folder or org/name (finetune)
+    size: str = None            # the native model's size: small, medium, large, xlarge
+    baseline: str = None        # native: also train this model (gpt) at the same size; report against it
+    write_plan: bool = False    # print a commented plan to start from, and run nothing
+    yes: bool = False           # start training without asking (required when stdin is not a terminal)
+    resume: bool = False        # continue a training the budget guard stopped (or a crash interrupted)
+    max_cost: float = None      # budget guard: stop cleanly when the forecast cost passes these dollars
+    deadline: str = None        # budget guard: stop cleanly when the forecast end passes HH:MM or 90m, 2h
+    price_per_hour: float = GPU_HOUR_PRICE  # dollars per GPU-hour, for --max-cost
+    stage_to: str = None        # copy the training data (split; corpus for an HF model) here, verified
 
 @functools.cache
 def run_parser():
     "`legalnb run`'s parser (PLAN.yaml, the first word, is read before it); unknown flags go to the stages."
-    p = command_parser(run_plan_command, 'legalnb run', skip=('plan',))
+    p = command_parser(RunConfig, 'legalnb run', skip=('plan',))
     p.usage = 'legalnb run [PLAN.yaml] [flags of legalnb run] [flags of any stage]'
     p.epilog = ('PLAN.yaml, the first word, is the plan (`legalnb run --write-plan` prints one to start from); '
                 'without it, give --input and --out. '

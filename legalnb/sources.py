@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from .core import (LegalnbError, _missing_parents, atomic_write, jsonl_records, refuse_overwriting_inputs,
                           usable_cores, check_num_proc)
-from .core import Output, command_settings, followed, run_writing, trim_memory
+from .core import Output, flag_settings, followed, run_writing, trim_memory
 
 # %% auto #0
 __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORDS', 'EU_LANGUAGES', 'FORMEX_BLOCKS',
@@ -33,8 +33,8 @@ __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORD
            'formex_document', 'read_formex', 'date_in_words', 'number_in_title', 'html_root', 'Page', 'html_text',
            'html_kind', 'oj_facts', 'consolidated_facts', 'eurlex_facts', 'eurlex_body', 'metadata_facts', 'read_html',
            'html_document', 'file_kind', 'parse_batches', 'in_order', 'read_items', 'read_documents', 'report_path',
-           'parts_folder', 'parse_documents', 'write_parse_report', 'format_parse_summary', 'parse_command',
-           'parse_run', 'parse_main']
+           'parts_folder', 'parse_documents', 'write_parse_report', 'format_parse_summary', 'ParseConfig',
+           'parse_command', 'parse_run', 'parse_main']
 
 # %% ../nbs/00_sources.ipynb #9cdec564
 DOC_TYPES = ('regulation', 'directive', 'decision', 'recommendation', 'other')
@@ -1475,17 +1475,26 @@ def format_parse_summary(counts: Counter, out: str | Path = '', skipped: Iterabl
     return '\n'.join(lines)
 
 # %% ../nbs/00_sources.ipynb #ee069f88
-def parse_command(inputs: list[str],           # folders, JSON-lines files, Formex XML or XHTML/HTML files
-                  out: str = 'parsed.jsonl',    # output JSONL, one Document per line; never one of the inputs
-                  strict: bool = False,         # stop at the first publication or line that cannot be read
-                  num_proc: int | None = None,  # processes reading publications (without it: all cores)
-                  notes: bool = False,          # keep footnote (NOTE) text, after each document's text
-                  batch_files: int = PARSE_BATCH,  # files a batch: the unit of work and of resuming a killed parse
-                  progress: bool = True):       # progress bar in publications/s (on a terminal)
+@dataclass
+class ParseConfig:
     "Read Formex, XHTML/HTML and JSON lines into one JSONL file of documents, and a report of what was skipped."
-    if batch_files < 1: raise LegalnbError(f'--batch-files must be at least 1, got {batch_files}')
-    counts = parse_documents(inputs, out, None if progress else False, strict, num_proc, notes, batch_files)
-    print(format_parse_summary(counts, out))
+    inputs: list[str]               # folders, JSON-lines files, Formex XML or XHTML/HTML files
+    out: str = 'parsed.jsonl'       # output JSONL, one Document per line; never one of the inputs
+    strict: bool = False            # stop at the first publication or line that cannot be read
+    num_proc: int | None = None     # processes reading publications (without it: all cores)
+    notes: bool = False             # keep footnote (NOTE) text, after each document's text
+    batch_files: int = PARSE_BATCH  # files a batch: the unit of work and of resuming a killed parse
+    progress: bool = True           # progress bar in publications/s (on a terminal)
 
-def parse_run(settings: dict) -> int: return run_writing(parse_command, settings, 'legalnb parse')
-def parse_main(argv: list[str]) -> int: return parse_run(command_settings('parse', argv))
+    def __post_init__(self):
+        if self.batch_files < 1: raise LegalnbError(f'--batch-files must be at least 1, got {self.batch_files}')
+
+def parse_command(cfg: ParseConfig):
+    "`legalnb parse` from its config: the documents read into `cfg.out`, and a summary printed."
+    counts = parse_documents(cfg.inputs, cfg.out, None if cfg.progress else False, cfg.strict, cfg.num_proc, cfg.notes,
+                             cfg.batch_files)
+    print(format_parse_summary(counts, cfg.out))
+
+def parse_run(cfg: ParseConfig) -> int: return run_writing(lambda: parse_command(cfg), {}, 'legalnb parse')
+def parse_main(argv: list[str]) -> int:
+    return parse_run(ParseConfig(**flag_settings(ParseConfig, 'legalnb parse', argv)))

@@ -321,7 +321,7 @@ def test_a_native_second_stage_of_the_top_documents_has_no_token_budget():
     stages, _ = build_stages({'input': ['formex'], 'out': 'work', 'stage2': {'select': {'top': 5}}}, Path('.'), {})
     select2 = next(s for s in stages if s.name == 'select-2')
     assert '--target-tokens' not in select2.argv and select2.argv[-2:] == ['--top', '5'], select2.argv
-    assert stage_parser('select-2').parse_args(select2.argv).top == 5
+    assert stage_parser('select').parse_args(select2.argv).top == 5
     stages, _ = build_stages({'input': ['formex'], 'out': 'work', 'stage2': {}}, Path('.'), {})
     assert next(s for s in stages if s.name == 'select-2').argv[-2:] == ['--target-tokens', '2B']
 
