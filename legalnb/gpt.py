@@ -60,33 +60,35 @@ class GPTConfig:
                 raise LegalnbError(f'GPTConfig: {name} must be > 0, got {getattr(self, name)!r}')
         if not 0 <= self.dropout < 1: raise LegalnbError(f'GPTConfig: dropout must be in [0, 1), got {self.dropout!r}')
 
-    @property
-    def head_dim(self) -> int:
-        "Channels per attention head."
-        return self.dim // self.num_heads
+# %% ../nbs/04a_gpt.ipynb #9e5c63c4
+@patch(as_prop=True)
+def head_dim(self: GPTConfig) -> int:
+    "Channels per attention head."
+    return self.dim // self.num_heads
 
-    @property
-    def kv_heads(self) -> int:
-        "Key/value heads actually used (num_kv_heads, or num_heads when it is None)."
-        return self.num_kv_heads or self.num_heads
+@patch(as_prop=True)
+def kv_heads(self: GPTConfig) -> int:
+    "Key/value heads actually used (num_kv_heads, or num_heads when it is None)."
+    return self.num_kv_heads or self.num_heads
 
-    @property
-    def hidden_dim(self) -> int:
-        "Width of the SwiGLU MLP's hidden layer: mlp_ratio * dim rounded up to a multiple of mlp_multiple_of."
-        m = self.mlp_multiple_of
-        return m * math.ceil(self.mlp_ratio * self.dim / m)
+@patch(as_prop=True)
+def hidden_dim(self: GPTConfig) -> int:
+    "Width of the SwiGLU MLP's hidden layer: mlp_ratio * dim rounded up to a multiple of mlp_multiple_of."
+    m = self.mlp_multiple_of
+    return m * math.ceil(self.mlp_ratio * self.dim / m)
 
-    def to_dict(self) -> dict:
-        "A JSON-ready dict of the fields."
-        return asdict(self)
+@patch
+def to_dict(self: GPTConfig) -> dict:
+    "A JSON-ready dict of the fields."
+    return asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> 'GPTConfig':
-        "Build a config from `to_dict()` output; unknown keys are an error that names them."
-        known = {f.name for f in fields(cls)}
-        if unknown := sorted(set(d) - known):
-            raise LegalnbError(f'GPTConfig: unknown field(s) {unknown}; expected some of {sorted(known)}')
-        return cls(**d)
+@patch(cls_method=True)
+def from_dict(cls: GPTConfig, d: dict) -> GPTConfig:
+    "Build a config from `to_dict()` output; unknown keys are an error that names them."
+    known = {f.name for f in fields(cls)}
+    if unknown := sorted(set(d) - known):
+        raise LegalnbError(f'GPTConfig: unknown field(s) {unknown}; expected some of {sorted(known)}')
+    return cls(**d)
 
 # %% ../nbs/04a_gpt.ipynb #762372e1
 def rope_angles(positions: torch.Tensor,  # (L,) integer positions
@@ -215,38 +217,41 @@ class GPTLanguageModel(nn.Module):
             scaled = name.endswith(('attn.out_proj.weight', 'mlp.down.weight'))
             nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.config.num_layers) if scaled else std)
 
-    def _mask(self, L: int, start: int, doc_starts: torch.Tensor | None, cache: KVCache | None, device):
-        "The (attn_mask, is_causal) pair for L new tokens after `start` cached ones."
-        if doc_starts is not None:
-            if cache is not None: raise LegalnbError('doc_starts cannot be combined with a KV cache; generate one row')
-            if doc_starts.shape[1] != L:
-                raise LegalnbError(f'doc_starts has {doc_starts.shape[1]} positions per row, input_ids {L}')
-            return document_mask(doc_starts.to(device)), False
-        if start == 0: return None, True           # plain causal attention (the flash kernel's fast path)
-        if L == 1: return None, False              # one new token sees every cached key
-        return torch.ones(L, start + L, dtype=torch.bool, device=device).tril(start), False
+# %% ../nbs/04a_gpt.ipynb #bef1c950
+@patch
+def _mask(self: GPTLanguageModel, L: int, start: int, doc_starts: torch.Tensor | None, cache: KVCache | None, device):
+    "The (attn_mask, is_causal) pair for L new tokens after `start` cached ones."
+    if doc_starts is not None:
+        if cache is not None: raise LegalnbError('doc_starts cannot be combined with a KV cache; generate one row')
+        if doc_starts.shape[1] != L:
+            raise LegalnbError(f'doc_starts has {doc_starts.shape[1]} positions per row, input_ids {L}')
+        return document_mask(doc_starts.to(device)), False
+    if start == 0: return None, True           # plain causal attention (the flash kernel's fast path)
+    if L == 1: return None, False              # one new token sees every cached key
+    return torch.ones(L, start + L, dtype=torch.bool, device=device).tril(start), False
 
-    def forward(self, input_ids: torch.Tensor,                # (B, L) token ids
-                targets: torch.Tensor | None = None,          # (B, L) next-token ids, -100 = ignored
-                doc_starts: torch.Tensor | None = None,       # (B, L) bool, True where a document starts
-                cache: KVCache | None = None):                # generation: keys and values of earlier tokens
-        "Logits (B, L, V); with `targets` also the mean cross-entropy (ignore_index -100)."
-        c, (B, L) = self.config, input_ids.shape
-        start = cache.length if cache is not None else 0
-        if start + L > c.max_seq_len:
-            raise LegalnbError(f'input length {start + L} exceeds max_seq_len={c.max_seq_len}; crop the context')
-        cos, sin = rope_angles(torch.arange(start, start + L, device=input_ids.device), c.head_dim, c.rope_theta)
-        attn_mask, is_causal = self._mask(L, start, doc_starts, cache, input_ids.device)
-        x = self.drop(self.tok_emb(input_ids))                # (B, L, D)
-        for block in self.blocks:
-            if c.checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, cos, sin, attn_mask, is_causal, cache, use_reentrant=False)
-            else: x = block(x, cos, sin, attn_mask, is_causal, cache)
-        if cache is not None: cache.length += L
-        logits = self.lm_head(self.norm(x))                   # (B, L, V)
-        if targets is None: return logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
-        return logits, loss
+@patch
+def forward(self: GPTLanguageModel, input_ids: torch.Tensor,                # (B, L) token ids
+            targets: torch.Tensor | None = None,          # (B, L) next-token ids, -100 = ignored
+            doc_starts: torch.Tensor | None = None,       # (B, L) bool, True where a document starts
+            cache: KVCache | None = None):                # generation: keys and values of earlier tokens
+    "Logits (B, L, V); with `targets` also the mean cross-entropy (ignore_index -100)."
+    c, (B, L) = self.config, input_ids.shape
+    start = cache.length if cache is not None else 0
+    if start + L > c.max_seq_len:
+        raise LegalnbError(f'input length {start + L} exceeds max_seq_len={c.max_seq_len}; crop the context')
+    cos, sin = rope_angles(torch.arange(start, start + L, device=input_ids.device), c.head_dim, c.rope_theta)
+    attn_mask, is_causal = self._mask(L, start, doc_starts, cache, input_ids.device)
+    x = self.drop(self.tok_emb(input_ids))                # (B, L, D)
+    for block in self.blocks:
+        if c.checkpointing and self.training and torch.is_grad_enabled():
+            x = checkpoint(block, x, cos, sin, attn_mask, is_causal, cache, use_reentrant=False)
+        else: x = block(x, cos, sin, attn_mask, is_causal, cache)
+    if cache is not None: cache.length += L
+    logits = self.lm_head(self.norm(x))                   # (B, L, V)
+    if targets is None: return logits
+    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+    return logits, loss
 
 # %% ../nbs/04a_gpt.ipynb #deb96396
 @torch.no_grad()

@@ -1095,6 +1095,7 @@ def _shape_help(name: str, doc: dict) -> str:
     owners = ', '.join(s.name for s in MODELS.values() if name in s.shape_flags)
     return f"{doc.get(name) or f'shortcut: model_overrides[{name!r}] ({owners})'}; refused for a model without this field"
 
+# %% ../nbs/05_train.ipynb #6f58f196
 def train_parser() -> argparse.ArgumentParser:
     "The `legalnb train` parser: a flag per TrainConfig field and per registered model's shape flag, `--resume [PATH]`, "
     "`--config`; flags not given stay out."
