@@ -246,9 +246,11 @@ def saved_architecture(config: dict) -> str:
 def _class_name(ref) -> str: return ref if isinstance(ref, str) else f'{ref.__module__}:{ref.__qualname__}'
 
 def spec_of(model_class: type) -> ModelSpec:
-    "The registered spec whose model class is `model_class` (compared by name: no other architecture is imported)."
-    name = _class_name(model_class)
-    spec = next((s for s in MODELS.values() if _class_name(object.__getattribute__(s, 'model_class')) == name), None)
+    "The registered spec whose model class is `model_class` (compared by name: no other architecture is imported; "
+    "a class defined in a notebook, module `__main__`, by its own name)."
+    name, own = _class_name(model_class), model_class.__module__ == '__main__'
+    named = lambda s: _class_name(object.__getattribute__(s, 'model_class'))
+    spec = next((s for s in MODELS.values() if named(s) == name or own and named(s).endswith(':' + name[9:])), None)
     if spec is None: raise LegalnbError(f'{model_class.__name__} is not the model class of a registered architecture')
     return spec
 
