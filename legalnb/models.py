@@ -264,7 +264,7 @@ def _tied(model) -> dict[str, str]:
 
 # %% ../nbs/02a_models.ipynb #dfe5b412
 def save_model(model, directory: str | Path) -> Path:
-    "Write `model.safetensors` (a tied tensor once) and `config.json` (its fields and its architecture) into `directory`."
+    "Write `model.safetensors` (a tied tensor once) and `config.json` (fields and architecture) into `directory`."
     from safetensors.torch import save_file
     directory, tied = Path(directory), _tied(model)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k not in tied}
@@ -272,6 +272,11 @@ def save_model(model, directory: str | Path) -> Path:
     config = {'architecture': spec_of(type(model)).name, **model.config.to_dict()}
     with atomic_write(directory/'config.json') as tmp: tmp.write_text(json.dumps(config, indent=1))
     return directory
+
+def _config_class(cls, spec: ModelSpec) -> type:
+    "The spec's config class; for a model class defined in a notebook (`__main__`), that notebook's class of its name."
+    own = getattr(cls.__init__, '__globals__', {}) if cls.__module__ == '__main__' else {}
+    return own.get(spec.config_class.__name__, spec.config_class)
 
 def load_saved(cls, directory: str | Path, map_location='cpu'):
     "Rebuild a model of class `cls` saved by `save_model`, refusing another architecture's folder."
@@ -284,7 +289,7 @@ def load_saved(cls, directory: str | Path, map_location='cpu'):
     arch = d.pop('architecture', DEFAULT_MODEL if spec.name == DEFAULT_MODEL else None)   # older folders: no record
     if arch != spec.name:
         raise LegalnbError(f'{path}: architecture {arch!r}, not {spec.name!r}; load it with legalnb.models.load_model')
-    try: config = spec.config_class.from_dict(d)
+    try: config = _config_class(cls, spec).from_dict(d)
     except LegalnbError as e: raise LegalnbError(f'{path}: {e}') from None
     except TypeError as e: raise LegalnbError(f'{path}: not a model config ({e})') from None
     model = cls(config)
@@ -298,7 +303,7 @@ def load_saved(cls, directory: str | Path, map_location='cpu'):
 def load_model(directory: str | Path,     # a folder with config.json and model.safetensors
                map_location='cpu',        # device for the weights
               ) -> Any:
-    "The model saved in `directory`, of the architecture its config.json records (`DEFAULT_MODEL` when it records none)."
+    "The model saved in `directory`, of the architecture its config.json records (`DEFAULT_MODEL` if it has none)."
     path = Path(directory)/'config.json'
     arch = saved_architecture(read_json(path, 'a model config written by model.save()'))
     if arch not in MODELS:

@@ -591,7 +591,7 @@ def check_resume(saved: dict,  # the model config stored in the checkpoint
                                 '--size and overrides (--dim, --num-layers, ...) it was trained with, or a new --out')
 
 def upgraded_config(saved: dict) -> dict:
-    "A TrainConfig dict from a checkpoint, in today's fields: no `model` is DEFAULT_MODEL, old shape keys are overrides."
+    "A TrainConfig dict from a checkpoint, in today's fields: no `model` is DEFAULT_MODEL, old shape keys overrides."
     saved = dict(saved)
     over = {k: saved.pop(k) for k in ('dim', 'num_layers', *shape_flags()) if k in saved}
     over = {k: v for k, v in over.items() if v is not None}
@@ -1093,12 +1093,13 @@ def _shape_help(name: str, doc: dict) -> str:
     "The help of a shape flag: its field's comment (dim, num_layers), or the models that have it (num_heads: gpt)."
     from legalnb.models import MODELS
     owners = ', '.join(s.name for s in MODELS.values() if name in s.shape_flags)
-    return f"{doc.get(name) or f'shortcut: model_overrides[{name!r}] ({owners})'}; refused for a model without this field"
+    what = doc.get(name) or f'shortcut: model_overrides[{name!r}] ({owners})'
+    return f'{what}; refused for a model without this field'
 
 # %% ../nbs/05_train.ipynb #6f58f196
 def train_parser() -> argparse.ArgumentParser:
-    "The `legalnb train` parser: a flag per TrainConfig field and per registered model's shape flag, `--resume [PATH]`, "
-    "`--config`; flags not given stay out."
+    "The `legalnb train` parser: a flag per TrainConfig field and per registered model's shape flag, "
+    "`--resume [PATH]`, `--config`; flags not given stay out."
     return _train_parser(shape_flags())
 
 @functools.cache
