@@ -230,7 +230,7 @@ def _preset_fields(name: str, size: str, model: str) -> dict:
 def from_preset(cls, name: str,  # preset name: fast, full, aggressive
                 size: str = 'small', # model size (picks micro-batch and accumulation)
                 **overrides) -> TrainConfig:
-    "A config from preset `name` for `size` of the model `overrides` name (default resonance), `overrides` on top."
+    "A config from preset `name` for `size` of the model `overrides` name (DEFAULT_MODEL), `overrides` on top."
     return cls(**{**_preset_fields(name, size, overrides.get('model', cls.model)), 'size': size, 'preset': name,
                   **overrides})
 TrainConfig.from_preset = from_preset
