@@ -1097,11 +1097,6 @@ def _shape_help(name: str, doc: dict) -> str:
     return f'{what}; refused for a model without this field'
 
 # %% ../nbs/05_train.ipynb #6f58f196
-def train_parser() -> argparse.ArgumentParser:
-    "The `legalnb train` parser: a flag per TrainConfig field and per registered model's shape flag, "
-    "`--resume [PATH]`, `--config`; flags not given stay out."
-    return _train_parser(shape_flags())
-
 @functools.cache
 def _train_parser(model_flags: tuple[str, ...]) -> argparse.ArgumentParser:
     "`train_parser` for these shape flags of the registered models (a model registered later makes a new one)."
@@ -1121,6 +1116,12 @@ def _train_parser(model_flags: tuple[str, ...]) -> argparse.ArgumentParser:
     p.add_argument('--config', metavar='YAML', default=argparse.SUPPRESS,
                    help='YAML file of TrainConfig fields (flags override it)')
     return p   # flags not given stay out of the result (a YAML file or preset may set them); --help shows defaults
+
+def train_parser() -> argparse.ArgumentParser:
+    "The `legalnb train` parser: a flag per TrainConfig field and per registered model's shape flag, "
+    "`--resume [PATH]`, `--config`; flags not given stay out."
+    return _train_parser(shape_flags())
+train_parser.cache_clear = _train_parser.cache_clear   # as a functools.cache'd parser has
 
 def config_from_args(argv: list[str]) -> TrainConfig:
     "The TrainConfig that `legalnb train ARGV` runs: defaults < preset < YAML < flags; a bad value names its flag."
