@@ -4,234 +4,20 @@
 
 # %% ../nbs/10_export.ipynb #8e1f32ac
 from __future__ import annotations
-import inspect, json, os, shutil, tempfile
-from dataclasses import MISSING, fields
+import json, os, shutil, tempfile
 from pathlib import Path
 
 import torch
 
 from .core import LegalnbError, refuse_foreign_files, refuse_overwriting_inputs, run_command, read_json
 from .core import Output, followed, record_as, recorded_by
+from .models import MODELS
 
 # %% auto #0
-__all__ = ['RESONANCE_TYPE', 'MODELING_SOURCES', 'RESONANCE_AUTO_MAP', 'EXPORT_FILES', 'TRUST_HINT', 'resonance_modeling_code',
-           'resonance_config_code', 'exported_code', 'export_resonance', 'export_gpt', 'export_tokenizer',
-           'refuse_other_export', 'export_model', 'legalnb_remote_code', 'export_command', 'export_main']
-
-# %% ../nbs/10_export.ipynb #3f036d57
-RESONANCE_TYPE = 'legalnb_resonance'    # the model_type of an exported ResonanceNet (config.json)
-
-_HEADER = '''"""ResonanceNet for transformers, written by `legalnb export`: self-contained (no legalnb needed).
-
-The model classes below are copied from legalnb.resonance; the last section wraps them in a PreTrainedModel whose
-`generate()` carries the recurrent state (K complex resonances per channel, the short convolutions' last inputs,
-and the keys and values of any attention block) as its cache: in a resonance block one token costs the same
-whatever the context's length."""
-from __future__ import annotations
-import math
-from dataclasses import dataclass, asdict, fields
-
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
-from transformers import GenerationMixin, PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutputWithPast
-
-from .configuration_legalnb_resonance import LegalnbResonanceConfig, RESONANCE_FIELDS
-
-
-class LegalnbError(ValueError):
-    "A bad value (the error type of legalnb, where this code comes from)."
-
-
-def patch(f):
-    "Add `f` as a method of the class its `self` argument is annotated with (fastcore's @patch, in short)."
-    cls = f.__annotations__['self']
-    setattr(globals()[cls] if isinstance(cls, str) else cls, f.__name__, f)
-    return f
-'''
-
-_WRAPPER = '''
-
-class TiedHead(nn.Module):
-    "The LM head as the token embedding's transpose: no weight of its own (the checkpoint stores it once)."
-    def __init__(self, embedding: nn.Embedding):
-        super().__init__()
-        self.embedding = [embedding]          # a list: not a submodule, so its weight is not listed twice
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.embedding[0].weight)
-
-
-def _first_tokens(attention_mask: torch.Tensor) -> torch.Tensor | None:
-    "doc_starts at each row's first attended token, when some row is left-padded (the padding is its own document)."
-    if attention_mask is None or bool(attention_mask[:, 0].all()): return None
-    first = attention_mask.long().argmax(1)
-    return torch.arange(attention_mask.shape[1], device=attention_mask.device) == first[:, None]
-
-
-class LegalnbResonanceForCausalLM(PreTrainedModel, GenerationMixin):
-    "ResonanceNet as a transformers causal LM; `past_key_values` is a ResonanceState (the recurrent state)."
-    config_class = LegalnbResonanceConfig
-    base_model_prefix = 'model'
-    main_input_name = 'input_ids'
-    _no_split_modules = ['ResonanceBlock']
-
-    def __init__(self, config: LegalnbResonanceConfig):
-        super().__init__(config)
-        self.model = ResonanceLanguageModel(ResonanceConfig(**{k: getattr(config, k) for k in RESONANCE_FIELDS}))
-        if config.tie_embeddings: self.model.lm_head = TiedHead(self.model.tok_emb)
-        self.post_init()
-
-    def _init_weights(self, module):
-        "Nothing: the weights are legalnb's (its initialisation runs in ResonanceLanguageModel.__init__)."
-
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        return False     # the cache is a ResonanceState, built by forward(use_cache=True)
-
-    def get_input_embeddings(self): return self.model.tok_emb
-
-    def set_input_embeddings(self, value): self.model.tok_emb = value
-
-    def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
-                past_key_values: ResonanceState | None = None, use_cache: bool | None = None,
-                labels: torch.LongTensor | None = None, doc_starts: torch.Tensor | None = None, **kwargs):
-        "Logits of every position; with `use_cache` (generation, no gradients) also the recurrent state."
-        if past_key_values is not None:            # decode: each new token steps the state, O(1) in the context
-            logits = torch.stack([self.model.step(input_ids[:, i], past_key_values)
-                                  for i in range(input_ids.shape[1])], 1)
-        else:
-            if doc_starts is None: doc_starts = _first_tokens(attention_mask)
-            if use_cache and not torch.is_grad_enabled():
-                logits, past_key_values = self.model.prefill(input_ids, doc_starts)
-            else: logits = self.model(input_ids, doc_starts=doc_starts)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
-
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, use_cache=True,
-                                      **kwargs):
-        "The tokens the state has not seen; the whole (cropped) context when there is no state or it is full."
-        if past_key_values is not None and past_key_values.length < self.config.max_seq_len:
-            input_ids = input_ids[:, past_key_values.length:]
-        else:
-            past_key_values = None
-            input_ids = input_ids[:, -self.config.max_seq_len:]
-            if attention_mask is not None: attention_mask = attention_mask[:, -self.config.max_seq_len:]
-        return dict(input_ids=input_ids, past_key_values=past_key_values, attention_mask=attention_mask,
-                    use_cache=use_cache)
-
-    def _reorder_cache(self, past_key_values, beam_idx):
-        for layer in past_key_values.layers:   # every entry is per row except the poles z and amplitudes a
-            for k in layer:
-                if k not in ('z', 'a'): layer[k] = layer[k].index_select(0, beam_idx)
-        past_key_values.position = past_key_values.position.index_select(0, beam_idx)
-        return past_key_values
-'''
-
-_CONFIG = '''"""The configuration of ResonanceNet for transformers (exported by `legalnb export`)."""
-from transformers import PretrainedConfig
-
-RESONANCE_FIELDS = {fields!r}
-
-
-class LegalnbResonanceConfig(PretrainedConfig):
-    "The shape of a ResonanceNet; the field names and meaning are legalnb.resonance.ResonanceConfig's."
-    model_type = {model_type!r}
-
-    def __init__(self,
-{signature},
-                 **kwargs):
-{assignments}
-        self.max_position_embeddings = max_seq_len      # the name transformers and lm-eval look for
-        kwargs['tie_word_embeddings'] = False           # the model ties its head itself (TiedHead)
-        super().__init__(**kwargs)
-'''
-
-MODELING_SOURCES = ('ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length',
-                    'ResonanceFilter', 'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention',
-                    'taylor_features', 'linear_attention', 'read_by_content', 'linear_attention_step',
-                    'short_conv_window', 'LinearAttention', 'gated_delta_rule', 'gated_delta_step', 'DeltaNet',
-                    'ResonanceBlock', 'ResonanceNet', 'ResonanceLanguageModel',
-                    'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv', 'ResonanceState',
-                    'ResonanceLayer.filter_weights', 'ResonanceLayer.modulate',
-                    'ResonanceLayer.recurrent_state', 'ResonanceLayer.step', 'ResonanceLanguageModel.prefill',
-                    'ResonanceLanguageModel.step')
-
-def resonance_modeling_code() -> str:
-    "modeling_legalnb_resonance.py: legalnb.resonance's model classes (their source) and the transformers wrapper."
-    import legalnb.resonance as R
-    def source(name: str) -> str:
-        obj = R
-        for part in name.split('.'): obj = getattr(obj, part)
-        return inspect.getsource(obj)
-    return _HEADER + '\n\n' + '\n\n'.join(source(n) for n in MODELING_SOURCES) + _WRAPPER
-
-# %% ../nbs/10_export.ipynb #4f17f849
-def resonance_config_code() -> str:
-    "configuration_legalnb_resonance.py: a PretrainedConfig with ResonanceConfig's fields, each defaulting to what "
-    "`ResonanceConfig.from_dict` gives a config.json without it (a field added since reads as before it)."
-    from dataclasses import fields
-    from legalnb.resonance import ResonanceConfig
-    unwritten = ResonanceConfig.from_dict({'vocab_size': 32768})
-    fs = [(f.name, getattr(unwritten, f.name)) for f in fields(ResonanceConfig)]
-    return _CONFIG.format(fields=tuple(n for n, _ in fs), model_type=RESONANCE_TYPE,
-                          signature=',\n'.join(f'                 {n}={v!r}' for n, v in fs),
-                          assignments='\n'.join(f'        self.{n} = {n}' for n, _ in fs))
+__all__ = ['SHARED_FILES', 'EXPORT_FILES', 'TRUST_HINT', 'export_tokenizer', 'export_files', 'refuse_other_export',
+           'export_model', 'legalnb_remote_code', 'export_command', 'export_main']
 
 # %% ../nbs/10_export.ipynb #3546b342
-RESONANCE_AUTO_MAP = {'AutoConfig': 'configuration_legalnb_resonance.LegalnbResonanceConfig',
-                      'AutoModelForCausalLM': 'modeling_legalnb_resonance.LegalnbResonanceForCausalLM'}
-
-def exported_code() -> dict[str, str]:
-    "The Python files `legalnb export` writes beside a ResonanceNet, by name: the only code legalnb lets "
-    "transformers run without --trust-remote-code, and only when a folder holds them byte for byte."
-    return {'configuration_legalnb_resonance.py': resonance_config_code(),
-            'modeling_legalnb_resonance.py': resonance_modeling_code()}
-
-def export_resonance(model, out: Path, eos_id: int) -> list[str]:
-    "Write ResonanceNet as a trust_remote_code transformers folder: config, weights and the modelling code."
-    from safetensors.torch import save_file
-    c = model.config
-    for name, code in exported_code().items(): (out/name).write_text(code, encoding='utf-8')
-    state = {f'model.{k}': v.detach().contiguous().cpu() for k, v in model.state_dict().items()
-             if not (c.tie_embeddings and k == 'lm_head.weight')}
-    save_file(state, str(out/'model.safetensors'), metadata={'format': 'pt'})
-    import transformers
-    config = {**c.to_dict(), 'model_type': RESONANCE_TYPE, 'architectures': ['LegalnbResonanceForCausalLM'],
-              'auto_map': RESONANCE_AUTO_MAP,
-              'max_position_embeddings': c.max_seq_len, 'tie_word_embeddings': False,
-              'eos_token_id': eos_id, 'pad_token_id': eos_id, 'dtype': 'float32',
-              'transformers_version': transformers.__version__}
-    (out/'config.json').write_text(json.dumps(config, indent=1))
-    return ['config.json', 'model.safetensors', 'configuration_legalnb_resonance.py', 'modeling_legalnb_resonance.py']
-
-def export_gpt(model, out: Path, eos_id: int) -> list[str]:
-    "Write the GPT baseline as a standard LlamaForCausalLM folder (no remote code): its weights need no permutation."
-    from transformers import LlamaConfig, LlamaForCausalLM
-    c, (H, G, hd) = model.config, (model.config.num_heads, model.config.kv_heads, model.config.head_dim)
-    hf = LlamaForCausalLM(LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.dim, intermediate_size=c.hidden_dim, num_hidden_layers=c.num_layers,
-        num_attention_heads=H, num_key_value_heads=G, max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps,
-        rope_theta=c.rope_theta, tie_word_embeddings=c.tie_embeddings, attention_bias=False, mlp_bias=False,
-        hidden_act='silu', eos_token_id=eos_id, pad_token_id=eos_id, bos_token_id=None))
-    state = {'model.embed_tokens.weight': model.tok_emb.weight, 'model.norm.weight': model.norm.weight,
-             'lm_head.weight': model.lm_head.weight}
-    for i, b in enumerate(model.blocks):
-        q, k, v = b.attn.qkv.weight.split([H * hd, G * hd, G * hd])
-        gate, up = b.mlp.gate_up.weight.chunk(2)
-        for name, w in [('self_attn.q_proj', q), ('self_attn.k_proj', k), ('self_attn.v_proj', v),
-                        ('self_attn.o_proj', b.attn.out_proj.weight), ('mlp.gate_proj', gate), ('mlp.up_proj', up),
-                        ('mlp.down_proj', b.mlp.down.weight), ('input_layernorm', b.norm1.weight),
-                        ('post_attention_layernorm', b.norm2.weight)]:
-            state[f'model.layers.{i}.{name}.weight'] = w
-    missing, unexpected = hf.load_state_dict({k: v.detach().clone() for k, v in state.items()}, strict=False)
-    if missing or unexpected: raise LegalnbError(f'gpt -> Llama: missing {missing}, unexpected {unexpected}')
-    hf.save_pretrained(out)
-    return sorted(p.name for p in out.iterdir())
 def export_tokenizer(tok, eos_id: int, context: int, out: Path) -> list[str]:
     "tokenizer.json and tokenizer_config.json (EOS, also the padding token) for AutoTokenizer."
     from transformers import PreTrainedTokenizerFast
@@ -242,9 +28,19 @@ def export_tokenizer(tok, eos_id: int, context: int, out: Path) -> list[str]:
     return sorted(set(os.listdir(out)) - before)
 
 # %% ../nbs/10_export.ipynb #884916d0
-EXPORT_FILES = ('config.json', 'generation_config.json', 'model.safetensors', 'tokenizer.json',
-                'tokenizer_config.json', 'special_tokens_map.json', 'chat_template.jinja',
-                'configuration_legalnb_resonance.py', 'modeling_legalnb_resonance.py')   # what an export may write
+SHARED_FILES = ('config.json', 'generation_config.json', 'model.safetensors', 'tokenizer.json',
+                'tokenizer_config.json', 'special_tokens_map.json', 'chat_template.jinja')   # any architecture's
+
+def _remote_codes() -> list:
+    "The `RemoteCode` of every registered architecture whose export writes code (imported on first use)."
+    return [s.remote_code for s in MODELS.values() if object.__getattribute__(s, 'remote_code') is not None]
+
+def export_files() -> tuple[str, ...]:
+    "What an export may write: the shared files and each registered architecture's code files (its auto_map's)."
+    code = (v.split('.')[0] + '.py' for r in _remote_codes() for v in r.auto_map.values())
+    return SHARED_FILES + tuple(dict.fromkeys(code))
+
+EXPORT_FILES = export_files()   # the built-in architectures'
 
 def _staged(out: Path, write) -> list[str]:
     "Run `write(folder)` on a temporary folder beside `out`, then move its files into `out`; nothing left on failure."
@@ -255,7 +51,7 @@ def _staged(out: Path, write) -> list[str]:
         names = sorted(write(tmp))
         out.mkdir(exist_ok=True)
         for n in names: os.replace(tmp/n, out/n)
-        for n in set(EXPORT_FILES) - set(names): (out/n).unlink(missing_ok=True)   # an earlier export's file
+        for n in set(export_files()) - set(names): (out/n).unlink(missing_ok=True)   # an earlier export's file
         return names
     except BaseException:
         if created and out.exists() and not any(out.iterdir()): out.rmdir()
@@ -266,7 +62,7 @@ def _staged(out: Path, write) -> list[str]:
 def refuse_other_export(out: Path, folder: Path, overwrite: bool) -> str:
     "The record entry of an export of `folder`; refused when `out` holds the export of another model (--overwrite)."
     source = f'legalnb export {os.path.realpath(folder)}'
-    others = {c for n in EXPORT_FILES if (out/n).is_file() and (c := recorded_by(out, n) or '') != source
+    others = {c for n in export_files() if (out/n).is_file() and (c := recorded_by(out, n) or '') != source
               and c.startswith('legalnb export ')}   # 'legalnb export' alone: a record from before it named the model
     if others and not overwrite:
         other = sorted(others)[0].removeprefix('legalnb export ')
@@ -282,17 +78,16 @@ def export_model(model: str | Path,            # run folder (legalnb train --out
                 ) -> list[str]:                # the files written into `out`
     "Write a native legalnb model as a folder that transformers' Auto classes load without legalnb."
     from legalnb.corpus import find_eos
-    from legalnb.models import load_native, model_kind, native_tokenizer
-    from legalnb.models import MODELS
+    from legalnb.models import load_native, model_kind, native_tokenizer, saved_architecture
     kind, folder = model_kind(model)
     if kind != 'native':
         raise LegalnbError(f'{model}: already a Hugging Face folder ({kind}); export takes a legalnb run '
                            'or model folder')
     out = followed(out)   # a link: the files go into the folder it leads to
     refuse_overwriting_inputs([model, folder], [out])
-    refuse_foreign_files(out, lambda p: str(p) in EXPORT_FILES, '--out')
+    refuse_foreign_files(out, lambda p: str(p) in export_files(), '--out')
     source = refuse_other_export(out, folder, overwrite)
-    arch = read_json(folder/'config.json', 'a model config').get('architecture', 'resonance')
+    arch = saved_architecture(read_json(folder/'config.json', 'a model config'))
     if arch not in MODELS:
         raise LegalnbError(f'{folder/"config.json"}: architecture {arch!r} is not registered; '
                            f'choose from {", ".join(MODELS)}')
@@ -318,10 +113,12 @@ def legalnb_remote_code(folder: Path,        # a Hugging Face model or tokenizer
     import hashlib
     maps = {f: read_json(folder/f, 'a model config').get('auto_map') for f in ('config.json', 'tokenizer_config.json')
             if (folder/f).is_file()}
+    ours = _remote_codes()
     if not any(maps.values()):
-        if (folder/'config.json').is_file() and read_json(folder/'config.json', 'a model config').get('model_type') \
-                == RESONANCE_TYPE:   # a tokenizer or LoRA adapter folder has no config.json
-            raise LegalnbError(f'{folder/"config.json"}: model_type {RESONANCE_TYPE!r} without the auto_map legalnb '
+        kind = read_json(folder/'config.json', 'a model config').get('model_type') \
+            if (folder/'config.json').is_file() else None   # a tokenizer or LoRA adapter folder has no config.json
+        if kind in {r.model_type for r in ours}:
+            raise LegalnbError(f'{folder/"config.json"}: model_type {kind!r} without the auto_map legalnb '
                                'export writes; transformers knows this model only through it: export the model again '
                                'with `legalnb export`')
         return False
@@ -330,11 +127,13 @@ def legalnb_remote_code(folder: Path,        # a Hugging Face model or tokenizer
         raise LegalnbError(f'{folder/"tokenizer_config.json"}: its auto_map names tokenizer code legalnb did not '
                            f'write; {TRUST_HINT}')
     auto = maps['config.json']
-    if not isinstance(auto, dict) or any(RESONANCE_AUTO_MAP.get(k) != v for k, v in auto.items()):
+    code = next((r for r in ours if isinstance(auto, dict) and all(r.auto_map.get(k) == v for k, v in auto.items())),
+                None)   # the architecture whose export writes exactly this auto_map
+    if code is None:
         raise LegalnbError(f'{folder/"config.json"}: its auto_map {json.dumps(auto)[:120]} names modelling code '
                            f'legalnb did not write; {TRUST_HINT}')
-    for name, code in exported_code().items():
-        want = hashlib.sha256(code.encode('utf-8')).hexdigest()
+    for name, text in code.files().items():
+        want = hashlib.sha256(text.encode('utf-8')).hexdigest()
         got = hashlib.sha256((folder/name).read_bytes()).hexdigest() if (folder/name).is_file() else None
         if got != want:   # by content, not by name: a file called like legalnb's may hold anything
             raise LegalnbError(f'{folder/name}: ' + ('missing' if got is None else f'not the code legalnb export '
@@ -349,10 +148,10 @@ def export_command(model: str,              # run folder (legalnb train --out) o
     "Write a trained model as a Hugging Face folder: AutoModelForCausalLM and AutoTokenizer load it without legalnb."
     if out is None: raise LegalnbError('--out is required: the folder to write, e.g. --out hf-model')
     files = export_model(model, out, tokenizer, overwrite)
-    remote = 'modeling_legalnb_resonance.py' in files
+    remote = any(f.endswith('.py') for f in files)   # modelling code: transformers runs it only if trusted
     print(f'wrote {out}: {", ".join(files)}')
     print(f"load it with AutoModelForCausalLM.from_pretrained({out!r}{', trust_remote_code=True' if remote else ''})")
     return 0
 
 def export_main(argv: list[str]) -> int:
-    return run_command(export_command, argv, 'legalnb export', [Output(ours=lambda p: str(p) in EXPORT_FILES)])
+    return run_command(export_command, argv, 'legalnb export', [Output(ours=lambda p: str(p) in export_files())])

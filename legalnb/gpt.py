@@ -4,7 +4,7 @@
 
 # %% ../nbs/04a_gpt.ipynb #c34cdb21
 from __future__ import annotations
-import json, math
+import math
 from dataclasses import dataclass, asdict, fields
 from pathlib import Path
 
@@ -13,15 +13,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from fastcore.basics import patch
-from safetensors.torch import save_file, load_file
 
-from .core import LegalnbError, atomic_write, read_json
-from .models import load_weights, next_token   # the one sampling rule of every model
+from .core import LegalnbError
+from .models import load_saved, save_model
+from .models import next_token   # the one sampling rule of every model
 
 # %% auto #0
-__all__ = ['MODEL_SIZES', 'ARCHITECTURE', 'GPTConfig', 'rope_angles', 'apply_rope', 'document_mask', 'KVCache',
-           'CausalSelfAttention', 'SwiGLU', 'GPTBlock', 'GPTLanguageModel', 'document_leakage', 'config_for',
-           'cached_decoder']
+__all__ = ['MODEL_SIZES', 'GPTConfig', 'rope_angles', 'apply_rope', 'document_mask', 'KVCache', 'CausalSelfAttention', 'SwiGLU',
+           'GPTBlock', 'GPTLanguageModel', 'document_leakage', 'config_for', 'no_decay', 'cached_decoder', 'export_gpt']
 
 # %% ../nbs/04a_gpt.ipynb #9e815b39
 _POSITIVE_INTS = ('vocab_size', 'dim', 'num_layers', 'num_heads', 'max_seq_len', 'mlp_multiple_of')
@@ -61,33 +60,35 @@ class GPTConfig:
                 raise LegalnbError(f'GPTConfig: {name} must be > 0, got {getattr(self, name)!r}')
         if not 0 <= self.dropout < 1: raise LegalnbError(f'GPTConfig: dropout must be in [0, 1), got {self.dropout!r}')
 
-    @property
-    def head_dim(self) -> int:
-        "Channels per attention head."
-        return self.dim // self.num_heads
+# %% ../nbs/04a_gpt.ipynb #9e5c63c4
+@patch(as_prop=True)
+def head_dim(self: GPTConfig) -> int:
+    "Channels per attention head."
+    return self.dim // self.num_heads
 
-    @property
-    def kv_heads(self) -> int:
-        "Key/value heads actually used (num_kv_heads, or num_heads when it is None)."
-        return self.num_kv_heads or self.num_heads
+@patch(as_prop=True)
+def kv_heads(self: GPTConfig) -> int:
+    "Key/value heads actually used (num_kv_heads, or num_heads when it is None)."
+    return self.num_kv_heads or self.num_heads
 
-    @property
-    def hidden_dim(self) -> int:
-        "Width of the SwiGLU MLP's hidden layer: mlp_ratio * dim rounded up to a multiple of mlp_multiple_of."
-        m = self.mlp_multiple_of
-        return m * math.ceil(self.mlp_ratio * self.dim / m)
+@patch(as_prop=True)
+def hidden_dim(self: GPTConfig) -> int:
+    "Width of the SwiGLU MLP's hidden layer: mlp_ratio * dim rounded up to a multiple of mlp_multiple_of."
+    m = self.mlp_multiple_of
+    return m * math.ceil(self.mlp_ratio * self.dim / m)
 
-    def to_dict(self) -> dict:
-        "A JSON-ready dict of the fields."
-        return asdict(self)
+@patch
+def to_dict(self: GPTConfig) -> dict:
+    "A JSON-ready dict of the fields."
+    return asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> 'GPTConfig':
-        "Build a config from `to_dict()` output; unknown keys are an error that names them."
-        known = {f.name for f in fields(cls)}
-        if unknown := sorted(set(d) - known):
-            raise LegalnbError(f'GPTConfig: unknown field(s) {unknown}; expected some of {sorted(known)}')
-        return cls(**d)
+@patch(cls_method=True)
+def from_dict(cls: GPTConfig, d: dict) -> GPTConfig:
+    "Build a config from `to_dict()` output; unknown keys are an error that names them."
+    known = {f.name for f in fields(cls)}
+    if unknown := sorted(set(d) - known):
+        raise LegalnbError(f'GPTConfig: unknown field(s) {unknown}; expected some of {sorted(known)}')
+    return cls(**d)
 
 # %% ../nbs/04a_gpt.ipynb #762372e1
 def rope_angles(positions: torch.Tensor,  # (L,) integer positions
@@ -216,38 +217,41 @@ class GPTLanguageModel(nn.Module):
             scaled = name.endswith(('attn.out_proj.weight', 'mlp.down.weight'))
             nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.config.num_layers) if scaled else std)
 
-    def _mask(self, L: int, start: int, doc_starts: torch.Tensor | None, cache: KVCache | None, device):
-        "The (attn_mask, is_causal) pair for L new tokens after `start` cached ones."
-        if doc_starts is not None:
-            if cache is not None: raise LegalnbError('doc_starts cannot be combined with a KV cache; generate one row')
-            if doc_starts.shape[1] != L:
-                raise LegalnbError(f'doc_starts has {doc_starts.shape[1]} positions per row, input_ids {L}')
-            return document_mask(doc_starts.to(device)), False
-        if start == 0: return None, True           # plain causal attention (the flash kernel's fast path)
-        if L == 1: return None, False              # one new token sees every cached key
-        return torch.ones(L, start + L, dtype=torch.bool, device=device).tril(start), False
+# %% ../nbs/04a_gpt.ipynb #bef1c950
+@patch
+def _mask(self: GPTLanguageModel, L: int, start: int, doc_starts: torch.Tensor | None, cache: KVCache | None, device):
+    "The (attn_mask, is_causal) pair for L new tokens after `start` cached ones."
+    if doc_starts is not None:
+        if cache is not None: raise LegalnbError('doc_starts cannot be combined with a KV cache; generate one row')
+        if doc_starts.shape[1] != L:
+            raise LegalnbError(f'doc_starts has {doc_starts.shape[1]} positions per row, input_ids {L}')
+        return document_mask(doc_starts.to(device)), False
+    if start == 0: return None, True           # plain causal attention (the flash kernel's fast path)
+    if L == 1: return None, False              # one new token sees every cached key
+    return torch.ones(L, start + L, dtype=torch.bool, device=device).tril(start), False
 
-    def forward(self, input_ids: torch.Tensor,                # (B, L) token ids
-                targets: torch.Tensor | None = None,          # (B, L) next-token ids, -100 = ignored
-                doc_starts: torch.Tensor | None = None,       # (B, L) bool, True where a document starts
-                cache: KVCache | None = None):                # generation: keys and values of earlier tokens
-        "Logits (B, L, V); with `targets` also the mean cross-entropy (ignore_index -100)."
-        c, (B, L) = self.config, input_ids.shape
-        start = cache.length if cache is not None else 0
-        if start + L > c.max_seq_len:
-            raise LegalnbError(f'input length {start + L} exceeds max_seq_len={c.max_seq_len}; crop the context')
-        cos, sin = rope_angles(torch.arange(start, start + L, device=input_ids.device), c.head_dim, c.rope_theta)
-        attn_mask, is_causal = self._mask(L, start, doc_starts, cache, input_ids.device)
-        x = self.drop(self.tok_emb(input_ids))                # (B, L, D)
-        for block in self.blocks:
-            if c.checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, cos, sin, attn_mask, is_causal, cache, use_reentrant=False)
-            else: x = block(x, cos, sin, attn_mask, is_causal, cache)
-        if cache is not None: cache.length += L
-        logits = self.lm_head(self.norm(x))                   # (B, L, V)
-        if targets is None: return logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
-        return logits, loss
+@patch
+def forward(self: GPTLanguageModel, input_ids: torch.Tensor,                # (B, L) token ids
+            targets: torch.Tensor | None = None,          # (B, L) next-token ids, -100 = ignored
+            doc_starts: torch.Tensor | None = None,       # (B, L) bool, True where a document starts
+            cache: KVCache | None = None):                # generation: keys and values of earlier tokens
+    "Logits (B, L, V); with `targets` also the mean cross-entropy (ignore_index -100)."
+    c, (B, L) = self.config, input_ids.shape
+    start = cache.length if cache is not None else 0
+    if start + L > c.max_seq_len:
+        raise LegalnbError(f'input length {start + L} exceeds max_seq_len={c.max_seq_len}; crop the context')
+    cos, sin = rope_angles(torch.arange(start, start + L, device=input_ids.device), c.head_dim, c.rope_theta)
+    attn_mask, is_causal = self._mask(L, start, doc_starts, cache, input_ids.device)
+    x = self.drop(self.tok_emb(input_ids))                # (B, L, D)
+    for block in self.blocks:
+        if c.checkpointing and self.training and torch.is_grad_enabled():
+            x = checkpoint(block, x, cos, sin, attn_mask, is_causal, cache, use_reentrant=False)
+        else: x = block(x, cos, sin, attn_mask, is_causal, cache)
+    if cache is not None: cache.length += L
+    logits = self.lm_head(self.norm(x))                   # (B, L, V)
+    if targets is None: return logits
+    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+    return logits, loss
 
 # %% ../nbs/04a_gpt.ipynb #deb96396
 @torch.no_grad()
@@ -309,6 +313,11 @@ def config_for(size: str,        # one of MODEL_SIZES
         raise LegalnbError(f'unknown model size {size!r}; choose from {", ".join(MODEL_SIZES)}')
     return GPTConfig(vocab_size=vocab_size, **{**MODEL_SIZES[size], **overrides})
 
+# %% ../nbs/04a_gpt.ipynb #5789755f
+def no_decay(name: str, param) -> bool:
+    "Transformer: no decay for 1-D parameters (RMSNorm gains); embeddings and every matrix are decayed."
+    return param.ndim < 2
+
 # %% ../nbs/04a_gpt.ipynb #757fc69c
 @patch
 @torch.no_grad()
@@ -347,34 +356,29 @@ def cached_decoder(model: GPTLanguageModel, ids: torch.Tensor, positions: int):
 
 
 # %% ../nbs/04a_gpt.ipynb #f3383ee8
-ARCHITECTURE = 'gpt'  # the registry name recorded in config.json
+GPTLanguageModel.save, GPTLanguageModel.load = save_model, classmethod(load_saved)   # legalnb.models' one rule
 
-@patch
-def save(self: GPTLanguageModel, directory: str | Path) -> Path:
-    "Write `model.safetensors` (tied head saved once) and `config.json` (with its architecture) into `directory`."
-    directory = Path(directory)
-    state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()
-             if not (self.config.tie_embeddings and k == 'lm_head.weight')}
-    with atomic_write(directory/'model.safetensors') as tmp: save_file(state, str(tmp))
-    with atomic_write(directory/'config.json') as tmp:
-        tmp.write_text(json.dumps({'architecture': ARCHITECTURE, **self.config.to_dict()}, indent=1))
-    return directory
-
-@patch(cls_method=True)
-def load(cls: GPTLanguageModel, directory: str | Path, map_location: str | torch.device = 'cpu') -> GPTLanguageModel:
-    "Rebuild a model saved with `save`, re-tying the head to the embedding."
-    directory = Path(directory)
-    weights, path = directory/'model.safetensors', directory/'config.json'
-    if not weights.exists(): raise LegalnbError(f'{weights}: missing; expected a folder written by model.save()')
-    d = read_json(path, 'a model config written by model.save()')
-    if (arch := d.pop('architecture', None)) != ARCHITECTURE:
-        raise LegalnbError(f'{path}: architecture {arch!r}, not {ARCHITECTURE!r}; '
-                           'load it with legalnb.models.load_model')
-    try: config = GPTConfig.from_dict(d)
-    except (LegalnbError, TypeError) as e: raise LegalnbError(f'{path}: {e}') from None
-    model = cls(config)
-    state = load_file(str(weights), device=str(map_location))
-    if config.tie_embeddings and 'tok_emb.weight' in state: state['lm_head.weight'] = state['tok_emb.weight']
-    load_weights(model, state, weights, path)
-    if config.tie_embeddings: model.lm_head.weight = model.tok_emb.weight
-    return model.to(map_location)
+# %% ../nbs/04a_gpt.ipynb #d1e4db43
+def export_gpt(model, out: Path, eos_id: int) -> list[str]:
+    "Write the GPT baseline as a standard LlamaForCausalLM folder (no remote code): its weights need no permutation."
+    from transformers import LlamaConfig, LlamaForCausalLM
+    c, (H, G, hd) = model.config, (model.config.num_heads, model.config.kv_heads, model.config.head_dim)
+    hf = LlamaForCausalLM(LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.dim, intermediate_size=c.hidden_dim, num_hidden_layers=c.num_layers,
+        num_attention_heads=H, num_key_value_heads=G, max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps,
+        rope_theta=c.rope_theta, tie_word_embeddings=c.tie_embeddings, attention_bias=False, mlp_bias=False,
+        hidden_act='silu', eos_token_id=eos_id, pad_token_id=eos_id, bos_token_id=None))
+    state = {'model.embed_tokens.weight': model.tok_emb.weight, 'model.norm.weight': model.norm.weight,
+             'lm_head.weight': model.lm_head.weight}
+    for i, b in enumerate(model.blocks):
+        q, k, v = b.attn.qkv.weight.split([H * hd, G * hd, G * hd])
+        gate, up = b.mlp.gate_up.weight.chunk(2)
+        for name, w in [('self_attn.q_proj', q), ('self_attn.k_proj', k), ('self_attn.v_proj', v),
+                        ('self_attn.o_proj', b.attn.out_proj.weight), ('mlp.gate_proj', gate), ('mlp.up_proj', up),
+                        ('mlp.down_proj', b.mlp.down.weight), ('input_layernorm', b.norm1.weight),
+                        ('post_attention_layernorm', b.norm2.weight)]:
+            state[f'model.layers.{i}.{name}.weight'] = w
+    missing, unexpected = hf.load_state_dict({k: v.detach().clone() for k, v in state.items()}, strict=False)
+    if missing or unexpected: raise LegalnbError(f'gpt -> Llama: missing {missing}, unexpected {unexpected}')
+    hf.save_pretrained(out)
+    return sorted(p.name for p in out.iterdir())

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fastcore.basics import patch
-from .core import LegalnbError, model_folder, read_json, refuse_oversized
+from .core import LegalnbError, atomic_write, model_folder, read_json, refuse_oversized
 
 # %% auto #0
-__all__ = ['MODELS', 'CONFIG_CONTRACT', 'MODEL_CONTRACT', 'MAX_LAYERS', 'MAX_CONTEXT', 'MAX_PARAMS', 'PICKLED_WEIGHTS',
-           'ModelSpec', 'resonance_no_decay', 'gpt_no_decay', 'get_model', 'check_contract', 'register', 'size_table',
-           'check_config_sizes', 'model_footprint', 'load_weights', 'refuse_nonfinite', 'load_model', 'load_native',
+__all__ = ['DEFAULT_MODEL', 'MODELS', 'CONFIG_CONTRACT', 'MODEL_CONTRACT', 'MAX_LAYERS', 'MAX_CONTEXT', 'MAX_PARAMS',
+           'PICKLED_WEIGHTS', 'RemoteCode', 'ModelSpec', 'shape_flags', 'get_model', 'check_contract', 'register',
+           'size_table', 'check_config_sizes', 'model_footprint', 'load_weights', 'refuse_nonfinite',
+           'saved_architecture', 'spec_of', 'save_model', 'load_saved', 'load_model', 'load_native',
            'refuse_pickled_weights', 'model_kind', 'native_tokenizer', 'next_token', 'recurrent_decoder',
            'transformers_decoder', 'decoder_of']
 
@@ -28,7 +29,14 @@ def _resolve(ref: Any) -> Any:
     except (ImportError, AttributeError) as e:
         raise LegalnbError(f'model registry: cannot import {ref!r} ({e}); expected "package.module:Name"') from None
 
-_LAZY = ('config_class', 'model_class', 'sizes', 'hf_export', 'long_context', 'decoder')
+@dataclass(frozen=True)
+class RemoteCode:
+    "What an architecture's Hugging Face export adds for transformers' trust_remote_code (`legalnb export`)."
+    model_type: str                     # config.json's model_type, which transformers knows only through the auto_map
+    auto_map: dict                      # config.json's auto_map: Auto class -> 'file.Class'
+    files: Callable[[], dict[str, str]]  # () -> {file name: Python source}: the exact files, recognised by content
+
+_LAZY = ('config_class', 'model_class', 'sizes', 'no_decay', 'hf_export', 'long_context', 'decoder', 'remote_code')
 
 @dataclass(eq=False, repr=False)
 class ModelSpec:
@@ -38,14 +46,15 @@ class ModelSpec:
     config_class: type | str            # the shape dataclass, or 'module:Name' imported on first use
     model_class: type | str             # the nn.Module built from a config, or 'module:Name'
     sizes: dict | str                   # named shapes {'small': {'dim': 768, ...}, ...}, or 'module:NAME'
-    no_decay: Callable[[str, Any], bool]  # (parameter name, parameter) -> True if AdamW must not decay it
+    no_decay: Callable[[str, Any], bool] | str  # (parameter name, parameter) -> True if AdamW must not decay it
     hf_export: Callable | str | None = None  # (model, folder, eos_id) -> files: write a transformers folder (export)
     tiny: dict | None = None            # the smallest shape that exercises every part, for tests: {'dim': 16, ...}
-    shape_flags: tuple[str, ...] = ()   # config fields besides dim and num_layers that `legalnb compare` has flags for
+    shape_flags: tuple[str, ...] = ()   # config fields besides dim and num_layers: flags of `legalnb train` and compare
     long_context: dict | str | None = None  # its own scratch presets, {name: what it is sized from} (presets), or
                                             # 'module:NAME'; a model without them trains from the 1k-token presets
     decoder: Callable | str | None = None   # generation with a state (recurrent state, KV cache): see `decoder_of`;
                                             # None: every new token recomputes the whole context
+    remote_code: RemoteCode | str | None = None  # the code its export writes for trust_remote_code, if any
 
     def __getattribute__(self, name: str):
         value = object.__getattribute__(self, name)   # entries given as 'module:Name' resolve when first read
@@ -102,27 +111,25 @@ def load(self: ModelSpec, directory: str | Path, map_location='cpu') -> Any:
     "A model saved by its `save(directory)`."
     return self.model_class.load(directory, map_location=map_location)
 
-# %% ../nbs/02a_models.ipynb #64cd846d
-def resonance_no_decay(name: str, param) -> bool:
-    "ResonanceNet: no decay for 1-D parameters (norms, biases, skips) and the resonance filters (`.filter.`)."
-    return param.ndim < 2 or '.filter.' in name
-
-def gpt_no_decay(name: str, param) -> bool:
-    "Transformer: no decay for 1-D parameters (RMSNorm gains); embeddings and every matrix are decayed."
-    return param.ndim < 2
-
 # %% ../nbs/02a_models.ipynb #9797d642
+DEFAULT_MODEL = 'resonance'   # the architecture a command trains when it names none; a config.json without one
+
 MODELS: dict[str, ModelSpec] = {
-    'resonance': ModelSpec('resonance', 'ResonanceNet: causal FFT mixing with damped resonance filters, O(L log L)',
+    DEFAULT_MODEL: ModelSpec(DEFAULT_MODEL, 'ResonanceNet: causal FFT mixing with damped resonance filters, O(L log L)',
                            'legalnb.resonance:ResonanceConfig', 'legalnb.resonance:ResonanceLanguageModel',
-                           'legalnb.resonance:MODEL_SIZES', resonance_no_decay, 'legalnb.export:export_resonance',
-                           tiny=dict(dim=16, num_layers=1, num_frequencies=4), shape_flags=('num_frequencies',),
-                           long_context='legalnb.resonance:LONG_CONTEXT', decoder='legalnb.models:recurrent_decoder'),
+                           'legalnb.resonance:MODEL_SIZES', 'legalnb.resonance:no_decay',
+                           'legalnb.resonance:export_resonance', tiny=dict(dim=16, num_layers=1, num_frequencies=4),
+                           shape_flags=('num_frequencies',), long_context='legalnb.resonance:LONG_CONTEXT',
+                           decoder='legalnb.models:recurrent_decoder', remote_code='legalnb.resonance:REMOTE_CODE'),
     'gpt': ModelSpec('gpt', 'Transformer baseline: pre-norm, RoPE, SwiGLU, attention within each document',
-                     'legalnb.gpt:GPTConfig', 'legalnb.gpt:GPTLanguageModel', 'legalnb.gpt:MODEL_SIZES', gpt_no_decay,
-                     'legalnb.export:export_gpt', tiny=dict(dim=16, num_layers=1, num_heads=2),
+                     'legalnb.gpt:GPTConfig', 'legalnb.gpt:GPTLanguageModel', 'legalnb.gpt:MODEL_SIZES',
+                     'legalnb.gpt:no_decay', 'legalnb.gpt:export_gpt', tiny=dict(dim=16, num_layers=1, num_heads=2),
                      shape_flags=('num_heads',), decoder='legalnb.gpt:cached_decoder'),
 }
+
+def shape_flags() -> tuple[str, ...]:
+    "Every registered model's shape flags, each once (`legalnb train` and `legalnb compare` offer them)."
+    return tuple(dict.fromkeys(f for spec in MODELS.values() for f in spec.shape_flags))
 
 def get_model(name: str) -> ModelSpec:
     "The spec of a registered architecture."
@@ -196,7 +203,7 @@ def model_footprint(directory: str | Path) -> tuple[int, int]:
     import torch
     path = Path(directory)/'config.json'
     d = read_json(path, 'a model config written by model.save()')
-    arch = d.get('architecture', 'resonance')
+    arch = saved_architecture(d)
     if arch not in MODELS:
         raise LegalnbError(f'{path}: architecture {arch!r} is not registered; choose from {", ".join(MODELS)} '
                            '(or register it first)')
@@ -231,13 +238,74 @@ def refuse_nonfinite(model, weights: str | Path):
             raise LegalnbError(f'{weights}: tensor {name} holds {bad:,} NaN or infinite value(s) of {t.numel():,}; '
                                'the model diverged or the file is damaged: use an earlier checkpoint')
 
+# %% ../nbs/02a_models.ipynb #401275f9
+def saved_architecture(config: dict) -> str:
+    "The architecture a saved config.json records; `DEFAULT_MODEL` for folders saved before it was recorded."
+    return config.get('architecture', DEFAULT_MODEL)
+
+def _class_name(ref) -> str: return ref if isinstance(ref, str) else f'{ref.__module__}:{ref.__qualname__}'
+
+def spec_of(model_class: type) -> ModelSpec:
+    "The registered spec whose model class is `model_class` (compared by name: no other architecture is imported; "
+    "a class defined in a notebook, module `__main__`, by its own name)."
+    name, own = _class_name(model_class), model_class.__module__ == '__main__'
+    named = lambda s: _class_name(object.__getattribute__(s, 'model_class'))
+    spec = next((s for s in MODELS.values() if named(s) == name or own and named(s).endswith(':' + name[9:])), None)
+    if spec is None: raise LegalnbError(f'{model_class.__name__} is not the model class of a registered architecture')
+    return spec
+
+def _tied(model) -> dict[str, str]:
+    "Each tied tensor's later names -> its first name (a head tied to the embedding: lm_head.weight -> tok_emb.weight)."
+    first, tied = {}, {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        if id(t) in first: tied[name] = first[id(t)]
+        else: first[id(t)] = name
+    return tied
+
+# %% ../nbs/02a_models.ipynb #dfe5b412
+def save_model(model, directory: str | Path) -> Path:
+    "Write `model.safetensors` (a tied tensor once) and `config.json` (fields and architecture) into `directory`."
+    from safetensors.torch import save_file
+    directory, tied = Path(directory), _tied(model)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k not in tied}
+    with atomic_write(directory/'model.safetensors') as tmp: save_file(state, str(tmp))
+    config = {'architecture': spec_of(type(model)).name, **model.config.to_dict()}
+    with atomic_write(directory/'config.json') as tmp: tmp.write_text(json.dumps(config, indent=1))
+    return directory
+
+def _config_class(cls, spec: ModelSpec) -> type:
+    "The spec's config class; for a model class defined in a notebook (`__main__`), that notebook's class of its name."
+    own = getattr(cls.__init__, '__globals__', {}) if cls.__module__ == '__main__' else {}
+    return own.get(spec.config_class.__name__, spec.config_class)
+
+def load_saved(cls, directory: str | Path, map_location='cpu'):
+    "Rebuild a model of class `cls` saved by `save_model`, refusing another architecture's folder."
+    from safetensors.torch import load_file
+    directory, spec = Path(directory), spec_of(cls)
+    weights, path = directory/'model.safetensors', directory/'config.json'
+    if missing := [p for p in (weights, path) if not p.exists()]:
+        raise LegalnbError(''.join(f'{p}: missing; ' for p in missing) + 'expected a folder written by model.save()')
+    d = read_json(path, 'a model config written by model.save()')
+    arch = d.pop('architecture', DEFAULT_MODEL if spec.name == DEFAULT_MODEL else None)   # older folders: no record
+    if arch != spec.name:
+        raise LegalnbError(f'{path}: architecture {arch!r}, not {spec.name!r}; load it with legalnb.models.load_model')
+    try: config = _config_class(cls, spec).from_dict(d)
+    except LegalnbError as e: raise LegalnbError(f'{path}: {e}') from None
+    except TypeError as e: raise LegalnbError(f'{path}: not a model config ({e})') from None
+    model = cls(config)
+    try: state = load_file(str(weights), device=str(map_location))
+    except Exception: raise LegalnbError(f'{weights}: truncated or damaged, not a safetensors file') from None
+    state |= {k: state[first] for k, first in _tied(model).items() if first in state}
+    load_weights(model, state, weights, path)
+    return model.to(map_location)
+
 # %% ../nbs/02a_models.ipynb #2c39b317
 def load_model(directory: str | Path,     # a folder with config.json and model.safetensors
                map_location='cpu',        # device for the weights
               ) -> Any:
-    "The model saved in `directory`, of the architecture its config.json records ('resonance' when it records none)."
+    "The model saved in `directory`, of the architecture its config.json records (`DEFAULT_MODEL` if it has none)."
     path = Path(directory)/'config.json'
-    arch = read_json(path, 'a model config written by model.save()').get('architecture', 'resonance')
+    arch = saved_architecture(read_json(path, 'a model config written by model.save()'))
     if arch not in MODELS:
         raise LegalnbError(f'{path}: architecture {arch!r} is not registered; choose from {", ".join(MODELS)} '
                            '(or register it first)')
@@ -349,8 +417,6 @@ def transformers_decoder(model, ids, positions: int):
         held[0] = next((o[k] for k in ('cache', 'past_key_values') if k in o), held[0])
         return o.logits[:, -1]
     return out.logits[:, -1], step
-
-def _class_name(ref) -> str: return ref if isinstance(ref, str) else f'{ref.__module__}:{ref.__qualname__}'
 
 def decoder_of(model) -> Callable | None:
     "How `model` generates with a state: its registered spec's `decoder`, a transformers model's cache, else None."

@@ -4,7 +4,7 @@
 
 # %% ../nbs/04_resonance.ipynb #5f8c8160
 from __future__ import annotations
-import json, math
+import importlib, inspect, json, math
 from dataclasses import dataclass, asdict, fields
 from pathlib import Path
 
@@ -13,18 +13,20 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from fastcore.basics import patch
-from safetensors.torch import save_file, load_file
 
-from .core import LegalnbError, atomic_write, read_json
+from .core import LegalnbError
+from .models import RemoteCode, load_saved, save_model
 from .models import load_weights, next_token   # the one sampling rule of every model
 
 # %% auto #0
-__all__ = ['MODEL_SIZES', 'LONG_CONTEXT', 'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length',
-           'ResonanceFilter', 'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention',
-           'taylor_features', 'linear_attention', 'read_by_content', 'linear_attention_step', 'short_conv_window',
-           'LinearAttention', 'gated_delta_rule', 'gated_delta_step', 'DeltaNet', 'ResonanceBlock', 'ResonanceNet',
+__all__ = ['MODEL_SIZES', 'LONG_CONTEXT', 'RESONANCE_TYPE', 'MODELING_SOURCES', 'RESONANCE_AUTO_MAP', 'REMOTE_CODE',
+           'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length', 'ResonanceFilter',
+           'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention', 'taylor_features',
+           'linear_attention', 'read_by_content', 'linear_attention_step', 'short_conv_window', 'LinearAttention',
+           'gated_delta_rule', 'gated_delta_step', 'DeltaNet', 'ResonanceBlock', 'ResonanceNet',
            'ResonanceLanguageModel', 'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv',
-           'causality_violation', 'config_for', 'ResonanceState', 'recall_task']
+           'causality_violation', 'config_for', 'no_decay', 'ResonanceState', 'recall_task', 'resonance_modeling_code',
+           'resonance_config_code', 'exported_code', 'export_resonance']
 
 # %% ../nbs/04_resonance.ipynb #7d0ba3a2
 @dataclass
@@ -874,6 +876,11 @@ def config_for(size: str,        # one of MODEL_SIZES
         raise LegalnbError(f'unknown model size {size!r}; choose from {", ".join(MODEL_SIZES)}')
     return ResonanceConfig(vocab_size=vocab_size, **{**MODEL_SIZES[size], **overrides})
 
+# %% ../nbs/04_resonance.ipynb #060a9fa6
+def no_decay(name: str, param) -> bool:
+    "ResonanceNet: no decay for 1-D parameters (norms, biases, skips) and the resonance filters (`.filter.`)."
+    return param.ndim < 2 or '.filter.' in name
+
 # %% ../nbs/04_resonance.ipynb #ebf1848d
 _LONG = dict(seq_warmup_start=1024, seq_warmup_share=0.2, warmup_steps=0.05)
 LONG_CONTEXT: dict[str, dict] = {   # preset name: what ResonanceNet's preset is sized from (see legalnb.presets)
@@ -1009,38 +1016,7 @@ def generate(self: ResonanceLanguageModel,
     return ids
 
 # %% ../nbs/04_resonance.ipynb #3a08d239
-@patch
-def save(self: ResonanceLanguageModel, directory: str | Path) -> Path:
-    "Write `model.safetensors` (tied head saved once) and `config.json` into `directory`."
-    directory = Path(directory)
-    state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()
-             if not (self.config.tie_embeddings and k == 'lm_head.weight')}
-    with atomic_write(directory/'model.safetensors') as tmp: save_file(state, str(tmp))
-    with atomic_write(directory/'config.json') as tmp: tmp.write_text(json.dumps(self.config.to_dict(), indent=1))
-    return directory
-
-@patch(cls_method=True)
-def load(cls: ResonanceLanguageModel, directory: str | Path,
-         map_location: str | torch.device = 'cpu') -> ResonanceLanguageModel:
-    "Rebuild a model saved with `save`, re-tying the head to the embedding."
-    directory = Path(directory)
-    for f in ('config.json', 'model.safetensors'):
-        if not (directory/f).exists():
-            raise LegalnbError(f'{directory/f}: missing; expected a folder written by model.save()')
-    config = read_json(directory/'config.json', 'a model config (written by model.save())')
-    if (arch := config.pop('architecture', 'resonance')) != 'resonance':  # the trainer's model/ records it
-        raise LegalnbError(f'{directory/"config.json"}: architecture {arch!r}, not resonance; '
-                           'load it with legalnb.models.load_model')
-    try: config = ResonanceConfig.from_dict(config)
-    except TypeError as e: raise LegalnbError(f'{directory/"config.json"}: not a model config ({e})') from None
-    model = cls(config)
-    try: state = load_file(str(directory/'model.safetensors'), device=str(map_location))
-    except Exception:
-        raise LegalnbError(f'{directory/"model.safetensors"}: truncated or damaged, not a safetensors file') from None
-    if config.tie_embeddings: state['lm_head.weight'] = state['tok_emb.weight']
-    load_weights(model, state, directory/'model.safetensors', directory/'config.json')
-    if config.tie_embeddings: model.lm_head.weight = model.tok_emb.weight
-    return model.to(map_location)
+ResonanceLanguageModel.save, ResonanceLanguageModel.load = save_model, classmethod(load_saved)   # legalnb.models'
 
 # %% ../nbs/04_resonance.ipynb #a6b4610e
 def recall_task(batch: int,              # rows
@@ -1060,3 +1036,201 @@ def recall_task(batch: int,              # rows
     x[:, -1] = 0
     y = torch.full_like(x, -100); y[:, -1] = keys
     return x, y
+
+# %% ../nbs/04_resonance.ipynb #74383abe
+RESONANCE_TYPE = 'legalnb_resonance'    # the model_type of an exported ResonanceNet (config.json)
+
+_HEADER = '''"""ResonanceNet for transformers, written by `legalnb export`: self-contained (no legalnb needed).
+
+The model classes below are copied from legalnb.resonance; the last section wraps them in a PreTrainedModel whose
+`generate()` carries the recurrent state (K complex resonances per channel, the short convolutions' last inputs,
+and the keys and values of any attention block) as its cache: in a resonance block one token costs the same
+whatever the context's length."""
+from __future__ import annotations
+import math
+from dataclasses import dataclass, asdict, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .configuration_legalnb_resonance import LegalnbResonanceConfig, RESONANCE_FIELDS
+
+
+class LegalnbError(ValueError):
+    "A bad value (the error type of legalnb, where this code comes from)."
+
+
+def patch(f):
+    "Add `f` as a method of the class its `self` argument is annotated with (fastcore's @patch, in short)."
+    cls = f.__annotations__['self']
+    setattr(globals()[cls] if isinstance(cls, str) else cls, f.__name__, f)
+    return f
+'''
+
+
+# %% ../nbs/04_resonance.ipynb #51ffc362
+_WRAPPER = '''
+
+class TiedHead(nn.Module):
+    "The LM head as the token embedding's transpose: no weight of its own (the checkpoint stores it once)."
+    def __init__(self, embedding: nn.Embedding):
+        super().__init__()
+        self.embedding = [embedding]          # a list: not a submodule, so its weight is not listed twice
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.embedding[0].weight)
+
+
+def _first_tokens(attention_mask: torch.Tensor) -> torch.Tensor | None:
+    "doc_starts at each row's first attended token, when some row is left-padded (the padding is its own document)."
+    if attention_mask is None or bool(attention_mask[:, 0].all()): return None
+    first = attention_mask.long().argmax(1)
+    return torch.arange(attention_mask.shape[1], device=attention_mask.device) == first[:, None]
+
+
+class LegalnbResonanceForCausalLM(PreTrainedModel, GenerationMixin):
+    "ResonanceNet as a transformers causal LM; `past_key_values` is a ResonanceState (the recurrent state)."
+    config_class = LegalnbResonanceConfig
+    base_model_prefix = 'model'
+    main_input_name = 'input_ids'
+    _no_split_modules = ['ResonanceBlock']
+
+    def __init__(self, config: LegalnbResonanceConfig):
+        super().__init__(config)
+        self.model = ResonanceLanguageModel(ResonanceConfig(**{k: getattr(config, k) for k in RESONANCE_FIELDS}))
+        if config.tie_embeddings: self.model.lm_head = TiedHead(self.model.tok_emb)
+        self.post_init()
+
+    def _init_weights(self, module):
+        "Nothing: the weights are legalnb's (its initialisation runs in ResonanceLanguageModel.__init__)."
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False     # the cache is a ResonanceState, built by forward(use_cache=True)
+
+    def get_input_embeddings(self): return self.model.tok_emb
+
+    def set_input_embeddings(self, value): self.model.tok_emb = value
+
+'''
+
+# %% ../nbs/04_resonance.ipynb #8671a84f
+_WRAPPER += '''    def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
+                past_key_values: ResonanceState | None = None, use_cache: bool | None = None,
+                labels: torch.LongTensor | None = None, doc_starts: torch.Tensor | None = None, **kwargs):
+        "Logits of every position; with `use_cache` (generation, no gradients) also the recurrent state."
+        if past_key_values is not None:            # decode: each new token steps the state, O(1) in the context
+            logits = torch.stack([self.model.step(input_ids[:, i], past_key_values)
+                                  for i in range(input_ids.shape[1])], 1)
+        else:
+            if doc_starts is None: doc_starts = _first_tokens(attention_mask)
+            if use_cache and not torch.is_grad_enabled():
+                logits, past_key_values = self.model.prefill(input_ids, doc_starts)
+            else: logits = self.model(input_ids, doc_starts=doc_starts)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
+
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, use_cache=True,
+                                      **kwargs):
+        "The tokens the state has not seen; the whole (cropped) context when there is no state or it is full."
+        if past_key_values is not None and past_key_values.length < self.config.max_seq_len:
+            input_ids = input_ids[:, past_key_values.length:]
+        else:
+            past_key_values = None
+            input_ids = input_ids[:, -self.config.max_seq_len:]
+            if attention_mask is not None: attention_mask = attention_mask[:, -self.config.max_seq_len:]
+        return dict(input_ids=input_ids, past_key_values=past_key_values, attention_mask=attention_mask,
+                    use_cache=use_cache)
+
+    def _reorder_cache(self, past_key_values, beam_idx):
+        for layer in past_key_values.layers:   # every entry is per row except the poles z and amplitudes a
+            for k in layer:
+                if k not in ('z', 'a'): layer[k] = layer[k].index_select(0, beam_idx)
+        past_key_values.position = past_key_values.position.index_select(0, beam_idx)
+        return past_key_values
+'''
+
+# %% ../nbs/04_resonance.ipynb #c259fa30
+_CONFIG = '''"""The configuration of ResonanceNet for transformers (exported by `legalnb export`)."""
+from transformers import PretrainedConfig
+
+RESONANCE_FIELDS = {fields!r}
+
+
+class LegalnbResonanceConfig(PretrainedConfig):
+    "The shape of a ResonanceNet; the field names and meaning are legalnb.resonance.ResonanceConfig's."
+    model_type = {model_type!r}
+
+    def __init__(self,
+{signature},
+                 **kwargs):
+{assignments}
+        self.max_position_embeddings = max_seq_len      # the name transformers and lm-eval look for
+        kwargs['tie_word_embeddings'] = False           # the model ties its head itself (TiedHead)
+        super().__init__(**kwargs)
+'''
+
+# %% ../nbs/04_resonance.ipynb #2b31f7ae
+MODELING_SOURCES = ('ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length',
+                    'ResonanceFilter', 'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention',
+                    'taylor_features', 'linear_attention', 'read_by_content', 'linear_attention_step',
+                    'short_conv_window', 'LinearAttention', 'gated_delta_rule', 'gated_delta_step', 'DeltaNet',
+                    'ResonanceBlock', 'ResonanceNet', 'ResonanceLanguageModel',
+                    'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv', 'ResonanceState',
+                    'ResonanceLayer.filter_weights', 'ResonanceLayer.modulate',
+                    'ResonanceLayer.recurrent_state', 'ResonanceLayer.step', 'ResonanceLanguageModel.prefill',
+                    'ResonanceLanguageModel.step')
+
+def resonance_modeling_code() -> str:
+    "modeling_legalnb_resonance.py: legalnb.resonance's model classes (their source) and the transformers wrapper."
+    R = importlib.import_module('legalnb.resonance')   # this module as exported (its source, also from the notebook)
+    def source(name: str) -> str:
+        obj = R
+        for part in name.split('.'): obj = getattr(obj, part)
+        return inspect.getsource(obj)
+    return _HEADER + '\n\n' + '\n\n'.join(source(n) for n in MODELING_SOURCES) + _WRAPPER
+
+# %% ../nbs/04_resonance.ipynb #ede5dd4f
+def resonance_config_code() -> str:
+    "configuration_legalnb_resonance.py: a PretrainedConfig with ResonanceConfig's fields, each defaulting to what "
+    "`ResonanceConfig.from_dict` gives a config.json without it (a field added since reads as before it)."
+    unwritten = ResonanceConfig.from_dict({'vocab_size': 32768})
+    fs = [(f.name, getattr(unwritten, f.name)) for f in fields(ResonanceConfig)]
+    return _CONFIG.format(fields=tuple(n for n, _ in fs), model_type=RESONANCE_TYPE,
+                          signature=',\n'.join(f'                 {n}={v!r}' for n, v in fs),
+                          assignments='\n'.join(f'        self.{n} = {n}' for n, _ in fs))
+
+# %% ../nbs/04_resonance.ipynb #a64c6053
+RESONANCE_AUTO_MAP = {'AutoConfig': 'configuration_legalnb_resonance.LegalnbResonanceConfig',
+                      'AutoModelForCausalLM': 'modeling_legalnb_resonance.LegalnbResonanceForCausalLM'}
+
+def exported_code() -> dict[str, str]:
+    "The Python files `legalnb export` writes beside a ResonanceNet, by name: the only code legalnb lets "
+    "transformers run without --trust-remote-code, and only when a folder holds them byte for byte."
+    return {'configuration_legalnb_resonance.py': resonance_config_code(),
+            'modeling_legalnb_resonance.py': resonance_modeling_code()}
+
+def export_resonance(model, out: Path, eos_id: int) -> list[str]:
+    "Write ResonanceNet as a trust_remote_code transformers folder: config, weights and the modelling code."
+    from safetensors.torch import save_file
+    c = model.config
+    for name, code in exported_code().items(): (out/name).write_text(code, encoding='utf-8')
+    state = {f'model.{k}': v.detach().contiguous().cpu() for k, v in model.state_dict().items()
+             if not (c.tie_embeddings and k == 'lm_head.weight')}
+    save_file(state, str(out/'model.safetensors'), metadata={'format': 'pt'})
+    import transformers
+    config = {**c.to_dict(), 'model_type': RESONANCE_TYPE, 'architectures': ['LegalnbResonanceForCausalLM'],
+              'auto_map': RESONANCE_AUTO_MAP,
+              'max_position_embeddings': c.max_seq_len, 'tie_word_embeddings': False,
+              'eos_token_id': eos_id, 'pad_token_id': eos_id, 'dtype': 'float32',
+              'transformers_version': transformers.__version__}
+    (out/'config.json').write_text(json.dumps(config, indent=1))
+    return ['config.json', 'model.safetensors', 'configuration_legalnb_resonance.py', 'modeling_legalnb_resonance.py']
+
+REMOTE_CODE = RemoteCode(RESONANCE_TYPE, RESONANCE_AUTO_MAP, exported_code)   # what `legalnb export` checks by content

@@ -13,9 +13,11 @@ from typing import Iterable, Iterator, Literal
 import numpy as np
 import torch
 import torch.distributed as dist
+from fastcore.basics import patch
 from .core import (LegalnbError, atomic_write, read_json, format_duration, parse_number, PRECISIONS, DEVICES,
                           resolve_precision, cuda_capability, command_parser, refuse_overwriting_inputs,
                           loader_workers, usable_cores, resolve_device)
+from .models import DEFAULT_MODEL, shape_flags
 from .presets import (seq_len_at, BATCH_LR_RULES, parse_batch_schedule, accum_at, micro_steps_before,
                              batch_lr_factor)
 from .metrics import (MetricsFile, metric_lines, notify, read_metrics, parse_report_to, check_trackers,
@@ -32,27 +34,26 @@ __all__ = ['SCHEDULES', 'NATIVE_STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHANGE',
            'predated', 'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run', 'evaluate_loss',
            'val_bytes_per_token', 'bits_per_byte', 'peak_flops', 'shard_model', 'save_shards', 'load_shards',
            'consolidated_model', 'Interval', 'run_folder', 'check_new_run', 'Run', 'setup', 'resume', 'init_weights',
-           'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize', 'record_architecture',
-           'tracker_log', 'tracked', 'stopped_summary', 'train', 'train_parser', 'config_from_args',
-           'config_from_settings', 'train_main']
+           'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize', 'tracker_log', 'tracked',
+           'stopped_summary', 'train', 'train_parser', 'config_from_args', 'config_from_settings', 'train_main']
 
-# %% ../nbs/05_train.ipynb #a6da8542
+# %% ../nbs/05_train.ipynb #cb8294e4
 SCHEDULES = ('cosine', 'restarts', 'constant')
 NATIVE_STRATEGIES = ('ddp', 'fsdp')
-SHAPE_FLAGS = ('dim', 'num_layers', 'num_frequencies')  # shortcuts of model_overrides, kept as flags
+SHAPE_FLAGS = ('dim', 'num_layers', *shape_flags())  # shortcuts of model_overrides, kept as flags: each model's too
 
+# %% ../nbs/05_train.ipynb #a6da8542
 @dataclass
 class TrainConfig:
     "Everything one training run needs; saved beside every checkpoint."
     data: str = ''                      # split folder from `legalnb split` (holds train/, val/, manifest.json)
     out: str = 'run'                    # run folder: checkpoints/, metrics.jsonl, model/, summary.json
-    model: str = 'resonance'            # architecture, a name in legalnb.models.MODELS (resonance, gpt, ...)
+    model: str = DEFAULT_MODEL          # architecture, a name in legalnb.models.MODELS (resonance, gpt, ...)
     size: str = 'small'                 # named size of that architecture (small, medium, large, xlarge)
     preset: str | None = None           # preset the values came from (recorded, applied by from_preset)
     model_overrides: dict = dataclasses.field(default_factory=dict)  # model config fields to set: num_heads=8 ...
     dim: InitVar[int | None] = None              # shortcut: model_overrides['dim'], the model width
     num_layers: InitVar[int | None] = None       # shortcut: model_overrides['num_layers'], the number of blocks
-    num_frequencies: InitVar[int | None] = None  # shortcut: model_overrides['num_frequencies'] (resonance)
     lr: float = 3e-4                    # peak learning rate, reached at the end of warm-up
     min_lr_ratio: float = 0.1           # cosine floor as a fraction of lr (nanoGPT / Chinchilla use 0.1)
     warmup_steps: int = 100             # linear warm-up from 0 to lr, in optimizer steps
@@ -97,43 +98,9 @@ class TrainConfig:
     tensorboard: bool = False           # the same as --report-to tensorboard (kept for older commands)
     wandb: bool = False                 # the same as --report-to wandb (kept for older commands)
 
-    def __post_init__(self, dim, num_layers, num_frequencies):
-        if isinstance(self.report_to, (list, tuple)): self.report_to = ','.join(map(str, self.report_to))  # a YAML list
-        for f in fields(self): setattr(self, f.name, _typed(f, getattr(self, f.name)))
-        self.report_to = _trackers(self.report_to, self.tensorboard, self.wandb)
-        shortcuts = dict(dim=dim, num_layers=num_layers, num_frequencies=num_frequencies)
-        self.model_overrides = _model_overrides(self.model, self.size, self.model_overrides, shortcuts)
-        positive = ('lr', 'batch_size', 'grad_accum', 'max_steps', 'save_every', 'keep', 'log_every',
-                    'eval_batches', 'restart_steps', 'prefetch_factor')
-        for name in positive:
-            if not getattr(self, name) > 0: _invalid(name, f' must be > 0, got {getattr(self, name)!r}')
-        if self.cpu_threads is not None and self.cpu_threads < 1:
-            _invalid('cpu_threads', f' must be >= 1, got {self.cpu_threads}')
-        for name in ('batch_tokens', 'seq_warmup_start'):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                _invalid(name, f' must be >= 1, got {getattr(self, name)}')
-        if self.seq_warmup_steps and self.seq_warmup_start is None:
-            _invalid('seq_warmup_steps', f' {self.seq_warmup_steps} needs seq_warmup_start, the first row length of '
-                     'the warm-up (e.g. 1024)')
-        if self.num_workers is None: self.num_workers = loader_workers()
-        for name in ('warmup_steps', 'eval_every', 'num_workers', 'weight_decay', 'grad_clip', 'seq_warmup_steps'):
-            if getattr(self, name) < 0: _invalid(name, f' must be >= 0, got {getattr(self, name)!r}')
-        if not 0 <= self.min_lr_ratio <= 1: _invalid('min_lr_ratio', f' must be in [0, 1], got {self.min_lr_ratio}')
-        for name in ('beta1', 'beta2'):
-            if not 0 <= getattr(self, name) < 1: _invalid(name, f' must be in [0, 1), got {getattr(self, name)}')
-        for name, allowed in (('precision', PRECISIONS), ('schedule', SCHEDULES), ('device', DEVICES),
-                              ('strategy', NATIVE_STRATEGIES)):
-            if getattr(self, name) not in allowed:
-                _invalid(name, f' must be one of {", ".join(allowed)}, got {getattr(self, name)!r}')
-        if self.epochs is not None and self.epochs <= 0: _invalid('epochs', f' must be > 0, got {self.epochs}')
-        try: parse_batch_schedule(self.batch_schedule, flag='')
-        except LegalnbError as e: _invalid('batch_schedule', str(e))   # named as the field, or as the CLI's flag
-        if self.batch_schedule and self.batch_tokens:
-            _invalid('batch_schedule', ' and batch_tokens both set the accumulation: pass one of them')
-        if self.init_optimizer and not self.init_from:
-            _invalid('init_optimizer', ' carries the optimizer of --init-from: pass --init-from CHECKPOINT')
-        if self.resume and self.overwrite:
-            raise LegalnbError('--resume continues the run in --out and --overwrite deletes it: pass one of them')
+    def __post_init__(self, dim, num_layers):   # dim, num_layers and each model's shape flags: model_overrides
+        self.check_fields(dict(dim=dim, num_layers=num_layers, **self.__dict__.pop('_shape_flags', {})))
+        self.check_values()   # both below
 
 # %% ../nbs/05_train.ipynb #492f18fd
 def _invalid(name: str, what: str):
@@ -196,6 +163,59 @@ def _model_overrides(model: str, size: str, overrides: dict, shortcuts: dict) ->
     return typed
 
 
+# %% ../nbs/05_train.ipynb #7ad2d9a8
+_dataclass_init = TrainConfig.__init__
+
+@functools.wraps(_dataclass_init)
+def _init(self, *args, **kwargs):
+    "TrainConfig's fields, and each registered model's shape flags (num_frequencies=8, num_heads=4) as shortcuts."
+    self._shape_flags = {k: kwargs.pop(k) for k in shape_flags() if k in kwargs}   # read by __post_init__
+    _dataclass_init(self, *args, **kwargs)
+TrainConfig.__init__ = _init
+
+@patch
+def check_fields(self: TrainConfig, shortcuts: dict):
+    "Every field as its type, the trackers checked, and the model's overrides with the `shortcuts` given (dim=...)."
+    if isinstance(self.report_to, (list, tuple)): self.report_to = ','.join(map(str, self.report_to))  # a YAML list
+    for f in fields(self): setattr(self, f.name, _typed(f, getattr(self, f.name)))
+    self.report_to = _trackers(self.report_to, self.tensorboard, self.wandb)
+    self.model_overrides = _model_overrides(self.model, self.size, self.model_overrides, shortcuts)
+
+@patch
+def check_values(self: TrainConfig):
+    "Refuse values out of range or in conflict, naming the field."
+    positive = ('lr', 'batch_size', 'grad_accum', 'max_steps', 'save_every', 'keep', 'log_every',
+                'eval_batches', 'restart_steps', 'prefetch_factor')
+    for name in positive:
+        if not getattr(self, name) > 0: _invalid(name, f' must be > 0, got {getattr(self, name)!r}')
+    if self.cpu_threads is not None and self.cpu_threads < 1:
+        _invalid('cpu_threads', f' must be >= 1, got {self.cpu_threads}')
+    for name in ('batch_tokens', 'seq_warmup_start'):
+        if getattr(self, name) is not None and getattr(self, name) < 1:
+            _invalid(name, f' must be >= 1, got {getattr(self, name)}')
+    if self.seq_warmup_steps and self.seq_warmup_start is None:
+        _invalid('seq_warmup_steps', f' {self.seq_warmup_steps} needs seq_warmup_start, the first row length of '
+                 'the warm-up (e.g. 1024)')
+    if self.num_workers is None: self.num_workers = loader_workers()
+    for name in ('warmup_steps', 'eval_every', 'num_workers', 'weight_decay', 'grad_clip', 'seq_warmup_steps'):
+        if getattr(self, name) < 0: _invalid(name, f' must be >= 0, got {getattr(self, name)!r}')
+    if not 0 <= self.min_lr_ratio <= 1: _invalid('min_lr_ratio', f' must be in [0, 1], got {self.min_lr_ratio}')
+    for name in ('beta1', 'beta2'):
+        if not 0 <= getattr(self, name) < 1: _invalid(name, f' must be in [0, 1), got {getattr(self, name)}')
+    for name, allowed in (('precision', PRECISIONS), ('schedule', SCHEDULES), ('device', DEVICES),
+                          ('strategy', NATIVE_STRATEGIES)):
+        if getattr(self, name) not in allowed:
+            _invalid(name, f' must be one of {", ".join(allowed)}, got {getattr(self, name)!r}')
+    if self.epochs is not None and self.epochs <= 0: _invalid('epochs', f' must be > 0, got {self.epochs}')
+    try: parse_batch_schedule(self.batch_schedule, flag='')
+    except LegalnbError as e: _invalid('batch_schedule', str(e))   # named as the field, or as the CLI's flag
+    if self.batch_schedule and self.batch_tokens:
+        _invalid('batch_schedule', ' and batch_tokens both set the accumulation: pass one of them')
+    if self.init_optimizer and not self.init_from:
+        _invalid('init_optimizer', ' carries the optimizer of --init-from: pass --init-from CHECKPOINT')
+    if self.resume and self.overwrite:
+        raise LegalnbError('--resume continues the run in --out and --overwrite deletes it: pass one of them')
+
 # %% ../nbs/05_train.ipynb #8b973955
 def _preset_fields(name: str, size: str, model: str) -> dict:
     "TrainConfig values from the 'scratch' preset `name` for `model` of `size` (a long-context one where it has one)."
@@ -210,7 +230,7 @@ def _preset_fields(name: str, size: str, model: str) -> dict:
 def from_preset(cls, name: str,  # preset name: fast, full, aggressive
                 size: str = 'small', # model size (picks micro-batch and accumulation)
                 **overrides) -> TrainConfig:
-    "A config from preset `name` for `size` of the model `overrides` name (default resonance), `overrides` on top."
+    "A config from preset `name` for `size` of the model `overrides` name (DEFAULT_MODEL), `overrides` on top."
     return cls(**{**_preset_fields(name, size, overrides.get('model', cls.model)), 'size': size, 'preset': name,
                   **overrides})
 TrainConfig.from_preset = from_preset
@@ -229,7 +249,7 @@ def from_yaml(cls, path: str | Path, **overrides) -> TrainConfig:
         raise LegalnbError(f'{path}: not valid YAML ({where}{getattr(e, "problem", None) or e})') from None
     if not isinstance(raw, dict):
         raise LegalnbError(f'{path}: expected a mapping of TrainConfig fields, got {type(raw).__name__}')
-    unknown = sorted(map(str, set(raw) - {f.name for f in fields(cls)} - set(SHAPE_FLAGS)))
+    unknown = sorted(map(str, set(raw) - {f.name for f in fields(cls)} - {'dim', 'num_layers', *shape_flags()}))
     if unknown:
         raise LegalnbError(f'{path}: unknown TrainConfig field(s) {", ".join(unknown)}; see legalnb train --help')
     given = {**raw, **overrides}
@@ -571,11 +591,11 @@ def check_resume(saved: dict,  # the model config stored in the checkpoint
                                 '--size and overrides (--dim, --num-layers, ...) it was trained with, or a new --out')
 
 def upgraded_config(saved: dict) -> dict:
-    "A TrainConfig dict from a checkpoint, in today's fields: no `model` is resonance, old shape keys are overrides."
+    "A TrainConfig dict from a checkpoint, in today's fields: no `model` is DEFAULT_MODEL, old shape keys overrides."
     saved = dict(saved)
-    over = {k: saved.pop(k) for k in SHAPE_FLAGS if k in saved}
+    over = {k: saved.pop(k) for k in ('dim', 'num_layers', *shape_flags()) if k in saved}
     over = {k: v for k, v in over.items() if v is not None}
-    return {'model': 'resonance', **saved, 'model_overrides': {**saved.get('model_overrides', {}), **over}}
+    return {'model': DEFAULT_MODEL, **saved, 'model_overrides': {**saved.get('model_overrides', {}), **over}}
 
 RESUME_MAY_CHANGE = ('max_steps', 'epochs', 'save_every', 'keep', 'eval_every', 'eval_batches', 'log_every', 'progress',
                      'tensorboard', 'wandb', 'report_to', 'resume', 'overwrite', 'out', 'data', 'device', 'cpu_threads',
@@ -980,17 +1000,9 @@ def summarize(run: Run) -> dict:
                    elapsed_s=run.elapsed0 + time.perf_counter() - run.t_start, out=str(out),
                    model_dir=str(out/'model'), checkpoint=str(newest[0]) if newest else None)
     if d.main:
-        final.save(out/'model'); record_architecture(out/'model', cfg.model)
+        final.save(out/'model')   # config.json records the architecture
         with atomic_write(out/'summary.json') as tmp: tmp.write_text(json.dumps(summary, indent=1))
     return summary
-
-def record_architecture(folder: Path, name: str):
-    "Add the registry name to a saved model's config.json (if its `save` did not), so `load_model` picks its class."
-    saved = read_json(folder/'config.json', 'a model config written by model.save()')
-    if saved.get('architecture') != name:
-        with atomic_write(folder/'config.json') as tmp:
-            tmp.write_text(json.dumps({'architecture': name, **saved}, indent=1))
-
 
 # %% ../nbs/05_train.ipynb #a1b2c307
 def _open_run_folder(run: Run):
@@ -1072,22 +1084,31 @@ def _override(text: str) -> tuple[str, object]:
 def _flag_int(name: str):
     "A converter for a shape flag: a whole number from text such as 512, 1,024 or 2e3."
     def convert(text: str) -> int:
-        try: return _typed(TrainConfig.__dataclass_fields__[name], text)
+        try: return _typed(TrainConfig.__dataclass_fields__['dim'], text, name)
         except LegalnbError as e: raise argparse.ArgumentTypeError(e.what.lstrip(': ')) from None
     convert.__name__ = name
     return convert
 
+def _shape_help(name: str, doc: dict) -> str:
+    "The help of a shape flag: its field's comment (dim, num_layers), or the models that have it (num_heads: gpt)."
+    from legalnb.models import MODELS
+    owners = ', '.join(s.name for s in MODELS.values() if name in s.shape_flags)
+    what = doc.get(name) or f'shortcut: model_overrides[{name!r}] ({owners})'
+    return f'{what}; refused for a model without this field'
+
+# %% ../nbs/05_train.ipynb #6f58f196
 @functools.cache
-def train_parser() -> argparse.ArgumentParser:
-    "The `legalnb train` parser: a flag per TrainConfig field, `--resume [PATH]`, `--config`; flags not given stay out."
+def _train_parser(model_flags: tuple[str, ...]) -> argparse.ArgumentParser:
+    "`train_parser` for these shape flags of the registered models (a model registered later makes a new one)."
     from fastcore.docments import docments
-    p = command_parser(TrainConfig, 'legalnb train', suppress=True, skip=('resume', 'model_overrides', *SHAPE_FLAGS))
+    shortcuts = ('dim', 'num_layers', *model_flags)
+    p = command_parser(TrainConfig, 'legalnb train', suppress=True, skip=('resume', 'model_overrides', *shortcuts))
     p.description = 'Train a model of the registry (legalnb.models) on a split folder.'
     report_to_flag(p)
     doc = docments(TrainConfig)
-    for name in SHAPE_FLAGS:
+    for name in shortcuts:
         p.add_argument('--' + name.replace('_', '-'), type=_flag_int(name), metavar='N', default=argparse.SUPPRESS,
-                       help=f'{doc[name] or ""}; refused for a model without this field'.lstrip('; '))
+                       help=_shape_help(name, doc))
     p.add_argument('--model-overrides', nargs='+', metavar='FIELD=VALUE', type=_override, default=argparse.SUPPRESS,
                    help=doc['model_overrides'])
     p.add_argument('--resume', nargs='?', const='latest', metavar='PATH', default=argparse.SUPPRESS,
@@ -1095,6 +1116,12 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument('--config', metavar='YAML', default=argparse.SUPPRESS,
                    help='YAML file of TrainConfig fields (flags override it)')
     return p   # flags not given stay out of the result (a YAML file or preset may set them); --help shows defaults
+
+def train_parser() -> argparse.ArgumentParser:
+    "The `legalnb train` parser: a flag per TrainConfig field and per registered model's shape flag, "
+    "`--resume [PATH]`, `--config`; flags not given stay out."
+    return _train_parser(shape_flags())
+train_parser.cache_clear = _train_parser.cache_clear   # as a functools.cache'd parser has
 
 def config_from_args(argv: list[str]) -> TrainConfig:
     "The TrainConfig that `legalnb train ARGV` runs: defaults < preset < YAML < flags; a bad value names its flag."

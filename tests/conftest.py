@@ -9,17 +9,18 @@ import pytest
 
 from legalnb.data import split
 from legalnb.models import MODELS, get_model
-from legalnb.train import SHAPE_FLAGS
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': str(ROOT)}  # child processes: one thread, this checkout
 ARCHITECTURES = tuple(MODELS)  # every registered model goes through the same trainer tests
+FLAGS = ('dim', 'num_layers', 'num_frequencies')   # given as flags, the other tiny fields as --model-overrides (as the
+                                                   # tests always called it: the describe line keeps their order)
 
 def shape(model: str) -> list[str]:
     "`legalnb train` flags for the tiny shape the registry gives architecture `model` (`ModelSpec.tiny`)."
     tiny = get_model(model).tiny
-    flags = [x for k, v in tiny.items() if k in SHAPE_FLAGS for x in (f'--{k.replace("_", "-")}', str(v))]
-    rest = [f'{k}={v}' for k, v in tiny.items() if k not in SHAPE_FLAGS]
+    flags = [x for k, v in tiny.items() if k in FLAGS for x in (f'--{k.replace("_", "-")}', str(v))]
+    rest = [f'{k}={v}' for k, v in tiny.items() if k not in FLAGS]
     return ['--model', model, *flags, *(['--model-overrides', *rest] if rest else [])]
 
 @pytest.hookimpl(optionalhook=True)
