@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Literal
 from fastcore.basics import patch
 from .core import LegalnbError, PRECISIONS, command_settings, format_duration, parse_count, parse_number, read_json
-from .models import MODELS
+from .models import DEFAULT_MODEL, MODELS
 from .presets import (parse_batch_schedule, micro_steps_before, steps_holding,
                              GPU, PRESETS, STRATEGIES, TASKS, find_gpu, get_preset, gpu_precision, human, lora_steps,
                              peak_tflops)
@@ -475,7 +475,7 @@ def plan_for(task: str, name: str,
 def model_plan_fields(size: str,              # a named size of the model: small, medium, large, xlarge
                       seq_len: int,           # tokens per sequence (the mixing FLOPs depend on it)
                       vocab: int = 32768,     # tokenizer vocabulary
-                      model: str = 'resonance', # a registered architecture (legalnb.models.MODELS)
+                      model: str = DEFAULT_MODEL, # a registered architecture (legalnb.models.MODELS)
                       **overrides               # config fields to change (dim=..., num_layers=...), as the trainer's
                      ) -> dict:
     "Plan fields (params, mixing FLOPs, layers, width, vocab) for a named size of a registered model."
@@ -759,7 +759,7 @@ class EstimateConfig:
     lora_params: _number = None    # trainable LoRA parameters (base weights frozen)
     mixing_flops: _count = None    # the model's non-matmul training FLOPs per token (else 12·layers·seq·d)
     model_size: str = None         # a size of --model (small, medium, large, xlarge): sets params, FLOPs, shape
-    model: str = 'resonance'       # the architecture of --model-size, a registered model: resonance, gpt
+    model: str = DEFAULT_MODEL       # the architecture of --model-size, a registered model: resonance, gpt
     gpu: str = None                # h100-sxm, h200, a100-80gb, l40s, rtx-4090, rtx-2080-ti, or a device name
     precision: Literal[PRECISIONS] = None   # auto: bf16 where the GPU has bf16 tensor cores, else fp16
     price_per_hour: float = None   # price per GPU-hour

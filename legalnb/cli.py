@@ -12,6 +12,7 @@ from .core import COMMANDS, GPU_HOUR_PRICE, LegalnbError, atomic_write, command_
 from .core import command_settings, resolve_precision
 from .core import format_duration, read_json
 from .core import output_folder, record_written, remove_owned
+from .models import DEFAULT_MODEL
 
 # %% auto #0
 __all__ = ['QUICKSTART_PROMPT', 'QUICKSTART_OUTPUTS', 'SLURM_TIME', 'SLURM_STRATEGIES', 'usage', 'main', 'exit_process',
@@ -94,8 +95,8 @@ def h100_estimate(metrics: Path,            # the run's metrics.jsonl
                      f'{format_duration(measured_s)}.')
         if cal.mfu: mfu, why = cal.mfu, f'the {cal.mfu:.0%} MFU this run measured (a floor for a real model)'
         else: why += ' (this run was on a CPU: its speed does not carry over to a GPU)'
-    seq_len = get_preset('scratch', 'fast', 'small', model='resonance').seq_len   # its long-context rows
-    plan = plan_for('scratch', 'fast', model='resonance', size='small', gpu='h100-sxm', mfu=mfu,
+    seq_len = get_preset('scratch', 'fast', 'small', model=DEFAULT_MODEL).seq_len   # its long-context rows
+    plan = plan_for('scratch', 'fast', model=DEFAULT_MODEL, size='small', gpu='h100-sxm', mfu=mfu,
                     price_per_hour=GPU_HOUR_PRICE, **model_plan_fields('small', seq_len, vocab_size))
     return lines + ['', f"The `fast` preset for a 'small' ResonanceLanguageModel ({seq_len:,}-token rows, vocabulary "
                     f'{vocab_size:,}) on one H100 SXM, at {why}:', '', '```', estimate(plan).table(), '```']
@@ -207,7 +208,7 @@ def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
         if sample_main([str(wd/'sample'), '--docs', str(docs)]):
             raise LegalnbError('quickstart: the sample stage failed; see its messages above')
         plan = quickstart_plan(docs, vocab_size, seq_len, steps, dim, batch_size, device)
-        top = dict(input=[str(wd/'sample')], out=str(wd), preset='none', model='resonance', size='small',
+        top = dict(input=[str(wd/'sample')], out=str(wd), preset='none', model=DEFAULT_MODEL, size='small',
                    baseline=None if baseline == 'none' else baseline)
         opts = dict(yes=True, resume=False, max_cost=None, deadline=None, price_per_hour=GPU_HOUR_PRICE, stage_to=None,
                     argv=[], ours=('sample', 'compare', '.legalnb-quickstart'), hold=held.enter_context)

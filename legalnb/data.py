@@ -17,7 +17,7 @@ from fastcore.meta import delegates
 from tqdm.auto import tqdm
 from .core import LegalnbError, loader_workers, read_json, refuse_overwriting_inputs, run_command
 from .core import Output, bookkeeping, flag_settings, followed, run_writing
-from .models import get_model
+from .models import DEFAULT_MODEL, get_model
 
 # %% auto #0
 __all__ = ['ROWS_INDEX', 'ID_CAP', 'CHUNK_TOKENS', 'TOKENS_PER_PARAM', 'MAX_GOOD_EPOCHS', 'SPLIT_MODES', 'read_npy_header',
@@ -607,7 +607,7 @@ def recommend(tokens: int,                  # training tokens per epoch
               data: str = 'SPLIT',          # the split folder named in the commands
               batch_tokens: int = 262_144,  # tokens per optimizer step (ResonanceNet's fast preset), for --max-steps
               seq_len: int = 3072,          # the rows' length: the position table's share
-              model: str = 'resonance') -> list[dict]:  # a registered architecture: its named sizes, counted
+              model: str = DEFAULT_MODEL) -> list[dict]:  # a registered architecture: its named sizes, counted
     "Model sizes against the token count: tokens wanted, epochs needed, verdict and the train command."
     out, spec = [], get_model(model)
     for size in spec.sizes:

@@ -11,6 +11,7 @@ from pathlib import Path
 from .core import LegalnbError, atomic_write, command_flags, command_config, command_parser, command_run
 from .core import format_duration
 from .core import GPU_HOUR_PRICE, read_json, parse_number
+from .models import DEFAULT_MODEL
 
 # %% auto #0
 __all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'RUN_DEFAULTS', 'PLAN_TEMPLATE', 'PLAN_DEPTH', 'PLAN_VALUES', 'TRAINING',
@@ -29,7 +30,7 @@ OUTPUTS = {'parse': 'parsed.jsonl', 'select': 'selected.jsonl', 'build-corpus': 
 TOP = ('input', 'out', 'preset', 'model', 'size', 'baseline')   # plan keys outside the stage sections
 RECORDS = '.legalnb-run'                             # the per-stage records, inside the work folder
 
-RUN_DEFAULTS = dict(out='work', preset='fast', model='resonance', size='small',   # what a plan leaves out
+RUN_DEFAULTS = dict(out='work', preset='fast', model=DEFAULT_MODEL, size='small',   # what a plan leaves out
                     target_tokens='2B', train_tokenizer=32768, val_docs=0.01, general='python-docs')
 
 PLAN_TEMPLATE = '''\

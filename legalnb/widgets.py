@@ -12,7 +12,7 @@ from fastcore.basics import patch
 from matplotlib.figure import Figure
 from .core import GPU_HOUR_PRICE, LegalnbError, format_duration
 from .presets import GPUS, PRESET_NAMES, TASKS, get_preset
-from .models import MODELS, get_model
+from .models import DEFAULT_MODEL, MODELS, get_model
 from .calculator import Estimate, estimate, model_plan_fields, plan_for, read_gpu_check
 from .metrics import read_metrics
 from .train import TrainConfig, format_log_line
@@ -126,7 +126,7 @@ class PresetPicker:
                  mfu_pct: float | None = None,     # expected MFU, percent of the dense peak (None: measured, else 40)
                  examples: int = 63_000,           # fine-tuning examples (lora)
                  seq_len: int = 1536,              # tokens per example (lora)
-                 model: str = 'resonance',         # a registered architecture, legalnb.models.MODELS (scratch)
+                 model: str = DEFAULT_MODEL,         # a registered architecture, legalnb.models.MODELS (scratch)
                  size: str = 'small',              # named size of that model (scratch)
                  scaling: str = 'tokens',          # other GPU counts: 'tokens' (time falls) or 'batch' (data grows)
                  calibration=None):                # a GPU check's report.json (or GpuCheck): measured memory and MFU
