@@ -11,7 +11,7 @@ from typing import Callable
 
 from .core import (GPU_HOUR_PRICE, LegalnbError, atomic_write, format_duration, markdown_table, read_json,
                           refuse_foreign_files, refuse_overwriting_inputs, refuse_unowned)
-from .core import command_settings
+from .core import flag_settings
 from .core import model_folder
 from .models import model_kind
 from .evaluate import (AGAINST_FILES, BOOTSTRAP, GENERAL_GROUPS, GROUPS, HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS,
@@ -19,6 +19,7 @@ from .evaluate import (AGAINST_FILES, BOOTSTRAP, GENERAL_GROUPS, GROUPS, HF_DEFA
                               capped_note, clear_other_modes, evaluate, evaluate_command, evaluate_writing,
                               lora_base, model_tokenizer, read_general, read_heldout, score_model, suite_manager,
                               write_evaluation, written_by_evaluate)
+from .evaluate import evaluate_parser
 
 # %% auto #0
 __all__ = ['AGAINST_FORMAT', 'RETAINED_FORMAT', 'NO_DIFFERENCE', 'KEPT_CLAIM', 'verdict', 'change', 'forgetting', 'kept',
@@ -582,4 +583,5 @@ def evaluate_run(cfg: EvaluateConfig) -> int:
     return evaluate_writing(against_command if several else evaluate_command, cfg)
 
 # %% ../nbs/11a_against.ipynb #64e6692f
-def against_main(argv: list[str]) -> int: return evaluate_run(EvaluateConfig(**command_settings('evaluate', argv)))
+def against_main(argv: list[str]) -> int:
+    return evaluate_run(EvaluateConfig(**flag_settings(evaluate_parser(), 'legalnb evaluate', argv)))

@@ -8,7 +8,7 @@ import json, math, statistics, time
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Literal
 from fastcore.basics import patch
-from .core import LegalnbError, PRECISIONS, command_settings, format_duration, parse_count, parse_number, read_json
+from .core import LegalnbError, PRECISIONS, flag_settings, format_duration, parse_count, parse_number, read_json
 from .models import DEFAULT_MODEL, MODELS
 from .presets import (parse_batch_schedule, micro_steps_before, steps_holding,
                              GPU, PRESETS, STRATEGIES, TASKS, find_gpu, get_preset, gpu_precision, human, lora_steps,
@@ -817,4 +817,5 @@ def estimate_command(config: EstimateConfig):
     print(_show(e, config.json))
 
 # %% ../nbs/08_calculator.ipynb #4cc5ba4c
-def estimate_main(argv: list[str]) -> int: return estimate_command(EstimateConfig(**command_settings('estimate', argv)))
+def estimate_main(argv: list[str]) -> int:
+    return estimate_command(EstimateConfig(**flag_settings(EstimateConfig, 'legalnb estimate', argv)))

@@ -8,8 +8,8 @@ import argparse, json, math, os, re, shlex, shutil, sys, time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Literal
-from .core import COMMANDS, GPU_HOUR_PRICE, LegalnbError, atomic_write, command_main, command_parser
-from .core import command_settings, resolve_precision
+from .core import GPU_HOUR_PRICE, LegalnbError, atomic_write, command_parser, resolve_precision
+from .commands import COMMANDS, command_main, command_settings
 from .core import format_duration, read_json
 from .core import output_folder, record_written, remove_owned
 from .models import DEFAULT_MODEL

@@ -14,7 +14,7 @@ from fastcore.basics import patch
 from fastcore.docments import docments
 from .core import (LegalnbError, atomic_write, command_parser, format_duration, markdown_table,
                           parse_number, read_json, refuse_foreign_files, refuse_overwriting_inputs, run_writing)
-from .core import Output, command_settings, resolve_device
+from .core import Output, flag_settings, resolve_device
 from .models import MODELS, get_model
 from .train import TrainConfig, open_split
 
@@ -446,4 +446,4 @@ def compare_run(cfg: CompareConfig) -> int:
 
 def compare_main(argv: list[str]) -> int:
     "`legalnb compare --data SPLIT [--models resonance,gpt] [--budget 2M] ...`."
-    return compare_run(CompareConfig.from_settings(command_settings('compare', argv)))
+    return compare_run(CompareConfig.from_settings(flag_settings(compare_parser(), 'legalnb compare', argv)))

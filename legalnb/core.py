@@ -4,27 +4,26 @@
 
 # %% ../nbs/00_core.ipynb #c05bf6d8
 from __future__ import annotations
-import argparse, ctypes, functools, hashlib, importlib, inspect, json, math, os, re, shutil, subprocess, sys, tempfile
+import argparse, ctypes, functools, hashlib, inspect, json, math, os, re, shutil, subprocess, sys, tempfile
 import time, types, typing
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, is_dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Literal, NamedTuple
 from fastcore.docments import docments
 
 # %% auto #0
 __all__ = ['GPU_HOUR_PRICE', 'NUMBER_EXAMPLES', 'PRECISIONS', 'NVIDIA_SMI_TIMEOUT', 'TORCH_CUDA_VARIANTS', 'TORCH_INDEX',
-           'DEVICES', 'OWNED', 'OWNED_FORMAT', 'LOCK', 'COMMANDS', 'LegalnbError', 'max_procs', 'check_num_proc',
-           'atomic_write', 'jsonl_record', 'jsonl_records', 'read_json', 'parse_number', 'parse_count',
-           'format_duration', 'markdown_table', 'resolve_precision', 'cuda_capability', 'NvidiaGpu', 'parse_nvidia_smi',
-           'nvidia_gpus', 'torch_variant', 'torch_install', 'cuda_unusable', 'say_once', 'resolve_device', 'hub_cache',
-           'is_hub_name', 'hub_snapshot', 'model_folder', 'add_to_hub_cache', 'usable_cores', 'loader_workers',
-           'available_memory', 'refuse_oversized', 'libc', 'trim_memory', 'refuse_overwriting_inputs', 'bookkeeping',
-           'foreign_files', 'refuse_foreign_files', 'folder_files', 'everyones', 'owned_files', 'unowned_stamps',
-           'record_written', 'remove_owned', 'recorded_by', 'record_as', 'open_lock', 'lock_path', 'holder_alive',
-           'folder_lock', 'followed', 'refuse_unowned', 'output_folder', 'others_files', 'own_command', 'own_main',
-           'CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command', 'flag_settings', 'Command',
-           'command_main', 'command_flags', 'command_settings', 'command_run', 'command_config']
+           'DEVICES', 'OWNED', 'OWNED_FORMAT', 'LOCK', 'LegalnbError', 'max_procs', 'check_num_proc', 'atomic_write',
+           'jsonl_record', 'jsonl_records', 'read_json', 'parse_number', 'parse_count', 'format_duration',
+           'markdown_table', 'resolve_precision', 'cuda_capability', 'NvidiaGpu', 'parse_nvidia_smi', 'nvidia_gpus',
+           'torch_variant', 'torch_install', 'cuda_unusable', 'say_once', 'resolve_device', 'hub_cache', 'is_hub_name',
+           'hub_snapshot', 'model_folder', 'add_to_hub_cache', 'usable_cores', 'loader_workers', 'available_memory',
+           'refuse_oversized', 'libc', 'trim_memory', 'refuse_overwriting_inputs', 'bookkeeping', 'foreign_files',
+           'refuse_foreign_files', 'folder_files', 'everyones', 'owned_files', 'unowned_stamps', 'record_written',
+           'remove_owned', 'recorded_by', 'record_as', 'open_lock', 'lock_path', 'holder_alive', 'folder_lock',
+           'followed', 'refuse_unowned', 'output_folder', 'others_files', 'own_command', 'own_main', 'CommandParser',
+           'command_parser', 'Output', 'run_writing', 'run_command', 'flag_settings']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -984,98 +983,11 @@ def run_command(func: Callable, argv: list[str], prog: str,
 # %% ../nbs/00_core.ipynb #d5b265d6
 @functools.cache
 def _parser_of(func: Callable, prog: str) -> CommandParser:
-    "A command's parser, built once a process (`command_flags` and `run_command` share it)."
+    "A command's parser, built once a process (`flag_settings` and `run_command` share it)."
     return command_parser(func, prog)
 
-def flag_settings(flags: Callable, prog: str, argv: list[str]) -> dict:
-    "`PROG ARGV`'s settings by the parser of `flags` (a config dataclass, or a function whose parameters are the "
-    "flags), built once a process: a command's own main parses with it and needs no table of commands."
-    return vars(_parser_of(flags, prog).parse_args(list(map(str, argv))))
-
-# %% ../nbs/00_core.ipynb #2b84d0a8
-class Command(NamedTuple):
-    "A `legalnb` command: its entry point and its flags (`module:function` each), its line of help."
-    main: str         # the function that takes the arguments and returns the exit code
-    flags: str        # the function whose parameters are the flags, or (ending in _parser) that builds its parser
-    help: str
-    run: str = ''     # a stage of `legalnb run`: the function that runs it from its config
-    config: str = ''  # what makes its config from its settings (default: its flags' dataclass, else the settings)
-
-COMMANDS = {
-    'sample':       Command('legalnb.sample:sample_main', 'legalnb.sample:sample_command',
-                            'write a synthetic Formex corpus for demos and tests'),
-    'parse':        Command('legalnb.sources:parse_main', 'legalnb.sources:ParseConfig',
-                            'read Formex, XHTML/HTML and JSONL files into one normalised JSONL',
-                            'legalnb.sources:parse_run'),
-    'select':       Command('legalnb.scoring:select_main', 'legalnb.scoring:SelectConfig',
-                            'score documents; select the best (to a token target, or --top N)',
-                            'legalnb.scoring:select_run'),
-    'build-corpus': Command('legalnb.corpus:build_corpus_main', 'legalnb.corpus:CorpusConfig',
-                            'tokenize and pack selected documents into .npy shards', 'legalnb.corpus:build_corpus_run'),
-    'validate':     Command('legalnb.data:validate_main', 'legalnb.data:validate_command',
-                            'check pretokenized .npy/.pt files and print their statistics'),
-    'split':        Command('legalnb.data:split_main', 'legalnb.data:SplitConfig',
-                            'split pretokenized files into train/ and val/ (symbolic links)', 'legalnb.data:split_run'),
-    'train':        Command('legalnb.train:train_main', 'legalnb.train:train_parser',
-                            'train a native model (one GPU, or many under torchrun)', 'legalnb.train:train',
-                            'legalnb.train:config_from_settings'),
-    'finetune':     Command('legalnb.hf:finetune_main', 'legalnb.hf:finetune_parser',
-                            'continued pretraining or LoRA fine-tuning with transformers + peft',
-                            'legalnb.hf:finetune_command', 'legalnb.hf:FinetuneConfig'),
-    'evaluate':     Command('legalnb.against:against_main', 'legalnb.evaluate:evaluate_parser',
-                            'held-out loss, bits per byte, citations, loss by position',
-                            'legalnb.against:evaluate_run', 'legalnb.evaluate:EvaluateConfig'),
-    'generate':     Command('legalnb.evaluate:generate_main', 'legalnb.evaluate:generate_command',
-                            'continue a prompt with a trained model, streaming the text'),
-    'compare':      Command('legalnb.compare:compare_main', 'legalnb.compare:compare_parser',
-                            'train several models on the same data and budget, and compare'),
-    'export':       Command('legalnb.export:export_main', 'legalnb.export:export_command',
-                            'a trained model as a Hugging Face folder (AutoModelForCausalLM)'),
-    'estimate':     Command('legalnb.calculator:estimate_main', 'legalnb.calculator:EstimateConfig',
-                            'time and cost of a training plan, checked against physics'),
-    'run':          Command('legalnb.run:run_main', 'legalnb.run:run_parser',
-                            'your documents to an evaluated model from one plan, resumable per stage'),
-    'slurm':        Command('legalnb.cli:slurm_main', 'legalnb.cli:slurm_parser',
-                            'a SLURM batch script: train (torchrun) or finetune (accelerate) on several nodes'),
-    'quickstart':   Command('legalnb.cli:quickstart_main', 'legalnb.cli:quickstart',
-                            'sample -> select -> corpus -> train a tiny model -> report'),
-    'own':          Command('legalnb.core:own_main', 'legalnb.core:own_command',
-                            "record a folder an older legalnb wrote (no records yet) as legalnb's"),
-}
-
-# %% ../nbs/00_core.ipynb #f2dc06b9
-def _named(spec: str) -> Callable:
-    "The function `module:function` names."
-    module, name = spec.split(':')
-    return getattr(importlib.import_module(module), name)
-
-# %% ../nbs/00_core.ipynb #bc4048d5
-def command_main(name: str) -> Callable[[list[str]], int]:
-    "The entry point of `legalnb NAME`: it takes the arguments after the command and returns the exit code."
-    return _named(COMMANDS[name].main)
-
-# %% ../nbs/00_core.ipynb #438b76b6
-@functools.cache
-def command_flags(name: str) -> argparse.ArgumentParser:
-    "The parser of `legalnb NAME`'s flags, built once a process (parsing does not change a parser)."
-    spec = COMMANDS[name].flags
-    return _named(spec)() if spec.endswith('_parser') else _parser_of(_named(spec), f'legalnb {name}')
-
-# %% ../nbs/00_core.ipynb #7ed51e07
-def command_settings(name: str, argv: list[str]) -> dict:
-    "`legalnb NAME ARGV`'s settings: its flags parsed once, typed (numbers, lists, switches) and defaulted."
-    return vars(command_flags(name).parse_args(list(map(str, argv))))
-
-# %% ../nbs/00_core.ipynb #39e16dbf
-def command_run(name: str) -> Callable:
-    "The function that runs stage command `name` from its config (`command_config`); argv stays at the edge."
-    if not COMMANDS[name].run: raise LegalnbError(f'legalnb {name} is not a stage of legalnb run')
-    return _named(COMMANDS[name].run)
-
-def command_config(name: str, settings: dict):
-    "Stage command `name`'s config from its settings: its config maker's (a dataclass takes them as keywords), else "
-    "its flags' dataclass (`XConfig(**settings)`), else (flags still declared by a function) the settings themselves."
-    c = COMMANDS[name]
-    make = _named(c.config or c.flags)
-    if isinstance(make, type) and is_dataclass(make): return make(**settings)
-    return make(settings) if c.config else dict(settings)
+def flag_settings(flags: Callable | argparse.ArgumentParser, prog: str, argv: list[str]) -> dict:
+    "`PROG ARGV`'s settings by the parser of `flags` (a config dataclass or a function whose parameters are the flags: "
+    "its parser built once a process; or a parser): a command's own main parses with it and needs no table of commands."
+    p = flags if isinstance(flags, argparse.ArgumentParser) else _parser_of(flags, prog)
+    return vars(p.parse_args(list(map(str, argv))))

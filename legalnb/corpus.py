@@ -19,7 +19,7 @@ from fastcore.basics import patch
 from tqdm import tqdm
 from .core import (LegalnbError, atomic_write, foreign_files, format_duration, jsonl_records, read_json,
                           refuse_foreign_files, refuse_overwriting_inputs, jsonl_record, check_num_proc, model_folder)
-from .core import Output, command_settings, followed, libc, run_writing, trim_memory
+from .core import Output, flag_settings, followed, libc, run_writing, trim_memory
 from .sources import parse_celex, parse_date
 
 # %% auto #0
@@ -1192,7 +1192,7 @@ def build_corpus_run(cfg: CorpusConfig) -> int:
 
 def build_corpus_main(argv: list[str]) -> int:
     "`legalnb build-corpus ARGV`: the flags parsed into a `CorpusConfig` (checked there), then the build."
-    return build_corpus_run(CorpusConfig(**command_settings('build-corpus', argv)))
+    return build_corpus_run(CorpusConfig(**flag_settings(CorpusConfig, 'legalnb build-corpus', argv)))
 
 def summary(m: dict, seconds: float, out) -> str:
     "A human summary of a manifest."

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, jsonl_records, read_json,
                    refuse_foreign_files, refuse_overwriting_inputs, resolve_device, resolve_precision, run_command)
-from .core import GPU_HOUR_PRICE, Output, command_settings, refuse_oversized, refuse_unowned, run_writing
+from .core import GPU_HOUR_PRICE, Output, flag_settings, refuse_oversized, refuse_unowned, run_writing
 from .core import hub_cache, hub_snapshot, is_hub_name, model_folder
 from .models import decoder_of, load_native, model_kind, native_tokenizer, refuse_pickled_weights
 from .export import legalnb_remote_code
@@ -1321,7 +1321,8 @@ def evaluate_writing(command: Callable[[EvaluateConfig], int], cfg: EvaluateConf
 
 def evaluate_main(argv: list[str]) -> int:
     "`legalnb evaluate RUN_OR_MODEL --data HELDOUT [--json] [--out DIR]`: one model (`against_main` takes the rest)."
-    return evaluate_writing(evaluate_command, EvaluateConfig(**command_settings('evaluate', argv)))
+    cfg = EvaluateConfig(**flag_settings(evaluate_parser(), 'legalnb evaluate', argv))
+    return evaluate_writing(evaluate_command, cfg)
 
 # %% ../nbs/11_evaluate.ipynb #b5c60226
 def generate_command(model: str,                 # run folder, finetune output, HF model folder, or org/name (HF cache)

@@ -8,7 +8,8 @@ import argparse, datetime, functools, hashlib, json, math, os, re, shlex, shutil
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from .core import LegalnbError, atomic_write, command_flags, command_config, command_parser, command_run
+from .core import LegalnbError, atomic_write, command_parser
+from .commands import command_config, command_flags, command_run
 from .core import format_duration
 from .core import GPU_HOUR_PRICE, read_json, parse_number
 from .models import DEFAULT_MODEL

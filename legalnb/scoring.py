@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from .core import (LegalnbError, atomic_write, jsonl_records, parse_count, parse_number,
                           refuse_overwriting_inputs, usable_cores, check_num_proc)
-from .core import command_settings, holder_alive
+from .core import flag_settings, holder_alive
 from .sources import Document, DOC_TYPES, EU_LANGUAGES, write_jsonl, record_fields, skip_reason, _pool, in_order
 
 # %% auto #0
@@ -1493,4 +1493,4 @@ def select_run(cfg: SelectConfig) -> int:
 
 def select_main(argv: list[str]) -> int:
     "`legalnb select ARGV`: the flags parsed into a `SelectConfig` (checked there), then the selection."
-    return select_run(SelectConfig(**command_settings('select', argv)))
+    return select_run(SelectConfig(**flag_settings(SelectConfig, 'legalnb select', argv)))

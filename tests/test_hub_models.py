@@ -125,6 +125,6 @@ def test_build_corpus_takes_a_cached_models_tokenizer_by_name(cache, tiny_llama)
 
 
 def test_help_says_a_model_may_be_named():
-    from legalnb.core import command_flags
+    from legalnb.commands import command_flags
     for command in ('finetune', 'evaluate', 'generate', 'run', 'build-corpus'):
         assert 'org/name' in command_flags(command).format_help(), command

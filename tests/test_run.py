@@ -397,8 +397,8 @@ def test_each_command_parser_is_built_once_in_a_run(monkeypatch, tmp_path):
     "Planning a run reads every stage's flags, checks them and resolves the training config: each command's parser is "
     "built once for all of it (it was up to five times for `legalnb train`)."
     from collections import Counter
-    from legalnb import core, evaluate, hf, run, train
-    for cached in (core.command_flags, core._parser_of, train.train_parser, hf.finetune_parser, evaluate.evaluate_parser,
+    from legalnb import commands, core, evaluate, hf, run, train
+    for cached in (commands.command_flags, core._parser_of, train.train_parser, hf.finetune_parser, evaluate.evaluate_parser,
                    run.run_parser):
         cached.cache_clear()
     built, real = Counter(), core.command_parser

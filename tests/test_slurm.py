@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from legalnb.cli import main
-from legalnb.core import command_settings
+from legalnb.commands import command_settings
 
 NODES = ['gpu-7', 'gpu-8']
 STANDINS = {
