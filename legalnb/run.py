@@ -1040,7 +1040,7 @@ def reference_lines(folder: Path, what: str) -> list[str]:
 def write_run_report(work: Path, stages: list[Stage], top: dict) -> Path:
     "Write report.md in the work folder: what each stage made and took, estimate against measurement, evaluation."
     from legalnb.evaluate import evaluation_lines
-    secs = {s.name: read_record(work, s.name).get('seconds') for s in stages}
+    records = [(st, read_record(work, st.name)) for st in stages]
     m = read_json(work/'corpus'/'manifest.json', 'a corpus manifest')
     sp = read_json(work/'split'/'split.json', 'a split summary')
     held = m.get('heldout') or {}
@@ -1056,26 +1056,28 @@ def write_run_report(work: Path, stages: list[Stage], top: dict) -> Path:
     if s: made['train'] = ('`run/`', f'{s["steps"]:,} steps, {s["tokens"]:,} tokens, {s["params"]:,} parameters')
     if (work/'run'/'finetune.json').exists():
         f = read_json(work/'run'/'finetune.json'); made['finetune'] = ('`run/`', f'{f["steps"]:,} steps')
-    for n, out in (('select-2', 'selected-2.jsonl'), ('build-corpus-2', 'corpus-2'), ('split-2', 'split-2')):
-        if (work/out).exists(): made[n] = (f'`{out}`', 'the second stage\'s data: the best documents')
+    second, baseline = {}, None   # what the second stage made, by kind (`made`: the first's); the baseline's
+    for kind, out in (('select', 'selected-2.jsonl'), ('build-corpus', 'corpus-2'), ('split', 'split-2')):
+        if (work/out).exists(): second[kind] = (f'`{out}`', 'the second stage\'s data: the best documents')
     if (work/'run-2'/'summary.json').exists():
         s2 = read_json(work/'run-2'/'summary.json', 'a run summary')
-        made['train-2'] = ('`run-2/`', f'{s2["steps"]:,} steps, {s2["tokens"]:,} tokens from the weights of run/')
+        second['train'] = ('`run-2/`', f'{s2["steps"]:,} steps, {s2["tokens"]:,} tokens from the weights of run/')
     if (work/'run-2'/'finetune.json').exists():
         f2 = read_json(work/'run-2'/'finetune.json')
-        made['finetune-2'] = ('`run-2/`', f'{f2["steps"]:,} steps from the weights of run/final')
+        second['finetune'] = ('`run-2/`', f'{f2["steps"]:,} steps from the weights of run/final')
     if (work/'baseline'/'summary.json').exists():
         sb = read_json(work/'baseline'/'summary.json', 'a run summary')
-        made['baseline'] = ('`baseline/`', f'{sb["steps"]:,} steps, {sb["tokens"]:,} tokens, {sb["params"]:,} '
-                            'parameters: the same-size baseline')
+        baseline = ('`baseline/`', f'{sb["steps"]:,} steps, {sb["tokens"]:,} tokens, {sb["params"]:,} '
+                    'parameters: the same-size baseline')
     r = read_json(work/'eval'/'eval.json', 'an evaluation') if (work/'eval'/'eval.json').exists() else None
     if r: made['evaluate'] = ('`eval/`', f'loss {r["overall"]["loss"]:.3f}, '
                               f'{r["overall"]["bits_per_byte"]:.3f} bits per byte')
-    for st in stages:
-        out, result = made.get(st.name, ('-', '-'))
-        text.append(f'| {st.name} | {out} | {result} | {format_duration(secs[st.name])} |')
+    for st, rec in records:
+        out, result = (baseline if st.baseline else (second if st.second else made).get(st.kind)) or ('-', '-')
+        text.append(f'| {st.name} | {out} | {result} | {format_duration(rec.get("seconds"))} |')
     if s:
-        est = read_record(work, 'train').get('estimate_s')
+        trained = next((rec for st, rec in records if st.kind == 'train' and not (st.second or st.baseline)), {})
+        est = trained.get('estimate_s')   # the first training's estimate
         text += ['', '## Training', '', f'- final train loss {s["loss"]:.3f}; val loss {s["val_loss"]:.3f}, '
                  f'perplexity {s["val_ppl"]:.1f}', f'- {s["tokens_per_sec"]:,.0f} tokens/s on {s["device"]} '
                  f'({s["precision"]})', '- the estimate before training: ' + (
