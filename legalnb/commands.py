@@ -84,7 +84,7 @@ def command_flags(name: str) -> argparse.ArgumentParser:
 # %% ../nbs/13_commands.ipynb #7ed51e07
 def command_settings(name: str, argv: list[str]) -> dict:
     "`legalnb NAME ARGV`'s settings: its flags parsed once, typed (numbers, lists, switches) and defaulted."
-    return vars(command_flags(name).parse_args(list(map(str, argv))))
+    return flag_settings(command_flags(name), f'legalnb {name}', argv)
 
 # %% ../nbs/13_commands.ipynb #39e16dbf
 def command_run(name: str) -> Callable:
