@@ -366,43 +366,6 @@ def forward(self: ResonanceAttention,
     if states is not None: states.append(self.recurrent_state(z, k, v, doc_starts))
     return self.out_proj(y.transpose(1, 2).reshape(B, L, D))
 
-# %% ../nbs/04_resonance.ipynb #c22bafb8
-@patch
-def recurrent_state(self: ResonanceAttention,
-                    z: torch.Tensor,                           # (B, 3D, L) the short convolution's input
-                    k: torch.Tensor, v: torch.Tensor,          # (B, H, L, D/H) the row's keys and values
-                    doc_starts: torch.Tensor | None = None,    # (B, L) bool
-                   ) -> dict:   # 'k', 'v' (B, H, n, D/H), 'valid' (B, n), 'window' (B, 3D, short_conv-1)
-    "The KV cache after the last position (the latest window - 1 keys, all without a window; those of the "
-    "last document marked valid) and the short convolution's last inputs."
-    B, H, L, _ = k.shape
-    last = (document_positions(doc_starts)[:, -1] if doc_starts is not None
-            else torch.full((B,), L - 1, device=k.device))
-    valid = torch.arange(L, device=k.device) >= (L - 1 - last)[:, None]   # (B, L)
-    n = L if not self.window else min(L, self.window - 1)
-    window = short_conv_window(z, last, self.short.kernel_size[0])
-    return {'k': k[:, :, L - n:], 'v': v[:, :, L - n:], 'valid': valid[:, L - n:], 'window': window}
-
-# %% ../nbs/04_resonance.ipynb #7300c463
-@patch
-def step(self: ResonanceAttention,
-         x: torch.Tensor,   # (B, D) the new token's normalised activations
-         state: dict,       # the layer's `recurrent_state`, updated in place
-        ) -> torch.Tensor:  # (B, D)
-    "Attend from one new token to the cache plus itself: O(D min(L, W))."
-    B, D = x.shape
-    buf = torch.cat([state['window'], self.qkv(x)[..., None]], -1)        # (B, 3D, k): oldest input first
-    zs = (buf * self.short.weight[:, 0]).sum(-1) + self.short.bias          # (B, 3D)
-    q, k, v = self.heads_first(zs[..., None])                              # (B, H, 1, D/H)
-    state['window'] = buf[..., 1:]
-    K, V = torch.cat([state['k'], k], 2), torch.cat([state['v'], v], 2)
-    valid = torch.cat([state['valid'], state['valid'].new_ones(B, 1)], 1)
-    y = F.scaled_dot_product_attention(q, K, V, attn_mask=valid[:, None, None])
-    n = K.shape[2] if not self.window else min(K.shape[2], self.window - 1)
-    cut = K.shape[2] - n                                                  # the keys that left the window
-    state['k'], state['v'], state['valid'] = K[:, :, cut:], V[:, :, cut:], valid[:, cut:]
-    return self.out_proj(y.reshape(B, D))
-
 # %% ../nbs/04_resonance.ipynb #ad7c4827
 def taylor_features(x: torch.Tensor) -> torch.Tensor:   # (..., F) -> (..., 1 + F + F^2)
     "phi(x) with phi(q).phi(k) = 1 + a + a^2/2, a = q.k / sqrt(F): the exponential's second-order Taylor series "
@@ -994,6 +957,43 @@ def step(self: ResonanceLayer,
     if branch: y = y + (self.recall_gate * linear_attention_step(state, *branch, v)).to(y.dtype)
     return self.out_proj(y)
 
+# %% ../nbs/04_resonance.ipynb #c22bafb8
+@patch
+def recurrent_state(self: ResonanceAttention,
+                    z: torch.Tensor,                           # (B, 3D, L) the short convolution's input
+                    k: torch.Tensor, v: torch.Tensor,          # (B, H, L, D/H) the row's keys and values
+                    doc_starts: torch.Tensor | None = None,    # (B, L) bool
+                   ) -> dict:   # 'k', 'v' (B, H, n, D/H), 'valid' (B, n), 'window' (B, 3D, short_conv-1)
+    "The KV cache after the last position (the latest window - 1 keys, all without a window; those of the "
+    "last document marked valid) and the short convolution's last inputs."
+    B, H, L, _ = k.shape
+    last = (document_positions(doc_starts)[:, -1] if doc_starts is not None
+            else torch.full((B,), L - 1, device=k.device))
+    valid = torch.arange(L, device=k.device) >= (L - 1 - last)[:, None]   # (B, L)
+    n = L if not self.window else min(L, self.window - 1)
+    window = short_conv_window(z, last, self.short.kernel_size[0])
+    return {'k': k[:, :, L - n:], 'v': v[:, :, L - n:], 'valid': valid[:, L - n:], 'window': window}
+
+# %% ../nbs/04_resonance.ipynb #7300c463
+@patch
+def step(self: ResonanceAttention,
+         x: torch.Tensor,   # (B, D) the new token's normalised activations
+         state: dict,       # the layer's `recurrent_state`, updated in place
+        ) -> torch.Tensor:  # (B, D)
+    "Attend from one new token to the cache plus itself: O(D min(L, W))."
+    B, D = x.shape
+    buf = torch.cat([state['window'], self.qkv(x)[..., None]], -1)        # (B, 3D, k): oldest input first
+    zs = (buf * self.short.weight[:, 0]).sum(-1) + self.short.bias          # (B, 3D)
+    q, k, v = self.heads_first(zs[..., None])                              # (B, H, 1, D/H)
+    state['window'] = buf[..., 1:]
+    K, V = torch.cat([state['k'], k], 2), torch.cat([state['v'], v], 2)
+    valid = torch.cat([state['valid'], state['valid'].new_ones(B, 1)], 1)
+    y = F.scaled_dot_product_attention(q, K, V, attn_mask=valid[:, None, None])
+    n = K.shape[2] if not self.window else min(K.shape[2], self.window - 1)
+    cut = K.shape[2] - n                                                  # the keys that left the window
+    state['k'], state['v'], state['valid'] = K[:, :, cut:], V[:, :, cut:], valid[:, cut:]
+    return self.out_proj(y.reshape(B, D))
+
 # %% ../nbs/04_resonance.ipynb #aea7cefa
 @patch
 @torch.no_grad()
@@ -1220,9 +1220,10 @@ class LegalnbResonanceConfig(PretrainedConfig):
 
 # %% ../nbs/04_resonance.ipynb #2b31f7ae
 MODELING_SOURCES = ('ResonanceConfig', 'ResonanceConfig.check_sizes', 'ResonanceConfig.check_layers',
-                    'ResonanceConfig.check_widths', 'ResonanceConfig.to_dict', 'ResonanceConfig.from_dict', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length',
+                    'ResonanceConfig.check_widths', 'ResonanceConfig.to_dict', 'ResonanceConfig.from_dict',
+                    'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length',
                     'ResonanceFilter', 'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention',
-                    'ResonanceAttention.forward', 'ResonanceAttention.recurrent_state', 'ResonanceAttention.step',
+                    'ResonanceAttention.forward',
                     'taylor_features', 'linear_attention', 'read_by_content', 'linear_attention_step',
                     'short_conv_window', 'LinearAttention', 'gated_delta_rule', 'gated_delta_step', 'DeltaNet',
                     'ResonanceBlock', 'ResonanceNet', 'ResonanceLanguageModel',
@@ -1230,8 +1231,9 @@ MODELING_SOURCES = ('ResonanceConfig', 'ResonanceConfig.check_sizes', 'Resonance
                     'ResonanceLanguageModel.head', 'ResonanceLanguageModel.forward',
                     'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv', 'ResonanceState',
                     'ResonanceLayer.filter_weights', 'ResonanceLayer.modulate',
-                    'ResonanceLayer.recurrent_state', 'ResonanceLayer.step', 'ResonanceLanguageModel.prefill',
-                    'ResonanceLanguageModel.step')
+                    'ResonanceLayer.recurrent_state', 'ResonanceLayer.step',
+                    'ResonanceAttention.recurrent_state', 'ResonanceAttention.step',
+                    'ResonanceLanguageModel.prefill', 'ResonanceLanguageModel.step')
 
 def resonance_modeling_code() -> str:
     "modeling_legalnb_resonance.py: legalnb.resonance's model classes (their source) and the transformers wrapper."
@@ -1279,7 +1281,8 @@ def export_resonance(model, out: Path, eos_id: int) -> list[str]:
     (out/'config.json').write_text(json.dumps(config, indent=1))
     return ['config.json', 'model.safetensors', 'configuration_legalnb_resonance.py', 'modeling_legalnb_resonance.py']
 
-EARLIER_EXPORTS = ({   # legalnb 0.1.0, main ed04ce6 to 51723f4 (issue 41), before the classes were split into @patch cells
+# the files legalnb 0.1.0 wrote (main ed04ce6 to 51723f4, issue 41), before its classes were split into @patch cells
+EARLIER_EXPORTS = ({
     'configuration_legalnb_resonance.py': '3a67780e939506afe46bd19bbd743fae388a3701f948c36517f7e37d5718c901',
     'modeling_legalnb_resonance.py': '472c71d5d87d58a5d864166076b54e95ab5ad0580ca1dd455966f4e00c447c7e'},)
 

@@ -177,7 +177,8 @@ def test_an_export_by_legalnb_0_1_0_is_still_trusted_and_gives_the_same_logits(t
     fixture = os.path.join(os.path.dirname(__file__), 'fixtures', 'resonance_export_0.1.0')
     for name in exported_code():
         with open(os.path.join(fixture, name), 'rb') as f: (old/name).write_bytes(f.read())
-    assert (old/'modeling_legalnb_resonance.py').read_bytes() != (tmp_path/'hf'/'modeling_legalnb_resonance.py').read_bytes()
+    name = 'modeling_legalnb_resonance.py'
+    assert (old/name).read_bytes() != (tmp_path/'hf'/name).read_bytes(), 'the code has moved since 0.1.0'
     assert legalnb_remote_code(tmp_path/'hf') and legalnb_remote_code(old)
     ids = torch.randint(3, 300, (2, 29)); torch.save(ids, tmp_path/'ids.pt')
     res = without_legalnb(tmp_path, f'''
