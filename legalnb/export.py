@@ -108,8 +108,8 @@ TRUST_HINT = ('loading it would run that code: pass --trust-remote-code if you t
 def legalnb_remote_code(folder: Path,        # a Hugging Face model or tokenizer folder
                         trust: bool = False  # --trust-remote-code: run whatever code the folder's auto_map names
                        ) -> bool:
-    "Whether transformers may run the code of `folder` (its auto_map): legalnb export's own files, recognised by "
-    "their exact content, or any code with `trust`; other code is refused."
+    "Whether transformers may run the code of `folder` (its auto_map): legalnb export's own files (this version's or "
+    "an earlier one's), recognised by their exact content, or any code with `trust`; other code is refused."
     import hashlib
     maps = {f: read_json(folder/f, 'a model config').get('auto_map') for f in ('config.json', 'tokenizer_config.json')
             if (folder/f).is_file()}
@@ -132,10 +132,12 @@ def legalnb_remote_code(folder: Path,        # a Hugging Face model or tokenizer
     if code is None:
         raise LegalnbError(f'{folder/"config.json"}: its auto_map {json.dumps(auto)[:120]} names modelling code '
                            f'legalnb did not write; {TRUST_HINT}')
-    for name, text in code.files().items():
-        want = hashlib.sha256(text.encode('utf-8')).hexdigest()
-        got = hashlib.sha256((folder/name).read_bytes()).hexdigest() if (folder/name).is_file() else None
-        if got != want:   # by content, not by name: a file called like legalnb's may hold anything
+    wants = {name: hashlib.sha256(text.encode('utf-8')).hexdigest() for name, text in code.files().items()}
+    gots = {name: hashlib.sha256((folder/name).read_bytes()).hexdigest() if (folder/name).is_file() else None
+            for name in wants}
+    if gots in code.earlier: return True   # an earlier legalnb version's export, byte for byte
+    for name, want in wants.items():
+        if (got := gots[name]) != want:   # by content, not by name: a file called like legalnb's may hold anything
             raise LegalnbError(f'{folder/name}: ' + ('missing' if got is None else f'not the code legalnb export '
                                f'writes (sha256 {got[:12]}..., legalnb writes {want[:12]}...)') + f'; {TRUST_HINT}')
     return True

@@ -35,6 +35,7 @@ class RemoteCode:
     model_type: str                     # config.json's model_type, which transformers knows only through the auto_map
     auto_map: dict                      # config.json's auto_map: Auto class -> 'file.Class'
     files: Callable[[], dict[str, str]]  # () -> {file name: Python source}: the exact files, recognised by content
+    earlier: tuple = ()                 # ({file name: sha256}, ...): the files earlier versions wrote, still trusted
 
 _LAZY = ('config_class', 'model_class', 'sizes', 'no_decay', 'hf_export', 'long_context', 'decoder', 'remote_code')
 

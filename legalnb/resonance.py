@@ -19,11 +19,11 @@ from .models import RemoteCode, load_saved, save_model
 from .models import load_weights, next_token   # the one sampling rule of every model
 
 # %% auto #0
-__all__ = ['MODEL_SIZES', 'LONG_CONTEXT', 'RESONANCE_TYPE', 'MODELING_SOURCES', 'RESONANCE_AUTO_MAP', 'REMOTE_CODE',
-           'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length', 'ResonanceFilter',
-           'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention', 'taylor_features',
-           'linear_attention', 'read_by_content', 'linear_attention_step', 'short_conv_window', 'LinearAttention',
-           'gated_delta_rule', 'gated_delta_step', 'DeltaNet', 'ResonanceBlock', 'ResonanceNet',
+__all__ = ['MODEL_SIZES', 'LONG_CONTEXT', 'RESONANCE_TYPE', 'MODELING_SOURCES', 'RESONANCE_AUTO_MAP', 'EARLIER_EXPORTS',
+           'REMOTE_CODE', 'ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length',
+           'ResonanceFilter', 'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention',
+           'taylor_features', 'linear_attention', 'read_by_content', 'linear_attention_step', 'short_conv_window',
+           'LinearAttention', 'gated_delta_rule', 'gated_delta_step', 'DeltaNet', 'ResonanceBlock', 'ResonanceNet',
            'ResonanceLanguageModel', 'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv',
            'causality_violation', 'config_for', 'no_decay', 'ResonanceState', 'recall_task', 'resonance_modeling_code',
            'resonance_config_code', 'exported_code', 'export_resonance']
@@ -59,62 +59,82 @@ class ResonanceConfig:
                                   # backward instead of keeping them (memory at 32k); 0: never. Same numbers either way
 
     def __post_init__(self):
-        for name in ('vocab_size', 'dim', 'num_layers', 'num_frequencies', 'max_seq_len', 'short_conv', 'filter_heads'):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise LegalnbError(f'ResonanceConfig: {name} must be an integer >= 1, got {v!r}')
-        if not self.mlp_ratio > 0: raise LegalnbError(f'ResonanceConfig: mlp_ratio must be > 0, got {self.mlp_ratio!r}')
-        if not 0 <= self.dropout < 1:
-            raise LegalnbError(f'ResonanceConfig: dropout must be in [0, 1), got {self.dropout!r}')
-        if not self.init_std > 0: raise LegalnbError(f'ResonanceConfig: init_std must be > 0, got {self.init_std!r}')
-        for name in ('attention_layers', 'linear_layers', 'recall_layers', 'delta_layers'):   # JSON: a list -> tuple
-            layers = getattr(self, name)
-            if isinstance(layers, (str, bytes)) or not hasattr(layers, '__iter__') or not all(
-                    isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.num_layers for i in layers):
-                raise LegalnbError(f'ResonanceConfig: {name} must be block indices in [0, {self.num_layers}), '
-                                   f'got {layers!r}')
-            setattr(self, name, tuple(sorted(set(layers))))
-        for a, b in (('attention_layers', 'linear_layers'), ('attention_layers', 'delta_layers'),
-                     ('linear_layers', 'delta_layers')):
-            if both := set(getattr(self, a)) & set(getattr(self, b)):
-                raise LegalnbError(f'ResonanceConfig: block(s) {sorted(both)} are in {a} and {b}; '
-                                   'a block has one mixer')
-        other = set(self.attention_layers) | set(self.linear_layers) | set(self.delta_layers)   # a resonance mixer's:
-        self.recall_layers = tuple(i for i in self.recall_layers if i not in other)   # an attention block has none
-        if isinstance(self.feature_dim, bool) or not isinstance(self.feature_dim, int) or self.feature_dim < 1:
-            raise LegalnbError(f'ResonanceConfig: feature_dim must be an integer >= 1, got {self.feature_dim!r}')
-        w = self.attention_window
-        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
-            raise LegalnbError(f'ResonanceConfig: attention_window must be an integer >= 0 (0: no window), got {w!r}')
-        r = self.recompute_from
-        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
-            raise LegalnbError(f'ResonanceConfig: recompute_from must be an integer >= 0 (0: never), got {r!r}')
+        "Check every field, naming it (the checks are defined one per cell below)."
+        self.check_sizes(); self.check_layers(); self.check_widths()
 
     @property
     def hidden_dim(self) -> int:
         "Width of the MLP's hidden layer."
         return int(round(self.mlp_ratio * self.dim))
 
-    def to_dict(self) -> dict:
-        "A JSON-ready dict of the fields; the hybrid's only when used, so an all-resonance config is the one older "
-        "versions wrote and read (and a resumed run's saved config compares equal)."
-        d = asdict(self)
-        if not self.attention_layers: del d['attention_layers'], d['attention_window']
-        if not self.recall_layers: del d['recall_layers']
-        if not self.linear_layers: del d['linear_layers']
-        if not self.linear_layers and not self.recall_layers: del d['feature_dim']
-        if not self.delta_layers: del d['delta_layers']
-        if self.filter_heads == 1: del d['filter_heads']
-        if self.recompute_from == 16384: del d['recompute_from']   # the default: a runtime choice, same numbers
-        return d
+# %% ../nbs/04_resonance.ipynb #a08756be
+@patch
+def check_sizes(self: ResonanceConfig):
+    "The counts are integers >= 1; mlp_ratio and init_std > 0, dropout in [0, 1)."
+    for name in ('vocab_size', 'dim', 'num_layers', 'num_frequencies', 'max_seq_len', 'short_conv', 'filter_heads'):
+        v = getattr(self, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise LegalnbError(f'ResonanceConfig: {name} must be an integer >= 1, got {v!r}')
+    if not self.mlp_ratio > 0: raise LegalnbError(f'ResonanceConfig: mlp_ratio must be > 0, got {self.mlp_ratio!r}')
+    if not 0 <= self.dropout < 1:
+        raise LegalnbError(f'ResonanceConfig: dropout must be in [0, 1), got {self.dropout!r}')
+    if not self.init_std > 0: raise LegalnbError(f'ResonanceConfig: init_std must be > 0, got {self.init_std!r}')
 
-    @classmethod
-    def from_dict(cls, d: dict) -> 'ResonanceConfig':
-        "Build a config from `to_dict()` output; unknown keys are an error that names them."
-        known = {f.name for f in fields(cls)}
-        if unknown := sorted(set(d) - known):
-            raise LegalnbError(f'ResonanceConfig: unknown field(s) {unknown}; expected some of {sorted(known)}')
-        return cls(**{'recall_layers': (), **d})   # written before the branch: the plain resonance mixer
+# %% ../nbs/04_resonance.ipynb #b39e2076
+@patch
+def check_layers(self: ResonanceConfig):
+    "The block lists become sorted tuples of block indices, one mixer per block; recall only on resonance blocks."
+    for name in ('attention_layers', 'linear_layers', 'recall_layers', 'delta_layers'):   # JSON: a list -> tuple
+        layers = getattr(self, name)
+        if isinstance(layers, (str, bytes)) or not hasattr(layers, '__iter__') or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.num_layers for i in layers):
+            raise LegalnbError(f'ResonanceConfig: {name} must be block indices in [0, {self.num_layers}), '
+                               f'got {layers!r}')
+        setattr(self, name, tuple(sorted(set(layers))))
+    for a, b in (('attention_layers', 'linear_layers'), ('attention_layers', 'delta_layers'),
+                 ('linear_layers', 'delta_layers')):
+        if both := set(getattr(self, a)) & set(getattr(self, b)):
+            raise LegalnbError(f'ResonanceConfig: block(s) {sorted(both)} are in {a} and {b}; '
+                               'a block has one mixer')
+    other = set(self.attention_layers) | set(self.linear_layers) | set(self.delta_layers)   # a resonance mixer's:
+    self.recall_layers = tuple(i for i in self.recall_layers if i not in other)   # an attention block has none
+
+# %% ../nbs/04_resonance.ipynb #898b7af0
+@patch
+def check_widths(self: ResonanceConfig):
+    "feature_dim >= 1, attention_window and recompute_from >= 0 (0: off), as integers."
+    if isinstance(self.feature_dim, bool) or not isinstance(self.feature_dim, int) or self.feature_dim < 1:
+        raise LegalnbError(f'ResonanceConfig: feature_dim must be an integer >= 1, got {self.feature_dim!r}')
+    w = self.attention_window
+    if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+        raise LegalnbError(f'ResonanceConfig: attention_window must be an integer >= 0 (0: no window), got {w!r}')
+    r = self.recompute_from
+    if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+        raise LegalnbError(f'ResonanceConfig: recompute_from must be an integer >= 0 (0: never), got {r!r}')
+
+# %% ../nbs/04_resonance.ipynb #a29150e6
+@patch
+def to_dict(self: ResonanceConfig) -> dict:
+    "A JSON-ready dict of the fields; the hybrid's only when used, so an all-resonance config is the one older "
+    "versions wrote and read (and a resumed run's saved config compares equal)."
+    d = asdict(self)
+    if not self.attention_layers: del d['attention_layers'], d['attention_window']
+    if not self.recall_layers: del d['recall_layers']
+    if not self.linear_layers: del d['linear_layers']
+    if not self.linear_layers and not self.recall_layers: del d['feature_dim']
+    if not self.delta_layers: del d['delta_layers']
+    if self.filter_heads == 1: del d['filter_heads']
+    if self.recompute_from == 16384: del d['recompute_from']   # the default: a runtime choice, same numbers
+    return d
+
+# %% ../nbs/04_resonance.ipynb #24a4c663
+@patch(cls_method=True)
+def from_dict(cls: ResonanceConfig, d: dict) -> ResonanceConfig:
+    "Build a config from `to_dict()` output; unknown keys are an error that names them."
+    known = {f.name for f in fields(cls)}
+    if unknown := sorted(set(d) - known):
+        raise LegalnbError(f'ResonanceConfig: unknown field(s) {unknown}; expected some of {sorted(known)}')
+    return cls(**{'recall_layers': (), **d})   # written before the branch: the plain resonance mixer
 
 # %% ../nbs/04_resonance.ipynb #6da2ae2f
 class ComplexWeight(nn.Module):
@@ -325,55 +345,26 @@ class ResonanceAttention(nn.Module):
         # them SDPA falls back to the L x L matrix (20 GB at 32k on the CPU)
         return zs.transpose(1, 2).contiguous().view(B, L, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
 
-    def forward(self, x: torch.Tensor,                     # (B, L, D)
-                doc_starts: torch.Tensor | None = None,    # (B, L) bool: attend only within each document
-                states: list | None = None,                # prefill: the KV cache after x is appended here
-               ) -> torch.Tensor:                          # (B, L, D)
-        "Attend causally (within each document, within the window)."
-        B, L, D = x.shape
-        z = self.qkv(x).transpose(1, 2)                        # (B, 3D, L)
-        if doc_starts is None: zs = self.short(z)[..., :L]
-        else: zs = short_conv_reset(self.short, z, document_positions(doc_starts))
-        q, k, v = self.heads_first(zs)
-        if doc_starts is None and not self.window: y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        elif 0 < self.window < L: y = local_attention(q, k, v, self.window, doc_starts)   # O(L W)
-        else:
-            mask = attention_mask(L, self.window, doc_starts, x.device)   # (B or 1, 1, L, L)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        if states is not None: states.append(self.recurrent_state(z, k, v, doc_starts))
-        return self.out_proj(y.transpose(1, 2).reshape(B, L, D))
-
-    def recurrent_state(self, z: torch.Tensor,                    # (B, 3D, L) the short convolution's input
-                        k: torch.Tensor, v: torch.Tensor,          # (B, H, L, D/H) the row's keys and values
-                        doc_starts: torch.Tensor | None = None,    # (B, L) bool
-                       ) -> dict:   # 'k', 'v' (B, H, n, D/H), 'valid' (B, n), 'window' (B, 3D, short_conv-1)
-        "The KV cache after the last position (the latest window - 1 keys, all without a window; those of the "
-        "last document marked valid) and the short convolution's last inputs."
-        B, H, L, _ = k.shape
-        last = (document_positions(doc_starts)[:, -1] if doc_starts is not None
-                else torch.full((B,), L - 1, device=k.device))
-        valid = torch.arange(L, device=k.device) >= (L - 1 - last)[:, None]   # (B, L)
-        n = L if not self.window else min(L, self.window - 1)
-        window = short_conv_window(z, last, self.short.kernel_size[0])
-        return {'k': k[:, :, L - n:], 'v': v[:, :, L - n:], 'valid': valid[:, L - n:], 'window': window}
-
-    def step(self, x: torch.Tensor,   # (B, D) the new token's normalised activations
-             state: dict,             # the layer's `recurrent_state`, updated in place
-            ) -> torch.Tensor:        # (B, D)
-        "Attend from one new token to the cache plus itself: O(D min(L, W))."
-        B, D = x.shape
-        buf = torch.cat([state['window'], self.qkv(x)[..., None]], -1)        # (B, 3D, k): oldest input first
-        zs = (buf * self.short.weight[:, 0]).sum(-1) + self.short.bias          # (B, 3D)
-        q, k, v = self.heads_first(zs[..., None])                              # (B, H, 1, D/H)
-        state['window'] = buf[..., 1:]
-        K, V = torch.cat([state['k'], k], 2), torch.cat([state['v'], v], 2)
-        valid = torch.cat([state['valid'], state['valid'].new_ones(B, 1)], 1)
-        y = F.scaled_dot_product_attention(q, K, V, attn_mask=valid[:, None, None])
-        n = K.shape[2] if not self.window else min(K.shape[2], self.window - 1)
-        cut = K.shape[2] - n                                                  # the keys that left the window
-        state['k'], state['v'], state['valid'] = K[:, :, cut:], V[:, :, cut:], valid[:, cut:]
-        return self.out_proj(y.reshape(B, D))
-
+# %% ../nbs/04_resonance.ipynb #a4e9f8b0
+@patch
+def forward(self: ResonanceAttention,
+            x: torch.Tensor,                           # (B, L, D)
+            doc_starts: torch.Tensor | None = None,    # (B, L) bool: attend only within each document
+            states: list | None = None,                # prefill: the KV cache after x is appended here
+           ) -> torch.Tensor:                          # (B, L, D)
+    "Attend causally (within each document, within the window)."
+    B, L, D = x.shape
+    z = self.qkv(x).transpose(1, 2)                        # (B, 3D, L)
+    if doc_starts is None: zs = self.short(z)[..., :L]
+    else: zs = short_conv_reset(self.short, z, document_positions(doc_starts))
+    q, k, v = self.heads_first(zs)
+    if doc_starts is None and not self.window: y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    elif 0 < self.window < L: y = local_attention(q, k, v, self.window, doc_starts)   # O(L W)
+    else:
+        mask = attention_mask(L, self.window, doc_starts, x.device)   # (B or 1, 1, L, L)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if states is not None: states.append(self.recurrent_state(z, k, v, doc_starts))
+    return self.out_proj(y.transpose(1, 2).reshape(B, L, D))
 
 # %% ../nbs/04_resonance.ipynb #ad7c4827
 def taylor_features(x: torch.Tensor) -> torch.Tensor:   # (..., F) -> (..., 1 + F + F^2)
@@ -681,38 +672,51 @@ class ResonanceLanguageModel(nn.Module):
         for block in self.backbone.blocks:
             nn.init.zeros_(block.mixer.short.bias)
 
-    def embed(self, input_ids: torch.Tensor,                 # (B, L) int
-              doc_starts: torch.Tensor | None = None,        # (B, L) bool: positions restart at each document
-             ) -> torch.Tensor:                              # (B, L, D)
-        "Token plus position embeddings; with `doc_starts` a token's position is its place in its document."
-        L = input_ids.shape[1]
-        if L > self.config.max_seq_len:
-            raise LegalnbError(f'input length {L} exceeds max_seq_len={self.config.max_seq_len}; crop the context')
-        pos = self.pos_emb.weight[:L] if doc_starts is None else self.pos_emb(document_positions(doc_starts))
-        return self.drop(self.tok_emb(input_ids) + pos)
+# %% ../nbs/04_resonance.ipynb #44a2310c
+@patch
+def document_starts(self: ResonanceLanguageModel,
+                    input_ids: torch.Tensor,                # (B, L) token ids
+                    doc_starts: torch.Tensor | None,        # (B, L) bool, True where a document starts in the row
+                   ) -> torch.Tensor | None:
+    "`doc_starts` checked against `input_ids`, or None when there are none or `config.document_resets` is off."
+    if doc_starts is None or not self.config.document_resets: return None
+    if doc_starts.dtype != torch.bool or doc_starts.shape != input_ids.shape:
+        raise LegalnbError(f'doc_starts must be a bool tensor shaped like input_ids {tuple(input_ids.shape)}, '
+                           f'got {doc_starts.dtype} {tuple(doc_starts.shape)}')
+    return doc_starts.to(input_ids.device)
 
-    def head(self, x: torch.Tensor) -> torch.Tensor:  # (B, L, D) -> (B, L, V)
-        "Final LayerNorm and LM head."
-        return self.lm_head(self.norm(x))
+# %% ../nbs/04_resonance.ipynb #62a9102b
+@patch
+def embed(self: ResonanceLanguageModel,
+          input_ids: torch.Tensor,                 # (B, L) int
+          doc_starts: torch.Tensor | None = None,  # (B, L) bool: positions restart at each document
+         ) -> torch.Tensor:                        # (B, L, D)
+    "Token plus position embeddings; with `doc_starts` a token's position is its place in its document."
+    L = input_ids.shape[1]
+    if L > self.config.max_seq_len:
+        raise LegalnbError(f'input length {L} exceeds max_seq_len={self.config.max_seq_len}; crop the context')
+    pos = self.pos_emb.weight[:L] if doc_starts is None else self.pos_emb(document_positions(doc_starts))
+    return self.drop(self.tok_emb(input_ids) + pos)
 
-    def forward(self, input_ids: torch.Tensor,               # (B, L) token ids
-                targets: torch.Tensor | None = None,         # (B, L) next-token ids, -100 = ignored
-                doc_starts: torch.Tensor | None = None,      # (B, L) bool, True where a document starts in the row
-                states: list | None = None):                 # prefill: each layer appends its recurrent state
-        "Logits (B, L, V); with `targets` also the mean cross-entropy (ignore_index -100)."
-        doc_starts = self.document_starts(input_ids, doc_starts)
-        logits = self.head(self.backbone(self.embed(input_ids, doc_starts), doc_starts, states))
-        if targets is None: return logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
-        return logits, loss
+# %% ../nbs/04_resonance.ipynb #163f0c38
+@patch
+def head(self: ResonanceLanguageModel, x: torch.Tensor) -> torch.Tensor:  # (B, L, D) -> (B, L, V)
+    "Final LayerNorm and LM head."
+    return self.lm_head(self.norm(x))
 
-    def document_starts(self, input_ids: torch.Tensor, doc_starts: torch.Tensor | None) -> torch.Tensor | None:
-        "`doc_starts` checked against `input_ids`, or None when there are none or `config.document_resets` is off."
-        if doc_starts is None or not self.config.document_resets: return None
-        if doc_starts.dtype != torch.bool or doc_starts.shape != input_ids.shape:
-            raise LegalnbError(f'doc_starts must be a bool tensor shaped like input_ids {tuple(input_ids.shape)}, '
-                               f'got {doc_starts.dtype} {tuple(doc_starts.shape)}')
-        return doc_starts.to(input_ids.device)
+# %% ../nbs/04_resonance.ipynb #437d5c59
+@patch
+def forward(self: ResonanceLanguageModel,
+            input_ids: torch.Tensor,                 # (B, L) token ids
+            targets: torch.Tensor | None = None,     # (B, L) next-token ids, -100 = ignored
+            doc_starts: torch.Tensor | None = None,  # (B, L) bool, True where a document starts in the row
+            states: list | None = None):             # prefill: each layer appends its recurrent state
+    "Logits (B, L, V); with `targets` also the mean cross-entropy (ignore_index -100)."
+    doc_starts = self.document_starts(input_ids, doc_starts)
+    logits = self.head(self.backbone(self.embed(input_ids, doc_starts), doc_starts, states))
+    if targets is None: return logits
+    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+    return logits, loss
 
 # %% ../nbs/04_resonance.ipynb #ef01b0da
 def document_positions(doc_starts: torch.Tensor,  # (B, L) bool, True where a document starts
@@ -953,6 +957,43 @@ def step(self: ResonanceLayer,
     if branch: y = y + (self.recall_gate * linear_attention_step(state, *branch, v)).to(y.dtype)
     return self.out_proj(y)
 
+# %% ../nbs/04_resonance.ipynb #c22bafb8
+@patch
+def recurrent_state(self: ResonanceAttention,
+                    z: torch.Tensor,                           # (B, 3D, L) the short convolution's input
+                    k: torch.Tensor, v: torch.Tensor,          # (B, H, L, D/H) the row's keys and values
+                    doc_starts: torch.Tensor | None = None,    # (B, L) bool
+                   ) -> dict:   # 'k', 'v' (B, H, n, D/H), 'valid' (B, n), 'window' (B, 3D, short_conv-1)
+    "The KV cache after the last position (the latest window - 1 keys, all without a window; those of the "
+    "last document marked valid) and the short convolution's last inputs."
+    B, H, L, _ = k.shape
+    last = (document_positions(doc_starts)[:, -1] if doc_starts is not None
+            else torch.full((B,), L - 1, device=k.device))
+    valid = torch.arange(L, device=k.device) >= (L - 1 - last)[:, None]   # (B, L)
+    n = L if not self.window else min(L, self.window - 1)
+    window = short_conv_window(z, last, self.short.kernel_size[0])
+    return {'k': k[:, :, L - n:], 'v': v[:, :, L - n:], 'valid': valid[:, L - n:], 'window': window}
+
+# %% ../nbs/04_resonance.ipynb #7300c463
+@patch
+def step(self: ResonanceAttention,
+         x: torch.Tensor,   # (B, D) the new token's normalised activations
+         state: dict,       # the layer's `recurrent_state`, updated in place
+        ) -> torch.Tensor:  # (B, D)
+    "Attend from one new token to the cache plus itself: O(D min(L, W))."
+    B, D = x.shape
+    buf = torch.cat([state['window'], self.qkv(x)[..., None]], -1)        # (B, 3D, k): oldest input first
+    zs = (buf * self.short.weight[:, 0]).sum(-1) + self.short.bias          # (B, 3D)
+    q, k, v = self.heads_first(zs[..., None])                              # (B, H, 1, D/H)
+    state['window'] = buf[..., 1:]
+    K, V = torch.cat([state['k'], k], 2), torch.cat([state['v'], v], 2)
+    valid = torch.cat([state['valid'], state['valid'].new_ones(B, 1)], 1)
+    y = F.scaled_dot_product_attention(q, K, V, attn_mask=valid[:, None, None])
+    n = K.shape[2] if not self.window else min(K.shape[2], self.window - 1)
+    cut = K.shape[2] - n                                                  # the keys that left the window
+    state['k'], state['v'], state['valid'] = K[:, :, cut:], V[:, :, cut:], valid[:, cut:]
+    return self.out_proj(y.reshape(B, D))
+
 # %% ../nbs/04_resonance.ipynb #aea7cefa
 @patch
 @torch.no_grad()
@@ -1064,10 +1105,11 @@ class LegalnbError(ValueError):
     "A bad value (the error type of legalnb, where this code comes from)."
 
 
-def patch(f):
-    "Add `f` as a method of the class its `self` argument is annotated with (fastcore's @patch, in short)."
-    cls = f.__annotations__['self']
-    setattr(globals()[cls] if isinstance(cls, str) else cls, f.__name__, f)
+def patch(f=None, *, cls_method: bool = False):
+    "Add `f` to the class its `self` (`cls`: a classmethod) argument is annotated with (fastcore's @patch, in short)."
+    if f is None: return lambda f: patch(f, cls_method=cls_method)
+    cls = f.__annotations__['cls' if cls_method else 'self']
+    setattr(globals()[cls] if isinstance(cls, str) else cls, f.__name__, classmethod(f) if cls_method else f)
     return f
 '''
 
@@ -1177,15 +1219,21 @@ class LegalnbResonanceConfig(PretrainedConfig):
 '''
 
 # %% ../nbs/04_resonance.ipynb #2b31f7ae
-MODELING_SOURCES = ('ResonanceConfig', 'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length',
+MODELING_SOURCES = ('ResonanceConfig', 'ResonanceConfig.check_sizes', 'ResonanceConfig.check_layers',
+                    'ResonanceConfig.check_widths', 'ResonanceConfig.to_dict', 'ResonanceConfig.from_dict',
+                    'ComplexWeight', 'fft_size', 'causal_fft_conv', 'chunk_length',
                     'ResonanceFilter', 'ResonanceLayer', 'attention_mask', 'local_attention', 'ResonanceAttention',
+                    'ResonanceAttention.forward',
                     'taylor_features', 'linear_attention', 'read_by_content', 'linear_attention_step',
                     'short_conv_window', 'LinearAttention', 'gated_delta_rule', 'gated_delta_step', 'DeltaNet',
                     'ResonanceBlock', 'ResonanceNet', 'ResonanceLanguageModel',
+                    'ResonanceLanguageModel.document_starts', 'ResonanceLanguageModel.embed',
+                    'ResonanceLanguageModel.head', 'ResonanceLanguageModel.forward',
                     'document_positions', 'short_conv_reset', 'resonance_states', 'document_fft_conv', 'ResonanceState',
                     'ResonanceLayer.filter_weights', 'ResonanceLayer.modulate',
-                    'ResonanceLayer.recurrent_state', 'ResonanceLayer.step', 'ResonanceLanguageModel.prefill',
-                    'ResonanceLanguageModel.step')
+                    'ResonanceLayer.recurrent_state', 'ResonanceLayer.step',
+                    'ResonanceAttention.recurrent_state', 'ResonanceAttention.step',
+                    'ResonanceLanguageModel.prefill', 'ResonanceLanguageModel.step')
 
 def resonance_modeling_code() -> str:
     "modeling_legalnb_resonance.py: legalnb.resonance's model classes (their source) and the transformers wrapper."
@@ -1233,4 +1281,10 @@ def export_resonance(model, out: Path, eos_id: int) -> list[str]:
     (out/'config.json').write_text(json.dumps(config, indent=1))
     return ['config.json', 'model.safetensors', 'configuration_legalnb_resonance.py', 'modeling_legalnb_resonance.py']
 
-REMOTE_CODE = RemoteCode(RESONANCE_TYPE, RESONANCE_AUTO_MAP, exported_code)   # what `legalnb export` checks by content
+# the files legalnb 0.1.0 wrote (main ed04ce6 to 51723f4, issue 41), before its classes were split into @patch cells
+EARLIER_EXPORTS = ({
+    'configuration_legalnb_resonance.py': '3a67780e939506afe46bd19bbd743fae388a3701f948c36517f7e37d5718c901',
+    'modeling_legalnb_resonance.py': '472c71d5d87d58a5d864166076b54e95ab5ad0580ca1dd455966f4e00c447c7e'},)
+
+REMOTE_CODE = RemoteCode(RESONANCE_TYPE, RESONANCE_AUTO_MAP, exported_code,   # what `legalnb export` checks by content
+                         EARLIER_EXPORTS)

@@ -163,3 +163,34 @@ def test_reexport_replaces_and_bad_input_leaves_nothing(tmp_path, tok, capsys):
     assert not (tmp_path/'again').exists() and not (tmp_path/'new').exists() and not (tmp_path/'x').exists()
     assert sorted(p.name for p in (tmp_path/'busy').iterdir()) == ['keep.txt']
     assert not [p for p in tmp_path.iterdir() if '.export-' in p.name], 'no temporary folder left'
+
+
+def test_an_export_by_legalnb_0_1_0_is_still_trusted_and_gives_the_same_logits(tmp_path, tok):
+    "The code legalnb 0.1.0 wrote (tests/fixtures, before the classes were split into @patch cells) is accepted "
+    "without --trust-remote-code and computes what today's code computes; a changed byte is refused."
+    from legalnb.export import legalnb_remote_code
+    from legalnb.resonance import exported_code
+    m = resonance(attention_layers=[1])
+    export_model(native(tmp_path/'run', m, tok), tmp_path/'hf')
+    old = tmp_path/'old'; old.mkdir()
+    for f in (tmp_path/'hf').iterdir(): (old/f.name).write_bytes(f.read_bytes())
+    fixture = os.path.join(os.path.dirname(__file__), 'fixtures', 'resonance_export_0.1.0')
+    for name in exported_code():
+        with open(os.path.join(fixture, name), 'rb') as f: (old/name).write_bytes(f.read())
+    name = 'modeling_legalnb_resonance.py'
+    assert (old/name).read_bytes() != (tmp_path/'hf'/name).read_bytes(), 'the code has moved since 0.1.0'
+    assert legalnb_remote_code(tmp_path/'hf') and legalnb_remote_code(old)
+    ids = torch.randint(3, 300, (2, 29)); torch.save(ids, tmp_path/'ids.pt')
+    res = without_legalnb(tmp_path, f'''
+        ids = torch.load({str(tmp_path/'ids.pt')!r})
+        out = {{}}
+        for name in ('hf', 'old'):
+            m = AutoModelForCausalLM.from_pretrained({str(tmp_path)!r} + '/' + name, trust_remote_code=True).eval()
+            with torch.no_grad(): out[name] = m(ids).logits
+        torch.save(out, 'result.pt')
+        ''')
+    with torch.no_grad(): ref = m(ids)
+    assert (res['hf'] - ref).abs().max() < 1e-5 and torch.equal(res['old'], res['hf'])
+    (old/'modeling_legalnb_resonance.py').write_text((old/'modeling_legalnb_resonance.py').read_text() + '# mine\n')
+    with pytest.raises(LegalnbError, match='modeling_legalnb_resonance.py: not the code legalnb export writes'):
+        legalnb_remote_code(old)
