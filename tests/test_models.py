@@ -1,16 +1,13 @@
 """The model registry: lookups and their errors, configs and FLOPs through the specs, load_model, and a new
-architecture registered from this file and trained through its spec alone."""
+architecture (the test toy, tests/toy_model.py) registered by one line and trained through its spec alone."""
 import json, subprocess, sys
-from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import pytest
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 from legalnb.core import LegalnbError
-from legalnb.models import MODELS, ModelSpec, get_model, load_model, load_saved, next_token, register, save_model
+from legalnb.models import MODELS, ModelSpec, get_model, load_model, register
+from toy_model import TOY, Toy
 
 
 def test_importing_the_registry_imports_no_model_code():
@@ -101,64 +98,18 @@ def test_load_model_errors(tmp_path):
     with pytest.raises(LegalnbError, match='config.json: expected a model config'): load_model(tmp_path)
 
 
-# ---- a new architecture, defined here: a config, a model, and one registry line ----
-
-@dataclass
-class ToyConfig:
-    vocab_size: int               # tokens
-    max_seq_len: int = 32         # longest context (the convolution below does not need it)
-    dim: int = 8                  # channels
-    kernel: int = 3               # causal convolution taps
-
-    def to_dict(self): return asdict(self)
-    @classmethod
-    def from_dict(cls, d): return cls(**d)
-    def matmul_flops_per_token(self): return 6.0 * (self.dim * self.dim * self.kernel + self.vocab_size * self.dim)
-    def flops_per_token(self, seq_len): return self.matmul_flops_per_token()
-
-
-class ToyModel(nn.Module):
-    "Embedding, one causal convolution, a norm and a head."
-    def __init__(self, config: ToyConfig):
-        super().__init__()
-        self.config, k = config, config.kernel
-        self.emb = nn.Embedding(config.vocab_size, config.dim)
-        self.conv = nn.Conv1d(config.dim, config.dim, k, padding=k - 1)
-        self.norm, self.head = nn.LayerNorm(config.dim), nn.Linear(config.dim, config.vocab_size, bias=False)
-
-    def forward(self, input_ids, targets=None, doc_starts=None):
-        x = self.emb(input_ids).transpose(1, 2)
-        logits = self.head(self.norm(self.conv(x)[..., :input_ids.shape[1]].transpose(1, 2)))
-        if targets is None: return logits
-        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
-
-    def num_params(self, non_embedding=False):
-        return sum(p.numel() for p in self.parameters()) - (self.emb.weight.numel() if non_embedding else 0)
-
-    @torch.no_grad()
-    def generate(self, input_ids, max_new_tokens, temperature=1.0, top_k=None, generator=None, **_):
-        "The rule every model samples with, over the whole context each token."
-        for _ in range(max_new_tokens):
-            step = next_token(self(input_ids)[:, -1].float(), temperature, top_k, generator)
-            input_ids = torch.cat([input_ids, step], dim=1)
-        return input_ids
-
-    save = save_model                 # legalnb's one rule: weights, and config.json recording the architecture
-    load = classmethod(load_saved)
-
+# ---- a new architecture: the test toy (tests/toy_model.py), made a legalnb model by one registry line ----
 
 @pytest.fixture
 def toy():
-    sizes = {'tiny': {'dim': 8}, 'wide': {'dim': 32}}
-    spec = register(ModelSpec('toy', 'a causal convolution', ToyConfig, ToyModel, sizes, lambda name, p: p.ndim < 2))
-    yield spec
+    yield register(TOY)
     del MODELS['toy']
 
 
 def test_toy_architecture_registers_builds_trains_and_loads(toy, tmp_path):
     spec = get_model('toy')                               # from here on, only the spec is used
     assert spec is toy and 'toy' in str(pytest.raises(LegalnbError, get_model, 'nope').value)
-    cfg = spec.config('tiny', vocab_size=13, seq_len=16, kernel=2)
+    cfg = spec.config('small', vocab_size=13, seq_len=16, dim=8, num_heads=4)   # num_heads: the toy's own field
     torch.manual_seed(0)
     model = spec.build(cfg)
     opt = torch.optim.AdamW(spec.param_groups(model, weight_decay=0.1), lr=0.05)
@@ -168,8 +119,9 @@ def test_toy_architecture_registers_builds_trains_and_loads(toy, tmp_path):
         loss = model(ids[:, :-1], ids[:, 1:])[1]
         opt.zero_grad(); loss.backward(); opt.step(); losses.append(loss.item())
     assert losses[2] < losses[0]
-    assert [len(g['params']) for g in opt.param_groups] == [3, 3]   # emb, conv, head | conv bias, norm gain and bias
-    assert spec.flops_per_token(cfg, 16) == 6.0 * (8 * 8 * 2 + 13 * 8)
+    assert cfg.num_heads == 4 and model.net.config.num_attention_heads == 4
+    assert [len(g['params']) for g in opt.param_groups] == [9, 3]   # emb, q k v o, gate up down, head | 3 norms
+    assert spec.flops_per_token(cfg, 16) == 6.0 * (12 * 8 * 8 + 13 * 8) + 12 * 16 * 8
     model.save(tmp_path)
     back = load_model(tmp_path)
-    with torch.no_grad(): assert type(back) is ToyModel and torch.equal(back(ids), model(ids))
+    with torch.no_grad(): assert type(back) is Toy and torch.equal(back(ids), model(ids))

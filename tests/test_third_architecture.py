@@ -1,68 +1,16 @@
-"""A third architecture, registered here and nowhere else: a one-layer Llama (transformers) behind legalnb's model
-contract. Registered in this file only, it trains, resumes, is evaluated on held-out acts, is compared with the GPT
-baseline and exports to a folder transformers loads: the registry is the whole contract (no other file names it)."""
+"""A third architecture: the test toy (tests/toy_model.py, a one-layer Llama behind legalnb's model contract),
+registered by one line here. It trains, resumes, is evaluated on held-out acts, is compared with the GPT baseline and
+exports to a folder transformers loads: its spec is the whole contract (no library file names it)."""
 import io, json, math, shutil
 from contextlib import redirect_stdout
-from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import pytest
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from legalnb.cli import main
-from legalnb.models import MODELS, ModelSpec, load_saved, next_token, register, save_model
-
-
-@dataclass
-class ToyConfig:
-    vocab_size: int          # tokens
-    max_seq_len: int = 64    # positions
-    dim: int = 16            # width
-    def to_dict(self): return asdict(self)
-    @classmethod
-    def from_dict(cls, d): return cls(**d)
-    def matmul_flops_per_token(self): return 6.0 * (12 * self.dim ** 2 + self.vocab_size * self.dim)
-    def flops_per_token(self, seq_len): return self.matmul_flops_per_token() + 12 * seq_len * self.dim
-
-
-class Toy(nn.Module):
-    "A one-layer Llama from transformers, with the contract's forward, generate, save and load."
-    def __init__(self, config: ToyConfig):
-        super().__init__()
-        from transformers import LlamaConfig, LlamaForCausalLM
-        self.config = config
-        self.net = LlamaForCausalLM(LlamaConfig(
-            vocab_size=config.vocab_size, hidden_size=config.dim, intermediate_size=2 * config.dim, num_hidden_layers=1,
-            num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=config.max_seq_len,
-            tie_word_embeddings=False))
-
-    def forward(self, input_ids, targets=None, doc_starts=None):
-        logits = self.net(input_ids=input_ids).logits
-        if targets is None: return logits
-        return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
-
-    def num_params(self, non_embedding=False):
-        return sum(p.numel() for n, p in self.named_parameters() if not (non_embedding and 'embed' in n))
-
-    @torch.no_grad()
-    def generate(self, input_ids, max_new_tokens, temperature=1.0, top_k=None, generator=None, **_):
-        if isinstance(generator, int): generator = torch.Generator().manual_seed(generator)
-        for _ in range(max_new_tokens):
-            logits = self(input_ids[:, -self.config.max_seq_len:])[:, -1].float()
-            input_ids = torch.cat([input_ids, next_token(logits, temperature, top_k, generator)], dim=1)
-        return input_ids
-
-    save = save_model                 # legalnb's one rule: weights, and config.json recording the architecture
-    load = classmethod(load_saved)    # its reader, which refuses another architecture's folder
-
-
-def export_toy(model: Toy, out: Path, eos_id: int) -> list[str]:
-    "The Hugging Face export: the Llama inside, as transformers saves it."
-    model.net.save_pretrained(out)
-    return sorted(p.name for p in Path(out).iterdir())
+from legalnb.models import MODELS, register
+from toy_model import TOY, Toy, ToyConfig
 
 
 def run(*argv) -> str:
@@ -75,8 +23,7 @@ def run(*argv) -> str:
 @pytest.fixture(scope='module')
 def toy(tmp_path_factory):
     "The toy registered, and a corpus of the generated sample with its held-out acts, split for training."
-    register(ModelSpec('toy', 'a one-layer Llama behind the contract', ToyConfig, Toy, {'small': {'dim': 16}},
-                       lambda name, p: p.ndim < 2, export_toy, tiny={'dim': 16}))
+    register(TOY)
     d = tmp_path_factory.mktemp('toy')
     run('sample', d/'sample', '--docs', '40', '--seed', '3')
     run('parse', d/'sample', '--out', d/'parsed.jsonl', '--no-progress')

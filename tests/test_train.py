@@ -285,20 +285,20 @@ def test_a_checkpoint_from_before_the_registry_resumes(split_dir, tmp_path, caps
     assert rc == 2 and 'checkpoint is from another model' in one_line(err)
 
 def test_a_model_registered_here_trains_with_the_same_trainer(split_dir, tmp_path):
-    "One registry line makes a new architecture trainable: the toy of tests/test_models.py, here through train()."
-    from test_models import ToyConfig, ToyModel
-    from legalnb.models import MODELS, ModelSpec, register, load_model
+    "One registry line makes a new architecture trainable: the test toy (tests/toy_model.py), here through train()."
+    from toy_model import TOY, Toy
+    from legalnb.models import MODELS, register, load_model
     from legalnb.train import train
-    register(ModelSpec('toy', 'a causal convolution', ToyConfig, ToyModel, {'tiny': {'dim': 8}}, lambda n, p: p.ndim < 2))
+    register(TOY)
     try:
-        cfg = TrainConfig(data=str(split_dir), out=str(tmp_path/'run'), model='toy', size='tiny', dim=12,
-                          model_overrides={'kernel': 2}, max_steps=4, batch_size=4, warmup_steps=1, lr=1e-2,
+        cfg = TrainConfig(data=str(split_dir), out=str(tmp_path/'run'), model='toy', size='small', dim=12,
+                          model_overrides={'num_heads': 3}, max_steps=4, batch_size=4, warmup_steps=1, lr=1e-2,
                           num_workers=0, eval_batches=1, progress=False, cpu_threads=1)
         s = train(cfg)
         m = load_model(tmp_path/'run'/'model')
-        assert type(m) is ToyModel and (m.config.dim, m.config.kernel) == (12, 2) and s['params'] == m.num_params()
+        assert type(m) is Toy and (m.config.dim, m.config.num_heads) == (12, 3) and s['params'] == m.num_params()
         with pytest.raises(LegalnbError, match="TrainConfig.num_frequencies: model 'toy' has no field num_frequencies"):
-            TrainConfig(model='toy', size='tiny', num_frequencies=2)
+            TrainConfig(model='toy', size='small', num_frequencies=2)
     finally: del MODELS['toy']
 
 def test_batches_with_document_starts_reach_models_that_take_them():
