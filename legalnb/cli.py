@@ -12,6 +12,7 @@ from .core import GPU_HOUR_PRICE, LegalnbError, atomic_write, command_parser, re
 from .commands import COMMANDS, command_main, command_settings
 from .core import format_duration, read_json
 from .core import output_folder, record_written, remove_owned
+from .core import PRESET_VOCAB
 from .models import DEFAULT_MODEL
 
 # %% auto #0
@@ -80,7 +81,7 @@ def prepare_workdir(workdir: str | Path) -> Path:
 def h100_estimate(metrics: Path,            # the run's metrics.jsonl
                   steps: int,               # steps the run trained
                   measured_s: float,        # seconds the training took
-                  vocab_size: int = 32768   # vocabulary of the real run
+                  vocab_size: int = PRESET_VOCAB  # vocabulary of the real run
                  ) -> list[str]:
     "Report lines: the calibration check on this run, then the fast preset's estimate on one H100."
     from legalnb.calculator import calibration_from_metrics, estimate, model_plan_fields, plan_for

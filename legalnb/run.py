@@ -12,6 +12,7 @@ from .core import LegalnbError, atomic_write, command_parser
 from .commands import command_config, command_flags, command_run
 from .core import format_duration
 from .core import GPU_HOUR_PRICE, read_json, parse_number
+from .core import PRESET_VOCAB, SCRATCH_SEQ_LEN, VAL_SHARE
 from .models import DEFAULT_MODEL
 
 # %% auto #0
@@ -32,7 +33,7 @@ TOP = ('input', 'out', 'preset', 'model', 'size', 'baseline')   # plan keys outs
 RECORDS = '.legalnb-run'                             # the per-stage records, inside the work folder
 
 RUN_DEFAULTS = dict(out='work', preset='fast', model=DEFAULT_MODEL, size='small',   # what a plan leaves out
-                    target_tokens='2B', train_tokenizer=32768, val_docs=0.01, general='python-docs')
+                    target_tokens='2B', train_tokenizer=PRESET_VOCAB, val_docs=VAL_SHARE, general='python-docs')
 
 PLAN_TEMPLATE = '''\
 # legalnb run plan: every stage's flags in one file; `legalnb run PLAN.yaml`. Any flag on the command line
@@ -389,7 +390,7 @@ def _sections(plan: dict, cli: dict, top: dict) -> dict:
     b = sec['build-corpus']
     if hf: b.setdefault('tokenizer', model)
     elif 'tokenizer' not in b: b.setdefault('train_tokenizer', RUN_DEFAULTS['train_tokenizer'])
-    if 'seq_len' not in b and preset == 'none': b['seq_len'] = 1024   # no preset: the trainer's defaults
+    if 'seq_len' not in b and preset == 'none': b['seq_len'] = SCRATCH_SEQ_LEN   # no preset: the trainer's defaults
     if 'seq_len' not in b:
         p = get_preset('cpt' if hf else 'scratch', preset, None if hf else size, model=None if hf else model)
         b['seq_len'] = p.seq_len
