@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Literal
 from fastcore.basics import patch
 from .core import LegalnbError, PRECISIONS, flag_settings, format_duration, parse_count, parse_number, read_json
+from .core import PRESET_VOCAB
 from .models import DEFAULT_MODEL, MODELS
 from .presets import (parse_batch_schedule, micro_steps_before, steps_holding,
                              GPU, PRESETS, STRATEGIES, TASKS, find_gpu, get_preset, gpu_precision, human, lora_steps,
@@ -474,7 +475,7 @@ def plan_for(task: str, name: str,
 # %% ../nbs/08_calculator.ipynb #57ce98c0
 def model_plan_fields(size: str,              # a named size of the model: small, medium, large, xlarge
                       seq_len: int,           # tokens per sequence (the mixing FLOPs depend on it)
-                      vocab: int = 32768,     # tokenizer vocabulary
+                      vocab: int = PRESET_VOCAB, # tokenizer vocabulary
                       model: str = DEFAULT_MODEL, # a registered architecture (legalnb.models.MODELS)
                       **overrides               # config fields to change (dim=..., num_layers=...), as the trainer's
                      ) -> dict:
@@ -725,7 +726,7 @@ def _plan(preset: str | None, model_size: str | None, fields: dict, model: str) 
         seq_len = fields.get('seq_len') or (get_preset(task, name, model_size if task == 'scratch' else None,
                                                       model=model).seq_len if preset else None)
         if not seq_len: raise LegalnbError('--model-size needs --seq-len (or a preset that sets it)')
-        try: fields = model_plan_fields(model_size, seq_len, fields.get('vocab', 32768), model) | fields
+        try: fields = model_plan_fields(model_size, seq_len, fields.get('vocab', PRESET_VOCAB), model) | fields
         except LegalnbError as e: raise LegalnbError(f'--model-size: {e}') from None
         if task == 'scratch': fields['size'] = model_size
     return plan_for(task, name, model=model if task == 'scratch' else None, **fields) if preset else Plan(**fields)

@@ -6,19 +6,22 @@
 from __future__ import annotations
 import argparse, json, math, os, re, shlex, shutil, sys, time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+from fastcore.docments import docments
 from .core import GPU_HOUR_PRICE, LegalnbError, atomic_write, command_parser, resolve_precision
 from .commands import COMMANDS, command_main, command_settings
-from .core import format_duration, read_json
+from .core import flag_settings, format_duration, read_json
 from .core import output_folder, record_written, remove_owned
+from .core import PRESET_VOCAB
 from .models import DEFAULT_MODEL
 
 # %% auto #0
 __all__ = ['QUICKSTART_PROMPT', 'QUICKSTART_OUTPUTS', 'SLURM_TIME', 'SLURM_STRATEGIES', 'usage', 'main', 'exit_process',
-           'console', 'prepare_workdir', 'h100_estimate', 'write_quickstart_report', 'quickstart_plan', 'quickstart',
-           'quickstart_main', 'check_slurm_job', 'torchrun_launch', 'accelerate_launch', 'slurm_script', 'write_job',
-           'slurm_parser', 'slurm_main']
+           'console', 'QuickstartConfig', 'prepare_workdir', 'h100_estimate', 'write_quickstart_report',
+           'quickstart_plan', 'quickstart', 'quickstart_main', 'SlurmConfig', 'torchrun_launch', 'accelerate_launch',
+           'slurm_script', 'write_job', 'slurm_parser', 'slurm_main']
 
 # %% ../nbs/15_cli.ipynb #3aaa7b0c
 def usage() -> str:
@@ -61,6 +64,26 @@ def console():
     "The `legalnb` command."
     exit_process(main())
 
+# %% ../nbs/15_cli.ipynb #5de49648
+@dataclass
+class QuickstartConfig:
+    "A sample corpus through `legalnb run` (a tiny model trained and evaluated), report.md and loss.png; the summary."
+    workdir: str | Path = 'quickstart'  # folder for every output
+    docs: int = 200          # sample publications
+    vocab_size: int = 1024   # BPE vocabulary to train
+    seq_len: int = 128       # tokens per training row
+    steps: int = 400         # optimizer steps
+    dim: int = 64            # model width (2 blocks, 16 resonances per channel)
+    batch_size: int = 16     # sequences per step
+    device: Literal['auto', 'cuda', 'cpu'] = 'auto'  # 'auto': the GPU when there is one
+    compare: bool = False    # then train the gpt baseline too and compare them (a few minutes more)
+    baseline: str = 'gpt:num_heads=2'  # the same-size model the run is reported against, or none
+
+    def __post_init__(self):
+        for name in ('docs', 'vocab_size', 'seq_len', 'steps', 'dim', 'batch_size'):
+            if (value := getattr(self, name)) < 1:
+                raise LegalnbError(f'--{name.replace("_", "-")} must be at least 1, got {value}')
+
 # %% ../nbs/15_cli.ipynb #1ee51b6e
 QUICKSTART_PROMPT = 'Article 1\nSubject matter\nThis Regulation lays down'
 QUICKSTART_OUTPUTS = ('sample', 'corpus', 'split', 'run', 'baseline', 'eval', 'compare', '.legalnb-run')   # earlier
@@ -80,7 +103,7 @@ def prepare_workdir(workdir: str | Path) -> Path:
 def h100_estimate(metrics: Path,            # the run's metrics.jsonl
                   steps: int,               # steps the run trained
                   measured_s: float,        # seconds the training took
-                  vocab_size: int = 32768   # vocabulary of the real run
+                  vocab_size: int = PRESET_VOCAB  # vocabulary of the real run
                  ) -> list[str]:
     "Report lines: the calibration check on this run, then the fast preset's estimate on one H100."
     from legalnb.calculator import calibration_from_metrics, estimate, model_plan_fields, plan_for
@@ -102,32 +125,23 @@ def h100_estimate(metrics: Path,            # the run's metrics.jsonl
                     f'{vocab_size:,}) on one H100 SXM, at {why}:', '', '```', estimate(plan).table(), '```']
 
 # %% ../nbs/15_cli.ipynb #c86194b7
-def _count_lines(path: Path) -> int: return sum(1 for _ in open(path, encoding='utf-8'))
-
-def write_quickstart_report(wd: Path, summary: dict, sample: str, vocab_size: int, stage_s: float, train_s: float,
-                 evaluation: dict | None = None) -> Path:
-    "Write `report.md` in the quickstart folder; return its path."
+def write_quickstart_report(wd: Path, stages: list, summary: dict, sample: str, vocab_size: int, sample_s: float,
+                            evaluation: dict | None = None) -> Path:
+    "Write the quickstart's `report.md`: the sample it wrote, then what `legalnb run`'s `stages` made; its path."
     import platform, torch
     from legalnb.evaluate import evaluation_lines
-    m, s = read_json(wd/'corpus'/'manifest.json', 'a corpus manifest'), summary
+    from legalnb.run import read_record, stage_rows, stage_table
+    s, secs = summary, {st.name: read_record(wd, st.name).get('seconds') or 0 for st in stages}
+    data_s = sum(secs[st.name] for st in stages if st.kind in ('parse', 'select', 'build-corpus', 'split'))
+    train_s = sum(secs[st.name] for st in stages if st.kind == 'train' and not st.baseline)
     cpu = f'CPU ({os.cpu_count()} cores, {platform.machine()})'
     hw = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu
-    held = m.get('heldout') or {}
+    published = sum(p.is_dir() for p in (wd/'sample').iterdir())
     text = ['# legalnb quickstart', '', f'{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())} on {hw}, '
             f'torch {torch.__version__}.', '', '## What each stage made', '',
-            '| stage | output | result |', '|---|---|---|',
-            f'| sample | `sample/` | {sum(p.is_dir() for p in (wd/"sample").iterdir())} Formex publications |',
-            f'| parse | `parsed.jsonl` | {_count_lines(wd/"parsed.jsonl")} documents |',
-            f'| select | `selected.jsonl`, `selection.json` | {_count_lines(wd/"selected.jsonl")} documents kept |',
-            f'| build-corpus | `corpus/` | {m["rows"]:,} rows of {m.get("seq_len", "?")} tokens, trained BPE of '
-            f'{m["vocab_size"]:,} tokens; {held.get("acts", 0)} acts held out |',
-            '| split | `split/` | train/ and val/ (the held-out acts) |',
-            f'| train | `run/` | {s["steps"]} steps, {s["tokens"]:,} tokens, {s["params"]:,} parameters |',
-            *([f'| baseline | `baseline/` | the same rows and steps for a same-size '
-               f'{read_json(wd/"baseline"/"summary.json")["params"]:,}-parameter transformer |']
-              if (wd/'baseline'/'summary.json').exists() else []),
-            f'| evaluate | `eval/` | held-out loss, bits per byte, citations, loss by position |', '',
-            f'Data stages {format_duration(stage_s)}, training {format_duration(train_s)}.', '', '## Training', '',
+            *stage_table([('sample', '`sample/`', f'{published} Formex publications', format_duration(sample_s)),
+                          *stage_rows(wd, stages)]), '',
+            f'Data stages {format_duration(data_s)}, training {format_duration(train_s)}.', '', '## Training', '',
             f'- final train loss {s["loss"]:.3f}; **val loss {s["val_loss"]:.3f}, perplexity {s["val_ppl"]:.1f}** '
             f'(knowing nothing scores ln {vocab_size} = {math.log(vocab_size):.2f}, perplexity {vocab_size})',
             f'- {s["tokens_per_sec"]:,.0f} tokens/s on {s["device"]} ({s["precision"]})'
@@ -155,13 +169,14 @@ def write_quickstart_report(wd: Path, summary: dict, sample: str, vocab_size: in
     return wd/'report.md'
 
 # %% ../nbs/15_cli.ipynb #c676210a
-def quickstart_plan(docs: int, vocab_size: int, seq_len: int, steps: int, dim: int, batch_size: int,
-                    device: str) -> dict:
+def quickstart_plan(cfg: QuickstartConfig) -> dict:
     "The quickstart's plan for `legalnb run`: every stage at the quickstart's sizes, as a plan file would give them."
+    steps, device = cfg.steps, cfg.device
     return {'select': dict(target_tokens='2M'),
-            'build-corpus': dict(seq_len=seq_len, shards=4, train_tokenizer=vocab_size, val_docs=0.05,
-                                 val_min_acts=max(1, min(20, docs // 10)), seed=0),   # a tiny demo: a tenth at most
-            'train': dict(dim=dim, num_layers=2, num_frequencies=16, batch_size=batch_size, max_steps=steps, lr=3e-3,
+            'build-corpus': dict(seq_len=cfg.seq_len, shards=4, train_tokenizer=cfg.vocab_size, val_docs=0.05,
+                                 val_min_acts=max(1, min(20, cfg.docs // 10)), seed=0),   # a tiny demo: a tenth at most
+            'train': dict(dim=cfg.dim, num_layers=2, num_frequencies=16, batch_size=cfg.batch_size, max_steps=steps,
+                          lr=3e-3,
                           warmup_steps=max(1, steps // 10), eval_every=max(1, steps // 3), eval_batches=8,
                           log_every=max(1, steps // 30), save_every=steps, num_workers=0, device=device, seed=0,
                           cpu_threads=1),   # tiny models: 27x faster on 1 thread than 2 on a busy 2-core CPU
@@ -183,58 +198,44 @@ def _compare(wd: Path, t: dict, seq_len: int):
         raise LegalnbError('quickstart: the compare stage failed; see its messages above')
 
 # %% ../nbs/15_cli.ipynb #e5b43aa5
-def quickstart(workdir: str | Path = 'quickstart',  # folder for every output
-               docs: int = 200,          # sample publications
-               vocab_size: int = 1024,   # BPE vocabulary to train
-               seq_len: int = 128,       # tokens per training row
-               steps: int = 400,         # optimizer steps
-               dim: int = 64,            # model width (2 blocks, 16 resonances per channel)
-               batch_size: int = 16,     # sequences per step
-               device: Literal['auto', 'cuda', 'cpu'] = 'auto',  # 'auto': the GPU when there is one
-               compare: bool = False,    # then train the gpt baseline too and compare them (a few minutes more)
-               baseline: str = 'gpt:num_heads=2') -> dict:  # the same-size model the run is reported against, or none
+def quickstart(cfg: QuickstartConfig) -> dict:
     "A sample corpus through `legalnb run` (a tiny model trained and evaluated), report.md and loss.png; the summary."
-    sizes = dict(docs=docs, vocab_size=vocab_size, seq_len=seq_len, steps=steps, dim=dim, batch_size=batch_size)
-    for name, value in sizes.items():
-        if value < 1: raise LegalnbError(f'--{name.replace("_", "-")} must be at least 1, got {value}')
     from legalnb.sample import sample_main
     from legalnb.evaluate import generate
-    from legalnb.run import run_plan, read_record
+    from legalnb.run import run_plan
     from legalnb.widgets import plot_metrics
     with ExitStack() as held:   # the folder: locked, and what the quickstart writes recorded, to the end
-        wd = prepare_workdir(held.enter_context(output_folder(workdir, 'legalnb quickstart', flag='--workdir',
+        wd = prepare_workdir(held.enter_context(output_folder(cfg.workdir, 'legalnb quickstart', flag='--workdir',
                                                               check=False)))   # prepare_workdir checks it
-        print(f'\n[sample] a synthetic Formex corpus of {docs} publications', flush=True)
-        if sample_main([str(wd/'sample'), '--docs', str(docs)]):
+        print(f'\n[sample] a synthetic Formex corpus of {cfg.docs} publications', flush=True)
+        t0 = time.perf_counter()
+        if sample_main([str(wd/'sample'), '--docs', str(cfg.docs)]):
             raise LegalnbError('quickstart: the sample stage failed; see its messages above')
-        plan = quickstart_plan(docs, vocab_size, seq_len, steps, dim, batch_size, device)
+        sample_s, plan = time.perf_counter() - t0, quickstart_plan(cfg)
         top = dict(input=[str(wd/'sample')], out=str(wd), preset='none', model=DEFAULT_MODEL, size='small',
-                   baseline=None if baseline == 'none' else baseline)
+                   baseline=None if cfg.baseline == 'none' else cfg.baseline)
         opts = dict(yes=True, resume=False, max_cost=None, deadline=None, price_per_hour=GPU_HOUR_PRICE, stage_to=None,
                     argv=[], ours=('sample', 'compare', '.legalnb-quickstart'), hold=held.enter_context)
-        run_plan(plan, top, [], opts)
+        done = run_plan(plan, top, [], opts)
         summary = read_json(wd/'run'/'summary.json', 'a run summary')
         r = read_json(wd/'eval'/'eval.json', 'an evaluation')
-        secs = {s: read_record(wd, s).get('seconds') or 0
-                for s in ('parse', 'select', 'build-corpus', 'split', 'train')}
-        stage_s, train_s = sum(secs.values()) - secs['train'], secs['train']
         print(f'\n[report] val loss {summary["val_loss"]:.3f}, perplexity {summary["val_ppl"]:.1f} '
-              f'(knowing nothing: {vocab_size})', flush=True)
+              f'(knowing nothing: {cfg.vocab_size})', flush=True)
         sample = generate(wd/'run', prompt=QUICKSTART_PROMPT, max_new_tokens=60, temperature=0.8, top_k=40,
-                          device=device)
+                          device=cfg.device)
         print(f'{QUICKSTART_PROMPT}{sample}\n', flush=True)
         plot_metrics(wd/'run'/'metrics.jsonl').save(wd/'loss.png')
-        if compare: _compare(wd, plan['train'], seq_len)
-        write_quickstart_report(wd, summary, sample, vocab_size, stage_s, train_s, r)
+        if cfg.compare: _compare(wd, plan['train'], cfg.seq_len)
+        write_quickstart_report(wd, done['stages'], summary, sample, cfg.vocab_size, sample_s, r)
         return summary
 
 # %% ../nbs/15_cli.ipynb #885f9161
 def quickstart_main(argv: list[str]) -> int:
     "`legalnb quickstart [--workdir DIR]`: the whole pipeline on a sample corpus, a tiny model, a report."
-    a = command_parser(quickstart, 'legalnb quickstart').parse_args(list(map(str, argv)))
+    cfg = QuickstartConfig(**flag_settings(QuickstartConfig, 'legalnb quickstart', argv))
     t0 = time.perf_counter()
-    quickstart(**vars(a))
-    print(f'quickstart done in {format_duration(time.perf_counter() - t0)}; everything is in {a.workdir}/:\n'
+    quickstart(cfg)
+    print(f'quickstart done in {format_duration(time.perf_counter() - t0)}; everything is in {cfg.workdir}/:\n'
           f'  report.md     what each stage made, training and held-out numbers, a generated text, the H100 estimate\n'
           f'  loss.png      train and val loss\n'
           f'  run/          the trained model (run/model), checkpoints (--resume), metrics.jsonl\n'
@@ -259,17 +260,36 @@ def _flag_groups(flags: str) -> list[list[str]]:
         else: groups[-1].append(w)
     return groups
 
-def check_slurm_job(nodes: int, gpus_per_node: int, time: str, cpus_per_gpu: int, port: int,
-                    partition: str | None = None, account: str | None = None):
-    "Refuse a job that SLURM or the launchers would refuse later, naming the flag."
-    for flag, n in (('--nodes', nodes), ('--gpus-per-node', gpus_per_node), ('--cpus-per-gpu', cpus_per_gpu)):
-        if n < 1: raise LegalnbError(f'{flag} must be at least 1, got {n}')
-    if not SLURM_TIME.match(time):
-        raise LegalnbError(f'--time {time!r}: expected MINUTES, HH:MM:SS or D-HH:MM:SS (e.g. 90, 24:00:00, 2-00:00:00)')
-    if not 1024 <= port <= 65535: raise LegalnbError(f'--port must be between 1024 and 65535, got {port}')
-    for flag, name in (('--partition', partition), ('--account', account)):
-        if name is not None and not re.fullmatch(r'[\w.,-]+', name):
-            raise LegalnbError(f'{flag} {name!r}: expected a SLURM name (letters, digits, _ . , -)')
+@dataclass
+class SlurmConfig:
+    "A SLURM batch script that runs `legalnb COMMAND ARGS` on `nodes` machines with `gpus_per_node` GPUs each."
+    command: Literal['train', 'finetune']  # train (under torchrun) or finetune (accelerate launch)
+    args: list[str] = ()            # the command's flags (on the command line: after --)
+    nodes: int = 2                  # machines
+    gpus_per_node: int = 8          # GPUs of each machine, one process each
+    time: str = '24:00:00'          # time limit: MINUTES, HH:MM:SS or D-HH:MM:SS
+    partition: str | None = None    # the partition (queue) of GPU nodes (default: the cluster's)
+    account: str | None = None      # the account the job is charged to (default: yours)
+    cpus_per_gpu: int = 8           # CPU cores per GPU, for data loading
+    port: int = 29500               # rendezvous port on the first node
+    strategy: Literal[SLURM_STRATEGIES] | None = None  # finetune's sharding (default: its preset's)
+    bin_dir: str | None = None      # bin/ of legalnb's env, first on PATH (default: this Python's)
+    output: str | None = None       # the batch script to write (default: print it)
+    overwrite: bool = False         # replace the -o file if it exists
+
+    def __post_init__(self):
+        "Refuse a job that SLURM or the launchers would refuse later, naming the flag."
+        self.args = [str(a) for a in self.args]
+        for flag, n in (('--nodes', self.nodes), ('--gpus-per-node', self.gpus_per_node),
+                        ('--cpus-per-gpu', self.cpus_per_gpu)):
+            if n < 1: raise LegalnbError(f'{flag} must be at least 1, got {n}')
+        if not SLURM_TIME.match(self.time):
+            raise LegalnbError(f'--time {self.time!r}: expected MINUTES, HH:MM:SS or D-HH:MM:SS (e.g. 90, 24:00:00, '
+                               '2-00:00:00)')
+        if not 1024 <= self.port <= 65535: raise LegalnbError(f'--port must be between 1024 and 65535, got {self.port}')
+        for flag, name in (('--partition', self.partition), ('--account', self.account)):
+            if name is not None and not re.fullmatch(r'[\w.,-]+', name):
+                raise LegalnbError(f'{flag} {name!r}: expected a SLURM name (letters, digits, _ . , -)')
 
 # %% ../nbs/15_cli.ipynb #e9093b81
 def torchrun_launch(args: list[str], gpus_per_node: int, port: int) -> list[list[str]]:
@@ -309,32 +329,21 @@ def _parsed(command: str, args: list[str], required: tuple[str, ...]) -> dict:
                            f'{command} --nodes 2 -o job.slurm -- {" ".join(f"{m} ..." for m in missing)}')
     return settings
 
-def slurm_script(command: Literal['train', 'finetune'],  # train (under torchrun) or finetune (accelerate launch)
-                 args: list[str] = (),           # the command's flags (on the command line: after --)
-                 nodes: int = 2,                 # machines
-                 gpus_per_node: int = 8,         # GPUs of each machine, one process each
-                 time: str = '24:00:00',         # time limit: MINUTES, HH:MM:SS or D-HH:MM:SS
-                 partition: str | None = None,   # the partition (queue) of GPU nodes (default: the cluster's)
-                 account: str | None = None,     # the account the job is charged to (default: yours)
-                 cpus_per_gpu: int = 8,          # CPU cores per GPU, for data loading
-                 port: int = 29500,              # rendezvous port on the first node
-                 strategy: Literal[SLURM_STRATEGIES] | None = None,  # finetune's sharding (default: its preset's)
-                 bin_dir: str | None = None      # bin/ of legalnb's env, first on PATH (default: this Python's)
-                ) -> str:
-    "A SLURM batch script that runs `legalnb COMMAND ARGS` on `nodes` machines with `gpus_per_node` GPUs each."
-    check_slurm_job(nodes, gpus_per_node, time, cpus_per_gpu, port, partition, account)
-    args = [str(a) for a in args]
+def slurm_script(cfg: SlurmConfig) -> str:
+    "The batch script of `cfg`: `legalnb COMMAND ARGS` on `nodes` machines with `gpus_per_node` GPUs each."
+    command, args, nodes, gpus_per_node, port = cfg.command, cfg.args, cfg.nodes, cfg.gpus_per_node, cfg.port
     settings = _parsed(command, args, ('data', 'out') if command == 'train' else ('model', 'data', 'out'))
     launch = (torchrun_launch(args, gpus_per_node, port) if command == 'train' else
-              accelerate_launch(args, settings, nodes, gpus_per_node, port, strategy))
+              accelerate_launch(args, settings, nodes, gpus_per_node, port, cfg.strategy))
     launcher = 'torchrun' if command == 'train' else 'accelerate launch'
     about = [f'legalnb {command} on {nodes} node(s) x {gpus_per_node} GPU(s): srun starts {launcher} on each node,',
              'which starts one process per GPU; they meet at the first node. Written by `legalnb slurm` (run it again',
              f'to change the job); submit it with `sbatch FILE`; the log is legalnb-{command}-JOBID.out.']
     sbatch = dict(job_name=f'legalnb-{command}', nodes=nodes, ntasks_per_node=1, gpus_per_node=gpus_per_node,
-                  cpus_per_task=cpus_per_gpu * gpus_per_node, time=time, partition=partition, account=account,
+                  cpus_per_task=cfg.cpus_per_gpu * gpus_per_node, time=cfg.time, partition=cfg.partition,
+                  account=cfg.account,
                   output='%x-%j.out')
-    bin_dir = shlex.quote(str(bin_dir or Path(sys.executable).parent))
+    bin_dir = shlex.quote(str(cfg.bin_dir or Path(sys.executable).parent))
     return '\n'.join([
         '#!/bin/bash', *[f'# {line}' for line in about],
         *[f'#SBATCH --{k.replace("_", "-")}={v}' for k, v in sbatch.items() if v is not None],
@@ -356,25 +365,24 @@ def write_job(path: str | Path, text: str, overwrite: bool = False) -> Path:
     return path
 
 def slurm_parser() -> argparse.ArgumentParser:
-    "The flags of `legalnb slurm`: `slurm_script`'s, -o FILE and --overwrite; the command's own flags follow `--`."
-    p = command_parser(slurm_script, 'legalnb slurm', skip=('args',))
+    "The flags of `legalnb slurm`: `SlurmConfig`'s (-o FILE for --output); the command's own flags follow `--`."
+    p, helps = command_parser(SlurmConfig, 'legalnb slurm', skip=('output', 'overwrite')), docments(SlurmConfig)
     p.usage = 'legalnb slurm {train,finetune} [FLAGS] [-o FILE] -- FLAGS OF legalnb train OR finetune'
     p.epilog = ('e.g. legalnb slurm train --nodes 2 --gpus-per-node 8 -o job.slurm -- --data split --out run '
                 '&& sbatch job.slurm')
-    p.add_argument('-o', '--output', metavar='FILE', help='the batch script to write (default: print it)')
-    p.add_argument('--overwrite', action='store_true', help='replace the -o file if it exists')
+    p.add_argument('-o', '--output', metavar='FILE', help=helps['output'])
+    p.add_argument('--overwrite', action='store_true', help=helps['overwrite'])
     return p
 
 def slurm_main(argv: list[str]) -> int:
     "`legalnb slurm COMMAND [FLAGS] [-o FILE] -- ARGS`: write (or print) the batch script that runs the command."
     argv = list(map(str, argv)); cut = argv.index('--') if '--' in argv else len(argv)
-    a = vars(slurm_parser().parse_args(argv[:cut]))
-    output, overwrite = a.pop('output'), a.pop('overwrite')
-    text = slurm_script(args=argv[cut + 1:], **a)
-    if output is None: print(text, end=''); return 0
-    write_job(output, text, overwrite)
-    print(f'{output}: legalnb {a["command"]} on {a["nodes"]} node(s) x {a["gpus_per_node"]} GPU(s); '
-          f'submit it with  sbatch {output}')
+    cfg = SlurmConfig(args=argv[cut + 1:], **flag_settings(slurm_parser(), 'legalnb slurm', argv[:cut]))
+    text = slurm_script(cfg)
+    if cfg.output is None: print(text, end=''); return 0
+    write_job(cfg.output, text, cfg.overwrite)
+    print(f'{cfg.output}: legalnb {cfg.command} on {cfg.nodes} node(s) x {cfg.gpus_per_node} GPU(s); '
+          f'submit it with  sbatch {cfg.output}')
     return 0
 
 # %% ../nbs/15_cli.ipynb #4244909a

@@ -13,17 +13,18 @@ from typing import Callable, Iterable, Iterator, Literal, NamedTuple
 from fastcore.docments import docments
 
 # %% auto #0
-__all__ = ['GPU_HOUR_PRICE', 'NUMBER_EXAMPLES', 'PRECISIONS', 'NVIDIA_SMI_TIMEOUT', 'TORCH_CUDA_VARIANTS', 'TORCH_INDEX',
-           'DEVICES', 'OWNED', 'OWNED_FORMAT', 'LOCK', 'LegalnbError', 'max_procs', 'check_num_proc', 'atomic_write',
-           'jsonl_record', 'jsonl_records', 'read_json', 'parse_number', 'parse_count', 'format_duration',
-           'markdown_table', 'resolve_precision', 'cuda_capability', 'NvidiaGpu', 'parse_nvidia_smi', 'nvidia_gpus',
-           'torch_variant', 'torch_install', 'cuda_unusable', 'say_once', 'resolve_device', 'hub_cache', 'is_hub_name',
-           'hub_snapshot', 'model_folder', 'add_to_hub_cache', 'usable_cores', 'loader_workers', 'available_memory',
-           'refuse_oversized', 'libc', 'trim_memory', 'refuse_overwriting_inputs', 'bookkeeping', 'foreign_files',
-           'refuse_foreign_files', 'folder_files', 'everyones', 'owned_files', 'unowned_stamps', 'record_written',
-           'remove_owned', 'recorded_by', 'record_as', 'open_lock', 'lock_path', 'holder_alive', 'folder_lock',
-           'followed', 'refuse_unowned', 'output_folder', 'others_files', 'own_command', 'own_main', 'CommandParser',
-           'command_parser', 'Output', 'run_writing', 'run_command', 'flag_settings']
+__all__ = ['GPU_HOUR_PRICE', 'PRESET_VOCAB', 'CPT_SEQ_LEN', 'SCRATCH_SEQ_LEN', 'VAL_SHARE', 'NUMBER_EXAMPLES', 'PRECISIONS',
+           'NVIDIA_SMI_TIMEOUT', 'TORCH_CUDA_VARIANTS', 'TORCH_INDEX', 'DEVICES', 'OWNED', 'OWNED_FORMAT', 'LOCK',
+           'LegalnbError', 'max_procs', 'check_num_proc', 'atomic_write', 'jsonl_record', 'jsonl_records', 'read_json',
+           'parse_number', 'parse_count', 'format_duration', 'markdown_table', 'resolve_precision', 'cuda_capability',
+           'NvidiaGpu', 'parse_nvidia_smi', 'nvidia_gpus', 'torch_variant', 'torch_install', 'cuda_unusable',
+           'say_once', 'resolve_device', 'hub_cache', 'is_hub_name', 'hub_snapshot', 'model_folder', 'add_to_hub_cache',
+           'usable_cores', 'loader_workers', 'available_memory', 'refuse_oversized', 'libc', 'trim_memory',
+           'refuse_overwriting_inputs', 'bookkeeping', 'foreign_files', 'refuse_foreign_files', 'folder_files',
+           'everyones', 'owned_files', 'unowned_stamps', 'record_written', 'remove_owned', 'recorded_by', 'record_as',
+           'open_lock', 'lock_path', 'holder_alive', 'folder_lock', 'followed', 'refuse_unowned', 'output_folder',
+           'others_files', 'own_command', 'own_main', 'CommandParser', 'command_parser', 'Output', 'run_writing',
+           'run_command', 'flag_settings']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -137,6 +138,10 @@ def read_json(path: str | Path,      # a JSON file: a manifest, an index, a repo
 
 # %% ../nbs/00_core.ipynb #a287d3e6
 GPU_HOUR_PRICE = 2.50   # dollars per GPU-hour: the on-demand H100 price legalnb's users report paying (every default)
+PRESET_VOCAB = 32768    # a real run's tokenizer vocabulary: the presets' parameter counts and the estimates assume it
+CPT_SEQ_LEN = 3072      # tokens per row in continued pretraining: the cpt presets' and build-corpus's default
+SCRATCH_SEQ_LEN = 1024  # tokens per row of a model trained from scratch: its presets' and a plan without a preset
+VAL_SHARE = 0.01        # validation's share: of the acts a plan holds out, of the rows or files split sends to val
 
 _SUFFIX = {'k': 1e3, 'm': 1e6, 'b': 1e9, 'g': 1e9, 't': 1e12}
 NUMBER_EXAMPLES = '63000, 63,000, 5e9, 125M or 2.5B'

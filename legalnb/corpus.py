@@ -20,6 +20,7 @@ from tqdm import tqdm
 from .core import (LegalnbError, atomic_write, foreign_files, format_duration, jsonl_records, read_json,
                           refuse_foreign_files, refuse_overwriting_inputs, jsonl_record, check_num_proc, model_folder)
 from .core import Output, flag_settings, followed, libc, run_writing, trim_memory
+from .core import CPT_SEQ_LEN
 from .sources import parse_celex, parse_date
 
 # %% auto #0
@@ -852,7 +853,7 @@ class CorpusConfig:
     selected: str                       # selected.jsonl written by `legalnb select`
     out: str | None = None              # the corpus folder to write (required)
     train_tokenizer: int | None = None  # train a byte-level BPE of this vocabulary size
-    seq_len: int = 3072                 # context length; rows hold seq_len + 1 tokens
+    seq_len: int = CPT_SEQ_LEN          # context length; rows hold seq_len + 1 tokens
     shards: int = 16                    # number of .npy shards (each about 1/shards of the input bytes)
     tokenizer: str | Tokenizer | None = None  # tokenizer.json, a tokenizer folder, org/name (HF cache), or a tokenizer
     num_proc: int = 1                   # encoding worker processes (1: encode here, on the tokenizer's threads)

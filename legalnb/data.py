@@ -17,6 +17,7 @@ from fastcore.meta import delegates
 from tqdm.auto import tqdm
 from .core import LegalnbError, loader_workers, read_json, refuse_overwriting_inputs, run_command
 from .core import Output, bookkeeping, flag_settings, followed, run_writing
+from .core import CPT_SEQ_LEN, PRESET_VOCAB, VAL_SHARE
 from .models import DEFAULT_MODEL, get_model
 
 # %% auto #0
@@ -606,12 +607,12 @@ def recommend(tokens: int,                  # training tokens per epoch
               vocab_size: int | None = None,  # for the embedding's share of the parameters
               data: str = 'SPLIT',          # the split folder named in the commands
               batch_tokens: int = 262_144,  # tokens per optimizer step (ResonanceNet's fast preset), for --max-steps
-              seq_len: int = 3072,          # the rows' length: the position table's share
+              seq_len: int = CPT_SEQ_LEN,   # the rows' length: the position table's share
               model: str = DEFAULT_MODEL) -> list[dict]:  # a registered architecture: its named sizes, counted
     "Model sizes against the token count: tokens wanted, epochs needed, verdict and the train command."
     out, spec = [], get_model(model)
     for size in spec.sizes:
-        params = spec.count_params(size, vocab_size or 32768, seq_len)
+        params = spec.count_params(size, vocab_size or PRESET_VOCAB, seq_len)
         want = TOKENS_PER_PARAM * params
         epochs = want / max(tokens, 1)
         verdict = 'fits' if epochs <= 1 else 'fits with repeats' if epochs <= MAX_GOOD_EPOCHS else 'too little data'
@@ -717,7 +718,7 @@ def split(path: str | Path,          # folder (or file) of row files
                            'the validation side; drop --val-ratio, or pass --by rows to cut the training rows instead')
     legal = [s for s, n in zip(ds.segments, ds.segment_sources) if n == 'legal']
     if held: mode, train, val = 'documents', legal, _heldout_side(held, ds)
-    else: mode, train, val = _choose(legal, 0.01 if val_ratio is None else val_ratio, seed, by)
+    else: mode, train, val = _choose(legal, VAL_SHARE if val_ratio is None else val_ratio, seed, by)
     train += [s for s, n in zip(ds.segments, ds.segment_sources) if n != 'legal']   # mixed sources: training only
     parent = out.absolute().parent
     made = [p for p in reversed([parent, *parent.parents]) if not p.exists()]  # folders this split creates for --out
@@ -729,7 +730,7 @@ def split(path: str | Path,          # folder (or file) of row files
     try:
         for side, segs in (('train', train), ('val', val)):
             _write_side(tmp/side, 'rows' if mode == 'rows' else 'files', segs, ds.row_len, ds.vocab_size)
-        info = dict(source=str(src.resolve()), mode=mode, val_ratio=None if held else val_ratio or 0.01, seed=seed,
+        info = dict(source=str(src.resolve()), mode=mode, val_ratio=None if held else val_ratio or VAL_SHARE, seed=seed,
                     row_len=ds.row_len, vocab_size=ds.vocab_size, linked=_link_extras(src, tmp),
                     **{side: dict(files=len({s.file for s in segs}), rows=sum(s.rows for s in segs))
                        for side, segs in (('train', train), ('val', val))},

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from fastcore.basics import patch
 from .core import LegalnbError, atomic_write, model_folder, read_json, refuse_oversized
+from .core import PRESET_VOCAB
 
 # %% auto #0
 __all__ = ['DEFAULT_MODEL', 'MODELS', 'CONFIG_CONTRACT', 'MODEL_CONTRACT', 'MAX_LAYERS', 'MAX_CONTEXT', 'MAX_PARAMS',
@@ -170,7 +171,7 @@ def register(spec: ModelSpec,         # the new architecture
 
 # %% ../nbs/02a_models.ipynb #4721eeed
 def size_table(name: str,              # a registered architecture
-               vocab_size: int = 32768, # tokenizer vocabulary
+               vocab_size: int = PRESET_VOCAB, # tokenizer vocabulary
                seq_len: int = 32768,    # context: position table and the FLOPs' sequence length
                **overrides) -> list[dict]:
     "Shape, parameters and training FLOPs per token of every named size of a model, built on the meta device."

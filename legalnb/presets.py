@@ -8,15 +8,16 @@ import functools, math, re, sys
 from dataclasses import dataclass, replace
 from fastcore.basics import patch
 from .core import LegalnbError, PRECISIONS, resolve_precision
+from .core import CPT_SEQ_LEN, PRESET_VOCAB, SCRATCH_SEQ_LEN
 from collections.abc import Mapping
 from .models import MODELS, get_model
 
 # %% auto #0
-__all__ = ['GPUS', 'TASKS', 'PRESET_NAMES', 'STRATEGIES', 'BATCH_LR_RULES', 'PRESETS', 'SIZE_BATCHES', 'GPT3_LRS', 'PRESET_VOCAB',
-           'LONG_CONTEXT', 'LONG_MICRO_TOKENS', 'GPU', 'find_gpu', 'gpu_precision', 'peak_tflops', 'Preset',
-           'seq_len_stages', 'seq_len_at', 'parse_batch_schedule', 'accum_at', 'micro_steps_before', 'steps_holding',
-           'batch_lr_factor', 'human', 'lr_for_params', 'size_params', 'long_context_preset', 'get_preset',
-           'packed_accumulation', 'lora_steps']
+__all__ = ['GPUS', 'TASKS', 'PRESET_NAMES', 'STRATEGIES', 'BATCH_LR_RULES', 'PRESETS', 'SIZE_BATCHES', 'GPT3_LRS', 'LONG_CONTEXT',
+           'LONG_MICRO_TOKENS', 'GPU', 'find_gpu', 'gpu_precision', 'peak_tflops', 'Preset', 'seq_len_stages',
+           'seq_len_at', 'parse_batch_schedule', 'accum_at', 'micro_steps_before', 'steps_holding', 'batch_lr_factor',
+           'human', 'lr_for_params', 'size_params', 'long_context_preset', 'get_preset', 'packed_accumulation',
+           'lora_steps']
 
 # %% ../nbs/04d_presets.ipynb #04acae05
 @dataclass(frozen=True)
@@ -257,7 +258,7 @@ def describe(self: Preset, file=None) -> str:
 _CPT = dict(task='cpt', precision='auto', gpus=4, strategy='deepspeed-zero3', micro_batch=2)
 _LORA = dict(task='lora', steps=None, seq_len=None, micro_batch=1, warmup_steps=0.03, gpus=1, corpus_tokens=None,
              strategy='single')
-_SCRATCH = dict(task='scratch', seq_len=1024, micro_batch=4, precision='auto', gpus=1, corpus_tokens=None,
+_SCRATCH = dict(task='scratch', seq_len=SCRATCH_SEQ_LEN, micro_batch=4, precision='auto', gpus=1, corpus_tokens=None,
                 strategy='single')
 
 PRESETS: dict[tuple[str, str], Preset] = {(p.task, p.name): p for p in (
@@ -267,14 +268,14 @@ PRESETS: dict[tuple[str, str], Preset] = {(p.task, p.name): p for p in (
                '5B-token corpus, at a small LR (2e-5) that limits forgetting of the base model; ZeRO-3 '
                'shards weights, gradients and AdamW state over the 4 GPUs so a 7B-class model fits in 80 '
                'GB.'),
-    Preset(**_CPT, name='fast', lr=3e-5, steps=12_000, seq_len=3072, global_batch=128, grad_accum=16, warmup_steps=300,
-           corpus_tokens=2_000_000_000,
+    Preset(**_CPT, name='fast', lr=3e-5, steps=12_000, seq_len=CPT_SEQ_LEN, global_batch=128, grad_accum=16,
+           warmup_steps=300, corpus_tokens=2_000_000_000,
            why='About a fifth of the compute of full: 12,000 × 128 × 3,072 = 4.7B tokens, 2.4 passes over'
                ' the 2B-token filtered corpus, with a slightly higher LR for the shorter horizon; trades '
                'long-context (4,096) exposure, the 3B tokens the filter dropped and some final loss for '
                '4.4× fewer tokens.'),
-    Preset(**_CPT, name='aggressive', lr=3e-5 * math.sqrt(256 / 128), steps=6_000, seq_len=3072, global_batch=256,
-           grad_accum=32, warmup_steps=300, corpus_tokens=2_000_000_000,
+    Preset(**_CPT, name='aggressive', lr=3e-5 * math.sqrt(256 / 128), steps=6_000, seq_len=CPT_SEQ_LEN,
+           global_batch=256, grad_accum=32, warmup_steps=300, corpus_tokens=2_000_000_000,
            why="fast's 4.7B tokens in half the optimizer steps: batch 256 with the square-root-scaled LR "
                '(3e-5 × √2 ≈ 4.2e-5); saves time only where optimizer steps and all-reduces cost (ZeRO-3 '
                'on 4 GPUs), and trades half the updates, so more loss per token beyond the critical batch'
@@ -315,7 +316,6 @@ SIZE_BATCHES: dict[str, tuple[int, int]] = {  # size: (micro-batch per GPU, grad
 # %% ../nbs/04d_presets.ipynb #86611d05
 GPT3_LRS = ((125e6, 6e-4), (350e6, 3e-4), (760e6, 2.5e-4), (1.3e9, 2e-4), (2.7e9, 1.6e-4), (6.7e9, 1.2e-4),
             (13e9, 1e-4), (175e9, 0.6e-4))   # (parameters, peak LR): Brown et al. 2020, table 2.1
-PRESET_VOCAB = 32768                          # vocabulary the parameter counts of the presets assume
 
 def lr_for_params(n: float) -> float:
     "Peak AdamW LR for a model of `n` parameters: GPT-3's table, log-linear in `n` between rows, held at its ends."
@@ -325,7 +325,7 @@ def lr_for_params(n: float) -> float:
     return GPT3_LRS[-1][1]
 
 @functools.lru_cache(maxsize=None)
-def size_params(model: str, size: str, seq_len: int = 1024, vocab_size: int = PRESET_VOCAB) -> int:
+def size_params(model: str, size: str, seq_len: int = SCRATCH_SEQ_LEN, vocab_size: int = PRESET_VOCAB) -> int:
     "Parameters of a registered model's named size (embeddings included), counted on the meta device."
     return get_model(model).count_params(size, vocab_size, seq_len)
 

@@ -15,6 +15,7 @@ from torch.utils.checkpoint import checkpoint
 from fastcore.basics import patch
 
 from .core import LegalnbError
+from .core import PRESET_VOCAB
 from .models import RemoteCode, load_saved, save_model
 from .models import load_weights, next_token   # the one sampling rule of every model
 
@@ -1248,7 +1249,7 @@ def resonance_modeling_code() -> str:
 def resonance_config_code() -> str:
     "configuration_legalnb_resonance.py: a PretrainedConfig with ResonanceConfig's fields, each defaulting to what "
     "`ResonanceConfig.from_dict` gives a config.json without it (a field added since reads as before it)."
-    unwritten = ResonanceConfig.from_dict({'vocab_size': 32768})
+    unwritten = ResonanceConfig.from_dict({'vocab_size': PRESET_VOCAB})
     fs = [(f.name, getattr(unwritten, f.name)) for f in fields(ResonanceConfig)]
     return _CONFIG.format(fields=tuple(n for n, _ in fs), model_type=RESONANCE_TYPE,
                           signature=',\n'.join(f'                 {n}={v!r}' for n, v in fs),

@@ -12,16 +12,18 @@ from .core import LegalnbError, atomic_write, command_parser
 from .commands import command_config, command_flags, command_run
 from .core import format_duration
 from .core import GPU_HOUR_PRICE, read_json, parse_number
+from .core import PRESET_VOCAB, SCRATCH_SEQ_LEN, VAL_SHARE
 from .models import DEFAULT_MODEL
 
 # %% auto #0
 __all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'RUN_DEFAULTS', 'PLAN_TEMPLATE', 'PLAN_DEPTH', 'PLAN_VALUES', 'TRAINING',
-           'RECORD_FIELDS', 'WORK_NAMES', 'write_plan', 'stage_parser', 'stage_flags', 'flag_words', 'stage_settings',
-           'plan_loader', 'read_plan', 'check_mix_section', 'mix_flags', 'check_plan_keys', 'check_top_values',
-           'wrong_value', 'check_plan_values', 'cli_overrides', 'Stage', 'build_stages', 'check_plan', 'fingerprint',
-           'read_record', 'write_record', 'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines',
-           'training_estimate', 'confirm', 'staged_files', 'stage_split', 'run_plan', 'selection_result',
-           'reference_lines', 'write_run_report', 'RunConfig', 'run_parser', 'run_main']
+           'RECORD_FIELDS', 'WORK_NAMES', 'StageRow', 'write_plan', 'stage_parser', 'stage_flags', 'flag_words',
+           'stage_settings', 'plan_loader', 'read_plan', 'check_mix_section', 'mix_flags', 'check_plan_keys',
+           'check_top_values', 'wrong_value', 'check_plan_values', 'cli_overrides', 'Stage', 'build_stages',
+           'check_plan', 'fingerprint', 'read_record', 'write_record', 'why_stale', 'parse_deadline', 'BudgetGuard',
+           'machine_lines', 'training_estimate', 'confirm', 'staged_files', 'stage_split', 'run_plan',
+           'selection_result', 'reference_lines', 'stage_rows', 'stage_table', 'write_run_report', 'RunConfig',
+           'run_parser', 'run_main']
 
 # %% ../nbs/14_run.ipynb #79e39887
 STAGES = ('parse', 'select', 'build-corpus', 'split', 'train', 'evaluate')  # 'train' is 'finetune' for an HF model
@@ -32,7 +34,7 @@ TOP = ('input', 'out', 'preset', 'model', 'size', 'baseline')   # plan keys outs
 RECORDS = '.legalnb-run'                             # the per-stage records, inside the work folder
 
 RUN_DEFAULTS = dict(out='work', preset='fast', model=DEFAULT_MODEL, size='small',   # what a plan leaves out
-                    target_tokens='2B', train_tokenizer=32768, val_docs=0.01, general='python-docs')
+                    target_tokens='2B', train_tokenizer=PRESET_VOCAB, val_docs=VAL_SHARE, general='python-docs')
 
 PLAN_TEMPLATE = '''\
 # legalnb run plan: every stage's flags in one file; `legalnb run PLAN.yaml`. Any flag on the command line
@@ -389,7 +391,7 @@ def _sections(plan: dict, cli: dict, top: dict) -> dict:
     b = sec['build-corpus']
     if hf: b.setdefault('tokenizer', model)
     elif 'tokenizer' not in b: b.setdefault('train_tokenizer', RUN_DEFAULTS['train_tokenizer'])
-    if 'seq_len' not in b and preset == 'none': b['seq_len'] = 1024   # no preset: the trainer's defaults
+    if 'seq_len' not in b and preset == 'none': b['seq_len'] = SCRATCH_SEQ_LEN   # no preset: the trainer's defaults
     if 'seq_len' not in b:
         p = get_preset('cpt' if hf else 'scratch', preset, None if hf else size, model=None if hf else model)
         b['seq_len'] = p.seq_len
@@ -1036,11 +1038,10 @@ def reference_lines(folder: Path, what: str) -> list[str]:
     c = read_json(folder/'against.json', 'a comparison (legalnb evaluate --against)')
     return [f'## Against {what}', '', *against_lines(c, folder.name)]
 
-# %% ../nbs/14_run.ipynb #fc1fb649
-def write_run_report(work: Path, stages: list[Stage], top: dict) -> Path:
-    "Write report.md in the work folder: what each stage made and took, estimate against measurement, evaluation."
-    from legalnb.evaluate import evaluation_lines
-    records = [(st, read_record(work, st.name)) for st in stages]
+# %% ../nbs/14_run.ipynb #bcfbc74c
+def _made(work: Path) -> tuple[dict, dict, tuple | None]:
+    "What the stages made in `work`, as (output, result): the first stages' by kind, a second stage's by kind, and "
+    "the baseline's (None without one)."
     m = read_json(work/'corpus'/'manifest.json', 'a corpus manifest')
     sp = read_json(work/'split'/'split.json', 'a split summary')
     held = m.get('heldout') or {}
@@ -1049,14 +1050,16 @@ def write_run_report(work: Path, stages: list[Stage], top: dict) -> Path:
             'build-corpus': ('`corpus/`', f'{m["rows"]:,} rows of {m["seq_len"]:,} tokens, vocabulary '
                              f'{m["vocab_size"]:,}; {held.get("acts", 0):,} acts held out'),
             'split': ('`split/`', f'train {sp["train"]["rows"]:,} rows, val {sp["val"]["rows"]:,} rows ({sp["mode"]})')}
-    text = ['# legalnb run', '', f'Work folder `{work.name}`; model {Path(top["model"]).name} '
-            f'{"" if top["hf"] else top["size"]}, preset {top["preset"]}.', '', '## What each stage made', '',
-            '| stage | output | result | time |', '|---|---|---|---|']
-    s = read_json(work/'run'/'summary.json', 'a run summary') if (work/'run'/'summary.json').exists() else None
-    if s: made['train'] = ('`run/`', f'{s["steps"]:,} steps, {s["tokens"]:,} tokens, {s["params"]:,} parameters')
+    if (work/'run'/'summary.json').exists():
+        s = read_json(work/'run'/'summary.json', 'a run summary')
+        made['train'] = ('`run/`', f'{s["steps"]:,} steps, {s["tokens"]:,} tokens, {s["params"]:,} parameters')
     if (work/'run'/'finetune.json').exists():
         f = read_json(work/'run'/'finetune.json'); made['finetune'] = ('`run/`', f'{f["steps"]:,} steps')
-    second, baseline = {}, None   # what the second stage made, by kind (`made`: the first's); the baseline's
+    if (work/'eval'/'eval.json').exists():
+        r = read_json(work/'eval'/'eval.json', 'an evaluation')
+        made['evaluate'] = ('`eval/`', f'loss {r["overall"]["loss"]:.3f}, '
+                                       f'{r["overall"]["bits_per_byte"]:.3f} bits per byte')
+    second, baseline = {}, None
     for kind, out in (('select', 'selected-2.jsonl'), ('build-corpus', 'corpus-2'), ('split', 'split-2')):
         if (work/out).exists(): second[kind] = (f'`{out}`', 'the second stage\'s data: the best documents')
     if (work/'run-2'/'summary.json').exists():
@@ -1069,14 +1072,36 @@ def write_run_report(work: Path, stages: list[Stage], top: dict) -> Path:
         sb = read_json(work/'baseline'/'summary.json', 'a run summary')
         baseline = ('`baseline/`', f'{sb["steps"]:,} steps, {sb["tokens"]:,} tokens, {sb["params"]:,} '
                     'parameters: the same-size baseline')
-    r = read_json(work/'eval'/'eval.json', 'an evaluation') if (work/'eval'/'eval.json').exists() else None
-    if r: made['evaluate'] = ('`eval/`', f'loss {r["overall"]["loss"]:.3f}, '
-                              f'{r["overall"]["bits_per_byte"]:.3f} bits per byte')
-    for st, rec in records:
+    return made, second, baseline
+
+# %% ../nbs/14_run.ipynb #b2caf9fb
+StageRow = tuple[str, str, str, str]   # stage, output, result, time
+
+def stage_rows(work: Path, stages: list[Stage]) -> list[StageRow]:
+    "What each of `stages` made in the work folder `work`: (stage, output, result, time) a stage, in their order."
+    made, second, baseline = _made(work)
+    rows = []
+    for st in stages:
         out, result = (baseline if st.baseline else (second if st.second else made).get(st.kind)) or ('-', '-')
-        text.append(f'| {st.name} | {out} | {result} | {format_duration(rec.get("seconds"))} |')
+        rows.append((st.name, out, result, format_duration(read_record(work, st.name).get('seconds'))))
+    return rows
+
+def stage_table(rows: list[StageRow]) -> list[str]:
+    "report.md's table of what each stage made: a markdown line a row."
+    return ['| stage | output | result | time |', '|---|---|---|---|', *(f'| {" | ".join(r)} |' for r in rows)]
+
+# %% ../nbs/14_run.ipynb #fc1fb649
+def write_run_report(work: Path, stages: list[Stage], top: dict) -> Path:
+    "Write report.md in the work folder: what each stage made and took, estimate against measurement, evaluation."
+    from legalnb.evaluate import evaluation_lines
+    text = ['# legalnb run', '', f'Work folder `{work.name}`; model {Path(top["model"]).name} '
+            f'{"" if top["hf"] else top["size"]}, preset {top["preset"]}.', '', '## What each stage made', '',
+            *stage_table(stage_rows(work, stages))]
+    s = read_json(work/'run'/'summary.json', 'a run summary') if (work/'run'/'summary.json').exists() else None
+    r = read_json(work/'eval'/'eval.json', 'an evaluation') if (work/'eval'/'eval.json').exists() else None
     if s:
-        trained = next((rec for st, rec in records if st.kind == 'train' and not (st.second or st.baseline)), {})
+        trained = next((read_record(work, st.name) for st in stages
+                        if st.kind == 'train' and not (st.second or st.baseline)), {})
         est = trained.get('estimate_s')   # the first training's estimate
         text += ['', '## Training', '', f'- final train loss {s["loss"]:.3f}; val loss {s["val_loss"]:.3f}, '
                  f'perplexity {s["val_ppl"]:.1f}', f'- {s["tokens_per_sec"]:,.0f} tokens/s on {s["device"]} '

@@ -58,12 +58,12 @@ def tiny(corpus):
 @pytest.fixture(scope='module')
 def quickstart_run(tmp_path_factory):
     "The quickstart's outputs at a tiny size, made with relative paths from their parent folder, as a user would."
-    from legalnb.cli import quickstart
+    from legalnb.cli import QuickstartConfig, quickstart
     d, here = tmp_path_factory.mktemp('qs'), Path.cwd()
     os.chdir(d)
     try:
         with redirect_stdout(io.StringIO()):
-            quickstart('qs', docs=20, vocab_size=300, seq_len=64, steps=10, dim=16, batch_size=4, device='cpu')
+            quickstart(QuickstartConfig('qs', docs=20, vocab_size=300, seq_len=64, steps=10, dim=16, batch_size=4, device='cpu'))
     finally: os.chdir(here)
     return d/'qs'
 
