@@ -22,7 +22,7 @@ class Command(NamedTuple):
     config: str = ''  # what makes its config from its settings (default: its flags' dataclass, else the settings)
 
 COMMANDS = {
-    'sample':       Command('legalnb.sample:sample_main', 'legalnb.sample:sample_command',
+    'sample':       Command('legalnb.sample:sample_main', 'legalnb.sample:SampleConfig',
                             'write a synthetic Formex corpus for demos and tests'),
     'parse':        Command('legalnb.sources:parse_main', 'legalnb.sources:ParseConfig',
                             'read Formex, XHTML/HTML and JSONL files into one normalised JSONL',
@@ -32,7 +32,7 @@ COMMANDS = {
                             'legalnb.scoring:select_run'),
     'build-corpus': Command('legalnb.corpus:build_corpus_main', 'legalnb.corpus:CorpusConfig',
                             'tokenize and pack selected documents into .npy shards', 'legalnb.corpus:build_corpus_run'),
-    'validate':     Command('legalnb.data:validate_main', 'legalnb.data:validate_command',
+    'validate':     Command('legalnb.data:validate_main', 'legalnb.data:ValidateConfig',
                             'check pretokenized .npy/.pt files and print their statistics'),
     'split':        Command('legalnb.data:split_main', 'legalnb.data:SplitConfig',
                             'split pretokenized files into train/ and val/ (symbolic links)', 'legalnb.data:split_run'),
@@ -45,11 +45,11 @@ COMMANDS = {
     'evaluate':     Command('legalnb.against:against_main', 'legalnb.evaluate:evaluate_parser',
                             'held-out loss, bits per byte, citations, loss by position',
                             'legalnb.against:evaluate_run', 'legalnb.evaluate:EvaluateConfig'),
-    'generate':     Command('legalnb.evaluate:generate_main', 'legalnb.evaluate:generate_command',
+    'generate':     Command('legalnb.evaluate:generate_main', 'legalnb.evaluate:GenerateConfig',
                             'continue a prompt with a trained model, streaming the text'),
     'compare':      Command('legalnb.compare:compare_main', 'legalnb.compare:compare_parser',
                             'train several models on the same data and budget, and compare'),
-    'export':       Command('legalnb.export:export_main', 'legalnb.export:export_command',
+    'export':       Command('legalnb.export:export_main', 'legalnb.export:ExportConfig',
                             'a trained model as a Hugging Face folder (AutoModelForCausalLM)'),
     'estimate':     Command('legalnb.calculator:estimate_main', 'legalnb.calculator:EstimateConfig',
                             'time and cost of a training plan, checked against physics'),
@@ -59,7 +59,7 @@ COMMANDS = {
                             'a SLURM batch script: train (torchrun) or finetune (accelerate) on several nodes'),
     'quickstart':   Command('legalnb.cli:quickstart_main', 'legalnb.cli:QuickstartConfig',
                             'sample -> select -> corpus -> train a tiny model -> report'),
-    'own':          Command('legalnb.core:own_main', 'legalnb.core:own_command',
+    'own':          Command('legalnb.core:own_main', 'legalnb.core:OwnConfig',
                             "record a folder an older legalnb wrote (no records yet) as legalnb's"),
 }
 

@@ -23,8 +23,8 @@ __all__ = ['GPU_HOUR_PRICE', 'PRESET_VOCAB', 'CPT_SEQ_LEN', 'SCRATCH_SEQ_LEN', '
            'refuse_overwriting_inputs', 'bookkeeping', 'foreign_files', 'refuse_foreign_files', 'folder_files',
            'everyones', 'owned_files', 'unowned_stamps', 'record_written', 'remove_owned', 'recorded_by', 'record_as',
            'open_lock', 'lock_path', 'holder_alive', 'folder_lock', 'followed', 'refuse_unowned', 'output_folder',
-           'others_files', 'own_command', 'own_main', 'CommandParser', 'command_parser', 'Output', 'run_writing',
-           'run_command', 'flag_settings']
+           'others_files', 'OwnConfig', 'own_command', 'own_main', 'CommandParser', 'command_parser', 'Output',
+           'run_writing', 'run_command', 'flag_settings']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -845,9 +845,15 @@ def _listed(real: Path, folder: str, files: list[str]) -> Callable[[Path], bool]
         rels.append(rel)
     return lambda rel: any(rel == p or p in rel.parents for p in rels)
 
-def own_command(folder: str,               # a folder an earlier legalnb wrote, before it kept records of what it writes
-                files: list[str] = None):  # only these files or folders of it (a folder that also holds others')
+@dataclass
+class OwnConfig:
     "Record every file now in `folder` as legalnb's, so that its commands may resume, replace or delete them."
+    folder: str               # a folder an earlier legalnb wrote, before it kept records of what it writes
+    files: list[str] = None   # only these files or folders of it (a folder that also holds others')
+
+def own_command(cfg: OwnConfig) -> int:
+    "`legalnb own` from its config: the files of `cfg.folder` (or those `cfg.files` names) recorded as legalnb's."
+    folder, files = cfg.folder, cfg.files
     real = followed(folder)
     if not real.is_dir(): raise LegalnbError(f'{folder}: no such folder; expected an output folder of legalnb')
     if everyones(real):
@@ -865,7 +871,8 @@ def own_command(folder: str,               # a folder an earlier legalnb wrote, 
     print(f'{folder}: {added:,} files recorded as legalnb\'s' + (f' ({len(before):,} were already)' if before else ''))
     return 0
 
-def own_main(argv: list[str]) -> int: return run_command(own_command, argv, 'legalnb own')
+def own_main(argv: list[str]) -> int:
+    return own_command(OwnConfig(**flag_settings(OwnConfig, 'legalnb own', argv)))
 
 # %% ../nbs/00_core.ipynb #c1c28776
 class CommandParser(argparse.ArgumentParser):

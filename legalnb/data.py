@@ -13,9 +13,8 @@ from typing import Iterator, Literal, Sequence
 import numpy as np
 import torch
 from fastcore.basics import patch
-from fastcore.meta import delegates
 from tqdm.auto import tqdm
-from .core import LegalnbError, loader_workers, read_json, refuse_overwriting_inputs, run_command
+from .core import LegalnbError, loader_workers, read_json, refuse_overwriting_inputs
 from .core import Output, bookkeeping, flag_settings, followed, run_writing
 from .core import CPT_SEQ_LEN, PRESET_VOCAB, VAL_SHARE
 from .models import DEFAULT_MODEL, get_model
@@ -26,8 +25,8 @@ __all__ = ['ROWS_INDEX', 'ID_CAP', 'CHUNK_TOKENS', 'TOKENS_PER_PARAM', 'MAX_GOOD
            'find_segments', 'by_source', 'PretokenizedDataset', 'shift_pair', 'doc_starts_file', 'read_doc_starts',
            'doc_start_mask', 'StepSampler', 'mixed_order', 'source_groups', 'make_loader', 'FileCheck',
            'ValidationReport', 'validate', 'recommend', 'format_recommendations', 'split', 'split_sides',
-           'train_val_folders', 'held_out_rows', 'validate_command', 'validate_main', 'SplitConfig', 'split_command',
-           'split_run', 'split_main']
+           'train_val_folders', 'held_out_rows', 'ValidateConfig', 'validate_command', 'validate_main', 'SplitConfig',
+           'split_command', 'split_run', 'split_main']
 
 # %% ../nbs/03_data.ipynb #b0a87c08
 def read_npy_header(path: Path) -> tuple[tuple, np.dtype, int]:
@@ -783,18 +782,24 @@ def _report_text(rep: ValidationReport, as_json: bool, with_recommend: bool) -> 
     if as_json: return json.dumps({**rep.to_json(), **({'recommend': recs} if recs else {})})
     return f'legalnb validate {rep.path}\n{rep.summary()}' + (f'\n\n{format_recommendations(recs)}' if recs else '')
 
-@delegates(validate, but=['top'])
-def validate_command(path: str,                # folder of (rows, seq_len + 1) .npy/.pt files, rows.json, or a file
-                     json: bool = False,       # print one JSON object instead of text
-                     recommend: bool = False,  # model sizes that fit the token count, and commands to train them
-                     **kwargs) -> int:
+@dataclass
+class ValidateConfig:
     "Check pretokenized .npy/.pt files and print their statistics; exit 1 naming each bad file."
-    rep = validate(path, **kwargs)
-    print(_report_text(rep, json, recommend))
+    path: str                       # folder of (rows, seq_len + 1) .npy/.pt files, rows.json, or a file
+    json: bool = False              # print one JSON object instead of text
+    recommend: bool = False         # model sizes that fit the token count, and commands to train them
+    vocab_size: int | None = None   # ids must be below it; default: manifest.json's vocab_size
+    progress: bool = True           # a progress bar in tokens (only on a terminal)
+
+def validate_command(cfg: ValidateConfig) -> int:
+    "`legalnb validate` from its config: the statistics printed, each bad file named; exit 1 if any."
+    rep = validate(cfg.path, vocab_size=cfg.vocab_size, progress=cfg.progress)   # checks --vocab-size
+    print(_report_text(rep, cfg.json, cfg.recommend))
     for prob in rep.problems: print(f'legalnb validate: bad file {prob}', file=sys.stderr)
     return 0 if rep.ok else 1
 
-def validate_main(argv: list[str]) -> int: return run_command(validate_command, argv, 'legalnb validate')
+def validate_main(argv: list[str]) -> int:
+    return validate_command(ValidateConfig(**flag_settings(ValidateConfig, 'legalnb validate', argv)))
 
 # %% ../nbs/03_data.ipynb #712b2203
 SPLIT_MODES = {  # what each mode means for the honesty of the validation loss

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, jsonl_records, read_json,
-                   refuse_foreign_files, refuse_overwriting_inputs, resolve_device, resolve_precision, run_command)
+                   refuse_foreign_files, refuse_overwriting_inputs, resolve_device, resolve_precision)
 from .core import GPU_HOUR_PRICE, Output, flag_settings, refuse_oversized, refuse_unowned, run_writing
 from .core import hub_cache, hub_snapshot, is_hub_name, model_folder
 from .models import decoder_of, load_native, model_kind, native_tokenizer, refuse_pickled_weights
@@ -41,7 +41,8 @@ __all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF',
            'EvaluateConfig', 'check_evaluate_settings', 'evaluate', 'capped_note', 'format_table', 'report_markdown',
            'write_evaluation', 'evaluation_lines', 'write_lm_eval_tasks', 'run_harness', 'suite_tasks', 'suite_manager',
            'harness_scores', 'written_by_evaluate', 'clear_other_modes', 'score_model', 'evaluate_command',
-           'evaluate_parser', 'evaluate_writing', 'evaluate_main', 'generate_command', 'generate_main']
+           'evaluate_parser', 'evaluate_writing', 'evaluate_main', 'GenerateConfig', 'generate_command',
+           'generate_main']
 
 # %% ../nbs/11_evaluate.ipynb #76359c74
 EVAL_FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
@@ -1325,28 +1326,37 @@ def evaluate_main(argv: list[str]) -> int:
     return evaluate_writing(evaluate_command, cfg)
 
 # %% ../nbs/11_evaluate.ipynb #b5c60226
-def generate_command(model: str,                 # run folder, finetune output, HF model folder, or org/name (HF cache)
-                     prompt: str = None,         # the text to continue (required)
-                     max_new_tokens: int = 200,  # tokens at most; generation stops earlier at the end-of-document token
-                     temperature: float = 0.8,   # 0: greedy; below 1 sharper, above 1 flatter
-                     top_k: int = 50,            # sample among the K most likely tokens (0: all)
-                     seed: int = 0,              # the same seed and settings give the same text
-                     tokenizer: str = None,      # tokenizer.json (native) or tokenizer folder; default: found
-                     base: str = None,           # LoRA: the base model folder or org/name (default: the adapter's)
-                     device: Literal['auto', 'cuda', 'cpu'] = 'auto',  # 'auto': the GPU when there is one
-                     precision: Literal['auto', 'bf16', 'fp16', 'fp32'] = 'auto',  # 'auto': bf16 where the GPU has it
-                     trust_remote_code: bool = False):  # run the Python code a model folder names (auto_map)
+@dataclass
+class GenerateConfig:
     "Continue a prompt with a trained model, streaming the text as it comes."
-    if prompt is None: raise LegalnbError("--prompt is required: the text to continue, e.g. --prompt 'Article 1'")
-    check_new_tokens(max_new_tokens)
-    if temperature < 0 or top_k < 0: raise LegalnbError('--temperature and --top-k must be 0 or more')
-    lm = load_eval_model(model, tokenizer, base, device=device, precision=precision,
-                         trust_remote_code=trust_remote_code)
+    model: str                  # run folder, finetune output, HF model folder, or org/name (HF cache)
+    prompt: str = None          # the text to continue (required)
+    max_new_tokens: int = 200   # tokens at most; generation stops earlier at the end-of-document token
+    temperature: float = 0.8    # 0: greedy; below 1 sharper, above 1 flatter
+    top_k: int = 50             # sample among the K most likely tokens (0: all)
+    seed: int = 0               # the same seed and settings give the same text
+    tokenizer: str = None       # tokenizer.json (native) or tokenizer folder; default: found
+    base: str = None            # LoRA: the base model folder or org/name (default: the adapter's)
+    device: Literal['auto', 'cuda', 'cpu'] = 'auto'  # 'auto': the GPU when there is one
+    precision: Literal['auto', 'bf16', 'fp16', 'fp32'] = 'auto'  # 'auto': bf16 where the GPU has it
+    trust_remote_code: bool = False  # run the Python code a model folder names (auto_map)
+
+    def __post_init__(self):   # checked once, before a model loads
+        if self.prompt is None:
+            raise LegalnbError("--prompt is required: the text to continue, e.g. --prompt 'Article 1'")
+        check_new_tokens(self.max_new_tokens)
+        if self.temperature < 0 or self.top_k < 0: raise LegalnbError('--temperature and --top-k must be 0 or more')
+
+def generate_command(cfg: GenerateConfig) -> int:
+    "`legalnb generate` from its config: the prompt, then its continuation printed piece by piece."
+    lm = load_eval_model(cfg.model, cfg.tokenizer, cfg.base, device=cfg.device, precision=cfg.precision,
+                         trust_remote_code=cfg.trust_remote_code)
     def write(piece: str): sys.stdout.write(piece); sys.stdout.flush()
-    write(prompt)
-    generate(lm, prompt=prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
-             stream=write)
+    write(cfg.prompt)
+    generate(lm, prompt=cfg.prompt, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
+             seed=cfg.seed, stream=write)
     write('\n')
     return 0
 
-def generate_main(argv: list[str]) -> int: return run_command(generate_command, argv, 'legalnb generate')
+def generate_main(argv: list[str]) -> int:
+    return generate_command(GenerateConfig(**flag_settings(GenerateConfig, 'legalnb generate', argv)))

@@ -5,17 +5,18 @@
 # %% ../nbs/10_export.ipynb #8e1f32ac
 from __future__ import annotations
 import json, os, shutil, tempfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from .core import LegalnbError, refuse_foreign_files, refuse_overwriting_inputs, run_command, read_json
-from .core import Output, followed, record_as, recorded_by
+from .core import LegalnbError, refuse_foreign_files, refuse_overwriting_inputs, read_json
+from .core import Output, flag_settings, followed, run_writing, record_as, recorded_by
 from .models import MODELS
 
 # %% auto #0
 __all__ = ['SHARED_FILES', 'EXPORT_FILES', 'TRUST_HINT', 'export_tokenizer', 'export_files', 'refuse_other_export',
-           'export_model', 'legalnb_remote_code', 'export_command', 'export_main']
+           'export_model', 'legalnb_remote_code', 'ExportConfig', 'export_command', 'export_run', 'export_main']
 
 # %% ../nbs/10_export.ipynb #3546b342
 def export_tokenizer(tok, eos_id: int, context: int, out: Path) -> list[str]:
@@ -143,17 +144,30 @@ def legalnb_remote_code(folder: Path,        # a Hugging Face model or tokenizer
     return True
 
 # %% ../nbs/10_export.ipynb #ec47a299
-def export_command(model: str,              # run folder (legalnb train --out) or a model.save() folder
-                   out: str = None,         # the Hugging Face folder to write (required)
-                   tokenizer: str = None,   # tokenizer.json (default: beside the model, in the run or its data)
-                   overwrite: bool = False):  # replace the export of another model in --out (the same one: always)
+@dataclass
+class ExportConfig:
     "Write a trained model as a Hugging Face folder: AutoModelForCausalLM and AutoTokenizer load it without legalnb."
-    if out is None: raise LegalnbError('--out is required: the folder to write, e.g. --out hf-model')
-    files = export_model(model, out, tokenizer, overwrite)
+    model: str                # run folder (legalnb train --out) or a model.save() folder
+    out: str = None           # the Hugging Face folder to write (required)
+    tokenizer: str = None     # tokenizer.json (default: beside the model, in the run or its data)
+    overwrite: bool = False   # replace the export of another model in --out (the same one: always)
+
+    def __post_init__(self):
+        if self.out is None: raise LegalnbError('--out is required: the folder to write, e.g. --out hf-model')
+
+def export_command(cfg: ExportConfig) -> int:
+    "`legalnb export` from its config: the folder written, and how to load it printed."
+    files = export_model(cfg.model, cfg.out, cfg.tokenizer, cfg.overwrite)
     remote = any(f.endswith('.py') for f in files)   # modelling code: transformers runs it only if trusted
-    print(f'wrote {out}: {", ".join(files)}')
-    print(f"load it with AutoModelForCausalLM.from_pretrained({out!r}{', trust_remote_code=True' if remote else ''})")
+    print(f'wrote {cfg.out}: {", ".join(files)}')
+    trust = ', trust_remote_code=True' if remote else ''
+    print(f'load it with AutoModelForCausalLM.from_pretrained({cfg.out!r}{trust})')
     return 0
 
+def export_run(cfg: ExportConfig) -> int:
+    "`legalnb export` with its --out locked and recorded (a link: the folder it leads to); only its own files replaced."
+    return run_writing(lambda out: export_command(replace(cfg, out=out)), {'out': cfg.out}, 'legalnb export',
+                       [Output(ours=lambda p: str(p) in export_files())])
+
 def export_main(argv: list[str]) -> int:
-    return run_command(export_command, argv, 'legalnb export', [Output(ours=lambda p: str(p) in export_files())])
+    return export_run(ExportConfig(**flag_settings(ExportConfig, 'legalnb export', argv)))

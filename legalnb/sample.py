@@ -15,13 +15,13 @@ from typing import Iterator
 from xml.sax.saxutils import escape
 from fastcore.basics import patch
 
-from .core import LegalnbError, Output, followed, run_command
+from .core import LegalnbError, Output, flag_settings, followed, run_writing
 from .sources import _QUOTES, _quote_mark, celex_from_number, formex_text
 
 # %% auto #0
 __all__ = ['SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS', 'OJ_NAMES', 'SampleAct', 'plan_act',
-           'sample_publications', 'formex_to_xhtml', 'amended', 'sample_versions', 'dump_publications', 'write_sample',
-           'sample_general', 'sample_command', 'sample_main']
+           'sample_publications', 'formex_to_xhtml', 'amended', 'sample_versions', 'dump_publications', 'check_sample',
+           'write_sample', 'sample_general', 'SampleConfig', 'sample_command', 'sample_run', 'sample_main']
 
 # %% ../nbs/00a_sample.ipynb #54d15e83
 def _data(name: str) -> dict:
@@ -453,6 +453,16 @@ def dump_publications(pubs: list, seed: int, xhtml: float = 0, versions: float =
         if (copy := plan[1]):
             yield 'copy', copy.celex, copy.day, copy, lang, fmx, _Writer(copy, lang, fmx).publication(_uid(rng))
 
+# %% ../nbs/00a_sample.ipynb #65eb9fc7
+def check_sample(docs: int,             # number of publications: at least 1
+                 xhtml: float = 0,      # each share in [0, 1]
+                 versions: float = 0,
+                 copies: float = 0):
+    "Refuse a sample of no publications, or a share outside 0 to 1, naming the flag."
+    if docs < 1: raise LegalnbError(f'--docs must be at least 1, got {docs}')
+    for name, share in (('xhtml', xhtml), ('versions', versions), ('copies', copies)):
+        if not 0 <= share <= 1: raise LegalnbError(f'--{name} must be a share between 0 and 1, got {share}')
+
 # %% ../nbs/00a_sample.ipynb #efcc7c18
 def _replace_folder(new: Path, dest: Path):
     "Move the finished folder `new` to `dest`, replacing what is there, by renames only (safe with concurrent writers)."
@@ -486,9 +496,7 @@ def write_sample(out: str | Path, docs: int = 200, seed: int = 0,
                  ) -> dict:
     "Write a deterministic synthetic corpus of `docs` publications (and versions, copies) to `out`; its manifest."
     out = followed(out)   # a link: the sample replaces the folder it leads to
-    if docs < 1: raise LegalnbError(f'--docs must be at least 1, got {docs}')
-    for name, share in (('xhtml', xhtml), ('versions', versions), ('copies', copies)):
-        if not 0 <= share <= 1: raise LegalnbError(f'--{name} must be a share between 0 and 1, got {share}')
+    check_sample(docs, xhtml, versions, copies)
     if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out/'sample.json').exists()):
         raise LegalnbError(f'{out}: exists and is not a legalnb sample; choose a new folder')
     dump = {k: v for k, v in dict(xhtml=xhtml, versions=versions, copies=copies).items() if v}
@@ -542,19 +550,32 @@ def sample_general(docs: int, seed: int = 0, langs: tuple[str, ...] = ('en', 'fr
 
 
 # %% ../nbs/00a_sample.ipynb #068d1f37
-def sample_command(out: str,       # folder to write (an earlier sample there is replaced)
-                   docs: int = 200, # number of publications
-                   seed: int = 0,   # random seed: the same seed writes the same bytes
-                   xhtml: float = 0,     # share of publications written as OJ XHTML instead of Formex (a CELLAR dump)
-                   versions: float = 0,  # share of acts with consolidated versions (Formex CONS.ACT)
-                   copies: float = 0):   # share of acts published again under another number, with small edits
+@dataclass
+class SampleConfig:
     "Write a deterministic synthetic corpus of Formex (and XHTML) publications."
-    pubs = write_sample(out, docs, seed, xhtml, versions, copies)['publications']
+    out: str              # folder to write (an earlier sample there is replaced)
+    docs: int = 200       # number of publications
+    seed: int = 0         # random seed: the same seed writes the same bytes
+    xhtml: float = 0      # share of publications written as OJ XHTML instead of Formex (a CELLAR dump)
+    versions: float = 0   # share of acts with consolidated versions (Formex CONS.ACT)
+    copies: float = 0     # share of acts published again under another number, with small edits
+
+    def __post_init__(self): check_sample(self.docs, self.xhtml, self.versions, self.copies)
+
+def sample_command(cfg: SampleConfig) -> int:
+    "`legalnb sample` from its config: the sample written, and what it holds printed."
+    pubs = write_sample(cfg.out, cfg.docs, cfg.seed, cfg.xhtml, cfg.versions, cfg.copies)['publications']
     langs, kinds = Counter(x['lang'] for x in pubs), Counter(x.get('kind', 'original') for x in pubs)
     what = 'Formex publications' if all(x.get('format', 'formex') == 'formex' for x in pubs) else 'publications'
-    print(f'wrote {len(pubs):,} {what} ({len({x["celex"] for x in pubs}):,} acts) to {out}: '
+    print(f'wrote {len(pubs):,} {what} ({len({x["celex"] for x in pubs}):,} acts) to {cfg.out}: '
           + ', '.join(f'{l} {n}' for l, n in langs.most_common())
           + ('; ' + ', '.join(f'{k} {n}' for k, n in kinds.items()) if len(kinds) > 1 else ''))
+    return 0
 
-def sample_main(argv: list[str]) -> int: return run_command(sample_command, argv, 'legalnb sample', [Output(flag='')])
+def sample_run(cfg: SampleConfig) -> int:
+    "`legalnb sample` with its folder locked and recorded (a link: the folder it leads to)."
+    return run_writing(lambda out: sample_command(replace(cfg, out=out)), {'out': cfg.out}, 'legalnb sample',
+                       [Output(flag='')])
 
+def sample_main(argv: list[str]) -> int:
+    return sample_run(SampleConfig(**flag_settings(SampleConfig, 'legalnb sample', argv)))

@@ -1059,6 +1059,9 @@ def _check_selection(cfg: SelectConfig):
                            f'near-duplicates, got {cfg.near_dup!r}')
     check_num_proc(cfg.num_proc or None)   # None (or 0, as the command always took it): every usable core
     if cfg.prefer not in PREFER: raise LegalnbError(f'--prefer must be one of {", ".join(PREFER)}, got {cfg.prefer!r}')
+    if cfg.target_tokens is None and cfg.top is None:
+        raise LegalnbError('--target-tokens or --top is required: a token budget such as 2M, or a number of '
+                           'documents such as 10K; see legalnb select --help')
 
 def chosen_rules(cfg: SelectConfig) -> ScoringRules:
     "The scoring rules a selection uses: the `--rules` file's (or the defaults), with `--threshold` over them."
@@ -1071,8 +1074,6 @@ def select_documents(cfg: SelectConfig,   # the selection's settings: `legalnb s
                      ) -> dict:
     "Score the documents of `cfg.input`, write the best (to `cfg.target_tokens`, `cfg.top`) to `cfg.out`; the report."
     src, t0 = Path(cfg.input), time.perf_counter()
-    if cfg.target_tokens is None and cfg.top is None:
-        raise LegalnbError('target_tokens or top is required: a token budget, a number of documents, or both')
     _refuse_outputs([src, cfg.rules, cfg.tokenizer], cfg.out, cfg.report)
     if not src.is_file():
         raise LegalnbError(f'{src}: no such file; expected a JSONL file of documents (the output of legalnb parse)')
@@ -1484,9 +1485,6 @@ def plot_report(report: dict):
 # %% ../nbs/01_scoring.ipynb #8825a288
 def select_run(cfg: SelectConfig) -> int:
     "Run `legalnb select` from its config: the selection, then its report as a table; the exit code."
-    if cfg.target_tokens is None and cfg.top is None:
-        raise LegalnbError('--target-tokens or --top is required: a token budget such as 2M, or a number of '
-                           'documents such as 10K; see legalnb select --help')
     result = select_documents(cfg)
     print(report_table(result)); print(f'\nwrote {cfg.out}' + (f' and {cfg.report}' if cfg.report else ''))
     return 0

@@ -327,9 +327,9 @@ def test_sample_and_parse_flags_are_kept():
     "Every flag the commands had before they were declared as functions is still there."
     from legalnb.core import command_parser
     from legalnb.sources import ParseConfig
-    from legalnb.sample import sample_command
+    from legalnb.sample import SampleConfig
     want = json.loads((Path(__file__).parent/'fixtures'/'cli_flags.json').read_text())
-    for name, func in (('sample', sample_command), ('parse', ParseConfig)):
+    for name, func in (('sample', SampleConfig), ('parse', ParseConfig)):
         have = {o for a in command_parser(func, f'legalnb {name}')._actions for o in a.option_strings}
         assert set(want[name]) <= have, (name, set(want[name]) - have)
 
