@@ -16,7 +16,7 @@ __all__ = ['COMMANDS', 'Command', 'command_main', 'command_flags', 'command_sett
 class Command(NamedTuple):
     "A `legalnb` command: its entry point and its flags (`module:function` each), its line of help."
     main: str         # the function that takes the arguments and returns the exit code
-    flags: str        # the function whose parameters are the flags, or (ending in _parser) that builds its parser
+    flags: str        # the config dataclass whose fields are the flags, or (ending in _parser) what builds its parser
     help: str
     run: str = ''     # a stage of `legalnb run`: the function that runs it from its config
     config: str = ''  # what makes its config from its settings (default: its flags' dataclass, else the settings)
@@ -93,9 +93,8 @@ def command_run(name: str) -> Callable:
     return _named(COMMANDS[name].run)
 
 def command_config(name: str, settings: dict):
-    "Stage command `name`'s config from its settings: its config maker's (a dataclass takes them as keywords), else "
-    "its flags' dataclass (`XConfig(**settings)`), else (flags still declared by a function) the settings themselves."
+    "Stage command `name`'s config from its settings: its config maker's, else its flags' dataclass's "
+    "(`XConfig(**settings)`)."
     c = COMMANDS[name]
     make = _named(c.config or c.flags)
-    if isinstance(make, type) and is_dataclass(make): return make(**settings)
-    return make(settings) if c.config else dict(settings)
+    return make(**settings) if isinstance(make, type) and is_dataclass(make) else make(settings)
