@@ -22,6 +22,11 @@ TEST_WORKERS ?= 2
 
 .PHONY: install quickstart test test-latest lock sync gpu-check
 
+# Packages are installed without bytecode: Python writes a module's .pyc at its first import, once, so the next
+# processes load it. PYTHONDONTWRITEBYTECODE=1 (some shells and CI images set it) would have every process compile
+# transformers and torch again (seconds each): make's commands run without it.
+unexport PYTHONDONTWRITEBYTECODE
+
 # The torch choice, rewritten only when it changes (so the stamp is remade then, and only then). `+`: it runs under
 # make -n and make -q too, so they answer for the choice given. With SYSTEM_TORCH=1 it pins the image's torch.
 TORCH_CHOICE := $(VENV)/.torch-choice
@@ -32,14 +37,22 @@ $(TORCH_CHOICE): FORCE
 	+@$(CHOOSE_TORCH) record
 FORCE:
 
-# The lock as pip constraints: every package installed is the version it names; check_lock.py fails the install
+# The lock as constraints: every package installed is the version it names; check_lock.py fails the install
 # when one is not (a stale lock). `make install LOCK=` installs the newest versions settings.ini's ranges allow.
 CONSTRAIN := $(if $(LOCK),-c $(LOCK))
+# pip installs pip, uv (both pinned by the lock) and torch (so PIP_FIND_LINKS and pip's config still find it); uv
+# installs legalnb and the rest, in a fifth of pip's time. uv keeps the torch pip put in (an installed package that
+# meets a requirement stays), but it does not see a venv's system site-packages: with SYSTEM_TORCH=1 pip installs
+# the rest too, or uv would download another torch over the image's. uv reads its own index settings (UV_INDEX_URL,
+# uv.toml), not pip's. Both leave bytecode out (a minute of CPU for modules never imported): see the top.
+UV_INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python
+PIP_TORCH = $(BIN)/python -m pip install -q --no-compile "$(TORCH)"$(if $(TORCH_URL), --index-url $(TORCH_URL))
+INSTALL_REST = $(if $(filter 1,$(SYSTEM_TORCH)),$(BIN)/python -m pip install -q,$(UV_INSTALL))
 $(STAMP): settings.ini setup.py $(LOCK) $(TORCH_CHOICE)
 	$(CHOOSE_TORCH) venv
-	$(BIN)/python -m pip install -q $(CONSTRAIN) --upgrade pip
-	$(if $(filter 1,$(SYSTEM_TORCH)),,$(BIN)/python -m pip install -q "$(TORCH)"$(if $(TORCH_URL), --index-url $(TORCH_URL)))
-	$(BIN)/python -m pip install -q $(CONSTRAIN) -c $(TORCH_CHOICE) -e ".[dev]"
+	$(BIN)/python -m pip install -q $(CONSTRAIN) --upgrade pip uv
+	$(if $(filter 1,$(SYSTEM_TORCH)),,$(PIP_TORCH))
+	$(INSTALL_REST) $(CONSTRAIN) -c $(TORCH_CHOICE) -e ".[dev]"
 	$(if $(LOCK),$(BIN)/python .ci/check_lock.py)
 	touch $(STAMP)
 

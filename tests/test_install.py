@@ -50,10 +50,18 @@ def recipe(venv: Path, **settings) -> list[str]:
     return p.stdout.splitlines()
 
 def torch_line(lines: list[str]) -> str | None:
-    return next((l for l in lines if re.search(r'pip install -q "torch', l)), None)
+    return next((l for l in lines if re.search(r'pip install -q --no-compile "torch', l)), None)
+
+def rest_line(lines: list[str]) -> str:
+    "The line that installs legalnb and every package but torch."
+    return next(l for l in lines if l.endswith('-e ".[dev]"'))
 
 def test_torch_comes_from_pypi_by_default_and_from_the_variant_index(tmp_path):
-    assert torch_line(recipe(tmp_path/'v')).split('pip ')[1] == 'install -q "torch==2.13.0"', 'the default as before'
+    lines = recipe(tmp_path/'v')
+    assert torch_line(lines).split('pip ')[1] == 'install -q --no-compile "torch==2.13.0"', 'the default as before'
+    assert any(l.endswith('pip install -q -c requirements.lock --upgrade pip uv') for l in lines), 'uv as the lock pins'
+    assert rest_line(lines).startswith(f'{tmp_path}/v/bin/uv pip install -q --python {tmp_path}/v/bin/python '
+                                       f'-c requirements.lock -c {tmp_path}/v/.torch-choice'), 'uv installs the rest'
     assert torch_line(recipe(tmp_path/'v', TORCH_VARIANT='cu126')).endswith(
         '"torch==2.13.0" --index-url https://download.pytorch.org/whl/cu126')
     assert torch_line(recipe(tmp_path/'v', TORCH='torch==2.12.1', TORCH_VARIANT='cpu')).endswith(
@@ -94,7 +102,8 @@ def test_the_images_torch_is_used_without_a_download(tmp_path):
     lines = recipe(venv, PYTHON=image, SYSTEM_TORCH=1)
     assert torch_line(lines) is None, 'no pip install of torch'
     assert f'torch=={IMAGE_TORCH}\n' in (venv/'.torch-choice').read_text(), 'the choice pins the image torch'
-    assert any(f'-c {venv}/.torch-choice -e ".[dev]"' in l for l in lines), 'so installing legalnb keeps it'
+    assert f'-c {venv}/.torch-choice -e ".[dev]"' in rest_line(lines), 'so installing legalnb keeps it'
+    assert rest_line(lines).startswith(f'{venv}/bin/python -m pip install'), "pip: uv would not see the image's torch"
     # make's venv step, run for real (without pip, which takes seconds to copy in)
     step = shlex.split(next(l for l in lines if l.endswith(' venv'))) + ['--without-pip']
     p = subprocess.run(step, cwd=ROOT, env=CLEAN_ENV, capture_output=True, text=True, timeout=60)
