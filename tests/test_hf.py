@@ -704,7 +704,9 @@ def test_batch_schedule_on_two_cpu_processes_under_ddp_and_deepspeed_zero3(work,
     pytest.importorskip('deepspeed')
     from safetensors.torch import load_file
     cfg = write_launch_configs(tmp_path/'launch', gpus_per_node=2)['deepspeed-zero3']
-    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': str(ROOT)}
+    # tests/cpu_deepspeed: DeepSpeed's CPU-only shared-memory inference all-reduce is not compiled (~80 CPU-s of g++)
+    env = {**os.environ, 'OMP_NUM_THREADS': '1',
+           'PYTHONPATH': os.pathsep.join([str(ROOT/'tests'/'cpu_deepspeed'), str(ROOT)])}
     flags = ['-m', 'legalnb.cli', 'finetune', '--model', str(work/'model'), '--data', str(work/'sft.jsonl'), '--full',
              '--max-steps', '3', '--batch-size', '1', '--workers', '0', '--logging-steps', '1', '--lr', '1e-2',
              '--save-steps', '3', '--warmup-steps', '0', '--batch-schedule', '0:2,2:1']
