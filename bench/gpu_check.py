@@ -641,6 +641,7 @@ def preload(dry: bool, names: list[str]) -> list[str]:
     "(peft imports bitsandbytes where it is installed, which probes the GPU: then peft loads in each check)."
     skip = {'peft'} if not dry and not missing(('bitsandbytes',)) else set()
     if not any(n.startswith(('hf-', 'deepspeed')) for n in names): skip |= HF_MODULES   # nothing of theirs runs
+    if set(names) <= {'environment'}: skip |= {m for m in PRELOAD if m.startswith('legalnb.')}   # torch's matmul only
     return [m for m in PRELOAD if m == '__main__' or (m not in skip and not missing((m.split('.')[0],)))]
 
 

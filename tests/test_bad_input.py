@@ -705,6 +705,7 @@ def test_two_trainings_of_one_folder_the_second_is_refused_and_resume_takes_over
             assert a.poll() is None, a.stderr.read()
             assert time.time() < deadline, 'no checkpoint in 240 s'
             time.sleep(0.2)
+        os.kill(a.pid, signal.SIGSTOP)   # alive and holding the lock, without taking a core while the others start
         line = one_line(legalnb(*args, '--max-steps', '10'))
         assert f'--out {out} is being written by pid {a.pid} on ' in line and '(legalnb train, since ' in line, line
         line = one_line(legalnb(*args, '--max-steps', '10', '--overwrite'))
