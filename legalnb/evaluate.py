@@ -1134,8 +1134,8 @@ def run_harness(model,                        # an EvalModel of a Hugging Face m
     from lm_eval.tasks import TaskManager
     names = [t for t in LM_EVAL_TASKS if (Path(tasks)/f'{t}.yaml').is_file()]
     hflm = HFLM(pretrained=lm.module, tokenizer=lm.hf_tokenizer, batch_size=batch_size, max_length=lm.context)
-    res = simple_evaluate(model=hflm, tasks=names, task_manager=TaskManager(include_path=str(Path(tasks).resolve())),
-                          bootstrap_iters=0, log_samples=False)['results']
+    ours = TaskManager(include_path=str(Path(tasks).resolve()), include_defaults=False)   # no index of lm-eval's own
+    res = simple_evaluate(model=hflm, tasks=names, task_manager=ours, bootstrap_iters=0, log_samples=False)['results']
     return {t: {k.split(',')[0]: float(v) for k, v in res[t].items() if ',' in k and 'stderr' not in k} for t in names}
 
 # %% ../nbs/11_evaluate.ipynb #c98a3292
