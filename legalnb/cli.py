@@ -176,8 +176,7 @@ def quickstart_plan(cfg: QuickstartConfig) -> dict:
             'build-corpus': dict(seq_len=cfg.seq_len, shards=4, train_tokenizer=cfg.vocab_size, val_docs=0.05,
                                  val_min_acts=max(1, min(20, cfg.docs // 10)), seed=0),   # a tiny demo: a tenth at most
             'train': dict(dim=cfg.dim, num_layers=2, num_frequencies=16, batch_size=cfg.batch_size, max_steps=steps,
-                          lr=3e-3,
-                          warmup_steps=max(1, steps // 10), eval_every=max(1, steps // 3), eval_batches=8,
+                          lr=3e-3, warmup_steps=max(1, steps // 10), eval_every=max(1, steps // 3), eval_batches=8,
                           log_every=max(1, steps // 30), save_every=steps, num_workers=0, device=device, seed=0,
                           cpu_threads=1),   # tiny models: 27x faster on 1 thread than 2 on a busy 2-core CPU
             'evaluate': dict(device=device, seed=0, citations=200, samples=1),
