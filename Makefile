@@ -11,6 +11,15 @@ TORCH ?= torch==2.13.0
 TORCH_VARIANT ?=
 TORCH_INDEX ?=
 SYSTEM_TORCH ?=
+# These four are data, never shell: .ci/torch_choice.py reads them from the environment (exported below) and checks
+# each (a variant name, a requirement of torch, an https URL) before anything runs; no recipe line is built from
+# them, so a quote or `;` in one (on the command line or from the environment) is refused in one line, make -n
+# included. $(value ...): taken as written, so a `$(...)` in one is not expanded by make either.
+override TORCH := $(value TORCH)
+override TORCH_VARIANT := $(value TORCH_VARIANT)
+override TORCH_INDEX := $(value TORCH_INDEX)
+override SYSTEM_TORCH := $(value SYSTEM_TORCH)
+export TORCH TORCH_VARIANT TORCH_INDEX SYSTEM_TORCH
 LOCK  ?= requirements.lock
 VENV  ?= .venv
 BIN   := $(VENV)/bin
@@ -28,11 +37,10 @@ TEST_WORKERS ?= 2
 unexport PYTHONDONTWRITEBYTECODE
 
 # The torch choice, rewritten only when it changes (so the stamp is remade then, and only then). `+`: it runs under
-# make -n and make -q too, so they answer for the choice given. With SYSTEM_TORCH=1 it pins the image's torch.
+# make -n and make -q too, so they answer for the choice given (its line holds none of the settings: they come
+# from the environment, and a bad one stops make there). With SYSTEM_TORCH=1 it pins the image's torch.
 TORCH_CHOICE := $(VENV)/.torch-choice
-TORCH_URL = $(or $(TORCH_INDEX),$(if $(TORCH_VARIANT),https://download.pytorch.org/whl/$(TORCH_VARIANT)))
-CHOOSE_TORCH = $(PYTHON) .ci/torch_choice.py --venv $(VENV) --python $(PYTHON) --torch "$(TORCH)" \
-	--variant "$(TORCH_VARIANT)" --index "$(TORCH_INDEX)" --system "$(SYSTEM_TORCH)"
+CHOOSE_TORCH = $(PYTHON) .ci/torch_choice.py --venv $(VENV) --python $(PYTHON)
 $(TORCH_CHOICE): FORCE
 	+@$(CHOOSE_TORCH) record
 FORCE:
@@ -46,7 +54,8 @@ CONSTRAIN := $(if $(LOCK),-c $(LOCK))
 # the rest too, or uv would download another torch over the image's. uv reads its own index settings (UV_INDEX_URL,
 # uv.toml), not pip's. Both leave bytecode out (a minute of CPU for modules never imported): see the top.
 UV_INSTALL = $(BIN)/uv pip install -q --python $(BIN)/python
-PIP_TORCH = $(BIN)/python -m pip install -q --no-compile "$(TORCH)"$(if $(TORCH_URL), --index-url $(TORCH_URL))
+# pip installs TORCH from the chosen index (torch_choice.py pip: it prints the pip command it runs)
+PIP_TORCH = $(CHOOSE_TORCH) pip
 INSTALL_REST = $(if $(filter 1,$(SYSTEM_TORCH)),$(BIN)/python -m pip install -q,$(UV_INSTALL))
 $(STAMP): settings.ini setup.py $(LOCK) $(TORCH_CHOICE)
 	$(CHOOSE_TORCH) venv
@@ -82,9 +91,10 @@ test-latest:
 	.venv-latest/bin/python .ci/check_lock.py --report
 	$(MAKE) test VENV=.venv-latest LOCK=
 
-# Resolve settings.ini's requirements afresh into requirements.lock (uv pip compile) and print what changed.
+# Resolve settings.ini's requirements afresh into requirements.lock (uv pip compile) and print what changed (for
+# the TORCH exported above, checked by lock.py).
 lock: $(STAMP)
-	TORCH="$(TORCH)" $(BIN)/python .ci/lock.py
+	$(BIN)/python .ci/lock.py
 
 # Developer helpers: export the notebooks, clean them, and render README.md from nbs/index.ipynb.
 sync: $(STAMP)

@@ -46,7 +46,8 @@ def changes(old: dict, new: dict) -> list[str]:
             [f'  {p}: {old[p]} -> {new[p]}' for p in sorted(old.keys() & new.keys()) if old[p] != new[p]])
 
 def main():
-    torch = os.environ.get('TORCH', 'torch==2.13.0')
+    from torch_choice import check_requirement   # TORCH is data: a requirement of torch, or one line
+    torch = check_requirement(os.environ.get('TORCH', 'torch==2.13.0').strip())
     old = LOCK.read_text() if LOCK.exists() else ''
     new = compile_lock(torch)
     diff = changes(pins(old), pins(new))

@@ -49,24 +49,37 @@ def recipe(venv: Path, **settings) -> list[str]:
     assert p.returncode == 0, p.stderr
     return p.stdout.splitlines()
 
-def torch_line(lines: list[str]) -> str | None:
-    return next((l for l in lines if re.search(r'pip install -q --no-compile "torch', l)), None)
+def torch_step(lines: list[str]) -> str | None:
+    "make's step that installs torch (torch_choice.py pip), if the recipe has one."
+    return next((l for l in lines if l.endswith('.ci/torch_choice.py --venv ' + l.split(' --venv ')[-1].split()[0] +
+                                                 ' --python ' + l.split(' --python ')[-1].split()[0] + ' pip')), None)
+
+def torch_line(venv: Path, env: dict | None = None, **settings) -> str:
+    "The pip command that step runs, as make runs it (its settings in the environment), printed by --dry-run."
+    p = subprocess.run(['make', '--no-print-directory', '--eval', 'torch-pip: ; @$(PIP_TORCH) --dry-run', 'torch-pip',
+                        f'VENV={venv}', f'PYTHON={sys.executable}', *[f'{k}={v}' for k, v in settings.items()]],
+                       cwd=ROOT, env={**CLEAN_ENV, **(env or {})}, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
 
 def rest_line(lines: list[str]) -> str:
     "The line that installs legalnb and every package but torch."
     return next(l for l in lines if l.endswith('-e ".[dev]"'))
 
 def test_torch_comes_from_pypi_by_default_and_from_the_variant_index(tmp_path):
-    lines = recipe(tmp_path/'v')
-    assert torch_line(lines).split('pip ')[1] == 'install -q --no-compile "torch==2.13.0"', 'the default as before'
+    lines, v = recipe(tmp_path/'v'), tmp_path/'v'
+    assert torch_step(lines), 'torch is installed by a step of its own'
+    assert torch_line(v) == f'{v}/bin/python -m pip install -q --no-compile torch==2.13.0', 'the default as before'
     assert any(l.endswith('pip install -q -c requirements.lock --upgrade pip uv') for l in lines), 'uv as the lock pins'
     assert rest_line(lines).startswith(f'{tmp_path}/v/bin/uv pip install -q --python {tmp_path}/v/bin/python '
                                        f'-c requirements.lock -c {tmp_path}/v/.torch-choice'), 'uv installs the rest'
-    assert torch_line(recipe(tmp_path/'v', TORCH_VARIANT='cu126')).endswith(
-        '"torch==2.13.0" --index-url https://download.pytorch.org/whl/cu126')
-    assert torch_line(recipe(tmp_path/'v', TORCH='torch==2.12.1', TORCH_VARIANT='cpu')).endswith(
-        '"torch==2.12.1" --index-url https://download.pytorch.org/whl/cpu')
-    assert torch_line(recipe(tmp_path/'v', TORCH_INDEX='https://mirror.example/torch')).endswith(
+    assert torch_line(v, TORCH_VARIANT='cu126').endswith(
+        ' torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126')
+    assert torch_line(v, TORCH='torch==2.12.1', TORCH_VARIANT='cpu').endswith(
+        ' torch==2.12.1 --index-url https://download.pytorch.org/whl/cpu')
+    assert torch_line(v, env=dict(TORCH='torch>=2.4,<2.14')).endswith(" 'torch>=2.4,<2.14'"), 'from the environment'
+    recipe(tmp_path/'v', TORCH_INDEX='https://mirror.example/torch')
+    assert torch_line(v, TORCH_INDEX='https://mirror.example/torch').endswith(
         '--index-url https://mirror.example/torch')
     assert '# TORCH=torch==2.13.0 from https://mirror.example/torch' in (tmp_path/'v'/'.torch-choice').read_text()
 
@@ -80,6 +93,33 @@ def test_a_bad_torch_choice_is_one_line(tmp_path, settings, says):
     ours = [l for l in p.stderr.splitlines() if l.startswith('make install:')]
     assert p.returncode != 0 and len(ours) == 1 and says in ours[0], p.stderr
     assert not (tmp_path/'v'/'bin').exists(), 'nothing installed'
+
+QUOTED = 'cpu"; touch {x}; echo "'   # what a quote in a make variable ran before (issue 48)
+
+@pytest.mark.parametrize('name,value,says', [
+    ('TORCH_VARIANT', QUOTED, 'TORCH_VARIANT must be cpu, cuNNN'),
+    ('TORCH', 'torch==2.13.0"; touch {x}; echo "', 'TORCH must be a requirement of torch'),
+    ('TORCH', "torch' ; touch {x} ; '", 'TORCH must be a requirement of torch'),
+    ('TORCH_INDEX', 'https://mirror.example/torch; touch {x}', 'TORCH_INDEX must be an https URL'),
+    ('TORCH_INDEX', 'https://mirror.example/torch"&&touch {x}&&"', 'TORCH_INDEX must be an https URL'),
+    ('TORCH_INDEX', 'http://mirror.example/torch', 'TORCH_INDEX must be an https URL'),
+    ('TORCH_VARIANT', '$(shell touch {x})', 'TORCH_VARIANT must be cpu'),   # make does not expand it either
+])
+@pytest.mark.parametrize('given', ['command line', 'environment'])
+def test_make_variables_are_data_make_n_runs_nothing(tmp_path, name, value, says, given):
+    "A quote, `;` or `$(...)` in TORCH, TORCH_VARIANT or TORCH_INDEX: make -n (and make install) refuse it in one line "
+    "from the checked settings; nothing it names runs, no venv is made."
+    x, venv = tmp_path/'ran', tmp_path/'v'
+    value = value.format(x=x)
+    for args in (['-n', 'install'], ['install']):
+        cmd = ['make', '--no-print-directory', *args, f'VENV={venv}', f'PYTHON={sys.executable}']
+        p = subprocess.run(cmd + [f'{name}={value}'] * (given == 'command line'), cwd=ROOT,
+                           env={**CLEAN_ENV, **({name: value} if given == 'environment' else {})},
+                           capture_output=True, text=True, timeout=60)
+        ours = [l for l in p.stderr.splitlines() if l.startswith('make install:')]
+        assert p.returncode != 0 and len(ours) == 1 and says in ours[0] and repr(value) in ours[0], (args, p.stderr)
+        assert not x.exists(), f'make {" ".join(args)} ran what {name} held'
+        assert not (venv/'bin').exists() and not (venv/'.torch-choice').exists(), 'nothing made'
 
 def test_a_changed_torch_choice_installs_again(tmp_path):
     "make -q: 0 when the install stamp is up to date, 1 when it would install; the choice file keeps its date unless "
@@ -100,13 +140,14 @@ def test_the_images_torch_is_used_without_a_download(tmp_path):
     image = fake_image(tmp_path/'image', {'torch': IMAGE_TORCH})
     venv = tmp_path/'v'
     lines = recipe(venv, PYTHON=image, SYSTEM_TORCH=1)
-    assert torch_line(lines) is None, 'no pip install of torch'
+    assert torch_step(lines) is None, 'no pip install of torch'
     assert f'torch=={IMAGE_TORCH}\n' in (venv/'.torch-choice').read_text(), 'the choice pins the image torch'
     assert f'-c {venv}/.torch-choice -e ".[dev]"' in rest_line(lines), 'so installing legalnb keeps it'
     assert rest_line(lines).startswith(f'{venv}/bin/python -m pip install'), "pip: uv would not see the image's torch"
-    # make's venv step, run for real (without pip, which takes seconds to copy in)
+    # make's venv step, run for real (without pip, which takes seconds to copy in), its setting in the environment
     step = shlex.split(next(l for l in lines if l.endswith(' venv'))) + ['--without-pip']
-    p = subprocess.run(step, cwd=ROOT, env=CLEAN_ENV, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(step, cwd=ROOT, env={**CLEAN_ENV, 'SYSTEM_TORCH': '1'}, capture_output=True, text=True,
+                       timeout=60)
     assert p.returncode == 0 and f'torch {IMAGE_TORCH} of the image' in p.stdout and 'not downloaded' in p.stdout, p
     assert 'include-system-site-packages = true' in (venv/'pyvenv.cfg').read_text()
     seen = subprocess.check_output([venv/'bin'/'python', '-c', 'import torch; print(torch.__version__, torch.__file__)'],
