@@ -19,7 +19,7 @@ from fastcore.basics import patch
 from tqdm import tqdm
 from .core import (LegalnbError, atomic_write, foreign_files, format_duration, jsonl_records, read_json,
                           refuse_foreign_files, refuse_overwriting_inputs, jsonl_record, check_num_proc, model_folder)
-from .core import Output, flag_settings, followed, libc, run_writing, trim_memory
+from .core import Output, flag_settings, followed, libc, run_writing, trim_memory, record_written
 from .core import CPT_SEQ_LEN
 from .sources import parse_celex, parse_date
 
@@ -1158,7 +1158,8 @@ def _side(records: list[dict]) -> dict:
                 skipped_empty=last['skipped_empty'], tokens_per_lang=dict(sorted(per_lang.items())))
 
 def _finish(out, tok, key, partial, eos_id, vocab, row_len, held) -> dict:
-    "Write manifest.json from the shard records and remove the partial manifest."
+    "Write manifest.json from the shard records, remove the partial manifest, and record the corpus's files as "
+    "legalnb's in its own folder (a rebuild's record is then swapped in with it, never after it)."
     from legalnb import __version__
     strip = lambda recs: [{k: v for k, v in r.items() if k != 'next'} for r in recs]
     h = partial['heldout'] and dict(partial['heldout'], **_side(partial['val_shards']))
@@ -1172,6 +1173,7 @@ def _finish(out, tok, key, partial, eos_id, vocab, row_len, held) -> dict:
              version=__version__)
     _write_json(out/'manifest.json', m)
     (out/'manifest.partial.json').unlink(missing_ok=True)
+    record_written(out, 'legalnb build-corpus', _own_files(out))
     return m
 
 # %% ../nbs/02_corpus.ipynb #1d485e56

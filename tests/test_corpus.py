@@ -366,15 +366,34 @@ def test_rebuild_killed_at_any_moment_is_the_old_or_the_new_corpus(tmp_path):
     args = ['--seq-len', '7', '--shards', '8', '--train-tokenizer', '300', '--no-progress']
     cmd = [sys.executable, '-m', 'legalnb.cli', 'build-corpus', str(sel), *args]
     build_corpus(CorpusConfig(sel, tmp_path/'c', seq_len=15, shards=8, train_tokenizer=300, progress=False))
+    t0 = time.perf_counter()
     assert subprocess.run(cmd + ['--out', str(tmp_path/'new')], capture_output=True).returncode == 0
+    took = time.perf_counter() - t0   # a whole build on this machine under its present load: the kills fall inside it
     old, new = tree_bytes(tmp_path/'c'), tree_bytes(tmp_path/'new')
+    assert '.legalnb-owned.json' in old and '.legalnb-owned.json' in new, 'each corpus with its record'
     rng = random.Random(0)
-    for _ in range(3):
+    for _ in range(3):   # any moment (each record is inside its corpus, swapped with it): always one whole corpus
         p = subprocess.Popen(cmd + ['--out', str(tmp_path/'c')], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.5, 4)); p.kill(); p.wait()
+        time.sleep(rng.uniform(0.2, 1.1) * took); p.kill(); p.wait()
         assert tree_bytes(tmp_path/'c') in (old, new)
     assert subprocess.run(cmd + ['--out', str(tmp_path/'c')], capture_output=True).returncode == 0
     assert tree_bytes(tmp_path/'c') == new and not (tmp_path/'.c.rebuild').exists(), 'no temporary file carried over'
+
+
+def test_a_rebuild_holds_its_record_before_the_swap(tmp_path):
+    "The new corpus carries its ownership record before it is swapped in (issue 48): a rebuild whose swap is refused "
+    "(a file of the user's appeared in the folder meanwhile) is whole in .C.rebuild, its record included: the bytes "
+    "of the same corpus built by the command, so a swap at any moment swaps the record with the corpus."
+    sel = synthetic(tmp_path/'s.jsonl', 300, seed=1)
+    assert main(['build-corpus', str(sel), '--out', str(tmp_path/'new'), '--seq-len', '7', '--shards', '2',
+                 '--train-tokenizer', '300', '--no-progress']) == 0
+    build_corpus(CorpusConfig(sel, tmp_path/'C', seq_len=15, shards=2, train_tokenizer=300, progress=False))
+    def users_file(_): (tmp_path/'C'/'notes.md').write_text('mine')
+    with pytest.raises(LegalnbError, match='the new corpus is finished in .*: move it yourself'):
+        build_corpus(CorpusConfig(sel, tmp_path/'C', seq_len=7, shards=2, train_tokenizer=300, progress=False),
+                     on_shard=users_file)
+    assert tree_bytes(tmp_path/'.C.rebuild') == tree_bytes(tmp_path/'new')
+    assert '.legalnb-owned.json' in tree_bytes(tmp_path/'new')
 
 
 def test_a_swap_killed_half_way_is_finished_by_the_next_run(tmp_path, good):
