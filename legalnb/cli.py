@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == '--version':
         from legalnb import __version__; print(__version__); return 0
     cmd, rest = argv[0], argv[1:]
+    os.environ.setdefault('HF_HUB_OFFLINE', '1')   # legalnb downloads nothing: no library phones home (issue 48)
     if cmd not in COMMANDS:
         print(f'legalnb: unknown command {cmd!r}; choose from {", ".join(COMMANDS)}', file=sys.stderr); return 2
     try: return command_main(cmd)(rest) or 0

@@ -792,10 +792,13 @@ def packs_here(model) -> bool:
     return hasattr(sys.modules[type(model).__module__], 'create_causal_mask')
 
 # %% ../nbs/06_hf.ipynb #291c2408
-def _layer_class(model: str | Path) -> str:
-    "The decoder layer class of the model at `model` (what FSDP wraps), from its config alone."
+def _layer_class(model: str | Path | None) -> str:
+    "The decoder layer class of the model at `model` (what FSDP wraps), from its config alone, found as every command "
+    "finds a model: a folder here, else org/name in the Hugging Face cache (one line naming `hf download`), no network."
     from transformers import AutoConfig, AutoModelForCausalLM
-    try: cls = AutoModelForCausalLM._model_mapping[type(AutoConfig.from_pretrained(model, local_files_only=True,
+    folder = model_folder(model) if model else None
+    if folder is None or not (folder/'config.json').is_file(): return 'LlamaDecoderLayer'   # a path the nodes see
+    try: cls = AutoModelForCausalLM._model_mapping[type(AutoConfig.from_pretrained(folder, local_files_only=True,
                                                                                     trust_remote_code=False))]
     except Exception: return 'LlamaDecoderLayer'   # unknown here: the common one (the printed command shows it)
     return sorted(getattr(cls, '_no_split_modules', None) or ['LlamaDecoderLayer'])[0]

@@ -128,3 +128,53 @@ def test_help_says_a_model_may_be_named():
     from legalnb.commands import command_flags
     for command in ('finetune', 'evaluate', 'generate', 'run', 'build-corpus'):
         assert 'org/name' in command_flags(command).format_help(), command
+
+
+def _listener():
+    "A socket on 127.0.0.1 that counts the connections made to it (the requests' first bytes)."
+    import socket, threading
+    s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(64); seen = []
+    def accept():
+        while True:
+            try: c, _ = s.accept()
+            except OSError: return
+            c.settimeout(5)
+            try: seen.append(c.recv(200))
+            except OSError: seen.append(b'')
+            c.close()
+    threading.Thread(target=accept, daemon=True).start()
+    return s, seen
+
+
+def test_no_command_opens_a_connection_for_a_missing_or_a_cached_model(hf_home, tmp_path):
+    "Issue 48: the Hub (HF_ENDPOINT) and a proxy (HTTPS_PROXY, HTTP_PROXY) are local listeners; no command given a "
+    "model, in the cache or not, connects to either. `legalnb slurm` resolves the model as the others do: one line "
+    "naming `hf download` for a missing one, no job written (it used to ask huggingface_hub, which fetched its agent "
+    "registry, and then wrote the job with a guessed layer class)."
+    import os, subprocess, sys
+    (hub, hub_seen), (proxy, proxy_seen) = _listener(), _listener()
+    at = lambda s: f'http://127.0.0.1:{s.getsockname()[1]}'
+    env = {k: v for k, v in os.environ.items() if k.upper() not in ('NO_PROXY', 'HF_HUB_OFFLINE', 'HF_HUB_CACHE',
+                                                                     'HUGGINGFACE_HUB_CACHE', 'TRANSFORMERS_OFFLINE')}
+    env |= dict(HF_HOME=str(hf_home), HF_ENDPOINT=at(hub), HTTPS_PROXY=at(proxy), HTTP_PROXY=at(proxy),
+                https_proxy=at(proxy), http_proxy=at(proxy))
+    src, missing = _sources(hf_home/'hub'), 'legal-org/absent'
+    slurm = lambda m, job: ['slurm', 'finetune', '--strategy', 'fsdp', '-o', tmp_path/job, '--', '--model', m,
+                            '--data', src/'corpus', '--out', 'ft']
+    cases = {'slurm': slurm(missing, 'missing.slurm'),
+             'finetune': ['finetune', '--model', missing, '--data', src/'corpus', '--out', tmp_path/'ft'],
+             'evaluate': ['evaluate', missing, '--data', src/'heldout.jsonl', '--out', tmp_path/'eval'],
+             'generate': ['generate', missing, '--prompt', 'Article 1'],
+             'export': ['export', missing, '--out', tmp_path/'hf'],
+             'slurm, cached': slurm(NAME, 'cached.slurm')}
+    runs = {k: subprocess.Popen([sys.executable, '-m', 'legalnb.cli', *map(str, argv)], env=env, cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k, argv in cases.items()}
+    done = {k: (p.wait(timeout=300), p.communicate()[1].strip().splitlines()) for k, p in runs.items()}
+    hub.close(); proxy.close()
+    assert hub_seen == [] and proxy_seen == [], (hub_seen, proxy_seen)
+    for k in ('slurm', 'finetune', 'evaluate', 'generate'):
+        assert done[k][0] == 2 and len(done[k][1]) == 1 and f'`hf download {missing}`' in done[k][1][0], (k, done[k])
+    assert done['export'][0] == 2 and len(done['export'][1]) == 1, done['export']
+    assert not (tmp_path/'missing.slurm').exists() and not (tmp_path/'ft').exists() and not (tmp_path/'eval').exists()
+    assert done['slurm, cached'][0] == 0, done['slurm, cached']
+    assert '--fsdp_transformer_layer_cls_to_wrap LlamaDecoderLayer' in (tmp_path/'cached.slurm').read_text()
