@@ -39,8 +39,9 @@ def references(tmp_path_factory):
 @pytest.fixture(scope='module')
 def reference(references): return references('resonance')
 
-def wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout=120):
-    "Block until the metrics file records `step` (or the process ends)."
+def wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout=900):
+    "Block until the metrics file records `step` (or the process ends); the bound only stops a hung run (a loaded "
+    "machine may take minutes to start one: a shorter bound killed it before `step`, at a moment the test did not mean)."
     t0 = time.time()
     while time.time() - t0 < timeout and proc.poll() is None:
         if metrics.exists() and any(r['step'] >= step for r in read_metrics(metrics)): return
