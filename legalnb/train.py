@@ -1005,13 +1005,21 @@ def summarize(run: Run) -> dict:
     return summary
 
 # %% ../nbs/05_train.ipynb #a1b2c307
+def _overwritten(out: Path) -> list[Path]:
+    "What --overwrite deletes in `out` (RUN_OUTPUTS there), every one checked before any is deleted: a symbolic "
+    "link among them (a tb/ linked elsewhere, even one `legalnb own` recorded) is refused and nothing is deleted."
+    found = [out/n for n in RUN_OUTPUTS if os.path.lexists(out/n)]
+    if link := next((p for p in found if p.is_symlink()), None):
+        raise LegalnbError(f'--out {out}: {link.name} is a symbolic link (to {os.readlink(link)}); --overwrite '
+                           f'deletes only what a run wrote in its folder: remove the link, or choose another --out')
+    return found
+
 def _open_run_folder(run: Run):
     "Rank 0: clear what --overwrite deletes, metrics after the resumed step, half-written saves; start the watchers."
     cfg, out = run.cfg, run.out
     if not run.d.main: return
-    for name in RUN_OUTPUTS if cfg.overwrite else ():
-        if (out/name).is_dir(): shutil.rmtree(out/name)
-        elif (out/name).exists(): (out/name).unlink()
+    for p in _overwritten(out) if cfg.overwrite else ():   # all checked first: nothing deleted if one is refused
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
     out.mkdir(parents=True, exist_ok=True); _trim_metrics(out/'metrics.jsonl', run.start)
     for p in (out/'checkpoints').glob('.tmp-step-*'): shutil.rmtree(p, ignore_errors=True)
     run.callbacks = [MetricsFile(out/'metrics.jsonl')]

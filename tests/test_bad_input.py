@@ -897,6 +897,17 @@ RECORD_CASES = [  # 2. records that vouch too much: one line, nothing deleted
      '{w}/proj holds files of other programs (.git); name those legalnb wrote: legalnb own {w}/proj --files NAME...'),
 ]
 
+def linked_tb(w: Path):
+    "A setup step: run/tb is a link to the user's folder outside/tb, recorded as legalnb's (as `legalnb own` would)."
+    from legalnb.core import record_as
+    (w/'outside'/'tb').mkdir(parents=True); (w/'outside'/'tb'/'events.out').write_text(PRECIOUS)
+    (w/'run'/'tb').symlink_to(w/'outside'/'tb'); record_as(w/'run', ['tb'], 'legalnb own')
+
+RECORD_CASES += [  # issue 48: --overwrite checks every link before it deletes anything
+    ('train --overwrite with a linked tb/ that a record lists', ['train', *TRAIN_RUN, '--max-steps', '3', '--overwrite'],
+     linked_tb, '--out {w}/run: tb is a symbolic link (to {w}/outside/tb); --overwrite deletes only what a run wrote'),
+]
+
 ROUND_THREE = LOCK_CASES + RECORD_CASES
 
 @pytest.mark.parametrize('name,argv,setup,expect', ROUND_THREE, ids=[c[0] for c in ROUND_THREE])
