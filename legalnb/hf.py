@@ -33,9 +33,9 @@ __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', '
            'training_args_from_preset', 'deepspeed_zero3_config', 'write_launch_configs', 'launch_environment',
            'launch_plugin', 'launch_commands', 'launch_flags', 'check_run_folder', 'trainer_records', 'start_metrics',
            'split_off', 'qlora_unavailable', 'quantization_4bit', 'quantization_for', 'packs_here',
-           'refuse_single_process', 'training_rows', 'unpack_4bit_on_cpu', 'FinetuneConfig', 'FinetuneRun', 'finetune',
-           'finetune_command', 'finetune_parser', 'finetune_main', 'ScheduledBatches', 'StepCollator',
-           'check_resumed_schedule', 'scheduled_trainer']
+           'refuse_single_process', 'training_rows', 'unpack_4bit_on_cpu', 'FinetuneConfig', 'FinetuneRun',
+           'purge_resumed_tensorboard', 'finetune', 'finetune_command', 'finetune_parser', 'finetune_main',
+           'ScheduledBatches', 'StepCollator', 'check_resumed_schedule', 'scheduled_trainer']
 
 # %% ../nbs/06_hf.ipynb #c3d5eafa
 _SUBJECTS = ('the Commission', 'each Member State', 'the competent authority', 'the controller', 'the Agency',
@@ -1112,6 +1112,17 @@ def _batching(run: FinetuneRun, net, attention, make_args, args, overrides: dict
     return DataCollatorForSeq2Seq(run.tok, padding='longest', pad_to_multiple_of=8,
                                   label_pad_token_id=-100), 'length-grouped', args
 
+# %% ../nbs/06_hf.ipynb #8af9e511
+def purge_resumed_tensorboard(trainer,            # a transformers Trainer, before `train`
+                              step: int | None):  # the step of the checkpoint it resumes (None: a new run)
+    "Make the Trainer's TensorBoard writer drop the events an earlier try logged after checkpoint `step` (TensorBoard's "
+    "`purge_step`, as the native trainer's writer does): a run killed and resumed is then one run, each step once."
+    from transformers.integrations import TensorBoardCallback
+    if step is None: return
+    for cb in trainer.callback_handler.callbacks:
+        if isinstance(cb, TensorBoardCallback) and cb.tb_writer is None and getattr(cb, '_SummaryWriter', None):
+            cb._SummaryWriter = functools.partial(cb._SummaryWriter, purge_step=step + 1)   # made at on_train_begin
+
 # %% ../nbs/06_hf.ipynb #ad9df5d5
 def _finished(run: FinetuneRun, trainer, result, out: Path, args, how: str, dtype, sharded: bool) -> dict:
     "Save the model and write finetune.json: what was trained, how, how fast; the summary."
@@ -1151,6 +1162,9 @@ def finetune(cfg: FinetuneConfig,              # the run's settings: model, data
               f'rule; {run.preset.steps:,} steps' + ('' if run.fixed_steps else ' (one pass over the rows)'))
     names = parse_report_to(overrides.pop('report_to', None))   # transformers' integrations log to the trackers
     check_trackers(names)
+    if run.main:   # a damaged trackers.json, W&B online without a key, MLflow not answering: refused before writing
+        from legalnb.metrics import check_tracker_setup
+        check_tracker_setup(out, names, resume=run.last is not None)
     if names: overrides['report_to'] = list(names)
     # the TrainingArguments (and a DeepSpeed config) exist before the weights load: ZeRO-3 shards at load time
     make_args = lambda per_row: training_args_from_preset(run.preset, out, verbose=run.main, examples_per_row=per_row,
@@ -1173,6 +1187,7 @@ def finetune(cfg: FinetuneConfig,              # the run's settings: model, data
         if 'wandb' in ids and 'wandb' in names: wandb_run(ids)   # the integration logs to the run it finds started
         trainer = (scheduled_trainer(c.batch_schedule, run.preset.micro_batch, c.batch_lr_rule, run.tok.pad_token_id,
                                      **kw) if run.sched else Trainer(**kw))
+        if run.main: purge_resumed_tensorboard(trainer, step)   # the killed try's steps after the checkpoint: once
         result = trainer.train(resume_from_checkpoint=run.last)
     if records.stopped:   # a sink (the budget guard) stopped it: the checkpoint is the result; --resume goes on
         return {**run.summary, 'stopped': records.stopped, 'step': trainer.state.global_step,

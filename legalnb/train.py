@@ -1009,6 +1009,8 @@ def _open_run_folder(run: Run):
     "Rank 0: clear what --overwrite deletes, metrics after the resumed step, half-written saves; start the watchers."
     cfg, out = run.cfg, run.out
     if not run.d.main: return
+    from legalnb.metrics import check_tracker_setup   # a damaged trackers.json, W&B or MLflow: refused before writing
+    check_tracker_setup(out, parse_report_to(cfg.report_to), bool(cfg.resume))
     for name in RUN_OUTPUTS if cfg.overwrite else ():
         if (out/name).is_dir(): shutil.rmtree(out/name)
         elif (out/name).exists(): (out/name).unlink()
