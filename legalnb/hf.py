@@ -1136,8 +1136,8 @@ def fit_workers_to_open_files(args,                      # the TrainingArguments
 # %% ../nbs/06_hf.ipynb #8af9e511
 def purge_resumed_tensorboard(trainer,            # a transformers Trainer, before `train`
                               step: int | None):  # the step of the checkpoint it resumes (None: a new run)
-    "Make the Trainer's TensorBoard writer drop the events an earlier try logged after checkpoint `step` (TensorBoard's "
-    "`purge_step`, as the native trainer's writer does): a run killed and resumed is then one run, each step once."
+    "Make the Trainer's TensorBoard writer drop the events an earlier try logged after checkpoint `step` "
+    "(TensorBoard's `purge_step`, as the native trainer's writer does): a killed and resumed run shows each step once."
     from transformers.integrations import TensorBoardCallback
     if step is None: return
     for cb in trainer.callback_handler.callbacks:
