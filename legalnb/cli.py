@@ -324,6 +324,9 @@ def _parsed(command: str, args: list[str], required: tuple[str, ...]) -> dict:
     "`legalnb COMMAND ARGS`'s settings, parsed here: a typo fails now, not after the job waited in the queue."
     try: settings = command_settings(command, args)
     except LegalnbError as e: raise LegalnbError(f'the flags of legalnb {command} after --: {e}') from None
+    if command == 'train' and settings.get('config'):   # the YAML file read and checked now, as train will read it
+        from legalnb.train import config_from_settings
+        settings = vars(config_from_settings(settings))   # its --data and --out are the file's (or the flags')
     if missing := [f'--{k}' for k in required if not settings.get(k) and not settings.get('config')]:
         raise LegalnbError(f'legalnb {command} needs {", ".join(missing)}: give it after --, e.g. legalnb slurm '
                            f'{command} --nodes 2 -o job.slurm -- {" ".join(f"{m} ..." for m in missing)}')

@@ -122,8 +122,15 @@ def _hf_tokenizer(*folders: Path, trust: bool = False):
     from transformers import AutoTokenizer
     for f in folders:
         if any((f/n).is_file() for n in ('tokenizer.json', 'tokenizer_config.json', 'tokenizer.model')):
-            tok = AutoTokenizer.from_pretrained(f, local_files_only=True,
-                                                trust_remote_code=legalnb_remote_code(f, trust))
+            for n in ('tokenizer.json', 'tokenizer_config.json'):   # damaged: one line that names the file
+                if (f/n).is_file(): read_json(f/n, 'the JSON save_pretrained writes: save the tokenizer again')
+            try: tok = AutoTokenizer.from_pretrained(f, local_files_only=True,
+                                                     trust_remote_code=legalnb_remote_code(f, trust))
+            except LegalnbError: raise
+            except Exception as e:   # transformers and tokenizers raise many types: all mean a damaged folder
+                why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+                raise LegalnbError(f'{f}: the tokenizer could not be loaded ({why}); save it again with '
+                                   'save_pretrained') from None
             if not getattr(tok, 'is_fast', False):
                 raise LegalnbError(f'{f}: only a slow tokenizer; save a fast one (tokenizer.json) with save_pretrained')
             return tok

@@ -24,18 +24,18 @@ from .metrics import (MetricsFile, metric_lines, notify, parse_report_to, check_
 from .models import refuse_pickled_weights   # no loader sees a pickle
 
 # %% auto #0
-__all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', 'STRATEGY_FILES', 'legal_sentences',
-           'train_tiny_tokenizer', 'tiny_config', 'build_tiny_model', 'hf_config', 'load_hf_model', 'doc_positions',
-           'CausalLMShards', 'write_demo_shards', 'check_corpus_fits', 'read_examples', 'demo_examples',
-           'encode_example', 'LengthChoice', 'right_size_length', 'truncate_example', 'encode_examples',
-           'pack_examples', 'PackedCollator', 'packs_without_leakage', 'sft_dataset', 'lora_target_modules',
-           'LoraSettings', 'add_lora', 'merge_adapter', 'plan_training_args', 'format_plan',
+__all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', 'STRATEGY_FILES', 'FILES_PER_MICRO_BATCH',
+           'FILES_RESERVED', 'legal_sentences', 'train_tiny_tokenizer', 'tiny_config', 'build_tiny_model', 'hf_config',
+           'load_hf_model', 'doc_positions', 'CausalLMShards', 'write_demo_shards', 'check_corpus_fits',
+           'read_examples', 'demo_examples', 'encode_example', 'LengthChoice', 'right_size_length', 'truncate_example',
+           'encode_examples', 'pack_examples', 'PackedCollator', 'packs_without_leakage', 'sft_dataset',
+           'lora_target_modules', 'LoraSettings', 'add_lora', 'merge_adapter', 'plan_training_args', 'format_plan',
            'training_args_from_preset', 'deepspeed_zero3_config', 'write_launch_configs', 'launch_environment',
            'launch_plugin', 'launch_commands', 'launch_flags', 'check_run_folder', 'trainer_records', 'start_metrics',
            'split_off', 'qlora_unavailable', 'quantization_4bit', 'quantization_for', 'packs_here',
-           'refuse_single_process', 'training_rows', 'unpack_4bit_on_cpu', 'FinetuneConfig', 'FinetuneRun', 'finetune',
-           'finetune_command', 'finetune_parser', 'finetune_main', 'ScheduledBatches', 'StepCollator',
-           'check_resumed_schedule', 'scheduled_trainer']
+           'refuse_single_process', 'training_rows', 'unpack_4bit_on_cpu', 'FinetuneConfig', 'FinetuneRun',
+           'fit_workers_to_open_files', 'purge_resumed_tensorboard', 'finetune', 'finetune_command', 'finetune_parser',
+           'finetune_main', 'ScheduledBatches', 'StepCollator', 'check_resumed_schedule', 'scheduled_trainer']
 
 # %% ../nbs/06_hf.ipynb #c3d5eafa
 _SUBJECTS = ('the Commission', 'each Member State', 'the competent authority', 'the controller', 'the Agency',
@@ -1115,6 +1115,38 @@ def _batching(run: FinetuneRun, net, attention, make_args, args, overrides: dict
     return DataCollatorForSeq2Seq(run.tok, padding='longest', pad_to_multiple_of=8,
                                   label_pad_token_id=-100), 'length-grouped', args
 
+# %% ../nbs/06_hf.ipynb #591d5df0
+FILES_PER_MICRO_BATCH = 4   # tensors of a collated micro-batch (input_ids, labels, attention mask or positions, ...):
+                            # each one a worker sends keeps a shared-memory descriptor open while the Trainer holds it
+FILES_RESERVED = 256        # descriptors the rest of the process keeps for itself (libraries, weights, the workers)
+
+def fit_workers_to_open_files(args,                      # the TrainingArguments (changed in place)
+                              limit: int | None = None   # open files allowed (default: this process's `ulimit -n`)
+                             ) -> str | None:
+    "The Trainer holds a step's micro-batches until the step ends: from DataLoader workers, each keeps descriptors "
+    "open. Load in the main process (workers 0) when they would pass `limit`; the line that says so (None: unchanged)."
+    import resource
+    workers, micro = args.dataloader_num_workers, args.gradient_accumulation_steps
+    limit = limit or resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    need = micro * FILES_PER_MICRO_BATCH + FILES_RESERVED
+    if not workers or limit == resource.RLIM_INFINITY or need <= limit: return None
+    args.dataloader_num_workers, args.dataloader_prefetch_factor = 0, None
+    args.dataloader_persistent_workers, args.dataloader_multiprocessing_context = False, None
+    return (f'--workers {workers}: a step of {micro:,} micro-batches from worker processes keeps about {need:,} files '
+            f'open, over this process\'s limit of {limit:,} (ulimit -n): data is loaded in the main process '
+            '(--workers 0); raise ulimit -n to keep the workers')
+
+# %% ../nbs/06_hf.ipynb #8af9e511
+def purge_resumed_tensorboard(trainer,            # a transformers Trainer, before `train`
+                              step: int | None):  # the step of the checkpoint it resumes (None: a new run)
+    "Make the Trainer's TensorBoard writer drop the events an earlier try logged after checkpoint `step` "
+    "(TensorBoard's `purge_step`, as the native trainer's writer does): a killed and resumed run shows each step once."
+    from transformers.integrations import TensorBoardCallback
+    if step is None: return
+    for cb in trainer.callback_handler.callbacks:
+        if isinstance(cb, TensorBoardCallback) and cb.tb_writer is None and getattr(cb, '_SummaryWriter', None):
+            cb._SummaryWriter = functools.partial(cb._SummaryWriter, purge_step=step + 1)   # made at on_train_begin
+
 # %% ../nbs/06_hf.ipynb #ad9df5d5
 def _finished(run: FinetuneRun, trainer, result, out: Path, args, how: str, dtype, sharded: bool) -> dict:
     "Save the model and write finetune.json: what was trained, how, how fast; the summary."
@@ -1154,6 +1186,9 @@ def finetune(cfg: FinetuneConfig,              # the run's settings: model, data
               f'rule; {run.preset.steps:,} steps' + ('' if run.fixed_steps else ' (one pass over the rows)'))
     names = parse_report_to(overrides.pop('report_to', None))   # transformers' integrations log to the trackers
     check_trackers(names)
+    if run.main:   # a damaged trackers.json, W&B online without a key, MLflow not answering: refused before writing
+        from legalnb.metrics import check_tracker_setup
+        check_tracker_setup(out, names, resume=run.last is not None)
     if names: overrides['report_to'] = list(names)
     # the TrainingArguments (and a DeepSpeed config) exist before the weights load: ZeRO-3 shards at load time
     make_args = lambda per_row: training_args_from_preset(run.preset, out, verbose=run.main, examples_per_row=per_row,
@@ -1162,6 +1197,7 @@ def finetune(cfg: FinetuneConfig,              # the run's settings: model, data
     args = make_args(run.per_row)
     net, dtype, sharded = _load_for_training(run, model, c.attention, c.qlora, c.qlora_bits)
     collate, how, args = _batching(run, net, c.attention, make_args, args, overrides)
+    if not run.sched and (line := fit_workers_to_open_files(args)) and run.main: print(line)   # "Too many open files"
     if c.qlora:
         from peft import prepare_model_for_kbit_training
         net = prepare_model_for_kbit_training(
@@ -1176,6 +1212,7 @@ def finetune(cfg: FinetuneConfig,              # the run's settings: model, data
         if 'wandb' in ids and 'wandb' in names: wandb_run(ids)   # the integration logs to the run it finds started
         trainer = (scheduled_trainer(c.batch_schedule, run.preset.micro_batch, c.batch_lr_rule, run.tok.pad_token_id,
                                      **kw) if run.sched else Trainer(**kw))
+        if run.main: purge_resumed_tensorboard(trainer, step)   # the killed try's steps after the checkpoint: once
         result = trainer.train(resume_from_checkpoint=run.last)
     if records.stopped:   # a sink (the budget guard) stopped it: the checkpoint is the result; --resume goes on
         return {**run.summary, 'stopped': records.stopped, 'step': trainer.state.global_step,

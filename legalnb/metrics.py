@@ -4,7 +4,7 @@
 
 # %% ../nbs/04c_metrics.ipynb #b13c8a26
 from __future__ import annotations
-import argparse, json, os, sys, uuid
+import argparse, json, os, re, sys, uuid
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -12,9 +12,10 @@ from typing import Iterable, Iterator, Sequence
 from .core import LegalnbError, atomic_write, read_json
 
 # %% auto #0
-__all__ = ['TRACKERS', 'TRACKER_FILES', 'TRACKER_HELP', 'notify', 'MetricsFile', 'metric_lines', 'read_metrics',
-           'parse_report_to', 'check_trackers', 'report_to_flag', 'wandb_logged_in', 'tracker_environment',
-           'environment', 'mlflow_run', 'tracker_runs', 'wandb_run', 'run_environment', 'tracker_lines',
+__all__ = ['TRACKERS', 'TRACKER_FILES', 'TRACKER_HELP', 'TRACKER_IDS', 'MLFLOW_ANSWER_S', 'notify', 'MetricsFile', 'metric_lines',
+           'read_metrics', 'parse_report_to', 'check_trackers', 'report_to_flag', 'wandb_logged_in',
+           'tracker_environment', 'environment', 'kept_tracker_runs', 'mlflow_run', 'tracker_runs', 'wandb_run',
+           'run_environment', 'check_wandb_key', 'check_mlflow_server', 'check_tracker_setup', 'tracker_lines',
            'close_open_runs', 'tracking']
 
 # %% ../nbs/04c_metrics.ipynb #a3b48442
@@ -139,6 +140,23 @@ def environment(values: dict[str, str]) -> Iterator[None]:
             if v is None: os.environ.pop(k, None)
             else: os.environ[k] = v
 
+# %% ../nbs/04c_metrics.ipynb #671cce6b
+TRACKER_IDS = {   # trackers.json's keys: (the value's pattern, what it is) -- the trackers' own id alphabets, bounded
+    'name': (r'[^\x00-\x1f\x7f/\\]{1,300}', 'a run name (a short text without slashes or control characters)'),
+    'wandb': (r'[A-Za-z0-9_-]{1,64}', 'a W&B run id (up to 64 letters, digits, _ or -)'),
+    'mlflow': (r'[A-Za-z0-9][A-Za-z0-9_-]{0,63}', 'an MLflow run id (up to 64 letters, digits, _ or -)')}
+
+def kept_tracker_runs(out: str | Path) -> dict:
+    "The run name and tracker ids `out`/trackers.json keeps ({} without one), each a short string of its alphabet."
+    path = Path(out)/'trackers.json'
+    if not path.is_file(): return {}
+    kept = read_json(path, 'the trackers of a run (legalnb writes it)')
+    for key, (pattern, what) in TRACKER_IDS.items():
+        if (v := kept.get(key)) is not None and not (isinstance(v, str) and re.fullmatch(pattern, v)):
+            raise LegalnbError(f'{path}: "{key}" is {json.dumps(v)[:60]}; expected {what}: restore the file legalnb '
+                               'wrote, or move it away (--resume then starts new tracker runs)')
+    return kept
+
 # %% ../nbs/04c_metrics.ipynb #ba387164
 def mlflow_run(run_id: str | None, name: str) -> str:
     "`run_id` when the tracking store (MLFLOW_TRACKING_URI) holds it, else a new run `name` in MLFLOW_EXPERIMENT_NAME."
@@ -156,7 +174,7 @@ def mlflow_run(run_id: str | None, name: str) -> str:
 def tracker_runs(out: str | Path, names: Sequence[str], resume: bool) -> dict:
     "The run name and tracker ids of the run in `out` (its trackers.json): kept when `resume`, else new; written."
     path = Path(out)/'trackers.json'
-    kept = read_json(path, 'the trackers of a run (legalnb writes it)') if resume and path.is_file() else {}
+    kept = kept_tracker_runs(out) if resume else {}
     ids = dict(kept, name=kept.get('name') or f'{Path(out).absolute().name}-{uuid.uuid4().hex[:6]}')
     if 'wandb' in names: ids['wandb'] = kept.get('wandb') or uuid.uuid4().hex[:12]
     if 'mlflow' in names: ids['mlflow'] = mlflow_run(kept.get('mlflow'), ids['name'])
@@ -178,6 +196,44 @@ def run_environment(ids: dict, names: Sequence[str]) -> dict[str, str]:
     "The environment variables that make W&B and MLflow (and transformers' integrations) continue the runs `ids` name."
     env = dict(WANDB_RUN_ID=ids['wandb'], WANDB_RESUME='allow') if 'wandb' in names else {}
     return env | ({'MLFLOW_RUN_ID': ids['mlflow']} if 'mlflow' in names else {})
+
+# %% ../nbs/04c_metrics.ipynb #e1c7b516
+MLFLOW_ANSWER_S = 5.0   # seconds an http(s) MLFLOW_TRACKING_URI has to answer before a run is refused
+
+def check_wandb_key(env: dict | None = None):
+    "Refuse, in one line, WANDB_MODE=online without a W&B key: W&B would stop the run (or ask on a terminal)."
+    env = os.environ if env is None else env
+    if (env.get('WANDB_MODE') or '').lower() == 'online' and not wandb_logged_in(env):
+        raise LegalnbError('WANDB_MODE=online, but W&B has no key (no WANDB_API_KEY, no entry in ~/.netrc): run '
+                           '`wandb login`, or set WANDB_MODE=offline (`wandb sync` uploads the run later)')
+
+def check_mlflow_server(uri: str | None,            # MLFLOW_TRACKING_URI (only http and https are asked)
+                        timeout: float | None = None):  # seconds (default MLFLOW_ANSWER_S)
+    "Refuse, in one line, an MLflow server that does not answer within `timeout` seconds; any HTTP answer will do."
+    import ssl, urllib.error, urllib.request
+    from urllib.parse import urlparse
+    if not uri or urlparse(uri).scheme.lower() not in ('http', 'https'): return   # a file store, databricks, ...
+    timeout = MLFLOW_ANSWER_S if timeout is None else timeout
+    try: urllib.request.urlopen(uri.rstrip('/') + '/health', timeout=timeout).close()
+    except urllib.error.HTTPError: return   # an error status is an answer: the server is there
+    except (OSError, ValueError) as e:
+        why = getattr(e, 'reason', None) or e
+        if isinstance(why, ssl.SSLError): return   # it answered; MLflow's own TLS settings decide
+        why = 'no answer' if isinstance(why, TimeoutError) else getattr(why, 'strerror', None) or str(why)
+        raise LegalnbError(f'MLFLOW_TRACKING_URI {uri}: {why} within {timeout:g} s; start the server (mlflow '
+                           'server), fix the address, or unset it to log into OUT/mlruns') from None
+
+def check_tracker_setup(out: str | Path,        # the run folder
+                        names: Sequence[str],   # the trackers of the run
+                        resume: bool = False,   # its trackers.json will be continued
+                        env: dict | None = None):  # the environment (default: os.environ)
+    "Refuse, before a run writes anything, what its trackers would fail on later: a damaged trackers.json (on "
+    "`resume`), W&B online without a key, an MLflow server that does not answer."
+    env = os.environ if env is None else env
+    if not names: return
+    if resume: kept_tracker_runs(out)
+    if 'wandb' in names: check_wandb_key(env)
+    if 'mlflow' in names: check_mlflow_server(env.get('MLFLOW_TRACKING_URI'))
 
 # %% ../nbs/04c_metrics.ipynb #a2dd46f1
 def tracker_lines(names: Sequence[str], ids: dict) -> list[str]:
@@ -221,7 +277,7 @@ def tracking(out: str | Path,           # the run folder
     "The trackers' environment while a run trains: their files in `out`, their runs continued on `resume`; yields "
     "the ids ({} without trackers); the runs a tracker library holds open are closed after, however the block ends."
     if not names or not main: yield {}; return
-    check_trackers(names)
+    check_trackers(names); check_tracker_setup(out, names, resume)
     with environment(tracker_environment(out, names)):
         ids = tracker_runs(out, names, resume)
         print('\n'.join(tracker_lines(names, ids)), flush=True)

@@ -1018,6 +1018,8 @@ def _open_run_folder(run: Run):
     "Rank 0: clear what --overwrite deletes, metrics after the resumed step, half-written saves; start the watchers."
     cfg, out = run.cfg, run.out
     if not run.d.main: return
+    from legalnb.metrics import check_tracker_setup   # a damaged trackers.json, W&B or MLflow: refused before writing
+    check_tracker_setup(out, parse_report_to(cfg.report_to), bool(cfg.resume))
     for p in _overwritten(out) if cfg.overwrite else ():   # all checked first: nothing deleted if one is refused
         shutil.rmtree(p) if p.is_dir() else p.unlink()
     out.mkdir(parents=True, exist_ok=True); _trim_metrics(out/'metrics.jsonl', run.start)

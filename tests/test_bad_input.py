@@ -1245,6 +1245,34 @@ def test_round_three_model_folders(name, argv, setup, expect, base, tmp_path, ca
     test_round_three_locks_and_records(name, argv, setup, expect, base, tmp_path, capsys, monkeypatch)
     assert not (tmp_path/'w'/'pwned').exists(), 'a pickle was opened or a task\'s code ran'
 
+# ---------------------------------------------------------------- issue 48: one line for every damaged file
+def not_json(rel: str, text: str = '{"version": "1.0", "model": {'):
+    "A setup step: the file `w/rel` cut short (not JSON any more)."
+    def setup(w: Path): (w/rel).write_text(text)
+    return setup
+
+SLURM_JOB = ['slurm', 'train', '-o', '{w}/job.slurm', '--', '--config', '{w}/train.yaml']
+DAMAGED_CASES = [  # 4. a damaged file or a config refused in one line, before anything is written
+    ('evaluate an export whose tokenizer.json is not JSON', ['evaluate', '{w}/exp', *EVALUATE],
+     exported('exp', not_json('tokenizer.json')),
+     '{w}/exp/tokenizer.json: not valid JSON (Expecting property name enclosed in double quotes at line 1, column 30)'),
+    ('generate from an export whose tokenizer.json is not JSON', ['generate', '{w}/exp', '--prompt', 'x', '--device',
+     'cpu'], exported('exp', not_json('tokenizer.json', 'Article 1')),
+     '{w}/exp/tokenizer.json: not valid JSON (Expecting value at line 1, column 1); expected the JSON save_pretrained '
+     'writes: save the tokenizer again'),
+    ('slurm train --config with a bad value', SLURM_JOB, write('train.yaml', 'data: split\nout: run\nlr: 0\n'),
+     '{w}/train.yaml: lr must be > 0, got 0.0'),
+    ('slurm train --config with an unknown field', SLURM_JOB, write('train.yaml', 'data: split\nlearning_rate: 1\n'),
+     '{w}/train.yaml: unknown TrainConfig field(s) learning_rate'),
+    ('slurm train --config without data', SLURM_JOB, write('train.yaml', 'out: run\n'), 'legalnb train needs --data'),
+    ('slurm train --config not found', SLURM_JOB, nothing, '{w}/train.yaml: cannot be read'),
+]
+
+@pytest.mark.parametrize('name,argv,setup,expect', DAMAGED_CASES, ids=[c[0] for c in DAMAGED_CASES])
+def test_round_four_damaged_files(name, argv, setup, expect, base, tmp_path, capsys, monkeypatch):
+    "The round-three harness: exit 2, one line, no traceback, every file as it was (no job written)."
+    test_round_three_locks_and_records(name, argv, setup, expect, base, tmp_path, capsys, monkeypatch)
+
 def test_export_replaces_its_own_run_s_export_and_another_s_with_overwrite(base, tmp_path, capsys):
     "5. Exporting the same run again needs no flag; another run's needs --overwrite, then the record names it."
     from legalnb.core import recorded_by

@@ -730,3 +730,23 @@ def test_batch_schedule_on_two_cpu_processes_under_ddp_and_deepspeed_zero3(work,
     init = load_file(work/'model'/'model.safetensors')
     moved = max((a[k].float() - init[k].float()).abs().max().item() for k in a)
     assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) < 1e-4 < moved / 10
+
+
+# ---- issue 48: within the open-file limit ------------------------------------------------------------------------
+
+def test_a_large_accumulation_with_workers_stays_within_the_open_file_limit(work, tmp_path):
+    "150 micro-batches a step from 2 workers under `ulimit -n 256`: the Trainer would hold ~450 shared-memory "
+    "descriptors ('Too many open files'); finetune loads in the main process instead and says so in one line."
+    import resource
+    write_jsonl(demo_examples(160), tmp_path/'sft.jsonl')
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    limit = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))   # the child's soft limit only
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': str(ROOT)}
+    cmd = [sys.executable, '-m', 'legalnb.cli', 'finetune', '--model', str(work/'model'), '--data', str(tmp_path/'sft.jsonl'),
+           '--out', str(tmp_path/'run'), '--max-steps', '1', '--batch-size', '1', '--grad-accum', '150', '--workers', '2',
+           '--save-steps', '100']
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    assert p.returncode == 0 and 'Too many open files' not in p.stderr, p.stderr[-3000:]
+    assert ('--workers 2: a step of 150 micro-batches from worker processes keeps about 856 files open, over this '
+            "process's limit of 256 (ulimit -n): data is loaded in the main process (--workers 0)") in p.stdout
+    assert json.loads((tmp_path/'run'/'finetune.json').read_text())['steps'] == 1

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_split
+from conftest import make_split, tree
 from legalnb.cli import main
 from legalnb.core import LegalnbError
 from legalnb.train import config_from_args, train
@@ -195,3 +195,70 @@ def test_trackio_stopped_and_resumed_is_one_run(split_dir, tmp_path):
     logs = SQLiteStorage.get_logs('legalnb', name)
     assert [r['step'] for r in logs if 'train/loss' in r] == [1, 2, 3, 4, 5, 6]
     assert any('val/bpb' in r for r in logs)
+
+def test_a_damaged_trackers_json_or_tracker_environment_is_one_line_before_anything_is_written(split_dir, tmp_path,
+                                                                                                monkeypatch, capsys):
+    "Ids that are numbers, objects, paths or long strings; W&B online without a key; an MLflow server that is closed "
+    "or never answers: exit 2, one line, the run folder as it was."
+    import socket, time
+    import legalnb.metrics
+    out = tmp_path/'run'
+    assert train(config_from_args(run_args(split_dir, out, '--save-every', '2', '--report-to', 'tensorboard')),
+                 [StopAt(2)])['stopped']
+    (out/'trackers.json').write_text('{"name": "run-ab12cd", "wandb": "0a1b2c3d4e5f", "mlflow": "9f8e7d6c5b4a"}\n')
+    before = tree(out); capsys.readouterr()
+    def refused(tracker: str, *expected: str):
+        t = time.monotonic()
+        assert main(['train', *run_args(split_dir, out, '--report-to', tracker), '--resume']) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and all(e in err for e in expected), err
+        assert tree(out) == before, 'nothing written'
+        return time.monotonic() - t
+    good = (out/'trackers.json').read_text()
+    for tracker, key, bad, what in (('wandb', 'wandb', 7, 'a W&B run id'), ('mlflow', 'mlflow', {'id': 'x'}, 'an MLflow'),
+                                    ('trackio', 'name', '../../elsewhere', 'a run name'),
+                                    ('wandb', 'wandb', 'x' * 65, 'a W&B run id')):
+        (out/'trackers.json').write_text(json.dumps(dict(json.loads(good), **{key: bad})))
+        before = tree(out)
+        refused(tracker, f'{out/"trackers.json"}: "{key}" is {json.dumps(bad)[:60]}; expected {what}')
+    (out/'trackers.json').write_text(good); before = tree(out)
+    monkeypatch.setenv('WANDB_MODE', 'online')   # and no key: the fixture's home has no .netrc
+    refused('wandb', 'WANDB_MODE=online, but W&B has no key', 'run `wandb login`, or set WANDB_MODE=offline')
+    monkeypatch.delenv('WANDB_MODE')
+    with socket.socket() as closed:   # bound, not listening: connections are refused
+        closed.bind(('127.0.0.1', 0)); uri = f'http://127.0.0.1:{closed.getsockname()[1]}'
+        monkeypatch.setenv('MLFLOW_TRACKING_URI', uri)
+        assert refused('mlflow', f'MLFLOW_TRACKING_URI {uri}: Connection refused within 5 s', 'start the server') < 60
+    monkeypatch.setattr(legalnb.metrics, 'MLFLOW_ANSWER_S', 0.5)
+    with socket.socket() as silent:   # accepts connections (the kernel's backlog) and never answers
+        silent.bind(('127.0.0.1', 0)); silent.listen(); uri = f'http://127.0.0.1:{silent.getsockname()[1]}'
+        monkeypatch.setenv('MLFLOW_TRACKING_URI', uri)
+        assert refused('mlflow', f'MLFLOW_TRACKING_URI {uri}: no answer within 0.5 s') < 60
+
+def test_finetune_killed_after_a_checkpoint_and_resumed_is_one_run_in_tensorboard(hf_work, tmp_path, capsys):
+    "The first try fails at step 3, after its checkpoint at step 2 and its log of step 3 (a deterministic kill); the "
+    "resumed try logs step 3 again: TensorBoard's reader shows each step once. A damaged trackers.json is refused first."
+    from legalnb.core import Output, run_writing
+    from legalnb.hf import _run_file, finetune_command, finetune_parser
+    out = tmp_path/'run'
+    flags = ['--model', str(hf_work/'model'), '--data', str(hf_work/'sft.jsonl'), '--out', str(out), '--max-steps', '4',
+             '--batch-size', '2', '--grad-accum', '1', '--workers', '0', '--logging-steps', '1', '--save-steps', '2',
+             '--report-to', 'tensorboard']
+    crashed = dict(vars(finetune_parser().parse_args(flags)), sinks=[CrashAt(3)])
+    with pytest.raises(RuntimeError, match='crash at step 3'):
+        run_writing(finetune_command, crashed, 'legalnb finetune', [Output(ours=_run_file)])
+    assert sorted(p.name for p in out.glob('checkpoint-*')) == ['checkpoint-2']
+    assert [step for step, _ in scalars(out/'tb')['train/loss']] == [1, 2, 3], 'step 3 logged after the checkpoint'
+    good = json.loads((out/'trackers.json').read_text())
+    (out/'trackers.json').write_text(json.dumps(dict(good, name=['not', 'a', 'name'])))
+    before = tree(out); capsys.readouterr()
+    assert main(['finetune', *flags, '--resume']) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f'{out/"trackers.json"}: "name" is ["not", "a", "name"]; expected a run' in err
+    assert tree(out) == before, 'nothing written'
+    (out/'trackers.json').write_text(json.dumps(good))
+    assert main(['finetune', *flags, '--resume']) == 0
+    assert len(list((out/'tb').glob('events.out.tfevents.*'))) == 2, 'two tries, two event files'
+    tb = scalars(out/'tb')
+    assert [step for step, _ in tb['train/loss']] == [1, 2, 3, 4], 'each step once: the killed try\'s step 3 purged'
+    assert [step for step, _ in tb['train/learning_rate']] == [1, 2, 3, 4]
