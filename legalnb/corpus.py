@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import date
 from functools import cache
+from itertools import islice
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, NamedTuple
 import numpy as np
@@ -290,7 +291,7 @@ def check_val_docs(val_docs: float):
         raise LegalnbError(f'--val-docs must be a share of the acts below 1 (0.01 = 1%) or a whole number of acts '
                            f'(50), got {val_docs:g}')
     if 0.5 < val_docs < 1:
-        raise LegalnbError(f'--val-docs {val_docs:g} would hold out more than half of the selection and train on the '
+        raise LegalnbError(f'--val-docs {val_docs} would hold out more than half of the selection and train on the '
                            'smaller part; ask for a share of at most 0.5 (0.1 holds out 10% of the text)')
 
 VAL_MIN_ACTS = 20   # the fewest acts --val-docs holds out (all but one in a selection of fewer): one act is no test
@@ -396,18 +397,31 @@ def _topped_up(days: _ActDays, picked: list, fixed: set[str], floor: int, budget
 
 # %% ../nbs/02_corpus.ipynb #36f2883c
 def _by_share(days: _ActDays, share: float, floor: int, fixed: set[str]) -> tuple[set[str], str]:
-    "The acts --val-docs SHARE holds out, and a one-line notice when the floor of acts had to be lowered ('' if not)."
-    total = days.chars()
+    "The acts --val-docs SHARE holds out, and a one-line notice when the floor of acts moved the share ('' if not)."
+    total, names = days.chars(), lambda acts: {k for k, _ in acts}
     picked = _fitting(days.by_number(), share * total) or days.smallest(1)   # at least one act
-    names = lambda acts: {k for k, _ in acts}
     if len(fixed | names(picked)) >= floor: return names(picked), ''
-    budget = (share + FLOOR_ROOM) * total
-    if (got := _topped_up(days, picked, fixed, floor, budget)) is not None: return names(got), ''
+    budget = min(share + FLOOR_ROOM, 0.5) * total   # never more than half: the rest trains
+    if (got := _topped_up(days, picked, fixed, floor, budget)) is not None:   # then the walk fills what is left
+        got += _fitting(((k, c) for k, c in days.by_number() if k not in names(got)),
+                        share * total - sum(c for _, c in got))
+        if (held := sum(c for _, c in got) / total) >= share - FLOOR_ROOM: return names(got), ''
+        return names(got), (f'the floor of {floor} acts leaves {held:.1%} of the characters held out, not {share:.1%}: '
+                            f'the acts that would fill the share are too long to sit beside {floor - 1} others within '
+                            f'{FLOOR_ROOM * 100:g} points (--val-min-acts sets the floor)')
     others = [a for a in days.smallest(floor + len(fixed)) if a[0] not in fixed][:floor - len(fixed)]
     if len(small := _fitting(others, budget)) > len(picked): picked = small   # the most acts that fit: the smallest
     return names(picked), (f'the floor of {floor} acts is lowered to {len(fixed | names(picked))}: the {len(others)} '
                            f'smallest acts hold {sum(c for _, c in others) / total:.1%} of the characters, more than '
                            f'the asked {share:.1%} + {FLOOR_ROOM * 100:g} points (--val-min-acts sets the floor)')
+
+# %% ../nbs/02_corpus.ipynb #7380f0bb
+def _by_count(days: _ActDays, count: int, floor: int, fixed: set[str]) -> set[str]:
+    "The acts --val-docs COUNT holds out: the `count` acts of smallest numbers, and the next ones until, with `fixed`, "
+    "there are `floor` acts (a count is a number of acts, whatever their size)."
+    ranked = [k for k, _ in islice(days.by_number(), count + floor + len(fixed))]
+    part = set(ranked[:count])
+    return part | set([k for k in ranked if k not in part | fixed][:max(floor - len(part | fixed), 0)])
 
 # %% ../nbs/02_corpus.ipynb #bb292969
 class HeldOut(NamedTuple):
@@ -428,28 +442,23 @@ def choose_heldout(selected: str | Path, val_docs: float, seed: int = 0,
     after = parse_date(str(val_after), '--val-after') if val_after else None
     with tempfile.TemporaryDirectory(prefix='legalnb-acts-') as tmp, _ActDays(Path(tmp)/'acts.db') as days:
         late, found = _read_acts(selected, days, seed, after, set(named))
-        n_acts, floor, total = days.count(), max(1, min(min_acts, days.count() - 1)), days.chars()
-        held, notice = late | found, ''
-        part_chars = 0
-        if 0 < val_docs < 1:
-            part, notice = _by_share(days, val_docs, floor, held)
-            held, part_chars = held | part, days.chars(part)
-        elif val_docs:   # a count: the acts of the smallest numbers, topped up to the floor the same way
-            ranked = [k for k, _ in days.by_number()]
-            held |= set(ranked[:int(val_docs)])
-            if len(held) < floor: held |= set([k for k in ranked if k not in held][:floor - len(held)])
-        chars = days.chars(held)
+        n_acts, total, part, notice = days.count(), days.chars(), set(), ''
+        floor = max(1, min(min_acts, n_acts - 1))   # all but one act of a selection of fewer; one act at least
+        if 0 < val_docs < 1: part, notice = _by_share(days, val_docs, floor, late | found)
+        elif val_docs: part = _by_count(days, int(val_docs), floor, late | found)
+        held = late | found | part
+        chars, part_chars = days.chars(held), days.chars(part)
     _refuse_all(selected, val_docs, after, late, held, n_acts)
-    _refuse_over_half(selected, val_docs, part_chars / max(total, 1), notice)
+    _refuse_over_half(selected, val_docs, part_chars / max(total, 1), notice or f'{len(part):,} acts')
     return HeldOut(held, n_acts, chars, total, notice)
 
 # %% ../nbs/02_corpus.ipynb #00d4a8cd
-def _refuse_over_half(selected, val_docs: float, share: float, notice: str):
-    "Refuse a --val-docs share that holds out more than half of the characters (only a floor or one huge act can)."
+def _refuse_over_half(selected, val_docs: float, share: float, why: str):
+    "Refuse a --val-docs whose acts hold more than half of the characters (a count, a floor, or acts that large)."
     if share > 0.5:
         raise LegalnbError(f'--val-docs {val_docs:g} would hold out {share:.0%} of the characters of {selected}, more '
-                           'than half (' + (notice or 'its smallest act is that large') + '); lower --val-min-acts, '
-                           'or select more acts (a larger --target-tokens in `legalnb select`)')
+                           f'than half ({why}); ask for fewer acts or a smaller share, lower --val-min-acts, or select '
+                           'more acts (a larger --target-tokens in `legalnb select`)')
 
 def _refuse_all(selected, val_docs: float, after: date | None, late: set, held: set, n_acts: int):
     "Refuse a --val-after that holds out nothing, and a hold-out that leaves no act for training."

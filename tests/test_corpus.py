@@ -527,7 +527,7 @@ def test_heldout_bad_input_is_one_line_and_leaves_nothing(tmp_path, good, capsys
                                                   'number of acts (50), got 2.5'),
                          (['--val-docs', '-1'], 'got -1'),
                          (['--val-docs', '120'], f'--val-docs 120 holds out all 120 acts of {sel} and leaves none'),
-                         (['--val-docs', '0.9999999'], 'leaves none for training'),
+                         (['--val-docs', '0.9999999'], '--val-docs 0.9999999 would hold out more than half of the selection'),
                          (['--val-docs', '1', '--val-min-acts', '0', '--seq-len', '4000'], f'{c}/val/shard_00000.npy: no rows for this shard: the '
                                                                      'held-out acts give less than one row')]:
         err = error(capsys, sel, '--out', c, '--shards', 1, '--train-tokenizer', 300, *argv)
