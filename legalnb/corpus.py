@@ -1213,15 +1213,16 @@ def shard_bounds(selected: Path, shards: int, keep: Callable[[dict], bool] | Non
     return bounds + [None] * (shards - len(bounds))
 
 # %% ../nbs/02_corpus.ipynb #32ae3133
-def _too_few_rows(packer: RowPacker, k: int, shards: int, held: bool) -> str:
-    "Why shard `k` got no rows (every shard before the last takes at least one, so it is the last: the stream ended), "
-    "and the --shards that fits."
-    rows, row_len = (packer.position + packer.pending) * shards / (k + 1) / packer.row_len, packer.row_len
+def _too_few_rows(packer: RowPacker, shards: int, held: bool, most: int) -> str:
+    "Why a shard got no rows, and the --shards that fits. A shard goes on until it has a row, so an empty one means "
+    "the stream ended: the packer has seen every token of the side. A long piece fills several rows of one shard "
+    "(`most`: the most rows a shard of this build took), so the --shards that fits gives each shard that many."
+    rows, row_len = (packer.position + packer.pending) // packer.row_len, packer.row_len
     side = 'the selection without its held-out acts' if held else 'the selection'
-    if rows < 2: return (f'{side} gives fewer rows than --shards {shards}: {rows:.1f} rows of {row_len} tokens; '
-                         'lower --seq-len or select more text')
-    return (f'{side} gives fewer rows than --shards {shards}: {rows:,.0f} rows of {row_len} tokens; use --shards '
-            f'{min(shards - 1, int(rows // 2))} or fewer, or a lower --seq-len')
+    if rows < 2: return (f'{side} gives fewer rows than --shards {shards}: {rows} of {row_len} tokens; lower --seq-len '
+                         'or select more text')
+    return (f'{side} gives fewer rows than --shards {shards}: {rows:,} rows of {row_len} tokens, up to {most:,} in one '
+            f'shard; use --shards {max(1, rows // max(most, 2))} or fewer, or a lower --seq-len')
 
 # %% ../nbs/02_corpus.ipynb #367dd065
 _NO_VAL_ROWS = ('the held-out acts give less than one row of seq_len + 1 tokens; hold out more acts (--val-docs) '
@@ -1246,7 +1247,8 @@ def _build(source, out, sub, tok, partial, eos_id, vocab, row_len, shards, opt, 
             acc, first = dict(tokens_per_lang=Counter(), starts=[]), packer.position
             name, bound = f'shard_{k:05d}.npy', bounds[k]
             rec = write_shard(out/sub/name, _fill_shard(stream, flow, bound, acc), row_len, vocab,
-                              _NO_VAL_ROWS if sub else lambda: _too_few_rows(packer, k, shards, keep is not None))
+                              _NO_VAL_ROWS if sub else lambda: _too_few_rows(packer, shards, keep is not None,
+                                                                 max([r['rows'] for r in records], default=1)))
             _shard_record(out, sub, name, rec, acc, first, row_len)
             rec['next'] = dict(stream.resume, documents_read=stream.documents, skipped_empty=stream.empty,
                                packer=packer.state())
