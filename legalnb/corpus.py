@@ -11,8 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import date
 from functools import cache
+from itertools import islice
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, NamedTuple
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from fastcore.basics import patch
@@ -24,14 +25,14 @@ from .core import CPT_SEQ_LEN
 from .sources import parse_celex, parse_date
 
 # %% auto #0
-__all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'MIX_HELDOUT', 'MIX_RESERVED', 'MANIFEST_FORMAT',
-           'KEY', 'iter_selected', 'load_tokenizer', 'train_tokenizer', 'find_eos', 'configured_eos', 'special_ids',
-           'vocab_size_of', 'tokenizer_sha256', 'split_text', 'encode_texts', 'encode_stream', 'RowPacker',
-           'shard_dtype', 'npy_header_bytes', 'file_sha256', 'write_shard', 'act_key', 'act_number', 'check_val_docs',
-           'named_acts', 'heldout_acts', 'MixSource', 'parse_mix', 'check_mix', 'mix_rows', 'mix_format', 'open_mix',
-           'mix_records', 'mix_sources', 'mix_sha256', 'write_mix_heldout', 'MixPiece', 'mix_pieces', 'mix_summary',
-           'Piece', 'iter_pieces', 'batch_pieces', 'CorpusConfig', 'build_corpus', 'build_corpus_run',
-           'build_corpus_main', 'summary']
+__all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'FLOOR_ROOM', 'MIX_HELDOUT', 'MIX_RESERVED',
+           'MANIFEST_FORMAT', 'KEY', 'iter_selected', 'load_tokenizer', 'train_tokenizer', 'find_eos', 'configured_eos',
+           'special_ids', 'vocab_size_of', 'tokenizer_sha256', 'split_text', 'encode_texts', 'encode_stream',
+           'RowPacker', 'shard_dtype', 'npy_header_bytes', 'file_sha256', 'write_shard', 'act_key', 'act_number',
+           'check_val_docs', 'named_acts', 'HeldOut', 'choose_heldout', 'heldout_acts', 'MixSource', 'parse_mix',
+           'check_mix', 'mix_rows', 'mix_format', 'open_mix', 'mix_records', 'mix_sources', 'mix_sha256',
+           'write_mix_heldout', 'MixPiece', 'mix_pieces', 'mix_summary', 'Piece', 'iter_pieces', 'batch_pieces',
+           'CorpusConfig', 'build_corpus', 'shard_bounds', 'build_corpus_run', 'build_corpus_main', 'summary']
 
 # %% ../nbs/02_corpus.ipynb #530136c6
 def iter_selected(path: str | Path, start: int = 0, line: int = 0) -> Iterator[tuple[int, int, int, dict]]:
@@ -254,7 +255,7 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 def write_shard(dest: str | Path, blocks: Iterable[np.ndarray], row_len: int, vocab_size: int,
-                empty: str | None = None) -> dict:  # `empty`: why a shard without rows happened, and what to do
+                empty: str | Callable[[], str] | None = None) -> dict:  # why a shard got no rows, what to do
     "Write blocks of rows to a .npy shard atomically, checking every id < vocab_size; return its rows and sha256."
     dest, dtype, rows = Path(dest), shard_dtype(vocab_size), 0
     with atomic_write(dest) as tmp, open(tmp, 'wb') as f:
@@ -264,7 +265,7 @@ def write_shard(dest: str | Path, blocks: Iterable[np.ndarray], row_len: int, vo
                 raise LegalnbError(f'{dest}: row {rows + int(np.argmax(block.max(1)))}: token id {top} is outside '
                                    f'the vocabulary (size {vocab_size})')
             f.write(block.astype(dtype, copy=False).tobytes()); rows += len(block)
-        if rows == 0: raise LegalnbError(f'{dest}: no rows for this shard: ' + (empty or 'the selection gives fewer '
+        if rows == 0: raise LegalnbError(f'{dest}: no rows for this shard: ' + ((empty() if callable(empty) else empty) or 'the selection gives fewer '
                                          'rows than --shards; lower --shards or --seq-len'))
         f.seek(0); f.write(npy_header_bytes(dtype, (rows, row_len)))
     return {'file': dest.name, 'rows': rows, 'sha256': file_sha256(dest)}
@@ -285,12 +286,16 @@ def act_number(key: str, seed: int = 0) -> float:
 
 # %% ../nbs/02_corpus.ipynb #e7ecad1e
 def check_val_docs(val_docs: float):
-    "Refuse a --val-docs that is neither 0 (off), a share below 1, nor a whole number of acts."
+    "Refuse a --val-docs that is neither 0 (off), a share up to one half, nor a whole number of acts."
     if not (val_docs >= 0 and (val_docs < 1 or float(val_docs).is_integer())):
         raise LegalnbError(f'--val-docs must be a share of the acts below 1 (0.01 = 1%) or a whole number of acts '
                            f'(50), got {val_docs:g}')
+    if 0.5 < val_docs < 1:
+        raise LegalnbError(f'--val-docs {val_docs} would hold out more than half of the selection and train on the '
+                           'smaller part; ask for a share of at most 0.5 (0.1 holds out 10% of the text)')
 
 VAL_MIN_ACTS = 20   # the fewest acts --val-docs holds out (all but one in a selection of fewer): one act is no test
+FLOOR_ROOM = 0.02   # the floor of acts may take the held-out share this much above the asked one (2 points)
 
 # %% ../nbs/02_corpus.ipynb #a0c89fe5
 def named_acts(path: str | Path) -> set[str]:
@@ -316,20 +321,21 @@ def _act_int(key: str, seed: int) -> int:
 
 # %% ../nbs/02_corpus.ipynb #94c2cd68
 class _ActDays:
-    "The earliest day of each act (by its `_act_int`) in an SQLite file: memory stays flat however many acts there are"
+    "Each act (by its `_act_int`) with its name, earliest day and characters, in an SQLite file: memory stays flat "
+    "however many acts there are"
     def __init__(self, path: Path):
         self.db, self.rows = sqlite3.connect(path), []
         self.db.executescript('PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF;'
-                              'CREATE TABLE acts (n INTEGER PRIMARY KEY, day INTEGER)')
+                              'CREATE TABLE acts (n INTEGER PRIMARY KEY, key TEXT, day INTEGER, chars INTEGER)')
     def __enter__(self): return self
     def __exit__(self, *exc): self.db.close()
-    def add(self, n: int, day: date | None):
-        "One document of act `n`, dated `day` (None: no date)."
-        self.rows.append((n - (1 << 63), day.toordinal() if day else 1 << 40))   # SQLite's integers are signed
+    def add(self, n: int, day: date | None, key: str = '', chars: int = 0):
+        "One document of act `n` (named `key`), dated `day` (None: no date), with `chars` characters of text."
+        self.rows.append((n - (1 << 63), key, day.toordinal() if day else 1 << 40, chars))  # SQLite's integers: signed
         if len(self.rows) >= 1 << 14: self._flush()
     def _flush(self):
-        self.db.executemany('INSERT INTO acts VALUES (?, ?) ON CONFLICT (n) DO UPDATE SET day = min(day, excluded.day)',
-                            self.rows)
+        self.db.executemany('INSERT INTO acts VALUES (?, ?, ?, ?) ON CONFLICT (n) DO UPDATE SET '
+                            'day = min(day, excluded.day), chars = chars + excluded.chars', self.rows)
         self.rows.clear()
     def count(self) -> int:
         "How many acts were added."
@@ -338,47 +344,135 @@ class _ActDays:
         "The earliest day (an ordinal) of act `n`'s documents."
         self._flush(); return self.db.execute('SELECT day FROM acts WHERE n = ?', (n - (1 << 63),)).fetchone()[0]
 
+# %% ../nbs/02_corpus.ipynb #63a3aac8
+@patch
+def chars(self: _ActDays, keys: Iterable[str] | None = None) -> int:
+    "The characters of the acts named `keys` (None: of every act)."
+    self._flush()
+    if keys is None: return self.db.execute('SELECT coalesce(sum(chars), 0) FROM acts').fetchone()[0]
+    return sum(self.db.execute('SELECT coalesce(sum(chars), 0) FROM acts WHERE key = ?', (k,)).fetchone()[0]
+               for k in set(keys))
+
+@patch
+def by_number(self: _ActDays) -> Iterator[tuple[str, int]]:
+    "(name, characters) of every act in the order of their numbers: a seeded random order."
+    self._flush(); yield from self.db.execute('SELECT key, chars FROM acts ORDER BY n')
+
+@patch
+def smallest(self: _ActDays, k: int) -> list[tuple[str, int]]:
+    "(name, characters) of the `k` acts with the fewest characters (ties: by number)."
+    self._flush(); return self.db.execute('SELECT key, chars FROM acts ORDER BY chars, n LIMIT ?', (k,)).fetchall()
+
 # %% ../nbs/02_corpus.ipynb #3d43c778
-def heldout_acts(selected: str | Path, val_docs: float, seed: int = 0,
-                 val_after: date | str | None = None,  # also hold out the acts dated after this day
-                 min_acts: int = VAL_MIN_ACTS,          # the fewest acts --val-docs holds out (all but one of fewer)
-                 named: Iterable[str] = ()              # also hold out these acts (`named_acts`)
-                 ) -> tuple[set[str], int]:
-    "The acts held out of a selection (`--val-docs`, `--val-after`, `--val-acts`), and how many acts have text in it."
+def _read_acts(selected, days: _ActDays, seed: int, after: date | None, named: set[str]) -> tuple[set[str], set[str]]:
+    "Record every act of the selection in `days`; the acts dated after `after` (by their earliest document) and the "
+    "acts of `named` present."
+    late, found = set(), set()
+    for *_, rec in iter_selected(selected):
+        if not rec['text']: continue
+        key = act_key(rec); n = _act_int(key, seed)
+        try: d = parse_date(rec.get('date'))
+        except LegalnbError: d = None
+        days.add(n, d, key, len(rec['text']))
+        if after and d and d > after: late.add(key)
+        if key in named: found.add(key)
+    return {k for k in late if days.first(_act_int(k, seed)) > after.toordinal()}, found
+
+# %% ../nbs/02_corpus.ipynb #373d6e1a
+def _fitting(acts: Iterable[tuple[str, int]], budget: float) -> list[tuple[str, int]]:
+    "Walk `acts` (name, characters) in order and keep each one that still fits in `budget` characters."
+    kept, used = [], 0
+    for key, chars in acts:
+        if used + chars <= budget: kept.append((key, chars)); used += chars
+    return kept
+
+def _topped_up(days: _ActDays, picked: list, fixed: set[str], floor: int, budget: float) -> list | None:
+    "`picked` and the smallest other acts until, with `fixed`, `floor` acts are held out within `budget` characters; "
+    "the picked acts go last first when the smallest cannot make room. None when even the smallest acts do not fit."
+    for j in range(len(picked), -1, -1):
+        names = fixed | {k for k, _ in picked[:j]}
+        more = [a for a in days.smallest(floor + len(names)) if a[0] not in names][:max(floor - len(names), 0)]
+        if len(names) + len(more) >= floor and sum(c for _, c in picked[:j] + more) <= budget: return picked[:j] + more
+    return None
+
+# %% ../nbs/02_corpus.ipynb #36f2883c
+def _by_share(days: _ActDays, share: float, floor: int, fixed: set[str]) -> tuple[set[str], str]:
+    "The acts --val-docs SHARE holds out, and a one-line notice when the floor of acts moved the share ('' if not)."
+    total, names = days.chars(), lambda acts: {k for k, _ in acts}
+    picked = _fitting(days.by_number(), share * total) or days.smallest(1)   # at least one act
+    if len(fixed | names(picked)) >= floor: return names(picked), ''
+    budget = min(share + FLOOR_ROOM, 0.5) * total   # never more than half: the rest trains
+    if (got := _topped_up(days, picked, fixed, floor, budget)) is not None:   # then the walk fills what is left
+        got += _fitting(((k, c) for k, c in days.by_number() if k not in names(got)),
+                        share * total - sum(c for _, c in got))
+        if (held := sum(c for _, c in got) / total) >= share - FLOOR_ROOM: return names(got), ''
+        return names(got), (f'the floor of {floor} acts leaves {held:.1%} of the characters held out, not {share:.1%}: '
+                            f'the acts that would fill the share are too long to sit beside {floor - 1} others within '
+                            f'{FLOOR_ROOM * 100:g} points (--val-min-acts sets the floor)')
+    others = [a for a in days.smallest(floor + len(fixed)) if a[0] not in fixed][:floor - len(fixed)]
+    if len(small := _fitting(others, budget)) > len(picked): picked = small   # the most acts that fit: the smallest
+    return names(picked), (f'the floor of {floor} acts is lowered to {len(fixed | names(picked))}: the {len(others)} '
+                           f'smallest acts hold {sum(c for _, c in others) / total:.1%} of the characters, more than '
+                           f'the asked {share:.1%} + {FLOOR_ROOM * 100:g} points (--val-min-acts sets the floor)')
+
+# %% ../nbs/02_corpus.ipynb #7380f0bb
+def _by_count(days: _ActDays, count: int, floor: int, fixed: set[str]) -> set[str]:
+    "The acts --val-docs COUNT holds out: the `count` acts of smallest numbers, and the next ones until, with `fixed`, "
+    "there are `floor` acts (a count is a number of acts, whatever their size)."
+    ranked = [k for k, _ in islice(days.by_number(), count + floor + len(fixed))]
+    part = set(ranked[:count])
+    return part | set([k for k in ranked if k not in part | fixed][:max(floor - len(part | fixed), 0)])
+
+# %% ../nbs/02_corpus.ipynb #bb292969
+class HeldOut(NamedTuple):
+    "The acts held out of a selection and what they weigh."
+    acts: set[str]       # the held-out acts (`act_key`)
+    n_acts: int          # the acts with text in the selection
+    chars: int           # characters of the held-out acts' texts
+    total_chars: int     # characters of every text of the selection
+    notice: str = ''     # why the held-out share is not the one asked ('' when it is)
+
+def choose_heldout(selected: str | Path, val_docs: float, seed: int = 0,
+                   val_after: date | str | None = None,  # also hold out the acts dated after this day
+                   min_acts: int = VAL_MIN_ACTS,          # the fewest acts --val-docs holds out (all but one of fewer)
+                   named: Iterable[str] = ()              # also hold out these acts (`named_acts`)
+                   ) -> HeldOut:
+    "The acts held out of a selection (`--val-docs`, `--val-after`, `--val-acts`) and their share of its characters."
     check_val_docs(val_docs)
     after = parse_date(str(val_after), '--val-after') if val_after else None
-    share, want, named = (val_docs if val_docs < 1 else 0), (int(val_docs) if val_docs >= 1 else 1), set(named)
-    keep = max(want, min_acts) + 1 if val_docs else 0   # the acts of smallest numbers worth naming
-    smallest, under, heap, late, found = {}, {}, [], set(), set()   # names: the `keep` smallest, those under the share,
-                                                                    # those dated after, those named and present
     with tempfile.TemporaryDirectory(prefix='legalnb-acts-') as tmp, _ActDays(Path(tmp)/'acts.db') as days:
-        for *_, rec in iter_selected(selected):
-            if not rec['text']: continue
-            key = act_key(rec); n = _act_int(key, seed)
-            try: d = parse_date(rec.get('date'))
-            except LegalnbError: d = None
-            days.add(n, d)
-            if keep and key not in smallest and (len(heap) < keep or (-heap[0][0], heap[0][1]) > (n, key)):
-                smallest[key] = n; heapq.heappush(heap, (-n, key))   # a max-heap of the smallest (number, name)
-                if len(heap) > keep: smallest.pop(heapq.heappop(heap)[1])
-            if n < share * 2**64: under[key] = n   # every act under the share is named
-            if after and d and d > after: late.add(key)
-            if key in named: found.add(key)
-        n_acts = days.count()   # an act is dated by its earliest document: late, when every document is after the day
-        late = {k for k in late if days.first(_act_int(k, seed)) > after.toordinal()}
-    smallest |= under
-    ranked = sorted(smallest, key=lambda k: (smallest[k], k))
-    held = late | found
-    if val_docs: held |= set(ranked[:max(len(under) if share else want, 1)])
-    floor = min(min_acts, n_acts - 1)
-    if val_docs and len(held) < floor: held |= set([k for k in ranked if k not in held][:floor - len(held)])
+        late, found = _read_acts(selected, days, seed, after, set(named))
+        n_acts, total, part, notice = days.count(), days.chars(), set(), ''
+        floor = max(1, min(min_acts, n_acts - 1))   # all but one act of a selection of fewer; one act at least
+        if 0 < val_docs < 1: part, notice = _by_share(days, val_docs, floor, late | found)
+        elif val_docs: part = _by_count(days, int(val_docs), floor, late | found)
+        held = late | found | part
+        chars, part_chars = days.chars(held), days.chars(part)
+    _refuse_all(selected, val_docs, after, late, held, n_acts)
+    _refuse_over_half(selected, val_docs, part_chars / max(total, 1), notice or f'{len(part):,} acts')
+    return HeldOut(held, n_acts, chars, total, notice)
+
+# %% ../nbs/02_corpus.ipynb #00d4a8cd
+def _refuse_over_half(selected, val_docs: float, share: float, why: str):
+    "Refuse a --val-docs whose acts hold more than half of the characters (a count, a floor, or acts that large)."
+    if share > 0.5:
+        raise LegalnbError(f'--val-docs {val_docs:g} would hold out {share:.0%} of the characters of {selected}, more '
+                           f'than half ({why}); ask for fewer acts or a smaller share, lower --val-min-acts, or select '
+                           'more acts (a larger --target-tokens in `legalnb select`)')
+
+def _refuse_all(selected, val_docs: float, after: date | None, late: set, held: set, n_acts: int):
+    "Refuse a --val-after that holds out nothing, and a hold-out that leaves no act for training."
     if after and not late:
         raise LegalnbError(f'--val-after {after}: no act of {selected} is dated after that day; choose an earlier day')
     if len(held) >= n_acts and held:
         what = f'--val-docs {val_docs:g}' if val_docs else f'--val-after {after}' if after else '--val-acts'
         raise LegalnbError(f'{what} holds out all {n_acts:,} acts of {selected} and leaves none for training; hold out '
                            f'fewer (a share such as 0.1, a count below {n_acts:,}, or a later --val-after)')
-    return held, n_acts
+
+def heldout_acts(selected: str | Path, val_docs: float, seed: int = 0, val_after: date | str | None = None,
+                 min_acts: int = VAL_MIN_ACTS, named: Iterable[str] = ()) -> tuple[set[str], int]:
+    "The acts held out of a selection and how many acts have text in it: `choose_heldout`'s first two answers."
+    return tuple(choose_heldout(selected, val_docs, seed, val_after, min_acts, named)[:2])
 
 # %% ../nbs/02_corpus.ipynb #b804b954
 def _holds_out(args: dict) -> bool:
@@ -760,11 +854,13 @@ class _Stream:
         self.bar.update(int(pos) - self.bar.n)
 
 def _fill_shard(stream: _Stream, pieces: Iterator[Piece], bound: float | None, acc: dict) -> Iterator[np.ndarray]:
-    "Yield the rows of one shard: pack pieces until the stream passes byte `bound` (None: to the end)."
+    "Yield the rows of one shard: pack pieces until the stream passes byte `bound` (None: to the end) and the shard "
+    "has a row (a piece longer than a shard's bytes leaves the next shard too few tokens before its bound)."
+    rows, packer = 0, stream.packer
     for m in pieces:
-        if stream.packer.pending >= stream.flush: yield _take_into(stream.packer, acc)
-        if bound is not None and m.pos >= bound: break
-    yield _take_into(stream.packer, acc)
+        if packer.pending >= stream.flush: rows += len(block := _take_into(packer, acc)); yield block
+        if bound is not None and m.pos >= bound and (rows or packer.pending >= packer.row_len): break
+    yield _take_into(packer, acc)
 
 def _take_into(packer: RowPacker, acc: dict, max_rows: int | None = None) -> np.ndarray:
     "Take the complete rows (at most `max_rows`) from the packer, adding their languages and document starts to `acc`."
@@ -1041,7 +1137,7 @@ def build_corpus(cfg: CorpusConfig,   # the build's settings: `legalnb build-cor
     key = dict(args=args, input_sha256=file_sha256(selected),
                **(dict(mix_sha256=mix_sha256(sources)) if sources else {}))
     # read when first needed
-    held = cache(lambda: heldout_acts(selected, val_docs, cfg.seed, cfg.val_after, cfg.val_min_acts, named)
+    held = cache(lambda: choose_heldout(selected, val_docs, cfg.seed, cfg.val_after, cfg.val_min_acts, named)
                         if _holds_out(args) else None)
     tok = _get_tokenizer(selected, out, cfg.tokenizer, cfg.train_tokenizer, key, held)
     key['tokenizer_sha256'] = tokenizer_sha256(tok)
@@ -1083,7 +1179,7 @@ def _build_all(selected, out, tok, key, done, held, eos_id, vocab, row_len, shar
     partial, keep = _partial(opt['command'], key, done), None
     _mix_heldouts(out, tok, partial, opt['mix'])   # first: a source that cannot give a held-out slice stops here
     if held is not None:
-        partial['heldout'] = done['heldout'] or _write_heldout(selected, out, held[0])
+        partial['heldout'] = done['heldout'] or _write_heldout(selected, out, held)
         _write_json(out/'manifest.partial.json', partial)
         keep = lambda rec: act_key(rec) not in held[0]
     _build(selected, out, '', tok, partial, eos_id, vocab, row_len, shards, opt, keep)
@@ -1092,14 +1188,41 @@ def _build_all(selected, out, tok, key, done, held, eos_id, vocab, row_len, shar
     return _finish(out, tok, key, partial, eos_id, vocab, row_len, held)
 
 # %% ../nbs/02_corpus.ipynb #8c53e9f7
-def _write_heldout(selected: Path, out: Path, acts: set[str]) -> dict:
+def _write_heldout(selected: Path, out: Path, held: HeldOut) -> dict:
     "Copy the lines of the held-out acts' documents to `out/heldout.jsonl`, byte for byte; the file's record."
     with atomic_write(out/'heldout.jsonl') as tmp, open(tmp, 'wb') as f, open(selected, 'rb') as src:
         for n, raw in enumerate(src, 1):
             if n == 1: raw = raw.removeprefix(b'\xef\xbb\xbf')  # a BOM belongs to the start of a file only
-            if raw.strip() and act_key(_with_text(selected, n, jsonl_record(selected, n, raw))) in acts:
+            if raw.strip() and act_key(_with_text(selected, n, jsonl_record(selected, n, raw))) in held.acts:
                 f.write(raw if raw.endswith(b'\n') else raw + b'\n')
-    return dict(file='heldout.jsonl', sha256=file_sha256(out/'heldout.jsonl'), acts=len(acts))
+    return dict(file='heldout.jsonl', sha256=file_sha256(out/'heldout.jsonl'), acts=len(held.acts),
+                characters=held.chars, characters_share=round(held.chars / max(held.total_chars, 1), 6),
+                **(dict(notice=held.notice) if held.notice else {}))
+
+# %% ../nbs/02_corpus.ipynb #54cbd053
+def shard_bounds(selected: Path, shards: int, keep: Callable[[dict], bool] | None = None) -> list[float | None]:
+    "Where each shard ends, as a byte offset of `selected` (None: at the end): where the documents `keep` accepts "
+    "pass (k + 1) / shards of their bytes. Without `keep`, (k + 1) / shards of the file."
+    if keep is None: return [selected.stat().st_size * (k + 1) / shards for k in range(shards - 1)] + [None]
+    kept = lambda: ((s, e) for _, s, e, rec in iter_selected(selected) if keep(rec))
+    total, bounds, done = sum(e - s for s, e in kept()), [], 0   # two reads of the file: memory stays flat
+    for s, e in kept():
+        while len(bounds) < shards - 1 and done + e - s >= (t := total * (len(bounds) + 1) / shards):
+            bounds.append(s + t - done)   # inside this document, as its pieces' `pos` counts
+        done += e - s
+    return bounds + [None] * (shards - len(bounds))
+
+# %% ../nbs/02_corpus.ipynb #32ae3133
+def _too_few_rows(packer: RowPacker, shards: int, held: bool, most: int) -> str:
+    "Why a shard got no rows, and the --shards that fits. A shard goes on until it has a row, so an empty one means "
+    "the stream ended: the packer has seen every token of the side. A long piece fills several rows of one shard "
+    "(`most`: the most rows a shard of this build took), so the --shards that fits gives each shard that many."
+    rows, row_len = (packer.position + packer.pending) // packer.row_len, packer.row_len
+    side = 'the selection without its held-out acts' if held else 'the selection'
+    if rows < 2: return (f'{side} gives fewer rows than --shards {shards}: {rows} of {row_len} tokens; lower --seq-len '
+                         'or select more text')
+    return (f'{side} gives fewer rows than --shards {shards}: {rows:,} rows of {row_len} tokens, up to {most:,} in one '
+            f'shard; use --shards {max(1, rows // max(most, 2))} or fewer, or a lower --seq-len')
 
 # %% ../nbs/02_corpus.ipynb #367dd065
 _NO_VAL_ROWS = ('the held-out acts give less than one row of seq_len + 1 tokens; hold out more acts (--val-docs) '
@@ -1109,6 +1232,7 @@ def _build(source, out, sub, tok, partial, eos_id, vocab, row_len, shards, opt, 
     "Write the shards of `source` not yet in `partial` to `out/sub` ('' or 'val/'), recording each (see build_corpus)."
     records = partial['val_shards' if sub else 'shards']
     if len(records) >= shards: return
+    bounds = shard_bounds(source, shards, keep)   # by the bytes kept: held-out acts fill no shard's range
     resume = records[-1]['next'] if records else _fresh()
     size, packer = source.stat().st_size, RowPacker(row_len, eos_id).restore(resume['packer'])
     pieces = iter_pieces(source, partial['args']['max_chars'], resume['offset'], resume['line'], resume['skip'], keep)
@@ -1121,9 +1245,10 @@ def _build(source, out, sub, tok, partial, eos_id, vocab, row_len, shards, opt, 
     try:
         for k in range(len(records), shards):
             acc, first = dict(tokens_per_lang=Counter(), starts=[]), packer.position
-            name, bound = f'shard_{k:05d}.npy', None if k == shards - 1 else size * (k + 1) / shards
+            name, bound = f'shard_{k:05d}.npy', bounds[k]
             rec = write_shard(out/sub/name, _fill_shard(stream, flow, bound, acc), row_len, vocab,
-                              _NO_VAL_ROWS if sub else None)
+                              _NO_VAL_ROWS if sub else lambda: _too_few_rows(packer, shards, keep is not None,
+                                                                 max([r['rows'] for r in records], default=1)))
             _shard_record(out, sub, name, rec, acc, first, row_len)
             rec['next'] = dict(stream.resume, documents_read=stream.documents, skipped_empty=stream.empty,
                                packer=packer.state())
@@ -1214,4 +1339,12 @@ def _heldout_summary(m: dict) -> str:
     more = f" and {len(acts) - 30:,} more (manifest.json: heldout_celex)" if len(acts) > 30 else ''
     return (f"\nheld out {h['acts']:,} acts of {h['acts'] + m['acts']:,} ({rule}): "
             f"{h['documents_read']:,} documents -> heldout.jsonl, {h['rows']:,} rows ({h['tokens']:,} tokens) -> val/"
-            f"\n  held-out acts: {', '.join(acts[:30])}" + more)
+            + _share_words(m) + f"\n  held-out acts: {', '.join(acts[:30])}" + more)
+
+def _share_words(m: dict) -> str:
+    "The share of the selection held out, in tokens (of the rows) and characters, the share asked, and why they differ."
+    h = m['heldout']
+    chars = f", {h['characters_share']:.1%} of the characters" if 'characters_share' in h else ''
+    asked = f"; asked {m['val_docs'] * 100:g}%" if 0 < m['val_docs'] < 1 else ''
+    return (f"\n  share held out: {h['tokens'] / max(h['tokens'] + m['tokens'], 1):.1%} of the tokens{chars}{asked}"
+            + (f"; {h['notice']}" if h.get('notice') else ''))
