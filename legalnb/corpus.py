@@ -482,7 +482,9 @@ def mix_files(src: MixSource) -> list[Path]:
         deeper = []
         for d in level:
             try: entries = list(islice(os.scandir(d), MIX_MAX_ENTRIES + 1 - seen))
-            except OSError as e: raise LegalnbError(f'--mix {src.name}: {d}: {e.strerror}') from None
+            except OSError as e:
+                if d == p: raise LegalnbError(f'--mix {src.name}: {d}: {e.strerror}') from None
+                continue   # a folder below that cannot be read (or is gone) holds no data of ours
             if (seen := seen + len(entries)) > MIX_MAX_ENTRIES:
                 raise LegalnbError(f'--mix {src.name}: {p} holds more than {MIX_MAX_ENTRIES:,} files and folders; '
                                    'name the folder that holds the data files (e.g. wiki/data/)')
