@@ -25,14 +25,16 @@ from .core import CPT_SEQ_LEN
 from .sources import parse_celex, parse_date
 
 # %% auto #0
-__all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'FLOOR_ROOM', 'MIX_HELDOUT', 'MIX_RESERVED',
+__all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'FLOOR_ROOM', 'MIX_HELDOUT', 'MIX_MAX_SHARE',
+           'MIX_LANGUAGES', 'MIX_RESERVED', 'MIX_MAX_ENTRIES', 'MIX_DEPTH', 'MIX_SAMPLE', 'MIX_MAX_PASSES',
            'MANIFEST_FORMAT', 'KEY', 'iter_selected', 'load_tokenizer', 'train_tokenizer', 'find_eos', 'configured_eos',
            'special_ids', 'vocab_size_of', 'tokenizer_sha256', 'split_text', 'encode_texts', 'encode_stream',
            'RowPacker', 'shard_dtype', 'npy_header_bytes', 'file_sha256', 'write_shard', 'act_key', 'act_number',
            'check_val_docs', 'named_acts', 'HeldOut', 'choose_heldout', 'heldout_acts', 'MixSource', 'parse_mix',
-           'check_mix', 'mix_rows', 'mix_format', 'open_mix', 'mix_records', 'mix_sources', 'mix_sha256',
-           'write_mix_heldout', 'MixPiece', 'mix_pieces', 'mix_summary', 'Piece', 'iter_pieces', 'batch_pieces',
-           'CorpusConfig', 'build_corpus', 'shard_bounds', 'build_corpus_run', 'build_corpus_main', 'summary']
+           'check_mix', 'mix_rows', 'mix_files', 'mix_format', 'open_mix', 'mix_records', 'mix_sources', 'mix_sha256',
+           'lang_code', 'mix_sample', 'write_mix_heldout', 'MixPiece', 'mix_pieces', 'mix_asked', 'mix_plan',
+           'check_mix_size', 'mix_summary', 'Piece', 'iter_pieces', 'batch_pieces', 'CorpusConfig', 'build_corpus',
+           'shard_bounds', 'build_corpus_run', 'build_corpus_main', 'summary']
 
 # %% ../nbs/02_corpus.ipynb #530136c6
 def iter_selected(path: str | Path, start: int = 0, line: int = 0) -> Iterator[tuple[int, int, int, dict]]:
@@ -495,7 +497,9 @@ def _rule_words(rule: dict) -> str:
     return ', '.join(w for w in words if w)
 
 # %% ../nbs/02_corpus.ipynb #05103690
-MIX_HELDOUT = 50_000   # tokens of each --mix source's first documents held out, for forgetting (~1 min of scoring)
+MIX_HELDOUT = 50_000   # tokens of each --mix source held out for forgetting: a seeded sample of it (~1 min of scoring)
+MIX_MAX_SHARE = 0.9    # the most the --mix sources may take of the training tokens together: the rest is the legal text
+MIX_LANGUAGES = ('source', 'match')   # --mix-languages: a source's languages as it has them, or the legal corpus's
 MIX_RESERVED = ('legal', 'shard')   # 'legal' names the corpus's own rows; 'shard_*.npy' are its shard files
 _MIX_NAME = re.compile(r'[A-Za-z0-9][A-Za-z0-9_-]*')
 
@@ -526,19 +530,19 @@ def parse_mix(spec: str) -> MixSource:
     return MixSource(name, path, value)
 
 def check_mix(sources: list[MixSource]) -> list[MixSource]:
-    "The sources, once their names differ and their shares leave room for the legal text (sum below 1)."
+    "The sources, once their names differ and their shares leave room for the legal text (sum at most MIX_MAX_SHARE)."
     names = [s.name for s in sources]
     if dup := next((n for n in names if names.count(n) > 1), None):
         raise LegalnbError(f'--mix {dup}: two sources have this name; give each source its own name')
-    if (total := sum(s.share for s in sources)) >= 1:
-        raise LegalnbError(f'--mix: the shares sum to {total:g}; they must sum below 1, the rest is the legal text')
+    if (total := sum(s.share for s in sources)) > MIX_MAX_SHARE:
+        raise LegalnbError(f'--mix: the shares sum to {total:g}; they may sum to {MIX_MAX_SHARE:g} at most (the rest '
+                           'is the legal text); lower them')
     return sources
 
 def mix_rows(legal_rows: int, shares: list[float]) -> list[int]:
-    "Rows of each source: share / (1 - sum of shares) x the legal training rows (at least one)."
+    "Rows of each source: share / (1 - sum of shares) x the legal training rows (at least one; at most 9x the legal)."
     rest = 1 - sum(shares)
     return [max(1, round(s / rest * legal_rows)) for s in shares]
-
 
 # %% ../nbs/02_corpus.ipynb #f4ac5be9
 _MIX_SUFFIXES = {'.jsonl': 'json', '.json': 'json', '.jsonl.gz': 'json', '.json.gz': 'json', '.parquet': 'parquet',
@@ -550,14 +554,50 @@ def _mix_kind(f: Path) -> str | None:
     return next((k for sfx, k in _MIX_SUFFIXES.items() if f.name.endswith(sfx) and not f.name.startswith('.')), None)
 
 # %% ../nbs/02_corpus.ipynb #7fcc1057
+import stat
+from itertools import islice
+
+MIX_MAX_ENTRIES = 10_000   # files and folders a --mix folder may hold: a data folder, not a disk (--mix g=/ is refused)
+MIX_DEPTH = 4              # how deep a --mix folder's files are looked for (FineWeb-2's data/fra_Latn/train/*.parquet: 3)
+
+def _not_regular(p: Path) -> str:
+    "What a path that is neither a regular file nor a folder is, in words."
+    m = p.stat().st_mode
+    return ('a FIFO (named pipe)' if stat.S_ISFIFO(m) else 'a socket' if stat.S_ISSOCK(m) else
+            'a device' if stat.S_ISCHR(m) or stat.S_ISBLK(m) else 'not a regular file')
+
+def mix_files(src: MixSource) -> list[Path]:
+    "A source's regular files, sorted: the file, or a folder's files up to MIX_DEPTH levels down (hidden ones left out)."
+    p = Path(src.path)
+    if not p.exists(): raise LegalnbError(f'--mix {src.name}: {p}: no such file or folder; expected {_MIX_FORMS}')
+    if p.is_file(): return [p]
+    if not p.is_dir(): raise LegalnbError(f'--mix {src.name}: {p} is {_not_regular(p)}; expected {_MIX_FORMS}')
+    files, level, seen = [], [p], 0
+    for depth in range(MIX_DEPTH + 1):
+        deeper = []
+        for d in level:
+            try: entries = list(islice(os.scandir(d), MIX_MAX_ENTRIES + 1 - seen))
+            except OSError as e:
+                if d == p: raise LegalnbError(f'--mix {src.name}: {d}: {e.strerror}') from None
+                continue   # a folder below that cannot be read (or is gone) holds no data of ours
+            if (seen := seen + len(entries)) > MIX_MAX_ENTRIES:
+                raise LegalnbError(f'--mix {src.name}: {p} holds more than {MIX_MAX_ENTRIES:,} files and folders; '
+                                   'name the folder that holds the data files (e.g. wiki/data/)')
+            for e in (e for e in entries if not e.name.startswith('.')):
+                try: deeper.append(Path(e.path)) if e.is_dir() else e.is_file() and files.append(Path(e.path))
+                except OSError: continue   # unreadable; and a FIFO or a device in a folder is not data
+        if deeper and depth == MIX_DEPTH:
+            raise LegalnbError(f'--mix {src.name}: {p} holds folders more than {MIX_DEPTH} levels deep ({deeper[0]}); '
+                               'name a folder nearer the data files')
+        level = deeper
+    return sorted(files)
+
 def mix_format(src: MixSource) -> tuple[str, list[str]]:
     "How `datasets` reads a source: ('disk', []) for a save_to_disk folder, else the builder and the files, sorted."
     p = Path(src.path)
-    if not p.exists(): raise LegalnbError(f'--mix {src.name}: {p}: no such file or folder; expected {_MIX_FORMS}')
     if p.is_dir() and ((p/'state.json').is_file() or (p/'dataset_dict.json').is_file()): return 'disk', []
-    files = sorted(f for f in p.rglob('*') if f.is_file()) if p.is_dir() else [p]
     kinds = {}
-    for f in files:
+    for f in mix_files(src):
         if (k := _mix_kind(f)): kinds.setdefault(k, []).append(str(f))
     if len(kinds) != 1:
         what = f'mixes {" and ".join(sorted(kinds))} files' if kinds else (
@@ -586,6 +626,7 @@ def open_mix(src: MixSource):
     import datasets
     kind, files = mix_format(src)
     datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)   # legalnb's one line says what is wrong, not datasets'
     try: ds = _from_disk(src) if kind == 'disk' else datasets.load_dataset(kind, data_files=files, split='train',
                                                                            streaming=True)
     except LegalnbError: raise
@@ -611,9 +652,12 @@ def mix_records(src: MixSource, start: int = 0) -> Iterator[tuple[int, dict]]:
         yield i, rec; i += 1
 
 # %% ../nbs/02_corpus.ipynb #a48d05f5
-def mix_sources(specs: Iterable[str | MixSource], heldout: int = MIX_HELDOUT) -> list[MixSource]:
+def mix_sources(specs: Iterable[str | MixSource], heldout: int = MIX_HELDOUT,
+                languages: str = 'source') -> list[MixSource]:
     "Parse and check --mix sources: names, shares, and that each opens and holds a record with a text."
     if heldout < 0: raise LegalnbError(f'--mix-heldout must be 0 or more tokens, got {heldout}')
+    if languages not in MIX_LANGUAGES:
+        raise LegalnbError(f'--mix-languages must be {" or ".join(MIX_LANGUAGES)}, got {languages!r}')
     sources = check_mix([s if isinstance(s, MixSource) else parse_mix(s) for s in specs])
     for s in sources:
         if next(mix_records(s), None) is None: raise LegalnbError(f'--mix {s.name}: {s.path} holds no records')
@@ -625,40 +669,88 @@ def mix_sha256(sources: list[MixSource]) -> str:
     h = hashlib.sha256()
     for s in sources:
         p = Path(s.path)
-        for f in sorted(f for f in p.rglob('*') if f.is_file()) if p.is_dir() else [p]:
+        for f in mix_files(s):
             st = f.stat()
             rel = f.relative_to(p) if p.is_dir() else f.name
             h.update(f'{s.spec}\0{rel}\0{st.st_size}\0{st.st_mtime_ns}\n'.encode())
     return h.hexdigest()
 
-
 # %% ../nbs/02_corpus.ipynb #b86d5e0c
-def _mix_lang(rec: dict) -> str: return str(rec.get('lang') or 'und')
+from typing import Literal
+from .sources import EU_LANGUAGES
 
-def write_mix_heldout(src: MixSource, out: Path, tok: Tokenizer, budget: int) -> dict:
-    "Write the source's first documents, up to `budget` tokens, to mix/NAME/heldout.jsonl; its record."
-    rel, docs, tokens, read = f'mix/{src.name}/heldout.jsonl', 0, 0, 0
+_LANG_TAG = re.compile(r'([a-z]{2,3})(?:[-_][a-z0-9]{2,8}){0,3}')   # en, fra, pt-br, fra_latn, zh-hans-cn
+_ISO639_2 = dict(bul='bg', ces='cs', cze='cs', dan='da', deu='de', ger='de', ell='el', gre='el', eng='en', spa='es',
+                 est='et', fin='fi', fra='fr', fre='fr', gle='ga', hrv='hr', hun='hu', ita='it', lit='lt', lav='lv',
+                 mlt='mt', nld='nl', dut='nl', pol='pl', por='pt', ron='ro', rum='ro', slk='sk', slo='sk', slv='sl',
+                 swe='sv')   # the EU languages' three-letter codes (FineWeb-2 names its languages fra_Latn, deu_Latn)
+
+def lang_code(value, default: str = 'und') -> str:
+    "A record's language as a code: an EU language's ISO 639-1, another tag in lower case, else (a number, Markdown) `default`."
+    tag = value.strip().lower() if isinstance(value, str) else ''
+    if not (m := _LANG_TAG.fullmatch(tag)): return default
+    code = _ISO639_2.get(m[1], m[1])
+    return code if code in EU_LANGUAGES else tag
+
+def _mix_key(seed: int, record: int) -> float:
+    "A record's place in its source's seeded sample: a number in [0, 1) fixed by the seed and the record number."
+    return act_number(f'mix record {record}', seed)
+
+# %% ../nbs/02_corpus.ipynb #a5e1c0d1
+MIX_SAMPLE = 20_000   # tokens of each source's seeded sample that are encoded to learn its tokens per character
+
+def mix_sample(src: MixSource, tok: Tokenizer, tokens: int, seed: int = 0,
+               max_chars: int = 100_000) -> tuple[list[dict], Counter]:
+    "One read of the whole source: the documents of smallest seeded key, `tokens` or more, and its characters per language."
+    heap, have, chars = [], 0, Counter()   # heap of (-key, record, document): the largest key on top
+    for i, rec in mix_records(src):
+        if not rec['text']: continue
+        key, lang = _mix_key(seed, i), lang_code(rec.get('lang'))
+        chars[lang] += len(rec['text'])
+        if heap and have >= tokens and key > -heap[0][0]: continue
+        text = split_text(rec['text'], max_chars)[0]   # a record of any size is cut as the legal text is
+        doc_id = rec['id'] if isinstance(rec.get('id'), (str, int)) else f'{src.name}:{i}'
+        d = dict(record=i, key=key, lang=lang, id=doc_id, text=text, chars=len(rec['text']),
+                 tokens=len(tok.encode(text, add_special_tokens=False).ids))
+        heapq.heappush(heap, (-key, i, d)); have += d['tokens']
+        while have - heap[0][2]['tokens'] >= tokens: have -= heapq.heappop(heap)[2]['tokens']
+    return sorted((d for *_, d in heap), key=lambda d: d['key']), chars
+
+def _per_char(sample: list[dict]) -> dict[str, float]:
+    "Tokens per character of a sample (each document's EOS counted), per language with 1,000 characters or more, and overall under '*'."
+    per = lambda ds: sum(d['tokens'] + 1 for d in ds) / max(1, sum(len(d['text']) for d in ds))
+    by = {l: [d for d in sample if d['lang'] == l] for l in sorted({d['lang'] for d in sample})}
+    return {'*': round(per(sample), 6), **{l: round(per(ds), 6) for l, ds in by.items()
+                                           if sum(len(d['text']) for d in ds) >= 1000}}
+
+# %% ../nbs/02_corpus.ipynb #a5e1c0d2
+def write_mix_heldout(src: MixSource, out: Path, tok: Tokenizer, budget: int, seed: int = 0,
+                      max_chars: int = 100_000) -> dict:
+    "Write a seeded sample of the whole source, `budget` tokens, to mix/NAME/heldout.jsonl; its record and the source's sizes."
+    sample, chars = mix_sample(src, tok, max(budget, MIX_SAMPLE), seed, max_chars)
+    held, tokens = [], 0
+    for d in sample:
+        if tokens >= budget: break
+        held.append(d); tokens += d['tokens']
+    left = chars - Counter({l: sum(d['chars'] for d in held if d['lang'] == l) for l in chars})
+    if not left: raise LegalnbError(f'--mix {src.name}: {src.path} has no document left for training after its '
+                                    f'held-out slice ({len(held):,} documents, {tokens:,} tokens); lower '
+                                    '--mix-heldout or give a bigger source')
+    rel, held = f'mix/{src.name}/heldout.jsonl', sorted(held, key=lambda d: d['record'])
     with atomic_write(out/rel) as tmp, open(tmp, 'w', encoding='utf-8') as f:
-        for read, rec in mix_records(src):
-            if tokens >= budget: break
-            if not rec['text']: continue
-            doc_id = rec['id'] if isinstance(rec.get('id'), (str, int)) else f'{src.name}:{read}'
-            f.write(json.dumps(dict(text=rec['text'], lang=_mix_lang(rec), id=doc_id), ensure_ascii=False) + '\n')
-            docs, tokens = docs + 1, tokens + len(tok.encode(rec['text'], add_special_tokens=False).ids)
-        else: read += 1   # the source ended: no record is left for training
-        if not any(r['text'] for _, r in mix_records(src, read)):
-            raise LegalnbError(f'--mix {src.name}: {src.path} has no document left for training after its held-out '
-                               f'slice ({docs:,} documents, {tokens:,} tokens); lower --mix-heldout or give a '
-                               'bigger source')
-    return dict(file=rel, documents=docs, tokens=tokens, records=read, sha256=file_sha256(out/rel))
+        for d in held: f.write(json.dumps(dict(text=d['text'], lang=d['lang'], id=d['id']), ensure_ascii=False) + '\n')
+    return dict(file=rel, documents=len(held), tokens=tokens, sha256=file_sha256(out/rel),
+                languages=dict(sorted(Counter(d['lang'] for d in held).items())),
+                held_records=[d['record'] for d in held], chars_per_lang=dict(sorted(left.items())),
+                tokens_per_char=_per_char(sample))
 
 def _mix_heldouts(out: Path, tok: Tokenizer, partial: dict, sources: list[MixSource]):
     "Write each source's held-out slice not yet written (before the legal shards: a bad source stops the build early)."
+    a = partial['args']
     for src, rec in zip(sources, partial.get('mix', [])):
         if rec['heldout'] is None:
-            rec['heldout'] = write_mix_heldout(src, out, tok, partial['args']['mix_heldout'])
+            rec['heldout'] = write_mix_heldout(src, out, tok, a['mix_heldout'], a.get('mix_seed', 0), a['max_chars'])
             _write_json(out/'manifest.partial.json', partial)
-
 
 # %% ../nbs/02_corpus.ipynb #d0a74f81
 @dataclass
@@ -669,22 +761,37 @@ class MixPiece:
     index: int     # piece number within the document
     last: bool     # the document's last piece (gets the EOS)
     lang: str      # the document's language ('und' when the source has none)
+    chars: int = 0 # the document's characters (counted against its language's plan when its last piece is packed)
 
-def mix_pieces(src: MixSource, first: int, start: int, passes: int, max_chars: int) -> Iterator[tuple[MixPiece, str]]:
-    "Pieces of the training documents (records `first` on) from record `start` of pass `passes`, pass after pass."
+def _takes(plan: dict, taken: dict, lang: str, key: float, passes: int) -> bool:
+    "Whether a pass takes a document: its language is planned and not full (unless all are), its key in the pass's window."
+    if lang not in plan: return False
+    if taken.get(lang, 0) >= plan[lang]['chars'] and any(taken.get(l, 0) < p['chars'] for l, p in plan.items()):
+        return False
+    w = plan[lang]['window']   # pass j takes the keys in [j*w, (j+1)*w) modulo 1: every key once in 1/w passes
+    return w >= 1 or (key - passes * w) % 1 < w
+
+def mix_pieces(src: MixSource, held: set[int], plan: dict, seed: int, start: int, passes: int, taken: dict,
+               max_chars: int) -> Iterator[tuple[MixPiece, str]]:
+    "Pieces of the training documents from record `start` of pass `passes` on: the documents each pass's windows pick."
+    idle, least = 0, min(p['window'] for p in plan.values())
     while True:
         found = False
         for i, rec in mix_records(src, start):
-            if not rec['text']: continue
-            found, parts = True, split_text(rec['text'], max_chars)
-            for k, part in enumerate(parts): yield MixPiece(i, passes, k, k == len(parts) - 1, _mix_lang(rec)), part
-        if not found and start == first: raise LegalnbError(f'--mix {src.name}: {src.path}: no training document')
-        start, passes = first, passes + 1
+            lang = lang_code(rec.get('lang'))
+            if not rec['text'] or i in held or not _takes(plan, taken, lang, _mix_key(seed, i), passes): continue
+            found, parts, taken[lang] = True, split_text(rec['text'], max_chars), taken.get(lang, 0) + len(rec['text'])
+            for k, part in enumerate(parts):
+                yield MixPiece(i, passes, k, k == len(parts) - 1, lang, len(rec['text'])), part
+        idle = 0 if found else idle + 1
+        if idle > 1 / least + 1: raise LegalnbError(f'--mix {src.name}: {src.path}: no training document')
+        start, passes = 0, passes + 1
 
 class _MixStream:
     "One source's encoded pieces fed to its packer, and the point to resume from after the last whole document."
     def __init__(self, encoded, packer: RowPacker, resume: dict):
-        self.encoded, self.packer, self.resume, self.open = encoded, packer, dict(resume), False
+        self.encoded, self.packer, self.open = encoded, packer, False
+        self.resume = dict(resume, taken=dict(resume['taken']))
 
     def pieces(self) -> Iterator[MixPiece]:
         "Pack the pieces one by one; yield each after it is packed."
@@ -692,7 +799,9 @@ class _MixStream:
             for m, x in zip(metas, ids):
                 self.packer.add(x, m.lang, first=m.index == 0, last=m.last)
                 self.resume['documents_read'] += m.index == 0
-                if m.last: self.resume.update(record=m.record + 1, passes=m.passes)
+                if m.last:
+                    self.resume.update(record=m.record + 1, passes=m.passes)
+                    self.resume['taken'][m.lang] = self.resume['taken'].get(m.lang, 0) + m.chars
                 self.open = not m.last
                 yield m
 
@@ -705,12 +814,65 @@ def _fill_mix_shard(stream: _MixStream, flow: Iterator, want: int, flush: int, a
         else: next(flow)
     while stream.open: next(flow)
 
+# %% ../nbs/02_corpus.ipynb #a5e1c0d3
+from .core import say_once
+
+MIX_MAX_PASSES = 16   # a source read more often than this is refused: repeated text past ~16 epochs adds almost
+                      # nothing (Muennighoff et al., "Scaling Data-Constrained Language Models", arXiv 2305.16264)
+
+def _have(held: dict) -> dict[str, float]:
+    "A source's training tokens per language, estimated: its characters (held-out ones out) x its tokens per character."
+    ratio = held['tokens_per_char']
+    return {l: c * ratio.get(l, ratio['*']) for l, c in held['chars_per_lang'].items()}
+
+def mix_asked(src: MixSource, held: dict, legal: dict[str, int], languages: str = 'source') -> dict[str, float]:
+    "Each language's asked share of the training tokens: the source's share split by its languages, or by the legal ones."
+    have = _have(held)
+    if languages == 'source': return {l: src.share * t / sum(have.values()) for l, t in have.items()}
+    asked = {l: src.share * t / sum(legal.values()) for l, t in legal.items()}
+    if not any(have.get(l) for l in asked):
+        raise LegalnbError(f'--mix {src.name}: {src.path} has none of the legal languages ({", ".join(asked)}), '
+                           f'only {", ".join(have)}; --mix-languages match needs text in them')
+    if lacking := [l for l in asked if not have.get(l)]:
+        say_once(f'--mix {src.name}: {src.path} has no text in {", ".join(lacking)} ({sum(asked[l] for l in lacking):.2%}'
+                 ' of the training tokens asked); those languages get no general text')
+    return asked
+
+def mix_plan(held: dict, asked: dict[str, float], tokens: int) -> dict[str, dict]:
+    "Per language the source has: the tokens to train on, the characters that give them, the share of it each pass takes."
+    have, ratio = _have(held), held['tokens_per_char']
+    mine = {l: a for l, a in asked.items() if have.get(l)}
+    plan = {}
+    for l, a in mine.items():
+        want = tokens * a / sum(mine.values())
+        plan[l] = dict(tokens=round(want), chars=round(want / ratio.get(l, ratio['*'])), window=min(1.0, round(want / have[l], 6)),
+                       passes=round(want / have[l], 3))
+    return plan
+
+def check_mix_size(src: MixSource, plan: dict, rows: int, row_len: int, vocab: int, free: int):
+    "Refuse a source read more than MIX_MAX_PASSES times, or whose rows do not fit in `free` bytes, before it is written."
+    lang, most = max(plan.items(), key=lambda kv: kv[1]['passes'])
+    if most['passes'] > MIX_MAX_PASSES:
+        raise LegalnbError(f'--mix {src.name}: {src.path} is too small for its share: its {rows:,} rows would read its '
+                           f'{lang} text {most["passes"]:,.0f} times (at most {MIX_MAX_PASSES}); lower the share or '
+                           'give a bigger source')
+    if (need := rows * row_len * shard_dtype(vocab).itemsize) > free:
+        raise LegalnbError(f'--mix {src.name}: its {rows:,} rows need {need / 2**30:,.1f} GiB and the corpus folder has '
+                           f'{free / 2**30:,.1f} GiB free; lower the shares or free space')
 
 # %% ../nbs/02_corpus.ipynb #30354ebd
 def _build_mix(out, tok, partial, eos_id, vocab, row_len, shards, opt):
-    "Pack each source into mix/NAME/: its share of the training rows, in shards of about the legal shards' rows."
-    legal = sum(r['rows'] for r in partial['shards'])
-    rows = mix_rows(legal, [s.share for s in opt['mix']])
+    "Pack each source into mix/NAME/: its share of the training rows, per language as planned, in legal-sized shards."
+    legal, how = sum(r['rows'] for r in partial['shards']), partial['args'].get('mix_languages', 'source')
+    legal_langs = sum((Counter(r['tokens_per_lang']) for r in partial['shards']), Counter())
+    asked = [mix_asked(s, rec['heldout'], legal_langs, how) for s, rec in zip(opt['mix'], partial['mix'])]
+    rows = mix_rows(legal, [s.share if how == 'source' else sum(a[l] for l in a if _have(rec['heldout']).get(l))
+                            for s, a, rec in zip(opt['mix'], asked, partial['mix'])])
+    free = shutil.disk_usage(out).free
+    for src, rec, n, a in zip(opt['mix'], partial['mix'], rows, asked):   # every source checked before one is written
+        rec.update(asked=a, plan=mix_plan(rec['heldout'], a, n * row_len))
+        left = n - sum(r['rows'] for r in rec['shards'])
+        check_mix_size(src, rec['plan'], n, row_len, vocab, free); free -= left * row_len * shard_dtype(vocab).itemsize
     for src, rec, n in zip(opt['mix'], partial['mix'], rows):
         _build_source(src, out, tok, partial, rec, eos_id, vocab, row_len, n, -(-legal // shards), opt)
 
@@ -718,11 +880,11 @@ def _build_source(src, out, tok, partial, rec, eos_id, vocab, row_len, rows, per
     "Write the shards of source `src` not yet in its record `rec`: `rows` rows in all, `per_shard` a shard."
     done, sub, n = rec['shards'], f'mix/{src.name}/', -(-rows // per_shard)
     if len(done) >= n: return
-    first = rec['heldout']['records']   # its training documents start after the held-out slice
-    resume = done[-1]['next'] if done else dict(record=first, passes=0, documents_read=0,
+    resume = done[-1]['next'] if done else dict(record=0, passes=0, documents_read=0, taken={},
                                                 packer=dict(position=0, chunks=[], starts=[]))
-    packer = RowPacker(row_len, eos_id).restore(resume['packer'])
-    pieces = mix_pieces(src, first, resume['record'], resume['passes'], partial['args']['max_chars'])
+    packer, a = RowPacker(row_len, eos_id).restore(resume['packer']), partial['args']
+    pieces = mix_pieces(src, set(rec['heldout']['held_records']), rec['plan'], a.get('mix_seed', 0), resume['record'],
+                        resume['passes'], dict(resume['taken']), a['max_chars'])
     encoded = encode_stream(tok, batch_pieces(pieces, opt['batch_chars'] or 2**18), opt['num_proc'])
     stream = _MixStream(encoded, packer, resume)
     flow = stream.pieces()
@@ -732,12 +894,11 @@ def _build_source(src, out, tok, partial, rec, eos_id, vocab, row_len, rows, per
             r = write_shard(out/sub/name, _fill_mix_shard(stream, flow, min(per_shard, rows - k * per_shard),
                                                           opt['flush_tokens'], acc), row_len, vocab)
             _shard_record(out, sub, name, r, acc, start, row_len)
-            r['next'] = dict(stream.resume, packer=packer.state())
+            r['next'] = dict(stream.resume, taken=dict(stream.resume['taken']), packer=packer.state())
             done.append(r)
             _write_json(out/'manifest.partial.json', partial)
             if opt['on_shard']: opt['on_shard'](r)
     finally: encoded.close()
-
 
 # %% ../nbs/02_corpus.ipynb #247fd644
 def _mix_resume(out: Path, m: dict | None, specs: list[str]) -> list[dict]:
@@ -760,6 +921,11 @@ def _mix_files(m: dict) -> set[str]:
         names |= {f for s in x['shards'] for f in (s['file'], s.get('doc_starts'))}
     return names
 
+def _mix_languages(x: dict, per_lang: Counter, total: int) -> dict:
+    "Per language of a source: the asked and realised shares of the training tokens, and its tokens."
+    return {l: dict(asked_share=round(x['asked'].get(l, 0), 6), realised_share=round(per_lang.get(l, 0) / total, 6),
+                    tokens=per_lang.get(l, 0)) for l in sorted({*x['asked'], *per_lang})}
+
 def _mix_manifest(partial: dict, row_len: int) -> dict:
     "The manifest's `mix`: per source its origin, rows, tokens, asked and realised share, shards, held-out slice."
     if not partial.get('mix'): return {}
@@ -772,22 +938,35 @@ def _mix_manifest(partial: dict, row_len: int) -> dict:
                         realised_share=round(rows / total, 6), rows=rows,
                         documents=sum(r['documents'] for r in x['shards']), documents_read=last['documents_read'],
                         passes=last['passes'] + 1, tokens_per_lang=dict(sorted(per_lang.items())),
+                        languages_from=partial['args'].get('mix_languages', 'source'),
+                        languages=_mix_languages(x, per_lang, total * row_len), plan=x['plan'],
                         shards=[{k: v for k, v in r.items() if k != 'next'} for r in x['shards']],
                         heldout=x['heldout']))
     return dict(mix_sha256=partial['mix_sha256'], mix=mix)   # the sources' fingerprint: a rerun is up to date
+
+def _shares_line(langs: dict, most: int = 12) -> str:
+    "'en 2.50% -> 2.48%, fr ...': each language's asked and realised share, the largest first."
+    top = sorted(langs.items(), key=lambda kv: -kv[1]['asked_share'] - kv[1]['realised_share'])
+    words = [f"{l} {v['asked_share']:.2%} -> {v['realised_share']:.2%}" for l, v in top[:most]]
+    return ', '.join(words) + (f' and {len(top) - most} more (manifest.json)' if len(top) > most else '')
 
 def mix_summary(m: dict) -> str:
     "The lines of the build summary on the mixed sources ('' without any)."
     lines = []
     for x in m.get('mix', []):
         h = x['heldout']
-        again = f"; read {x['passes']} times over (the source is smaller than its share)" if x['passes'] > 1 else ''
+        small = max((p['passes'] for p in (x.get('plan') or {}).values()), default=2) > 1
+        again = (f"; read {x['passes']} times over" + (' (the source is smaller than its share)' if small else '')
+                 if x['passes'] > 1 else '')
+        held = ', '.join(f'{l} {n:,}' for l, n in (h.get('languages') or {}).items())
         lines.append(f"\nmix {x['name']}: {x['origin']}: {x['tokens']:,} tokens ({x['rows']:,} rows) -> "
                      f"mix/{x['name']}/, "
                      f"asked {x['asked_share']:.1%} of the training tokens, realised {x['realised_share']:.2%}{again}; "
-                     f"held out {h['documents']:,} documents ({h['tokens']:,} tokens) -> {h['file']}")
+                     f"held out {h['documents']:,} documents ({h['tokens']:,} tokens) -> {h['file']}"
+                     + (f"\n  languages ({x.get('languages_from', 'source')}), asked -> realised: "
+                        f"{_shares_line(x['languages'])}" if x.get('languages') else '')
+                     + (f"; held out: {held}" if held else ''))
     return ''.join(lines)
-
 
 # %% ../nbs/02_corpus.ipynb #e18e470d
 MANIFEST_FORMAT = 'legalnb.corpus/1'
@@ -961,7 +1140,9 @@ class CorpusConfig:
     val_after: str | None = None        # also hold out the acts dated after this day (yyyy-mm-dd)
     val_acts: str | None = None         # also hold out the acts a file names (a manifest.json, or CELEX lines)
     mix: list[str] | None = None        # more sources NAME=PATH:SHARE, each SHARE of the training tokens
-    mix_heldout: int = MIX_HELDOUT      # tokens of each --mix source's first documents held out (untrained)
+    mix_heldout: int = MIX_HELDOUT      # tokens of each --mix source held out (untrained): a sample drawn with --seed
+    mix_languages: Literal['source', 'match'] = 'source'  # --mix text per language: as the source has it, or 'match'
+                                        # the legal corpus's languages in its proportions
     progress: bool = True               # show a progress bar (only on a terminal)
 
     def __post_init__(self): _check_settings(self)   # checked once, when the config is made
@@ -1072,7 +1253,9 @@ def _command_line(args: dict, out: Path) -> str:
              *(['--val-after', args['val_after']] if args.get('val_after') else []),
              *(['--val-acts', args['val_acts']] if args.get('val_acts') else []),
              *[w for spec in args.get('mix', []) for w in ('--mix', spec)],
-             *(['--mix-heldout', args['mix_heldout']] if args.get('mix_heldout', MIX_HELDOUT) != MIX_HELDOUT else [])]
+             *(['--mix-heldout', args['mix_heldout']] if args.get('mix_heldout', MIX_HELDOUT) != MIX_HELDOUT else []),
+             *(['--seed', args['mix_seed']] if args.get('mix_seed') and not args.get('val_docs') else []),
+             *(['--mix-languages', args['mix_languages']] if args.get('mix_languages', 'source') != 'source' else [])]
     return shlex.join(map(str, words))
 
 def _start(work: Path, key: dict, tok: Tokenizer, command: str | None) -> dict:
@@ -1132,7 +1315,7 @@ def build_corpus(cfg: CorpusConfig,   # the build's settings: `legalnb build-cor
     _check_paths(selected, out)
     named = sorted(named_acts(cfg.val_acts)) if cfg.val_acts else []
     val_docs = int(cfg.val_docs) if cfg.val_docs >= 1 else cfg.val_docs  # a count of acts, or a share of them
-    sources = mix_sources(cfg.mix or [], cfg.mix_heldout)   # every source opened and checked before anything is written
+    sources = mix_sources(cfg.mix or [], cfg.mix_heldout, cfg.mix_languages)   # every source opened and checked before anything is written
     args = _build_args(cfg, selected, val_docs, named, sources)
     key = dict(args=args, input_sha256=file_sha256(selected),
                **(dict(mix_sha256=mix_sha256(sources)) if sources else {}))
@@ -1166,7 +1349,8 @@ def _build_args(cfg: CorpusConfig, selected: Path, val_docs: float, named: list[
                 **(dict(val_docs=val_docs, seed=cfg.seed, val_min_acts=cfg.val_min_acts) if val_docs else {}),
                 **(dict(val_after=str(cfg.val_after)) if cfg.val_after else {}),
                 **(dict(val_acts=str(cfg.val_acts), val_acts_named=named) if cfg.val_acts else {}),
-                **(dict(mix=[s.spec for s in sources], mix_heldout=cfg.mix_heldout) if sources else {}))
+                **(dict(mix=[s.spec for s in sources], mix_heldout=cfg.mix_heldout, mix_seed=cfg.seed,
+                       mix_languages=cfg.mix_languages) if sources else {}))
 
 def _fresh() -> dict:
     "The resume point of a build that has not started."

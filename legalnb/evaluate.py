@@ -749,6 +749,8 @@ def write_general_texts(path: str | Path, max_chars: int = 3000) -> Path:
     return Path(path)
 
 # %% ../nbs/11_evaluate.ipynb #02cda1a8
+from .corpus import lang_code
+
 GENERAL_LANG = 'unknown'   # the language of a general-text record without "lang" (as for a held-out document)
 
 def _general_doc(rec: dict, where: str, source: str, prefix: str = '') -> dict | None:
@@ -757,7 +759,7 @@ def _general_doc(rec: dict, where: str, source: str, prefix: str = '') -> dict |
         raise LegalnbError(f'{where}: no "text" string; expected general text as {{"text": "...", "lang": "fr"}}, '
                            'one per line')
     if not rec['text'].strip(): return None
-    return dict(celex=prefix + str(rec.get('id') or where), lang=str(rec.get('lang') or GENERAL_LANG).lower(),
+    return dict(celex=prefix + str(rec.get('id') or where), lang=lang_code(rec.get('lang'), GENERAL_LANG),
                 doc_type='general', band='unknown', source=source, text=rec['text'])
 
 # %% ../nbs/11_evaluate.ipynb #79e5d4c9
@@ -766,6 +768,19 @@ def _general_file(p: Path, source: str, prefix: str = '') -> list[dict]:
     docs = [d for n, _, _, rec in jsonl_records(p) if (d := _general_doc(rec, f'{p}, line {n}', source, prefix))]
     if not docs: raise LegalnbError(f'{p}: no general text; expected one {{"text": "...", "lang": "fr"}} per line')
     return docs
+
+# %% ../nbs/11_evaluate.ipynb #a5e1c0f1
+def _mix_list(m: dict, man: Path) -> list:
+    "A corpus manifest's `mix`: a list of sources whose `heldout` is an object (or null); else one line naming it."
+    mix = m.get('mix') or []
+    kind = lambda v: {list: 'a list', dict: 'an object', str: 'a string'}.get(type(v), type(v).__name__)
+    if not isinstance(mix, list): bad = f'"mix" is {kind(mix)}'
+    elif (s := next((s for s in mix if not isinstance(s, dict)), None)) is not None: bad = f'a "mix" entry is {kind(s)}'
+    elif (s := next((s for s in mix if not isinstance(s.get('heldout'), (dict, type(None)))), None)) is not None:
+        bad = f'the "heldout" of mix source {str(s.get("name"))[:40]!r} is {kind(s["heldout"])}'
+    else: return mix
+    raise LegalnbError(f'{man}: {bad}; expected "mix": a list of sources, each with a "heldout" object (file, '
+                       'documents); build the corpus again with legalnb build-corpus --mix')
 
 # %% ../nbs/11_evaluate.ipynb #605b4526
 _NO_MIX = ('build it with `legalnb build-corpus ... --mix general=PATH:0.05` (each mixed source keeps a held-out '
@@ -777,7 +792,7 @@ def mix_heldout(corpus: str | Path) -> list[dict]:
     if not man.is_file():
         raise LegalnbError(f'--general {folder}: a folder without manifest.json; expected a corpus folder that mixes '
                            f'general sources in, a JSON-lines file or {GENERAL_BUILTIN}; {_NO_MIX}')
-    sources = read_json(man, 'a corpus manifest').get('mix') or []
+    sources = _mix_list(read_json(man, 'a corpus manifest'), man)
     held = [s for s in sources if isinstance(s, dict) and (s.get('heldout') or {}).get('documents', 1)]
     if not held and sources:   # built with --mix-heldout 0: every source was trained on whole
         names = ', '.join(str(s.get('name')) for s in sources if isinstance(s, dict))

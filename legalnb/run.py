@@ -60,7 +60,8 @@ build-corpus:
   # seq_len: 8192        # default: the preset's row length
 # mix:                   # general text mixed in by weight (replay), packed beside the legal rows (build-corpus --mix)
 #   general: {{path: fineweb/, share: 0.05}}   # 5% of the training tokens: a JSONL, Parquet or Arrow file or folder,
-#                        # or a save_to_disk folder; its first 50k tokens are held out (build-corpus.mix_heldout)
+#                        # or a save_to_disk folder; a seeded 50k-token sample is held out (build-corpus.mix_heldout)
+#                        # build-corpus.mix_languages: match gives each legal language general text in its own
 split: {{}}
 train: {{}}                # flags of `legalnb train`: max_steps, dim, num_layers, batch_size, device, save_every ...
 finetune: {{}}             # flags of `legalnb finetune` (a Hugging Face model): max_steps, lr, force_single ...

@@ -1,7 +1,7 @@
 """Sources mixed by weight, end to end: `legalnb build-corpus --mix` from a JSONL file and a `save_to_disk` folder, a
 tiny native model trained on the mixed corpus (its batches take each source's share, its resume is exact), the
 Hugging Face path on a mixed corpus, a `mix:` plan section, and bad sources refused in one line."""
-import io, json
+import io, json, os, time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -64,7 +64,8 @@ def test_build_corpus_mix_manifest_heldout_and_summary(work):
         assert f"asked {x['asked_share']:.1%} of the training tokens, realised {x['realised_share']:.2%}" in out
     general = [json.loads(l) for l in (d/'general.jsonl').read_text().splitlines()]
     held = [json.loads(l) for l in (d/'corpus'/'mix'/'general'/'heldout.jsonl').read_text().splitlines()]
-    assert held == [dict(text=r['text'], lang=r['lang'], id=r['id']) for r in general[:len(held)]], 'the first documents'
+    assert held == [dict(text=general[i]['text'], lang=general[i]['lang'], id=general[i]['id'])
+                    for i in m['mix'][0]['heldout']['held_records']], 'a seeded sample of the source, in its order'
     code, again, _ = cli(*corpus_args(d, d/'corpus', '--train-tokenizer', 300))
     assert code == 0 and again.startswith(f"{d/'corpus'} is up to date"), again
     code, vout, _ = cli('validate', d/'corpus')
@@ -172,7 +173,10 @@ def test_a_plan_mix_section_becomes_build_corpus_flags(tmp_path):
     stages, _ = build_stages(*read_plan(plan), {})
     b = next(s for s in stages if s.name == 'build-corpus')
     assert b.settings['mix'] == [f'general={tmp_path/"gen.jsonl"}:0.05', f'web={tmp_path/"web"}:0.02']
-    assert '# mix:' in write_plan()
+    assert '# mix:' in write_plan() and 'build-corpus.mix_languages: match' in write_plan()
+    plan.write_text('input: [formex]\nout: work\nbuild-corpus: {mix_languages: match}\nmix:\n  general: g.jsonl:0.05\n')
+    stages, _ = build_stages(*read_plan(plan), {})
+    assert next(s for s in stages if s.name == 'build-corpus').config.mix_languages == 'match'
     for text, expect in (('mix:\n  general: {path: g.jsonl, weight: 0.05}\n', 'mix.general.weight: unknown'),
                          ('mix:\n  general: {path: g.jsonl}\n', 'mix.general: no share:'),
                          ('mix:\n  general: g.jsonl:2\n', 'mix.general: --mix general=')):
@@ -190,3 +194,63 @@ def test_split_by_rows_keeps_the_mixed_rows_on_the_training_side(work, tmp_path)
     assert list(val.sources) == ['legal'] and info['mix'] == {'general': corpus.sources['general'],
                                                               'disk': corpus.sources['disk']}
     assert train.sources == dict(corpus.sources, legal=corpus.sources['legal'] - len(val))
+
+
+def test_a_language_sorted_source_gives_every_language_its_share(work, tmp_path):
+    """Replay drawn from the whole source: sorted by language, every language gets its share in training and held out;
+    with --mix-languages match each legal language gets general text in its own language, within a point of asked."""
+    d, _ = work
+    recs = sorted((json.loads(l) for l in (d/'general.jsonl').read_text().splitlines()), key=lambda r: r['lang'])
+    src = tmp_path/'sorted.jsonl'
+    src.write_text(''.join(json.dumps(r) + '\n' for r in recs))
+    chars = {l: sum(len(r['text']) for r in recs if r['lang'] == l) for l in ('en', 'fr')}
+    base = ['build-corpus', d/'sample.jsonl', '--tokenizer', d/'corpus'/'tokenizer.json', '--seq-len', 31, '--shards', 1,
+            '--no-progress', '--mix', f'general={src}:0.1', '--mix-heldout', 1500]
+    code, out, err = cli(*base, '--out', tmp_path/'c')
+    assert code == 0, err
+    x = json.loads((tmp_path/'c'/'manifest.json').read_text())['mix'][0]
+    for lang in ('en', 'fr'):   # the source's own proportions (by characters: within a few points)
+        assert abs(x['tokens_per_lang'][lang] / x['tokens'] - chars[lang] / sum(chars.values())) < 0.05, x['tokens_per_lang']
+        assert abs(x['languages'][lang]['realised_share'] - x['languages'][lang]['asked_share']) < 0.01
+    assert set(x['heldout']['languages']) == {'en', 'fr'}, 'the held-out slice is a sample of the whole source'
+    assert 'languages (source), asked -> realised: ' in out and '; held out: en ' in out
+    code, out, err = cli(*base, '--out', tmp_path/'m', '--mix-languages', 'match')
+    assert code == 0, err
+    m = json.loads((tmp_path/'m'/'manifest.json').read_text())
+    x, lacking = m['mix'][0], sorted(set(m['tokens_per_lang']) - {'en', 'fr'})
+    assert x['languages_from'] == 'match' and set(x['languages']) == set(m['tokens_per_lang'])
+    for lang, v in x['languages'].items():
+        assert v['asked_share'] == round(0.1 * m['tokens_per_lang'][lang] / m['tokens'], 6), lang
+        assert abs(v['realised_share'] - v['asked_share']) < 0.01 if lang in ('en', 'fr') else v['realised_share'] == 0
+    assert err.splitlines() == [f'--mix general: {src} has no text in {", ".join(lacking)} '
+                                f'({sum(x["languages"][l]["asked_share"] for l in lacking):.2%} of the training tokens '
+                                'asked); those languages get no general text'], err
+
+
+def test_unbounded_mixes_and_odd_sources_are_refused_in_one_line(work, tmp_path, capfd):
+    """Shares summing to 0.999999999, a source read hundreds of times over, / as a source, a FIFO, a broken JSONL line:
+    each one line (none from datasets), exit 2, nothing written; a record of any size is cut in the held-out slice."""
+    d, _ = work
+    g, tok = d/'general.jsonl', ['--tokenizer', d/'corpus'/'tokenizer.json']
+    (tmp_path/'tiny.jsonl').write_text('{"text": "one short line"}\n{"text": "and another"}\n')
+    os.mkfifo(tmp_path/'pipe.jsonl')
+    (tmp_path/'broken.jsonl').write_text('{"text": "a"}\n{"text": "b"\n')
+    for mix, expect in (([f'broken={tmp_path/"broken.jsonl"}:0.1'], 'cannot be read at record'),
+                        ([f'pipe={tmp_path/"pipe.jsonl"}:0.1'], 'pipe.jsonl is a FIFO (named pipe)'),
+                        # below: where these are not refused they run for hours (the cases above fail first)
+                        ([f'tiny={tmp_path/"tiny.jsonl"}:0.5'], 'is too small for its share'),
+                        (['root=/:0.1'], '--mix root: / holds'),
+                        ([f'a={g}:0.5', f'b={g}:0.499999999'], 'the shares sum to 1; they may sum to 0.9 at most')):
+        t0 = time.perf_counter()
+        code, _, err = cli('build-corpus', d/'sample.jsonl', '--out', tmp_path/'c', *tok, '--seq-len', 31, '--shards', 1,
+                           '--mix-heldout', 0, '--no-progress', '--mix', *mix)
+        err += capfd.readouterr().err   # what a library writes to the process's stderr itself
+        assert code == 2 and len(err.splitlines()) == 1 and expect in err, (mix, err)
+        assert not (tmp_path/'c').exists() and time.perf_counter() - t0 < 60, mix
+    (tmp_path/'big.jsonl').write_text(''.join(json.dumps(dict(text=f'record {i} ' + 'word ' * 20_000)) + '\n'
+                                              for i in range(6)))
+    code, _, err = cli('build-corpus', d/'sample.jsonl', '--out', tmp_path/'big', *tok, '--seq-len', 31, '--shards', 1,
+                       '--max-chars', 1000, '--mix-heldout', 500, '--no-progress', '--mix', f'big={tmp_path/"big.jsonl"}:0.05')
+    assert code == 0, err
+    held = [json.loads(l) for l in (tmp_path/'big'/'mix'/'big'/'heldout.jsonl').read_text().splitlines()]
+    assert held and all(len(r['text']) <= 1000 for r in held), 'a held-out record is cut as the legal text is'
