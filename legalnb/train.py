@@ -1195,6 +1195,10 @@ def train_main(argv: list[str]) -> int:
     try: s = train(cfg)
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
+    if s.get('stopped'):   # resumed inside a decay a budget moved: it stops, annealed, where the budget ended
+        if main_rank: print(f"stopped at step {s['step']:,} of {s['max_steps']:,}: {s['stopped']}; checkpoint "
+                            f"{s['checkpoint']}", flush=True)
+        return 3
     if main_rank:
         mfu = f", MFU {100 * s['mfu']:.0f}%" if s['mfu'] else ''
         bpb = f", {s['val_bpb']:.3f} bits per byte" if s.get('val_bpb') else ''
