@@ -540,7 +540,7 @@ def test_warmup_is_capped_at_a_tenth_of_the_run(work, tmp_path, capsys):
                 '--max-steps', '10', '--lr', '1e-3', '--batch-size', '2', '--grad-accum', '1', '--workers', '0',
                 '--logging-steps', '1', '--force-single', '--eval-share', '0']) == 0
     out = capsys.readouterr().out
-    assert "capped: the preset's 300 warm-up steps are more than 10% of the 10 steps" in out
+    assert 'capped: 300 warm-up steps (--warmup-steps or the preset) are more than 10% of the 10 steps' in out
     from legalnb.metrics import read_metrics
     lrs = [r['lr'] for r in read_metrics(tmp_path/'run'/'metrics.jsonl')]
     assert max(lrs) == pytest.approx(1e-3) and json.loads((tmp_path/'run'/'finetune.json').read_text())['warmup_steps'] == 1
