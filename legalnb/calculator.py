@@ -738,7 +738,8 @@ def _show(e: Estimate, as_json: bool) -> str:
 
 # %% ../nbs/08_calculator.ipynb #babe092d
 _FIELD_OF = dict(batch_size='micro_batch', mixing_flops='mixing_flops_per_token')   # flag -> Plan field if unlike
-_NOT_PLAN = ('preset', 'model_size', 'model', 'calibration', 'json', 'schedule', 'decay_ratio')   # how to make the plan, and how to print it
+_NOT_PLAN = ('preset', 'model_size', 'model', 'calibration', 'json',   # how to make the plan, and how to print it
+             'schedule', 'decay_ratio')   # and the schedule it shows
 
 @dataclass
 class EstimateConfig:

@@ -1174,8 +1174,8 @@ def step_trainer():
 def _annealed(lam: LRSchedule) -> str:
     "Why a run whose decay a budget moved stops at its end."
     s, e = lam.decay
-    return (f'{lam.why or "the budget"}; annealed: the learning rate decayed to its floor over steps {s:,} to {e - 1:,} '
-            'so that the run ends inside the budget')
+    return (f'{lam.why or "the budget"}; annealed: the learning rate decayed to its floor over steps {s:,} to '
+            f'{e - 1:,} so that the run ends inside the budget')
 
 def budget_decay(records, sinks: Sequence = ()):
     "A `TrainerCallback` after `records` (trainer_records): under wsd, a budget stop moves the decay instead, and the "
@@ -1190,7 +1190,8 @@ def budget_decay(records, sinks: Sequence = ()):
             end = _agreed(min(ends, default=None)) if state.is_world_process_zero else _agreed(None)
             if end is None: return   # not the budget: stop
             if lam.decay is None:
-                lam.decay, lam.why = moved_decay(state.global_step, end, state.max_steps, lam.decay_ratio), records.stopped
+                lam.decay = moved_decay(state.global_step, end, state.max_steps, lam.decay_ratio)
+                lam.why = records.stopped
                 groups = lr_scheduler.optimizer.param_groups   # the next step's lr was set before the move: again
                 for g, base in zip(groups, lr_scheduler.base_lrs): g['lr'] = base * lam(lr_scheduler.last_epoch)
                 lr_scheduler._last_lr = [g['lr'] for g in groups]
