@@ -21,7 +21,7 @@ __all__ = ['GIB', 'USABLE', 'SHARDED', 'ACTIVATION_BYTES', 'NF4_BYTES', 'INT8_BY
            'flops_per_token', 'mfu_of', 'run_seconds', 'run_cost', 'scale_lr', 'Memory', 'estimate_memory', 'Estimate',
            'check_claim', 'estimate', 'plan_for', 'model_plan_fields', 'Calibration', 'calibrate', 'Comparison',
            'compare', 'calibration_from_metrics', 'measured_activation_bytes', 'Measurement', 'GpuCheck',
-           'schema_error', 'read_gpu_check', 'EstimateConfig', 'estimate_command', 'estimate_main']
+           'schema_error', 'read_gpu_check', 'EstimateConfig', 'schedule_line', 'estimate_command', 'estimate_main']
 
 # %% ../nbs/08_calculator.ipynb #89f33b7c
 _POSITIVE = ('examples', 'tokens', 'epochs', 'steps', 'micro_batch', 'grad_accum', 'gpus', 'seq_len', 'sec_per_step',
@@ -738,7 +738,8 @@ def _show(e: Estimate, as_json: bool) -> str:
 
 # %% ../nbs/08_calculator.ipynb #babe092d
 _FIELD_OF = dict(batch_size='micro_batch', mixing_flops='mixing_flops_per_token')   # flag -> Plan field if unlike
-_NOT_PLAN = ('preset', 'model_size', 'model', 'calibration', 'json')   # how to make the plan, and how to print it
+_NOT_PLAN = ('preset', 'model_size', 'model', 'calibration', 'json',   # how to make the plan, and how to print it
+             'schedule', 'decay_ratio')   # and the schedule it shows
 
 @dataclass
 class EstimateConfig:
@@ -774,6 +775,8 @@ class EstimateConfig:
     qlora_bits: Literal[4, 8] = None   # --qlora's bits per base weight: 4 (NF4) or 8 (LLM.int8)
     calibration: str = None        # a GPU check's report.json (make gpu-check): measured MFU, activation bytes
     json: bool = False             # print one JSON object instead of the table
+    schedule: Literal['cosine', 'wsd'] = 'cosine'  # the learning-rate schedule: cosine, or wsd (its decay start shown)
+    decay_ratio: float = 0.2       # wsd: the last share of the steps, decaying to the floor
 
     def __post_init__(self):   # every check of the flags, before anything is computed
         if sum(v is not None for v in (self.sec_per_step, self.tokens_per_sec, self.mfu)) > 1:
@@ -805,6 +808,17 @@ def plan(self: EstimateConfig) -> Plan:
     given['mfu'] = self.mfu and self.mfu / 100
     return _plan(self.preset, self.model_size, {k: v for k, v in given.items() if v is not None}, self.model)
 
+# %% ../nbs/08_calculator.ipynb #efd87bf1
+from .presets import wsd_decay_start
+
+def schedule_line(steps: int, schedule: str = 'cosine', decay_ratio: float = 0.2) -> str:
+    "The learning-rate schedule of a run of `steps`, as the trainers will run it: where a wsd decay starts."
+    if schedule != 'wsd': return f'schedule: cosine over {steps:,} steps (warm-up, then down to the floor)'
+    start = wsd_decay_start(steps, decay_ratio)
+    return (f'schedule: wsd: warm-up, the peak until step {start:,}, then linear to the floor over the last '
+            f'{steps - start:,} steps (--decay-ratio {decay_ratio:g}); under --max-cost or --deadline the decay moves '
+            'to end inside the budget, so a stopped run is annealed')
+
 # %% ../nbs/08_calculator.ipynb #fab17228
 def estimate_command(config: EstimateConfig):
     "Print the estimate of the plan `config` describes (calibrated by a GPU check's report if it names one)."
@@ -815,6 +829,7 @@ def estimate_command(config: EstimateConfig):
         except LegalnbError as e: raise LegalnbError(f'--calibration {e}') from None
     e = estimate(plan)
     e.lines[:0], e.warnings = lines, e.warnings + warnings
+    e.lines.append(schedule_line(e.steps, config.schedule, config.decay_ratio))
     print(_show(e, config.json))
 
 # %% ../nbs/08_calculator.ipynb #4cc5ba4c

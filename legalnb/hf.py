@@ -25,8 +25,8 @@ from .models import refuse_pickled_weights   # no loader sees a pickle
 
 # %% auto #0
 __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', 'STRATEGY_FILES', 'FILES_PER_MICRO_BATCH',
-           'FILES_RESERVED', 'legal_sentences', 'train_tiny_tokenizer', 'tiny_config', 'build_tiny_model', 'hf_config',
-           'load_hf_model', 'doc_positions', 'CausalLMShards', 'write_demo_shards', 'check_corpus_fits',
+           'FILES_RESERVED', 'WSD_FLOOR', 'legal_sentences', 'train_tiny_tokenizer', 'tiny_config', 'build_tiny_model',
+           'hf_config', 'load_hf_model', 'doc_positions', 'CausalLMShards', 'write_demo_shards', 'check_corpus_fits',
            'read_examples', 'demo_examples', 'encode_example', 'LengthChoice', 'right_size_length', 'truncate_example',
            'encode_examples', 'pack_examples', 'PackedCollator', 'packs_without_leakage', 'sft_dataset',
            'lora_target_modules', 'LoraSettings', 'add_lora', 'merge_adapter', 'plan_training_args', 'format_plan',
@@ -34,8 +34,9 @@ __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', '
            'launch_plugin', 'launch_commands', 'launch_flags', 'check_run_folder', 'trainer_records', 'start_metrics',
            'split_off', 'qlora_unavailable', 'quantization_4bit', 'quantization_for', 'packs_here',
            'refuse_single_process', 'training_rows', 'unpack_4bit_on_cpu', 'FinetuneConfig', 'FinetuneRun',
-           'fit_workers_to_open_files', 'purge_resumed_tensorboard', 'finetune', 'finetune_command', 'finetune_parser',
-           'finetune_main', 'ScheduledBatches', 'StepCollator', 'check_resumed_schedule', 'scheduled_trainer']
+           'fit_workers_to_open_files', 'purge_resumed_tensorboard', 'LRSchedule', 'step_trainer', 'budget_decay',
+           'finetune', 'finetune_command', 'finetune_parser', 'finetune_main', 'ScheduledBatches', 'StepCollator',
+           'check_resumed_schedule', 'scheduled_trainer']
 
 # %% ../nbs/06_hf.ipynb #c3d5eafa
 _SUBJECTS = ('the Commission', 'each Member State', 'the competent authority', 'the controller', 'the Agency',
@@ -448,7 +449,7 @@ def _warmup(preset, steps: int) -> tuple[int | float, str]:
     if steps <= 0: return preset.warmup_steps, why
     w, cap = preset.warmup_for(steps), max(1, math.floor(WARMUP_CAP * steps))
     if w <= cap: return preset.warmup_steps, why
-    return cap, f'capped: the preset\'s {w:,} warm-up steps are more than 10% of the {steps:,} steps'
+    return cap, f'capped: {w:,} warm-up steps (--warmup-steps or the preset) are more than 10% of the {steps:,} steps'
 
 # %% ../nbs/06_hf.ipynb #47bba0dd
 def _step_rows(preset, out: str | Path, examples_per_row: float, world: int) -> dict[str, tuple]:
@@ -529,7 +530,7 @@ def plan_training_args(preset, out: str | Path,
         plan['gradient_accumulation_steps'] = (1, f'--batch-schedule {batch_schedule}: each step accumulates its '
                                                   f'micro-batches itself (first {sched[0][1]} x micro '
                                                   f'{preset.micro_batch} x {world} process(es))')
-    for k, v in overrides.items(): plan[k] = (v, 'override')
+    for k, v in overrides.items(): plan[k] = (v, 'from a flag (or an override)')
     if not plan['dataloader_num_workers'][0]:
         plan['dataloader_prefetch_factor'] = (None, 'no workers, nothing to prefetch')
     if plan['eval_strategy'][0] == 'steps' and 'save_steps' in overrides and 'eval_steps' not in overrides:
@@ -883,6 +884,8 @@ class FinetuneConfig:
     batch_size: int = None        # micro batch per GPU (the accumulation follows, keeping the global batch)
     grad_accum: int = None        # gradient accumulation steps (default: sized for the preset's global batch)
     warmup_steps: float = None    # warmup steps (< 1: a fraction of the steps; at most a tenth of the run)
+    schedule: Literal['cosine', 'wsd'] = 'cosine'  # cosine to 0, or wsd: flat, then linear to lr/10 (a budget anneals)
+    decay_ratio: float = 0.2      # wsd: the last share of the steps, decaying to the floor
     save_steps: int = None        # steps between checkpoints (default: 2,000, or a fifth of a shorter run)
     workers: int = None           # DataLoader worker processes (default 4, at most the machine's cores)
     logging_steps: int = None     # steps between loss logs
@@ -922,6 +925,8 @@ class FinetuneConfig:
             raise LegalnbError(f'--percentile must be above 0 and at most 100, got {self.percentile:g}')
         if not 0 <= self.lora_dropout < 1:
             raise LegalnbError(f'--lora-dropout must be at least 0 and below 1, got {self.lora_dropout:g}')
+        if not 0 < self.decay_ratio <= 1:
+            raise LegalnbError(f'--decay-ratio must be above 0 and at most 1, got {self.decay_ratio:g}')
         if not 0 <= self.eval_share < 1:
             raise LegalnbError(f'--eval-share must be at least 0 and below 1, got {self.eval_share:g}')
         try: self.report_to = ','.join(parse_report_to(self.report_to)) or 'none'   # a list from the flag or a plan
@@ -968,6 +973,9 @@ def training_overrides(self: FinetuneConfig) -> dict:
                 eval_steps=self.eval_steps, gradient_accumulation_steps=self.grad_accum,
                 torch_compile=self.torch_compile or None,
                 report_to=None if self.report_to == 'none' else self.report_to)
+    over.update(learning_rate=self.lr, max_steps=self.max_steps, per_device_train_batch_size=self.batch_size)  # given
+    if self.schedule == 'wsd': over.update(lr_scheduler_type='warmup_stable_decay',
+                                           lr_scheduler_kwargs={'decay_ratio': self.decay_ratio})
     return {k: v for k, v in over.items() if v is not None}
 
 
@@ -1060,7 +1068,8 @@ def _prepare_shards(run: FinetuneRun, data: Path, eval_share: float, overrides: 
     if run.sched: run.preset = replace(p, steps=run.fixed_steps or run.one_pass(len(run.train)))
     if run.main and run.per_row != 1 and not run.sched:
         print(f'rows of {shards.seq_len} tokens, preset sequences of {p.seq_len}: accumulation {accum}, so a step '
-              f'sees ~{p.global_batch * p.seq_len:,} tokens')
+              f'sees {shards.seq_len * p.micro_batch * accum * run.world:,} tokens ({shards.seq_len} x batch '
+              f'{p.micro_batch} x accumulation {accum} x {run.world} process(es))')
     run.summary.update(seq_len=shards.seq_len, doc_boundaries=shards.boundaries, eval=held, grad_accum=accum)
 
 # %% ../nbs/06_hf.ipynb #52dfb000
@@ -1164,6 +1173,76 @@ def _finished(run: FinetuneRun, trainer, result, out: Path, args, how: str, dtyp
         with atomic_write(out/'finetune.json') as tmp: tmp.write_text(json.dumps(summary, indent=1))
     return summary
 
+# %% ../nbs/06_hf.ipynb #dba6995d
+from .presets import wsd_decay_start, wsd_factor, moved_decay
+WSD_FLOOR = 0.1   # wsd's floor as a share of the peak (the native trainer's min_lr_ratio)
+
+class LRSchedule:
+    "A finetune step's learning rate as a share of the peak: warm-up from 1/warmup (never 0), then cosine or WSD."
+    def __init__(self, kind: str, warmup: int, steps: int, decay_ratio: float = 0.2):
+        self.kind, self.warmup, self.steps, self.decay_ratio = kind, warmup, steps, decay_ratio
+        self.decay, self.why = None, None   # a decay a budget moved (first step, end step), and why
+    def __call__(self, step: int) -> float:
+        if self.kind == 'wsd':
+            f = wsd_factor(step, self.warmup, wsd_decay_start(self.steps, self.decay_ratio), self.steps, WSD_FLOOR)
+            return min(f, wsd_factor(step, self.warmup, *self.decay, WSD_FLOOR)) if self.decay else f
+        if step < self.warmup: return (step + 1) / self.warmup
+        return max(0.0, 0.5 * (1 + math.cos(math.pi * (step - self.warmup) / max(1, self.steps - self.warmup))))
+
+@functools.cache
+def step_trainer():
+    "The transformers `Trainer` with `LRSchedule` for its cosine and warmup_stable_decay schedules."
+    from transformers import Trainer
+    class StepTrainer(Trainer):
+        def create_scheduler(self, num_training_steps: int, optimizer=None):
+            kind = str(getattr(self.args.lr_scheduler_type, 'value', self.args.lr_scheduler_type))
+            if self.lr_scheduler is not None or kind not in ('cosine', 'warmup_stable_decay'):
+                return super().create_scheduler(num_training_steps, optimizer)
+            lam = LRSchedule('wsd' if kind == 'warmup_stable_decay' else 'cosine',
+                             self.args.get_warmup_steps(num_training_steps), num_training_steps,
+                             (self.args.lr_scheduler_kwargs or {}).get('decay_ratio', 0.2))
+            self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, lam)
+            self._created_lr_scheduler = True
+            return self.lr_scheduler
+    return StepTrainer
+
+# %% ../nbs/06_hf.ipynb #c8e4f151
+def _annealed(lam: LRSchedule) -> str:
+    "Why a run whose decay a budget moved stops at its end."
+    s, e = lam.decay
+    return (f'{lam.why or "the budget"}; annealed: the learning rate decayed to its floor over steps {s:,} to '
+            f'{e - 1:,} so that the run ends inside the budget')
+
+def budget_decay(records, sinks: Sequence = ()):
+    "A `TrainerCallback` after `records` (trainer_records): under wsd, a budget stop moves the decay instead, and the "
+    "run stops where it ends, annealed."
+    from transformers import TrainerCallback
+    class BudgetDecay(TrainerCallback):
+        def on_log(self, args, state, control, lr_scheduler=None, **kw):
+            lam = lr_scheduler.lr_lambdas[0] if lr_scheduler is not None else None
+            if not (records.stopped and isinstance(lam, LRSchedule) and lam.kind == 'wsd'): return
+            r = dict(records.last or {}, max_steps=state.max_steps)
+            ends = [e for s in sinks if (e := getattr(s, 'budget_end', lambda r: None)(r)) is not None]
+            end = _agreed(min(ends, default=None)) if state.is_world_process_zero else _agreed(None)
+            if end is None: return   # not the budget: stop
+            if lam.decay is None:
+                lam.decay = moved_decay(state.global_step, end, state.max_steps, lam.decay_ratio)
+                lam.why = records.stopped
+                groups = lr_scheduler.optimizer.param_groups   # the next step's lr was set before the move: again
+                for g, base in zip(groups, lr_scheduler.base_lrs): g['lr'] = base * lam(lr_scheduler.last_epoch)
+                lr_scheduler._last_lr = [g['lr'] for g in groups]
+                if state.is_world_process_zero:
+                    print(f'budget: {lam.why}; the learning rate now decays from step {lam.decay[0]:,} to end the run '
+                          f'annealed at step {lam.decay[1]:,} of {state.max_steps:,}', file=sys.stderr, flush=True)
+            if state.global_step < lam.decay[1]:   # on to the moved end (with a checkpoint that holds the move)
+                records.stopped, control.should_training_stop = None, False
+            elif state.global_step == lam.decay[1]: records.stopped = _annealed(lam)   # the end's reason, not the ask
+        def on_step_end(self, args, state, control, lr_scheduler=None, **kw):
+            lam = lr_scheduler.lr_lambdas[0] if lr_scheduler is not None else None
+            if isinstance(lam, LRSchedule) and lam.decay and state.global_step == lam.decay[1] < state.max_steps:
+                records.stopped, control.should_save, control.should_training_stop = _annealed(lam), True, True
+    return BudgetDecay()
+
 # %% ../nbs/06_hf.ipynb #8b33efff
 def finetune(cfg: FinetuneConfig,              # the run's settings: model, data, out, preset, LoRA, lengths ...
              preset: Preset | None = None,     # (Python only) a Preset to train with as it is, instead of cfg's
@@ -1207,11 +1286,12 @@ def finetune(cfg: FinetuneConfig,              # the run's settings: model, data
     kw = dict(model=net, args=args, train_dataset=run.train, eval_dataset=run.evald, data_collator=collate,
               processing_class=run.tok, callbacks=[records := trainer_records(
                   [start_metrics(out/'metrics.jsonl', step), *sinks] if run.main else [])])
+    kw['callbacks'].append(budget_decay(records, sinks if run.main else []))   # wsd: a budget moves the decay
     with tracking(out, names, resume=run.last is not None, main=run.main) as ids:   # OUT/tb, OUT/mlruns, ...
         if names: args.run_name, args.project = ids.get('name'), 'legalnb'   # W&B's and trackio's name for the run
         if 'wandb' in ids and 'wandb' in names: wandb_run(ids)   # the integration logs to the run it finds started
         trainer = (scheduled_trainer(c.batch_schedule, run.preset.micro_batch, c.batch_lr_rule, run.tok.pad_token_id,
-                                     **kw) if run.sched else Trainer(**kw))
+                                     **kw) if run.sched else step_trainer()(**kw))
         if run.main: purge_resumed_tensorboard(trainer, step)   # the killed try's steps after the checkpoint: once
         result = trainer.train(resume_from_checkpoint=run.last)
     if records.stopped:   # a sink (the budget guard) stopped it: the checkpoint is the result; --resume goes on
@@ -1332,7 +1412,7 @@ def scheduled_trainer(schedule: str,          # FROM_STEP:GRAD_ACCUM pairs, e.g.
             self.schedule, self.lr_rule = schedule, lr_rule
         def state(self) -> dict: return {'args': {'schedule': self.schedule, 'lr_rule': self.lr_rule}, 'attributes': {}}
 
-    class ScheduledTrainer(Trainer):
+    class ScheduledTrainer(step_trainer()):   # its lr: LRSchedule's, times the batch's factor
         def get_train_dataloader(self) -> DataLoader:
             a, workers = self.args, self.args.dataloader_num_workers
             steps = ScheduledBatches(len(self.train_dataset), micro, pairs, a.max_steps, a.world_size, a.process_index,

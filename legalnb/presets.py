@@ -16,8 +16,8 @@ from .models import MODELS, get_model
 __all__ = ['GPUS', 'TASKS', 'PRESET_NAMES', 'STRATEGIES', 'BATCH_LR_RULES', 'PRESETS', 'SIZE_BATCHES', 'GPT3_LRS', 'LONG_CONTEXT',
            'LONG_MICRO_TOKENS', 'GPU', 'find_gpu', 'gpu_precision', 'peak_tflops', 'Preset', 'seq_len_stages',
            'seq_len_at', 'parse_batch_schedule', 'accum_at', 'micro_steps_before', 'steps_holding', 'batch_lr_factor',
-           'human', 'lr_for_params', 'size_params', 'long_context_preset', 'get_preset', 'packed_accumulation',
-           'lora_steps']
+           'wsd_decay_start', 'wsd_factor', 'moved_decay', 'human', 'lr_for_params', 'size_params',
+           'long_context_preset', 'get_preset', 'packed_accumulation', 'lora_steps']
 
 # %% ../nbs/04d_presets.ipynb #04acae05
 @dataclass(frozen=True)
@@ -223,6 +223,33 @@ def batch_lr_factor(accum: int,             # the accumulation now
     if rule not in BATCH_LR_RULES:
         raise LegalnbError(f'batch_lr_rule must be one of {", ".join(BATCH_LR_RULES)}, got {rule!r}')
     return {'sqrt': math.sqrt(accum / base), 'linear': accum / base, 'none': 1.0}[rule]
+
+# %% ../nbs/04d_presets.ipynb #9d316400
+def wsd_decay_start(steps: int,         # the step the decay ends at: the run's optimizer steps
+                    decay_ratio: float  # the share of `steps` spent decaying (torchtitan decay_ratio)
+                   ) -> int:
+    "The first step of a warm-up-stable-decay schedule's decay: the last `decay_ratio` of `steps`, at least one step."
+    return steps - min(steps, max(1, round(decay_ratio * steps)))
+
+def wsd_factor(step: int,        # optimizer step, counted from 0
+               warmup: int,      # warm-up steps: (step + 1) / warmup of the peak, so step 0 never runs at 0
+               decay_from: int,  # the first step of the decay
+               decay_end: int,   # the step after the last of the decay: steps decay_from .. decay_end - 1 decay
+               floor: float      # the floor as a share of the peak (min_lr_ratio)
+              ) -> float:
+    "The WSD learning rate at `step` as a share of the peak: warm-up, flat, then linear to `floor` at `decay_end - 1`."
+    up = (step + 1) / warmup if step < warmup else 1.0
+    if step < decay_from: return up
+    return min(up, 1 - (1 - floor) * min(1.0, (step + 1 - decay_from) / max(1, decay_end - decay_from)))
+
+def moved_decay(step: int,         # the step now (the decay cannot start in the past)
+                budget_end: int,   # the last step the budget pays for, as forecast
+                steps: int,        # the run's planned steps
+                decay_ratio: float # the decay's share of the (shorter) run
+               ) -> tuple[int, int]:
+    "The WSD decay moved to end inside the budget: (first decay step, end step), not before `step`, not past `steps`."
+    end = max(step + 1, min(steps, budget_end))
+    return max(step, wsd_decay_start(end, decay_ratio)), end
 
 # %% ../nbs/04d_presets.ipynb #622676e5
 def human(n: float | None, unit: str = '') -> str:

@@ -724,6 +724,17 @@ class BudgetGuard:
 
     def on_stop(self, r: dict): self.stopped = r   # the trainer stopped: its step, checkpoint and why
 
+# %% ../nbs/14_run.ipynb #aa3639f2
+from fastcore.basics import patch
+
+@patch
+def budget_end(self: BudgetGuard, r: dict) -> int | None:
+    "The last step the budget pays for at the pace of the interval `r` (at most its max_steps), or None without one."
+    left = [*([self.max_cost / (self.gpus * self.price) * 3600 - r['elapsed_s']] if self.max_cost is not None else []),
+            *([self.deadline - time.time()] if self.deadline is not None else [])]   # seconds still paid for
+    if not left: return None
+    return min(r['max_steps'], r['step'] + int(max(0.0, min(left)) * 1000 // max(r['step_ms'], 1e-9)))
+
 # %% ../nbs/14_run.ipynb #05ebb1ba
 def machine_lines(work: Path) -> list[str]:
     "The machine a run trains on: GPUs with their memory, CPU cores, free disk at the work folder."

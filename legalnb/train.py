@@ -27,20 +27,24 @@ from .checkpoint import (checkpoint_step, find_checkpoint, list_checkpoints, loa
 
 # %% auto #0
 __all__ = ['SCHEDULES', 'NATIVE_STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHANGE', 'RUN_OUTPUTS', 'RUN_LISTED', 'TrainConfig',
-           'from_preset', 'from_yaml', 'describe', 'lr_at', 'format_log_line', 'ProgressBar', 'tracked_values',
-           'TrackerLog', 'TensorBoardLog', 'WandbLog', 'MLflowLog', 'TrackioLog', 'autocast_for', 'Dist',
-           'setup_distributed', 'all_mean', 'open_split', 'train_loader', 'val_loader', 'unpack_batch',
+           'from_preset', 'from_yaml', 'describe', 'wsd_at', 'lr_at', 'format_log_line', 'ProgressBar',
+           'tracked_values', 'TrackerLog', 'TensorBoardLog', 'WandbLog', 'MLflowLog', 'TrackioLog', 'autocast_for',
+           'Dist', 'setup_distributed', 'all_mean', 'open_split', 'train_loader', 'val_loader', 'unpack_batch',
            'takes_doc_starts', 'model_loss', 'resolve_batch', 'cut_rows', 'model_config', 'saved_model_config',
            'predated', 'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run', 'evaluate_loss',
            'val_bytes_per_token', 'bits_per_byte', 'peak_flops', 'shard_model', 'save_shards', 'load_shards',
            'consolidated_model', 'Interval', 'run_folder', 'check_new_run', 'Run', 'setup', 'resume', 'init_weights',
-           'train_step', 'end_interval', 'stop_requested', 'save_run', 'summarize', 'tracker_log', 'tracked',
-           'stopped_summary', 'train', 'train_parser', 'config_from_args', 'config_from_settings', 'train_main']
+           'train_step', 'end_interval', 'stop_requested', 'save_run', 'budget_decay', 'annealed_stop', 'summarize',
+           'tracker_log', 'tracked', 'stopped_summary', 'train', 'train_parser', 'config_from_args',
+           'config_from_settings', 'train_main']
 
 # %% ../nbs/05_train.ipynb #cb8294e4
-SCHEDULES = ('cosine', 'restarts', 'constant')
+SCHEDULES = ('cosine', 'restarts', 'constant', 'wsd')
 NATIVE_STRATEGIES = ('ddp', 'fsdp')
 SHAPE_FLAGS = ('dim', 'num_layers', *shape_flags())  # shortcuts of model_overrides, kept as flags: each model's too
+
+# %% ../nbs/05_train.ipynb #870ea58e
+from .presets import wsd_decay_start, wsd_factor, moved_decay   # the schedule arithmetic both trainers share
 
 # %% ../nbs/05_train.ipynb #a6da8542
 @dataclass
@@ -55,10 +59,11 @@ class TrainConfig:
     dim: InitVar[int | None] = None              # shortcut: model_overrides['dim'], the model width
     num_layers: InitVar[int | None] = None       # shortcut: model_overrides['num_layers'], the number of blocks
     lr: float = 3e-4                    # peak learning rate, reached at the end of warm-up
-    min_lr_ratio: float = 0.1           # cosine floor as a fraction of lr (nanoGPT / Chinchilla use 0.1)
+    min_lr_ratio: float = 0.1           # floor of cosine and wsd as a fraction of lr (nanoGPT / Chinchilla use 0.1)
     warmup_steps: int = 100             # linear warm-up from 0 to lr, in optimizer steps
-    schedule: Literal[SCHEDULES] = 'cosine'  # cosine to the floor, restarts (SGDR), or constant
+    schedule: Literal[SCHEDULES] = 'cosine'  # cosine to the floor, restarts (SGDR), constant, or wsd
     restart_steps: int = 1000           # cycle length of 'restarts', in optimizer steps
+    decay_ratio: float = 0.2            # wsd: the last share of the steps, decaying linearly to the floor
     beta1: float = 0.9                  # AdamW first-moment decay
     beta2: float = 0.95                 # AdamW second-moment decay (0.95 is steadier than 0.999 for LMs)
     weight_decay: float = 0.1           # decoupled weight decay, on matrices only
@@ -200,6 +205,7 @@ def check_values(self: TrainConfig):
     for name in ('warmup_steps', 'eval_every', 'num_workers', 'weight_decay', 'grad_clip', 'seq_warmup_steps'):
         if getattr(self, name) < 0: _invalid(name, f' must be >= 0, got {getattr(self, name)!r}')
     if not 0 <= self.min_lr_ratio <= 1: _invalid('min_lr_ratio', f' must be in [0, 1], got {self.min_lr_ratio}')
+    if not 0 < self.decay_ratio <= 1: _invalid('decay_ratio', f' must be in (0, 1], got {self.decay_ratio}')
     for name in ('beta1', 'beta2'):
         if not 0 <= getattr(self, name) < 1: _invalid(name, f' must be in [0, 1), got {getattr(self, name)}')
     for name, allowed in (('precision', PRECISIONS), ('schedule', SCHEDULES), ('device', DEVICES),
@@ -281,7 +287,9 @@ def describe(self: TrainConfig, world_size: int = 1, seq_len: int | None = None)
                    f'{self.seq_warmup_steps:,} steps; the same tokens per step'] if self.seq_warmup_steps else [])
     floor = f'{self.lr * self.min_lr_ratio:.1e}'
     sched = {'cosine': f'cosine to {floor}', 'constant': 'constant',
-             'restarts': f'cosine with warm restarts every {self.restart_steps} steps (floor {floor})'}[self.schedule]
+             'restarts': f'cosine with warm restarts every {self.restart_steps} steps (floor {floor})',
+             'wsd': f'stable, then linear to {floor} from step {wsd_decay_start(self.max_steps, self.decay_ratio):,} '
+                    f'(the last {self.decay_ratio:.0%}; moved earlier if a budget runs out)'}[self.schedule]
     steps = f'{self.epochs:g} epoch(s)' if self.epochs else f'{self.max_steps:,} steps'
     over = [f'{k.replace("_", " ")} {v}' for k, v in self.model_overrides.items()]
     shape = f' ({", ".join(over)})' if over else ''
@@ -306,11 +314,20 @@ def describe(self: TrainConfig, world_size: int = 1, seq_len: int | None = None)
         + (f'; report to {self.report_to.replace(",", ", ")}' if self.report_to != 'none' else '')])
 TrainConfig.describe = describe
 
+# %% ../nbs/05_train.ipynb #5149c2cc
+def wsd_at(step: int, cfg: TrainConfig, decay: tuple[int, int] | None = None) -> float:
+    "WSD's share of the peak at `step`: its decay over the last `decay_ratio` of the steps, or a moved one if lower."
+    f = wsd_factor(step, cfg.warmup_steps, wsd_decay_start(cfg.max_steps, cfg.decay_ratio), cfg.max_steps,
+                   cfg.min_lr_ratio)
+    return min(f, wsd_factor(step, cfg.warmup_steps, *decay, cfg.min_lr_ratio)) if decay else f
+
 # %% ../nbs/05_train.ipynb #179f8713
 def lr_at(step: int,  # optimizer step, counted from 0
-          cfg: TrainConfig) -> float:
-    "Learning rate at `step`: linear warm-up, then cosine to the floor (once, or restarting)."
+          cfg: TrainConfig,
+          decay: tuple[int, int] | None = None) -> float:  # wsd: a decay a budget moved (first step, end step)
+    "Learning rate at `step`: linear warm-up, then cosine to the floor (once, or restarting), or WSD's decay."
     floor = cfg.lr * cfg.min_lr_ratio
+    if cfg.schedule == 'wsd': return cfg.lr * wsd_at(step, cfg, decay)
     if step < cfg.warmup_steps: return cfg.lr * (step + 1) / cfg.warmup_steps
     if cfg.schedule == 'constant': return cfg.lr
     t = step - cfg.warmup_steps
@@ -804,6 +821,8 @@ class Run:
     val: dict | None = None      # the latest eval record
     speeds: list = dataclasses.field(default_factory=list)  # tokens/s of every interval (the summary's median)
     stopped: str | None = None   # why a callback's should_stop ended the run early (a budget guard), else None
+    decay: tuple | None = None   # wsd: the decay a budget moved, (first step, end step), kept in every checkpoint
+    decay_why: str | None = None # why it moved: the budget guard's reason, said again when the run ends there
 
     @property
     def global_batch(self) -> int: return self.cfg.batch_size * self.cfg.grad_accum * self.d.world_size
@@ -818,7 +837,8 @@ class Run:
 
     def state(self, step: int) -> dict:
         "What a checkpoint holds besides the weights and the optimizer (those depend on the strategy)."
-        return dict(scaler=self.scaler.state_dict(), scheduler={'schedule': self.cfg.schedule, 'step': step},
+        return dict(scaler=self.scaler.state_dict(), scheduler={'schedule': self.cfg.schedule, 'step': step,
+                                                                'decay': self.decay, 'decay_why': self.decay_why},
                     rng=rng_state(), data=dict(step=step, seed=self.cfg.seed, global_batch=self.global_batch,
                                                rows=len(self.train_ds)),
                     step=step, elapsed=self.elapsed0 + time.perf_counter() - self.t_start, config=asdict(self.cfg),
@@ -888,6 +908,7 @@ def resume(run: Run):
     else: run.model.load_state_dict(ck['model']); run.opt.load_state_dict(ck['optimizer'])
     run.scaler.load_state_dict(ck['scaler']); set_rng_state(ck['rng'])
     run.start = run.step = ck['step']; run.elapsed0 = ck['elapsed']
+    if moved := ck['scheduler'].get('decay'): run.decay, run.decay_why = tuple(moved), ck['scheduler'].get('decay_why')
 
 # %% ../nbs/05_train.ipynb #5960905a
 def init_weights(run: Run):
@@ -920,7 +941,7 @@ def train_step(run: Run, batches: Iterator) -> int:
     "One optimizer step: `grad_accum` (or the schedule's) micro-batches forward and backward, clip, AdamW."
     cfg, d, iv, sched = run.cfg, run.d, run.interval, run.schedule
     accum = accum_at(run.step, sched, cfg.grad_accum)   # the batch schedule's accumulation at this step
-    run.lr = lr_at(run.step, cfg) * (batch_lr_factor(accum, sched[0][1], cfg.batch_lr_rule) if sched else 1.0)
+    run.lr = lr_at(run.step, cfg, run.decay) * (batch_lr_factor(accum, sched[0][1], cfg.batch_lr_rule) if sched else 1)
     for g in run.opt.param_groups: g['lr'] = run.lr
     window_tokens = cfg.batch_size * accum * run.train_ds.seq_len  # this rank's tokens in the step
     run.seq_len = seq_len_at(run.step, run.train_ds.seq_len, cfg.seq_warmup_start, cfg.seq_warmup_steps)
@@ -947,15 +968,17 @@ def end_interval(run: Run, step: int):
     "After `step`: at a log, eval or save step, record the interval (stopping on NaN or when asked), evaluate, save."
     cfg, d = run.cfg, run.d
     do_eval = (cfg.eval_every and step % cfg.eval_every == 0) or step == run.max_steps
-    do_save = step % cfg.save_every == 0 or step == run.max_steps
+    at_end = bool(run.decay) and step == run.decay[1] < run.max_steps   # wsd: the end a budget moved the decay to
+    do_save = step % cfg.save_every == 0 or step == run.max_steps or at_end
     if step % cfg.log_every and not do_eval and not do_save: return
     # -- the interval's one host sync: losses, NaN check, speed
     rec = run.interval.record(run, step)
     if not math.isfinite(rec['loss']): _nan_stop(rec['loss'], step - run.interval.steps + 1, step, run.out)
     run.last = rec; run.speeds.append(rec['tokens_per_sec'])
     notify(run.callbacks, 'on_step', rec)
-    if step < run.max_steps and (why := stop_requested(run, rec)):  # a budget guard: checkpoint here and stop
-        run.stopped, do_eval, do_save = why, False, True
+    if step < run.max_steps and (why := stop_requested(run, rec)) and not budget_decay(run, rec, why):
+        run.stopped, do_eval, do_save = why, False, True   # a budget guard: checkpoint here and stop
+    if at_end: run.stopped, do_eval = annealed_stop(run), False   # wsd: the moved decay is over, at the floor
     if do_eval:
         vl = evaluate_loss(run.model, val_loader(run.val_ds, cfg, d), d, run.precision, cfg.eval_batches)
         run.val = dict(step=step, val_loss=vl, val_ppl=math.exp(min(vl, 50)),
@@ -982,6 +1005,29 @@ def save_run(run: Run, step: int):
     if run.d.main: save_checkpoint(run.out, state, run.cfg.keep, shards)
     if run.d.world_size > 1: dist.barrier()
 
+
+# %% ../nbs/05_train.ipynb #8c863b64
+def budget_decay(run: Run, rec: dict, why: str) -> bool:
+    "WSD under a budget guard that asks to stop (`why`): move the decay to end inside the budget (once), train on."
+    if run.cfg.schedule != 'wsd': return False
+    r = dict(rec, elapsed_s=run.elapsed0 + time.perf_counter() - run.t_start, start=run.start, max_steps=run.max_steps)
+    ends = [e for cb in run.callbacks if (e := getattr(cb, 'budget_end', lambda r: None)(r)) is not None]  # rank 0's
+    end = min(ends, default=0)
+    if run.d.world_size > 1:   # rank 0's answer on every rank
+        t = torch.tensor(float(end), device=run.d.device); dist.all_reduce(t, op=dist.ReduceOp.MAX); end = int(t.item())
+    if not end: return False   # not the budget (another guard asked): stop
+    if run.decay: return rec['step'] < run.decay[1]   # moved already: on to its end; after it, the budget stops
+    run.decay, run.decay_why = moved_decay(rec['step'], end, run.max_steps, run.cfg.decay_ratio), why
+    if run.d.main:
+        print(f'budget: {why}; the learning rate now decays from step {run.decay[0]:,} to end the run annealed at '
+              f'step {run.decay[1]:,} of {run.max_steps:,}', file=sys.stderr, flush=True)
+    return True
+
+def annealed_stop(run: Run) -> str:
+    "Why a run whose decay a budget moved stops at its end: annealed, at the floor learning rate."
+    s, e = run.decay
+    return (f'{run.decay_why or "the budget"}; annealed: the learning rate decayed to its floor over steps {s:,} to '
+            f'{e - 1:,} so that the run ends inside the budget')
 
 # %% ../nbs/05_train.ipynb #a1b2c306
 def summarize(run: Run) -> dict:
@@ -1159,6 +1205,10 @@ def train_main(argv: list[str]) -> int:
     try: s = train(cfg)
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
+    if s.get('stopped'):   # resumed inside a decay a budget moved: it stops, annealed, where the budget ended
+        if main_rank: print(f"stopped at step {s['step']:,} of {s['max_steps']:,}: {s['stopped']}; checkpoint "
+                            f"{s['checkpoint']}", flush=True)
+        return 3
     if main_rank:
         mfu = f", MFU {100 * s['mfu']:.0f}%" if s['mfu'] else ''
         bpb = f", {s['val_bpb']:.3f} bits per byte" if s.get('val_bpb') else ''

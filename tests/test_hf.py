@@ -1,5 +1,5 @@
 """End-to-end, CLI, failure and multi-process tests of the transformers + peft path (legalnb.hf), on tiny models."""
-import json, os, subprocess, sys
+import json, os, re, subprocess, sys
 from pathlib import Path
 
 import numpy as np
@@ -540,7 +540,7 @@ def test_warmup_is_capped_at_a_tenth_of_the_run(work, tmp_path, capsys):
                 '--max-steps', '10', '--lr', '1e-3', '--batch-size', '2', '--grad-accum', '1', '--workers', '0',
                 '--logging-steps', '1', '--force-single', '--eval-share', '0']) == 0
     out = capsys.readouterr().out
-    assert "capped: the preset's 300 warm-up steps are more than 10% of the 10 steps" in out
+    assert 'capped: 300 warm-up steps (--warmup-steps or the preset) are more than 10% of the 10 steps' in out
     from legalnb.metrics import read_metrics
     lrs = [r['lr'] for r in read_metrics(tmp_path/'run'/'metrics.jsonl')]
     assert max(lrs) == pytest.approx(1e-3) and json.loads((tmp_path/'run'/'finetune.json').read_text())['warmup_steps'] == 1
@@ -750,3 +750,46 @@ def test_a_large_accumulation_with_workers_stays_within_the_open_file_limit(work
     assert ('--workers 2: a step of 150 micro-batches from worker processes keeps about 856 files open, over this '
             "process's limit of 256 (ulimit -n): data is loaded in the main process (--workers 0)") in p.stdout
     assert json.loads((tmp_path/'run'/'finetune.json').read_text())['steps'] == 1
+
+
+def test_finetune_says_the_tokens_a_step_trains_and_never_runs_a_step_at_lr_0(work, tmp_path, capsys):
+    "CPT with --batch-size 1 --grad-accum 2 and --warmup-steps 2 capped to 1 of 12 steps: the printed step size is "
+    "the tokens trained per step (num_input_tokens_seen), the first step trains at the peak, not at 0."
+    from legalnb.hf import FinetuneConfig, finetune
+    from legalnb.metrics import metric_lines
+    s = finetune(FinetuneConfig(model=work/'model', data=work/'corpus', out=tmp_path/'run', max_steps=12, batch_size=1,
+                                grad_accum=2, warmup_steps=2, lr=1e-3, workers=0, logging_steps=1, eval_share=0,
+                                force_single=True))
+    out = capsys.readouterr().out
+    per_step = s['tokens'] // s['steps']
+    assert s['steps'] == 12 and f'so a step sees {per_step:,} tokens' in out, (per_step, out)
+    assert "the preset's 2 warm-up steps" not in out and 'capped: 2 warm-up steps (--warmup-steps or' in out, out
+    for name, value in (('max_steps', '12'), ('learning_rate', '0.001'), ('per_device_train_batch_size', '1')):
+        assert re.search(rf'{name} += {value} +# from a flag', out), (name, out)   # the user's, not the preset's
+    lrs = [r['lr'] for _, r in metric_lines(tmp_path/'run'/'metrics.jsonl') if r['event'] == 'step']
+    assert lrs[0] == pytest.approx(1e-3) and min(lrs) > 0, lrs   # one warm-up step: (0 + 1) / 1 of the peak
+
+
+def test_a_wsd_finetune_stopped_by_max_cost_ends_at_the_floor_and_resumes_exactly(work, tmp_path, capsys):
+    "--schedule wsd under legalnb run's budget guard: the decay moves inside the budget, the run stops there at a "
+    "tenth of the peak, annealed; --resume from the checkpoint at the move takes the same steps to the same weights."
+    import shutil
+    from safetensors.torch import load_file
+    from legalnb.hf import FinetuneConfig, finetune
+    from legalnb.metrics import metric_lines
+    from legalnb.run import BudgetGuard
+    flags = dict(model=work/'model', data=work/'corpus', max_steps=8, batch_size=1, grad_accum=1, warmup_steps=0,
+                 lr=1e-3, workers=0, logging_steps=1, save_steps=1, eval_share=0, schedule='wsd', decay_ratio=0.25,
+                 force_single=True)
+    a = tmp_path/'a'
+    s = finetune(FinetuneConfig(**flags, out=a), sinks=[BudgetGuard(max_cost=1e-6, price=3.6e6)])
+    err = capsys.readouterr().err
+    assert err.count('the learning rate now decays from step 2 to end the run annealed at step 3 of 8') == 1, err
+    assert s['step'] == 3 and 'annealed' in s['stopped'] and Path(s['checkpoint']).name == 'checkpoint-3', s
+    lrs = [r['lr'] for _, r in metric_lines(a/'metrics.jsonl') if r['event'] == 'step']
+    assert lrs == [pytest.approx(1e-3), pytest.approx(1e-3), pytest.approx(1e-4)], lrs   # the last step at the floor
+    b = tmp_path/'b'; shutil.copytree(a, b); shutil.rmtree(b/'checkpoint-3')
+    again = finetune(FinetuneConfig(**flags, out=b, resume=True))   # no guard: scheduler.pt holds the moved decay
+    assert again['step'] == 3 and 'annealed' in again['stopped'], again
+    wa, wb = (load_file(r/'checkpoint-3'/'model.safetensors') for r in (a, b))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), 'resumed inside the moved decay: the same weights'

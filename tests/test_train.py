@@ -409,3 +409,28 @@ def test_two_ranks_with_a_batch_in_tokens_and_the_warm_up_match_one_process(dist
     for k in wa: torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=1e-5)
     configs = [json.loads((d/'checkpoints'/'step-00000006'/'config.json').read_text())['config'] for d in (one, two)]
     assert [c['grad_accum'] for c in configs] == [4, 2] and '128 tokens: 2 rows x accumulation' in proc.stdout
+
+def test_a_wsd_run_stopped_by_max_cost_ends_at_the_floor_and_resumes_exactly(split_dir, tmp_path, capsys):
+    "--schedule wsd under legalnb run's budget guard: the decay moves inside the budget, the last step runs at the "
+    "floor, the checkpoints from the move on record it, and `legalnb train --resume` from one ends on the same weights."
+    import shutil
+    from legalnb.run import BudgetGuard
+    from legalnb.train import train
+    argv = ['--data', split_dir, '--max-steps', '12', '--schedule', 'wsd', '--decay-ratio', '0.25', '--save-every', '1',
+            '--keep', '20', '--eval-every', '0', *TINY]
+    out = tmp_path/'a'
+    guard = BudgetGuard(max_cost=1e-6, price=3.6e6)   # spent at once: the second log's forecast passes it
+    s = train(config_from_args([*map(str, argv), '--out', str(out)]), [guard])
+    err = capsys.readouterr().err
+    assert err.count('the learning rate now decays from step 2 to end the run annealed at step 3 of 12') == 1, err
+    assert s['step'] == 3 and 'passes --max-cost' in s['stopped'] and 'annealed' in s['stopped'], s
+    lr = {r['step']: r['lr'] for r in read_metrics(out/'metrics.jsonl')}
+    assert lr[2] == 3e-3 and lr[3] == pytest.approx(3e-3 * 0.1, rel=1e-12), lr   # the last step at the floor
+    assert [checkpoint_step(p) for p in list_checkpoints(out)] == [1, 2, 3] and not (out/'model').exists()
+    ck = lambda run, n: torch.load(run/'checkpoints'/f'step-{n:08d}'/'trainer.pt', weights_only=True)['scheduler']
+    assert ck(out, 1)['decay'] is None and tuple(ck(out, 2)['decay']) == tuple(ck(out, 3)['decay']) == (2, 3)
+    copy = tmp_path/'b'; shutil.copytree(out, copy); shutil.rmtree(copy/'checkpoints'/'step-00000003')
+    rc, printed, _ = run(capsys, *argv, '--out', copy, '--resume')   # no guard now: the checkpoint holds the decay
+    assert rc == 3 and 'stopped at step 3 of 12' in printed and 'annealed' in printed, printed
+    a, b = (torch.load(r/'checkpoints'/'step-00000003'/'model.pt') for r in (out, copy))
+    assert all(torch.equal(a[k], b[k]) for k in a), 'resumed inside the moved decay: bit-for-bit the same weights'
