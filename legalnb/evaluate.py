@@ -932,8 +932,8 @@ class EvaluateConfig:
     lm_eval_tasks: list[str] = None  # lm-eval suites too: task names, task YAML files or folders
     price_per_hour: float = GPU_HOUR_PRICE  # dollars per GPU-hour, for each --retained run's cost
     trust_remote_code: bool = False  # run the Python code a model folder names (auto_map)
-    reference_cache: str = None    # --against: where a reference's evaluation is kept for reuse (default: beside a
-                                   # reference legalnb wrote, else $LEGALNB_CACHE or ~/.cache/legalnb; none: never)
+    reference_cache: str = None    # --against: the folder where reference evaluations are kept for reuse (default:
+                                   # $LEGALNB_CACHE, else ~/.cache/legalnb, under evaluations/; none: never)
 
     def __post_init__(self): check_evaluate_settings(self)
 

@@ -274,6 +274,8 @@ def wrong_value(action: argparse.Action, value) -> str | None:
     many = action.nargs in ('+', '*') or isinstance(action.nargs, int)
     if isinstance(value, bool) and action.nargs == '?': return None   # bare: the flag's own value (--against)
     if not many and not _scalar(value): return f'expected one value, got {_shown(value)}'
+    if many and not isinstance(value, list) and not _scalar(value):
+        return f'expected a value or a list of values, got {_shown(value)}'
     for v in value if isinstance(value, list) else [value]:
         if not _scalar(v): return f'expected a value or a list of values, got a list holding {_shown(v)}'
         try: v = action.type(str(v)) if callable(action.type) else str(v)
@@ -291,7 +293,6 @@ def check_plan_values(raw: dict, path):
             action = flags.get('--' + str(key).replace('_', '-'))
             if action and value is not None and (why := wrong_value(action, value)):
                 raise LegalnbError(f'{path}: {where}{stage}.{key}: {why}')
-
 
 # %% ../nbs/14_run.ipynb #1788a77b
 def cli_overrides(rest: list[str]) -> dict[str, dict]:
