@@ -644,11 +644,15 @@ def reference_evaluation(cfg: EvaluateConfig, docs: list[dict], gdocs: list[dict
               'and settings; nothing scored again)', file=sys.stderr)
         return r
     r = score_model(cfg, docs, gdocs, manager, chosen)
-    cache.mkdir(parents=True, exist_ok=True)
-    with output_folder(cache, 'legalnb evaluate', _cache_file, '--reference-cache', strict=False):
-        with atomic_write(path) as tmp:
-            tmp.write_text(json.dumps(dict(format=REFERENCE_CACHE_FORMAT, key=key, evaluation=r), ensure_ascii=False),
-                           encoding='utf-8')
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with output_folder(cache, 'legalnb evaluate', _cache_file, '--reference-cache', strict=False):
+            with atomic_write(path) as tmp:
+                tmp.write_text(json.dumps(dict(format=REFERENCE_CACHE_FORMAT, key=key, evaluation=r),
+                                          ensure_ascii=False), encoding='utf-8')
+    except (OSError, LegalnbError) as e:   # the comparison stands without it: the next one scores the base again
+        print(f'reference {cfg.model}: scored; not kept for reuse ({str(e).splitlines()[0]})', file=sys.stderr)
+        return r
     print(f'reference {cfg.model}: scored, and kept in {path} for the next --against with the same weights, data, '
           'windows and settings', file=sys.stderr)
     return r

@@ -922,8 +922,7 @@ class EvaluateConfig:
     harness: bool = False          # also score the model with lm-evaluation-harness on those tasks
     progress: bool = True          # progress bar in tokens on stderr
     rouge: int = 20                # held-out openings continued greedily for ROUGE-L (0: none)
-    general: list[str] = None      # general text for forgetting, each source apart: JSONL files, mixed corpus folders,
-                                   # python-docs, auto (default: the held-out slices of --data's corpus when it is mixed)
+    general: list[str] = None      # general text, each source apart: JSONL, mixed corpus, python-docs, auto
     bootstrap: int = BOOTSTRAP     # bootstrap resamples of the held-out acts per interval (0: none)
     max_tokens: int = None         # score at most N tokens, over every document (and N of --general)
     general_max_tokens: int = None  # score at most N tokens of each --general source (default: --max-tokens)
@@ -932,8 +931,7 @@ class EvaluateConfig:
     lm_eval_tasks: list[str] = None  # lm-eval suites too: task names, task YAML files or folders
     price_per_hour: float = GPU_HOUR_PRICE  # dollars per GPU-hour, for each --retained run's cost
     trust_remote_code: bool = False  # run the Python code a model folder names (auto_map)
-    reference_cache: str = None    # --against: the folder where reference evaluations are kept for reuse (default:
-                                   # $LEGALNB_CACHE, else ~/.cache/legalnb, under evaluations/; none: never)
+    reference_cache: str = None    # --against: kept reference evaluations (default: $LEGALNB_CACHE or ~/.cache/legalnb)
 
     def __post_init__(self): check_evaluate_settings(self)
 
