@@ -558,3 +558,28 @@ def test_the_reference_key_follows_the_weights_not_the_folder(runs, tmp_path):
     w = tmp_path/'copy'/'model'/'model.safetensors'
     w.write_bytes(w.read_bytes()[:-1] + bytes([w.read_bytes()[-1] ^ 1]))   # one bit of the weights
     assert reference_key(replace(cfg, model=str(tmp_path/'copy')), docs, None) != key
+
+
+def test_a_hugging_face_model_gets_the_suites_cached_here_by_default(runs, tmp_path, monkeypatch, capsys):
+    "--general auto (legalnb run's default) for a Hugging Face model and no mixed corpus: the lm-eval suites of the "
+    "held-out languages whose data is on this machine, never one that would be fetched; else python-docs."
+    import datasets.config
+    from legalnb.against import cached_suites
+    from legalnb.evaluate import EvaluateConfig
+    model = tmp_path/'llama'; model.mkdir()   # a Hugging Face model folder as evaluate tells it (the choice needs no weights)
+    (model/'config.json').write_text(json.dumps(dict(model_type='llama', architectures=['LlamaForCausalLM'])))
+    monkeypatch.setenv('HF_HUB_CACHE', str(tmp_path/'hub'))
+    monkeypatch.setattr(datasets.config, 'HF_DATASETS_CACHE', tmp_path/'datasets')   # not this machine's own
+    data = tmp_path/'heldout.jsonl'
+    data.write_text(''.join(json.dumps(dict(celex=f'3201{i}R000{i}', lang=l, text='Article 1 text.')) + '\n'
+                            for i, l in enumerate(('en', 'fr', 'ga'))))
+    cfg = EvaluateConfig(str(model), data=str(data), general=['auto'])
+    assert cached_suites(cfg) == cfg   # nothing cached: python-docs, as before
+    snap = tmp_path/'hub'/'datasets--facebook--belebele'/'snapshots'/'abc'/'data'
+    snap.mkdir(parents=True); (snap/'fra_Latn.jsonl').write_text('{}\n')
+    (tmp_path/'datasets'/'CohereForAI___Global-MMLU'/'en').mkdir(parents=True)
+    got = cached_suites(cfg)
+    assert got.lm_eval_tasks == ['global_mmlu_full_en', 'belebele_fra_Latn'] and got.general == 'none'
+    assert 'the lm-eval suites global_mmlu_full_en, belebele_fra_Latn of the held-out languages' in capsys.readouterr().err
+    assert cached_suites(EvaluateConfig(str(model), data=str(data))).general is None   # evaluate's own default: none
+    assert cached_suites(EvaluateConfig(str(runs/'run60'), data=str(data), general=['auto'])).lm_eval_tasks is None
