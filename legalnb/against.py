@@ -588,7 +588,10 @@ def files_checksum(*folders: Path) -> str:
     h = hashlib.sha256()
     for folder in folders:
         for p in sorted(q for q in Path(folder).iterdir() if q.is_file() and not bookkeeping(q.name)):
-            with open(p, 'rb') as f: h.update(p.name.encode('utf-8') + b'\0' + hashlib.file_digest(f, 'sha256').digest())
+            d = hashlib.sha256()
+            with open(p, 'rb') as f:   # in blocks: a weight file of 16 GB is never held in memory (Python 3.10 too)
+                for block in iter(lambda: f.read(1 << 24), b''): d.update(block)
+            h.update(p.name.encode('utf-8') + b'\0' + d.digest())
     return h.hexdigest()
 
 # %% ../nbs/11a_against.ipynb #6a0e6a71
@@ -639,7 +642,8 @@ def reference_evaluation(cfg: EvaluateConfig, docs: list[dict], gdocs: list[dict
     path = cache/f'reference-{key[:32]}.json'
     if (r := _kept(path, key)) is not None:
         r['model']['name'], r['data']['source'] = str(cfg.model), str(cfg.data)
-        if gdocs: r['general'].update(source=', '.join(general_sources(cfg.general)), chosen=chosen)
+        if gdocs: r['general'].update(source=', '.join(general_sources(cfg.general)))
+        if gdocs and chosen: r['general']['chosen'] = chosen
         print(f'reference {cfg.model}: its evaluation reused from {path} (the same weights, held-out data, windows '
               'and settings; nothing scored again)', file=sys.stderr)
         return r
