@@ -230,8 +230,9 @@ def _run_folder(path: Path) -> Path:
     argv = r.get('argv') if isinstance(r, dict) else r
     if not (isinstance(argv, list) and argv and all(isinstance(a, str) and a for a in argv)):
         shown = json.dumps(argv, ensure_ascii=False)
-        raise LegalnbError(f'{rec}: a damaged stage record of legalnb run ("argv" is {shown[:40]}, expected the list of '
-                           f'the evaluate stage\'s arguments); pass the model folder instead of {path}, or run it again')
+        raise LegalnbError(f'{rec}: a damaged stage record of legalnb run ("argv" is {shown[:40]}, expected the list '
+                           f'of the evaluate stage\'s arguments); pass the model folder instead of {path}, or run it '
+                           'again')
     return Path(argv[0])
 
 def run_facts(path: str | Path, price_per_hour: float = GPU_HOUR_PRICE) -> dict:
@@ -620,7 +621,8 @@ def reference_key(cfg: EvaluateConfig, docs: list[dict], gdocs: list[dict] | Non
     parts = dict(format=EVAL_FORMAT, files=files, tokenizer=hashlib.sha256(tok.encode('utf-8')).hexdigest(),
                  docs=docs, general=gdocs, settings=settings, device=dev.type, precision=prec,
                  code=_code_version(bool(cfg.lm_eval_tasks)))
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, ensure_ascii=False, default=str).encode('utf-8')).hexdigest()
+    text = json.dumps(parts, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode('utf-8')).hexdigest()
 
 # %% ../nbs/11a_against.ipynb #88b4fe65
 def _kept(path: Path, key: str) -> dict | None:
@@ -630,7 +632,9 @@ def _kept(path: Path, key: str) -> dict | None:
     ok = isinstance(kept, dict) and kept.get('format') == REFERENCE_CACHE_FORMAT and kept.get('key') == key
     return kept['evaluation'] if ok and isinstance(kept.get('evaluation'), dict) else None
 
-def _cache_file(rel: Path) -> bool: return len(rel.parts) == 1 and rel.name.startswith('reference-') and rel.suffix == '.json'
+def _cache_file(rel: Path) -> bool:
+    "Is this file of the cache folder one that `reference_evaluation` writes?"
+    return len(rel.parts) == 1 and rel.name.startswith('reference-') and rel.suffix == '.json'
 
 # %% ../nbs/11a_against.ipynb #f6c79a6b
 def reference_evaluation(cfg: EvaluateConfig, docs: list[dict], gdocs: list[dict] | None, manager=None,

@@ -1364,13 +1364,14 @@ def _check_target(cfg: EvaluateConfig):
 
 # %% ../nbs/11_evaluate.ipynb #9ea7af08
 def score_model(cfg: EvaluateConfig, docs: list[dict], gdocs: list[dict] | None, manager=None,
-                chosen: str | None = None) -> dict:   # how the general text was chosen (`choose_general`), for the report
+                chosen: str | None = None) -> dict:   # how the general text was chosen (`choose_general`)
     "Load `cfg.model`, evaluate it on `docs` (and `gdocs`, the harness, lm-eval suites): its eval.json; let it go."
     lm = load_eval_model(cfg.model, cfg.tokenizer, cfg.base, cfg.context, cfg.device, cfg.precision,
                          cfg.trust_remote_code)
     r = evaluate(replace(cfg, model=lm, data=docs, general=gdocs))
     r['data']['source'] = str(cfg.data)
-    if gdocs: r['general'].update(source=', '.join(general_sources(cfg.general)), **({'chosen': chosen} if chosen else {}))
+    if gdocs: r['general']['source'] = ', '.join(general_sources(cfg.general))
+    if gdocs and chosen: r['general']['chosen'] = chosen
     if cfg.harness:
         with tempfile.TemporaryDirectory() as tmp:
             r['harness'] = run_harness(lm, cfg.export_lm_eval or
