@@ -705,7 +705,8 @@ def retained_command(cfg: EvaluateConfig) -> int:
     cfg = replace(cfg, base=None, tokenizer=None, general=general)   # each run its own base and tokenizer
     docs, gdocs, ctx, manager = _prepare(paths, cfg)
     if chosen: print(chosen, file=sys.stderr)
-    evals = [score_model(replace(cfg, model=p, context=ctx), docs, gdocs, manager, chosen) for p in paths]
+    evals = [(reference_evaluation if i == 0 else score_model)(replace(cfg, model=p, context=ctx), docs, gdocs, manager,
+                                                               chosen) for i, p in enumerate(paths)]   # BASE: kept
     r = retained(*evals, cfg.bootstrap, cfg.seed, tuple(cfg.retained))
     facts = {k: run_facts(p, cfg.price_per_hour) for k, p in zip(('base', 'fast', 'full'), cfg.retained)}
     out = Path(cfg.out)

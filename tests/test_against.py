@@ -209,7 +209,8 @@ def test_against_from_the_command_line(runs, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted([*REPORT_FILES, RECORD])
 
 
-def test_retained_prints_the_share_for_three_runs(runs, tmp_path):
+def test_retained_prints_the_share_for_three_runs(runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv('LEGALNB_CACHE', str(tmp_path/'cache'))
     out = tmp_path/'kept'
     text = run_cli(['evaluate', '--retained', runs/'run0', runs/'run15', runs/'run60', '--data', runs/'heldout.jsonl',
                     '--out', out, '--price-per-hour', '2.5', *QUICK])
@@ -221,6 +222,7 @@ def test_retained_prints_the_share_for_three_runs(runs, tmp_path):
         assert s['share'] == pytest.approx((s['base'] - s['fast']) / (s['base'] - s['full']))
     assert r['facts']['full']['cost'] == pytest.approx(10.0) and r['facts']['fast']['cost'] is None
     assert '$10.00 (2 GPU)' in text and 'not trained here' in text and 'fast kept [95% interval]' in text
+    assert f"reference {runs/'run0'}: scored, and kept in" in capsys.readouterr().err   # the base, for the next one
 
 
 def bad_cases(runs: Path, tmp: Path):
