@@ -4,7 +4,7 @@
 
 # %% ../nbs/11a_against.ipynb #ac5080d6
 from __future__ import annotations
-import json, textwrap
+import hashlib, json, os, sys, textwrap
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -13,6 +13,8 @@ from .core import (GPU_HOUR_PRICE, LegalnbError, atomic_write, format_duration, 
                           refuse_foreign_files, refuse_overwriting_inputs, refuse_unowned)
 from .core import flag_settings
 from .core import model_folder
+from .core import (bookkeeping, cuda_capability, hub_cache, output_folder, resolve_device,
+                          resolve_precision)
 from .models import model_kind
 from .evaluate import (AGAINST_FILES, BOOTSTRAP, GENERAL_GROUPS, GROUPS, HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS,
                               REPORT_FILES, RETAINED_FILES, EvaluateConfig, bootstrap_estimate, cap_documents,
@@ -20,14 +22,17 @@ from .evaluate import (AGAINST_FILES, BOOTSTRAP, GENERAL_GROUPS, GROUPS, HF_DEFA
                               lora_base, model_tokenizer, read_general, read_heldout, score_model, suite_manager,
                               write_evaluation, written_by_evaluate)
 from .evaluate import evaluate_parser
+from .evaluate import (EVAL_FORMAT, GENERAL_AUTO, cap_general, choose_general, general_sources,
+                              mixed_corpus_of, read_generals)
 
 # %% auto #0
-__all__ = ['AGAINST_FORMAT', 'RETAINED_FORMAT', 'NO_DIFFERENCE', 'KEPT_CLAIM', 'verdict', 'change', 'forgetting', 'kept',
-           'check_comparable', 'compare_evaluations', 'capabilities_kept', 'language_suites', 'share', 'retained',
-           'run_facts', 'against_rows', 'against_table', 'kept_table', 'against_title', 'against_panels',
-           'against_figure', 'against_markdown', 'against_lines', 'write_against', 'retained_table', 'retained_figure',
-           'write_retained', 'reference_of', 'declared_context', 'against_command', 'retained_command', 'evaluate_run',
-           'against_main']
+__all__ = ['AGAINST_FORMAT', 'RETAINED_FORMAT', 'NO_DIFFERENCE', 'KEPT_CLAIM', 'REFERENCE_CACHE_FORMAT', 'verdict', 'change',
+           'forgetting', 'kept', 'check_comparable', 'compare_evaluations', 'capabilities_kept', 'language_suites',
+           'suite_cached', 'share', 'retained', 'run_facts', 'against_rows', 'against_table', 'kept_table',
+           'against_title', 'against_panels', 'against_figure', 'against_markdown', 'against_lines', 'write_against',
+           'retained_table', 'retained_figure', 'write_retained', 'reference_of', 'declared_context', 'cached_suites',
+           'reference_cache', 'files_checksum', 'reference_key', 'reference_evaluation', 'against_command',
+           'retained_command', 'evaluate_run', 'against_main']
 
 # %% ../nbs/11a_against.ipynb #6c18f9dd
 AGAINST_FORMAT = 'legalnb.against/1'                  # the schema of against.json
@@ -166,6 +171,23 @@ def language_suites(langs: list[str]) -> list[str]:
     return [t for l in langs for t in ([f'global_mmlu_full_{l}'] if l in _GLOBAL_MMLU else [])
             + ([f'belebele_{_BELEBELE[l]}'] if l in _BELEBELE else [])]
 
+# %% ../nbs/11a_against.ipynb #6f35e474
+_SUITE_DATA = {'belebele_': 'facebook/belebele', 'global_mmlu_full_': 'CohereForAI/Global-MMLU'}   # lm-eval's datasets
+
+def suite_cached(task: str) -> bool:
+    "Whether the data of a language suite (Belebele, Global-MMLU) is on this machine: in the datasets cache, or in the "
+    "Hugging Face cache's snapshot of its dataset (looked up in the folders; nothing is fetched)."
+    import datasets.config
+    prefix = next((p for p in _SUITE_DATA if task.startswith(p)), None)
+    if prefix is None: return False
+    org, name = _SUITE_DATA[prefix].split('/')
+    config = task[len(prefix):]   # belebele_fra_Latn: fra_Latn; global_mmlu_full_fr: fr
+    built = Path(datasets.config.HF_DATASETS_CACHE)
+    if any((built/f'{o}___{n}'/config).is_dir() for o, n in ((org, name), (org.lower(), name.lower()))): return True
+    snaps = hub_cache()/f'datasets--{org}--{name}'/'snapshots'
+    return any(config in p.relative_to(s).parts[:-1] or p.name.split('.')[0] == config
+               for s in (snaps.iterdir() if snaps.is_dir() else []) for p in s.rglob('*'))
+
 # %% ../nbs/11a_against.ipynb #7dced65b
 def share(runs: list[list[dict]], figure: str, where: Callable | None = None, iters: int = BOOTSTRAP,
           seed: int = 0) -> dict:
@@ -202,8 +224,16 @@ def retained(base: dict, fast: dict, full: dict, iters: int = BOOTSTRAP, seed: i
 def _run_folder(path: Path) -> Path:
     "The model a `legalnb run` work folder evaluated (its evaluate record), else the path itself."
     rec = path/'.legalnb-run'/'evaluate.json'
-    if rec.is_file() and (argv := read_json(rec, 'a stage record of legalnb run').get('argv')): return Path(argv[0])
-    return path
+    if not rec.is_file(): return path
+    r = read_json(rec, 'a stage record of legalnb run')
+    if isinstance(r, dict) and 'argv' not in r: return path
+    argv = r.get('argv') if isinstance(r, dict) else r
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) and a for a in argv)):
+        shown = json.dumps(argv, ensure_ascii=False)
+        raise LegalnbError(f'{rec}: a damaged stage record of legalnb run ("argv" is {shown[:40]}, expected the list '
+                           f'of the evaluate stage\'s arguments); pass the model folder instead of {path}, or run it '
+                           'again')
+    return Path(argv[0])
 
 def run_facts(path: str | Path, price_per_hour: float = GPU_HOUR_PRICE) -> dict:
     "How long a run trained and what it cost: seconds, device, GPUs, dollars (None: a base model, or a CPU run)."
@@ -506,14 +536,14 @@ def _prepare(paths: list[Path], cfg: EvaluateConfig) -> tuple[list[dict], list[d
     "Checks before any model loads: the data, the general text, the output folder; the shared context, lm-eval tasks."
     for p in paths: model_kind(p)
     docs = read_heldout(cfg.data)
-    gdocs = read_general(cfg.general) if cfg.general and cfg.general != 'none' else None
+    gdocs, gmax = read_generals(cfg.general), cfg.general_max_tokens or cfg.max_tokens
     refuse_overwriting_inputs([*paths, cfg.data], [cfg.out])
     refuse_foreign_files(cfg.out, written_by_evaluate, '--out')
     refuse_unowned(cfg.out, written_by_evaluate, '--out')   # a file of the user's in --out is not replaced
-    if cfg.max_tokens:   # cut once, by the first model's tokenizer: every model scores the same text
+    if cfg.max_tokens or (gdocs and gmax):   # cut once, by the first model's tokenizer: every model scores the same
         tok = model_tokenizer(paths[0], None if cfg.retained else cfg.tokenizer, cfg.base, cfg.trust_remote_code)
-        docs = cap_documents(tok, docs, cfg.max_tokens, cfg.eos)
-        gdocs = gdocs and cap_documents(tok, gdocs, cfg.max_tokens, cfg.eos)
+        if cfg.max_tokens: docs = cap_documents(tok, docs, cfg.max_tokens, cfg.eos)
+        if gdocs and gmax: gdocs = cap_general(tok, gdocs, gmax, cfg.eos)   # each general source its own N
     known = [c for p in paths if (c := declared_context(p, cfg.base if p == paths[0] else None))]
     manager = None
     if cfg.lm_eval_tasks:
@@ -530,6 +560,111 @@ def _is_base(model: Path, ref: Path, cfg: EvaluateConfig) -> bool:
     try: return reference_of(model, cfg.base).resolve() == model_folder(ref).resolve()   # org/name: its snapshot
     except LegalnbError: return False
 
+# %% ../nbs/11a_against.ipynb #b1efd816
+def cached_suites(cfg: EvaluateConfig) -> EvaluateConfig:
+    "--general auto for a Hugging Face model with no mixed corpus: the lm-eval suites of the held-out languages whose "
+    "data is on this machine instead of python-docs (one line says so); the settings as they are otherwise."
+    if general_sources(cfg.general) != [GENERAL_AUTO] or cfg.lm_eval_tasks or cfg.model is None: return cfg
+    if mixed_corpus_of(cfg.data) is not None or model_kind(cfg.model)[0] == 'native': return cfg
+    langs = sorted({d['lang'] for d in read_heldout(cfg.data)})
+    if not (tasks := [t for t in language_suites(langs) if suite_cached(t)]): return cfg
+    print(f'general ability: the lm-eval suites {", ".join(tasks)} of the held-out languages, cached on this machine '
+          '(the default for a Hugging Face model without a mixed corpus; --general FILE for text)', file=sys.stderr)
+    return replace(cfg, general='none', lm_eval_tasks=tasks)
+
+# %% ../nbs/11a_against.ipynb #ac2fbbaf
+REFERENCE_CACHE_FORMAT = 'legalnb.reference-cache/1'   # a kept evaluation: its key and the eval.json it stands for
+
+def reference_cache(setting: str | None = None) -> Path | None:
+    "The folder where reference evaluations are kept: --reference-cache, else $LEGALNB_CACHE or ~/.cache/legalnb "
+    "(as $XDG_CACHE_HOME says), under evaluations/; None for `none`."
+    if setting is not None: return None if str(setting) == 'none' else Path(setting)
+    root = os.environ.get('LEGALNB_CACHE') or Path(os.environ.get('XDG_CACHE_HOME') or Path.home()/'.cache')/'legalnb'
+    return Path(root)/'evaluations'
+
+# %% ../nbs/11a_against.ipynb #313caabd
+def files_checksum(*folders: Path) -> str:
+    "sha256 over the files of model folders (names and contents, links followed; subfolders and legalnb's "
+    "bookkeeping left out): the same weights, config and tokenizer give the same checksum wherever they are."
+    h = hashlib.sha256()
+    for folder in folders:
+        for p in sorted(q for q in Path(folder).iterdir() if q.is_file() and not bookkeeping(q.name)):
+            d = hashlib.sha256()
+            with open(p, 'rb') as f:   # in blocks: a weight file of 16 GB is never held in memory (Python 3.10 too)
+                for block in iter(lambda: f.read(1 << 24), b''): d.update(block)
+            h.update(p.name.encode('utf-8') + b'\0' + d.digest())
+    return h.hexdigest()
+
+# %% ../nbs/11a_against.ipynb #6a0e6a71
+def _code_version(tasks: bool) -> dict:
+    "What else decides the numbers: legalnb's modules (a checksum) and the versions of the libraries that score."
+    from importlib.metadata import version
+    here = Path(evaluate.__code__.co_filename).parent   # legalnb's own folder
+    code = hashlib.sha256(b''.join(p.read_bytes() for p in sorted(here.glob('*.py')))).hexdigest()
+    libs = ('torch', 'transformers', 'tokenizers', 'peft') + (('lm_eval',) if tasks else ())
+    def v(lib):
+        try: return version(lib)
+        except Exception: return None
+    return dict(legalnb=code, **{lib: v(lib) for lib in libs})
+
+# %% ../nbs/11a_against.ipynb #47b695a1
+def reference_key(cfg: EvaluateConfig, docs: list[dict], gdocs: list[dict] | None) -> str:
+    "The key of a reference's evaluation: its files, the documents as scored, the windows, the settings, the code."
+    kind, folder = model_kind(cfg.model)
+    files = files_checksum(folder, *([lora_base(folder, cfg.base)] if kind == 'lora' else []))
+    tok = model_tokenizer(cfg.model, cfg.tokenizer, cfg.base, cfg.trust_remote_code).to_str()
+    dev = resolve_device(cfg.device)
+    prec = resolve_precision(cfg.precision, cuda_capability(dev) if dev.type == 'cuda' else None)
+    settings = {k: getattr(cfg, k) for k in ('context', 'batch_tokens', 'citations', 'samples', 'max_new_tokens',
+                                             'seed', 'eos', 'rouge', 'bootstrap', 'max_tokens', 'general_max_tokens',
+                                             'lm_eval_tasks', 'trust_remote_code')}
+    parts = dict(format=EVAL_FORMAT, files=files, tokenizer=hashlib.sha256(tok.encode('utf-8')).hexdigest(),
+                 docs=docs, general=gdocs, settings=settings, device=dev.type, precision=prec,
+                 code=_code_version(bool(cfg.lm_eval_tasks)))
+    text = json.dumps(parts, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode('utf-8')).hexdigest()
+
+# %% ../nbs/11a_against.ipynb #88b4fe65
+def _kept(path: Path, key: str) -> dict | None:
+    "The evaluation kept under `key` in `path`; None when there is none, or another or a damaged one (scored again)."
+    try: kept = json.loads(path.read_text(encoding='utf-8'))
+    except (OSError, ValueError): return None
+    ok = isinstance(kept, dict) and kept.get('format') == REFERENCE_CACHE_FORMAT and kept.get('key') == key
+    return kept['evaluation'] if ok and isinstance(kept.get('evaluation'), dict) else None
+
+def _cache_file(rel: Path) -> bool:
+    "Is this file of the cache folder one that `reference_evaluation` writes?"
+    return len(rel.parts) == 1 and rel.name.startswith('reference-') and rel.suffix == '.json'
+
+# %% ../nbs/11a_against.ipynb #f6c79a6b
+def reference_evaluation(cfg: EvaluateConfig, docs: list[dict], gdocs: list[dict] | None, manager=None,
+                         chosen: str | None = None) -> dict:
+    "The reference's evaluation (`score_model`), reused when its key is kept in the cache, else scored and kept; "
+    "one line on stderr says which."
+    if (cache := reference_cache(cfg.reference_cache)) is None: return score_model(cfg, docs, gdocs, manager, chosen)
+    key = reference_key(cfg, docs, gdocs)
+    path = cache/f'reference-{key[:32]}.json'
+    if (r := _kept(path, key)) is not None:
+        r['model']['name'], r['data']['source'] = str(cfg.model), str(cfg.data)
+        if gdocs: r['general'].update(source=', '.join(general_sources(cfg.general)))
+        if gdocs and chosen: r['general']['chosen'] = chosen
+        print(f'reference {cfg.model}: its evaluation reused from {path} (the same weights, held-out data, windows '
+              'and settings; nothing scored again)', file=sys.stderr)
+        return r
+    r = score_model(cfg, docs, gdocs, manager, chosen)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with output_folder(cache, 'legalnb evaluate', _cache_file, '--reference-cache', strict=False):
+            with atomic_write(path) as tmp:
+                tmp.write_text(json.dumps(dict(format=REFERENCE_CACHE_FORMAT, key=key, evaluation=r),
+                                          ensure_ascii=False), encoding='utf-8')
+    except (OSError, LegalnbError) as e:   # the comparison stands without it: the next one scores the base again
+        print(f'reference {cfg.model}: scored; not kept for reuse ({str(e).splitlines()[0]})', file=sys.stderr)
+        return r
+    print(f'reference {cfg.model}: scored, and kept in {path} for the next --against with the same weights, data, '
+          'windows and settings', file=sys.stderr)
+    return r
+
 # %% ../nbs/11a_against.ipynb #284ee15d
 def against_command(cfg: EvaluateConfig) -> int:
     "`legalnb evaluate MODEL --against [REF]` and `legalnb evaluate --retained BASE FAST FULL`."
@@ -539,9 +674,13 @@ def against_command(cfg: EvaluateConfig) -> int:
         raise LegalnbError('--export-lm-eval and --harness score one model; with --against use --lm-eval-tasks')
     model = Path(cfg.model)
     ref = reference_of(model, cfg.base) if cfg.against == 'base' else Path(cfg.against)
+    general, chosen = choose_general(cfg.general, cfg.data)
+    cfg = replace(cfg, general=general)
     docs, gdocs, ctx, manager = _prepare([model, ref], cfg)
-    mine = score_model(replace(cfg, model=model, context=ctx), docs, gdocs, manager)
-    theirs = score_model(replace(cfg, model=ref, context=ctx, base=None, tokenizer=None), docs, gdocs, manager)
+    if chosen: print(chosen, file=sys.stderr)
+    mine = score_model(replace(cfg, model=model, context=ctx), docs, gdocs, manager, chosen)
+    theirs = reference_evaluation(replace(cfg, model=ref, context=ctx, base=None, tokenizer=None), docs, gdocs, manager,
+                                  chosen)
     c = compare_evaluations(mine, theirs, cfg.bootstrap, cfg.seed, (str(model), str(ref)), _is_base(model, ref, cfg))
     out = Path(cfg.out)
     write_evaluation(mine, out, written_by_evaluate); write_evaluation(theirs, out/'reference')
@@ -562,9 +701,12 @@ def retained_command(cfg: EvaluateConfig) -> int:
         raise LegalnbError('--retained BASE FAST FULL compares three models: drop MODEL and --against')
     if cfg.export_lm_eval or cfg.harness: raise LegalnbError('--export-lm-eval and --harness score one model')
     paths = [_run_folder(Path(p)) for p in cfg.retained]
-    cfg = replace(cfg, base=None, tokenizer=None)   # each run its own base and tokenizer
+    general, chosen = choose_general(cfg.general, cfg.data)
+    cfg = replace(cfg, base=None, tokenizer=None, general=general)   # each run its own base and tokenizer
     docs, gdocs, ctx, manager = _prepare(paths, cfg)
-    evals = [score_model(replace(cfg, model=p, context=ctx), docs, gdocs, manager) for p in paths]
+    if chosen: print(chosen, file=sys.stderr)
+    evals = [(reference_evaluation if i == 0 else score_model)(replace(cfg, model=p, context=ctx), docs, gdocs, manager,
+                                                               chosen) for i, p in enumerate(paths)]   # BASE: kept
     r = retained(*evals, cfg.bootstrap, cfg.seed, tuple(cfg.retained))
     facts = {k: run_facts(p, cfg.price_per_hour) for k, p in zip(('base', 'fast', 'full'), cfg.retained)}
     out = Path(cfg.out)
@@ -580,6 +722,7 @@ def retained_command(cfg: EvaluateConfig) -> int:
 def evaluate_run(cfg: EvaluateConfig) -> int:
     "`legalnb evaluate`, every mode: MODEL alone (`evaluate_command`), `--against [REF]` or `--retained B F F` (here)."
     several = cfg.against is not None or cfg.retained
+    cfg = cached_suites(cfg)
     return evaluate_writing(against_command if several else evaluate_command, cfg)
 
 # %% ../nbs/11a_against.ipynb #64e6692f

@@ -29,20 +29,21 @@ from .export import legalnb_remote_code
 # %% auto #0
 __all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'LEVEL',
            'BOOTSTRAP', 'BOOTSTRAP_MAX', 'MAX_NEW_TOKENS', 'MIN_ACTS', 'GROUPS', 'GENERAL_GROUPS', 'FIGURES',
-           'GENERAL_BUILTIN', 'GENERAL_LANG', 'REPORT_FILES', 'LM_EVAL_TASKS', 'LM_EVAL_FILES', 'PROMPT_CHARS',
-           'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'EVALUATE_OUTPUTS', 'heldout_path', 'decade_of',
-           'read_heldout', 'EvalModel', 'lora_base', 'load_eval_model', 'model_tokenizer', 'as_model',
+           'GENERAL_BUILTIN', 'GENERAL_LANG', 'GENERAL_AUTO', 'REPORT_FILES', 'LM_EVAL_TASKS', 'LM_EVAL_FILES',
+           'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'EVALUATE_OUTPUTS', 'heldout_path',
+           'decade_of', 'read_heldout', 'EvalModel', 'lora_base', 'load_eval_model', 'model_tokenizer', 'as_model',
            'document_windows', 'position_buckets', 'bucket_label', 'is_cut', 'document_batches', 'score_documents',
            'metrics', 'grouped', 'fair_shares', 'cap_documents', 'uncapped', 'cap_record', 'fit_prompt', 'generate_ids',
            'TextStream', 'generate', 'extract_citations', 'citation_items', 'score_citations', 'LookupModel',
            'summarize_citations', 'opening', 'generate_samples', 'rouge_l', 'rouge_openings', 'score_rouge',
            'check_new_tokens', 'document_rows', 'citation_marks', 'resample_counts', 'unit_sums', 'bootstrap_estimate',
-           'add_intervals', 'general_texts', 'write_general_texts', 'mix_heldout', 'read_general', 'score_general',
-           'EvaluateConfig', 'check_evaluate_settings', 'evaluate', 'capped_note', 'format_table', 'report_markdown',
-           'write_evaluation', 'evaluation_lines', 'write_lm_eval_tasks', 'run_harness', 'suite_tasks', 'suite_manager',
-           'harness_scores', 'written_by_evaluate', 'clear_other_modes', 'score_model', 'evaluate_command',
-           'evaluate_parser', 'evaluate_writing', 'evaluate_main', 'GenerateConfig', 'generate_command',
-           'generate_main']
+           'add_intervals', 'general_texts', 'write_general_texts', 'general_lang', 'mix_heldout', 'read_general',
+           'general_sources', 'read_generals', 'cap_general', 'mixed_corpus_of', 'choose_general', 'score_general',
+           'EvaluateConfig', 'check_evaluate_settings', 'evaluate', 'capped_note', 'format_table', 'md_cell',
+           'report_markdown', 'write_evaluation', 'evaluation_lines', 'write_lm_eval_tasks', 'run_harness',
+           'suite_tasks', 'suite_manager', 'harness_scores', 'written_by_evaluate', 'clear_other_modes', 'score_model',
+           'evaluate_command', 'evaluate_parser', 'evaluate_writing', 'evaluate_main', 'GenerateConfig',
+           'generate_command', 'generate_main']
 
 # %% ../nbs/11_evaluate.ipynb #76359c74
 EVAL_FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
@@ -759,8 +760,21 @@ def _general_doc(rec: dict, where: str, source: str, prefix: str = '') -> dict |
         raise LegalnbError(f'{where}: no "text" string; expected general text as {{"text": "...", "lang": "fr"}}, '
                            'one per line')
     if not rec['text'].strip(): return None
-    return dict(celex=prefix + str(rec.get('id') or where), lang=lang_code(rec.get('lang'), GENERAL_LANG),
+    return dict(celex=prefix + str(rec.get('id') or where), lang=general_lang(rec.get('lang'), where),
                 doc_type='general', band='unknown', source=source, text=rec['text'])
+
+# %% ../nbs/11_evaluate.ipynb #ccc72cf4
+_LANG_CODE = re.compile(r'[a-z]{2,3}(?:[-_][a-z0-9]{2,8}){0,3}', re.I)   # fr, pt-br, fra_Latn, zh-Hans-CN
+
+def general_lang(value, where: str) -> str:
+    "A general-text record's language as a code (lower case), GENERAL_LANG without one; else one line: a number, a "
+    "list or Markdown would go into the report's tables as it is."
+    if value is None or value == '': return GENERAL_LANG
+    if not isinstance(value, str) or not (_LANG_CODE.fullmatch(value) or value.lower() == GENERAL_LANG):
+        shown = json.dumps(value, ensure_ascii=False)
+        raise LegalnbError(f'{where}: "lang" must be a language code such as "fr", "pt-br" or "fra_Latn", got '
+                           f'{shown[:40] + "..." if len(shown) > 40 else shown}; fix the record or leave "lang" out')
+    return lang_code(value, GENERAL_LANG)   # an EU language as its ISO 639-1 code, as the legal documents are
 
 # %% ../nbs/11_evaluate.ipynb #79e5d4c9
 def _general_file(p: Path, source: str, prefix: str = '') -> list[dict]:
@@ -825,6 +839,77 @@ def read_general(source: str | Path) -> list[dict]:
                            '(built in: Python\'s docstrings)')
     return _general_file(p, p.stem)
 
+# %% ../nbs/11_evaluate.ipynb #9826cb93
+def general_sources(general) -> list[str]:
+    "--general as a list of sources (JSON-lines files, mixed corpus folders, python-docs); [] for none."
+    if general is None: return []
+    items = [str(general)] if isinstance(general, (str, Path)) else [str(g) for g in general]
+    return [] if items == ['none'] else items
+
+def _in_memory(general) -> bool: return isinstance(general, list) and bool(general) and isinstance(general[0], dict)
+
+# %% ../nbs/11_evaluate.ipynb #dbaf79fd
+def read_generals(general) -> list[dict] | None:
+    "The documents of every --general source, each reported apart (its `source`, its units named after it); "
+    "documents given in memory as they are; None for none."
+    if _in_memory(general): return general
+    sources = general_sources(general)
+    if len(sources) < 2: return read_general(sources[0]) if sources else None
+    out, seen = [], {}
+    for s in sources:
+        docs = read_general(s)
+        for name in sorted({d['source'] for d in docs}):
+            if name in seen:
+                raise LegalnbError(f'--general {seen[name]} and {s}: both are the source {name!r} of the report; give '
+                                   'each source its own name (rename one of the files)')
+            seen[name] = s
+        out += [d if d['celex'].startswith(f"{d['source']}:") else d | dict(celex=f"{d['source']}:{d['celex']}")
+                for d in docs]
+    return out
+
+# %% ../nbs/11_evaluate.ipynb #a42b7292
+def cap_general(tokenizer,           # a `tokenizers.Tokenizer`: what the cap counts in
+                docs: list[dict],    # general documents (each with its `source`)
+                max_tokens: int,     # tokens to score at most of each source
+                eos: bool = True) -> list[dict]:
+    "General documents cut to at most `max_tokens` scored tokens per source (`cap_documents` within each source)."
+    if any('whole' in d for d in docs): return docs   # capped already (a comparison's first model cut them)
+    out, groups = list(docs), defaultdict(list)
+    for i, d in enumerate(docs): groups[d.get('source')].append(i)
+    for idx in groups.values():
+        for i, d in zip(idx, cap_documents(tokenizer, [docs[i] for i in idx], max_tokens, eos, '--general-max-tokens')):
+            out[i] = d
+    return out
+
+# %% ../nbs/11_evaluate.ipynb #963b10db
+GENERAL_AUTO = 'auto'   # --general auto: the corpus's mix held-out slices, else python-docs (legalnb run's default)
+
+def mixed_corpus_of(data) -> Path | None:
+    "The corpus folder `--data` comes from (the folder, or the one of its heldout.jsonl) when its manifest mixes "
+    "general sources in; None otherwise."
+    if not isinstance(data, (str, Path)): return None
+    folder = Path(data) if Path(data).is_dir() else Path(data).parent
+    if not (folder/'manifest.json').is_file(): return None
+    try: return folder if read_json(folder/'manifest.json', 'a corpus manifest').get('mix') else None
+    except (LegalnbError, AttributeError): return None   # a damaged manifest: --general CORPUS says what is wrong
+
+# %% ../nbs/11_evaluate.ipynb #f9b582d2
+def choose_general(general, data) -> tuple[object, str | None]:
+    "--general as given; by default (none given, or auto) the held-out slices of the mixed corpus --data comes from, "
+    "and for auto python-docs without them; with the line that says which was used (None when given)."
+    if _in_memory(general) or (general is not None and general_sources(general) != [GENERAL_AUTO]):
+        return general, None
+    why = 'the corpus mixes no general text in'
+    if (corpus := mixed_corpus_of(data)) is not None:
+        try:
+            names = sorted({d['source'] for d in mix_heldout(corpus)})
+            return [str(corpus)], (f'general text: the held-out slices of the sources mixed into {corpus} '
+                                   f'({", ".join(names)}), the default; --general FILE for other text')
+        except LegalnbError as e: why = str(e).split(';')[0]
+    if general is None: return None, None
+    return [GENERAL_BUILTIN], (f'general text: {GENERAL_BUILTIN}, the built-in set ({why}); --general FILE for text in '
+                               "the corpus's languages")
+
 # %% ../nbs/11_evaluate.ipynb #20830c6d
 def score_general(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384, eos: bool = True,
                   source: str | None = None, progress: bool = False) -> dict:
@@ -859,14 +944,16 @@ class EvaluateConfig:
     harness: bool = False          # also score the model with lm-evaluation-harness on those tasks
     progress: bool = True          # progress bar in tokens on stderr
     rouge: int = 20                # held-out openings continued greedily for ROUGE-L (0: none)
-    general: str | list[dict] = None  # general text for forgetting: JSONL, mixed corpus folder, python-docs
+    general: list[str] = None      # general text, each source apart: JSONL, mixed corpus, python-docs, auto
     bootstrap: int = BOOTSTRAP     # bootstrap resamples of the held-out acts per interval (0: none)
     max_tokens: int = None         # score at most N tokens, over every document (and N of --general)
+    general_max_tokens: int = None  # score at most N tokens of each --general source (default: --max-tokens)
     against: str = None            # also score this reference and report the change (bare: the base)
     retained: list[str] = None     # BASE FAST FULL: the share of the full run's gain the fast run kept
     lm_eval_tasks: list[str] = None  # lm-eval suites too: task names, task YAML files or folders
     price_per_hour: float = GPU_HOUR_PRICE  # dollars per GPU-hour, for each --retained run's cost
     trust_remote_code: bool = False  # run the Python code a model folder names (auto_map)
+    reference_cache: str = None    # --against: kept reference evaluations (default: $LEGALNB_CACHE or ~/.cache/legalnb)
 
     def __post_init__(self): check_evaluate_settings(self)
 
@@ -885,6 +972,9 @@ def check_evaluate_settings(cfg: EvaluateConfig):
     if cfg.max_tokens is not None and cfg.max_tokens < 1:
         raise LegalnbError(f'--max-tokens must be at least 1 (tokens to score at most), got {cfg.max_tokens}; '
                            'leave it out to score every held-out token')
+    if cfg.general_max_tokens is not None and cfg.general_max_tokens < 1:
+        raise LegalnbError(f'--general-max-tokens must be at least 1 (tokens of each general source), got '
+                           f'{cfg.general_max_tokens}; leave it out to cap general text as --max-tokens does')
 
 # %% ../nbs/11_evaluate.ipynb #5ec3bb3b
 def _tokenizer_id(lm: EvalModel) -> str:
@@ -911,7 +1001,7 @@ def evaluate(cfg: EvaluateConfig) -> dict:
                        acts=len({d['celex'] for d in docs})),
              settings=dict(windows=f'rolling, {lm.context} tokens', eos=eos, seed=seed, citations=cfg.citations,
                            samples=cfg.samples, max_new_tokens=cfg.max_new_tokens, rouge=cfg.rouge,
-                           max_tokens=max_tokens),
+                           max_tokens=max_tokens, general_max_tokens=cfg.general_max_tokens),
              overall=metrics(sum(s['doc_nll']), sum(s['doc_tokens']), sum(s['doc_bytes']), len(docs)),
              by_language=grouped(docs, s, 'lang'), by_doc_type=grouped(docs, s, 'doc_type'),
              by_year_band=grouped(docs, s, 'band'),
@@ -925,12 +1015,15 @@ def evaluate(cfg: EvaluateConfig) -> dict:
         rows = score_rouge(lm, docs, rouge_openings(docs, cfg.rouge, seed), cfg.max_new_tokens, cfg.progress)
         r['rouge'] = dict(openings=len(rows), rouge_l=sum(x['rouge_l'] for x in rows) / len(rows) if rows else None,
                           rows=rows)
-    if general is not None:
-        gdocs = general if isinstance(general, list) else read_general(general)
-        if max_tokens: gdocs = cap_documents(lm.tokenizer, gdocs, max_tokens, eos)   # general text: its own N
+    general, chosen = choose_general(general, data)
+    if (gdocs := read_generals(general)):
+        gmax = cfg.general_max_tokens or max_tokens
+        if gmax: gdocs = cap_general(lm.tokenizer, gdocs, gmax, eos)   # general text: its own N, per source
         r['general'] = score_general(lm, gdocs, cfg.batch_tokens, eos,
-                                     None if isinstance(general, list) else str(general), cfg.progress)
-        if max_tokens: r['general']['cap'] = cap_record(lm, gdocs, r['general']['overall']['tokens'], max_tokens, eos)
+                                     None if _in_memory(general) else ', '.join(general_sources(general)), cfg.progress)
+        if chosen: r['general']['chosen'] = chosen
+        if gmax: r['general']['cap'] = cap_record(lm, gdocs, r['general']['overall']['tokens'], gmax, eos) | dict(
+            per_source=True)
     return add_intervals(r, cfg.bootstrap, seed)
 
 # %% ../nbs/11_evaluate.ipynb #8145960d
@@ -956,12 +1049,13 @@ def _general_lines(g: dict) -> list[str]:
 
 def capped_note(r: dict) -> str | None:
     "'capped sample: 20,000 of 335,112 held-out tokens scored (--max-tokens 20000)', or None for a whole evaluation."
-    if not (c := r['data'].get('cap')): return None
-    gc = r.get('general', {}).get('cap')
-    g = f'; general text {gc["tokens_scored"]:,} of {gc["tokens_available"]:,}' if gc else ''
-    return (f'capped sample: {c["tokens_scored"]:,} of {c["tokens_available"]:,} held-out tokens scored '
-            f'(--max-tokens {c["max_tokens"]}, {c["docs_cut"]:,} documents cut to their openings){g}; the figures are '
-            'on this sample, not on the whole held-out set')
+    c, gc = r['data'].get('cap'), r.get('general', {}).get('cap')
+    if not c and not gc: return None
+    law = (f'{c["tokens_scored"]:,} of {c["tokens_available"]:,} held-out tokens scored (--max-tokens '
+           f'{c["max_tokens"]}, {c["docs_cut"]:,} documents cut to their openings)') if c else 'every held-out token'
+    g = (f'; general text {gc["tokens_scored"]:,} of {gc["tokens_available"]:,}' +
+         (f' (at most {gc["max_tokens"]:,} a source)' if gc.get('per_source') else '')) if gc else ''
+    return f'capped sample: {law}{g}; the figures are on this sample, not on the whole held-out set'
 
 def format_table(r: dict) -> str:
     "The evaluation as a fixed-width table: overall, per language, type and decade, by position, citations."
@@ -1005,10 +1099,14 @@ def _figures(r: dict) -> dict:
     return {'loss_by_position.png': f1, 'bpb_by_language.png': f2}
 
 # %% ../nbs/11_evaluate.ipynb #1a1a0363
+def md_cell(text) -> str:
+    "Text as one Markdown table cell: on one line, its pipes, backslashes, backticks and emphasis marks escaped."
+    return re.sub(r'([\\|`*_\[\]<>#])', r'\\\1', ' '.join(str(text).split()))
+
 def _md_table(rows: dict, first: str) -> list[str]:
     out = [f'| {first} | docs | tokens | loss | perplexity | bits/byte | 95% interval |',
            '|---|---:|---:|---:|---:|---:|---:|']
-    return out + [f'| {k} | {m["docs"]:,} | {m["tokens"]:,} | {m["loss"]:.3f} | {m["perplexity"]:.2f} | '
+    return out + [f'| {md_cell(k)} | {m["docs"]:,} | {m["tokens"]:,} | {m["loss"]:.3f} | {m["perplexity"]:.2f} | '
                   f'{m["bits_per_byte"]:.3f} | {_ci(m.get("bits_per_byte_ci"))} |' for k, m in rows.items()]
 
 # %% ../nbs/11_evaluate.ipynb #86595a9e
@@ -1046,7 +1144,8 @@ def report_markdown(r: dict) -> str:
     if 'general' in r:
         g = r['general']
         md += ['## General text', '', f'{g["docs"]:,} documents of general (non-legal) text from '
-               f'{g["source"] or "memory"}; its change against a reference is forgetting.', '',
+               f'{md_cell(g["source"] or "memory")}; its change against a reference is forgetting.', '',
+               *([f'{md_cell(g["chosen"][0].upper() + g["chosen"][1:])}.', ''] if g.get('chosen') else []),
                *_md_table({'general text': g['overall']}, ''), '']
         for key, first in (('by_language', 'language'), ('by_source', 'source')):
             if len(g.get(key, {})) > 1: md += [*_md_table(g[key], first), '']
@@ -1091,7 +1190,8 @@ def evaluation_lines(r: dict) -> list[str]:
              if c['items'] else 'no citations found in the held-out acts')
     extra = []
     if (g := r.get('general')): extra.append(f'{g["overall"]["bits_per_byte"]:.3f} bits per byte on general text'
-                                             f'{_interval(g["overall"].get("bits_per_byte_ci"))}')
+                                             f'{_interval(g["overall"].get("bits_per_byte_ci"))} '
+                                             f'({g.get("chosen") or g.get("source") or "given in memory"})')
     if (x := r.get('rouge')) and x.get('rouge_l') is not None:
         extra.append(f'ROUGE-L {x["rouge_l"]:.3f}{_interval(x.get("rouge_l_ci"))} of greedy continuations of '
                      f'{x["openings"]} openings')
@@ -1285,13 +1385,15 @@ def _check_target(cfg: EvaluateConfig):
     return suite_manager(tasks, trust) if tasks else None   # every task name known before scoring
 
 # %% ../nbs/11_evaluate.ipynb #9ea7af08
-def score_model(cfg: EvaluateConfig, docs: list[dict], gdocs: list[dict] | None, manager=None) -> dict:
+def score_model(cfg: EvaluateConfig, docs: list[dict], gdocs: list[dict] | None, manager=None,
+                chosen: str | None = None) -> dict:   # how the general text was chosen (`choose_general`)
     "Load `cfg.model`, evaluate it on `docs` (and `gdocs`, the harness, lm-eval suites): its eval.json; let it go."
     lm = load_eval_model(cfg.model, cfg.tokenizer, cfg.base, cfg.context, cfg.device, cfg.precision,
                          cfg.trust_remote_code)
     r = evaluate(replace(cfg, model=lm, data=docs, general=gdocs))
     r['data']['source'] = str(cfg.data)
-    if gdocs: r['general']['source'] = str(cfg.general)
+    if gdocs: r['general']['source'] = ', '.join(general_sources(cfg.general))
+    if gdocs and chosen: r['general']['chosen'] = chosen
     if cfg.harness:
         with tempfile.TemporaryDirectory() as tmp:
             r['harness'] = run_harness(lm, cfg.export_lm_eval or
@@ -1308,14 +1410,16 @@ def evaluate_command(cfg: EvaluateConfig) -> int:
         raise LegalnbError('--against and --retained score two or three models: legalnb.against.against_command '
                            'does (the legalnb evaluate command sends them there)')
     docs = read_heldout(cfg.data)
-    gdocs = read_general(cfg.general) if cfg.general and cfg.general != 'none' else None
+    general, chosen = choose_general(cfg.general, cfg.data)
+    gdocs, cfg = read_generals(general), replace(cfg, general=general)
     if cfg.export_lm_eval: _export_tasks(docs, cfg)
     if cfg.model is None:
         if cfg.export_lm_eval: return 0
         raise LegalnbError('MODEL is required: a run folder (legalnb train --out), a Hugging Face model folder '
                            'or a finetune output')
     manager = _check_target(cfg)
-    r = score_model(cfg, docs, gdocs, manager)
+    if chosen: print(chosen, file=sys.stderr)
+    r = score_model(cfg, docs, gdocs, manager, chosen)
     files = write_evaluation(r, cfg.out, written_by_evaluate)
     clear_other_modes(Path(cfg.out), lambda p: str(p) in REPORT_FILES)
     if cfg.json: print(_json_text(r))

@@ -34,7 +34,7 @@ TOP = ('input', 'out', 'preset', 'model', 'size', 'baseline')   # plan keys outs
 RECORDS = '.legalnb-run'                             # the per-stage records, inside the work folder
 
 RUN_DEFAULTS = dict(out='work', preset='fast', model=DEFAULT_MODEL, size='small',   # what a plan leaves out
-                    target_tokens='2B', train_tokenizer=PRESET_VOCAB, val_docs=VAL_SHARE, general='python-docs')
+                    target_tokens='2B', train_tokenizer=PRESET_VOCAB, val_docs=VAL_SHARE, general='auto')
 
 PLAN_TEMPLATE = '''\
 # legalnb run plan: every stage's flags in one file; `legalnb run PLAN.yaml`. Any flag on the command line
@@ -68,7 +68,8 @@ finetune: {{}}             # flags of `legalnb finetune` (a Hugging Face model):
 #                        # both: report_to: [tensorboard, mlflow] sends the run to trackers (files in run/)
 evaluate:
   citations: {citations}
-  general: {general}   # general text, for forgetting (built in; or your JSONL). against: the base, or baseline/
+  general: {general}   # general text, for forgetting: auto (the mix's held-out slices, else python-docs), or your
+                        # JSONL files and corpora (each reported apart). against: the base, or baseline/
 # stage2:                # two-stage training: a second run, from the first one's weights, on the best documents only
 #   select: {{top: 10000}}  # flags of `legalnb select` for the subset: the 10k best by score (or target_tokens: 200M)
 #   train: {{lr: 1.0e-4, batch_size: 8, max_steps: 500}}   # a native model's own train flags (init_optimizer: true
@@ -274,6 +275,8 @@ def wrong_value(action: argparse.Action, value) -> str | None:
     many = action.nargs in ('+', '*') or isinstance(action.nargs, int)
     if isinstance(value, bool) and action.nargs == '?': return None   # bare: the flag's own value (--against)
     if not many and not _scalar(value): return f'expected one value, got {_shown(value)}'
+    if many and not isinstance(value, list) and not _scalar(value):
+        return f'expected a value or a list of values, got {_shown(value)}'
     for v in value if isinstance(value, list) else [value]:
         if not _scalar(v): return f'expected a value or a list of values, got a list holding {_shown(v)}'
         try: v = action.type(str(v)) if callable(action.type) else str(v)
@@ -291,7 +294,6 @@ def check_plan_values(raw: dict, path):
             action = flags.get('--' + str(key).replace('_', '-'))
             if action and value is not None and (why := wrong_value(action, value)):
                 raise LegalnbError(f'{path}: {where}{stage}.{key}: {why}')
-
 
 # %% ../nbs/14_run.ipynb #1788a77b
 def cli_overrides(rest: list[str]) -> dict[str, dict]:

@@ -1,6 +1,6 @@
 """Shared helpers of the trainer tests (imported as `from conftest import ...`): one split maker, one file-tree snapshot,
 the tiny shape of each architecture, and the multi-process runs that several test files compare."""
-import io, json, os, subprocess, sys
+import io, json, os, subprocess, sys, tempfile
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -11,6 +11,8 @@ from legalnb.data import split
 from legalnb.models import MODELS, get_model
 
 ROOT = Path(__file__).resolve().parents[1]
+# `evaluate --against` keeps reference evaluations in $LEGALNB_CACHE: the tests' own folder, never the user's cache
+os.environ.setdefault('LEGALNB_CACHE', tempfile.mkdtemp(prefix='legalnb-test-cache-'))
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': str(ROOT)}  # child processes: one thread, this checkout
 ARCHITECTURES = tuple(MODELS)  # every registered model goes through the same trainer tests
 FLAGS = ('dim', 'num_layers', 'num_frequencies')   # given as flags, the other tiny fields as --model-overrides (as the

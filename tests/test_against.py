@@ -5,7 +5,7 @@ LegalnbError line that leaves nothing behind; and the arithmetic of every new nu
 import os
 for _k in ('HF_DATASETS_OFFLINE', 'HF_HUB_OFFLINE', 'TRANSFORMERS_OFFLINE'): os.environ.setdefault(_k, '1')
 
-import io, json, math, random
+import io, json, math, random, shutil
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -209,7 +209,8 @@ def test_against_from_the_command_line(runs, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted([*REPORT_FILES, RECORD])
 
 
-def test_retained_prints_the_share_for_three_runs(runs, tmp_path):
+def test_retained_prints_the_share_for_three_runs(runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv('LEGALNB_CACHE', str(tmp_path/'cache'))
     out = tmp_path/'kept'
     text = run_cli(['evaluate', '--retained', runs/'run0', runs/'run15', runs/'run60', '--data', runs/'heldout.jsonl',
                     '--out', out, '--price-per-hour', '2.5', *QUICK])
@@ -221,6 +222,7 @@ def test_retained_prints_the_share_for_three_runs(runs, tmp_path):
         assert s['share'] == pytest.approx((s['base'] - s['fast']) / (s['base'] - s['full']))
     assert r['facts']['full']['cost'] == pytest.approx(10.0) and r['facts']['fast']['cost'] is None
     assert '$10.00 (2 GPU)' in text and 'not trained here' in text and 'fast kept [95% interval]' in text
+    assert f"reference {runs/'run0'}: scored, and kept in" in capsys.readouterr().err   # the base, for the next one
 
 
 def bad_cases(runs: Path, tmp: Path):
@@ -229,8 +231,21 @@ def bad_cases(runs: Path, tmp: Path):
     (tmp/'lora').mkdir(exist_ok=True)
     (tmp/'plain-corpus').mkdir(exist_ok=True); (tmp/'plain-corpus'/'manifest.json').write_text('{"format": "x"}')
     (tmp/'lora'/'adapter_config.json').write_text('{"base_model_name_or_path": "meta-llama/Llama-3-8B"}')
+    (tmp/'numlang.jsonl').write_text('{"text": "some general text", "lang": 5}\n')
+    (tmp/'mdlang.jsonl').write_text('{"text": "some general text", "lang": "| en | **x** |"}\n')
+    (tmp/'listlang.jsonl').write_text('{"text": "some general text", "lang": ["en"]}\n')
+    (tmp/'other').mkdir(exist_ok=True); (tmp/'other'/'general.jsonl').write_text('{"text": "other text"}\n')
+    (tmp/'badrun'/'.legalnb-run').mkdir(parents=True, exist_ok=True)   # a run record whose argv is an object
+    (tmp/'badrun'/'.legalnb-run'/'evaluate.json').write_text('{"argv": {"model": "run"}}')
     data = runs/'heldout.jsonl'
     return [
+        *[(['evaluate', runs/'run60', '--against', runs/'run0', '--data', data, '--general', tmp/f'{k}lang.jsonl'],
+           'line 1: "lang" must be a language code') for k in ('num', 'md', 'list')],
+        (['evaluate', runs/'run60', '--against', runs/'run0', '--data', data, '--general', runs/'general.jsonl',
+          tmp/'other'/'general.jsonl'], "both are the source 'general' of the report"),
+        (['evaluate', runs/'run60', '--data', data, '--general-max-tokens', '0'], '--general-max-tokens must be at least 1'),
+        (['evaluate', '--retained', tmp/'badrun', runs/'run15', runs/'run60', '--data', data],
+         'a damaged stage record of legalnb run ("argv" is {"model": "run"}'),
         (['evaluate', runs/'run60', '--against', '--data', data], 'trained from scratch has no base; pass --against'),
         (['evaluate', tmp/'lora', '--against', '--data', data], 'is not a local model folder; pass --base'),
         (['evaluate', runs/'run60', '--against', tmp/'nowhere', '--data', data], 'nowhere: no such folder'),
@@ -281,7 +296,9 @@ def test_a_lora_cpt_run_of_a_tiny_llama_reports_base_against_trained(tmp_path):
              '--lr', '3e-3', '--batch-size', '4', '--grad-accum', '1', '--save-steps', '100', '--workers', '0',
              '--context', '256', *QUICK[:-1], '--device', 'cpu', '--yes'])
     ev = read_record(work, 'evaluate')['argv']
-    assert ev[ev.index('--against') + 1] == str(model) and ev[ev.index('--general') + 1] == 'python-docs'
+    assert ev[ev.index('--against') + 1] == str(model) and ev[ev.index('--general') + 1] == 'auto'
+    # no mixed corpus, no suite data on this machine: the built-in set, and the report says it was the one used
+    assert json.loads((work/'eval'/'eval.json').read_text())['general']['chosen'].startswith('general text: python-docs')
     c = json.loads((work/'eval'/'against.json').read_text())
     assert c['model']['kind'] == 'lora' and c['reference_is_base'] is True and c['data']['acts'] >= 2
     o = c['overall']['bits_per_byte']
@@ -289,6 +306,7 @@ def test_a_lora_cpt_run_of_a_tiny_llama_reports_base_against_trained(tmp_path):
     assert c['forgetting']['change_ci'] is not None and c['forgetting']['verdict'] in ('worse', 'better', NO_DIFFERENCE)
     report = (work/'report.md').read_text()
     for part in ('## Against its base', 'bits per byte: overall', 'general text (forgetting)', '95% interval',
+                 'general text: python-docs, the built-in set',
                  '![the change against the reference](eval/against.png)'):
         assert part in report, part
     assert (work/'eval'/'against.png').read_bytes()[:4] == b'\x89PNG'
@@ -473,10 +491,16 @@ def mixed_corpus(folder: Path) -> Path:
     return folder
 
 
-def test_general_text_per_language_from_a_mixed_corpus_folder(runs, tmp_path):
+def test_general_text_per_language_from_a_mixed_corpus_folder(runs, tmp_path, capsys, monkeypatch):
+    "A mixed corpus's held-out slices are the general text by default; a second arm against the same base reuses the "
+    "base's evaluation (kept once in the cache) instead of scoring it again."
+    monkeypatch.setenv('LEGALNB_CACHE', str(tmp_path/'cache'))
     corpus, out = mixed_corpus(tmp_path/'corpus'), tmp_path/'cmp'
-    text = run_cli(['evaluate', runs/'run60', '--against', runs/'run0', '--data', runs/'heldout.jsonl', '--general',
-                    corpus, '--out', out, *QUICK])
+    shutil.copy(runs/'heldout.jsonl', corpus/'heldout.jsonl')   # --data CORPUS: its held-out acts and its mix
+    text = run_cli(['evaluate', runs/'run60', '--against', runs/'run0', '--data', corpus, '--out', out, *QUICK])
+    err = capsys.readouterr().err
+    assert f'general text: the held-out slices of the sources mixed into {corpus} (news, wiki), the default' in err
+    assert 'scored, and kept in' in err and 'reused' not in err
     c, mine = (json.loads((out/n).read_text()) for n in ('against.json', 'eval.json'))
     g, f = mine['general'], c['forgetting']
     assert set(g['by_language']) == set(f['by_language']) == {'en', 'fr', 'de'} and list(g['by_source']) == ['wiki', 'news']
@@ -488,3 +512,76 @@ def test_general_text_per_language_from_a_mixed_corpus_folder(runs, tmp_path):
     assert f['source'] == str(corpus) and 'general text lang fr' in text and 'general text source news' in text
     md = (out/'eval.md').read_text()
     assert '| fr | 5 |' in md and '| news | 5 |' in md   # eval.md's general text per language and per source
+    assert 'General text: the held-out slices of the sources mixed into' in md   # ... and which general text was used
+    # a second arm against the same base: the base is not scored again, its evaluation is the one kept
+    kept = sorted((tmp_path/'cache'/'evaluations').glob('reference-*.json'))
+    assert len(kept) == 1 and g['chosen'] == json.loads(kept[0].read_text())['evaluation']['general']['chosen']
+    stamp = (kept[0].stat().st_ino, kept[0].stat().st_mtime_ns)
+    run_cli(['evaluate', runs/'run15', '--against', runs/'run0', '--data', corpus, '--out', tmp_path/'cmp2', *QUICK])
+    err = capsys.readouterr().err
+    assert f'reference {runs/"run0"}: its evaluation reused from {kept[0]}' in err and 'scored, and kept' not in err
+    assert sorted((tmp_path/'cache'/'evaluations').glob('reference-*.json')) == kept
+    assert (kept[0].stat().st_ino, kept[0].stat().st_mtime_ns) == stamp   # not written again
+    assert (tmp_path/'cmp2'/'reference'/'eval.json').read_text() == (out/'reference'/'eval.json').read_text()
+    second = json.loads((tmp_path/'cmp2'/'against.json').read_text())
+    assert second['overall']['bits_per_byte']['reference'] == c['overall']['bits_per_byte']['reference']
+
+
+def test_several_general_sources_each_with_its_own_cap(runs, tmp_path):
+    "--general takes files and mixed corpora together, each reported apart; --general-max-tokens caps each of them and "
+    "not the law."
+    corpus, out = mixed_corpus(tmp_path/'corpus'), tmp_path/'ev'
+    text = run_cli(['evaluate', runs/'run60', '--data', runs/'heldout.jsonl', '--general', corpus, runs/'general.jsonl',
+                    '--general-max-tokens', 30, '--out', out, *QUICK])
+    r = json.loads((out/'eval.json').read_text())
+    g = r['general']
+    assert set(g['by_source']) == {'wiki', 'news', 'general'} and g['source'] == f"{corpus}, {runs/'general.jsonl'}"
+    assert all(m['tokens'] <= 30 for m in g['by_source'].values()) and g['cap']['max_tokens'] == 30
+    assert 'cap' not in r['data'] and r['settings']['max_tokens'] is None   # the held-out law is scored whole
+    assert g['cap']['tokens_available'] > g['overall']['tokens']
+    assert 'general src general' in text and 'general src news' in text and 'at most 30 a source' in text
+    md = (out/'eval.md').read_text()
+    assert all(f'| {k} | ' in md for k in ('wiki', 'news', 'general'))
+
+
+def test_the_reference_key_follows_the_weights_not_the_folder(runs, tmp_path):
+    "The cache key: the same files elsewhere give the same key; other weights, documents or settings another one."
+    from dataclasses import replace
+    from legalnb.against import reference_key
+    from legalnb.evaluate import EvaluateConfig
+    docs = read_heldout(runs/'heldout.jsonl')
+    cfg = EvaluateConfig(str(runs/'run0'), data=str(runs/'heldout.jsonl'), device='cpu')
+    key = reference_key(cfg, docs, None)
+    shutil.copytree(runs/'run0', tmp_path/'copy')
+    assert reference_key(replace(cfg, model=str(tmp_path/'copy')), docs, None) == key
+    assert reference_key(replace(cfg, seed=1), docs, None) != key
+    assert reference_key(cfg, docs[1:], None) != key
+    assert reference_key(cfg, docs, read_general(runs/'general.jsonl')) != key
+    w = tmp_path/'copy'/'model'/'model.safetensors'
+    w.write_bytes(w.read_bytes()[:-1] + bytes([w.read_bytes()[-1] ^ 1]))   # one bit of the weights
+    assert reference_key(replace(cfg, model=str(tmp_path/'copy')), docs, None) != key
+
+
+def test_a_hugging_face_model_gets_the_suites_cached_here_by_default(runs, tmp_path, monkeypatch, capsys):
+    "--general auto (legalnb run's default) for a Hugging Face model and no mixed corpus: the lm-eval suites of the "
+    "held-out languages whose data is on this machine, never one that would be fetched; else python-docs."
+    import datasets.config
+    from legalnb.against import cached_suites
+    from legalnb.evaluate import EvaluateConfig
+    model = tmp_path/'llama'; model.mkdir()   # a Hugging Face model folder as evaluate tells it (the choice needs no weights)
+    (model/'config.json').write_text(json.dumps(dict(model_type='llama', architectures=['LlamaForCausalLM'])))
+    monkeypatch.setenv('HF_HUB_CACHE', str(tmp_path/'hub'))
+    monkeypatch.setattr(datasets.config, 'HF_DATASETS_CACHE', tmp_path/'datasets')   # not this machine's own
+    data = tmp_path/'heldout.jsonl'
+    data.write_text(''.join(json.dumps(dict(celex=f'3201{i}R000{i}', lang=l, text='Article 1 text.')) + '\n'
+                            for i, l in enumerate(('en', 'fr', 'ga'))))
+    cfg = EvaluateConfig(str(model), data=str(data), general=['auto'])
+    assert cached_suites(cfg) == cfg   # nothing cached: python-docs, as before
+    snap = tmp_path/'hub'/'datasets--facebook--belebele'/'snapshots'/'abc'/'data'
+    snap.mkdir(parents=True); (snap/'fra_Latn.jsonl').write_text('{}\n')
+    (tmp_path/'datasets'/'CohereForAI___Global-MMLU'/'en').mkdir(parents=True)
+    got = cached_suites(cfg)
+    assert got.lm_eval_tasks == ['global_mmlu_full_en', 'belebele_fra_Latn'] and got.general == 'none'
+    assert 'the lm-eval suites global_mmlu_full_en, belebele_fra_Latn of the held-out languages' in capsys.readouterr().err
+    assert cached_suites(EvaluateConfig(str(model), data=str(data))).general is None   # evaluate's own default: none
+    assert cached_suites(EvaluateConfig(str(runs/'run60'), data=str(data), general=['auto'])).lm_eval_tasks is None
