@@ -1621,7 +1621,9 @@ d = { 'settings': { 'branch': 'main',
                                  'legalnb.widgets.PresetPicker.use': ('widgets.html#presetpicker.use', 'legalnb/widgets.py'),
                                  'legalnb.widgets._measured_key': ('widgets.html#_measured_key', 'legalnb/widgets.py'),
                                  'legalnb.widgets._preset_note': ('widgets.html#_preset_note', 'legalnb/widgets.py'),
+                                 'legalnb.widgets.draw_sources': ('widgets.html#draw_sources', 'legalnb/widgets.py'),
                                  'legalnb.widgets.duration_unit': ('widgets.html#duration_unit', 'legalnb/widgets.py'),
                                  'legalnb.widgets.in_jupyter': ('widgets.html#in_jupyter', 'legalnb/widgets.py'),
                                  'legalnb.widgets.plot_metrics': ('widgets.html#plot_metrics', 'legalnb/widgets.py'),
-                                 'legalnb.widgets.scale_to_gpus': ('widgets.html#scale_to_gpus', 'legalnb/widgets.py')}}}
+                                 'legalnb.widgets.scale_to_gpus': ('widgets.html#scale_to_gpus', 'legalnb/widgets.py'),
+                                 'legalnb.widgets.source_curves': ('widgets.html#source_curves', 'legalnb/widgets.py')}}}

@@ -83,10 +83,10 @@ class TrainConfig:
     keep: int = 3                       # newest checkpoints kept; older ones are deleted
     eval_every: int = 500               # validation loss every N steps (0: only at the end)
     eval_batches: int = 20              # micro-batches of the val split per evaluation
-    eval_tokens: int | None = None      # tokens each evaluation scores over the watched sources (None: 5% of the time)
+    eval_tokens: int | None = None      # tokens an evaluation scores (None: 0.15 x step tokens x eval_every: ~1/20 of the time)
     general: str | None = None          # general text to watch too: a JSON-lines file or a corpus built with --mix
-    max_forgetting: float | None = None  # stop (exit 3) when general text's bits per byte rose this much over step 0
-    max_forgetting_share: float | None = None  # the same, as a share of step 0's (0.05: 5% worse); measurably
+    max_forgetting: float | None = None  # stop (exit 3) when general bits per byte rose measurably more over step 0
+    max_forgetting_share: float | None = None  # the same, as a share of step 0's value (0.05: a twentieth worse)
     log_every: int = 10                 # steps between log lines (the only host syncs of the loop)
     seed: int = 1337                    # seeds model init, data order and every RNG
     num_workers: int | None = None      # DataLoader worker processes per rank (None: 4, at most the machine's cores)
