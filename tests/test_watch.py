@@ -114,3 +114,64 @@ def test_the_guard_needs_general_text(work):
                                       '--max-forgetting', 0.1, '--device', 'cpu', '--no-progress')])
     assert code == 2 and '--max-forgetting: no general text to watch' in err.getvalue()
     assert len(err.getvalue().strip().splitlines()) == 1 and not (d/'nowhere').exists()
+
+
+# -- the same on the Hugging Face path: a tiny random Llama "pretrained" on general text by `legalnb finetune`, then
+# continued on law from its final/, without and with replay
+HF_LIMIT = 0.8   # law alone rises ~1.2 bits per byte in 10 steps here, 30% replay ~0.35
+FT = ['--batch-size', 8, '--grad-accum', 1, '--warmup-steps', 2, '--workers', 0, '--logging-steps', 10,
+      '--force-single', '--lr', 3e-3]
+
+
+@pytest.fixture(scope='module')
+def hf(work):
+    from legalnb.hf import build_tiny_model
+    d = work
+    texts = [json.loads(l)['text'] for f in ('web.jsonl', 'law.jsonl') for l in (d/f).read_text().splitlines()]
+    build_tiny_model(d/'base', texts=texts)
+    rows = ['--seq-len', 63, '--shards', 1, '--no-progress', '--tokenizer', d/'base'/'tokenizer.json']
+    cli('build-corpus', d/'web.jsonl', '--out', d/'hf-web', *rows)
+    law = ['--val-docs', 0.2, '--val-min-acts', 6, *rows]
+    cli('build-corpus', d/'law.jsonl', '--out', d/'hf-law', *law)
+    cli('build-corpus', d/'law.jsonl', '--out', d/'hf-replay', *law, '--mix', f'web={d/"web.jsonl"}:0.3',
+        '--mix-heldout', 3000)
+    cli('finetune', '--model', d/'base', '--data', d/'hf-web', '--out', d/'hf-stage1', '--max-steps', 100,
+        '--save-steps', 100, '--eval-share', 0, *FT)
+    return d
+
+
+def finetune(d: Path, data: str, out: str, *extra, code: int = 0) -> str:
+    return cli('finetune', '--model', d/'hf-stage1'/'final', '--data', d/data, '--out', d/out, '--max-steps', 40,
+               '--save-steps', 10, '--general', d/'general.jsonl', '--eval-tokens', 3000, *FT, *extra, code=code)
+
+
+def test_finetune_law_alone_is_stopped_by_the_guard_and_resumes(hf, monkeypatch):
+    d = hf
+    monkeypatch.setenv('TENSORBOARD_LOGGING_DIR', str(d/'hf-law-run'/'tb'))
+    out = finetune(d, 'hf-law', 'hf-law-run', '--max-forgetting', HF_LIMIT, '--report-to', 'tensorboard', code=3)
+    assert 'forgetting guard: general (all languages) bits per byte rose +' in out, out
+    assert 'stopped at step 10 of 40' in out and '(--resume continues)' in out
+    evals = read_metrics(d/'hf-law-run'/'metrics.jsonl', 'eval')
+    assert [r['step'] for r in evals] == [0, 10] and [r['tokens'] for r in evals] == [0, 10 * 8 * 63]
+    for key in ('legal/bpb', 'legal/en/bpb', 'general/bpb', 'general/en/bpb', 'general/fr/bpb'):
+        assert all(key in r for r in evals), key
+    assert evals[1]['general/bpb'] - evals[0]['general/bpb'] > HF_LIMIT and evals[1]['legal/bpb'] < evals[0]['legal/bpb']
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    ea = EventAccumulator(str(d/'hf-law-run'/'tb')).Reload()
+    for tag in ('eval/legal/bpb', 'eval/legal/fr/bpb', 'eval/general/bpb', 'eval/general/en/bpb'):
+        assert [e.step for e in ea.Scalars(tag)] == [0, 10], tag   # transformers names its evaluations eval/
+    assert ea.Scalars('eval/general/bpb')[1].value == pytest.approx(evals[1]['general/bpb'], rel=1e-5)
+    finetune(d, 'hf-law', 'hf-law-run', '--max-forgetting', 50, '--resume')
+    evals = read_metrics(d/'hf-law-run'/'metrics.jsonl', 'eval')
+    assert [r['step'] for r in evals] == [0, 10, 20, 30, 40] and (d/'hf-law-run'/'final').is_dir()
+
+
+def test_finetune_with_replay_trains_to_the_end(hf):
+    d = hf
+    out = finetune(d, 'hf-replay', 'hf-replay-run', '--max-forgetting', HF_LIMIT)
+    assert 'forgetting guard' not in out and 'evaluation took ' in out
+    evals = read_metrics(d/'hf-replay-run'/'metrics.jsonl', 'eval')
+    assert [r['step'] for r in evals] == [0, 10, 20, 30, 40]
+    for key in ('legal/bpb', 'web/bpb', 'web/fr/bpb', 'general/bpb'): assert all(key in r for r in evals), key
+    s = json.loads((d/'hf-replay-run'/'finetune.json').read_text())
+    assert s['eval_tokens'] == 3000 and 0 < s['eval_share'] < 1
