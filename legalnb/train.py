@@ -1037,6 +1037,10 @@ def source_values(r: dict) -> dict[str, float]:
 def start_watch(run: Run):
     "Before the first step: score every source at step 0 (the base of the curves), or read it back on --resume."
     if not run.watch: return
+    w, every = run.watch, run.cfg.eval_every or run.max_steps
+    if run.d.main: print(f"evaluation: {w.eval_tokens:,} tokens of {', '.join(s.name for s in w.sets)} (--eval-tokens"
+                         f"{'' if run.cfg.eval_tokens else ': ~1/20 of the training time'}), at step 0 and every "
+                         f'{every} steps', flush=True)
     if run.start:
         if run.d.main and run.watch.guard: run.watch.resume_watch(read_metrics(run.out/'metrics.jsonl', 'eval'))
         return

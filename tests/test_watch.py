@@ -97,6 +97,7 @@ def test_replay_trains_to_the_end_watched_on_every_source(work):
     out = train(d, 'replay-split', 'replay', 60, '--init-from', d/'stage1'/'model', '--general', d/'general.jsonl',
                 *WATCH)
     assert 'forgetting guard' not in out and (d/'replay'/'model').is_dir()
+    assert 'evaluation: 3,000 tokens of legal, web, general (--eval-tokens), at step 0 and every 10 steps' in out
     evals = read_metrics(d/'replay'/'metrics.jsonl', 'eval')
     assert [r['step'] for r in evals] == [0, 10, 20, 30, 40, 50, 60]
     for key in ('legal/bpb', 'web/bpb', 'web/en/bpb', 'web/fr/bpb', 'general/bpb', 'general/fr/bpb'):
@@ -170,6 +171,7 @@ def test_finetune_with_replay_trains_to_the_end(hf):
     d = hf
     out = finetune(d, 'hf-replay', 'hf-replay-run', '--max-forgetting', HF_LIMIT)
     assert 'forgetting guard' not in out and 'evaluation took ' in out
+    assert 'and 3,000 tokens of legal, web, general, every 10 steps and at step 0' in out, out
     evals = read_metrics(d/'hf-replay-run'/'metrics.jsonl', 'eval')
     assert [r['step'] for r in evals] == [0, 10, 20, 30, 40]
     for key in ('legal/bpb', 'web/bpb', 'web/fr/bpb', 'general/bpb'): assert all(key in r for r in evals), key
