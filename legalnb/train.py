@@ -1231,7 +1231,8 @@ def train_main(argv: list[str]) -> int:
                             f"{s['checkpoint']}; continue with --resume", flush=True)
         return 3
     if main_rank:
-        if s.get('eval_tokens'): print(eval_share_line(s['eval_s'], s['elapsed_s'], s['eval_tokens']))
+        if s.get('eval_tokens'): print(eval_share_line(s['eval_s'], s['eval_s'] / max(s['eval_share'], 1e-9),
+                                                     s['eval_tokens']))
         mfu = f", MFU {100 * s['mfu']:.0f}%" if s['mfu'] else ''
         bpb = f", {s['val_bpb']:.3f} bits per byte" if s.get('val_bpb') else ''
         print(f"done: {s['steps']} steps ({s['tokens']:,} tokens) in {format_duration(s['elapsed_s'])}, "

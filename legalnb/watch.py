@@ -8,14 +8,16 @@ import math, time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fastcore.basics import patch
+
 from .core import LegalnbError, read_json
 from .heldout import (BOOTSTRAP, LEVEL, EvalModel, _general_file, bootstrap_estimate, cap_documents,
                              document_rows, fair_shares, metrics, mix_heldout, read_heldout, score_documents)
 
 # %% auto #0
 __all__ = ['EVAL_SHARE', 'FORWARD_SHARE', 'MIN_DOC_TOKENS', 'eval_tokens_for', 'ValidationSet', 'corpus_of', 'mixed_sets',
-           'general_set', 'validation_sets', 'sample_sets', 'score_sets', 'source_figures', 'ForgettingGuard',
-           'crossed', 'Watch', 'evaluate', 'resume_watch', 'forgetting_message', 'eval_share_line']
+           'general_set', 'validation_sets', 'sample_sets', 'score_sets', 'source_figures', 'ForgettingGuard', 'Watch',
+           'eval_share_line']
 
 # %% ../nbs/04g_watch.ipynb #601a5082
 EVAL_SHARE = 0.05     # the goal: evaluation takes at most this share of the training time (issue 52)
@@ -118,6 +120,7 @@ class ForgettingGuard:
                 ('--max-forgetting-share', self.max_share, lambda a, b: (b - a) / a)) if lim is not None]
 
 # %% ../nbs/04g_watch.ipynb #8660fc99
+@patch
 def crossed(self: ForgettingGuard,
             base: dict[str, list[dict]],   # each general source's rows at step 0
             now: dict[str, list[dict]],    # ... at this evaluation (the same documents)
@@ -133,7 +136,6 @@ def crossed(self: ForgettingGuard,
                     return dict(source=name, lang=lang or 'all languages', flag=flag, limit=limit, rise=rise, ci=ci,
                                 docs=len([r for r in now[name] if where is None or where(r)]))
     return None
-ForgettingGuard.crossed = crossed
 
 # %% ../nbs/04g_watch.ipynb #e30c3a4a
 @dataclass
@@ -151,6 +153,7 @@ class Watch:
     def general(self) -> list[str]: return [s.name for s in self.sets if s.general]
 
 # %% ../nbs/04g_watch.ipynb #d09faf57
+@patch
 def evaluate(self: Watch, lm: EvalModel, step: int) -> dict:
     "Score the sample at `step`: the figures for the eval record (at step 0 with the base's rows); the guard looks."
     t0 = time.perf_counter()
@@ -163,9 +166,9 @@ def evaluate(self: Watch, lm: EvalModel, step: int) -> dict:
     elif self.guard and not self.crossed: self.crossed = self.guard.crossed(self.base, rows, self.general)
     self.seconds += time.perf_counter() - t0
     return figs
-Watch.evaluate = evaluate
 
 # %% ../nbs/04g_watch.ipynb #8e5e1c38
+@patch
 def resume_watch(self: Watch, evals: list[dict]):
     "A resumed run: the base and the curves so far from the eval records of its metrics.jsonl."
     first = next((r for r in evals if r.get('step') == 0 and 'rows' in r), None)
@@ -176,11 +179,11 @@ def resume_watch(self: Watch, evals: list[dict]):
                            f"{', '.join(s.name for s in self.sets)}; resume with the same --general and data")
     self.base = first['rows']
     self.history = [(r['step'], {k: v for k, v in r.items() if k.endswith('/bpb')}) for r in evals]
-Watch.resume_watch = resume_watch
 
 # %% ../nbs/04g_watch.ipynb #05bc7d3b
 def _number(v: float, share: bool) -> str: return f'{v:+.1%}' if share else f'{v:+.3f}'
 
+@patch
 def forgetting_message(self: Watch, step: int) -> str:
     "What the guard says when it stops a run: the source and language, the curve, the interval, what to change."
     c = self.crossed; share = c['flag'] == '--max-forgetting-share'
@@ -191,7 +194,6 @@ def forgetting_message(self: Watch, step: int) -> str:
             f"{_number(c['ci'][1], share)} over {c['docs']} held-out documents), above {c['flag']} {c['limit']:g}; "
             f"its curve (step: bits per byte): {curve}. Replay more general text in that language (build-corpus --mix "
             f"NAME=PATH:SHARE with a larger share), or lower --lr; resume with --resume to train on regardless")
-Watch.forgetting_message = forgetting_message
 
 # %% ../nbs/04g_watch.ipynb #14825e75
 def eval_share_line(seconds: float, elapsed: float, eval_tokens: int, share: float = EVAL_SHARE) -> str:
