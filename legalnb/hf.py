@@ -685,7 +685,8 @@ def _agreed(why: str | None) -> str | None:
     box = [why]; dist.broadcast_object_list(box, src=0)
     return box[0]
 
-def trainer_records(sinks: Sequence = (), watch: Watch | None = None, tokenizer=None):   # objects with on_step / on_eval / on_end / on_stop(record), should_stop
+def trainer_records(sinks: Sequence = (),   # objects with on_step / on_eval / on_end / on_stop(record), should_stop
+                    watch: Watch | None = None, tokenizer=None):   # the sources watched, and their tokenizer
     "A transformers `TrainerCallback` passing the native trainer's records to `sinks` (main process); a sink's "
     "`should_stop(record)` ends the run after that log with a checkpoint, as in the native trainer (a budget guard)."
     from transformers import TrainerCallback   # here, not at the top: importing it loads the Trainer's stack
@@ -772,8 +773,9 @@ def hf_watch(run, cfg, data: Path, args, out: Path) -> Watch | None:
         rows = max(1, n // run.shards.seq_len)
         if rows < len(run.evald): run.evald = Subset(run.evald, np.unique(np.linspace(
             0, len(run.evald) - 1, rows).round().astype(int)).tolist())
-    if run.main: print(f'evaluation: {len(run.evald):,} val rows' + (f' and {n:,} tokens of {", ".join(s.name for s in sets)}'
-                       if sets else '') + f', every {every} steps' + (' and at step 0' if sets else ''))
+    names = ', '.join(s.name for s in sets)
+    if run.main: print(f'evaluation: {len(run.evald):,} val rows' + (f' and {n:,} tokens of {names}' if sets else '')
+                       + f', every {every} steps' + (' and at step 0' if sets else ''))
     if not sets: return None
     args.eval_on_start = run.last is None   # step 0: the base every curve starts at
     w = Watch(sample_sets(sets, run.tok.backend_tokenizer, n), n,

@@ -83,7 +83,7 @@ class TrainConfig:
     keep: int = 3                       # newest checkpoints kept; older ones are deleted
     eval_every: int = 500               # validation loss every N steps (0: only at the end)
     eval_batches: int = 20              # micro-batches of the val split per evaluation
-    eval_tokens: int | None = None      # tokens an evaluation scores (None: 0.15 x step tokens x eval_every: ~1/20 of the time)
+    eval_tokens: int | None = None      # tokens an evaluation scores (None: 0.15 x step tokens x eval_every)
     general: str | None = None          # general text to watch too: a JSON-lines file or a corpus built with --mix
     max_forgetting: float | None = None  # stop (exit 3) when general bits per byte rose measurably more over step 0
     max_forgetting_share: float | None = None  # the same, as a share of step 0's value (0.05: a twentieth worse)

@@ -106,7 +106,7 @@ def _repr_png_(self: LiveLossPlot) -> bytes:
 
 # %% ../nbs/09_widgets.ipynb #10026025
 def source_curves(evals: list[dict]) -> dict[str, list[tuple[int, float]]]:
-    "Each watched source's bits per byte against the tokens trained: {'legal': [(0, 7.5), (5040, 5.6)], 'wiki/fr': ...}."
+    "Each watched source's bits per byte against the tokens trained: {'legal': [(0, 7.5), (5040, 5.6)], ...}."
     out = {}
     for r in evals:
         for k, v in r.items():
@@ -117,7 +117,8 @@ def draw_sources(ax, curves: dict):
     "One line per source (solid, pooled) and per language (thin, dashed), from step 0: the base each starts at."
     for name, pts in curves.items():
         pooled = '/' not in name
-        ax.plot(*zip(*pts), 'o-' if pooled else '--', lw=1.8 if pooled else 0.8, ms=3, label=name, alpha=1 if pooled else 0.6)
+        ax.plot(*zip(*pts), 'o-' if pooled else '--', lw=1.8 if pooled else 0.8, ms=3, label=name,
+                alpha=1 if pooled else 0.6)
     ax.set_xlabel('tokens trained'); ax.set_ylabel('bits per byte (held out)')
     ax.legend(fontsize=7, ncol=3, loc='upper right'); ax.grid(alpha=0.3)
 
