@@ -25,97 +25,28 @@ from .core import GPU_HOUR_PRICE, Output, flag_settings, refuse_oversized, refus
 from .core import hub_cache, hub_snapshot, is_hub_name, model_folder
 from .models import decoder_of, load_native, model_kind, native_tokenizer, refuse_pickled_weights
 from .export import legalnb_remote_code
+from .heldout import (EVAL_FORMAT, heldout_path, decade_of, read_heldout, _DTYPES, HF_DEFAULT_CONTEXT,
+                             EvalModel, document_windows, _short, position_buckets, bucket_label, _autocast,
+                             _groups, is_cut, document_batches, score_documents, LN2, metrics, grouped,
+                             fair_shares, _opening_text, cap_documents, uncapped, cap_record, LEVEL,
+                             BOOTSTRAP, BOOTSTRAP_MAX, MAX_NEW_TOKENS, check_new_tokens, MIN_ACTS, GROUPS,
+                             GENERAL_GROUPS, FIGURES, document_rows, citation_marks, resample_counts,
+                             unit_sums, bootstrap_estimate, GENERAL_BUILTIN, _GENERAL_MODULES, general_texts,
+                             _general_texts, write_general_texts, GENERAL_LANG, _general_doc, _general_file,
+                             _NO_MIX, mix_heldout, general_lang, _mix_list)   # moved below the trainers: they score while training
 
 # %% auto #0
-__all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'LEVEL',
-           'BOOTSTRAP', 'BOOTSTRAP_MAX', 'MAX_NEW_TOKENS', 'MIN_ACTS', 'GROUPS', 'GENERAL_GROUPS', 'FIGURES',
-           'GENERAL_BUILTIN', 'GENERAL_LANG', 'GENERAL_AUTO', 'REPORT_FILES', 'LM_EVAL_TASKS', 'LM_EVAL_FILES',
-           'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'EVALUATE_OUTPUTS', 'heldout_path',
-           'decade_of', 'read_heldout', 'EvalModel', 'lora_base', 'load_eval_model', 'model_tokenizer', 'as_model',
-           'document_windows', 'position_buckets', 'bucket_label', 'is_cut', 'document_batches', 'score_documents',
-           'metrics', 'grouped', 'fair_shares', 'cap_documents', 'uncapped', 'cap_record', 'fit_prompt', 'generate_ids',
-           'TextStream', 'generate', 'extract_citations', 'citation_items', 'score_citations', 'LookupModel',
-           'summarize_citations', 'opening', 'generate_samples', 'rouge_l', 'rouge_openings', 'score_rouge',
-           'check_new_tokens', 'document_rows', 'citation_marks', 'resample_counts', 'unit_sums', 'bootstrap_estimate',
-           'add_intervals', 'general_texts', 'write_general_texts', 'general_lang', 'mix_heldout', 'read_general',
+__all__ = ['ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'GENERAL_AUTO', 'REPORT_FILES', 'LM_EVAL_TASKS',
+           'LM_EVAL_FILES', 'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'EVALUATE_OUTPUTS',
+           'lora_base', 'load_eval_model', 'model_tokenizer', 'as_model', 'fit_prompt', 'generate_ids', 'TextStream',
+           'generate', 'extract_citations', 'citation_items', 'score_citations', 'LookupModel', 'summarize_citations',
+           'opening', 'generate_samples', 'rouge_l', 'rouge_openings', 'score_rouge', 'add_intervals', 'read_general',
            'general_sources', 'read_generals', 'cap_general', 'mixed_corpus_of', 'choose_general', 'score_general',
            'EvaluateConfig', 'check_evaluate_settings', 'evaluate', 'capped_note', 'format_table', 'md_cell',
            'report_markdown', 'write_evaluation', 'evaluation_lines', 'write_lm_eval_tasks', 'run_harness',
            'suite_tasks', 'suite_manager', 'harness_scores', 'written_by_evaluate', 'clear_other_modes', 'score_model',
            'evaluate_command', 'evaluate_parser', 'evaluate_writing', 'evaluate_main', 'GenerateConfig',
            'generate_command', 'generate_main']
-
-# %% ../nbs/11_evaluate.ipynb #76359c74
-EVAL_FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
-
-def heldout_path(data: str | Path) -> Path:
-    "The held-out JSONL file: `data` itself, or `heldout.jsonl` in the folder `data`."
-    p = Path(data)
-    if p.is_dir():
-        if (p/'heldout.jsonl').is_file(): return p/'heldout.jsonl'
-        raise LegalnbError(f'{p}: no heldout.jsonl in this folder; pass --data HELDOUT.jsonl '
-                           '(held-out documents, one JSON object per line)')
-    if not p.is_file(): raise LegalnbError(f'{p}: no such file; --data takes held-out documents '
-                                           '(a JSONL file, or a folder holding heldout.jsonl)')
-    return p
-
-def decade_of(date) -> str:
-    "The decade of an ISO date, for grouping: '2016-04-27' -> '2010s'; 'unknown' without a date."
-    m = re.match(r'\s*(\d{4})-', str(date or ''))
-    return f'{int(m.group(1)) // 10 * 10}s' if m else 'unknown'
-
-def read_heldout(data: str | Path) -> list[dict]:
-    "The documents of a held-out JSONL file (celex, lang, doc_type, band, text); blank texts are skipped."
-    path, docs = heldout_path(data), []
-    for n, _, _, rec in jsonl_records(path):
-        if not isinstance(rec.get('text'), str):
-            raise LegalnbError(f'{path}, line {n}: no "text" string; expected documents as legalnb parse writes them')
-        if not rec['text'].strip(): continue
-        docs.append(dict(celex=str(rec.get('celex') or f'line {n}'), lang=str(rec.get('lang') or 'unknown').lower(),
-                         doc_type=str(rec.get('doc_type') or 'other'), band=decade_of(rec.get('date')),
-                         text=rec['text']))
-    if not docs:
-        raise LegalnbError(f'{path}: no documents with text; expected one JSON object per line with a "text" field')
-    return docs
-
-# %% ../nbs/11_evaluate.ipynb #c6ff9726
-_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}
-HF_DEFAULT_CONTEXT = 32768   # a Hugging Face model's default window at most (128k-token windows need --context)
-
-@dataclass
-class EvalModel:
-    "A causal language model as evaluation sees it: logits for token ids, its tokenizer, context and special tokens."
-    module: nn.Module            # (B, L) ids -> (B, L, V) logits, or an output with .logits (a transformers model)
-    tokenizer: object            # a `tokenizers.Tokenizer` (for a transformers model: its fast tokenizer's backend)
-    context: int                 # longest input in tokens: the length of the evaluation windows
-    eos_id: int                  # end-of-document token, after every text as in the training rows
-    prefix_id: int | None = None # token before a document's first one (BOS, else EOS), so that it is predicted too
-    kind: str = 'module'         # 'native', 'hf', 'lora', or 'module' (a model built in Python)
-    name: str = ''               # what was loaded, for the report
-    precision: str = 'fp32'      # 'bf16' / 'fp16': autocast on a GPU
-    hf_tokenizer: object = None  # the transformers tokenizer of a Hugging Face model (lm-eval's HFLM takes it)
-
-    def __post_init__(self):
-        if self.prefix_id is None: self.prefix_id = self.eos_id
-        if self.context < 2: raise LegalnbError(f'the context must be at least 2 tokens, got {self.context}')
-
-    @property
-    def device(self) -> torch.device:
-        "Where the model's weights are."
-        return next(chain(self.module.parameters(), self.module.buffers()), torch.zeros(0)).device
-
-    def logits(self, ids: torch.Tensor) -> torch.Tensor:  # (B, L) int64 -> (B, L, V)
-        "Next-token logits at every position."
-        out = self.module(ids)
-        return getattr(out, 'logits', out)
-
-    def encode(self, text: str) -> list[int]:
-        "Token ids of `text`, without special tokens."
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids) -> str:
-        "The text of token ids (special tokens left out)."
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
 # %% ../nbs/11_evaluate.ipynb #1bfc7a49
 def _hf_tokenizer(*folders: Path, trust: bool = False):
@@ -238,150 +169,6 @@ def as_model(model, tokenizer=None, **load) -> EvalModel:
     context = load.get('context') or getattr(getattr(model, 'config', None), 'max_seq_len', None)
     if not context: raise LegalnbError(f'{type(model).__name__}: no config.max_seq_len; give the context')
     return EvalModel(model.eval(), tok, context, find_eos(tok), name=type(model).__name__)
-
-# %% ../nbs/11_evaluate.ipynb #175a5dd4
-def document_windows(n: int,          # tokens to predict in the document (its text, and the EOS)
-                     context: int     # the model's window length
-                    ) -> list[tuple[int, int, int]]:
-    "Windows (start, end, first scored position) over [prefix] + tokens: lm-eval's rolling scheme."
-    wins, done = [(0, min(n, context), 0)], min(n, context)
-    while done < n:   # every later window is a full context that ends at its last new token
-        end = min(n, done + context)
-        wins.append((end - context, end, done - (end - context)))
-        done = end
-    return wins
-
-# %% ../nbs/11_evaluate.ipynb #1bb6d845
-def _short(n: int) -> str: return f'{n // 1024}k' if n >= 1024 and n % 1024 == 0 else str(n)
-
-def position_buckets(context: int) -> list[tuple[int, int]]:
-    "Token-position buckets up to `context`: 0-64, 64-256, 256-1k, 1k-4k, ... (x4 each), the last ending at `context`."
-    edges = [0, 64]
-    while edges[-1] < context: edges.append(edges[-1] * 4)
-    edges = [e for e in edges if e < context] + [context]
-    return list(zip(edges, edges[1:]))
-
-def bucket_label(lo: int, hi: int) -> str: return f'{_short(lo)}-{_short(hi)}'
-
-# %% ../nbs/11_evaluate.ipynb #55dbffa5
-def _autocast(lm: EvalModel):
-    "bf16/fp16 autocast on a GPU, nothing on the CPU."
-    if lm.device.type == 'cuda' and lm.precision in ('bf16', 'fp16'):
-        return torch.autocast('cuda', _DTYPES[lm.precision])
-    return nullcontext()
-
-def _groups(lengths: list[int], budget: int) -> Iterator[list[int]]:
-    "Indices longest first, in batches whose rows x longest row stay within `budget` tokens (one row at least)."
-    batch = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):   # stable: ties keep their order
-        if batch and (len(batch) + 1) * lengths[batch[0]] > budget: yield batch; batch = []
-        batch.append(i)
-    if batch: yield batch
-
-def is_cut(doc: dict) -> bool:
-    "Was this document cut by a cap (its text goes on: no end-of-document token is scored)?"
-    return doc.get('whole', doc['text']) != doc['text']
-
-def document_batches(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384, eos: bool = True):
-    "Tokens per document and padded batches (inputs, targets with -100 where not scored, document of each row)."
-    encs = lm.tokenizer.encode_batch_fast([d['text'] for d in docs], add_special_tokens=False)
-    seqs = [np.array([lm.prefix_id] + e.ids + ([lm.eos_id] if eos and not is_cut(d) else []), dtype=np.int64)
-            for d, e in zip(docs, encs)]   # a document cut by a cap goes on: no end of document
-    wins = [(i, *w) for i, s in enumerate(seqs) for w in document_windows(len(s) - 1, lm.context)]
-    def batches():
-        for group in _groups([b - a for _, a, b, _ in wins], batch_tokens):
-            L = wins[group[0]][2] - wins[group[0]][1]
-            x = np.full((len(group), L), lm.eos_id, dtype=np.int64); y = np.full((len(group), L), -100, dtype=np.int64)
-            for r, k in enumerate(group):
-                i, a, b, s = wins[k]
-                x[r, :b - a] = seqs[i][a:b]; y[r, s:b - a] = seqs[i][a + 1 + s:b + 1]
-            yield torch.from_numpy(x), torch.from_numpy(y), torch.tensor([wins[k][0] for k in group])
-    return [len(s) - 1 for s in seqs], batches()
-
-@torch.no_grad()
-def score_documents(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384, eos: bool = True,
-                    progress: bool = False) -> dict:
-    "Summed NLL (nats) and tokens per document and per position bucket, over rolling windows."
-    tokens, batches = document_batches(lm, docs, batch_tokens, eos)
-    buckets, dev = position_buckets(lm.context), lm.device
-    bucket_of = torch.tensor([k for k, (lo, hi) in enumerate(buckets) for _ in range(lo, hi)], device=dev)
-    doc_nll = torch.zeros(len(docs), dtype=torch.float64, device=dev)
-    bucket_nll = torch.zeros(len(buckets), dtype=torch.float64, device=dev)
-    bucket_tokens = torch.zeros(len(buckets), dtype=torch.int64, device=dev)
-    bar = tqdm(total=sum(tokens), unit='tok', unit_scale=True, desc='evaluate', disable=not progress, file=sys.stderr)
-    for x, y, rows in batches:
-        new = int((y != -100).sum())   # counted on the host before the copy: the bar never waits for the device
-        x, y, rows = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True), rows.to(dev, non_blocking=True)
-        with _autocast(lm): logits = lm.logits(x)   # (B, L, V)
-        nll = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=-100, reduction='none')
-        nll, scored = nll.view(y.shape), (y != -100)   # (B, L): 0 where not scored
-        doc_nll.index_add_(0, rows, nll.sum(1, dtype=torch.float64))
-        bucket_nll.index_add_(0, bucket_of[:y.shape[1]], nll.sum(0, dtype=torch.float64))
-        bucket_tokens.index_add_(0, bucket_of[:y.shape[1]], scored.sum(0))
-        bar.update(new)
-    bar.close()
-    return dict(doc_nll=doc_nll.tolist(), doc_tokens=tokens, doc_bytes=[len(d['text'].encode('utf-8')) for d in docs],
-                buckets=[dict(bucket=bucket_label(lo, hi), lo=lo, hi=hi, tokens=int(n), nll=v)
-                         for (lo, hi), n, v in zip(buckets, bucket_tokens.tolist(), bucket_nll.tolist())])
-
-# %% ../nbs/11_evaluate.ipynb #a5bc1d55
-LN2 = math.log(2)
-
-def metrics(nll: float,       # summed negative log-likelihood of the tokens, in nats
-            tokens: int,      # tokens scored
-            nbytes: int,      # UTF-8 bytes of the text those tokens cover
-            docs: int = 0) -> dict:
-    "Loss (nats per token), perplexity and bits per byte (nll / ln 2 / bytes) of summed token NLLs."
-    loss = nll / max(tokens, 1)
-    return dict(docs=docs, tokens=tokens, bytes=nbytes, loss=loss, perplexity=math.exp(min(loss, 700.0)),
-                bits_per_byte=nll / LN2 / max(nbytes, 1))
-
-def grouped(docs: list[dict], scores: dict, key: str) -> dict[str, dict]:
-    "`metrics` per value of a document field ('lang', 'doc_type', 'band'), the largest group first."
-    acc = defaultdict(lambda: [0.0, 0, 0, 0])
-    for d, *v in zip(docs, scores['doc_nll'], scores['doc_tokens'], scores['doc_bytes']):
-        a = acc[d[key]]; a[0] += v[0]; a[1] += v[1]; a[2] += v[2]; a[3] += 1
-    return {k: metrics(*a) for k, a in sorted(acc.items(), key=lambda kv: (-kv[1][1], kv[0]))}
-
-# %% ../nbs/11_evaluate.ipynb #c0ca9002
-def fair_shares(sizes: list[int], budget: int) -> list[int]:
-    "Each size's share of `budget`: the smaller ones whole, the others an equal share of what is left."
-    out, left = [0] * len(sizes), budget
-    for j, i in enumerate(sorted(range(len(sizes)), key=lambda i: (sizes[i], i))):   # smallest first, ties in order
-        out[i] = min(sizes[i], left // (len(sizes) - j)); left -= out[i]
-    return out
-
-def _opening_text(text: str, offsets: list[tuple[int, int]], keep: int) -> str:
-    "The text of the first `keep` tokens, ended before the last whitespace within them (a re-encoding adds none)."
-    end = offsets[keep - 1][1]
-    space = max((m.start() for m in re.finditer(r'\s', text[:end])), default=0)
-    return text[:space] if text[:space].strip() else text[:end]
-
-def cap_documents(tokenizer,             # a `tokenizers.Tokenizer` (EvalModel.tokenizer): what the cap counts in
-                  docs: list[dict],      # the documents to score
-                  max_tokens: int,       # tokens to score at most, over all of them
-                  eos: bool = True,      # the end-of-document token is scored (one more token per whole document)
-                  flag: str = '--max-tokens') -> list[dict]:
-    "The documents cut to at most `max_tokens` scored tokens, shared fairly (a cut one keeps its opening); `whole`."
-    if any('whole' in d for d in docs): return docs   # capped already (a comparison's first model cut them)
-    if max_tokens < len(docs):
-        raise LegalnbError(f'{flag} {max_tokens}: fewer than one token per document ({len(docs):,} documents); '
-                           f'give at least {len(docs):,}, or leave it out to score every token')
-    encs = tokenizer.encode_batch([d['text'] for d in docs], add_special_tokens=False)   # with offsets (_fast: none)
-    sizes = [len(e.ids) + eos for e in encs]
-    return [dict(d, text=d['text'] if keep >= size else _opening_text(d['text'], e.offsets, min(keep, len(e.ids))),
-                 whole=d['text']) for d, e, size, keep in zip(docs, encs, sizes, fair_shares(sizes, max_tokens))]
-
-def uncapped(docs: list[dict]) -> list[dict]:
-    "The documents as they were before `cap_documents`."
-    return [{k: v for k, v in d.items() if k != 'whole'} | {'text': d['whole']} if 'whole' in d else d for d in docs]
-
-def cap_record(lm: EvalModel, docs: list[dict], scored: int, max_tokens: int | None, eos: bool = True) -> dict:
-    "What a cap left out: the cap, the tokens scored and those the whole documents have, the documents cut."
-    whole = lm.tokenizer.encode_batch_fast([d.get('whole', d['text']) for d in docs], add_special_tokens=False)
-    return dict(max_tokens=max_tokens, tokens_scored=scored, tokens_available=sum(len(e.ids) + eos for e in whole),
-                docs_cut=sum(map(is_cut, docs)))
-
 
 # %% ../nbs/11_evaluate.ipynb #840cf3dd
 def _pick(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator) -> int:
@@ -626,73 +413,6 @@ def score_rouge(lm: EvalModel, docs: list[dict], openings: list[dict], max_new_t
                          rouge_l=rouge_l(o['reference'], text), generated=text, reference=o['reference']))
     return rows
 
-# %% ../nbs/11_evaluate.ipynb #04cd2bd7
-LEVEL = 0.95       # the coverage of every interval
-BOOTSTRAP = 1000   # bootstrap resamples of the held-out acts per interval
-BOOTSTRAP_MAX = 100_000   # the most --bootstrap takes: (resamples × acts) counts are drawn at once, in memory
-MAX_NEW_TOKENS = 100_000   # the most --max-new-tokens takes: a continuation longer than a book is a typo, and it
-                           # would generate (and hold the cache of) every one of them
-
-def check_new_tokens(n: int):
-    "Refuse a --max-new-tokens below 1 or above MAX_NEW_TOKENS, before a model loads."
-    if n < 1: raise LegalnbError(f'--max-new-tokens must be at least 1, got {n}')
-    if n > MAX_NEW_TOKENS:
-        raise LegalnbError(f'--max-new-tokens must be at most {MAX_NEW_TOKENS:,} (tokens per continuation), got {n:,}')
-MIN_ACTS = 5       # fewer acts than this: no interval (two acts would give an 'interval' that is just their values)
-GROUPS = {'by_language': 'lang', 'by_doc_type': 'doc_type', 'by_year_band': 'band'}   # report key: document field
-GENERAL_GROUPS = {'by_language': 'lang', 'by_source': 'source'}                     # ... and of the general text
-FIGURES = {'bits_per_byte': ('nll', 'bytes', 1 / LN2),   # figure: (numerator field, denominator field, scale);
-           'accuracy': ('right', None, 1.0),             # a denominator of None counts each row once
-           'rouge_l': ('rouge_l', None, 1.0),
-           'ratio': ('num', 'den', 1.0)}                 # any other mean or ratio (lm-eval's per-item metrics)
-
-def document_rows(docs: list[dict], scores: dict) -> list[dict]:
-    "Per document, what the intervals resample: its act (the unit), language, type, decade, NLL (nats), tokens, bytes."
-    return [dict(celex=d['celex'], lang=d['lang'], doc_type=d['doc_type'], band=d['band'], nll=n, tokens=t, bytes=b)
-            for d, n, t, b in zip(docs, scores['doc_nll'], scores['doc_tokens'], scores['doc_bytes'])]
-
-def citation_marks(docs: list[dict], items: list[dict], right: list[bool]) -> list[dict]:
-    "Per citation item: its act, language, type, decade, kind, position and whether greedy decoding got it right."
-    return [dict(celex=docs[it['doc']]['celex'], lang=docs[it['doc']]['lang'], doc_type=docs[it['doc']]['doc_type'],
-                 band=docs[it['doc']]['band'], kind=it['kind'], start=it['start'], right=int(r))
-            for it, r in zip(items, right)]
-
-# %% ../nbs/11_evaluate.ipynb #277e4de6
-def resample_counts(units: int, iters: int = BOOTSTRAP, seed: int = 0) -> np.ndarray:
-    "(iters, units): how often each unit is drawn in each bootstrap resample (`units` draws with replacement)."
-    return np.random.default_rng(seed).multinomial(units, np.full(units, 1 / units), size=iters)
-
-def unit_sums(rows: list[dict], figure: str, units: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    "Per unit (act) of `units`, the sums of the figure's numerator (scaled) and denominator over its rows."
-    num_f, den_f, scale = FIGURES[figure]
-    at, num, den = {u: i for i, u in enumerate(units)}, np.zeros(len(units)), np.zeros(len(units))
-    for r in rows:
-        i = at[r['celex']]; num[i] += r[num_f] * scale; den[i] += r[den_f] if den_f else 1
-    return num, den
-
-def bootstrap_estimate(stat: Callable,     # the figures of the runs -> the number: lambda a: a, lambda a, b: a - b
-                       runs: list[list[dict]],       # the rows of each evaluation, on the same acts
-                       figure: str,                  # a key of FIGURES: bits_per_byte, accuracy, rouge_l, ratio
-                       where: Callable | None = None,  # keep the rows this says yes to (a language, a type, a decade)
-                       iters: int = BOOTSTRAP, seed: int = 0, level: float = LEVEL,
-                       min_units: int = MIN_ACTS) -> tuple[float | None, list | None]:  # fewer units: no interval
-    "`stat` of each run's figure, and its percentile interval over bootstrap resamples of the acts (the same for all)."
-    runs = [[r for r in rows if where is None or where(r)] for rows in runs]
-    units = sorted({r['celex'] for r in runs[0]})
-    if any(sorted({r['celex'] for r in rows}) != units for rows in runs[1:]):
-        raise LegalnbError('the evaluations cover different acts; score every model on the same held-out documents')
-    sums = [unit_sums(rows, figure, units) for rows in runs]
-    if not units or any(d.sum() == 0 for _, d in sums): return None, None
-    with np.errstate(divide='ignore', invalid='ignore'):
-        point = float(stat(*[n.sum() / d.sum() for n, d in sums]))
-        if len(units) < max(2, min_units) or iters < 1: return (point if math.isfinite(point) else None), None
-        counts = resample_counts(len(units), iters, seed)
-        values = np.asarray(stat(*[(counts @ n) / (counts @ d) for n, d in sums]), dtype=float)
-    values = values[np.isfinite(values)]
-    if not math.isfinite(point) or not len(values): return (point if math.isfinite(point) else None), None
-    lo, hi = np.percentile(values, [50 * (1 - level), 50 * (1 + level)])
-    return point, [float(lo), float(hi)]
-
 # %% ../nbs/11_evaluate.ipynb #9a2d6156
 def add_intervals(r: dict, iters: int = BOOTSTRAP, seed: int = 0, level: float = LEVEL) -> dict:
     "Put a bootstrap interval over acts beside every bits-per-byte, accuracy and ROUGE-L figure of an evaluation."
@@ -711,120 +431,6 @@ def add_intervals(r: dict, iters: int = BOOTSTRAP, seed: int = 0, level: float =
                 m['bits_per_byte_ci'] = one(g['documents'], 'bits_per_byte', lambda x: x.get(field) == k)
     r['settings'].update(bootstrap=iters, level=level, unit='act')
     return r
-
-# %% ../nbs/11_evaluate.ipynb #6dc59566
-GENERAL_BUILTIN = 'python-docs'   # --general's built-in set: the docstrings of Python's standard library
-_GENERAL_MODULES = ('argparse', 'bisect', 'calendar', 'configparser', 'csv', 'dataclasses', 'difflib', 'enum',
-                    'fractions', 'ftplib', 'functools', 'gettext', 'heapq', 'imaplib', 'ipaddress', 'locale', 'logging',
-                    'mailbox', 'optparse', 'pathlib', 'pickle', 'pprint', 'random', 'shlex', 'shutil', 'smtplib',
-                    'statistics', 'string', 'tarfile', 'tempfile', 'textwrap', 'threading', 'zipfile')
-
-def general_texts(max_chars: int = 3000) -> list[dict]:  # characters per module at most
-    "A general-text set built offline: docstrings of Python standard-library modules (PSF-2.0), one record per module."
-    return [dict(g) for g in _general_texts(max_chars)]
-
-@functools.lru_cache(maxsize=4)
-def _general_texts(max_chars: int) -> tuple[dict, ...]:   # parsed once per process: 33 modules take a second or two
-    import ast, importlib.util, platform
-    out = []
-    for name in _GENERAL_MODULES:
-        spec = importlib.util.find_spec(name)
-        if spec is None or not str(spec.origin).endswith('.py'): continue   # compiled in, or absent from this Python
-        text = ''
-        for node in ast.walk(ast.parse(Path(spec.origin).read_bytes())):   # the module, then its classes, functions
-            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)): continue
-            doc = ast.get_docstring(node) or ''
-            if len(doc) < 80 or '>>>' in doc: continue   # one-liners and doctests are not prose
-            if len(text) + len(doc) > max_chars: break
-            text += doc + '\n\n'
-        if text.strip():
-            out.append(dict(id=f'python:{name}', lang='en', text=text.strip(), licence='PSF-2.0',
-                            source=f'docstrings of the {name} module of Python {platform.python_version()}'))
-    return tuple(out)
-
-def write_general_texts(path: str | Path, max_chars: int = 3000) -> Path:
-    "Write the built-in general-text set as JSON lines, the form `--general` reads."
-    with atomic_write(path) as tmp:
-        tmp.write_text(''.join(json.dumps(g, ensure_ascii=False) + '\n' for g in general_texts(max_chars)),
-                       encoding='utf-8')
-    return Path(path)
-
-# %% ../nbs/11_evaluate.ipynb #02cda1a8
-from .corpus import lang_code
-
-GENERAL_LANG = 'unknown'   # the language of a general-text record without "lang" (as for a held-out document)
-
-def _general_doc(rec: dict, where: str, source: str, prefix: str = '') -> dict | None:
-    "A general-text record as evaluate's documents are (its unit under celex, its language, its source); None if blank."
-    if not isinstance(rec.get('text'), str):
-        raise LegalnbError(f'{where}: no "text" string; expected general text as {{"text": "...", "lang": "fr"}}, '
-                           'one per line')
-    if not rec['text'].strip(): return None
-    return dict(celex=prefix + str(rec.get('id') or where), lang=general_lang(rec.get('lang'), where),
-                doc_type='general', band='unknown', source=source, text=rec['text'])
-
-# %% ../nbs/11_evaluate.ipynb #ccc72cf4
-_LANG_CODE = re.compile(r'[a-z]{2,3}(?:[-_][a-z0-9]{2,8}){0,3}', re.I)   # fr, pt-br, fra_Latn, zh-Hans-CN
-
-def general_lang(value, where: str) -> str:
-    "A general-text record's language as a code (lower case), GENERAL_LANG without one; else one line: a number, a "
-    "list or Markdown would go into the report's tables as it is."
-    if value is None or value == '': return GENERAL_LANG
-    if not isinstance(value, str) or not (_LANG_CODE.fullmatch(value) or value.lower() == GENERAL_LANG):
-        shown = json.dumps(value, ensure_ascii=False)
-        raise LegalnbError(f'{where}: "lang" must be a language code such as "fr", "pt-br" or "fra_Latn", got '
-                           f'{shown[:40] + "..." if len(shown) > 40 else shown}; fix the record or leave "lang" out')
-    return lang_code(value, GENERAL_LANG)   # an EU language as its ISO 639-1 code, as the legal documents are
-
-# %% ../nbs/11_evaluate.ipynb #79e5d4c9
-def _general_file(p: Path, source: str, prefix: str = '') -> list[dict]:
-    "The general documents of one JSON-lines file, all of one source."
-    docs = [d for n, _, _, rec in jsonl_records(p) if (d := _general_doc(rec, f'{p}, line {n}', source, prefix))]
-    if not docs: raise LegalnbError(f'{p}: no general text; expected one {{"text": "...", "lang": "fr"}} per line')
-    return docs
-
-# %% ../nbs/11_evaluate.ipynb #a5e1c0f1
-def _mix_list(m: dict, man: Path) -> list:
-    "A corpus manifest's `mix`: a list of sources whose `heldout` is an object (or null); else one line naming it."
-    mix = m.get('mix') or []
-    kind = lambda v: {list: 'a list', dict: 'an object', str: 'a string'}.get(type(v), type(v).__name__)
-    if not isinstance(mix, list): bad = f'"mix" is {kind(mix)}'
-    elif (s := next((s for s in mix if not isinstance(s, dict)), None)) is not None: bad = f'a "mix" entry is {kind(s)}'
-    elif (s := next((s for s in mix if not isinstance(s.get('heldout'), (dict, type(None)))), None)) is not None:
-        bad = f'the "heldout" of mix source {str(s.get("name"))[:40]!r} is {kind(s["heldout"])}'
-    else: return mix
-    raise LegalnbError(f'{man}: {bad}; expected "mix": a list of sources, each with a "heldout" object (file, '
-                       'documents); build the corpus again with legalnb build-corpus --mix')
-
-# %% ../nbs/11_evaluate.ipynb #605b4526
-_NO_MIX = ('build it with `legalnb build-corpus ... --mix general=PATH:0.05` (each mixed source keeps a held-out '
-           'slice it never trains on), or pass --general FILE.jsonl')
-
-def mix_heldout(corpus: str | Path) -> list[dict]:
-    "The held-out slices of a mixed corpus's sources (manifest.json's \"mix\"), each document under its source name."
-    folder = Path(corpus); man = folder/'manifest.json'
-    if not man.is_file():
-        raise LegalnbError(f'--general {folder}: a folder without manifest.json; expected a corpus folder that mixes '
-                           f'general sources in, a JSON-lines file or {GENERAL_BUILTIN}; {_NO_MIX}')
-    sources = _mix_list(read_json(man, 'a corpus manifest'), man)
-    held = [s for s in sources if isinstance(s, dict) and (s.get('heldout') or {}).get('documents', 1)]
-    if not held and sources:   # built with --mix-heldout 0: every source was trained on whole
-        names = ', '.join(str(s.get('name')) for s in sources if isinstance(s, dict))
-        raise LegalnbError(f'{man}: its mix sources ({names}) kept no held-out slice (built with --mix-heldout 0); '
-                           'build it again with --mix-heldout TOKENS, or pass --general FILE.jsonl of text it never '
-                           'trained on')
-    if not held: raise LegalnbError(f'{man}: this corpus has no general held-out slices (no "mix" sources); {_NO_MIX}')
-    docs = []
-    for i, s in enumerate(held):
-        name, rel = str(s.get('name') or f'source{i}'), str((s.get('heldout') or {}).get('file') or '')
-        if not rel or Path(rel).is_absolute() or '..' in Path(rel).parts:
-            raise LegalnbError(f'{man}: mix source {name!r}: heldout file {rel!r} is not a relative path inside the '
-                               'corpus folder; build the corpus again with legalnb build-corpus --mix')
-        if not (folder/rel).is_file():
-            raise LegalnbError(f'{folder/rel}: missing; {man} lists it as the held-out slice of mix source {name!r}; '
-                               'build the corpus again with legalnb build-corpus --mix')
-        docs += _general_file(folder/rel, name, f'{name}:')
-    return docs
 
 # %% ../nbs/11_evaluate.ipynb #70155621
 def read_general(source: str | Path) -> list[dict]:

@@ -20,7 +20,8 @@ from .core import (LegalnbError, PRECISIONS, CommandParser, atomic_write, comman
 from .presets import (BATCH_LR_RULES, PRESET_NAMES, Preset, accum_at, batch_lr_factor, get_preset, lora_steps,
                              packed_accumulation, parse_batch_schedule, steps_holding)
 from .metrics import (MetricsFile, metric_lines, notify, parse_report_to, check_trackers, report_to_flag,
-                             tracking, wandb_run, TRACKER_FILES)
+                             tracking, wandb_run, TRACKER_FILES, read_metrics)
+from .watch import ForgettingGuard, Watch, eval_share_line, eval_tokens_for, sample_sets, validation_sets
 from .models import refuse_pickled_weights   # no loader sees a pickle
 
 # %% auto #0
@@ -32,11 +33,11 @@ __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', '
            'lora_target_modules', 'LoraSettings', 'add_lora', 'merge_adapter', 'plan_training_args', 'format_plan',
            'training_args_from_preset', 'deepspeed_zero3_config', 'write_launch_configs', 'launch_environment',
            'launch_plugin', 'launch_commands', 'launch_flags', 'check_run_folder', 'trainer_records', 'start_metrics',
-           'split_off', 'qlora_unavailable', 'quantization_4bit', 'quantization_for', 'packs_here',
-           'refuse_single_process', 'training_rows', 'unpack_4bit_on_cpu', 'FinetuneConfig', 'FinetuneRun',
-           'fit_workers_to_open_files', 'purge_resumed_tensorboard', 'LRSchedule', 'step_trainer', 'budget_decay',
-           'finetune', 'finetune_command', 'finetune_parser', 'finetune_main', 'ScheduledBatches', 'StepCollator',
-           'check_resumed_schedule', 'scheduled_trainer']
+           'watched', 'hf_watch', 'split_off', 'qlora_unavailable', 'quantization_4bit', 'quantization_for',
+           'packs_here', 'refuse_single_process', 'training_rows', 'unpack_4bit_on_cpu', 'FinetuneConfig',
+           'FinetuneRun', 'fit_workers_to_open_files', 'purge_resumed_tensorboard', 'LRSchedule', 'step_trainer',
+           'budget_decay', 'finetune', 'finetune_command', 'finetune_parser', 'finetune_main', 'ScheduledBatches',
+           'StepCollator', 'check_resumed_schedule', 'scheduled_trainer']
 
 # %% ../nbs/06_hf.ipynb #c3d5eafa
 _SUBJECTS = ('the Commission', 'each Member State', 'the competent authority', 'the controller', 'the Agency',
@@ -685,14 +686,17 @@ def _agreed(why: str | None) -> str | None:
     box = [why]; dist.broadcast_object_list(box, src=0)
     return box[0]
 
-def trainer_records(sinks: Sequence = ()):   # objects with on_step / on_eval / on_end / on_stop(record), should_stop
+def trainer_records(sinks: Sequence = (),   # objects with on_step / on_eval / on_end / on_stop(record), should_stop
+                    watch: Watch | None = None, tokenizer=None):   # the sources watched, and their tokenizer
     "A transformers `TrainerCallback` passing the native trainer's records to `sinks` (main process); a sink's "
     "`should_stop(record)` ends the run after that log with a checkpoint, as in the native trainer (a budget guard)."
     from transformers import TrainerCallback   # here, not at the top: importing it loads the Trainer's stack
 
     class TrainerRecords(TrainerCallback):
         "The Trainer's logs as records: a step record at every log, an eval record at every evaluation."
-        def __init__(self): self.sinks, self.last, self.stopped = list(sinks), None, None
+        def __init__(self):   # the trainer: set once it is made; context: the watched windows' length
+            self.sinks, self.last, self.stopped = list(sinks), None, None
+            self.watch, self.tokenizer, self.trainer, self.eval_s, self.context = watch, tokenizer, None, 0.0, None
         def _mark(self, state):   # the start of a log interval: time, step, tokens so far
             self.t0, self.step0, self.tok0 = time.perf_counter(), state.global_step, state.num_input_tokens_seen
         def on_train_begin(self, args, state, control, **kw): self.began = time.perf_counter(); self._mark(state)
@@ -712,10 +716,13 @@ def trainer_records(sinks: Sequence = ()):   # objects with on_step / on_eval / 
                      eta_s=max(0, state.max_steps - state.global_step) * secs / n, max_steps=state.max_steps,
                      elapsed_s=time.perf_counter() - self.began)
             self.last = r; self._mark(state); notify(self.sinks, 'on_step', r)
-        def on_evaluate(self, args, state, control, metrics=None, **kw):
-            if not state.is_world_process_zero or 'eval_loss' not in (metrics or {}): return
+        def on_evaluate(self, args, state, control, metrics=None, model=None, **kw):
+            if 'eval_loss' not in (metrics or {}): return
+            figs = watched(self, state, control, metrics, model)   # every rank: the model may be sharded
+            if not state.is_world_process_zero: return
             vl = float(metrics['eval_loss'])
-            notify(self.sinks, 'on_eval', dict(step=state.global_step, val_loss=vl, val_ppl=math.exp(min(vl, 50))))
+            notify(self.sinks, 'on_eval', dict(step=state.global_step, val_loss=vl, val_ppl=math.exp(min(vl, 50)),
+                                               tokens=int(state.num_input_tokens_seen or 0), **figs))
             self._mark(state)   # the evaluation's time is not a training step's
         def on_train_end(self, args, state, control, **kw):
             if not state.is_world_process_zero: return
@@ -732,6 +739,52 @@ def start_metrics(path: Path, resume_step: int | None) -> MetricsFile:
         keep = [line for line, r in metric_lines(path) if resume_step is not None and r.get('step', 0) <= resume_step]
         with atomic_write(path) as tmp: tmp.write_text(''.join(l + '\n' for l in keep), encoding='utf-8')
     return MetricsFile(path)
+
+# %% ../nbs/06_hf.ipynb #6655b556
+def watched(rec, state, control, metrics: dict, model) -> dict:
+    "At an evaluation: the watched sources' figures (also logged to the trackers as eval/legal/bpb ...), the guard."
+    rec.eval_s += float(metrics.get('eval_runtime', 0.0))
+    if rec.watch is None or model is None: return {}
+    from legalnb.heldout import EvalModel
+    tok, w, t0 = rec.tokenizer, rec.watch, time.perf_counter()
+    lm = EvalModel(model, tok.backend_tokenizer, rec.context, tok.eos_token_id, tok.bos_token_id, kind='hf')
+    figs = w.evaluate(lm, state.global_step)
+    rec.eval_s += time.perf_counter() - t0
+    if rec.trainer is not None: rec.trainer.log({f'eval_{k}': v for k, v in figs.items() if k != 'rows'})
+    why = w.forgetting_message(state.global_step) if w.guard and w.crossed and state.global_step < state.max_steps \
+        else None
+    if why := _agreed(why): rec.stopped, control.should_save, control.should_training_stop = why, True, True
+    return figs
+
+# %% ../nbs/06_hf.ipynb #c9444d4d
+def hf_watch(run, cfg, data: Path, args, out: Path) -> Watch | None:
+    "CPT: the watched sources sampled to --eval-tokens (default: `eval_tokens_for`), the val rows cut to the same "
+    "size when --eval-share is not given, evaluation from step 0, the guard (its base read back on --resume)."
+    guarded = cfg.max_forgetting is not None or cfg.max_forgetting_share is not None
+    sets = validation_sets(data, cfg.general) if run.task == 'cpt' else []
+    if guarded and not any(s.general for s in sets):
+        raise LegalnbError('--max-forgetting: no general text to watch; build the corpus with --mix NAME=PATH:SHARE '
+                           '(its held-out slice is watched), or pass --general FILE.jsonl')
+    if run.task != 'cpt' or run.evald is None: return None
+    every = args.eval_steps or args.save_steps
+    every = math.ceil(every * args.max_steps) if every < 1 else int(every)
+    step_tokens = run.shards.seq_len * args.per_device_train_batch_size * args.gradient_accumulation_steps * run.world
+    n = cfg.eval_tokens or eval_tokens_for(step_tokens, every)
+    if cfg.eval_share is None:   # the val rows: as many as the same rule allows
+        rows = max(1, n // run.shards.seq_len)
+        if rows < len(run.evald): run.evald = Subset(run.evald, np.unique(np.linspace(
+            0, len(run.evald) - 1, rows).round().astype(int)).tolist())
+    names = ', '.join(s.name for s in sets)
+    if run.main: print(f'evaluation: {len(run.evald):,} val rows' + (f' and {n:,} tokens of {names}' if sets else '')
+                       + f', every {every} steps' + (' and at step 0' if sets else ''))
+    if not sets: return None
+    args.eval_on_start = run.last is None   # step 0: the base every curve starts at
+    w = Watch(sample_sets(sets, run.tok.backend_tokenizer, n), n,
+              ForgettingGuard(cfg.max_forgetting, cfg.max_forgetting_share) if guarded and run.main else None)
+    if run.last and w.guard:
+        step = int(Path(run.last).name.split('-')[-1])
+        w.resume_watch([r for r in read_metrics(out/'metrics.jsonl', 'eval') if r['step'] <= step])
+    return w
 
 # %% ../nbs/06_hf.ipynb #9b386463
 def split_off(n: int, share: float, seed: int = 0) -> tuple[list[int], list[int]]:
@@ -902,8 +955,12 @@ class FinetuneConfig:
     torch_compile: bool = False   # compile the model with torch.compile
     activation_checkpointing: bool = None  # recompute activations in backward (default: on GPUs)
     resume: bool = False          # continue the run in --out from its newest checkpoint
-    eval_share: float = 0.05      # share held out for evaluation (CPT: the corpus's val/ shards when it has them)
+    eval_share: float = None      # share held out for evaluation (CPT: val/ rows sized as --eval-tokens; SFT 0.05)
     eval_steps: int = None        # steps between evaluations (default: at every checkpoint)
+    eval_tokens: int = None       # CPT: tokens an evaluation scores (default: 0.15 x step tokens x eval steps)
+    general: str = None           # CPT: general text to watch too: a JSON-lines file or a corpus built with --mix
+    max_forgetting: float = None  # CPT: stop (exit 3) when general bits per byte rose measurably more over step 0
+    max_forgetting_share: float = None  # the same, as a share of step 0's value (0.05: a twentieth worse)
     attention: Literal['sdpa', 'eager', 'flash_attention_2'] = 'sdpa'  # attention backend
     qlora: bool = False           # LoRA on 4-bit NF4 base weights (bitsandbytes: CUDA, or CPUs from 0.48)
     qlora_bits: Literal[4, 8] = 4  # --qlora's base weights: 4 bits (NF4) or 8 (LLM.int8)
@@ -927,7 +984,7 @@ class FinetuneConfig:
             raise LegalnbError(f'--lora-dropout must be at least 0 and below 1, got {self.lora_dropout:g}')
         if not 0 < self.decay_ratio <= 1:
             raise LegalnbError(f'--decay-ratio must be above 0 and at most 1, got {self.decay_ratio:g}')
-        if not 0 <= self.eval_share < 1:
+        if self.eval_share is not None and not 0 <= self.eval_share < 1:
             raise LegalnbError(f'--eval-share must be at least 0 and below 1, got {self.eval_share:g}')
         try: self.report_to = ','.join(parse_report_to(self.report_to)) or 'none'   # a list from the flag or a plan
         except LegalnbError as e: raise LegalnbError(f'--report-to: {e}') from None
@@ -1256,8 +1313,9 @@ def finetune(cfg: FinetuneConfig,              # the run's settings: model, data
     overrides = cfg.training_overrides() | overrides
     run = _start_run(cfg, model, preset, command, overrides)
     if run.task == 'lora' and not c.packing: overrides.setdefault('train_sampling_strategy', 'group_by_length')
-    if run.task == 'cpt': _prepare_shards(run, data, c.eval_share, overrides)
-    else: _prepare_examples(run, c.max_length, c.percentile, c.packing, c.eval_share, overrides)
+    share = 0.05 if c.eval_share is None else c.eval_share   # CPT: cut to --eval-tokens's size by hf_watch
+    if run.task == 'cpt': _prepare_shards(run, data, share, overrides)
+    else: _prepare_examples(run, c.max_length, c.percentile, c.packing, share, overrides)
     if run.main and run.sched:
         pairs = ', '.join(f'{a} from step {s:,}' for s, a in run.sched)
         print(f'--batch-schedule {c.batch_schedule}: accumulation {pairs}'
@@ -1274,6 +1332,7 @@ def finetune(cfg: FinetuneConfig,              # the run's settings: model, data
                                                            evaluation=run.evald is not None,
                                                            batch_schedule=c.batch_schedule, **overrides)
     args = make_args(run.per_row)
+    watch = hf_watch(run, c, data, args, out)   # every validation source, from step 0
     net, dtype, sharded = _load_for_training(run, model, c.attention, c.qlora, c.qlora_bits)
     collate, how, args = _batching(run, net, c.attention, make_args, args, overrides)
     if not run.sched and (line := fit_workers_to_open_files(args)) and run.main: print(line)   # "Too many open files"
@@ -1285,15 +1344,19 @@ def finetune(cfg: FinetuneConfig,              # the run's settings: model, data
     step = int(Path(run.last).name.split('-')[-1]) if run.last else None
     kw = dict(model=net, args=args, train_dataset=run.train, eval_dataset=run.evald, data_collator=collate,
               processing_class=run.tok, callbacks=[records := trainer_records(
-                  [start_metrics(out/'metrics.jsonl', step), *sinks] if run.main else [])])
+                  [start_metrics(out/'metrics.jsonl', step), *sinks] if run.main else [], watch, run.tok)])
     kw['callbacks'].append(budget_decay(records, sinks if run.main else []))   # wsd: a budget moves the decay
+    records.context = run.shards.seq_len if run.task == 'cpt' else None
     with tracking(out, names, resume=run.last is not None, main=run.main) as ids:   # OUT/tb, OUT/mlruns, ...
         if names: args.run_name, args.project = ids.get('name'), 'legalnb'   # W&B's and trackio's name for the run
         if 'wandb' in ids and 'wandb' in names: wandb_run(ids)   # the integration logs to the run it finds started
         trainer = (scheduled_trainer(c.batch_schedule, run.preset.micro_batch, c.batch_lr_rule, run.tok.pad_token_id,
                                      **kw) if run.sched else step_trainer()(**kw))
         if run.main: purge_resumed_tensorboard(trainer, step)   # the killed try's steps after the checkpoint: once
+        records.trainer = trainer   # the watched figures go to the trackers through trainer.log
         result = trainer.train(resume_from_checkpoint=run.last)
+    if watch: run.summary.update(eval_tokens=watch.eval_tokens, eval_s=records.eval_s,
+                                 eval_share=records.eval_s / max(result.metrics['train_runtime'], 1e-9))
     if records.stopped:   # a sink (the budget guard) stopped it: the checkpoint is the result; --resume goes on
         return {**run.summary, 'stopped': records.stopped, 'step': trainer.state.global_step,
                 'max_steps': trainer.state.max_steps, 'checkpoint': get_last_checkpoint(str(out)),
@@ -1310,6 +1373,8 @@ def finetune_command(command: str | None = None,   # the command line, repeated 
         print(f"legalnb finetune: stopped at step {s['step']} of {s['max_steps']}: {s['stopped']}; checkpoint "
               f"{s['checkpoint']} (--resume continues)")
         return 3
+    if s.get('eval_tokens') and (_world_size() == 1 or os.environ.get('RANK') == '0'):
+        print(eval_share_line(s['eval_s'], s['eval_s'] / max(s['eval_share'], 1e-9), s['eval_tokens']))
     loss = lambda i: f"{s['losses'][i]:.3f}" if s['losses'] else '-'
     if _world_size() == 1 or os.environ.get('RANK') == '0':
         print(f"legalnb finetune: {s['task']} ({s['mode']}, {s['preset']}, {s['batches']}) {s['steps']} steps, "

@@ -933,7 +933,8 @@ def _stopped_message(summary: dict, opts: dict) -> str:
         while flag in again: i = again.index(flag); del again[i:i + 2]
     need = (['--max-cost', f"{math.ceil(f.get('cost', 0) * 1.2 + 1)}"] if opts['max_cost'] is not None else []) + (
         ['--deadline', f"{math.ceil(f.get('left_s', 0) / 60 * 1.2 + 1)}m"] if opts['deadline'] is not None else [])
-    return (f"budget guard: {summary['stopped']}.\nstopped cleanly at step {summary['step']:,} of "
+    who = '' if summary['stopped'].startswith('forgetting guard') else 'budget guard: '   # it names itself
+    return (f"{who}{summary['stopped']}.\nstopped cleanly at step {summary['step']:,} of "
             f"{summary['max_steps']:,} ({summary['step'] / summary['max_steps']:.0%}) after "
             f"{format_duration(summary['elapsed_s'])}; checkpoint {summary['checkpoint']}\n"
             f"continue with:  {shlex.join(['legalnb', 'run', *again, '--resume', *need])}")

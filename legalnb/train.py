@@ -22,6 +22,7 @@ from .presets import (seq_len_at, BATCH_LR_RULES, parse_batch_schedule, accum_at
                              batch_lr_factor)
 from .metrics import (MetricsFile, metric_lines, notify, read_metrics, parse_report_to, check_trackers,
                              report_to_flag, tracking, wandb_run, TRACKER_FILES)
+from .watch import (ForgettingGuard, Watch, eval_share_line, eval_tokens_for, sample_sets, validation_sets)
 from .checkpoint import (checkpoint_step, find_checkpoint, list_checkpoints, load_checkpoint, load_for_resume,
                                 rng_state, save_checkpoint, seed_everything, set_rng_state)
 
@@ -34,7 +35,8 @@ __all__ = ['SCHEDULES', 'NATIVE_STRATEGIES', 'SHAPE_FLAGS', 'RESUME_MAY_CHANGE',
            'predated', 'make_optimizer', 'check_resume', 'upgraded_config', 'check_same_run', 'evaluate_loss',
            'val_bytes_per_token', 'bits_per_byte', 'peak_flops', 'shard_model', 'save_shards', 'load_shards',
            'consolidated_model', 'Interval', 'run_folder', 'check_new_run', 'Run', 'setup', 'resume', 'init_weights',
-           'train_step', 'end_interval', 'stop_requested', 'save_run', 'budget_decay', 'annealed_stop', 'summarize',
+           'train_step', 'end_interval', 'stop_requested', 'save_run', 'watch_for', 'evaluation', 'watched_model',
+           'source_values', 'start_watch', 'forgetting_stop', 'budget_decay', 'annealed_stop', 'summarize',
            'tracker_log', 'tracked', 'stopped_summary', 'train', 'train_parser', 'config_from_args',
            'config_from_settings', 'train_main']
 
@@ -86,6 +88,10 @@ class TrainConfig:
     keep: int = 3                       # newest checkpoints kept; older ones are deleted
     eval_every: int = 500               # validation loss every N steps (0: only at the end)
     eval_batches: int = 20              # micro-batches of the val split per evaluation
+    eval_tokens: int | None = None      # tokens an evaluation scores (None: 0.15 x step tokens x eval_every)
+    general: str | None = None          # general text to watch too: a JSON-lines file or a corpus built with --mix
+    max_forgetting: float | None = None  # stop (exit 3) when general bits per byte rose measurably more over step 0
+    max_forgetting_share: float | None = None  # the same, as a share of step 0's value (0.05: a twentieth worse)
     log_every: int = 10                 # steps between log lines (the only host syncs of the loop)
     seed: int = 1337                    # seeds model init, data order and every RNG
     num_workers: int | None = None      # DataLoader worker processes per rank (None: 4, at most the machine's cores)
@@ -365,6 +371,7 @@ class ProgressBar:
     def on_eval(self, r: dict):
         msg = f"step {r['step']}: val loss {r['val_loss']:.4f}, perplexity {r['val_ppl']:.2f}"
         if r.get('val_bpb') is not None: msg += f", {r['val_bpb']:.3f} bits per byte"
+        if src := source_values(r): msg += '; bits per byte ' + ', '.join(f'{k} {v:.3f}' for k, v in src.items())
         if self.bar.disable: print(msg, file=self.file, flush=True)
         else: self.bar.write(msg)
     def on_end(self, r: dict): self.bar.close()
@@ -616,7 +623,8 @@ def upgraded_config(saved: dict) -> dict:
 
 RESUME_MAY_CHANGE = ('max_steps', 'epochs', 'save_every', 'keep', 'eval_every', 'eval_batches', 'log_every', 'progress',
                      'tensorboard', 'wandb', 'report_to', 'resume', 'overwrite', 'out', 'data', 'device', 'cpu_threads',
-                     'num_workers', 'pin_memory', 'prefetch_factor', 'compile')  # how long, watched, where: not what
+                     'num_workers', 'pin_memory', 'prefetch_factor', 'compile',
+                     'max_forgetting', 'max_forgetting_share')  # how long, watched, where: not what
 
 def check_same_run(saved: dict,        # the TrainConfig stored in the checkpoint (its config.json)
                    cfg: TrainConfig,   # the config of this run
@@ -823,6 +831,8 @@ class Run:
     stopped: str | None = None   # why a callback's should_stop ended the run early (a budget guard), else None
     decay: tuple | None = None   # wsd: the decay a budget moved, (first step, end step), kept in every checkpoint
     decay_why: str | None = None # why it moved: the budget guard's reason, said again when the run ends there
+    watch: object = None         # the validation sources scored at each evaluation (legalnb.watch.Watch), or None
+    eval_s: float = 0.0          # seconds this process spent evaluating
 
     @property
     def global_batch(self) -> int: return self.cfg.batch_size * self.cfg.grad_accum * self.d.world_size
@@ -876,6 +886,7 @@ def setup(cfg: TrainConfig) -> Run:
               torch.amp.GradScaler('cuda', enabled=precision == 'fp16'), precision, max_steps, sharded, t_start=t_start)
     run.doc_starts = takes_doc_starts(model)
     run.val_bytes_per_token = val_bytes_per_token(cfg.data, val_ds, cfg)   # for bits per byte beside the val loss
+    run.watch = watch_for(run)   # every validation source, sampled to --eval-tokens, and the forgetting guard
     run.fpt, run.peak = spec.matmul_flops_per_token(mc), peak_flops(d.device, precision)  # MFU counts matmuls
     # -- the run folder: resume its run (weights, optimizer, scaler, RNG, data position), or refuse to clobber one
     if cfg.resume: resume(run)
@@ -980,10 +991,9 @@ def end_interval(run: Run, step: int):
         run.stopped, do_eval, do_save = why, False, True   # a budget guard: checkpoint here and stop
     if at_end: run.stopped, do_eval = annealed_stop(run), False   # wsd: the moved decay is over, at the floor
     if do_eval:
-        vl = evaluate_loss(run.model, val_loader(run.val_ds, cfg, d), d, run.precision, cfg.eval_batches)
-        run.val = dict(step=step, val_loss=vl, val_ppl=math.exp(min(vl, 50)),
-                       val_bpb=bits_per_byte(vl, run.val_bytes_per_token))
+        run.val = evaluation(run, step)   # the val loss, and every watched source's bits per byte
         notify(run.callbacks, 'on_eval', run.val)
+        if step < run.max_steps and (why := forgetting_stop(run, step)): run.stopped, do_save = why, True
     if do_save: save_run(run, step)
     run.interval = Interval.start(d.device)
 
@@ -1005,6 +1015,70 @@ def save_run(run: Run, step: int):
     if run.d.main: save_checkpoint(run.out, state, run.cfg.keep, shards)
     if run.d.world_size > 1: dist.barrier()
 
+
+# %% ../nbs/05_train.ipynb #03708371
+def watch_for(run: Run) -> Watch | None:
+    "The run's validation sources sampled to --eval-tokens (default: `eval_tokens_for`), with its guard; None if none."
+    from legalnb.corpus import load_tokenizer
+    cfg = run.cfg
+    sets = validation_sets(cfg.data, cfg.general)
+    guarded = cfg.max_forgetting is not None or cfg.max_forgetting_share is not None
+    if guarded and not any(s.general for s in sets):
+        raise LegalnbError('--max-forgetting: no general text to watch; build the corpus with --mix NAME=PATH:SHARE '
+                           '(its held-out slice is watched), or pass --general FILE.jsonl')
+    if not sets: return None
+    if not (Path(cfg.data)/'tokenizer.json').is_file():
+        raise LegalnbError(f'--data {cfg.data}: no tokenizer.json to read the validation sources with; split a corpus '
+                           'folder built by legalnb build-corpus')
+    n = cfg.eval_tokens or eval_tokens_for(run.tokens_per_step, cfg.eval_every or run.max_steps)
+    guard = ForgettingGuard(cfg.max_forgetting, cfg.max_forgetting_share) if guarded and run.d.main else None
+    return Watch(sample_sets(sets, load_tokenizer(Path(cfg.data)/'tokenizer.json'), n), n, guard)
+
+# %% ../nbs/05_train.ipynb #7b820149
+def evaluation(run: Run, step: int) -> dict:
+    "The eval record at `step`: the val split's loss, and each watched source's bits per byte (overall, per language)."
+    t0, cfg, d = time.perf_counter(), run.cfg, run.d
+    vl = evaluate_loss(run.model, val_loader(run.val_ds, cfg, d), d, run.precision, cfg.eval_batches)
+    r = dict(step=step, val_loss=vl, val_ppl=math.exp(min(vl, 50)), val_bpb=bits_per_byte(vl, run.val_bytes_per_token),
+             tokens=run.tokens_before(step))
+    if run.watch: r |= run.watch.evaluate(watched_model(run), step)
+    run.eval_s += time.perf_counter() - t0
+    return r
+
+def watched_model(run: Run):
+    "The model being trained as evaluation scores it (`EvalModel`: rolling windows of its row length), no copy."
+    from legalnb.corpus import find_eos, load_tokenizer
+    from legalnb.heldout import EvalModel
+    tok = load_tokenizer(Path(run.cfg.data)/'tokenizer.json')
+    return EvalModel(run.model, tok, run.train_ds.seq_len, find_eos(tok), kind='native', precision=run.precision)
+
+def source_values(r: dict) -> dict[str, float]:
+    "The sources' pooled bits per byte of an eval record: {'legal': 1.23, 'wiki': 2.34}."
+    return {k[:-4]: v for k, v in r.items() if k.endswith('/bpb') and k.count('/') == 1}
+
+# %% ../nbs/05_train.ipynb #b1c3f72e
+def start_watch(run: Run):
+    "Before the first step: score every source at step 0 (the base of the curves), or read it back on --resume."
+    if not run.watch: return
+    w, every = run.watch, run.cfg.eval_every or run.max_steps
+    if run.d.main: print(f"evaluation: {w.eval_tokens:,} tokens of {', '.join(s.name for s in w.sets)} (--eval-tokens"
+                         f"{'' if run.cfg.eval_tokens else ': ~1/20 of the training time'}), at step 0 and every "
+                         f'{every} steps', flush=True)
+    if run.start:
+        if run.d.main and run.watch.guard: run.watch.resume_watch(read_metrics(run.out/'metrics.jsonl', 'eval'))
+        return
+    run.val = evaluation(run, 0)
+    notify(run.callbacks, 'on_eval', run.val)
+
+def forgetting_stop(run: Run, step: int) -> str | None:
+    "The forgetting guard's message when its rise is measurably above the limit (every rank agrees), else None."
+    w = run.watch
+    why = w.forgetting_message(step) if w and w.guard and w.crossed else None
+    if run.d.world_size > 1:   # only rank 0 has the guard: its answer goes to every rank
+        flag = torch.tensor(float(why is not None), device=run.d.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and why is None: why = 'stopped by rank 0'
+    return why
 
 # %% ../nbs/05_train.ipynb #8c863b64
 def budget_decay(run: Run, rec: dict, why: str) -> bool:
@@ -1044,6 +1118,8 @@ def summarize(run: Run) -> dict:
                    mfu=last and last['mfu'], step_ms=last and last['step_ms'], precision=run.precision,
                    device=str(d.device), world_size=d.world_size, params=run.model.num_params(),
                    elapsed_s=run.elapsed0 + time.perf_counter() - run.t_start, out=str(out),
+                   eval_s=run.eval_s, eval_share=run.eval_s / max(time.perf_counter() - run.t_start, 1e-9),
+                   eval_tokens=run.watch and run.watch.eval_tokens, sources=run.val and source_values(run.val),
                    model_dir=str(out/'model'), checkpoint=str(newest[0]) if newest else None)
     if d.main:
         final.save(out/'model')   # config.json records the architecture
@@ -1119,6 +1195,7 @@ def train(cfg: TrainConfig,                   # the run
             _open_run_folder(run)                        # the run folder and its watchers (metrics, progress)
             with tracked(run, callbacks):                # --report-to's trackers, then yours; closed however it ends
                 batches = iter(train_loader(run.train_ds, run.cfg, run.d, run.start))  # from the resumed step on
+                start_watch(run)                 # step 0 scored (the base of every curve), or read back on resume
                 run.model.train(); run.interval = Interval.start(run.d.device)
                 while run.step < run.max_steps and not run.stopped:
                     step = train_step(run, batches)      # grad_accum micro-batches, clip, AdamW
@@ -1205,11 +1282,13 @@ def train_main(argv: list[str]) -> int:
     try: s = train(cfg)
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
-    if s.get('stopped'):   # resumed inside a decay a budget moved: it stops, annealed, where the budget ended
-        if main_rank: print(f"stopped at step {s['step']:,} of {s['max_steps']:,}: {s['stopped']}; checkpoint "
-                            f"{s['checkpoint']}", flush=True)
+    if s.get('stopped'):   # a guard stopped it at a checkpoint: exit 3, as legalnb run's budget guard
+        if main_rank: print(f"{s['stopped']}\nstopped at step {s['step']:,} of {s['max_steps']:,}; checkpoint "
+                            f"{s['checkpoint']}; continue with --resume", flush=True)
         return 3
     if main_rank:
+        if s.get('eval_tokens'): print(eval_share_line(s['eval_s'], s['eval_s'] / max(s['eval_share'], 1e-9),
+                                                     s['eval_tokens']))
         mfu = f", MFU {100 * s['mfu']:.0f}%" if s['mfu'] else ''
         bpb = f", {s['val_bpb']:.3f} bits per byte" if s.get('val_bpb') else ''
         print(f"done: {s['steps']} steps ({s['tokens']:,} tokens) in {format_duration(s['elapsed_s'])}, "

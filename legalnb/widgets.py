@@ -18,8 +18,8 @@ from .metrics import read_metrics
 from .train import TrainConfig, format_log_line
 
 # %% auto #0
-__all__ = ['LORA_SHARE', 'TASK_FIELDS', 'SCALING', 'in_jupyter', 'LiveLossPlot', 'plot_metrics', 'PresetPicker', 'scale_to_gpus',
-           'duration_unit']
+__all__ = ['LORA_SHARE', 'TASK_FIELDS', 'SCALING', 'in_jupyter', 'LiveLossPlot', 'source_curves', 'draw_sources', 'plot_metrics',
+           'PresetPicker', 'scale_to_gpus', 'duration_unit']
 
 # %% ../nbs/09_widgets.ipynb #ddc1d184
 def in_jupyter() -> bool:
@@ -41,7 +41,7 @@ class LiveLossPlot:
         self.mode = ('plot' if in_jupyter() else 'text') if mode == 'auto' else mode
         self.max_steps, self.every, self.file = max_steps, max(1, every), file
         self.steps, self.losses, self.tokens_per_sec, self.val_steps, self.val_losses = [], [], [], [], []
-        self.handle = None
+        self.handle, self.evals = None, []   # evals: the eval records (their sources' bits per byte)
 
     def on_step(self, r: dict):
         self.steps.append(r['step']); self.losses.append(r['loss']); self.tokens_per_sec.append(r.get('tokens_per_sec'))
@@ -50,7 +50,7 @@ class LiveLossPlot:
         elif self.mode == 'plot' and len(self.steps) % self.every == 0: self.show()
 
     def on_eval(self, r: dict):
-        self.val_steps.append(r['step']); self.val_losses.append(r['val_loss'])
+        self.val_steps.append(r['step']); self.val_losses.append(r['val_loss']); self.evals.append(r)
         if self.mode == 'text':
             print(f"step {r['step']}: val loss {r['val_loss']:.4f}, perplexity {r['val_ppl']:.2f}",
                   file=self.file or sys.stdout, flush=True)
@@ -63,8 +63,9 @@ class LiveLossPlot:
 @patch
 def figure(self: LiveLossPlot) -> Figure:
     "The history drawn on a new figure: losses on the left axis, tokens/s on the right."
-    fig = Figure(figsize=(7, 3.2), layout='constrained')
-    ax = fig.add_subplot()
+    curves = source_curves(self.evals)
+    fig = Figure(figsize=(7, 6.0 if curves else 3.2), layout='constrained')
+    ax = fig.add_subplot(2 if curves else 1, 1, 1)
     ax.plot(self.steps, self.losses, label='train loss', color='tab:blue')
     if self.val_steps: ax.plot(self.val_steps, self.val_losses, 'o-', label='val loss', color='tab:orange')
     ax.set_xlabel('optimizer step'); ax.set_ylabel('loss (nats/token)')
@@ -74,6 +75,7 @@ def figure(self: LiveLossPlot) -> Figure:
         right.plot(*zip(*speed), color='tab:gray', alpha=0.5, lw=1, label='tokens/s')
         right.set_ylabel('tokens/s', color='tab:gray')
     ax.legend(loc='upper right'); ax.grid(alpha=0.3)
+    if curves: draw_sources(fig.add_subplot(2, 1, 2), curves)
     return fig
 
 @patch
@@ -101,6 +103,24 @@ def _repr_png_(self: LiveLossPlot) -> bytes:
     "A cell ending in a LiveLossPlot shows its figure (no matplotlib backend needed)."
     return self.png()
 
+
+# %% ../nbs/09_widgets.ipynb #10026025
+def source_curves(evals: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    "Each watched source's bits per byte against the tokens trained: {'legal': [(0, 7.5), (5040, 5.6)], ...}."
+    out = {}
+    for r in evals:
+        for k, v in r.items():
+            if k.endswith('/bpb') and v is not None: out.setdefault(k[:-4], []).append((r.get('tokens', r['step']), v))
+    return out
+
+def draw_sources(ax, curves: dict):
+    "One line per source (solid, pooled) and per language (thin, dashed), from step 0: the base each starts at."
+    for name, pts in curves.items():
+        pooled = '/' not in name
+        ax.plot(*zip(*pts), 'o-' if pooled else '--', lw=1.8 if pooled else 0.8, ms=3, label=name,
+                alpha=1 if pooled else 0.6)
+    ax.set_xlabel('tokens trained'); ax.set_ylabel('bits per byte (held out)')
+    ax.legend(fontsize=7, ncol=3, loc='upper right'); ax.grid(alpha=0.3)
 
 # %% ../nbs/09_widgets.ipynb #c0f26501
 def plot_metrics(path) -> LiveLossPlot:
