@@ -27,14 +27,14 @@ from .sources import parse_celex, parse_date
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'FLOOR_ROOM', 'MIX_HELDOUT', 'MIX_MAX_SHARE',
            'MIX_LANGUAGES', 'MIX_RESERVED', 'MIX_MAX_ENTRIES', 'MIX_DEPTH', 'MIX_SAMPLE', 'MIX_MAX_PASSES',
-           'MANIFEST_FORMAT', 'KEY', 'iter_selected', 'load_tokenizer', 'train_tokenizer', 'find_eos', 'configured_eos',
-           'special_ids', 'vocab_size_of', 'tokenizer_sha256', 'split_text', 'encode_texts', 'encode_stream',
-           'RowPacker', 'shard_dtype', 'npy_header_bytes', 'file_sha256', 'write_shard', 'act_key', 'act_number',
-           'check_val_docs', 'named_acts', 'HeldOut', 'choose_heldout', 'heldout_acts', 'MixSource', 'parse_mix',
-           'check_mix', 'mix_rows', 'mix_files', 'mix_format', 'open_mix', 'mix_records', 'mix_sources', 'mix_sha256',
-           'lang_code', 'mix_sample', 'write_mix_heldout', 'MixPiece', 'mix_pieces', 'mix_asked', 'mix_plan',
-           'check_mix_size', 'mix_summary', 'Piece', 'iter_pieces', 'batch_pieces', 'CorpusConfig', 'build_corpus',
-           'shard_bounds', 'build_corpus_run', 'build_corpus_main', 'summary']
+           'MANIFEST_FORMAT', 'KEY', 'SHARDS', 'iter_selected', 'load_tokenizer', 'train_tokenizer', 'find_eos',
+           'configured_eos', 'special_ids', 'vocab_size_of', 'tokenizer_sha256', 'split_text', 'encode_texts',
+           'encode_stream', 'RowPacker', 'shard_dtype', 'npy_header_bytes', 'file_sha256', 'EmptyShard', 'write_shard',
+           'act_key', 'act_number', 'check_val_docs', 'named_acts', 'HeldOut', 'choose_heldout', 'heldout_acts',
+           'MixSource', 'parse_mix', 'check_mix', 'mix_rows', 'mix_files', 'mix_format', 'open_mix', 'mix_records',
+           'mix_sources', 'mix_sha256', 'lang_code', 'mix_sample', 'write_mix_heldout', 'MixPiece', 'mix_pieces',
+           'mix_asked', 'mix_plan', 'check_mix_size', 'mix_summary', 'Piece', 'iter_pieces', 'batch_pieces',
+           'CorpusConfig', 'build_corpus', 'shard_bounds', 'build_corpus_run', 'build_corpus_main', 'summary']
 
 # %% ../nbs/02_corpus.ipynb #530136c6
 def iter_selected(path: str | Path, start: int = 0, line: int = 0) -> Iterator[tuple[int, int, int, dict]]:
@@ -256,6 +256,9 @@ def file_sha256(path: str | Path) -> str:
         while block := f.read(1 << 22): h.update(block)
     return h.hexdigest()
 
+class EmptyShard(LegalnbError):
+    "A shard that got no rows: the stream of rows ended before it."
+
 def write_shard(dest: str | Path, blocks: Iterable[np.ndarray], row_len: int, vocab_size: int,
                 empty: str | Callable[[], str] | None = None) -> dict:  # why a shard got no rows, what to do
     "Write blocks of rows to a .npy shard atomically, checking every id < vocab_size; return its rows and sha256."
@@ -267,8 +270,8 @@ def write_shard(dest: str | Path, blocks: Iterable[np.ndarray], row_len: int, vo
                 raise LegalnbError(f'{dest}: row {rows + int(np.argmax(block.max(1)))}: token id {top} is outside '
                                    f'the vocabulary (size {vocab_size})')
             f.write(block.astype(dtype, copy=False).tobytes()); rows += len(block)
-        if rows == 0: raise LegalnbError(f'{dest}: no rows for this shard: ' + ((empty() if callable(empty) else empty) or 'the selection gives fewer '
-                                         'rows than --shards; lower --shards or --seq-len'))
+        if rows == 0: raise EmptyShard(f'{dest}: no rows for this shard: ' + ((empty() if callable(empty) else empty) or 'the selection gives fewer '
+                                       'rows than --shards; lower --shards or --seq-len'))
         f.seek(0); f.write(npy_header_bytes(dtype, (rows, row_len)))
     return {'file': dest.name, 'rows': rows, 'sha256': file_sha256(dest)}
 
@@ -874,7 +877,8 @@ def _build_mix(out, tok, partial, eos_id, vocab, row_len, shards, opt):
         left = n - sum(r['rows'] for r in rec['shards'])
         check_mix_size(src, rec['plan'], n, row_len, vocab, free); free -= left * row_len * shard_dtype(vocab).itemsize
     for src, rec, n in zip(opt['mix'], partial['mix'], rows):
-        _build_source(src, out, tok, partial, rec, eos_id, vocab, row_len, n, -(-legal // shards), opt)
+        _build_source(src, out, tok, partial, rec, eos_id, vocab, row_len, n, -(-legal // len(partial['shards'])),
+                      opt)
 
 def _build_source(src, out, tok, partial, rec, eos_id, vocab, row_len, rows, per_shard, opt):
     "Write the shards of source `src` not yet in its record `rec`: `rows` rows in all, `per_shard` a shard."
@@ -1122,6 +1126,8 @@ def _clear(folder: Path):
         elif own(p.relative_to(folder)): p.unlink()
 
 # %% ../nbs/02_corpus.ipynb #9f3cf1b9
+SHARDS = 16   # the most shards a build makes without --shards (fewer when the rows run out first)
+
 @dataclass
 class CorpusConfig:
     "Tokenize and pack selected documents into .npy shards."
@@ -1129,7 +1135,8 @@ class CorpusConfig:
     out: str | None = None              # the corpus folder to write (required)
     train_tokenizer: int | None = None  # train a byte-level BPE of this vocabulary size
     seq_len: int = CPT_SEQ_LEN          # context length; rows hold seq_len + 1 tokens
-    shards: int = 16                    # number of .npy shards (each about 1/shards of the input bytes)
+    shards: int | None = None           # .npy shards, each about 1/shards of the kept bytes; default: up to 16, as
+                                        # many as the selection's rows fill
     tokenizer: str | Tokenizer | None = None  # tokenizer.json, a tokenizer folder, org/name (HF cache), or a tokenizer
     num_proc: int = 1                   # encoding worker processes (1: encode here, on the tokenizer's threads)
     eos: str | None = None              # end-of-document token; default: the first of EOS_CANDIDATES found
@@ -1159,7 +1166,7 @@ def _check_settings(cfg: CorpusConfig):
     if cfg.val_min_acts < 0: raise LegalnbError(f'--val-min-acts must be 0 or more, got {cfg.val_min_acts}')
     if cfg.seq_len < 2:
         raise LegalnbError(f'--seq-len must be at least 2 (a row holds seq_len + 1 tokens), got {cfg.seq_len}')
-    if cfg.shards < 1: raise LegalnbError(f'--shards must be at least 1, got {cfg.shards}')
+    if cfg.shards is not None and cfg.shards < 1: raise LegalnbError(f'--shards must be at least 1, got {cfg.shards}')
     check_num_proc(cfg.num_proc)
     if cfg.train_tokenizer is not None and cfg.train_tokenizer < MIN_VOCAB:
         raise LegalnbError(f'--train-tokenizer must be at least {MIN_VOCAB} (256 bytes + special tokens), '
@@ -1245,7 +1252,8 @@ def _command_line(args: dict, out: Path) -> str:
     "The `legalnb build-corpus` command that runs a build with these arguments."
     tok = ['--tokenizer', args['tokenizer']] if args['tokenizer'] else ['--train-tokenizer', args['train_tokenizer']]
     words = ['legalnb', 'build-corpus', args['selected'], '--out', out, '--seq-len', args['seq_len'],
-             '--shards', args['shards'], *tok, *(['--eos', args['eos']] if args['eos'] else []),
+             *(['--shards', args['shards']] if args['shards'] else []), *tok,
+             *(['--eos', args['eos']] if args['eos'] else []),
              '--max-chars', args['max_chars'],
              *(['--val-docs', args['val_docs'], '--seed', args['seed']] if args.get('val_docs') else []),
              *(['--val-min-acts', args['val_min_acts']]
@@ -1329,11 +1337,11 @@ def build_corpus(cfg: CorpusConfig,   # the build's settings: `legalnb build-cor
     held()  # a --val-docs that leaves no training act is refused before anything is written
     opt = dict(num_proc=cfg.num_proc, batch_chars=batch_chars, flush_tokens=flush_tokens, progress=cfg.progress,
                on_shard=on_shard, command=_command_line(args, out) if _path_like(cfg.tokenizer) else None,
-               mix=sources)
+               mix=sources, auto_shards=cfg.shards is None)
     with _undone_on_error(work, out):
         done = _start(work, key, tok, opt['command'])
         m = _build_all(selected, work, tok, key, done, held(), eos_id, vocab_size_of(tok), cfg.seq_len + 1,
-                       cfg.shards, opt)
+                       cfg.shards or SHARDS, opt)
     if work != out: _swap(work, out)
     return m
 
@@ -1430,9 +1438,20 @@ def _build(source, out, sub, tok, partial, eos_id, vocab, row_len, shards, opt, 
         for k in range(len(records), shards):
             acc, first = dict(tokens_per_lang=Counter(), starts=[]), packer.position
             name, bound = f'shard_{k:05d}.npy', bounds[k]
-            rec = write_shard(out/sub/name, _fill_shard(stream, flow, bound, acc), row_len, vocab,
-                              _NO_VAL_ROWS if sub else lambda: _too_few_rows(packer, shards, keep is not None,
-                                                                 max([r['rows'] for r in records], default=1)))
+            try: rec = write_shard(out/sub/name, _fill_shard(stream, flow, bound, acc), row_len, vocab,
+                                   _NO_VAL_ROWS if sub else lambda: _too_few_rows(packer, shards, keep is not None,
+                                                                      max([r['rows'] for r in records], default=1)))
+            except EmptyShard:   # the rows ran out: without --shards the corpus has fewer shards, with it one line
+                if sub and not records:   # held-out acts shorter than a row: heldout.jsonl is what evaluate scores
+                    print(f'build-corpus: the held-out acts give less than one row of {row_len} tokens: no held-out '
+                          'rows (split takes its validation rows from the training rows; evaluate and the watched '
+                          'validation score heldout.jsonl); a lower --seq-len or more held-out text gives some',
+                          flush=True)
+                    break
+                if sub or not records or not opt.get('auto_shards'): raise
+                print(f'build-corpus: {len(records)} shards, not up to {shards}: the selection gives '
+                      f"{sum(r['rows'] for r in records):,} rows of {row_len} tokens", flush=True)
+                break
             _shard_record(out, sub, name, rec, acc, first, row_len)
             rec['next'] = dict(stream.resume, documents_read=stream.documents, skipped_empty=stream.empty,
                                packer=packer.state())
@@ -1459,6 +1478,7 @@ def _write_json(dest: Path, obj: dict):
 # %% ../nbs/02_corpus.ipynb #9a995f89
 def _side(records: list[dict]) -> dict:
     "Rows, tokens, documents and tokens per language of a list of shard records, and the tail their build dropped."
+    if not records: return dict(rows=0, tokens=0, documents=0, tokens_per_lang={})   # held-out acts under one row
     per_lang, last = Counter(), records[-1]['next']
     for r in records: per_lang.update(r['tokens_per_lang'])
     return dict(rows=sum(r['rows'] for r in records), tokens=sum(r['tokens'] for r in records),
@@ -1522,7 +1542,8 @@ def _heldout_summary(m: dict) -> str:
     rule = _rule_words(m.get('heldout_rule') or dict(val_docs=m['val_docs']))
     more = f" and {len(acts) - 30:,} more (manifest.json: heldout_celex)" if len(acts) > 30 else ''
     return (f"\nheld out {h['acts']:,} acts of {h['acts'] + m['acts']:,} ({rule}): "
-            f"{h['documents_read']:,} documents -> heldout.jsonl, {h['rows']:,} rows ({h['tokens']:,} tokens) -> val/"
+            + (f"{h['documents_read']:,} documents " if 'documents_read' in h else 'its documents ')
+            + f"-> heldout.jsonl, {h['rows']:,} rows ({h['tokens']:,} tokens) -> val/"
             + _share_words(m) + f"\n  held-out acts: {', '.join(acts[:30])}" + more)
 
 def _share_words(m: dict) -> str:

@@ -446,7 +446,7 @@ CHECKPOINT_EVERY, CHECKPOINTS_KEPT, WARMUP_CAP = 2000, 3, 0.1   # the workflow's
 
 def _warmup(preset, steps: int) -> tuple[int | float, str]:
     "The warm-up for a run of `steps` (capped at 10% of it) and why."
-    why = 'linear warmup, from the preset (< 1: a fraction of the steps)'
+    why = 'linear warmup (< 1: a fraction of the steps)'
     if steps <= 0: return preset.warmup_steps, why
     w, cap = preset.warmup_for(steps), max(1, math.floor(WARMUP_CAP * steps))
     if w <= cap: return preset.warmup_steps, why
@@ -464,13 +464,12 @@ def _step_rows(preset, out: str | Path, examples_per_row: float, world: int) -> 
     warmup, warmup_why = _warmup(preset, steps)
     return {
         'output_dir': (str(out), 'checkpoints and the final model go here'),
-        'max_steps': (steps, 'from the preset' if preset.steps else 'none set: one pass over the examples'),
+        'max_steps': (steps, 'optimizer steps' if preset.steps else 'none set: one pass over the examples'),
         'num_train_epochs': (1, 'one pass over the data when max_steps is not set'),
-        'learning_rate': (preset.lr, 'peak learning rate, from the preset'),
+        'learning_rate': (preset.lr, 'peak learning rate'),
         'warmup_steps': (warmup, warmup_why),
         'lr_scheduler_type': ('cosine', 'cosine decay after warmup'),
-        'per_device_train_batch_size': (preset.micro_batch, 'micro batch per process (packed rows for SFT), '
-                                                             'from the preset'),
+        'per_device_train_batch_size': (preset.micro_batch, 'micro batch per process (packed rows for SFT)'),
         'gradient_accumulation_steps': (accum, f'global batch {global_batch} {unit} ~ micro {preset.micro_batch}'
                                                f'{per_row} x accumulation {accum} x {world} process(es)')}
 
@@ -514,7 +513,8 @@ def plan_training_args(preset, out: str | Path,
                        evaluation: bool = False,        # an evaluation split exists: evaluate at every checkpoint
                        batch_schedule: str | None = None,  # FROM_STEP:GRAD_ACCUM pairs: accumulated inside each step
                        **overrides) -> dict[str, tuple]:
-    "`{name: (value, why)}` of the TrainingArguments for `preset` on this machine, `overrides` applied last."
+    "`{name: (value, why)}` of the TrainingArguments for `preset` on this machine, `overrides` applied last; each why "
+    "starts with where the value comes from: a flag, the preset, this machine or a default."
     cap, world = cuda_capability(), _world_size()   # cap: (major, minor) of this machine's GPU, None without one
     plan = {**_step_rows(preset, out, examples_per_row, world), **_compute_rows(preset, cap),
             **_loop_rows(preset, preset.steps or -1, evaluation, cap is not None),
@@ -531,12 +531,23 @@ def plan_training_args(preset, out: str | Path,
         plan['gradient_accumulation_steps'] = (1, f'--batch-schedule {batch_schedule}: each step accumulates its '
                                                   f'micro-batches itself (first {sched[0][1]} x micro '
                                                   f'{preset.micro_batch} x {world} process(es))')
+    plan = {k: (v, f'{_origin(k, preset)}: {why}') for k, (v, why) in plan.items()}
     for k, v in overrides.items(): plan[k] = (v, 'from a flag (or an override)')
     if not plan['dataloader_num_workers'][0]:
-        plan['dataloader_prefetch_factor'] = (None, 'no workers, nothing to prefetch')
+        plan['dataloader_prefetch_factor'] = (None, 'default: no workers, nothing to prefetch')
     if plan['eval_strategy'][0] == 'steps' and 'save_steps' in overrides and 'eval_steps' not in overrides:
-        plan['eval_steps'] = (overrides['save_steps'], 'with the checkpoints')
+        plan['eval_steps'] = (overrides['save_steps'], 'from a flag: with the checkpoints (--save-steps)')
     return plan
+
+_PRESET_ROWS = {'max_steps', 'learning_rate', 'warmup_steps', 'per_device_train_batch_size',
+                'gradient_accumulation_steps', 'per_device_eval_batch_size'}
+_MACHINE_ROWS = {'bf16', 'fp16', 'tf32', 'activation_checkpointing', 'dataloader_num_workers',
+                 'dataloader_pin_memory', 'optim', 'use_cpu'}
+
+def _origin(name: str, preset) -> str:
+    "Where a plan row's value comes from, when no flag set it: the preset, this machine, or legalnb's default."
+    if name in _PRESET_ROWS and (name != 'max_steps' or preset.steps): return 'from the preset'
+    return 'this machine' if name in _MACHINE_ROWS else 'default'
 
 # %% ../nbs/06_hf.ipynb #b9a808c5
 def format_plan(plan: dict[str, tuple]) -> str:

@@ -56,7 +56,7 @@ select:
 build-corpus:
   train_tokenizer: {bpe} # a byte-level BPE of this size (or tokenizer: PATH; an HF model's own is used for it)
   shards: {shards}
-  val_docs: {val_docs}         # hold out 1% of the acts: the validation loss and `evaluate` score them
+  val_docs: {val_docs}         # hold out acts with 1% of the text: the validation loss and `evaluate` score them
   # seq_len: 8192        # default: the preset's row length
 # mix:                   # general text mixed in by weight (replay), packed beside the legal rows (build-corpus --mix)
 #   general: {{path: fineweb/, share: 0.05}}   # 5% of the training tokens: a JSONL, Parquet or Arrow file or folder,
@@ -498,8 +498,9 @@ def _second_stage(s2: dict, first: dict, b: dict, work: Path, stage_to: str | No
 
 # %% ../nbs/14_run.ipynb #83e26e99
 def _same_acts(work: Path) -> dict:
-    "build-corpus flags that hold out the first corpus's acts in the second: by name, and no floor adding others."
-    return {'val_acts': str(work/'corpus'/'manifest.json'), 'val_min_acts': 0}
+    "build-corpus flags that hold out, in the second corpus, the first corpus's held-out acts and only them (by name): "
+    "a share of the second selection could reach acts the first run trained on."
+    return {'val_docs': 0, 'val_acts': str(work/'corpus'/'manifest.json'), 'val_min_acts': 0}
 
 # %% ../nbs/14_run.ipynb #16f28873
 def _second_train(own: dict, first: dict, b: dict, work: Path, stage_to: str | None, steps: int) -> list[Stage]:
@@ -510,8 +511,7 @@ def _second_train(own: dict, first: dict, b: dict, work: Path, stage_to: str | N
     if t.get('init_optimizer'):   # AdamW's state lives in the checkpoints: the first run's last one
         start = work/'run'/'checkpoints'/f'step-{steps:08d}'
     else: start = work/'run'/'model'
-    # the same share and seed of held-out acts (an act is held out by a hash of its key, in any subset of the acts),
-    # and the first corpus's held-out acts by name: its floor of acts may have added some
+    # the first corpus's held-out acts by name, and no others: never trained on by either run
     c = ({k: v for k, v in b.items() if k != 'train_tokenizer'}
          | {'tokenizer': str(work/'corpus'/'tokenizer.json'), **_same_acts(work)})
     data = Path(stage_to)/'split-2' if stage_to else work/'split-2'
@@ -562,12 +562,9 @@ def check_plan(stages: list[Stage], top: dict) -> dict:
     "flags were checked when it was read); one line naming the fields."
     b = _first(stages, 'build-corpus').settings
     seq_len, val_docs, vocab = b['seq_len'], b['val_docs'], b['train_tokenizer']
-    if any(s.second and s.kind in TRAINING for s in stages) and not 0 < val_docs < 1:
-        raise LegalnbError(f"stage2 and build-corpus.val_docs {val_docs:g}: the second corpus holds out the "
-                           'same acts only when val_docs is a share (0.01), not a count; set a share')
     if val_docs == 0:
         raise LegalnbError('build-corpus.val_docs is 0, and evaluate (and the validation loss) scores held-out acts: '
-                           'set build-corpus.val_docs (0.01 holds out 1% of the acts)')
+                           'set build-corpus.val_docs (0.01 holds out acts with 1% of the text)')
     info = dict(seq_len=seq_len)
     if top['hf']: return info | _check_finetune(_first(stages, 'finetune'), b, top)
     cfg = _first(stages, 'train').config

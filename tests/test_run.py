@@ -304,6 +304,7 @@ def test_a_second_stage_on_the_best_documents_from_the_first_run_weights(sample,
     assert m2['tokenizer_sha256'] == json.loads((work/'corpus'/'manifest.json').read_text())['tokenizer_sha256']
     trained = {json.loads(l)['celex'] for l in (work/'selected-2.jsonl').read_text().splitlines()} - set(m2['heldout_celex'])
     assert not trained & held, 'no act held out by the first corpus is trained on in the second stage'
+    assert set(m2['heldout_celex']) <= held and m2['heldout_celex'], 'and none the first run trained on is held out'
     ck = json.loads((work/'run-2'/'checkpoints'/'step-00000020'/'config.json').read_text())['config']
     assert (ck['init_from'], ck['lr'], ck['batch_size']) == (str(work/'run'/'model'), 3e-4, 2), 'its own values'
 
