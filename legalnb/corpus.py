@@ -270,7 +270,8 @@ def write_shard(dest: str | Path, blocks: Iterable[np.ndarray], row_len: int, vo
                 raise LegalnbError(f'{dest}: row {rows + int(np.argmax(block.max(1)))}: token id {top} is outside '
                                    f'the vocabulary (size {vocab_size})')
             f.write(block.astype(dtype, copy=False).tobytes()); rows += len(block)
-        if rows == 0: raise EmptyShard(f'{dest}: no rows for this shard: ' + ((empty() if callable(empty) else empty) or 'the selection gives fewer '
+        if rows == 0: raise EmptyShard(f'{dest}: no rows for this shard: ' + ((empty() if callable(empty) else empty) or
+                                       'the selection gives fewer '
                                        'rows than --shards; lower --shards or --seq-len'))
         f.seek(0); f.write(npy_header_bytes(dtype, (rows, row_len)))
     return {'file': dest.name, 'rows': rows, 'sha256': file_sha256(dest)}
@@ -561,7 +562,7 @@ import stat
 from itertools import islice
 
 MIX_MAX_ENTRIES = 10_000   # files and folders a --mix folder may hold: a data folder, not a disk (--mix g=/ is refused)
-MIX_DEPTH = 4              # how deep a --mix folder's files are looked for (FineWeb-2's data/fra_Latn/train/*.parquet: 3)
+MIX_DEPTH = 4   # how deep a --mix folder's files are looked for (FineWeb-2's data/fra_Latn/train/*.parquet: 3)
 
 def _not_regular(p: Path) -> str:
     "What a path that is neither a regular file nor a folder is, in words."
@@ -570,7 +571,8 @@ def _not_regular(p: Path) -> str:
             'a device' if stat.S_ISCHR(m) or stat.S_ISBLK(m) else 'not a regular file')
 
 def mix_files(src: MixSource) -> list[Path]:
-    "A source's regular files, sorted: the file, or a folder's files up to MIX_DEPTH levels down (hidden ones left out)."
+    "A source's regular files, sorted: the file, or a folder's files up to MIX_DEPTH levels down (hidden ones "
+    "left out)."
     p = Path(src.path)
     if not p.exists(): raise LegalnbError(f'--mix {src.name}: {p}: no such file or folder; expected {_MIX_FORMS}')
     if p.is_file(): return [p]
@@ -689,7 +691,8 @@ _ISO639_2 = dict(bul='bg', ces='cs', cze='cs', dan='da', deu='de', ger='de', ell
                  swe='sv')   # the EU languages' three-letter codes (FineWeb-2 names its languages fra_Latn, deu_Latn)
 
 def lang_code(value, default: str = 'und') -> str:
-    "A record's language as a code: an EU language's ISO 639-1, another tag in lower case, else (a number, Markdown) `default`."
+    "A record's language as a code: an EU language's ISO 639-1, another tag in lower case, else (a number, Markdown) "
+    "`default`."
     tag = value.strip().lower() if isinstance(value, str) else ''
     if not (m := _LANG_TAG.fullmatch(tag)): return default
     code = _ISO639_2.get(m[1], m[1])
@@ -704,7 +707,8 @@ MIX_SAMPLE = 20_000   # tokens of each source's seeded sample that are encoded t
 
 def mix_sample(src: MixSource, tok: Tokenizer, tokens: int, seed: int = 0,
                max_chars: int = 100_000) -> tuple[list[dict], Counter]:
-    "One read of the whole source: the documents of smallest seeded key, `tokens` or more, and its characters per language."
+    "One read of the whole source: the documents of smallest seeded key, `tokens` or more, and its characters per "
+    "language."
     heap, have, chars = [], 0, Counter()   # heap of (-key, record, document): the largest key on top
     for i, rec in mix_records(src):
         if not rec['text']: continue
@@ -720,7 +724,8 @@ def mix_sample(src: MixSource, tok: Tokenizer, tokens: int, seed: int = 0,
     return sorted((d for *_, d in heap), key=lambda d: d['key']), chars
 
 def _per_char(sample: list[dict]) -> dict[str, float]:
-    "Tokens per character of a sample (each document's EOS counted), per language with 1,000 characters or more, and overall under '*'."
+    "Tokens per character of a sample (each document's EOS counted), per language with 1,000 characters or more, and "
+    "overall under '*'."
     per = lambda ds: sum(d['tokens'] + 1 for d in ds) / max(1, sum(len(d['text']) for d in ds))
     by = {l: [d for d in sample if d['lang'] == l] for l in sorted({d['lang'] for d in sample})}
     return {'*': round(per(sample), 6), **{l: round(per(ds), 6) for l, ds in by.items()
@@ -729,7 +734,8 @@ def _per_char(sample: list[dict]) -> dict[str, float]:
 # %% ../nbs/02_corpus.ipynb #a5e1c0d2
 def write_mix_heldout(src: MixSource, out: Path, tok: Tokenizer, budget: int, seed: int = 0,
                       max_chars: int = 100_000) -> dict:
-    "Write a seeded sample of the whole source, `budget` tokens, to mix/NAME/heldout.jsonl; its record and the source's sizes."
+    "Write a seeded sample of the whole source, `budget` tokens, to mix/NAME/heldout.jsonl; its record and the "
+    "source's sizes."
     sample, chars = mix_sample(src, tok, max(budget, MIX_SAMPLE), seed, max_chars)
     held, tokens = [], 0
     for d in sample:
@@ -767,7 +773,8 @@ class MixPiece:
     chars: int = 0 # the document's characters (counted against its language's plan when its last piece is packed)
 
 def _takes(plan: dict, taken: dict, lang: str, key: float, passes: int) -> bool:
-    "Whether a pass takes a document: its language is planned and not full (unless all are), its key in the pass's window."
+    "Whether a pass takes a document: its language is planned and not full (unless all are), its key in the pass's "
+    "window."
     if lang not in plan: return False
     if taken.get(lang, 0) >= plan[lang]['chars'] and any(taken.get(l, 0) < p['chars'] for l, p in plan.items()):
         return False
@@ -829,7 +836,8 @@ def _have(held: dict) -> dict[str, float]:
     return {l: c * ratio.get(l, ratio['*']) for l, c in held['chars_per_lang'].items()}
 
 def mix_asked(src: MixSource, held: dict, legal: dict[str, int], languages: str = 'source') -> dict[str, float]:
-    "Each language's asked share of the training tokens: the source's share split by its languages, or by the legal ones."
+    "Each language's asked share of the training tokens: the source's share split by its languages, or by the legal "
+    "ones."
     have = _have(held)
     if languages == 'source': return {l: src.share * t / sum(have.values()) for l, t in have.items()}
     asked = {l: src.share * t / sum(legal.values()) for l, t in legal.items()}
@@ -837,31 +845,35 @@ def mix_asked(src: MixSource, held: dict, legal: dict[str, int], languages: str 
         raise LegalnbError(f'--mix {src.name}: {src.path} has none of the legal languages ({", ".join(asked)}), '
                            f'only {", ".join(have)}; --mix-languages match needs text in them')
     if lacking := [l for l in asked if not have.get(l)]:
-        say_once(f'--mix {src.name}: {src.path} has no text in {", ".join(lacking)} ({sum(asked[l] for l in lacking):.2%}'
+        say_once(f'--mix {src.name}: {src.path} has no text in {", ".join(lacking)} '
+                 f'({sum(asked[l] for l in lacking):.2%}'
                  ' of the training tokens asked); those languages get no general text')
     return asked
 
 def mix_plan(held: dict, asked: dict[str, float], tokens: int) -> dict[str, dict]:
-    "Per language the source has: the tokens to train on, the characters that give them, the share of it each pass takes."
+    "Per language the source has: the tokens to train on, the characters that give them, the share of it each pass "
+    "takes."
     have, ratio = _have(held), held['tokens_per_char']
     mine = {l: a for l, a in asked.items() if have.get(l)}
     plan = {}
     for l, a in mine.items():
         want = tokens * a / sum(mine.values())
-        plan[l] = dict(tokens=round(want), chars=round(want / ratio.get(l, ratio['*'])), window=min(1.0, round(want / have[l], 6)),
+        plan[l] = dict(tokens=round(want), chars=round(want / ratio.get(l, ratio['*'])),
+                       window=min(1.0, round(want / have[l], 6)),
                        passes=round(want / have[l], 3))
     return plan
 
 def check_mix_size(src: MixSource, plan: dict, rows: int, row_len: int, vocab: int, free: int):
-    "Refuse a source read more than MIX_MAX_PASSES times, or whose rows do not fit in `free` bytes, before it is written."
+    "Refuse a source read more than MIX_MAX_PASSES times, or whose rows do not fit in `free` bytes, before it is "
+    "written."
     lang, most = max(plan.items(), key=lambda kv: kv[1]['passes'])
     if most['passes'] > MIX_MAX_PASSES:
         raise LegalnbError(f'--mix {src.name}: {src.path} is too small for its share: its {rows:,} rows would read its '
                            f'{lang} text {most["passes"]:,.0f} times (at most {MIX_MAX_PASSES}); lower the share or '
                            'give a bigger source')
     if (need := rows * row_len * shard_dtype(vocab).itemsize) > free:
-        raise LegalnbError(f'--mix {src.name}: its {rows:,} rows need {need / 2**30:,.1f} GiB and the corpus folder has '
-                           f'{free / 2**30:,.1f} GiB free; lower the shares or free space')
+        raise LegalnbError(f'--mix {src.name}: its {rows:,} rows need {need / 2**30:,.1f} GiB and the corpus folder '
+                           f'has {free / 2**30:,.1f} GiB free; lower the shares or free space')
 
 # %% ../nbs/02_corpus.ipynb #30354ebd
 def _build_mix(out, tok, partial, eos_id, vocab, row_len, shards, opt):
@@ -1323,7 +1335,8 @@ def build_corpus(cfg: CorpusConfig,   # the build's settings: `legalnb build-cor
     _check_paths(selected, out)
     named = sorted(named_acts(cfg.val_acts)) if cfg.val_acts else []
     val_docs = int(cfg.val_docs) if cfg.val_docs >= 1 else cfg.val_docs  # a count of acts, or a share of them
-    sources = mix_sources(cfg.mix or [], cfg.mix_heldout, cfg.mix_languages)   # every source opened and checked before anything is written
+    # every source opened and checked before anything is written
+    sources = mix_sources(cfg.mix or [], cfg.mix_heldout, cfg.mix_languages)
     args = _build_args(cfg, selected, val_docs, named, sources)
     key = dict(args=args, input_sha256=file_sha256(selected),
                **(dict(mix_sha256=mix_sha256(sources)) if sources else {}))

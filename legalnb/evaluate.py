@@ -33,7 +33,7 @@ from .heldout import (EVAL_FORMAT, heldout_path, decade_of, read_heldout, _DTYPE
                              GENERAL_GROUPS, FIGURES, document_rows, citation_marks, resample_counts,
                              unit_sums, bootstrap_estimate, GENERAL_BUILTIN, _GENERAL_MODULES, general_texts,
                              _general_texts, write_general_texts, GENERAL_LANG, _general_doc, _general_file,
-                             _NO_MIX, mix_heldout, general_lang, _mix_list)   # moved below the trainers: they score while training
+                             _NO_MIX, mix_heldout, general_lang, _mix_list)   # below the trainers: they score too
 
 # %% auto #0
 __all__ = ['ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'GENERAL_AUTO', 'REPORT_FILES', 'LM_EVAL_TASKS',

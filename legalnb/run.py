@@ -55,7 +55,7 @@ select:
   # languages: [en]      # keep only these languages (ISO 639-1); types: [regulation, directive]; since:, until: a date
 build-corpus:
   train_tokenizer: {bpe} # a byte-level BPE of this size (or tokenizer: PATH; an HF model's own is used for it)
-  shards: {shards}
+  # shards: 16          # default: up to 16, as many as the selection's rows fill
   val_docs: {val_docs}         # hold out acts with 1% of the text: the validation loss and `evaluate` score them
   # seq_len: 8192        # default: the preset's row length
 # mix:                   # general text mixed in by weight (replay), packed beside the legal rows (build-corpus --mix)
@@ -84,7 +84,6 @@ def write_plan(input: list[str] | None = None, out: str | None = None, preset: s
     d = RUN_DEFAULTS | given
     return PLAN_TEMPLATE.format(**d, tokens=d['target_tokens'], bpe=d['train_tokenizer'],
                                 input=json.dumps(input or ['eurlex/formex']),
-                                shards=command_flags('build-corpus').get_default('shards'),   # the commands' own
                                 citations=command_flags('evaluate').get_default('citations'))
 
 # %% ../nbs/14_run.ipynb #b7150321

@@ -231,7 +231,7 @@ CORPUS_CASES = [
      nothing, '{w}/corpus: --by documents needs a corpus with held-out acts'),
     ('split: --val-ratio on a corpus with held-out acts', ['split', '{w}/held', '--out', '{w}/s2', '--val-ratio', '0.1'],
      lambda w: main(['build-corpus', str(w/'selected.jsonl'), '--out', str(w/'held'), '--seq-len', '32', '--shards', '1',
-                     '--train-tokenizer', '300', '--val-docs', '1', '--no-progress']),
+                     '--train-tokenizer', '300', '--val-docs', '1', '--val-min-acts', '0', '--no-progress']),
      '--val-ratio does not apply to {w}/held: its held-out acts'),
     ('split: --by shards', ['split', '{w}/corpus', '--out', '{w}/s2', '--by', 'shards'], nothing,
      "--by: invalid choice: 'shards'"),
