@@ -17,7 +17,8 @@ Per arm (a replay share; 0: law alone), the same steps, seed, learning rate and 
 to `--lr`, then cosine decay), full fine-tuning so that forgetting shows:
 
     legalnb build-corpus LAW --tokenizer MODEL --val-acts HELDOUT [--mix general=GENERAL_TRAIN:SHARE]
-    legalnb finetune --full --model MODEL --data CORPUS --max-steps N --lr LR --warmup-steps W --seed S ...
+    legalnb finetune --full --model MODEL --data CORPUS --max-steps N --lr LR --warmup-steps W --seed S \
+        --eval-steps E --general GENERAL_HELDOUT [--max-forgetting 0, law alone; then --resume without it] ...
     legalnb evaluate RUN --against MODEL --data CORPUS --general GENERAL_HELDOUT [--max-tokens M]
 
 The tables: each model's held-out legal bits per byte and its change against the base (paired bootstrap over the
@@ -124,8 +125,9 @@ def model_folder(work: Path) -> Path:
 
 # ---- legalnb, as a user runs it ----
 
-def legalnb_cmd(log: Path, *args) -> float:
-    "Run `legalnb ARGS` (the legalnb this script imported, on this Python), its output appended to `log`; seconds."
+def legalnb_cmd(log: Path, *args, ok: tuple = (0,)) -> float:
+    "Run `legalnb ARGS` (the legalnb this script imported, on this Python), its output appended to `log`; seconds. "
+    "An exit code outside `ok` stops the bench with the end of the log."
     args = [str(a) for a in args]
     print(f'$ legalnb {shlex.join(args)}', flush=True)
     env = os.environ | {'PYTHONPATH': os.pathsep.join([str(Path(legalnb.__file__).parents[1]),
@@ -135,10 +137,10 @@ def legalnb_cmd(log: Path, *args) -> float:
         f.write(f'$ legalnb {shlex.join(args)}\n'.encode()); f.flush()
         rc = subprocess.run([sys.executable, '-m', 'legalnb.cli', *args], stdout=f, stderr=subprocess.STDOUT,
                             env=env).returncode
-    if rc:
+    if rc not in ok:
         tail = log.read_text(errors='replace').splitlines()[-15:]
         raise LegalnbError(f'legalnb {args[0]} failed (exit {rc}); the end of {log}:\n' + '\n'.join(tail))
-    return time.perf_counter() - t
+    return time.perf_counter() - t, rc
 
 
 # ---- data: English law with held-out acts, general text with a held-out part ----
@@ -229,29 +231,50 @@ def train_arm(share: float, folder: Path, model: Path, d: dict, o: dict) -> dict
     log = folder/f'{name}.log'
     mix = ['--mix', f'general={d["general_train"]}:{share:g}'] if share else []   # needs build-corpus --mix
     t = dict(build=legalnb_cmd(log, 'build-corpus', d['law'], '--out', corpus, '--tokenizer', model, '--seq-len',
-                               o['seq_len'], '--shards', 1, '--val-acts', d['heldout'], '--no-progress', *mix))
-    t['finetune'] = legalnb_cmd(log, 'finetune', '--full', '--force-single', '--model', model, '--data', corpus,
-                                '--out', out, '--max-steps', o['steps'], '--batch-size', o['batch'], '--grad-accum', 1,
-                                '--lr', o['lr'], '--warmup-steps', o['warmup'], '--save-steps', o['steps'],
-                                '--eval-share', 0, '--precision', 'fp32', '--workers', 0, '--seed', o['seed'],
-                                '--logging-steps', 1)
+                               o['seq_len'], '--shards', 1, '--val-acts', d['heldout'], '--no-progress', *mix)[0])
+    # watched while it trains: the legal val rows and the general held-out text, from step 0 at the default cap
+    # (--eval-tokens unset); law alone under the forgetting guard at 0 bits per byte: it stops (exit 3) at the first
+    # evaluation whose rise is measurable, and --resume without the guard trains on to the same end as the others
+    train = ['finetune', '--full', '--force-single', '--model', model, '--data', corpus, '--out', out, '--max-steps',
+             o['steps'], '--batch-size', o['batch'], '--grad-accum', 1, '--lr', o['lr'], '--warmup-steps', o['warmup'],
+             '--save-steps', o['steps'], '--eval-steps', o['eval_every'], '--general', d['general_heldout'],
+             '--precision', 'fp32', '--workers', 0, '--seed', o['seed'], '--logging-steps', 1]
+    guard = ['--max-forgetting', 0] if share == 0 else []
+    t['finetune'], rc = legalnb_cmd(log, *train, *guard, ok=(0, 3))
+    shares = [eval_share(out)]
+    if rc == 3:
+        t['guard'] = guard_stop(log)
+        more, _ = legalnb_cmd(log, *train, '--resume'); t['finetune'] += more; shares.append(eval_share(out))
     if d['cap_flag']: data, cap = corpus, ['--max-tokens', o['max_tokens']]   # needs evaluate --max-tokens
     else:
         data, cap = folder/'data'/'law-heldout-capped.jsonl', []   # the same acts and cut for every arm
         if not data.exists(): capped_heldout(corpus, model/'tokenizer.json', data, o['max_tokens'])
-    t['evaluate'] = legalnb_cmd(log, 'evaluate', out, '--against', model, '--data', data, '--general',
+    t['evaluate'], _ = legalnb_cmd(log, 'evaluate', out, '--against', model, '--data', data, '--general',
                                 d['general_heldout'], '--out', ev, '--context', o['seq_len'], '--batch-tokens', 4096,
                                 '--citations', 0, '--rouge', 0, '--samples', 0, '--bootstrap', o['bootstrap'],
                                 '--seed', o['seed'], '--device', 'cpu', '--precision', 'fp32', '--no-progress', *cap)
-    return read_arm(share, corpus, out, ev, t)
+    return read_arm(share, corpus, out, ev, t) | dict(eval_shares=shares)
+
+
+def eval_share(out: Path) -> float | None:
+    "The share of the training time the last finetune process spent evaluating (its finetune.json)."
+    f = out/'finetune.json'
+    return json.loads(f.read_text()).get('eval_share') if f.exists() else None
+
+
+def guard_stop(log: Path) -> str:
+    "The forgetting guard's line in the finetune log: the source, language, step, rise and interval it found."
+    return next((l for l in reversed(log.read_text(errors='replace').splitlines()) if 'forgetting guard:' in l), '')
 
 
 def read_arm(share: float, corpus: Path, out: Path, ev: Path, times: dict) -> dict:
     "What an arm's folders hold: realised share, seconds per optimizer step, the evaluations and the change."
     read = lambda p: json.loads(p.read_text(encoding='utf-8'))
     mix = next((m for m in read(corpus/'manifest.json').get('mix', []) if m.get('name') == 'general'), {})
-    steps = [r['step_ms'] / 1000 for _, _, _, r in jsonl_records(out/'metrics.jsonl') if r.get('event') == 'step']
-    return dict(share=share, realised=mix.get('realised_share'), step_s=steps, times=times,
+    records = [r for _, _, _, r in jsonl_records(out/'metrics.jsonl')]
+    steps = [r['step_ms'] / 1000 for r in records if r.get('event') == 'step']
+    curve = {r['step']: r for r in records if r.get('event') == 'eval' and 'general/bpb' in r}   # a resume: the last
+    return dict(share=share, realised=mix.get('realised_share'), step_s=steps, times=times, curve=curve,
                 against=read(ev/'against.json'), model=read(ev/'eval.json'), base=read(ev/'reference'/'eval.json'))
 
 
@@ -333,16 +356,42 @@ def timing_table(arms: list[dict]) -> str:
     "Wall time of each stage of each arm."
     rows = [[f'{a["share"]:.0%} replay', *(format_duration(a['times'][k]) for k in ('build', 'finetune', 'evaluate')),
              f'{step_seconds(a):.1f} (first {a["step_s"][0]:.1f})',
-             format_duration(sum(a['times'].values()))]
+             format_duration(sum(v for v in a['times'].values() if isinstance(v, float)))]
             for a in arms]
     return markdown_table(['arm', 'build-corpus', 'finetune', 'evaluate (model + base)', 's per optimizer step',
                            'arm total'], rows, 'lrrrrr')
 
 
+def curves_table(arms: list[dict]) -> str:
+    "Bits per byte during training, from step 0: the legal held-out rows and the general held-out text, per arm."
+    steps = sorted({s for a in arms for s in a['curve']})
+    cell = lambda a, s, k: f"{a['curve'][s][k]:.4f}" if s in a['curve'] and k in a['curve'][s] else '-'
+    rows = [[s, f"{next(a['curve'][s]['tokens'] for a in arms if s in a['curve']):,}",
+             *(cell(a, s, k) for a in arms for k in ('legal/bpb', 'general/bpb'))] for s in steps]
+    cols = ['step', 'tokens trained', *(f'{a["share"]:.0%} replay: {w}' for a in arms for w in ('legal', 'general'))]
+    return markdown_table(cols, rows, 'rr' + 'r' * 2 * len(arms))
+
+
+def watch_lines(arms: list[dict]) -> str:
+    "Where the guard found the 0% arm's rise measurable, and each arm's evaluation share of the training time."
+    out = []
+    for a in arms:
+        if a['share'] == 0:
+            out.append('0% replay under --max-forgetting 0: ' + (a['times'].get('guard') or
+                       'no evaluation found a measurable rise of the general text (the run was not stopped)'))
+    for a in arms:
+        shares = ', '.join(f'{x:.1%}' for x in a['eval_shares'] if x is not None) or '-'
+        out.append(f'{a["share"]:.0%} replay: evaluation took {shares} of the training time (per finetune process; '
+                   f'goal at most 5% with the default --eval-tokens)')
+    return '\n'.join(out)
+
+
 def check_settings(o: dict, langs: list[str]):
     "Refuse, before anything runs, what cannot work: sizes, languages, a replay share this legalnb cannot mix."
-    if min(o['steps'], o['batch'], o['seq_len'], o['max_tokens'], o['general_bytes']) < 1 or o['lr'] <= 0:
-        raise LegalnbError('--steps, --batch, --seq-len, --max-tokens, --general-bytes and --lr must be above 0')
+    if min(o['steps'], o['batch'], o['seq_len'], o['max_tokens'], o['general_bytes'], o['eval_every']) < 1 \
+            or o['lr'] <= 0:
+        raise LegalnbError('--steps, --batch, --seq-len, --max-tokens, --general-bytes, --eval-every and --lr must be '
+                           'above 0')
     if bad := [l for l in langs if l not in LANGUAGES]:
         raise LegalnbError(f'--languages: {", ".join(bad)} not known; choose among {", ".join(LANGUAGES)}')
     if not o['replay'] or any(not 0 <= s < 1 for s in o['replay']) or len(set(o['replay'])) < len(o['replay']):
@@ -359,6 +408,7 @@ def main(work: str | None = None,      # the bench's own folder: the model (buil
          seq_len: int = 256,           # tokens per training row and per evaluation window
          lr: float = 3e-4,             # peak learning rate, reached again after the warm-up (a re-warm)
          warmup: int = 1,              # linear warm-up steps from 0 (the trainer keeps it within a tenth of the run)
+         eval_every: int = 2,          # optimizer steps between two evaluations during training (and one at step 0)
          seed: int = 0,                # training order, the held-out sample of general text, the bootstrap
          max_tokens: int = 4096,       # held-out legal tokens scored per model, spread over the held-out acts
          general_bytes: int = 1200,    # held-out general text per language, in bytes (all languages: < --max-tokens)
@@ -387,7 +437,9 @@ def main(work: str | None = None,      # the bench's own folder: the model (buil
     langs_md, source = languages_table(arms, bootstrap, seed)
     text = '\n'.join([buf.getvalue().rstrip(), f'# {command}', f'# work folder: {folder}', '',
                       models_table(arms), '', f'Forgetting per language (from {source}):', '', langs_md, '',
-                      replay_line(arms, bootstrap, seed), '', timing_table(arms), '',
+                      replay_line(arms, bootstrap, seed), '', 'During training (legalnb finetune --general, from '
+                      'step 0; bits per byte of the sampled held-out text at the default --eval-tokens):', '',
+                      curves_table(arms), '', watch_lines(arms), '', timing_table(arms), '',
                       f'whole run: {format_duration(time.perf_counter() - t0)}'])
     with atomic_write(folder/'result.md') as tmp: tmp.write_text(text + '\n', encoding='utf-8')
     print(text.split('\n', 4)[-1] + f'\n\nwrote {folder/"result.md"}')

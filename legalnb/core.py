@@ -14,17 +14,17 @@ from fastcore.docments import docments
 
 # %% auto #0
 __all__ = ['GPU_HOUR_PRICE', 'PRESET_VOCAB', 'CPT_SEQ_LEN', 'SCRATCH_SEQ_LEN', 'VAL_SHARE', 'NUMBER_EXAMPLES', 'PRECISIONS',
-           'NVIDIA_SMI_TIMEOUT', 'TORCH_CUDA_VARIANTS', 'TORCH_INDEX', 'DEVICES', 'OWNED', 'OWNED_FORMAT', 'LOCK',
-           'LegalnbError', 'max_procs', 'check_num_proc', 'atomic_write', 'jsonl_record', 'jsonl_records', 'read_json',
-           'parse_number', 'parse_count', 'format_duration', 'markdown_table', 'resolve_precision', 'cuda_capability',
-           'NvidiaGpu', 'parse_nvidia_smi', 'nvidia_gpus', 'torch_variant', 'torch_install', 'cuda_unusable',
-           'say_once', 'resolve_device', 'hub_cache', 'is_hub_name', 'hub_snapshot', 'model_folder', 'add_to_hub_cache',
-           'usable_cores', 'loader_workers', 'available_memory', 'refuse_oversized', 'libc', 'trim_memory',
-           'refuse_overwriting_inputs', 'bookkeeping', 'foreign_files', 'refuse_foreign_files', 'folder_files',
-           'everyones', 'owned_files', 'unowned_stamps', 'record_written', 'remove_owned', 'recorded_by', 'record_as',
-           'open_lock', 'lock_path', 'holder_alive', 'folder_lock', 'followed', 'refuse_unowned', 'output_folder',
-           'others_files', 'OwnConfig', 'own_command', 'own_main', 'CommandParser', 'command_parser', 'Output',
-           'run_writing', 'run_command', 'flag_settings']
+           'NVIDIA_SMI_TIMEOUT', 'TORCH_CUDA_VARIANTS', 'TORCH_INDEX', 'DEVICES', 'OWNED', 'OWNED_FORMAT',
+           'OWN_COMMAND', 'LOCK', 'LegalnbError', 'max_procs', 'check_num_proc', 'atomic_write', 'jsonl_record',
+           'jsonl_records', 'read_json', 'parse_number', 'parse_count', 'format_duration', 'markdown_table',
+           'resolve_precision', 'cuda_capability', 'NvidiaGpu', 'parse_nvidia_smi', 'nvidia_gpus', 'torch_variant',
+           'torch_install', 'cuda_unusable', 'say_once', 'resolve_device', 'hub_cache', 'is_hub_name', 'hub_snapshot',
+           'model_folder', 'add_to_hub_cache', 'usable_cores', 'loader_workers', 'available_memory', 'refuse_oversized',
+           'libc', 'trim_memory', 'refuse_overwriting_inputs', 'bookkeeping', 'foreign_files', 'refuse_foreign_files',
+           'folder_files', 'everyones', 'owned_files', 'unowned_stamps', 'record_written', 'remove_owned',
+           'recorded_by', 'record_as', 'open_lock', 'lock_path', 'holder_alive', 'folder_lock', 'followed',
+           'refuse_unowned', 'output_folder', 'others_files', 'unknown_files', 'OwnConfig', 'own_command', 'own_main',
+           'CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command', 'flag_settings']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -428,6 +428,7 @@ def refuse_overwriting_inputs(inputs: Iterable[str | Path],  # files or folders 
 
 OWNED = '.legalnb-owned.json'   # in an output folder: what legalnb wrote there (relative path -> command)
 OWNED_FORMAT = 'legalnb.owned/1'
+OWN_COMMAND = 'legalnb own'   # the files the user recorded as legalnb's (`legalnb own`)
 LOCK = '.legalnb-lock'          # the lock of a folder while a command writes it: `.NAME.legalnb-lock` beside it
 
 def bookkeeping(name: str) -> bool:
@@ -464,30 +465,34 @@ def folder_files(folder: str | Path) -> list[Path]:
     return sorted(found)
 
 # %% ../nbs/00_core.ipynb #7ae52198
-def _record(folder: Path) -> tuple[dict[str, str], set[str]]:
+def _record(folder: Path) -> tuple[dict[str, str], dict[str, str | None]]:
     "The ownership record in `folder` itself: its files (relative path -> the command that wrote it) and the "
-    "subfolders legalnb made (relative paths); ({}, set()) when there is none."
-    if not (folder/OWNED).is_file(): return {}, set()
+    "subfolders legalnb made (relative path -> the command that made it; None in a record from before commands were "
+    "kept there); ({}, {}) when there is none."
+    if not (folder/OWNED).is_file(): return {}, {}
     damaged = f'{folder/OWNED}: a damaged record of legalnb ({{}}); delete it, and the files legalnb wrote there ' \
               'count as yours'
     if (folder/OWNED).is_symlink(): raise LegalnbError(damaged.format('a symbolic link: a record is a file that '
                                                                       'legalnb wrote in the folder it describes'))
     rec = read_json(folder/OWNED, "legalnb's record of the files it wrote there")
     files, made = rec.get('files'), rec.get('folders', [])
-    if rec.get('format') != OWNED_FORMAT or not isinstance(files, dict) or not isinstance(made, list):
+    if rec.get('format') != OWNED_FORMAT or not isinstance(files, dict) or not isinstance(made, (list, dict)):
         raise LegalnbError(damaged.format(f'not {OWNED_FORMAT}'))
     if (bad := next((k for k in [*files, *made] if not isinstance(k, str) or not _inside(k)), None)) is not None:
         raise LegalnbError(damaged.format(f'it lists {bad!r}, not a relative path inside {folder}'))
-    return {k: v for k, v in files.items() if isinstance(v, str)}, set(made)
+    made = made if isinstance(made, dict) else dict.fromkeys(made)
+    return {k: v for k, v in files.items() if isinstance(v, str)}, {k: v if isinstance(v, str) else None
+                                                                     for k, v in made.items()}
 
 # %% ../nbs/00_core.ipynb #bdd74b69
 def _vouched(folder: Path, listed: bool = False) -> set[str]:
-    "The files `folder`'s record vouches for: those whose every folder below `folder` legalnb made; "
-    "with `listed`, every file it lists."
+    "The files `folder`'s record vouches for: those whose every folder below `folder` the same command made (or "
+    "`legalnb own` recorded, as the user asked); with `listed`, every file it lists."
     files, made = _record(folder)
     if listed: return set(files)
-    ours = {d for d in made if _a_folder(folder/d)}
-    return {rel for rel in files if all(p.as_posix() in ours for p in Path(rel).parents[:-1])}
+    ours = {d: c for d, c in made.items() if _a_folder(folder/d)}
+    same = lambda d, c: d in ours and (ours[d] in (None, c) or c == OWN_COMMAND)
+    return {rel for rel, c in files.items() if all(same(p.as_posix(), c) for p in Path(rel).parents[:-1])}
 
 # %% ../nbs/00_core.ipynb #cdbbe403
 def _a_folder(path: Path) -> bool:
@@ -555,11 +560,12 @@ def record_written(folder: str | Path,                     # an output folder
     if not folder.is_dir(): return
     (old, old_made), owned, known = _record(folder), owned_files(folder), before or {}
     new = {k: v for k, v in old.items() if os.path.lexists(folder/k)}
-    made = {d for d in old_made if _a_folder(folder/d)}
+    made = {d: c for d, c in old_made.items() if _a_folder(folder/d)}
     for rel in folder_files(folder):
         if rel not in owned and (ours is None or ours(rel)) and known.get(rel) != _stamp(folder/rel):
             new[rel.as_posix()] = command
-            made |= {d.as_posix() for d in rel.parents[:-1] if before is None or _remade(folder/d, known.get(d))}
+            for d in rel.parents[:-1]:
+                if before is None or _remade(folder/d, known.get(d)): made.setdefault(d.as_posix(), command)
     if (new, made) != (old, old_made): _write_record(folder, new, made)
 
 def _remade(path: Path, stamp: tuple | None) -> bool:
@@ -568,12 +574,12 @@ def _remade(path: Path, stamp: tuple | None) -> bool:
 
 
 # %% ../nbs/00_core.ipynb #70eadfb3
-def _write_record(folder: Path, files: dict[str, str], made: set[str]):
+def _write_record(folder: Path, files: dict[str, str], made: dict[str, str | None]):
     "Write `folder`'s record of the files legalnb wrote and the subfolders it made there (none: no record)."
     if not files: (folder/OWNED).unlink(missing_ok=True); return
     with atomic_write(folder/OWNED) as tmp:
         tmp.write_text(json.dumps(dict(format=OWNED_FORMAT, files=dict(sorted(files.items())),
-                                       **({'folders': sorted(made)} if made else {})), indent=0) + '\n')
+                                       **({'folders': dict(sorted(made.items()))} if made else {})), indent=0) + '\n')
 
 # %% ../nbs/00_core.ipynb #4efa4ee8
 def remove_owned(folder: str | Path,   # an output folder
@@ -834,6 +840,18 @@ def others_files(folder: Path) -> list[Path]:
         dirs[:] = [d for d in dirs if not d.startswith('.')]
     return sorted(found)
 
+# what legalnb's commands, transformers and the trackers write: a file of another kind is the user's
+_WRITTEN_SUFFIXES = {'.json', '.jsonl', '.npy', '.safetensors', '.pt', '.pth', '.bin', '.md', '.png', '.yaml', '.txt',
+                     '.slurm', '.log', '.model', '.jinja', '.csv'}
+_WRITTEN_NAME = re.compile(r'events\.out\.tfevents\..+|(configuration|modeling)_legalnb_\w+\.py|zero_to_fp32\.py|latest')
+_TRACKER_FOLDERS = ('tb', 'mlruns', 'wandb', 'trackio')   # the trackers' own files, in their folders of a run
+
+def unknown_files(folder: Path) -> list[Path]:
+    "The files under `folder` (hidden ones left out) that no legalnb command writes: a thesis, photos, code."
+    return [rel for rel in folder_files(folder) if not any(p.name.startswith('.') for p in [rel, *rel.parents])
+            and rel.suffix.lower() not in _WRITTEN_SUFFIXES and not _WRITTEN_NAME.fullmatch(rel.name)
+            and not any(d in _TRACKER_FOLDERS for d in rel.parts[:-1])]
+
 def _listed(real: Path, folder: str, files: list[str]) -> Callable[[Path], bool]:
     "The rule `record_written` takes for the files and folders `--files` names (relative to `folder`, inside it)."
     rels = []
@@ -860,13 +878,13 @@ def own_command(cfg: OwnConfig) -> int:
         raise LegalnbError(f'{folder}: the root or home folder (or one above it) holds the files of every program; '
                            'legalnb own takes an output folder legalnb wrote (a run, a corpus)')
     ours = _listed(real, folder, files) if files else None
-    if ours is None and (theirs := others_files(real)):
+    if ours is None and (theirs := others_files(real) or unknown_files(real)):
         names = ', '.join(map(str, theirs[:3])) + (f' and {len(theirs) - 3} more' if len(theirs) > 3 else '')
         raise LegalnbError(f'{folder} holds files of other programs ({names}); name those legalnb wrote: '
                            f'legalnb own {folder} --files NAME...')
-    with folder_lock(real, 'legalnb own', ''):
+    with folder_lock(real, OWN_COMMAND, ''):
         before = owned_files(real)
-        record_written(real, 'legalnb own', ours)
+        record_written(real, OWN_COMMAND, ours)
         added = len(owned_files(real) - before)
     print(f'{folder}: {added:,} files recorded as legalnb\'s' + (f' ({len(before):,} were already)' if before else ''))
     return 0

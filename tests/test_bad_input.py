@@ -895,6 +895,10 @@ RECORD_CASES = [  # 2. records that vouch too much: one line, nothing deleted
     ('own a folder holding another program\'s files', ['own', '{w}/proj'],
      both(write('proj/.git/HEAD', 'ref: refs/heads/main\n'), write('proj/notes.md', 'mine')),
      '{w}/proj holds files of other programs (.git); name those legalnb wrote: legalnb own {w}/proj --files NAME...'),
+    ('own a folder of plain user files (issue 48.7)', ['own', '{w}/docs'],
+     both(write('docs/thesis.pdf', '%PDF-1.7'), write('docs/photos/beach.jpg', 'JFIF'), write('docs/notes.md', 'mine')),
+     '{w}/docs holds files of other programs (photos/beach.jpg, thesis.pdf); name those legalnb wrote: legalnb own '
+     '{w}/docs --files NAME...'),
 ]
 
 def linked_tb(w: Path):

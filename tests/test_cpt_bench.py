@@ -56,9 +56,27 @@ def test_model_record(bench, tmp_path):
 
 def test_settings_refused(bench):
     "Bad sizes, unknown languages and repeated shares stop the bench before anything runs."
-    o = dict(steps=8, batch=4, seq_len=256, max_tokens=4096, general_bytes=1200, lr=3e-4, replay=[0.0])
+    o = dict(steps=8, batch=4, seq_len=256, max_tokens=4096, general_bytes=1200, lr=3e-4, replay=[0.0], eval_every=2)
     bench.check_settings(o, ['en'])
     with pytest.raises(LegalnbError, match='must be above 0'): bench.check_settings(o | dict(steps=0), ['en'])
+    with pytest.raises(LegalnbError, match='must be above 0'): bench.check_settings(o | dict(eval_every=0), ['en'])
     with pytest.raises(LegalnbError, match='xx not known'): bench.check_settings(o, ['en', 'xx'])
     with pytest.raises(LegalnbError, match='distinct shares'): bench.check_settings(o | dict(replay=[0.0, 0.0]), ['en'])
     with pytest.raises(LegalnbError, match='distinct shares'): bench.check_settings(o | dict(replay=[1.0]), ['en'])
+
+
+def test_curves_from_step_0_and_where_the_guard_stopped(bench, tmp_path):
+    "The during-training table reads each arm's eval records (step 0 first); the guard's line is found in the log."
+    curve = lambda d: {s: {'step': s, 'tokens': s * 1024, 'legal/bpb': 1.0 - s / 100, 'general/bpb': 3.0 + s * d}
+                       for s in (0, 2, 4)}
+    arms = [dict(share=0.0, curve=curve(0.01), eval_shares=[0.04, 0.05], times=dict(guard='forgetting guard: x')),
+            dict(share=0.05, curve=curve(-0.01), eval_shares=[0.045], times={})]
+    table = bench.curves_table(arms).splitlines()
+    cells = lambda row: [c.strip() for c in row.split('|')[1:-1]]
+    assert len(table) == 5 and cells(table[2]) == ['0', '0', '1.0000', '3.0000', '1.0000', '3.0000']
+    assert cells(table[4]) == ['4', '4,096', '0.9600', '3.0400', '0.9600', '2.9600']
+    lines = bench.watch_lines(arms)
+    assert '0% replay under --max-forgetting 0: forgetting guard: x' in lines and '4.0%, 5.0% of the training' in lines
+    log = tmp_path/'arm.log'
+    log.write_text('$ legalnb finetune\nforgetting guard: general (en) bits per byte rose +0.1 over the base at step 4\n')
+    assert bench.guard_stop(log).startswith('forgetting guard: general (en)')
