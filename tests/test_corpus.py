@@ -549,12 +549,25 @@ def test_heldout_bad_input_is_one_line_and_leaves_nothing(tmp_path, good, capsys
                                                   'number of acts (50), got 2.5'),
                          (['--val-docs', '-1'], 'got -1'),
                          (['--val-docs', '120'], f'--val-docs 120 holds out all 120 acts of {sel} and leaves none'),
-                         (['--val-docs', '0.9999999'], '--val-docs 0.9999999 would hold out more than half of the selection'),
-                         (['--val-docs', '1', '--val-min-acts', '0', '--seq-len', '4000'], f'{c}/val/shard_00000.npy: no rows for this shard: the '
-                                                                     'held-out acts give less than one row')]:
+                         (['--val-docs', '0.9999999'], '--val-docs 0.9999999 would hold out more than half of the selection')]:
         err = error(capsys, sel, '--out', c, '--shards', 1, '--train-tokenizer', 300, *argv)
         assert expect in err, (argv, err)
     assert snapshot(c) == before and sorted(p.name for p in tmp_path.iterdir()) == ['C', 's.jsonl']
+
+
+def test_heldout_acts_under_one_row_give_a_corpus_without_val_rows_and_say_so(tmp_path, good, capsys):
+    "One held-out act shorter than a row of 4,001 tokens: no val/ shard (it would be empty), heldout.jsonl kept for "
+    "evaluate, one line that says so; split then takes its validation rows from the training rows."
+    sel, _ = good
+    out = tmp_path/'short'
+    assert main(['build-corpus', str(sel), '--out', str(out), '--shards', '1', '--train-tokenizer', '300', '--val-docs',
+                 '1', '--val-min-acts', '0', '--seq-len', '4000', '--no-progress']) == 0
+    said = capsys.readouterr().out
+    assert 'the held-out acts give less than one row of 4001 tokens: no held-out rows' in said, said
+    m = json.loads((out/'manifest.json').read_text())
+    assert m['val_shards'] == [] and len(m['heldout_celex']) == 1 and m['heldout']['rows'] == 0
+    assert (out/'heldout.jsonl').read_text().count('\n') >= 1 and not list((out/'val').glob('*.npy'))
+    assert main(['split', str(out), '--out', str(tmp_path/'split'), '--val-ratio', '0.5', '--by', 'rows']) == 0
 
 
 def test_a_heldout_file_of_the_user_is_refused(tmp_path, good, capsys):
@@ -633,7 +646,7 @@ def test_default_shards_hold_rows_when_long_heldout_acts_sit_together(tmp_path, 
                  str(tmp_path/'long.txt'), '--no-progress']) == 0
     m = json.loads((tmp_path/'c'/'manifest.json').read_text())
     rows = [s['rows'] for s in m['shards']]
-    assert m['args']['shards'] == 16 and len(rows) == 16 and min(rows) >= 1 and m['heldout_celex'] == names
+    assert m['args']['shards'] is None and len(rows) == 16 and min(rows) >= 1 and m['heldout_celex'] == names
     assert max(rows) < m['rows'] / 4, f'the rows spread over the shards, not piled in a few: {rows}'
     assert 'share held out: 58' in capsys.readouterr().out
     # a shard that would still be empty: the real cause (the rows of the training side) and the --shards that fits
