@@ -843,7 +843,8 @@ def others_files(folder: Path) -> list[Path]:
 # what legalnb's commands, transformers and the trackers write: a file of another kind is the user's
 _WRITTEN_SUFFIXES = {'.json', '.jsonl', '.npy', '.safetensors', '.pt', '.pth', '.bin', '.md', '.png', '.yaml', '.txt',
                      '.slurm', '.log', '.model', '.jinja', '.csv'}
-_WRITTEN_NAME = re.compile(r'events\.out\.tfevents\..+|(configuration|modeling)_legalnb_\w+\.py|zero_to_fp32\.py|latest')
+_WRITTEN_NAME = re.compile(r'events\.out\.tfevents\..+|(configuration|modeling)_legalnb_\w+\.py'
+                           r'|zero_to_fp32\.py|latest')
 _TRACKER_FOLDERS = ('tb', 'mlruns', 'wandb', 'trackio')   # the trackers' own files, in their folders of a run
 
 def unknown_files(folder: Path) -> list[Path]:
