@@ -22,6 +22,9 @@ class Command(NamedTuple):
     config: str = ''  # what makes its config from its settings (default: its flags' dataclass, else the settings)
 
 COMMANDS = {
+    'download':     Command('legalnb.download:download_main', 'legalnb.download:DownloadConfig',
+                            'fetch acts from EUR-Lex (CELLAR) into a folder legalnb parse reads, resumably',
+                            'legalnb.download:download_run'),
     'sample':       Command('legalnb.sample:sample_main', 'legalnb.sample:SampleConfig',
                             'write a synthetic Formex corpus for demos and tests'),
     'parse':        Command('legalnb.sources:parse_main', 'legalnb.sources:ParseConfig',

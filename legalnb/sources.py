@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_sources.ipynb #7dc9bb63
 from __future__ import annotations
-import hashlib, heapq, itertools, json, math, multiprocessing, os, random, re, shutil, sqlite3, tempfile
+import functools, hashlib, heapq, itertools, json, math, multiprocessing, os, random, re, shutil, sqlite3, tempfile
 import unicodedata, uuid
 import xml.etree.ElementTree as ET
 import fcntl, lxml.etree
@@ -32,9 +32,9 @@ __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORD
            'document_from_record', 'read_jsonl_documents', 'skip_reason', 'formex_text', 'read_formex_file',
            'formex_document', 'read_formex', 'date_in_words', 'number_in_title', 'html_root', 'Page', 'html_text',
            'html_kind', 'oj_facts', 'consolidated_facts', 'eurlex_facts', 'eurlex_body', 'metadata_facts', 'read_html',
-           'html_document', 'file_kind', 'parse_batches', 'in_order', 'read_items', 'read_documents', 'report_path',
-           'parts_folder', 'parse_documents', 'write_parse_report', 'format_parse_summary', 'ParseConfig',
-           'parse_command', 'parse_run', 'parse_main']
+           'html_document', 'file_kind', 'parse_batches', 'fetched_from', 'in_order', 'read_items', 'read_documents',
+           'report_path', 'parts_folder', 'parse_documents', 'write_parse_report', 'format_parse_summary',
+           'ParseConfig', 'parse_command', 'parse_run', 'parse_main']
 
 # %% ../nbs/00_sources.ipynb #9cdec564
 DOC_TYPES = ('regulation', 'directive', 'decision', 'recommendation', 'other')
@@ -51,11 +51,13 @@ class Document:
     subjects: list[str] = field(default_factory=list)  # subject matters / descriptors
     source: str = ''           # the file it came from
     base_celex: str = ''       # a consolidated text: the CELEX of the act it consolidates (32016R0679); else ''
+    cellar: str = ''           # the CELLAR URI it was fetched from (legalnb download), else ''
 
     def to_json(self) -> dict:
         "A JSON-ready dict (date as ISO string)."
         d = asdict(self)
         d['date'] = self.date.isoformat() if self.date else None
+        if not self.cellar: del d['cellar']   # only a fetched document names where it came from
         return d
 
 # %% ../nbs/00_sources.ipynb #b11d79f4
@@ -249,7 +251,8 @@ def record_fields(rec: dict, where: str = '') -> tuple[str, str, str, str, date 
 def document_from_record(rec: dict, where: str = '', source: str = '') -> Document:
     "A `Document` from one JSON record, with the defaults above; `where` names the record in errors."
     fields = record_fields(rec, where)
-    return Document(*fields, str(rec.get('source') or source), str(rec.get('base_celex') or '') or _base_of(fields[0]))
+    return Document(*fields, str(rec.get('source') or source), str(rec.get('base_celex') or '') or _base_of(fields[0]),
+                    str(rec.get('cellar') or ''))
 
 def _base_of(celex: str) -> str:
     "The base act of a consolidated CELEX (`0...-yyyymmdd`), else ''; a CELEX that does not parse has none."
@@ -1127,7 +1130,29 @@ def _read_batch(job: tuple[list[tuple[Path, list[Path]]], bool]) -> tuple[list[t
     "The items of one batch of files, and the files counted by kind (`files.formex`, `files.html`, ...)."
     batch, notes = job
     counts = Counter()
-    return [item for _, files in batch for item in _read_unit(files, notes, counts)], counts
+    return [_provenance(item, files[0]) for _, files in batch for item in _read_unit(files, notes, counts)], counts
+
+@functools.lru_cache(maxsize=64)
+def _fetched(root: Path, stamp: int) -> dict:
+    "The items of the download manifest in `root` by path (`stamp`: its modification time, so a new one is read)."
+    from legalnb.download import read_manifest   # download builds on sources: its manifest is read here, when found
+    return {e['path']: e for e in (read_manifest(root) or {}).get('items', [])}
+
+def fetched_from(path: str | Path) -> dict | None:
+    "The `legalnb download` manifest entry `path` (a file or folder) came from: the nearest manifest above it lists."
+    path = Path(os.path.abspath(path))
+    for root in path.parents:
+        if (manifest := root/'download.json').is_file():
+            items, rel = _fetched(root, manifest.stat().st_mtime_ns), path.relative_to(root).parts
+            return next((items[k] for k in ('/'.join(rel[:i]) for i in range(len(rel), 0, -1)) if k in items), None)
+    return None
+
+def _provenance(item: tuple, path: Path) -> tuple:
+    "A document read from a downloaded folder, with the CELLAR URI it came from (and the CELEX, if the file has none)."
+    if item[0] == 'doc' and (e := fetched_from(path)):
+        doc = item[1]; doc.cellar = e['uri']
+        if not doc.celex: doc.celex, doc.base_celex = e['celex'], _base_of(e['celex'])
+    return item
 
 # %% ../nbs/00_sources.ipynb #4c5779ab
 class _OneProcess:
