@@ -411,3 +411,26 @@ def test_each_command_parser_is_built_once_in_a_run(monkeypatch, tmp_path):
     run.check_plan(stages, top)
     train.config_from_args(next(s for s in stages if s.name == 'train').argv)
     assert built == Counter({f'legalnb {c}': 1 for c in ('parse', 'select', 'build-corpus', 'split', 'train', 'evaluate')})
+
+def test_a_plan_that_starts_from_a_download_stage(sample, tmp_path, capsys):
+    "A `download:` section fetches the acts (from a local stand-in for CELLAR) before parse; what could not be "
+    "fetched is one line and the run goes on; a second run skips the download."
+    from cellar_server import Cellar
+    work, plan = tmp_path/'work', tmp_path/'plan.yaml'
+    with Cellar() as cellar:
+        plan.write_text(yaml.safe_dump({'input': str(sample), 'out': str(work), 'download': {
+            'celex': ['32011R1319', '32016R0679', '32099R9999'], 'languages': ['en'], 'sparql': cellar.sparql,
+            'resource': cellar.resource, 'backoff': 0.01}}))
+        assert main(['run', str(plan), *TINY]) == 0
+        printed = capsys.readouterr().out
+        assert '[1/7] download' in printed and f'what could not be fetched is listed in {work/"download"/"download.json"}' \
+            in printed and 'failed: 32099R9999 : not in CELLAR' in printed
+        docs = {d['celex']: d for d in map(json.loads, (work/'parsed.jsonl').read_text().splitlines())}
+        assert docs['32011R1319']['cellar'].startswith('http://publications.europa.eu/resource/cellar/')
+        assert sum('cellar' in d for d in docs.values()) == 2, 'the sample has no CELLAR URI'
+        assert main(['run', str(plan), *TINY]) == 0
+        assert 'download: skipped, up to date' in capsys.readouterr().out
+        assert len([1 for _, m, *_ in cellar.log if m == 'GET']) == 2, 'nothing fetched again'
+    plan.write_text(yaml.safe_dump({'out': str(tmp_path/'w2')}))
+    assert main(['run', str(plan), *TINY]) == 2
+    assert 'or a download: section' in capsys.readouterr().err
