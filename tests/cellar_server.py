@@ -5,7 +5,7 @@ dates, languages, formats) applied to the acts it holds. Resources: `/resource/c
 manifestation as a zip) and `/resource/cellar/ID/DOC_1` (an XHTML or HTML item), with CELLAR's content types.
 The acts are the repository's real fixtures (Official Journal publications, EUR-Lex; see tests/fixtures/*/NOTICE.md):
 Formex zips are made from the real Formex files at start. `plan[path]` lists what the next requests of a path get
-(a status with headers, a body cut off, a slow body), to test retries and damage; `log` keeps every request.
+(a status with headers, a body cut off, another body, a redirect), to test retries and damage; `log` keeps every request.
 """
 from __future__ import annotations
 import io, json, re, threading, time, urllib.parse, zipfile
@@ -121,10 +121,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         self.server.log.append((time.monotonic(), 'GET', self.path, dict(self.headers)))
-        planned = self.server.plan.get(self.path) or []
+        path = self.path.split('?')[0]
+        planned = self.server.plan.get(path) or []
         step = planned.pop(0) if planned else 'ok'
-        if self.path not in self.server.items: return self._send(404, b'<html>Not found</html>', 'text/html')
-        fmt, body = self.server.items[self.path]
+        if isinstance(step, tuple) and step[0] == 'redirect':   # ('redirect', URL): CELLAR's 303 See Other
+            return self._send(303, b'', 'text/plain', {'Location': step[1]})
+        if path not in self.server.items: return self._send(404, b'<html>Not found</html>', 'text/html')
+        fmt, body = self.server.items[path]
         if isinstance(step, tuple) and step[0] == 'status':   # ('status', 429, {'Retry-After': '1'})
             return self._send(step[1], b'busy', 'text/plain', step[2] if len(step) > 2 else None)
         if step == 'cut': return self._send(200, body, TYPES[fmt], cut=len(body) // 2)

@@ -188,3 +188,14 @@ def test_kill_9_at_any_moment_then_the_same_command_gives_the_same_folder(tmp_pa
     assert set(files(out)) == set(whole) and all(files(out)[k] == whole[k] for k in whole if k != MANIFEST)
     assert without_times(read_manifest(out)) == without_times(read_manifest(tmp_path/'whole'))
     assert not list(out.glob('.*.tmp'))
+
+
+def test_redirects_are_followed_on_the_same_host_only(tmp_path, capsys):
+    with Cellar() as cellar:
+        here, there = cellar.item_path('32011R1319', 'en', 'fmx4'), cellar.item_path('32016R0679', 'en', 'fmx4')
+        cellar.plan = {here: [('redirect', here + '?after=303')], there: [('redirect', 'http://127.0.0.2:9/elsewhere')]}
+        assert main(['download', '--out', str(tmp_path/'o'), '--celex', '32011R1319,32016R0679', '--languages', 'en',
+                     *cellar.flags(), *QUICK]) == 1
+        assert [p for _, m, p, _ in cellar.log if m == 'GET' and p.startswith(here)] == [here, here + '?after=303']
+    assert [e['celex'] for e in read_manifest(tmp_path/'o')['items']] == ['32011R1319']
+    assert 'redirected to another host (127.0.0.2:9): not followed' in capsys.readouterr().out

@@ -428,6 +428,8 @@ def test_a_plan_that_starts_from_a_download_stage(sample, tmp_path, capsys):
         docs = {d['celex']: d for d in map(json.loads, (work/'parsed.jsonl').read_text().splitlines())}
         assert docs['32011R1319']['cellar'].startswith('http://publications.europa.eu/resource/cellar/')
         assert sum('cellar' in d for d in docs.values()) == 2, 'the sample has no CELLAR URI'
+        chosen = [json.loads(l) for l in (work/'selected.jsonl').read_text().splitlines()]
+        assert {d['celex'] for d in chosen if 'cellar' in d} == {'32011R1319', '32016R0679'}, 'carried to the selection'
         assert main(['run', str(plan), *TINY]) == 0
         assert 'download: skipped, up to date' in capsys.readouterr().out
         assert len([1 for _, m, *_ in cellar.log if m == 'GET']) == 2, 'nothing fetched again'
