@@ -871,7 +871,7 @@ def stage_split(split: Path, dest: Path, progress: bool = True) -> Path:
 def _run_stage(s: Stage):
     "Run stage `s`'s command from its config in this process (the command table's run function); a failure stops it."
     cfg = dict(s.config) if isinstance(s.config, dict) else s.config   # a command reads its own copy
-    from legalnb.download import read_manifest
+    from legalnb.sources import read_manifest
     code = command_run(s.kind)(cfg)
     if code == 1 and s.kind == 'download' and (read_manifest(s.output.parent) or {}).get('items'):   # some fetched
         print(f'download: what could not be fetched is listed in {s.output}; the run goes on with the rest '

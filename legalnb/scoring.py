@@ -21,19 +21,19 @@ from .core import (LegalnbError, atomic_write, jsonl_records, parse_count, parse
                           refuse_overwriting_inputs, usable_cores, check_num_proc)
 from .core import flag_settings, holder_alive
 from .sources import Document, DOC_TYPES, EU_LANGUAGES, write_jsonl, record_fields, skip_reason, _pool, in_order
+from .sources import iso_date, language_codes, type_names
 
 # %% auto #0
 __all__ = ['PRIORITY_TOPICS', 'RULES', 'CHARS_PER_TOKEN', 'SCAN_RANGE', 'PREFER', 'SHINGLE_WORDS', 'NUM_PERM', 'LSH_WEIGHTS',
            'NEAR_DUP_MAX', 'BAND_BUCKET', 'SPILL_FILES', 'SELECT_RECORD', 'SELECT_BUCKET', 'ScoringRules', 'Facts',
            'facts_of', 'Rule', 'Recency', 'DocType', 'Length', 'topic_flags', 'Subject', 'LanguageBonus', 'Score',
-           'rule_points', 'score_document', 'estimate_tokens', 'split_long_text', 'tokenizer_counter', 'language_codes',
-           'type_names', 'iso_date', 'FilterTally', 'DocumentFilter', 'Candidate', 'year_band', 'Candidates',
-           'as_candidates', 'gc_paused', 'scan_documents', 'act_of', 'acts_of', 'prefer_versions', 'language_quotas',
-           'rank', 'choose_documents', 'split_by_share', 'document_quotas', 'with_score', 'copy_selected',
-           'write_selected', 'shingle_hashes', 'minhash', 'lsh_bands', 'near_duplicates', 'near_duplicate_share',
-           'minhash_of', 'synthetic_documents', 'top_count', 'token_target', 'SelectConfig', 'chosen_rules',
-           'select_documents', 'selection_report', 'report_table', 'write_selection_report', 'plot_report',
-           'select_run', 'select_main']
+           'rule_points', 'score_document', 'estimate_tokens', 'split_long_text', 'tokenizer_counter', 'FilterTally',
+           'DocumentFilter', 'Candidate', 'year_band', 'Candidates', 'as_candidates', 'gc_paused', 'scan_documents',
+           'act_of', 'acts_of', 'prefer_versions', 'language_quotas', 'rank', 'choose_documents', 'split_by_share',
+           'document_quotas', 'with_score', 'copy_selected', 'write_selected', 'shingle_hashes', 'minhash', 'lsh_bands',
+           'near_duplicates', 'near_duplicate_share', 'minhash_of', 'synthetic_documents', 'top_count', 'token_target',
+           'SelectConfig', 'chosen_rules', 'select_documents', 'selection_report', 'report_table',
+           'write_selection_report', 'plot_report', 'select_run', 'select_main']
 
 # %% ../nbs/01_scoring.ipynb #718167de
 PRIORITY_TOPICS = ('data protection', 'gdpr', 'privacy', 'consumer rights', 'environment', 'climate',
@@ -260,38 +260,6 @@ def tokenizer_counter(path: str | Path) -> Callable[[str], int]:
     try: tok = Tokenizer.from_file(str(path))
     except Exception as e: raise LegalnbError(f'{path}: not a tokenizers tokenizer.json ({e})') from None
     return lambda text: sum(len(enc.ids) for enc in tok.encode_batch(split_long_text(text), add_special_tokens=False))
-
-# %% ../nbs/01_scoring.ipynb #a18c1226
-def _listed(value, what: str, example: str) -> list[str]:
-    "The items of 'a,b' (or of a list of such texts, or of lists of them) in lower case, without repeats."
-    def items(v): return v.split(',') if isinstance(v, str) else [p for x in v for p in items(x)]
-    found = list(dict.fromkeys(p.strip().lower() for p in items(value if isinstance(value, (list, tuple))
-                                                                else str(value)) if p.strip()))
-    if not found: raise LegalnbError(f'expected {what} separated by commas, such as {example}, got {value!r}')
-    return found
-
-def language_codes(text: str) -> list[str]:
-    "ISO 639-1 codes of official EU languages from 'en,de' (a flag type: core's parser names the flag)."
-    codes = _listed(text, 'ISO 639-1 language codes', 'en,de')
-    if bad := [c for c in codes if c not in EU_LANGUAGES]:
-        raise LegalnbError(f'{bad[0]!r} is not the ISO 639-1 code of an official EU language; '
-                           f'expected some of {", ".join(EU_LANGUAGES)}')
-    return codes
-
-def type_names(text: str) -> list[str]:
-    "Document types from 'regulation,directive': the Document contract's `doc_type` values (a flag type)."
-    names = _listed(text, 'document types', 'regulation,directive')
-    if bad := [t for t in names if t not in DOC_TYPES]:
-        raise LegalnbError(f'{bad[0]!r} is not a document type; expected some of {", ".join(DOC_TYPES)}')
-    return names
-
-def iso_date(text: str) -> date:
-    "A date from 'yyyy-mm-dd' (a flag type: core's parser names the flag); a `date` is kept as it is."
-    if isinstance(text, date): return text
-    if re.fullmatch(r'\d{4}-\d{2}-\d{2}', str(text).strip()):
-        try: return date.fromisoformat(str(text).strip())
-        except ValueError: pass
-    raise LegalnbError(f'expected a date as yyyy-mm-dd, such as 2015-01-01, got {text!r}')
 
 # %% ../nbs/01_scoring.ipynb #a96b14f0
 @dataclass

@@ -26,15 +26,15 @@ from .core import Output, flag_settings, followed, run_writing, trim_memory
 # %% auto #0
 __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORDS', 'EU_LANGUAGES', 'FORMEX_BLOCKS',
            'FORMEX_SKIP', 'FORMEX_LABELS', 'MONTHS', 'HTML_BLOCKS', 'HTML_SKIP', 'DOCUMENT_KINDS', 'NOT_DOCUMENTS',
-           'PARSE_BATCH', 'LISTING_RUN', 'LISTING_FAN_IN', 'PARTS_FORMAT', 'Document', 'write_jsonl', 'parse_date',
-           'Celex', 'parse_celex', 'base_celex', 'doc_type_from_celex', 'celex_from_number',
-           'doc_type_from_legal_value', 'doc_type_from_title', 'check_language', 'record_fields',
-           'document_from_record', 'read_jsonl_documents', 'skip_reason', 'formex_text', 'read_formex_file',
-           'formex_document', 'read_formex', 'date_in_words', 'number_in_title', 'html_root', 'Page', 'html_text',
-           'html_kind', 'oj_facts', 'consolidated_facts', 'eurlex_facts', 'eurlex_body', 'metadata_facts', 'read_html',
-           'html_document', 'file_kind', 'parse_batches', 'fetched_from', 'in_order', 'read_items', 'read_documents',
-           'report_path', 'parts_folder', 'parse_documents', 'write_parse_report', 'format_parse_summary',
-           'ParseConfig', 'parse_command', 'parse_run', 'parse_main']
+           'PARSE_BATCH', 'LISTING_RUN', 'LISTING_FAN_IN', 'MANIFEST', 'PARTS_FORMAT', 'Document', 'write_jsonl',
+           'parse_date', 'Celex', 'parse_celex', 'base_celex', 'doc_type_from_celex', 'celex_from_number',
+           'doc_type_from_legal_value', 'doc_type_from_title', 'check_language', 'language_codes', 'type_names',
+           'iso_date', 'record_fields', 'document_from_record', 'read_jsonl_documents', 'skip_reason', 'formex_text',
+           'read_formex_file', 'formex_document', 'read_formex', 'date_in_words', 'number_in_title', 'html_root',
+           'Page', 'html_text', 'html_kind', 'oj_facts', 'consolidated_facts', 'eurlex_facts', 'eurlex_body',
+           'metadata_facts', 'read_html', 'html_document', 'file_kind', 'parse_batches', 'read_manifest',
+           'fetched_from', 'in_order', 'read_items', 'read_documents', 'report_path', 'parts_folder', 'parse_documents',
+           'write_parse_report', 'format_parse_summary', 'ParseConfig', 'parse_command', 'parse_run', 'parse_main']
 
 # %% ../nbs/00_sources.ipynb #9cdec564
 DOC_TYPES = ('regulation', 'directive', 'decision', 'recommendation', 'other')
@@ -228,6 +228,38 @@ def check_language(lang, where: str = '') -> str:
                                       f'languages: {", ".join(EU_LANGUAGES)}')
     raise LegalnbError(f'{where}: "lang" {lang!r} is not one of the 24 official EU languages; '
                        f'write its ISO 639-1 code: {", ".join(EU_LANGUAGES)}')
+
+# %% ../nbs/00_sources.ipynb #a18c1226
+def _listed(value, what: str, example: str) -> list[str]:
+    "The items of 'a,b' (or of a list of such texts, or of lists of them) in lower case, without repeats."
+    def items(v): return v.split(',') if isinstance(v, str) else [p for x in v for p in items(x)]
+    found = list(dict.fromkeys(p.strip().lower() for p in items(value if isinstance(value, (list, tuple))
+                                                                else str(value)) if p.strip()))
+    if not found: raise LegalnbError(f'expected {what} separated by commas, such as {example}, got {value!r}')
+    return found
+
+def language_codes(text: str) -> list[str]:
+    "ISO 639-1 codes of official EU languages from 'en,de' (a flag type: core's parser names the flag)."
+    codes = _listed(text, 'ISO 639-1 language codes', 'en,de')
+    if bad := [c for c in codes if c not in EU_LANGUAGES]:
+        raise LegalnbError(f'{bad[0]!r} is not the ISO 639-1 code of an official EU language; '
+                           f'expected some of {", ".join(EU_LANGUAGES)}')
+    return codes
+
+def type_names(text: str) -> list[str]:
+    "Document types from 'regulation,directive': the Document contract's `doc_type` values (a flag type)."
+    names = _listed(text, 'document types', 'regulation,directive')
+    if bad := [t for t in names if t not in DOC_TYPES]:
+        raise LegalnbError(f'{bad[0]!r} is not a document type; expected some of {", ".join(DOC_TYPES)}')
+    return names
+
+def iso_date(text: str) -> date:
+    "A date from 'yyyy-mm-dd' (a flag type: core's parser names the flag); a `date` is kept as it is."
+    if isinstance(text, date): return text
+    if re.fullmatch(r'\d{4}-\d{2}-\d{2}', str(text).strip()):
+        try: return date.fromisoformat(str(text).strip())
+        except ValueError: pass
+    raise LegalnbError(f'expected a date as yyyy-mm-dd, such as 2015-01-01, got {text!r}')
 
 # %% ../nbs/00_sources.ipynb #b9845dc0
 def record_fields(rec: dict, where: str = '') -> tuple[str, str, str, str, date | None, str, list[str]]:
@@ -1132,17 +1164,30 @@ def _read_batch(job: tuple[list[tuple[Path, list[Path]]], bool]) -> tuple[list[t
     counts = Counter()
     return [_provenance(item, files[0]) for _, files in batch for item in _read_unit(files, notes, counts)], counts
 
+MANIFEST = 'download.json'   # what `legalnb download` fetched into a folder, item by item
+
+def read_manifest(folder: str | Path) -> dict | None:
+    "The download manifest of `folder` (None when it has none); a damaged one is one line naming it."
+    path = Path(folder)/MANIFEST
+    if not path.is_file(): return None
+    try: m = json.loads(path.read_text(encoding='utf-8'))
+    except (ValueError, UnicodeDecodeError): m = None
+    ok = lambda x: isinstance(x, dict) and all(isinstance(x.get(k), str) for k in ('celex', 'lang', 'uri', 'path'))
+    if not (isinstance(m, dict) and isinstance(m.get('items'), list) and all(map(ok, m['items']))):
+        raise LegalnbError(f'{path}: not a legalnb download manifest (items of celex, lang, uri, path); run '
+                           'legalnb download again into this folder to write it anew')
+    return m
+
 @functools.lru_cache(maxsize=64)
 def _fetched(root: Path, stamp: int) -> dict:
     "The items of the download manifest in `root` by path (`stamp`: its modification time, so a new one is read)."
-    from legalnb.download import read_manifest   # download builds on sources: its manifest is read here, when found
     return {e['path']: e for e in (read_manifest(root) or {}).get('items', [])}
 
 def fetched_from(path: str | Path) -> dict | None:
     "The `legalnb download` manifest entry `path` (a file or folder) came from: the nearest manifest above it lists."
     path = Path(os.path.abspath(path))
     for root in path.parents:
-        if (manifest := root/'download.json').is_file():
+        if (manifest := root/MANIFEST).is_file():
             items, rel = _fetched(root, manifest.stat().st_mtime_ns), path.relative_to(root).parts
             return next((items[k] for k in ('/'.join(rel[:i]) for i in range(len(rel), 0, -1)) if k in items), None)
     return None
