@@ -153,6 +153,12 @@ def test_hostile_and_damaged_responses_are_one_line_each_and_touch_nothing_outsi
         assert set(files(out)) == {MANIFEST, NOTICE} and not list(out.glob('.*.tmp')), 'no partial file left'
         assert {f['celex'] for f in read_manifest(out)['failed']} == {*says, '12002E055', '32014L0065'}
         cellar.plan = {}
+        (out/'.notes.tmp').write_text('a hidden file of the user')
+        argv = ['download', '--out', str(out), '--consolidated', '--celex', '32011R1319', *cellar.flags(), *QUICK]
+        capsys.readouterr()
+        assert main(argv) == 2 and '.notes.tmp' in capsys.readouterr().err, 'a file legalnb did not write: refused'
+        assert (out/'.notes.tmp').read_text() == 'a hidden file of the user'
+        (out/'.notes.tmp').unlink()
         assert main(['download', '--out', str(out), '--consolidated', '--celex',
                      '32011R1319,32016R0679,32014L0065,32024R0903,12002E055', *cellar.flags(), *QUICK]) == 1
     m = read_manifest(out)
