@@ -12,7 +12,7 @@ from typing import Literal
 from fastcore.docments import docments
 from .core import GPU_HOUR_PRICE, LegalnbError, atomic_write, command_parser, resolve_precision
 from .commands import COMMANDS, command_main, command_settings
-from .core import flag_settings, format_duration, read_json
+from .core import HUB_OFFLINE_MARK, flag_settings, format_duration, read_json
 from .core import output_folder, record_written, remove_owned
 from .core import PRESET_VOCAB
 from .models import DEFAULT_MODEL
@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == '--version':
         from legalnb import __version__; print(__version__); return 0
     cmd, rest = argv[0], argv[1:]
-    os.environ.setdefault('HF_HUB_OFFLINE', '1')   # legalnb downloads nothing: no library phones home (issue 48)
+    if 'HF_HUB_OFFLINE' not in os.environ:   # legalnb downloads nothing unasked: no library phones home (issue 48)
+        os.environ['HF_HUB_OFFLINE'] = os.environ[HUB_OFFLINE_MARK] = '1'   # --download lifts it for its download
     if cmd not in COMMANDS:
         print(f'legalnb: unknown command {cmd!r}; choose from {", ".join(COMMANDS)}', file=sys.stderr); return 2
     try: return command_main(cmd)(rest) or 0

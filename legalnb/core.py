@@ -14,17 +14,18 @@ from fastcore.docments import docments
 
 # %% auto #0
 __all__ = ['GPU_HOUR_PRICE', 'PRESET_VOCAB', 'CPT_SEQ_LEN', 'SCRATCH_SEQ_LEN', 'VAL_SHARE', 'NUMBER_EXAMPLES', 'PRECISIONS',
-           'NVIDIA_SMI_TIMEOUT', 'TORCH_CUDA_VARIANTS', 'TORCH_INDEX', 'DEVICES', 'OWNED', 'OWNED_FORMAT',
-           'OWN_COMMAND', 'LOCK', 'LegalnbError', 'max_procs', 'check_num_proc', 'atomic_write', 'jsonl_record',
-           'jsonl_records', 'read_json', 'parse_number', 'parse_count', 'format_duration', 'markdown_table',
-           'resolve_precision', 'cuda_capability', 'NvidiaGpu', 'parse_nvidia_smi', 'nvidia_gpus', 'torch_variant',
-           'torch_install', 'cuda_unusable', 'say_once', 'resolve_device', 'hub_cache', 'is_hub_name', 'hub_snapshot',
-           'model_folder', 'add_to_hub_cache', 'usable_cores', 'loader_workers', 'available_memory', 'refuse_oversized',
-           'libc', 'trim_memory', 'refuse_overwriting_inputs', 'bookkeeping', 'foreign_files', 'refuse_foreign_files',
-           'folder_files', 'everyones', 'owned_files', 'unowned_stamps', 'record_written', 'remove_owned',
-           'recorded_by', 'record_as', 'open_lock', 'lock_path', 'holder_alive', 'folder_lock', 'followed',
-           'refuse_unowned', 'output_folder', 'others_files', 'unknown_files', 'OwnConfig', 'own_command', 'own_main',
-           'CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command', 'flag_settings']
+           'NVIDIA_SMI_TIMEOUT', 'TORCH_CUDA_VARIANTS', 'TORCH_INDEX', 'DEVICES', 'MODEL_FILES', 'HUB_OFFLINE_MARK',
+           'OWNED', 'OWNED_FORMAT', 'OWN_COMMAND', 'LOCK', 'LegalnbError', 'max_procs', 'check_num_proc',
+           'atomic_write', 'jsonl_record', 'jsonl_records', 'read_json', 'parse_number', 'parse_count',
+           'format_duration', 'markdown_table', 'resolve_precision', 'cuda_capability', 'NvidiaGpu', 'parse_nvidia_smi',
+           'nvidia_gpus', 'torch_variant', 'torch_install', 'cuda_unusable', 'say_once', 'resolve_device', 'hub_cache',
+           'hub_cache_at', 'is_hub_name', 'hub_snapshot', 'model_folder', 'add_to_hub_cache', 'usable_cores',
+           'loader_workers', 'available_memory', 'refuse_oversized', 'libc', 'trim_memory', 'refuse_overwriting_inputs',
+           'bookkeeping', 'foreign_files', 'refuse_foreign_files', 'folder_files', 'everyones', 'owned_files',
+           'unowned_stamps', 'record_written', 'remove_owned', 'recorded_by', 'record_as', 'open_lock', 'lock_path',
+           'holder_alive', 'folder_lock', 'followed', 'refuse_unowned', 'output_folder', 'others_files',
+           'unknown_files', 'OwnConfig', 'own_command', 'own_main', 'CommandParser', 'command_parser', 'Output',
+           'run_writing', 'run_command', 'flag_settings']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -306,32 +307,44 @@ def resolve_device(device: str = 'auto',        # 'auto' (the GPU when torch can
     return torch.device('cpu')
 
 # %% ../nbs/00_core.ipynb #6ef34d8e
+MODEL_FILES = ['model*.safetensors', 'adapter_model.safetensors', 'model.safetensors.index.json', 'config.json',
+               'adapter_config.json', 'generation_config.json', 'tokenizer.json', 'tokenizer_config.json',
+               'special_tokens_map.json', 'added_tokens.json', 'tokenizer.model', 'vocab.json', 'merges.txt',
+               'vocab.txt', 'chat_template.jinja', 'chat_template.json']   # what legalnb reads: no pickles, no Python
+HUB_OFFLINE_MARK = 'LEGALNB_HUB_OFFLINE'   # set beside HF_HUB_OFFLINE=1 when the legalnb command, not the user, set it
+
 def hub_cache() -> Path:
-    "The Hugging Face cache `hf download` fills: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."
-    env = os.environ
-    if found := env.get('HF_HUB_CACHE') or env.get('HUGGINGFACE_HUB_CACHE'): return Path(found).expanduser()
-    home = env.get('HF_HOME') or Path(env.get('XDG_CACHE_HOME') or Path.home()/'.cache')/'huggingface'
-    return Path(home).expanduser()/'hub'
+    "The Hugging Face cache `hf download` fills, as huggingface_hub read it at import ($HF_HUB_CACHE, $HF_HOME/hub)."
+    from huggingface_hub import constants
+    return Path(constants.HF_HUB_CACHE)
+
+@contextmanager
+def hub_cache_at(folder: str | Path):
+    "Use `folder` as the Hugging Face cache inside the block (huggingface_hub reads $HF_HOME once, at import)."
+    from huggingface_hub import constants
+    saved, constants.HF_HUB_CACHE = constants.HF_HUB_CACHE, str(folder)
+    try: yield Path(folder)
+    finally: constants.HF_HUB_CACHE = saved
 
 def is_hub_name(name: str) -> bool:
     "Whether `name` reads as a model's name on the Hugging Face Hub, org/name (a relative path of two parts may too)."
     name = str(name)
     return bool(re.fullmatch(r'[\w-][\w.-]*/[\w-][\w.-]*', name)) and '--' not in name and '..' not in name
 
-def hub_snapshot(name: str) -> Path:
-    "The folder of model `name` (org/name) in the Hugging Face cache, found without the network."
+def hub_snapshot(name: str, repo_type: str = 'model',   # 'dataset': a dataset's
+                 files: list[str] = MODEL_FILES) -> Path:   # the patterns of the files legalnb reads
+    "The folder of `name` (org/name) in the Hugging Face cache, found without the network."
     from huggingface_hub import snapshot_download
-    from huggingface_hub import errors
-    from huggingface_hub.errors import LocalEntryNotFoundError
-    IncompleteSnapshotError = getattr(errors, 'IncompleteSnapshotError', ())   # older releases lack it
-    cache, how = hub_cache(), f'`hf download {name}` (HF_HOME decides where it goes)'
-    try: return Path(snapshot_download(name, local_files_only=True, cache_dir=cache))
+    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
+    cache, what = hub_cache(), 'model' if repo_type == 'model' else repo_type
+    how = f'`hf download {name}{"" if repo_type == "model" else " --repo-type " + repo_type}` or --download'
+    try: return Path(snapshot_download(name, repo_type=repo_type, local_files_only=True, allow_patterns=files))
     except IncompleteSnapshotError:
         raise LegalnbError(f'{name}: its download into the Hugging Face cache {cache} is incomplete; run {how} '
                            'again') from None
     except LocalEntryNotFoundError:
-        raise LegalnbError(f'{name}: no such folder, and no model {name} in the Hugging Face cache {cache}; download '
-                           f'it with {how}, or give a model folder') from None
+        raise LegalnbError(f'{name}: no such folder, and no {what} {name} in the Hugging Face cache {cache}; download '
+                           f'it with {how} (HF_HOME decides where it goes), or give a {what} folder') from None
 
 def model_folder(model: str | Path) -> Path:
     "The folder of `model`: a folder here (it wins over the cache), else org/name's snapshot in the Hugging Face cache."
@@ -339,13 +352,15 @@ def model_folder(model: str | Path) -> Path:
     return hub_snapshot(str(model)) if not p.exists() and is_hub_name(str(model)) else p
 
 # %% ../nbs/00_core.ipynb #c2770792
-def add_to_hub_cache(folder: str | Path,               # a model folder (save_pretrained)
+def add_to_hub_cache(folder: str | Path,               # a model folder (save_pretrained), or a dataset's files
                      name: str,                        # its name on the Hub, org/name
                      cache: str | Path | None = None,  # the cache (default: `hub_cache()`)
+                     repo_type: str = 'model',         # 'dataset': laid out as a dataset's
                     ) -> Path:                         # the snapshot folder
-    "Put `folder` into a Hugging Face cache as `hf download` lays a model out (blobs, refs/main, snapshots/COMMIT)."
+    "Put `folder` into a Hugging Face cache as `hf download` lays a repository out (blobs, refs/main, "
+    "snapshots/COMMIT)."
     from huggingface_hub.file_download import repo_folder_name
-    repo = Path(cache or hub_cache())/repo_folder_name(repo_id=name, repo_type='model')
+    repo = Path(cache or hub_cache())/repo_folder_name(repo_id=name, repo_type=repo_type)
     files = {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest()
              for p in sorted(Path(folder).rglob('*')) if p.is_file()}
     commit = hashlib.sha1(json.dumps({str(k): v for k, v in files.items()}).encode()).hexdigest()

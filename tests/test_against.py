@@ -570,7 +570,7 @@ def test_a_hugging_face_model_gets_the_suites_cached_here_by_default(runs, tmp_p
     from legalnb.evaluate import EvaluateConfig
     model = tmp_path/'llama'; model.mkdir()   # a Hugging Face model folder as evaluate tells it (the choice needs no weights)
     (model/'config.json').write_text(json.dumps(dict(model_type='llama', architectures=['LlamaForCausalLM'])))
-    monkeypatch.setenv('HF_HUB_CACHE', str(tmp_path/'hub'))
+    monkeypatch.setattr('huggingface_hub.constants.HF_HUB_CACHE', str(tmp_path/'hub'))
     monkeypatch.setattr(datasets.config, 'HF_DATASETS_CACHE', tmp_path/'datasets')   # not this machine's own
     data = tmp_path/'heldout.jsonl'
     data.write_text(''.join(json.dumps(dict(celex=f'3201{i}R000{i}', lang=l, text='Article 1 text.')) + '\n'

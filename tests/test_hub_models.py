@@ -35,9 +35,12 @@ def hf_home(tiny_llama, tmp_path_factory) -> Path:
 
 @pytest.fixture
 def cache(hf_home, monkeypatch) -> Path:
-    "HF_HOME set to the fixture's (the variables that would name another cache unset); the cache folder."
+    "The fixture's cache as huggingface_hub's (it reads HF_HOME at import: its constant is set), and HF_HOME for the "
+    "commands this test starts; the cache folder."
+    import huggingface_hub.constants
     monkeypatch.setenv('HF_HOME', str(hf_home))
     for k in ('HF_HUB_CACHE', 'HUGGINGFACE_HUB_CACHE'): monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, 'HF_HUB_CACHE', str(hf_home/'hub'))
     return hf_home/'hub'
 
 
@@ -80,8 +83,8 @@ def test_a_name_not_in_the_cache_is_one_line_with_the_download_command(command, 
     assert main([command, *map(str, argv)]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f'legalnb {command}: error: legal-org/absent: no such folder, and no model legal-org/absent in the Hugging Face '
-        f'cache {cache}; download it with `hf download legal-org/absent` (HF_HOME decides where it goes), or give a '
-        'model folder']
+        f'cache {cache}; download it with `hf download legal-org/absent` or --download (HF_HOME decides where it goes), '
+        'or give a model folder']
     assert not (tmp_path/'ft').exists() and not (tmp_path/'eval').exists()
 
 
