@@ -25,6 +25,8 @@ COMMANDS = {
     'download':     Command('legalnb.download:download_main', 'legalnb.download:DownloadConfig',
                             'fetch acts from EUR-Lex (CELLAR) into a folder legalnb parse reads, resumably',
                             'legalnb.download:download_run'),
+    'fetch':        Command('legalnb.hf:fetch_main', 'legalnb.hf:FetchConfig',
+                            'download a model or dataset of the Hugging Face Hub into its cache (safe files only)'),
     'sample':       Command('legalnb.sample:sample_main', 'legalnb.sample:SampleConfig',
                             'write a synthetic Formex corpus for demos and tests'),
     'parse':        Command('legalnb.sources:parse_main', 'legalnb.sources:ParseConfig',

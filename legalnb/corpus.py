@@ -23,6 +23,8 @@ from .core import (LegalnbError, atomic_write, foreign_files, format_duration, j
 from .core import Output, flag_settings, followed, libc, run_writing, trim_memory, record_written
 from .core import CPT_SEQ_LEN
 from .sources import parse_celex, parse_date
+from .hub import dataset_card, card_configs, hub_dataset_folder, is_hub_dataset, open_hub_dataset
+from .hub import fetch_if_asked, parse_hub_dataset
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'FLOOR_ROOM', 'MIX_HELDOUT', 'MIX_MAX_SHARE',
@@ -32,9 +34,10 @@ __all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'FLO
            'encode_stream', 'RowPacker', 'shard_dtype', 'npy_header_bytes', 'file_sha256', 'EmptyShard', 'write_shard',
            'act_key', 'act_number', 'check_val_docs', 'named_acts', 'HeldOut', 'choose_heldout', 'heldout_acts',
            'MixSource', 'parse_mix', 'check_mix', 'mix_rows', 'mix_files', 'mix_format', 'open_mix', 'mix_records',
-           'mix_sources', 'mix_sha256', 'lang_code', 'mix_sample', 'write_mix_heldout', 'MixPiece', 'mix_pieces',
-           'mix_asked', 'mix_plan', 'check_mix_size', 'mix_summary', 'Piece', 'iter_pieces', 'batch_pieces',
-           'CorpusConfig', 'build_corpus', 'shard_bounds', 'build_corpus_run', 'build_corpus_main', 'summary']
+           'mix_sources', 'mix_sha256', 'lang_code', 'config_language', 'hub_languages', 'hub_record', 'fetch_mix',
+           'mix_sample', 'write_mix_heldout', 'MixPiece', 'mix_pieces', 'mix_asked', 'mix_plan', 'check_mix_size',
+           'mix_summary', 'Piece', 'iter_pieces', 'batch_pieces', 'CorpusConfig', 'build_corpus', 'shard_bounds',
+           'build_corpus_run', 'build_corpus_main', 'summary']
 
 # %% ../nbs/02_corpus.ipynb #530136c6
 def iter_selected(path: str | Path, start: int = 0, line: int = 0) -> Iterator[tuple[int, int, int, dict]]:
@@ -511,8 +514,9 @@ _MIX_NAME = re.compile(r'[A-Za-z0-9][A-Za-z0-9_-]*')
 class MixSource:
     "A source of training text mixed into the corpus, and its share of the training tokens."
     name: str     # its name: its folder mix/NAME/ and its files NAME_00000.npy
-    path: str     # a JSONL, Parquet or Arrow file or folder, or a folder written by datasets' save_to_disk
+    path: str     # a JSONL, Parquet or Arrow file or folder, a save_to_disk folder, or hf:org/name[:config][@split]
     share: float  # its share of the training tokens, in (0, 1)
+    configs: tuple = ()  # a Hub dataset read per language: its (config, language) pairs (`hub_languages`)
 
     @property
     def spec(self) -> str: return f'{self.name}={self.path}:{self.share:g}'
@@ -551,7 +555,7 @@ def mix_rows(legal_rows: int, shares: list[float]) -> list[int]:
 # %% ../nbs/02_corpus.ipynb #f4ac5be9
 _MIX_SUFFIXES = {'.jsonl': 'json', '.json': 'json', '.jsonl.gz': 'json', '.json.gz': 'json', '.parquet': 'parquet',
                  '.arrow': 'arrow'}
-_MIX_FORMS = 'a JSONL, Parquet or Arrow file or folder, or a folder written by save_to_disk'
+_MIX_FORMS = 'a JSONL, Parquet or Arrow file or folder, a folder written by save_to_disk, or hf:org/name[:config]'
 
 def _mix_kind(f: Path) -> str | None:
     "The `datasets` builder of a file, by its name ('json', 'parquet', 'arrow'); None for another file."
@@ -599,6 +603,7 @@ def mix_files(src: MixSource) -> list[Path]:
 
 def mix_format(src: MixSource) -> tuple[str, list[str]]:
     "How `datasets` reads a source: ('disk', []) for a save_to_disk folder, else the builder and the files, sorted."
+    if is_hub_dataset(src.path): return 'hub', []   # a dataset of the Hub, read from the Hugging Face cache
     p = Path(src.path)
     if p.is_dir() and ((p/'state.json').is_file() or (p/'dataset_dict.json').is_file()): return 'disk', []
     kinds = {}
@@ -632,8 +637,8 @@ def open_mix(src: MixSource):
     kind, files = mix_format(src)
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)   # legalnb's one line says what is wrong, not datasets'
-    try: ds = _from_disk(src) if kind == 'disk' else datasets.load_dataset(kind, data_files=files, split='train',
-                                                                           streaming=True)
+    try: ds = (_from_disk(src) if kind == 'disk' else _from_hub(src) if kind == 'hub' else
+               datasets.load_dataset(kind, data_files=files, split='train', streaming=True))
     except LegalnbError: raise
     except Exception as e: raise LegalnbError(f'--mix {src.name}: {src.path}: cannot be read as {kind} '
                                               f'({_first_line(e)}); expected {_MIX_FORMS}') from None
@@ -664,6 +669,7 @@ def mix_sources(specs: Iterable[str | MixSource], heldout: int = MIX_HELDOUT,
     if languages not in MIX_LANGUAGES:
         raise LegalnbError(f'--mix-languages must be {" or ".join(MIX_LANGUAGES)}, got {languages!r}')
     sources = check_mix([s if isinstance(s, MixSource) else parse_mix(s) for s in specs])
+    if languages == 'match': sources = [hub_languages(s) for s in sources]   # a Hub source: one config a language
     for s in sources:
         if next(mix_records(s), None) is None: raise LegalnbError(f'--mix {s.name}: {s.path} holds no records')
     return sources
@@ -673,6 +679,8 @@ def mix_sha256(sources: list[MixSource]) -> str:
     "A fingerprint of the sources' files (names, sizes, modification times): a changed source is not resumed into."
     h = hashlib.sha256()
     for s in sources:
+        if is_hub_dataset(s.path):   # a Hub dataset: its revision (the snapshot's commit) and the configs read
+            h.update(f'{s.spec}\0{json.dumps(hub_record(s), sort_keys=True)}\n'.encode()); continue
         p = Path(s.path)
         for f in mix_files(s):
             st = f.stat()
@@ -701,6 +709,56 @@ def lang_code(value, default: str = 'und') -> str:
 def _mix_key(seed: int, record: int) -> float:
     "A record's place in its source's seeded sample: a number in [0, 1) fixed by the seed and the record number."
     return act_number(f'mix record {record}', seed)
+
+# %% ../nbs/02_corpus.ipynb #26d00b1b
+_CONFIG_LANG = re.compile(r'[a-z]{2,3}(?:_[A-Z][a-z]{3})?')   # en, fra, fra_Latn (a language, then its script)
+
+def config_language(config: str | None) -> str | None:
+    "The EU language a dataset config is named after (fra_Latn, 20231101.fr, en), else None."
+    for part in reversed(str(config or '').split('.')):
+        if _CONFIG_LANG.fullmatch(part) and (code := lang_code(part, '')) in EU_LANGUAGES: return code
+    return None
+
+def hub_languages(src: MixSource, download: bool = False) -> MixSource:
+    "A Hub source without a config, read per language: its card's configs named after EU languages (the first of "
+    "each language); any other source as it is."
+    ds = parse_hub_dataset(src.path) if is_hub_dataset(src.path) else None
+    if ds is None or ds.config: return src
+    found = {}
+    for c in card_configs(dataset_card(ds.repo, download)):
+        if (lang := config_language(c)) and lang not in found: found[lang] = c
+    return replace(src, configs=tuple((c, l) for l, c in found.items()))
+
+# %% ../nbs/02_corpus.ipynb #fec2713f
+def _hub_part(ds, lang: str | None):
+    "One config of a Hub source, its records' language set from the config's name where the data has none."
+    rows, _ = open_hub_dataset(ds)
+    return rows.map(lambda r: {'lang': lang}) if lang and 'lang' not in (rows.column_names or []) else rows
+
+def _from_hub(src: MixSource):
+    "A Hub source's records: its one config, or its configs' in turn (`configs`), each with text and, where known, "
+    "lang."
+    import datasets
+    ds = parse_hub_dataset(src.path)
+    if not src.configs: return _hub_part(ds, config_language(ds.config))
+    parts = [_hub_part(replace(ds, config=c), lang) for c, lang in src.configs]
+    return datasets.interleave_datasets(parts, stopping_strategy='all_exhausted_without_replacement')
+
+def hub_record(src: MixSource) -> dict:
+    "What the manifest says of a Hub source: repository, config(s), split, rows read, revision (the snapshot's commit)."
+    ds = parse_hub_dataset(src.path)
+    configs = [c for c, _ in src.configs] or [ds.config]
+    revision = hub_dataset_folder(replace(ds, config=configs[0])).name
+    return dict(repo=ds.repo, **({'configs': configs} if src.configs else {'config': ds.config}), split=ds.split,
+                rows=ds.rows, revision=revision)
+
+def fetch_mix(specs: Iterable[str], languages: str = 'source'):
+    "--download: the Hub sources among --mix fetched into the cache (per language with --mix-languages match)."
+    for s in (parse_mix(x) for x in specs):
+        if not is_hub_dataset(s.path): continue
+        s = hub_languages(s, download=True) if languages == 'match' else s
+        ds = parse_hub_dataset(s.path)
+        for c in [c for c, _ in s.configs] or [ds.config]: hub_dataset_folder(replace(ds, config=c), download=True)
 
 # %% ../nbs/02_corpus.ipynb #a5e1c0d1
 MIX_SAMPLE = 20_000   # tokens of each source's seeded sample that are encoded to learn its tokens per character
@@ -757,6 +815,7 @@ def _mix_heldouts(out: Path, tok: Tokenizer, partial: dict, sources: list[MixSou
     "Write each source's held-out slice not yet written (before the legal shards: a bad source stops the build early)."
     a = partial['args']
     for src, rec in zip(sources, partial.get('mix', [])):
+        if is_hub_dataset(src.path): rec['hub'] = hub_record(src)   # its revision, read from the cache
         if rec['heldout'] is None:
             rec['heldout'] = write_mix_heldout(src, out, tok, a['mix_heldout'], a.get('mix_seed', 0), a['max_chars'])
             _write_json(out/'manifest.partial.json', partial)
@@ -950,7 +1009,8 @@ def _mix_manifest(partial: dict, row_len: int) -> dict:
     for x in partial['mix']:
         per_lang, last, rows = Counter(), x['shards'][-1]['next'], sum(r['rows'] for r in x['shards'])
         for r in x['shards']: per_lang.update(r['tokens_per_lang'])
-        mix.append(dict(name=x['name'], origin=x['origin'], asked_share=x['asked_share'], tokens=rows * row_len,
+        mix.append(dict(name=x['name'], origin=x['origin'], **({'hub': x['hub']} if x.get('hub') else {}),
+                        asked_share=x['asked_share'], tokens=rows * row_len,
                         realised_share=round(rows / total, 6), rows=rows,
                         documents=sum(r['documents'] for r in x['shards']), documents_read=last['documents_read'],
                         passes=last['passes'] + 1, tokens_per_lang=dict(sorted(per_lang.items())),
@@ -1163,6 +1223,7 @@ class CorpusConfig:
     mix_languages: Literal['source', 'match'] = 'source'  # --mix text per language: as the source has it, or 'match'
                                         # the legal corpus's languages in its proportions
     progress: bool = True               # show a progress bar (only on a terminal)
+    download: bool = False              # fetch --tokenizer (org/name) and hf: --mix datasets not here from the Hub
 
     def __post_init__(self): _check_settings(self)   # checked once, when the config is made
 
@@ -1532,6 +1593,9 @@ def _build_and_report(cfg: CorpusConfig) -> int:
 
 def build_corpus_run(cfg: CorpusConfig) -> int:
     "Run `legalnb build-corpus` from its config, its --out folder locked and recorded; the exit code."
+    if cfg.download:   # the Hub's copies into the cache first; the build reads the cache
+        fetch_if_asked(True, cfg.tokenizer if isinstance(cfg.tokenizer, str) else None, weights=False)
+        fetch_mix(cfg.mix or [], cfg.mix_languages)
     return run_writing(lambda out: _build_and_report(replace(cfg, out=out)), dict(out=cfg.out),
                        'legalnb build-corpus', [Output(check=False)])   # the manifests decide what may be there
 

@@ -23,6 +23,7 @@ from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, 
                    refuse_foreign_files, refuse_overwriting_inputs, resolve_device, resolve_precision)
 from .core import GPU_HOUR_PRICE, Output, flag_settings, refuse_oversized, refuse_unowned, run_writing
 from .core import hub_cache, hub_snapshot, is_hub_name, model_folder
+from .hub import fetch_if_asked, hub_dataset_folder, is_hub_dataset, open_hub_dataset, parse_hub_dataset
 from .models import decoder_of, load_native, model_kind, native_tokenizer, refuse_pickled_weights
 from .export import legalnb_remote_code
 from .heldout import (EVAL_FORMAT, heldout_path, decade_of, read_heldout, _DTYPES, HF_DEFAULT_CONTEXT,
@@ -36,16 +37,17 @@ from .heldout import (EVAL_FORMAT, heldout_path, decade_of, read_heldout, _DTYPE
                              _NO_MIX, mix_heldout, general_lang, _mix_list)   # below the trainers: they score too
 
 # %% auto #0
-__all__ = ['ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'GENERAL_AUTO', 'REPORT_FILES', 'LM_EVAL_TASKS',
-           'LM_EVAL_FILES', 'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'EVALUATE_OUTPUTS',
-           'lora_base', 'load_eval_model', 'model_tokenizer', 'as_model', 'fit_prompt', 'generate_ids', 'TextStream',
-           'generate', 'extract_citations', 'citation_items', 'score_citations', 'LookupModel', 'summarize_citations',
-           'opening', 'generate_samples', 'rouge_l', 'rouge_openings', 'score_rouge', 'add_intervals', 'read_general',
-           'general_sources', 'read_generals', 'cap_general', 'mixed_corpus_of', 'choose_general', 'score_general',
-           'EvaluateConfig', 'check_evaluate_settings', 'evaluate', 'capped_note', 'format_table', 'md_cell',
-           'report_markdown', 'write_evaluation', 'evaluation_lines', 'write_lm_eval_tasks', 'run_harness',
-           'suite_tasks', 'suite_manager', 'harness_scores', 'written_by_evaluate', 'clear_other_modes', 'score_model',
-           'evaluate_command', 'evaluate_parser', 'evaluate_writing', 'evaluate_main', 'GenerateConfig',
+__all__ = ['ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'GENERAL_HUB_CHARS', 'GENERAL_AUTO', 'REPORT_FILES',
+           'LM_EVAL_TASKS', 'LM_EVAL_FILES', 'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS',
+           'EVALUATE_OUTPUTS', 'lora_base', 'load_eval_model', 'model_tokenizer', 'as_model', 'fit_prompt',
+           'generate_ids', 'TextStream', 'generate', 'extract_citations', 'citation_items', 'score_citations',
+           'LookupModel', 'summarize_citations', 'opening', 'generate_samples', 'rouge_l', 'rouge_openings',
+           'score_rouge', 'add_intervals', 'read_general', 'hub_general', 'general_sources', 'read_generals',
+           'cap_general', 'mixed_corpus_of', 'choose_general', 'score_general', 'EvaluateConfig',
+           'check_evaluate_settings', 'evaluate', 'capped_note', 'format_table', 'md_cell', 'report_markdown',
+           'write_evaluation', 'evaluation_lines', 'write_lm_eval_tasks', 'run_harness', 'suite_tasks', 'suite_manager',
+           'harness_scores', 'written_by_evaluate', 'clear_other_modes', 'score_model', 'evaluate_command',
+           'evaluate_parser', 'fetch_for_evaluate', 'evaluate_writing', 'evaluate_main', 'GenerateConfig',
            'generate_command', 'generate_main']
 
 # %% ../nbs/11_evaluate.ipynb #1bfc7a49
@@ -434,7 +436,9 @@ def add_intervals(r: dict, iters: int = BOOTSTRAP, seed: int = 0, level: float =
 
 # %% ../nbs/11_evaluate.ipynb #70155621
 def read_general(source: str | Path) -> list[dict]:
-    "General (non-legal) documents: a JSON-lines file, a mixed corpus folder's held-out slices, or 'python-docs'."
+    "General (non-legal) documents: a JSON-lines file, a mixed corpus folder's held-out slices, 'python-docs', or a "
+    "Hub dataset (hf:org/name[:config][@split])."
+    if is_hub_dataset(source): return hub_general(str(source))
     if str(source) == GENERAL_BUILTIN and not Path(source).exists():
         return [_general_doc(g, g['id'], GENERAL_BUILTIN) for g in general_texts()]
     p = Path(source)
@@ -444,6 +448,22 @@ def read_general(source: str | Path) -> list[dict]:
                            f'"lang": "fr"}} per line, a corpus folder with mixed sources, or {GENERAL_BUILTIN} '
                            '(built in: Python\'s docstrings)')
     return _general_file(p, p.stem)
+
+# %% ../nbs/11_evaluate.ipynb #6f87e20d
+GENERAL_HUB_CHARS = 2_000_000   # characters of a Hub dataset --general reads (~500k tokens): its first records
+
+def hub_general(spec: str) -> list[dict]:
+    "The first records of a Hub dataset in the cache, GENERAL_HUB_CHARS characters, as general documents of one "
+    "source named after it (FineWeb-2's fra_Latn: fineweb-2-fra_Latn)."
+    ds = parse_hub_dataset(spec, '--general')
+    rows, revision = open_hub_dataset(ds, flag='--general')
+    name, docs, chars = ds.repo.split('/')[1] + (f'-{ds.config}' if ds.config else ''), [], 0
+    for i, rec in enumerate(rows):
+        if chars >= GENERAL_HUB_CHARS: break
+        if (d := _general_doc(rec, f'--general {ds.spec}, record {i}', name, f'{name}:{i}')): docs.append(d)
+        chars += len(rec.get('text') or '')
+    if not docs: raise LegalnbError(f'--general {ds.spec}: no record with text (revision {revision})')
+    return docs
 
 # %% ../nbs/11_evaluate.ipynb #9826cb93
 def general_sources(general) -> list[str]:
@@ -550,7 +570,7 @@ class EvaluateConfig:
     harness: bool = False          # also score the model with lm-evaluation-harness on those tasks
     progress: bool = True          # progress bar in tokens on stderr
     rouge: int = 20                # held-out openings continued greedily for ROUGE-L (0: none)
-    general: list[str] = None      # general text, each source apart: JSONL, mixed corpus, python-docs, auto
+    general: list[str] = None      # general text, each source apart: JSONL, mixed corpus, python-docs, auto, hf:ORG/NAME
     bootstrap: int = BOOTSTRAP     # bootstrap resamples of the held-out acts per interval (0: none)
     max_tokens: int = None         # score at most N tokens, over every document (and N of --general)
     general_max_tokens: int = None  # score at most N tokens of each --general source (default: --max-tokens)
@@ -560,6 +580,7 @@ class EvaluateConfig:
     price_per_hour: float = GPU_HOUR_PRICE  # dollars per GPU-hour, for each --retained run's cost
     trust_remote_code: bool = False  # run the Python code a model folder names (auto_map)
     reference_cache: str = None    # --against: kept reference evaluations (default: $LEGALNB_CACHE or ~/.cache/legalnb)
+    download: bool = False         # fetch org/name models and hf: --general datasets not here from the Hub first
 
     def __post_init__(self): check_evaluate_settings(self)
 
@@ -1047,8 +1068,16 @@ def evaluate_parser():
 EVALUATE_OUTPUTS = (Output(ours=written_by_evaluate, check=False),   # checked after the arguments
                     Output('export_lm_eval', '--export-lm-eval', ours=lambda p: str(p) in LM_EVAL_FILES, check=False))
 
+def fetch_for_evaluate(cfg: EvaluateConfig):
+    "--download: the models (org/name) and the Hub datasets of --general not here fetched into the cache first."
+    if not cfg.download: return
+    fetch_if_asked(True, cfg.model, cfg.base, None if cfg.against == 'base' else cfg.against, *(cfg.retained or []))
+    for g in general_sources(cfg.general):
+        if is_hub_dataset(g): hub_dataset_folder(parse_hub_dataset(g, '--general'), download=True)
+
 def evaluate_writing(command: Callable[[EvaluateConfig], int], cfg: EvaluateConfig) -> int:
     "`command(cfg)` with --out and --export-lm-eval locked, checked and recorded (a link: the folder it leads to)."
+    fetch_for_evaluate(cfg)
     folders = dict(out=cfg.out, export_lm_eval=cfg.export_lm_eval)
     return run_writing(lambda **given: command(replace(cfg, **given)), folders, 'legalnb evaluate', EVALUATE_OUTPUTS)
 
@@ -1072,6 +1101,7 @@ class GenerateConfig:
     device: Literal['auto', 'cuda', 'cpu'] = 'auto'  # 'auto': the GPU when there is one
     precision: Literal['auto', 'bf16', 'fp16', 'fp32'] = 'auto'  # 'auto': bf16 where the GPU has it
     trust_remote_code: bool = False  # run the Python code a model folder names (auto_map)
+    download: bool = False      # fetch the model (org/name) from the Hugging Face Hub when it is not here or cached
 
     def __post_init__(self):   # checked once, before a model loads
         if self.prompt is None:
@@ -1081,6 +1111,7 @@ class GenerateConfig:
 
 def generate_command(cfg: GenerateConfig) -> int:
     "`legalnb generate` from its config: the prompt, then its continuation printed piece by piece."
+    fetch_if_asked(cfg.download, cfg.model, cfg.base)
     lm = load_eval_model(cfg.model, cfg.tokenizer, cfg.base, device=cfg.device, precision=cfg.precision,
                          trust_remote_code=cfg.trust_remote_code)
     def write(piece: str): sys.stdout.write(piece); sys.stdout.flush()

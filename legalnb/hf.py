@@ -15,7 +15,7 @@ import torch
 from fastcore.basics import patch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from .core import (LegalnbError, PRECISIONS, CommandParser, atomic_write, command_parser, cuda_capability,
-                          format_duration, jsonl_records, loader_workers, model_folder, read_json, refuse_foreign_files,
+                          flag_settings, format_duration, jsonl_records, loader_workers, model_folder, read_json, refuse_foreign_files,
                           refuse_overwriting_inputs, resolve_device, resolve_precision, usable_cores)
 from .presets import (BATCH_LR_RULES, PRESET_NAMES, Preset, accum_at, batch_lr_factor, get_preset, lora_steps,
                              packed_accumulation, parse_batch_schedule, steps_holding)
@@ -23,6 +23,7 @@ from .metrics import (MetricsFile, metric_lines, notify, parse_report_to, check_
                              tracking, wandb_run, TRACKER_FILES, read_metrics)
 from .watch import ForgettingGuard, Watch, eval_share_line, eval_tokens_for, sample_sets, validation_sets
 from .models import refuse_pickled_weights   # no loader sees a pickle
+from .hub import fetch_if_asked, fetch_model, hub_dataset_folder, is_hub_dataset, parse_hub_dataset
 
 # %% auto #0
 __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', 'STRATEGY_FILES', 'FILES_PER_MICRO_BATCH',
@@ -36,8 +37,9 @@ __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', '
            'watched', 'hf_watch', 'split_off', 'qlora_unavailable', 'quantization_4bit', 'quantization_for',
            'packs_here', 'refuse_single_process', 'training_rows', 'unpack_4bit_on_cpu', 'FinetuneConfig',
            'FinetuneRun', 'fit_workers_to_open_files', 'purge_resumed_tensorboard', 'LRSchedule', 'step_trainer',
-           'budget_decay', 'finetune', 'finetune_command', 'finetune_parser', 'finetune_main', 'ScheduledBatches',
-           'StepCollator', 'check_resumed_schedule', 'scheduled_trainer']
+           'budget_decay', 'finetune', 'finetune_command', 'finetune_parser', 'finetune_main', 'FetchConfig',
+           'fetch_command', 'fetch_main', 'ScheduledBatches', 'StepCollator', 'check_resumed_schedule',
+           'scheduled_trainer']
 
 # %% ../nbs/06_hf.ipynb #c3d5eafa
 _SUBJECTS = ('the Commission', 'each Member State', 'the competent authority', 'the controller', 'the Agency',
@@ -980,6 +982,7 @@ class FinetuneConfig:
     batch_lr_rule: Literal[BATCH_LR_RULES] = 'sqrt'  # lr at a scheduled batch: x sqrt(accum/first), x accum/first
     lora: bool = None             # True: LoRA adapter (SFT's default), False: full fine-tuning (CPT's default)
     report_to: str = 'none'       # experiment trackers: tensorboard, wandb, mlflow, trackio (comma-separated)
+    download: bool = False        # fetch --model (org/name) from the Hugging Face Hub when it is not here or cached
 
     def __post_init__(self):
         for flag in ('--model', '--data', '--out'):
@@ -1001,7 +1004,6 @@ class FinetuneConfig:
         except LegalnbError as e: raise LegalnbError(f'--report-to: {e}') from None
         check_trackers(parse_report_to(self.report_to))
         self._check_setup()
-
 
 # %% ../nbs/06_hf.ipynb #a02a677a
 @patch
@@ -1320,6 +1322,7 @@ def finetune(cfg: FinetuneConfig,              # the run's settings: model, data
     "Continued pretraining or SFT of a local model on `data` with the transformers Trainer; returns the run summary."
     from transformers import Trainer
     from transformers.trainer_utils import get_last_checkpoint
+    fetch_if_asked(cfg.download, cfg.model)   # --download: the Hub's copy into the cache first
     c, data, out, model = cfg, Path(cfg.data), Path(cfg.out), model_folder(cfg.model)   # org/name: its HF snapshot
     overrides = cfg.training_overrides() | overrides
     run = _start_run(cfg, model, preset, command, overrides)
@@ -1419,6 +1422,30 @@ def finetune_main(argv: list[str]) -> int:
     finally:   # the rest of the way down is `cli.exit_process`'s
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+# %% ../nbs/06_hf.ipynb #a8e65863
+@dataclass
+class FetchConfig:
+    "Download a model (org/name) or a dataset (hf:org/name[:config][@split]) of the Hub into the Hugging Face cache."
+    name: str                 # org/name of a model, or hf:org/name[:config][@split] of a dataset
+    revision: str = None      # a model's branch, tag or commit (default: main)
+
+def fetch_command(cfg: FetchConfig) -> int:
+    "`legalnb fetch`: the snapshot downloaded and checked as a model folder is; where it is, printed."
+    if is_hub_dataset(cfg.name):
+        if cfg.revision: raise LegalnbError(f'--revision: {cfg.name} is a dataset, read at its main revision')
+        ds = parse_hub_dataset(cfg.name, 'legalnb fetch')
+        folder = hub_dataset_folder(ds, download=True)
+        print(f'{ds.spec}: revision {folder.name} in {folder}; --mix NAME={ds.spec}:SHARE reads it')
+        return 0
+    folder = fetch_model(cfg.name, cfg.revision)
+    load_hf_model(folder, tokenizer_only=True)   # the refusals of a folder: pickled weights, auto_map code
+    use = cfg.name if cfg.revision in (None, 'main') else str(folder)   # by name: the cache's main
+    print(f'{cfg.name}: revision {folder.name} in {folder}; --model {use} reads it')
+    return 0
+
+def fetch_main(argv: list[str]) -> int:
+    return fetch_command(FetchConfig(**flag_settings(FetchConfig, 'legalnb fetch', argv)))
 
 # %% ../nbs/06_hf.ipynb #3afd661d
 class ScheduledBatches(Sampler):

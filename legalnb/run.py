@@ -14,6 +14,7 @@ from .core import format_duration
 from .core import GPU_HOUR_PRICE, read_json, parse_number
 from .core import PRESET_VOCAB, SCRATCH_SEQ_LEN, VAL_SHARE
 from .models import DEFAULT_MODEL
+from .hub import is_hub_dataset
 
 # %% auto #0
 __all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'RUN_DEFAULTS', 'PLAN_TEMPLATE', 'PLAN_DEPTH', 'PLAN_VALUES', 'TRAINING',
@@ -227,7 +228,8 @@ def mix_flags(section: dict, base: Path) -> list[str]:
     out = []
     for name, v in section.items():
         path, share = str(v).rpartition(':')[::2] if isinstance(v, str) else (str(v['path']), v['share'])
-        try: out.append(parse_mix(f'{name}={Path(path) if Path(path).is_absolute() else base/path}:{share}').spec)
+        where = path if is_hub_dataset(path) or Path(path).is_absolute() else base/path   # hf:org/name: the Hub's
+        try: out.append(parse_mix(f'{name}={where}:{share}').spec)
         except LegalnbError as e: raise LegalnbError(f'mix.{name}: {e}') from None
     return out
 
