@@ -11,12 +11,16 @@ from pathlib import Path
 import torch
 
 from .core import LegalnbError, refuse_foreign_files, refuse_overwriting_inputs, read_json
+from .core import GPU_HOUR_PRICE, format_duration, is_hub_name, markdown_table
 from .core import Output, flag_settings, followed, run_writing, record_as, recorded_by
 from .models import MODELS
 
 # %% auto #0
-__all__ = ['SHARED_FILES', 'EXPORT_FILES', 'TRUST_HINT', 'export_tokenizer', 'export_files', 'refuse_other_export',
-           'export_model', 'legalnb_remote_code', 'ExportConfig', 'export_command', 'export_run', 'export_main']
+__all__ = ['CARD', 'CARD_LICENSE', 'SHARED_FILES', 'EXPORT_FILES', 'TRUST_HINT', 'export_tokenizer', 'stage_flags_of',
+           'train_settings', 'card_sources', 'data_section', 'training_section', 'evaluation_section',
+           'loading_section', 'notice_section', 'eval_results', 'base_model', 'card_metadata', 'model_card',
+           'check_card', 'export_files', 'refuse_other_export', 'export_model', 'legalnb_remote_code', 'ExportConfig',
+           'export_command', 'export_run', 'export_main']
 
 # %% ../nbs/10_export.ipynb #3546b342
 def export_tokenizer(tok, eos_id: int, context: int, out: Path) -> list[str]:
@@ -28,9 +32,346 @@ def export_tokenizer(tok, eos_id: int, context: int, out: Path) -> list[str]:
                             model_max_length=context).save_pretrained(out)
     return sorted(set(os.listdir(out)) - before)
 
+# %% ../nbs/10_export.ipynb #card0004
+CARD = 'README.md'           # the model card: one of export's own files
+CARD_LICENSE = 'cc-by-4.0'   # attribution, the one condition on reusing the EUR-Lex texts the model learned from
+
+def _flag_values(argv: list[str]) -> dict:
+    "A command line as {'lr': '0.003', 'out': 'qs/run', 'no_progress': True}: each --flag with the word after it."
+    found = {}
+    for i, word in enumerate(argv):
+        if word.startswith('--'):
+            after = argv[i + 1] if i + 1 < len(argv) else None
+            found[word[2:].replace('-', '_')] = after if after is not None and not after.startswith('--') else True
+    return found
+
+def _names_folder(name: str, folder: Path, work: Path | None) -> bool:
+    "Whether `name`, a path as a command recorded it (absolute, or relative to where it ran), is `folder`."
+    p = Path(name)
+    tries = [p] if p.is_absolute() else [p, *([work.parent/p, work/p] if work else [])]
+    return any(os.path.realpath(t) == os.path.realpath(folder) for t in tries)
+
+# %% ../nbs/10_export.ipynb #card0005
+def stage_flags_of(work: Path, run: Path) -> dict:
+    "The flags of the `legalnb run` stage whose --out is `run` (train, baseline, ...), with its 'stage'; {} for none."
+    for path in sorted((work/'.legalnb-run').glob('*.json')):
+        try: rec = read_json(path, 'a stage record of legalnb run')
+        except LegalnbError: continue   # a damaged record: the card says less, the export goes on
+        argv = rec.get('argv')
+        if not isinstance(argv, list): continue
+        flags = _flag_values([str(a) for a in argv])
+        if isinstance(flags.get('out'), str) and _names_folder(flags['out'], run, work):
+            return dict(flags, stage=rec.get('stage'))
+    return {}
+
+def train_settings(run: Path, flags: dict) -> dict:
+    "How `run` trained: its stage's flags, overridden by the full config its newest checkpoint saved (when kept)."
+    saved = sorted((run/'checkpoints').glob('step-*/config.json'))
+    config = read_json(saved[-1], 'a checkpoint config').get('config') if saved else None
+    return {**flags, **(config if isinstance(config, dict) else {})}
+
+# %% ../nbs/10_export.ipynb #card0007
+def _read(path: Path, what: str) -> dict | None:
+    "The JSON object in `path`, None when there is no such file."
+    return read_json(path, what) if path.is_file() else None
+
+def _evaluation(folder: Path, targets: tuple[Path, ...], work: Path | None, given: bool) -> tuple:
+    "(eval.json, against.json) of an evaluate --out folder when they score one of `targets`; (None, None) otherwise, "
+    "or raised for a folder the user named (--eval) that holds none, or that of another model."
+    ev = _read(folder/'eval.json', 'an evaluation (legalnb evaluate)')
+    if ev is None:
+        if given: raise LegalnbError(f'--eval {folder}: no eval.json; pass the --out folder of legalnb evaluate')
+        return None, None
+    name = str((ev.get('model') or {}).get('name') or '')
+    ours = any(_names_folder(name, t, work) for t in targets)
+    elsewhere = (Path(name) if Path(name).is_absolute() else (work.parent if work else Path())/name).exists()
+    if not ours and (not given or elsewhere):   # a moved model: its old name leads nowhere, and the user named it
+        if given: raise LegalnbError(f'--eval {folder}: eval.json scores {name}, not {targets[-1]}; pass the '
+                                     'evaluation of this model (legalnb evaluate MODEL --out DIR)')
+        return None, None
+    ag = _read(folder/'against.json', 'a comparison (legalnb evaluate --against)')
+    ag_name = str((ag or {}).get('model', {}).get('name') or '')
+    return ev, ag if ag is not None and (ag_name == name or any(_names_folder(ag_name, t, work) for t in targets)) \
+        else None
+
+# %% ../nbs/10_export.ipynb #card0008
+def card_sources(model: str | Path,                 # the run folder or model folder export was given
+                 eval_dir: str | Path | None = None,    # --eval: an evaluate --out folder (default: WORK/eval)
+                 corpus_dir: str | Path | None = None,  # --corpus: a build-corpus --out folder (default: WORK/corpus)
+                ) -> dict:
+    "What the card is made of, each None where the files do not have it: `model` (folder), `run`, `work`, `config`, "
+    "`summary`, `train` (settings), `manifest`, `selection`, `eval` and `against`."
+    from legalnb.models import model_kind
+    folder = model_kind(model)[1]
+    run = next((q for q in (folder, folder.parent) if (q/'summary.json').is_file()), None)
+    work = run.parent if run is not None and (run.parent/'.legalnb-run').is_dir() else None
+    flags = stage_flags_of(work, run) if work else {}
+    if corpus_dir is not None and not (Path(corpus_dir)/'manifest.json').is_file():
+        raise LegalnbError(f'--corpus {corpus_dir}: no manifest.json; pass the --out folder of legalnb build-corpus')
+    corpus = Path(corpus_dir) if corpus_dir is not None else work/'corpus' if work else None
+    targets = tuple(t for t in (run, folder) if t is not None)
+    evals = [Path(eval_dir)] if eval_dir is not None else [work/'eval', work/'eval'/'reference'] if work else []
+    ev = ag = None
+    for d in evals:   # the first that scored this model
+        ev, ag = _evaluation(d, targets, work, eval_dir is not None)
+        if ev: break
+    return dict(model=folder, run=run, work=work, config=read_json(folder/'config.json', 'a model config'),
+                summary=_read(run/'summary.json', 'a run summary (legalnb train)') if run else None,
+                train=(train_settings(run, flags) or None) if run else None,
+                manifest=_read(corpus/'manifest.json', 'a corpus manifest (legalnb build-corpus)') if corpus else None,
+                selection=_read(work/'selection.json', 'a selection report (legalnb select)') if work else None,
+                eval=ev, against=ag)
+
+# %% ../nbs/10_export.ipynb #card0011
+def _figure(v: float | None, ci: list | None = None, pct: bool = False, sign: bool = False) -> str:
+    "A figure with its interval: '3.408 [3.187, 4.043]', '12.5% [8.0%, 16.0%]', '+4.0 pts'; '-' for none."
+    if v is None: return '-'
+    s = '+' if sign else ''
+    f = (lambda x: f'{100 * x:{s}.1f}' + (' pts' if sign else '%')) if pct else (lambda x: f'{x:{s}.3f}')
+    return f(v) + (f' [{f(ci[0])}, {f(ci[1])}]' if ci else '')
+
+def _count(v) -> str:
+    "A count as people read it: 1,234,567."
+    return f'{v:,}' if isinstance(v, (int, float)) else str(v)
+
+def _facts(*parts: tuple[str, object]) -> str:
+    "'a 1, b 2': the parts whose value is known, joined."
+    return ', '.join(f'{label} {v}'.strip() for label, v in parts if v not in (None, '', '-'))
+
+def _counts(*parts: tuple[object, str]) -> str:
+    "'14 documents, 12 acts': the counts that are known, joined."
+    return ', '.join(f'{_count(n)} {noun}' for n, noun in parts if n is not None)
+
+# %% ../nbs/10_export.ipynb #card0012
+def _mix_lines(m: dict) -> list[str]:
+    "A table of the sources build-corpus mixed in (general text, replay): share of the training tokens, tokens."
+    mix = [x for x in m.get('mix') or [] if isinstance(x, dict)]
+    if not mix: return []
+    hub = lambda x: x['hub'].get('repo') if isinstance(x.get('hub'), dict) else None
+    rows = [[x.get('name'), f"[{hub(x)}](https://huggingface.co/datasets/{hub(x)})" if hub(x) else '-',
+             _figure(x.get('asked_share'), pct=True), _figure(x.get('realised_share'), pct=True),
+             _count(x.get('tokens'))] for x in mix]
+    return ['', 'Mixed in beside the legal text (general text against forgetting):', '',
+            markdown_table(['source', 'Hub dataset', 'asked share', 'share of training rows', 'tokens'], rows)]
+
+def _selection_line(s: dict | None) -> list[str]:
+    "The selection report's headline: documents read and kept, tokens, the target filled, what was dropped why."
+    if not s: return []
+    c = s.get('counters') or {}
+    dropped = [f"{n:,} {k.removeprefix('dropped.').replace('_', ' ')}" for k, n in sorted(c.items())
+               if k.startswith('dropped.') and n]
+    kept = _counts((c.get('documents.read'), 'documents read'), (c.get('documents.selected'), 'kept'),
+                   (c.get('tokens.selected'), 'tokens (estimated)'))
+    kept += f" at score threshold {s['threshold']}" if kept and s.get('threshold') is not None else ''
+    fill = s.get('target_fill')
+    target = (f", {fill:.1%} of the {s['target_tokens']:,}-token target" if fill is not None
+              and s.get('target_tokens') else '')
+    return ['', f'Selection (`legalnb select`): {kept}{target}' + (f"; dropped: {', '.join(dropped)}" if dropped
+                                                                  else '') + '.'] if kept else []
+
+def data_section(src: dict) -> str | None:
+    "## Training data: the corpus manifest (documents, acts, tokens per language, mixed sources, held-out acts) and "
+    "the selection; None without either."
+    m, lines = src['manifest'] or {}, ['## Training data', '']
+    if m:
+        lines.append('EU legal acts from EUR-Lex: ' + _counts((m.get('documents'), 'documents'),
+                     (m.get('acts'), 'acts'), (m.get('tokens'), 'tokens'), (m.get('seq_len'), 'tokens a row'),
+                     (m.get('vocab_size'), 'tokens in the vocabulary')) + '.')
+        per, total = m.get('tokens_per_lang') or {}, sum((m.get('tokens_per_lang') or {}).values())
+        if per:
+            rows = [[l, f'{n:,}', _figure(n / total, pct=True)] for l, n in sorted(per.items(), key=lambda kv: -kv[1])]
+            lines += ['', markdown_table(['language', 'tokens', 'share'], rows)]
+        lines += _mix_lines(m)
+        held = m.get('heldout') or {}
+        acts = held.get('acts', len(m.get('heldout_celex') or []) or None)
+        if acts: lines += ['', f"Held out before training (never trained on; the evaluation scores them): {acts:,} acts"
+                           + (f", {held['documents']:,} documents" if held.get('documents') else '') + '.']
+    lines += _selection_line(src['selection'])
+    return '\n'.join(lines) if len(lines) > 2 else None
+
+# %% ../nbs/10_export.ipynb #card0014
+def _architecture_line(src: dict) -> str:
+    "'Architecture: resonance, 15,248 parameters (dim 16, 2 layers, vocabulary 300, context 64 tokens)'."
+    from legalnb.models import saved_architecture
+    cfg, s = src['config'], src['summary'] or {}
+    shape = _facts(('dim', cfg.get('dim')), ('layers', cfg.get('num_layers')), ('vocabulary', cfg.get('vocab_size')),
+                   ('context (tokens)', cfg.get('max_seq_len')))
+    params = f", {s['params']:,} parameters" if s.get('params') else ''
+    return f'Architecture: {saved_architecture(cfg)}{params}' + (f' ({shape})' if shape else '') + '.'
+
+def _compute_line(s: dict, price: float) -> str | None:
+    "Wall time, device and GPUs, and on a GPU the GPU-hours and their cost at `price` dollars an hour."
+    if not s or s.get('elapsed_s') is None: return None
+    device, ranks = str(s.get('device') or ''), s.get('world_size') or 1
+    line = f"Measured wall time {format_duration(s['elapsed_s'])}" + (
+        f' on {device}' if device else '') + (f' x {ranks}' if ranks > 1 else '') + (
+        f", precision {s['precision']}" if s.get('precision') else '')
+    if device.startswith('cuda'):
+        hours = s['elapsed_s'] / 3600 * ranks
+        line += f': {hours:,.2f} GPU-hours, about ${hours * price:,.2f} at ${price:,.2f} a GPU-hour'
+    return line + '.'
+
+def training_section(src: dict, price: float = GPU_HOUR_PRICE) -> str | None:
+    "## Training: architecture and size, steps and tokens, optimiser settings, wall time and cost; None without a run."
+    if src['run'] is None: return None
+    s, t = src['summary'] or {}, src['train'] or {}
+    lines = ['## Training', '', '* ' + _architecture_line(src)]
+    start = f"continued from the weights of `{t['init_from']}`" if t.get('init_from') else 'from scratch'
+    if s.get('step') is not None:
+        lines.append(f"* Trained {start}: {s['step']:,} steps" + (f", {s['tokens']:,} tokens" if s.get('tokens')
+                                                                  else '') + '.')
+    opt = _facts(('learning rate', t.get('lr')), ('schedule', t.get('schedule')),
+                 ('warm-up steps', t.get('warmup_steps')),
+                 ('floor (share of lr)', t.get('min_lr_ratio')), ('batch (sequences a device)', t.get('batch_size')),
+                 ('gradient accumulation', t.get('grad_accum')), ('weight decay', t.get('weight_decay')),
+                 ('seed', t.get('seed')))
+    if opt: lines.append(f'* Optimiser AdamW: {opt}.' if 'lr' in t else f'* {opt}.')
+    if (compute := _compute_line(s, price)): lines.append('* ' + compute)
+    return '\n'.join(lines)
+
+# %% ../nbs/10_export.ipynb #card0016
+def _against_lines(ag: dict | None) -> list[str]:
+    "What training bought and forgot against the base (or the baseline): overall bits per byte, citation accuracy, "
+    "general text, each with model, reference, change (95% intervals) and verdict."
+    if not ag: return []
+    base = ag.get('reference_is_base', True)
+    ref = ag.get('reference') or {}
+    name = Path(str(ref.get('name') or 'the reference')).name
+    rows = []
+    def add(label, ch, pct=False):
+        if ch and (ch.get('model') is not None or ch.get('reference') is not None):
+            rows.append([label, _figure(ch.get('model'), ch.get('model_ci'), pct),
+                         _figure(ch.get('reference'), ch.get('reference_ci'), pct),
+                         _figure(ch.get('change'), ch.get('change_ci'), pct, sign=True), ch.get('verdict') or '-'])
+    overall = ag.get('overall') or {}
+    add('bits per byte, held-out acts (lower is better)', overall.get('bits_per_byte'))
+    add('citation accuracy', overall.get('accuracy'), pct=True)
+    f = ag.get('forgetting')
+    add('bits per byte, general text' + (' (forgetting)' if base else '') +
+        (f" ({f['source']})" if f and f.get('source') else ''), f)
+    if not rows: return []
+    what = 'its base model' if base else 'the reference run'
+    return ['', f"### Against {what}, `{name}`" + (f" ({ref['params']:,} parameters)" if ref.get('params') else ''), '',
+            markdown_table(['', 'this model [95%]', f'{name} [95%]', 'change [95%]', 'verdict'], rows)]
+
+def evaluation_section(src: dict) -> str | None:
+    "## Evaluation: bits per byte per language with its interval, citation accuracy, general text, and the "
+    "comparison; None without an evaluation of this model."
+    ev = src['eval']
+    if not ev: return None
+    d, o = ev.get('data') or {}, ev.get('overall') or {}
+    on = _counts((d.get('docs'), 'documents'), (d.get('acts'), 'acts'))
+    lines = ['## Evaluation', '', f'Scored by `legalnb evaluate` on the held-out EUR-Lex acts ({on}), never trained '
+             'on; intervals are 95%, by bootstrap over the acts.', '']
+    rows = [['all', _count(o.get('docs')), _figure(o.get('bits_per_byte'), o.get('bits_per_byte_ci'))]] if o else []
+    rows += [[l, _count(g.get('docs')), _figure(g.get('bits_per_byte'), g.get('bits_per_byte_ci'))]
+             for l, g in sorted((ev.get('by_language') or {}).items())]
+    if rows: lines.append(markdown_table(['language', 'documents', 'bits per byte [95%]'], rows))
+    c = ev.get('citations') or {}
+    if c.get('accuracy') is not None:
+        lines += ['', f"Citation accuracy (the article or act number a citation continues with, greedy): "
+                      f"{_figure(c['accuracy'], c.get('accuracy_ci'), pct=True)} of {c.get('items', 0):,} citations."]
+    g = (ev.get('general') or {}).get('overall')
+    if g: lines += ['', f"General text ({ev['general'].get('source', 'not legal')}): "
+                        f"{_figure(g.get('bits_per_byte'), g.get('bits_per_byte_ci'))} bits per byte."]
+    return '\n'.join(lines + _against_lines(src['against']))
+
+# %% ../nbs/10_export.ipynb #card0018
+def loading_section(out_files: list, name: str) -> str:
+    "## How to use it: transformers' Auto classes, with trust_remote_code=True exactly when the export wrote code."
+    code = sorted(Path(f).name for f in out_files if str(f).endswith('.py'))
+    trust = ', trust_remote_code=True' if code else ''
+    why = (f"The folder holds its own modelling code ({', '.join(f'`{c}`' for c in code)}): transformers runs it only "
+           'with `trust_remote_code=True`; read it before you do.' if code else
+           "A standard transformers model: it loads with transformers' own classes, no code of its own runs.")
+    return '\n'.join(['## How to use it', '', why, '', '```python',
+                      'from transformers import AutoModelForCausalLM, AutoTokenizer', '',
+                      f'model = AutoModelForCausalLM.from_pretrained({name!r}{trust})',
+                      f'tokenizer = AutoTokenizer.from_pretrained({name!r}{trust})',
+                      "inputs = tokenizer('Article 1', return_tensors='pt')",
+                      'out = model.generate(**inputs, max_new_tokens=40, do_sample=False)',
+                      'print(tokenizer.decode(out[0]))', '```'])
+
+def notice_section() -> str:
+    "## Source and reuse: EUR-Lex's notice, as `legalnb download` writes it into NOTICE.md (its copyright and reuse)."
+    from datetime import datetime
+    from legalnb.download import NOTICE_TEXT
+    terms = NOTICE_TEXT.format(year=datetime.now().year).split('\n\n', 2)[2].strip()   # after its heading and folder
+    return ('## Source and reuse\n\nThe model was trained on EU legal acts from EUR-Lex, the Publications Office '
+            'of the European Union (https://eur-lex.europa.eu/).\n\n' + terms)
+
+# %% ../nbs/10_export.ipynb #card0020
+def eval_results(ev: dict | None) -> list:
+    "The held-out scores as `EvalResult`s (the card's model-index): bits per byte overall and per language (as the "
+    "dataset's config), citation accuracy; [] without an evaluation."
+    from huggingface_hub import EvalResult
+    if not ev: return []
+    acts = (ev.get('data') or {}).get('acts')
+    on = dict(task_type='text-generation', task_name='Causal language modelling', dataset_type='eur-lex-heldout',
+              dataset_name='EUR-Lex held-out acts' + (f' ({acts:,} acts)' if acts else ''), dataset_split='heldout')
+    found = []
+    def add(metric, label, v, **kw):
+        if v is not None: found.append(EvalResult(**on, **kw, metric_type=metric, metric_name=label,
+                                                  metric_value=round(float(v), 4)))
+    add('bits_per_byte', 'bits per byte', (ev.get('overall') or {}).get('bits_per_byte'))
+    add('accuracy', 'citation accuracy', (ev.get('citations') or {}).get('accuracy'))
+    for lang, g in sorted((ev.get('by_language') or {}).items()):
+        add('bits_per_byte', f'bits per byte ({lang})', g.get('bits_per_byte'), dataset_config=lang)
+    return found
+
+def base_model(src: dict) -> str | None:
+    "The Hub model the run started from (--init-from org/name, not a local folder); None: trained from scratch, "
+    "or from a local run."
+    init = (src['train'] or {}).get('init_from')
+    return init if init and is_hub_name(init) and not Path(init).exists() else None
+
+def card_metadata(src: dict, name: str, license: str = CARD_LICENSE):
+    "The card's YAML block (`ModelCardData`): licence, languages, mixed Hub datasets, tags, the scores as model-index."
+    from huggingface_hub import ModelCardData
+    from legalnb.models import saved_architecture
+    m = src['manifest'] or {}
+    hubs = [x['hub']['repo'] for x in m.get('mix') or [] if isinstance(x, dict) and isinstance(x.get('hub'), dict)
+            and x['hub'].get('repo')]
+    return ModelCardData(license=license, base_model=base_model(src), language=sorted(m.get('tokens_per_lang') or {})
+                         or None, datasets=list(dict.fromkeys(hubs)) or None, library_name='transformers',
+                         tags=['legalnb', 'eur-lex', 'legal', saved_architecture(src['config'])],
+                         pipeline_tag='text-generation', model_name=name,
+                         eval_results=eval_results(src['eval']) or None)
+
+# %% ../nbs/10_export.ipynb #card0022
+def model_card(model: str | Path,                    # the run folder or model folder export was given
+               out_files: list,                      # the files the export wrote (names or paths)
+               eval_dir: str | Path | None = None,   # --eval: an evaluate --out folder (default: WORK/eval)
+               corpus_dir: str | Path | None = None, # --corpus: a build-corpus --out folder (default: WORK/corpus)
+               license: str = CARD_LICENSE,          # --license, the card's licence
+               price: float = GPU_HOUR_PRICE,        # dollars a GPU-hour, for the cost line
+               name: str | None = None,              # the model's name (default: the run folder's)
+              ):
+    "The Hugging Face model card of an export (`huggingface_hub.ModelCard`), from the run's own files only."
+    from huggingface_hub import ModelCard
+    src = card_sources(model, eval_dir, corpus_dir)
+    name = name or (src['run'] or src['model']).name
+    t = src['train'] or {}
+    what = 'continued from ' + f"`{t['init_from']}`" if t.get('init_from') else 'trained'
+    intro = (f'# {name}\n\nA causal language model of EU legal text, {what} with [legalnb]'
+             '(https://github.com/legalnb/legalnb). This card was written by `legalnb export` from the run\'s own '
+             'files; what they do not record is left out.')
+    parts = [intro, data_section(src), training_section(src, price), evaluation_section(src),
+             loading_section(out_files, name), notice_section()]
+    data = card_metadata(src, name, license)
+    return ModelCard(f'---\n{data.to_yaml()}\n---\n\n' + '\n\n'.join(p for p in parts if p) + '\n')
+
+def check_card(path: Path, card) -> None:
+    "Raise unless the README at `path` parses back (offline) to `card`'s metadata, model-index included."
+    from huggingface_hub import ModelCard
+    back = ModelCard.load(Path(path))   # a Path: read from disk, never from the Hub
+    if back.data.to_dict() != card.data.to_dict():
+        raise LegalnbError(f'{path}: the model card\'s metadata does not read back as written; report this as a bug')
+
 # %% ../nbs/10_export.ipynb #884916d0
 SHARED_FILES = ('config.json', 'generation_config.json', 'model.safetensors', 'tokenizer.json',
-                'tokenizer_config.json', 'special_tokens_map.json', 'chat_template.jinja')   # any architecture's
+                'tokenizer_config.json', 'special_tokens_map.json', 'chat_template.jinja',
+                'README.md')   # any architecture's
 
 def _remote_codes() -> list:
     "The `RemoteCode` of every registered architecture whose export writes code (imported on first use)."
@@ -60,6 +401,10 @@ def _staged(out: Path, write) -> list[str]:
     finally: shutil.rmtree(tmp, ignore_errors=True)
 
 # %% ../nbs/10_export.ipynb #8114a138
+def _card_is_ours(out: Path) -> bool:
+    "Whether `out`'s README.md is a card `legalnb export` wrote (the record says so): a user's own is never replaced."
+    return (recorded_by(out, CARD) or '').startswith('legalnb export')
+
 def refuse_other_export(out: Path, folder: Path, overwrite: bool) -> str:
     "The record entry of an export of `folder`; refused when `out` holds the export of another model (--overwrite)."
     source = f'legalnb export {os.path.realpath(folder)}'
@@ -76,6 +421,10 @@ def export_model(model: str | Path,            # run folder (legalnb train --out
                  out: str | Path,              # the Hugging Face folder to write
                  tokenizer: str | Path | None = None,  # tokenizer.json (default: found as legalnb evaluate does)
                  overwrite: bool = False,      # replace the export of another model in `out`
+                 eval_dir: str | Path | None = None,    # the model card's evaluation (default: WORK/eval of a run)
+                 corpus_dir: str | Path | None = None,  # the model card's corpus (default: WORK/corpus of a run)
+                 license: str = CARD_LICENSE,  # the model card's licence
+                 price: float = GPU_HOUR_PRICE,  # dollars a GPU-hour, for the card's cost line
                 ) -> list[str]:                # the files written into `out`
     "Write a native legalnb model as a folder that transformers' Auto classes load without legalnb."
     from legalnb.corpus import find_eos
@@ -86,7 +435,7 @@ def export_model(model: str | Path,            # run folder (legalnb train --out
                            'or model folder')
     out = followed(out)   # a link: the files go into the folder it leads to
     refuse_overwriting_inputs([model, folder], [out])
-    refuse_foreign_files(out, lambda p: str(p) in export_files(), '--out')
+    refuse_foreign_files(out, lambda p: str(p) in export_files() and (str(p) != CARD or _card_is_ours(out)), '--out')
     source = refuse_other_export(out, folder, overwrite)
     arch = saved_architecture(read_json(folder/'config.json', 'a model config'))
     if arch not in MODELS:
@@ -96,8 +445,12 @@ def export_model(model: str | Path,            # run folder (legalnb train --out
         raise LegalnbError(f'{folder/"config.json"}: model {arch!r} has no Hugging Face export (ModelSpec.hf_export)')
     native, tok = load_native(folder).eval(), native_tokenizer(folder, tokenizer)
     eos = find_eos(tok)
+    card_sources(model, eval_dir, corpus_dir)   # a wrong --eval or --corpus stops before the model is read
     def write(tmp: Path) -> list[str]:
-        return writer(native, tmp, eos) + export_tokenizer(tok, eos, native.config.max_seq_len, tmp)
+        names = writer(native, tmp, eos) + export_tokenizer(tok, eos, native.config.max_seq_len, tmp)
+        card = model_card(model, names, eval_dir, corpus_dir, license, price, name=out.name)
+        card.save(tmp/CARD); check_card(tmp/CARD, card)
+        return names + [CARD]
     names = _staged(out, write)
     record_as(out, names, source)   # the record says which model this export is of
     return names
@@ -151,13 +504,18 @@ class ExportConfig:
     out: str = None           # the Hugging Face folder to write (required)
     tokenizer: str = None     # tokenizer.json (default: beside the model, in the run or its data)
     overwrite: bool = False   # replace the export of another model in --out (the same one: always)
+    eval: str = None          # the card's evaluation: a legalnb evaluate --out folder (default: WORK/eval of a run)
+    corpus: str = None        # the card's corpus: a legalnb build-corpus --out folder (default: WORK/corpus)
+    license: str = CARD_LICENSE   # the card's licence (Hub licence id): attribution, as EUR-Lex's reuse terms ask
+    price_per_hour: float = GPU_HOUR_PRICE   # dollars a GPU-hour, for the card's cost line
 
     def __post_init__(self):
         if self.out is None: raise LegalnbError('--out is required: the folder to write, e.g. --out hf-model')
 
 def export_command(cfg: ExportConfig) -> int:
     "`legalnb export` from its config: the folder written, and how to load it printed."
-    files = export_model(cfg.model, cfg.out, cfg.tokenizer, cfg.overwrite)
+    files = export_model(cfg.model, cfg.out, cfg.tokenizer, cfg.overwrite, cfg.eval, cfg.corpus, cfg.license,
+                         cfg.price_per_hour)
     remote = any(f.endswith('.py') for f in files)   # modelling code: transformers runs it only if trusted
     print(f'wrote {cfg.out}: {", ".join(files)}')
     trust = ', trust_remote_code=True' if remote else ''

@@ -194,3 +194,87 @@ def test_an_export_by_legalnb_0_1_0_is_still_trusted_and_gives_the_same_logits(t
     (old/'modeling_legalnb_resonance.py').write_text((old/'modeling_legalnb_resonance.py').read_text() + '# mine\n')
     with pytest.raises(LegalnbError, match='modeling_legalnb_resonance.py: not the code legalnb export writes'):
         legalnb_remote_code(old)
+
+
+@pytest.fixture(scope='module')
+def quickstart_work(tmp_path_factory):
+    "A tiny `legalnb quickstart` work folder (run, baseline, corpus, selection, eval), made from its parent folder "
+    "with relative paths, as a user would."
+    import io
+    from contextlib import redirect_stdout
+    from legalnb.cli import QuickstartConfig, quickstart
+    d, here = tmp_path_factory.mktemp('qs'), os.getcwd()
+    os.chdir(d)
+    try:
+        with redirect_stdout(io.StringIO()):
+            quickstart(QuickstartConfig('qs', docs=20, vocab_size=300, seq_len=64, steps=10, dim=16, batch_size=4,
+                                        device='cpu'))
+    finally: os.chdir(here)
+    return d/'qs'
+
+
+def test_the_model_card_is_made_of_the_runs_files(quickstart_work, tmp_path, capsys):
+    "README.md: the manifest's languages, eval.json's scores (in the tables and as a model-index that parses back), "
+    "no base model for a run from scratch, trust_remote_code exactly when code was exported; a user's README refused."
+    from huggingface_hub import ModelCard
+    from huggingface_hub.repocard_data import model_index_to_eval_results
+    work = quickstart_work
+    manifest = json.loads((work/'corpus'/'manifest.json').read_text())
+    ev = json.loads((work/'eval'/'eval.json').read_text())
+    assert export_main([str(work/'run'), '--out', str(tmp_path/'hf')]) == 0
+    assert 'README.md' in capsys.readouterr().out
+    text = (tmp_path/'hf'/'README.md').read_text()
+    card = ModelCard.load(tmp_path/'hf'/'README.md')   # parsed back offline: the validation the export runs too
+    meta = card.data.to_dict()
+    assert card.data.language == sorted(manifest['tokens_per_lang'])
+    assert 'base_model' not in meta and 'base model' not in text, 'trained from scratch: no base model'
+    assert meta['license'] == 'cc-by-4.0' and {'legalnb', 'eur-lex', 'legal', 'resonance'} <= set(meta['tags'])
+    name, results = model_index_to_eval_results(meta['model-index'])
+    assert name == 'hf' and results == card.data.eval_results
+    for lang, g in ev['by_language'].items():
+        got = next(r for r in results if r.dataset_config == lang and r.metric_type == 'bits_per_byte')
+        assert got.metric_value == round(g['bits_per_byte'], 4)
+        assert f"| {lang} " in text and f"{g['bits_per_byte']:.3f}" in text
+    overall = next(r for r in results if r.dataset_config is None and r.metric_type == 'bits_per_byte')
+    assert overall.metric_value == round(ev['overall']['bits_per_byte'], 4)
+    general = ev['general']['overall']   # 4 held-out acts give no interval; the general text's documents do
+    lo, hi = general['bits_per_byte_ci']
+    assert f"{general['bits_per_byte']:.3f} [{lo:.3f}, {hi:.3f}] bits per byte" in text
+    assert 'trust_remote_code=True' in text and 'modeling_legalnb_resonance.py' in text
+    assert 'Decision 2011/833/EU' in text and '## Training' in text and 'Against the reference run' in text
+
+    assert export_main([str(work/'baseline'), '--out', str(tmp_path/'gpt')]) == 0   # the GPT baseline: plain Llama
+    files = os.listdir(tmp_path/'gpt')
+    gpt_text = (tmp_path/'gpt'/'README.md').read_text()
+    assert not any(f.endswith('.py') for f in files) and 'trust_remote_code' not in gpt_text
+    base_ev = json.loads((work/'eval'/'reference'/'eval.json').read_text())
+    assert f"{base_ev['overall']['bits_per_byte']:.3f}" in gpt_text, "the baseline's own evaluation, not the run's"
+    assert f"{ev['overall']['bits_per_byte']:.3f}" not in gpt_text
+
+    (tmp_path/'mine').mkdir(); (tmp_path/'mine'/'README.md').write_text('my notes')
+    for call in (lambda: export_main([str(work/'run'), '--out', str(tmp_path/'mine')]),
+                 lambda: export_model(work/'run', tmp_path/'mine')):
+        with pytest.raises(LegalnbError, match=r'holds files legalnb did not write \(README.md\)'): call()
+    assert os.listdir(tmp_path/'mine') == ['README.md'] and (tmp_path/'mine'/'README.md').read_text() == 'my notes'
+
+
+def test_a_card_without_an_evaluation_has_no_numbers(quickstart_work, tmp_path):
+    "A run folder copied out of its work folder: no eval folder, so no evaluation section and no model-index; "
+    "--eval and --corpus name them again, and --eval of another model is refused."
+    import shutil
+    from huggingface_hub import ModelCard
+    work = quickstart_work
+    shutil.copytree(work/'run', tmp_path/'run', ignore=shutil.ignore_patterns('.legalnb*'))
+    tok = work/'corpus'/'tokenizer.json'   # the run's data, named relative to the work folder, is not found from here
+    export_model(tmp_path/'run', tmp_path/'hf', tok)
+    card = ModelCard.load(tmp_path/'hf'/'README.md')
+    assert '## Evaluation' not in card.text and 'bits per byte' not in card.text
+    assert 'model-index' not in card.data.to_dict()
+    assert '## Training data' not in card.text and 'language' not in card.data.to_dict()
+    assert '## Training' in card.text, 'the run itself still says how it trained'
+    export_model(tmp_path/'run', tmp_path/'hf', tok, eval_dir=work/'eval', corpus_dir=work/'corpus')
+    card = ModelCard.load(tmp_path/'hf'/'README.md')
+    assert card.data.eval_results and '## Evaluation' in card.text and '## Training data' in card.text
+    with pytest.raises(LegalnbError, match='eval.json scores qs/baseline'):
+        export_model(work/'run', tmp_path/'other', eval_dir=work/'eval'/'reference')
+    assert not (tmp_path/'other').exists()
