@@ -741,8 +741,17 @@ def _from_hub(src: MixSource):
     import datasets
     ds = parse_hub_dataset(src.path)
     if not src.configs: return _hub_part(ds, config_language(ds.config))
-    parts = [_hub_part(replace(ds, config=c), lang) for c, lang in src.configs]
-    return datasets.interleave_datasets(parts, stopping_strategy='all_exhausted_without_replacement')
+    parts = tuple(_hub_part(replace(ds, config=c), lang) for c, lang in src.configs)   # a tuple: not sharded
+    return datasets.IterableDataset.from_generator(_in_turn, gen_kwargs=dict(parts=parts))
+
+def _in_turn(parts: tuple):
+    "The records of each part in turn until every part is read through (datasets' interleave_datasets sleeps 5 s "
+    "each time a reader of Parquet parts closes: a mixed source is read through once a pass)."
+    its = [iter(p) for p in parts]
+    while its:
+        for it in list(its):
+            try: yield next(it)
+            except StopIteration: its.remove(it)
 
 def hub_record(src: MixSource) -> dict:
     "What the manifest says of a Hub source: repository, config(s), split, rows read, revision (the snapshot's commit)."
