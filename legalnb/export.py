@@ -14,6 +14,7 @@ from .core import LegalnbError, refuse_foreign_files, refuse_overwriting_inputs,
 from .core import GPU_HOUR_PRICE, format_duration, is_hub_name, markdown_table
 from .core import Output, flag_settings, followed, run_writing, record_as, recorded_by
 from .models import MODELS
+from .hub import LEGALNB_TAG, check_push, push_folder
 
 # %% auto #0
 __all__ = ['CARD', 'CARD_LICENSE', 'SHARED_FILES', 'EXPORT_FILES', 'TRUST_HINT', 'export_tokenizer', 'stage_flags_of',
@@ -334,7 +335,7 @@ def card_metadata(src: dict, name: str, license: str = CARD_LICENSE):
             and x['hub'].get('repo')]
     return ModelCardData(license=license, base_model=base_model(src), language=sorted(m.get('tokens_per_lang') or {})
                          or None, datasets=list(dict.fromkeys(hubs)) or None, library_name='transformers',
-                         tags=['legalnb', 'eur-lex', 'legal', saved_architecture(src['config'])],
+                         tags=[LEGALNB_TAG, 'eur-lex', 'legal', saved_architecture(src['config'])],
                          pipeline_tag='text-generation', model_name=name,
                          eval_results=eval_results(src['eval']) or None)
 
@@ -508,18 +509,31 @@ class ExportConfig:
     corpus: str = None        # the card's corpus: a legalnb build-corpus --out folder (default: WORK/corpus)
     license: str = CARD_LICENSE   # the card's licence (Hub licence id): attribution, as EUR-Lex's reuse terms ask
     price_per_hour: float = GPU_HOUR_PRICE   # dollars a GPU-hour, for the card's cost line
+    push_to_hub: str = None   # then upload the folder to this Hub repository, org/name (made when missing)
+    private: bool = False     # --push-to-hub: a new repository is private
+    revision: str = None      # --push-to-hub: to this branch (made when missing); default main
 
     def __post_init__(self):
         if self.out is None: raise LegalnbError('--out is required: the folder to write, e.g. --out hf-model')
+        if (self.private or self.revision) and not self.push_to_hub:
+            raise LegalnbError('--private and --revision go with --push-to-hub org/name')
 
 def export_command(cfg: ExportConfig) -> int:
-    "`legalnb export` from its config: the folder written, and how to load it printed."
+    "`legalnb export` from its config: the folder written (and pushed), and how to load it printed."
+    api = check_push(cfg.push_to_hub) if cfg.push_to_hub else None   # the name and the token, before any work
     files = export_model(cfg.model, cfg.out, cfg.tokenizer, cfg.overwrite, cfg.eval, cfg.corpus, cfg.license,
                          cfg.price_per_hour)
     remote = any(f.endswith('.py') for f in files)   # modelling code: transformers runs it only if trusted
     print(f'wrote {cfg.out}: {", ".join(files)}')
     trust = ', trust_remote_code=True' if remote else ''
-    print(f'load it with AutoModelForCausalLM.from_pretrained({cfg.out!r}{trust})')
+    where = cfg.out
+    if api:
+        url = push_folder(cfg.out, cfg.push_to_hub, files, cfg.private, cfg.revision, cfg.overwrite,
+                          stale=export_files(), api=api)
+        print(f'pushed to {cfg.push_to_hub}' + (f' ({cfg.revision})' if cfg.revision else '') + f': {url}')
+        where = cfg.push_to_hub
+    print(f'load it with AutoModelForCausalLM.from_pretrained({where!r}{trust}'
+          + (f', revision={cfg.revision!r}' if api and cfg.revision else '') + ')')
     return 0
 
 def export_run(cfg: ExportConfig) -> int:

@@ -14,7 +14,7 @@ from .core import format_duration
 from .core import GPU_HOUR_PRICE, read_json, parse_number
 from .core import PRESET_VOCAB, SCRATCH_SEQ_LEN, VAL_SHARE
 from .models import DEFAULT_MODEL
-from .hub import is_hub_dataset
+from .hub import fetch_if_asked, is_hub_dataset
 
 # %% auto #0
 __all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'RUN_DEFAULTS', 'PLAN_TEMPLATE', 'PLAN_DEPTH', 'PLAN_VALUES', 'TRAINING',
@@ -22,7 +22,7 @@ __all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'RUN_DEFAULTS', 'PLAN_TEMPLATE
            'stage_settings', 'plan_loader', 'read_plan', 'check_mix_section', 'mix_flags', 'check_plan_keys',
            'check_top_values', 'wrong_value', 'check_plan_values', 'cli_overrides', 'Stage', 'build_stages',
            'check_plan', 'fingerprint', 'read_record', 'write_record', 'why_stale', 'parse_deadline', 'BudgetGuard',
-           'machine_lines', 'training_estimate', 'confirm', 'staged_files', 'stage_split', 'run_plan',
+           'machine_lines', 'training_estimate', 'confirm', 'staged_files', 'stage_split', 'fetch_inputs', 'run_plan',
            'selection_result', 'reference_lines', 'stage_rows', 'stage_table', 'write_run_report', 'RunConfig',
            'run_parser', 'run_main']
 
@@ -31,7 +31,8 @@ STAGES = ('download', 'parse', 'select', 'build-corpus', 'split', 'train', 'eval
 OUTPUTS = {'download': 'download/download.json', 'parse': 'parsed.jsonl', 'select': 'selected.jsonl',
            'build-corpus': 'corpus/manifest.json',
            'split': 'split/split.json', 'train': 'run/summary.json', 'finetune': 'run/finetune.json',
-           'evaluate': 'eval/eval.json'}   # the file that says a stage finished: its checksum is the next one's input
+           'evaluate': 'eval/eval.json', 'export': 'export/README.md'}   # the file that says a stage finished: its
+                                                                         # checksum is the next one's input
 TOP = ('input', 'out', 'preset', 'model', 'size', 'baseline')   # plan keys outside the stage sections
 RECORDS = '.legalnb-run'                             # the per-stage records, inside the work folder
 
@@ -74,6 +75,8 @@ evaluate:
   citations: {citations}
   general: {general}   # general text, for forgetting: auto (the mix's held-out slices, else python-docs), or your
                         # JSONL files and corpora (each reported apart). against: the base, or baseline/
+# export:                # last: the model as a Hugging Face folder (export/) with its model card, pushed on request
+#   push_to_hub: your-org/legal-model   # private: true; revision: a branch; license: cc-by-4.0 (the card's)
 # stage2:                # two-stage training: a second run, from the first one's weights, on the best documents only
 #   select: {{top: 10000}}  # flags of `legalnb select` for the subset: the 10k best by score (or target_tokens: 200M)
 #   train: {{lr: 1.0e-4, batch_size: 8, max_steps: 500}}   # a native model's own train flags (init_optimizer: true
@@ -235,11 +238,11 @@ def mix_flags(section: dict, base: Path) -> list[str]:
 
 def check_plan_keys(raw: dict, path) -> dict:
     "A plan's keys and sections as `legalnb run` reads them; an unknown one named with where it is (`path`)."
-    sections = {*TOP, *STAGES, 'finetune', 'stage2', 'mix'}
+    sections = {*TOP, *STAGES, 'finetune', 'stage2', 'mix', 'export'}
     if bad := sorted(map(str, set(raw) - sections)):
         raise LegalnbError(f'{path}: unknown key(s) {", ".join(bad)}; a plan has {", ".join(sorted(sections))} '
                            '(legalnb run --write-plan prints one)')
-    for k in {*STAGES, 'finetune', 'stage2'} & set(raw):
+    for k in {*STAGES, 'finetune', 'stage2', 'export'} & set(raw):
         if raw[k] is None: raw[k] = {}
         if not isinstance(raw[k], dict): raise LegalnbError(f'{path}: {k}: expected a mapping of flag: value')
     check_mix_section(raw, path)
@@ -290,7 +293,7 @@ def wrong_value(action: argparse.Action, value) -> str | None:
 
 def check_plan_values(raw: dict, path):
     "Check every value of the plan's stage sections against the flag it sets, naming the key; unknown keys later."
-    sections = [('', s, raw[s]) for s in (*STAGES, 'finetune') if raw.get(s)]
+    sections = [('', s, raw[s]) for s in (*STAGES, 'finetune', 'export') if raw.get(s)]
     sections += [('stage2.', s, v) for s, v in (raw.get('stage2') or {}).items() if v]
     for where, stage, section in sections:
         flags = stage_flags(stage)
@@ -390,9 +393,10 @@ def _sections(plan: dict, cli: dict, top: dict) -> dict:
     from legalnb.presets import get_preset
     work, preset, model, size, hf = (top[k] for k in ('out', 'preset', 'model', 'size', 'hf'))
     sec = {s: dict(plan.get(s) or {}) | cli.get(s, {}) for s in (*STAGES, 'finetune')}
+    sec['export'] = dict(plan.get('export') or {})   # the plan's only: its flags (--overwrite) are not the stages'
     for s, owned in (('download', 'out'), ('parse', 'out'), ('select', 'out'), ('build-corpus', 'out'),
-                     ('split', 'out'),
-                     ('train', 'data'), ('train', 'out'), ('finetune', 'out'), ('evaluate', 'out')):
+                     ('split', 'out'), ('train', 'data'), ('train', 'out'), ('finetune', 'out'), ('evaluate', 'out'),
+                     ('export', 'out'), ('export', 'model')):
         if s in plan and owned in (plan[s] or {}):
             raise LegalnbError(f'{s}.{owned}: set by legalnb run (inside the work folder {work}); '
                                'drop it from the plan')
@@ -462,6 +466,11 @@ def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None)
     stages.append(Stage('evaluate', _paths('evaluate', final.output.parent, out=work/'eval'), e,
                         [final.output, *([stages[-1].output] if top.get('baseline') else [])],
                         work/OUTPUTS['evaluate']))
+    if 'export' in plan:   # last: the model as a Hugging Face folder with its card (eval/ read), pushed on request
+        if hf: raise LegalnbError(f'export: a Hugging Face model\'s run ({work/"run"/"final"}) is a Hugging Face folder '
+                                  'already; drop export: and push it with `hf upload`')
+        stages.append(Stage('export', _paths('export', final.output.parent, out=work/'export'), sec['export'],
+                            [work/OUTPUTS['evaluate']], work/OUTPUTS['export']))
     return stages, top
 
 def _first(stages: list[Stage], kind: str) -> Stage:
@@ -955,7 +964,7 @@ def _stopped_message(summary: dict, opts: dict) -> str:
 # %% ../nbs/14_run.ipynb #b5f92eea
 WORK_NAMES = {  # what legalnb run writes in its work folder (a second stage's too)
               'download', 'parsed.jsonl', 'parse_report.json', 'selected.jsonl', 'selection.json', 'corpus', 'split',
-              'run', 'eval',
+              'run', 'eval', 'export',
               'report.md', 'loss.png', RECORDS,
               'selected-2.jsonl', 'selection-2.json', 'corpus-2', 'split-2', 'run-2', 'baseline'}
 
@@ -963,7 +972,7 @@ def _ours(rel: Path) -> bool:
     "Did legalnb run (or one of its stages: temporary files, a corpus rebuild) write this file of the work folder?"
     return rel.parts[0] in WORK_NAMES or rel.parts[0].startswith(('.parsed.jsonl', '.selected.jsonl', '.corpus.',
                                                                   '.selected-2.jsonl', '.corpus-2.', '.split-2.',
-                                                                  '.split.', '.report.md', '.loss.png'))
+                                                                  '.split.', '.report.md', '.loss.png', '.export.'))
 
 # %% ../nbs/14_run.ipynb #58e10146
 def _from_the_shell(top_cli: dict) -> dict:
@@ -990,6 +999,19 @@ def _what_runs(stages: list[Stage], work: Path, opts: dict) -> tuple[int, int, l
                            f'({reasons[first]}); drop --resume')
     return first, t, reasons
 
+# %% ../nbs/14_run.ipynb #ebb8ae6f
+def fetch_inputs(stages: list[Stage]):
+    "--download: what the stages read from the Hugging Face Hub and is not in its cache, fetched before any runs "
+    "(a model's tokenizer, hf: datasets of --mix and --general); each stage then reads the cache, offline."
+    from legalnb.corpus import fetch_mix
+    from legalnb.evaluate import fetch_for_evaluate
+    for s in stages:
+        c = s.config
+        if s.kind == 'build-corpus':
+            fetch_if_asked(True, c.tokenizer if isinstance(c.tokenizer, str) else None, weights=False)
+            fetch_mix(c.mix or [], c.mix_languages)
+        elif s.kind == 'evaluate': fetch_for_evaluate(replace(c, download=True))
+
 # %% ../nbs/14_run.ipynb #21a541dc
 def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> dict:
     "Check the plan, then run the stages that are not up to date; the training summary (or the stop) and the stages."
@@ -997,7 +1019,9 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
     raw, base = read_plan(plan)
     if base != Path('.'): top_cli = _from_the_shell(top_cli)
     cli = cli_overrides(rest); cli['_top'] = top_cli
+    if opts.get('download'): fetch_if_asked(True, top_cli.get('model') or raw.get('model'))   # before it is resolved
     stages, top = build_stages(raw, base, cli, opts['stage_to'])
+    if opts.get('download'): fetch_inputs(stages)
     check_plan(stages, top)
     work, names = top['out'], [s.name for s in stages]
     ours = lambda rel: _ours(rel) or rel.parts[0] in opts.get('ours', ())
@@ -1088,6 +1112,8 @@ def _made(work: Path) -> tuple[dict, dict, tuple | None]:
         r = read_json(work/'eval'/'eval.json', 'an evaluation')
         made['evaluate'] = ('`eval/`', f'loss {r["overall"]["loss"]:.3f}, '
                                        f'{r["overall"]["bits_per_byte"]:.3f} bits per byte')
+    if (work/'export'/'README.md').exists():
+        made['export'] = ('`export/`', 'a Hugging Face folder with its model card (README.md)')
     second, baseline = {}, None
     for kind, out in (('select', 'selected-2.jsonl'), ('build-corpus', 'corpus-2'), ('split', 'split-2')):
         if (work/out).exists(): second[kind] = (f'`{out}`', 'the second stage\'s data: the best documents')
@@ -1165,6 +1191,8 @@ class RunConfig:
     deadline: str = None        # budget guard: stop cleanly when the forecast end passes HH:MM or 90m, 2h
     price_per_hour: float = GPU_HOUR_PRICE  # dollars per GPU-hour, for --max-cost
     stage_to: str = None        # copy the training data (split; corpus for an HF model) here, verified
+    download: bool = False      # fetch from the Hugging Face Hub first what the plan names there and is not cached:
+                                # the model (org/name), hf: datasets of mix: and evaluate.general
 
 @functools.cache
 def run_parser():
@@ -1188,7 +1216,8 @@ def run_main(argv: list[str]) -> int:
     if not a.price_per_hour > 0: raise LegalnbError(f'--price-per-hour must be more than 0, got {a.price_per_hour:g}')
     t0 = time.perf_counter()
     opts = dict(yes=a.yes, resume=a.resume, max_cost=a.max_cost, price_per_hour=a.price_per_hour,
-                deadline=parse_deadline(a.deadline) if a.deadline else None, stage_to=a.stage_to, argv=argv)
+                deadline=parse_deadline(a.deadline) if a.deadline else None, stage_to=a.stage_to, argv=argv,
+                download=a.download)
     top = dict(input=a.input, out=a.out, preset=a.preset, model=a.model, size=a.size, baseline=a.baseline)
     with ExitStack() as held:   # the work folder stays locked, and what the run writes is recorded, past the report
         done = run_plan(plan, top, rest, opts | dict(hold=held.enter_context))

@@ -14,6 +14,8 @@ What it answers, as the Hub does for what the client reads (huggingface_hub 2.4,
   takes its plain HTTP path, and no redirect.
 - `POST /api/repos/create` (`name`, `organization`, `type`, `visibility`): a repo whose first commit holds a
   `.gitattributes` as the Hub writes it (GITATTRIBUTES); 409 when it exists (`create_repo(exist_ok=True)` passes).
+- `POST /api/validate-yaml`: a README's metadata checked before a commit that holds it (`card_errors`: YAML, a
+  licence id, language codes, the model-index's required fields): 400 with `errors`, as the Hub refuses a bad card.
 - `POST /api/{type}s/{repo}/preupload/{rev}`: `uploadMode` "regular" for every file, with the `oid` of the file
   already there, so the client sends contents base64 in the commit and skips unchanged files. Nothing goes
   through LFS or Xet (`upload_folder` with `hf_xet` installed still only calls preupload + commit then).
@@ -40,6 +42,33 @@ BAD_TOKEN = 'Invalid credentials in Authorization header'   # the message the cl
 def blob_id(content: bytes) -> str:
     "The git blob id (sha1 of `blob <size>\\0` + content): the Hub's `oid` and `ETag` of a regular file."
     return hashlib.sha1(b'blob %d\0' % len(content) + content).hexdigest()
+
+
+LICENSES = {'apache-2.0', 'mit', 'cc-by-4.0', 'cc-by-sa-4.0', 'cc-by-nc-4.0', 'cc0-1.0', 'eupl-1.1', 'eupl-1.2',
+            'gpl-3.0', 'llama3', 'other', 'unknown'}   # a few of the Hub's licence ids
+
+
+def card_errors(text: str) -> list[str]:
+    "What the Hub would refuse in a card's YAML block: unreadable YAML, an unknown licence, a language that is not a "
+    "code, a model-index without name, task type, dataset and metric values."
+    import yaml
+    if not text.startswith('---\n'): return []
+    try: meta = yaml.safe_load(text.split('---\n', 2)[1]) or {}
+    except yaml.YAMLError as e: return [f'"yaml" is not valid YAML: {e}']
+    errors = []
+    if 'license' in meta and meta['license'] not in LICENSES: errors.append(f'"license" must be one of the Hub\'s ids')
+    for lang in [meta['language']] if isinstance(meta.get('language'), str) else meta.get('language') or []:
+        if not (isinstance(lang, str) and 2 <= len(lang) <= 3 and lang.isalpha()): errors.append(f'"language" {lang}')
+    for m in meta.get('model-index') or []:
+        if not m.get('name'): errors.append('"model-index[].name" is required')
+        for r in m.get('results') or [None]:
+            if not (r and r.get('task', {}).get('type') and r.get('dataset', {}).get('type')
+                    and r.get('dataset', {}).get('name') and r.get('metrics')):
+                errors.append('"model-index[].results[]" needs task.type, dataset.type, dataset.name and metrics')
+            for x in (r or {}).get('metrics') or []:
+                if not x.get('type') or not isinstance(x.get('value'), (int, float, str)):
+                    errors.append('"model-index[].results[].metrics[]" needs type and value')
+    return errors
 
 
 def _now() -> str:
@@ -221,6 +250,7 @@ class _Handler(BaseHTTPRequestHandler):
         seg, hub = _split(path), self.hub
         if seg[:2] == ['api', 'whoami-v2'] and method == 'GET': return self._whoami()
         if seg[:3] == ['api', 'repos', 'create'] and method == 'POST': return self._create(json.loads(body or b'{}'))
+        if seg[:2] == ['api', 'validate-yaml'] and method == 'POST': return self._validate(json.loads(body or b'{}'))
         if len(seg) >= 4 and seg[0] == 'api' and seg[1] in TYPES:
             repo_type, repo_id, rest = TYPES[seg[1]], '/'.join(seg[2:4]), seg[4:] or ['']
             if method == 'GET' and (rest == [''] or rest[0] == 'revision' and len(rest) == 2):   # model_info et al.
@@ -240,6 +270,11 @@ class _Handler(BaseHTTPRequestHandler):
             repo = hub.readable(repo_type, '/'.join(seg[start:start + 2]), self.headers)
             return self._resolve(repo, seg[start + 3], '/'.join(seg[start + 4:]))
         raise HubError(404, None, f'The stand-in does not answer {method} {path}')
+
+    def _validate(self, payload: dict):
+        "A README's metadata checked as the Hub checks a card before a commit: 400 with the errors, else 200."
+        errors = card_errors(payload.get('content') or '')
+        return self._json({'errors': [{'message': m} for m in errors], 'warnings': []}, 400 if errors else 200)
 
     def _whoami(self):
         self.hub.check_token(self.headers)

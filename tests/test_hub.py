@@ -139,3 +139,81 @@ def test_a_hub_dataset_is_mixed_in_with_its_revision(hub, env, web, tmp_path):
     hub.requests.clear()   # a rebuild reads the cache: up to date, nothing asked of the Hub
     p = legalnb(argv, env)
     assert p.returncode == 0 and 'up to date' in p.stdout and not hub.requests, (p.stdout, p.stderr[-2000:])
+
+
+@pytest.fixture(scope='module')
+def run_folder(tmp_path_factory) -> Path:
+    "A native run folder as `legalnb train` leaves it (model/ with its tokenizer beside it)."
+    import torch
+    from legalnb.corpus import train_tokenizer
+    from legalnb.hf import legal_sentences
+    from legalnb.resonance import ResonanceConfig, ResonanceLanguageModel
+    run = tmp_path_factory.mktemp('push')/'run'
+    torch.manual_seed(0)
+    ResonanceLanguageModel(ResonanceConfig(vocab_size=300, dim=32, num_layers=2, num_frequencies=8, max_seq_len=64)
+                           ).save(run/'model')
+    train_tokenizer(legal_sentences(200), 300).save(str(run/'model'/'tokenizer.json'))
+    return run
+
+
+def test_export_pushes_the_folder_and_refuses_someone_elses_repository(hub, env, run_folder, tmp_path):
+    out = tmp_path/'hf'
+    p = legalnb(['export', run_folder, '--out', out, '--push-to-hub', 'legal-org/legal-resonance', '--private'], env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "from_pretrained('legal-org/legal-resonance', trust_remote_code=True)" in p.stdout
+    written = {f.name for f in out.iterdir() if not f.name.startswith('.')}   # not legalnb's records
+    pushed = hub.files('legal-org/legal-resonance')
+    assert set(pushed) == written | {'.gitattributes'} and 'README.md' in pushed and 'model.safetensors' in pushed
+    assert pushed['model.safetensors'] == (out/'model.safetensors').read_bytes()
+    assert hub.repos[('model', 'legal-org/legal-resonance')].private
+    p = legalnb(['export', run_folder, '--out', out, '--push-to-hub', 'legal-org/legal-resonance', '--revision', 'v2'],
+                env)   # again, to a branch: legalnb made the repository, so no --overwrite is needed
+    assert p.returncode == 0 and set(hub.files('legal-org/legal-resonance', revision='v2')) == set(pushed), p.stderr
+
+    hub.add_repo('legal-org/theirs', {'README.md': b'---\nlicense: mit\n---\n# their model\n', 'model.safetensors': b'x'})
+    before = hub.files('legal-org/theirs')
+    err = error_line(legalnb(['export', run_folder, '--out', tmp_path/'hf2', '--push-to-hub', 'legal-org/theirs'], env))
+    assert 'legal-org/theirs: the repository holds files legalnb did not write' in err and '--overwrite' in err, err
+    assert hub.files('legal-org/theirs') == before
+    p = legalnb(['export', run_folder, '--out', tmp_path/'hf2', '--push-to-hub', 'legal-org/theirs', '--overwrite'], env)
+    assert p.returncode == 0 and hub.files('legal-org/theirs')['README.md'] != before['README.md'], p.stderr[-2000:]
+
+
+@pytest.mark.parametrize('change,expect', [
+    ({'HF_TOKEN': 'hf_wrong'}, 'the Hub does not accept your token (invalid or expired)'),
+    ({'HF_TOKEN': ''}, 'no Hugging Face token; log in with `hf auth login`'),
+    ({'REPO': 'elsewhere/model'}, "your token is legal-org's, which may write to legal-org, not to elsewhere"),
+    ({'REPO': 'legal-org/bad name'}, '--push-to-hub legal-org/bad name: '),
+])
+def test_the_name_and_the_token_are_checked_before_anything_is_written(change, expect, hub, env, run_folder, tmp_path):
+    e = env | {k: v for k, v in change.items() if k != 'REPO'} | {'HF_HOME': str(tmp_path/'no-token-here')}
+    repo = change.get('REPO', 'legal-org/legal-resonance')
+    err = error_line(legalnb(['export', run_folder, '--out', tmp_path/'hf', '--push-to-hub', repo], e))
+    assert expect in err, err
+    assert not (tmp_path/'hf').exists() and not any(m == 'POST' for m, _ in hub.requests)
+
+
+def test_a_plan_downloads_what_it_names_and_ends_with_a_push(hub, env, web, tmp_path):
+    "legalnb run --download: the plan's Hub dataset fetched before any stage; its export: section last, pushed."
+    import yaml
+    from legalnb.cli import main
+    assert main(['sample', str(tmp_path/'formex'), '--docs', '40']) == 0
+    plan = tmp_path/'plan.yaml'
+    plan.write_text(yaml.safe_dump({
+        'input': ['formex'], 'out': 'work', 'model': 'resonance', 'mix': {'web': 'hf:legal-org/web-2:0.1'},
+        'build-corpus': {'mix_languages': 'match', 'mix_heldout': 500},
+        'export': {'push_to_hub': 'legal-org/legal-run', 'private': True}}))
+    tiny = ['--target-tokens', '1M', '--seq-len', '32', '--train-tokenizer', '300', '--shards', '2', '--val-docs',
+            '0.1', '--dim', '16', '--num-layers', '1', '--num-frequencies', '4', '--batch-size', '4', '--max-steps',
+            '6', '--seq-warmup-steps', '0', '--batch-tokens', '128', '--eval-every', '3', '--eval-batches', '1', '--num-workers', '0', '--cpu-threads', '1', '--device',
+            'cpu', '--citations', '5', '--samples', '0', '--rouge', '0', '--no-progress', '--yes']
+    p = legalnb(['run', plan, *tiny, '--download'], env)
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
+    work = tmp_path/'work'
+    assert json.loads((work/'corpus'/'manifest.json').read_text())['mix'][0]['hub']['revision'] == web
+    pushed = hub.files('legal-org/legal-run')
+    assert pushed['README.md'] == (work/'export'/'README.md').read_bytes() and 'model.safetensors' in pushed
+    assert '| export | `export/` |' in (work/'report.md').read_text()
+    hub.requests.clear()   # up to date: every stage skipped, nothing asked of the Hub
+    p = legalnb(['run', plan, *tiny], env)
+    assert p.returncode == 0 and 'export: skipped, up to date' in p.stdout and not hub.requests, p.stderr[-2000:]
