@@ -15,7 +15,7 @@ from fastcore.docments import docments
 # %% auto #0
 __all__ = ['GPU_HOUR_PRICE', 'PRESET_VOCAB', 'CPT_SEQ_LEN', 'SCRATCH_SEQ_LEN', 'VAL_SHARE', 'NUMBER_EXAMPLES', 'PRECISIONS',
            'NVIDIA_SMI_TIMEOUT', 'TORCH_CUDA_VARIANTS', 'TORCH_INDEX', 'DEVICES', 'MODEL_FILES', 'HUB_OFFLINE_MARK',
-           'OWNED', 'OWNED_FORMAT', 'OWN_COMMAND', 'LOCK', 'LegalnbError', 'max_procs', 'check_num_proc',
+           'OWNED', 'OWNED_FORMAT', 'OWN_COMMAND', 'LOCK', 'LegalnbError', 'first_line', 'max_procs', 'check_num_proc',
            'atomic_write', 'jsonl_record', 'jsonl_records', 'read_json', 'parse_number', 'parse_count',
            'format_duration', 'markdown_table', 'resolve_precision', 'cuda_capability', 'NvidiaGpu', 'parse_nvidia_smi',
            'nvidia_gpus', 'torch_variant', 'torch_install', 'cuda_unusable', 'say_once', 'resolve_device', 'hub_cache',
@@ -30,6 +30,10 @@ __all__ = ['GPU_HOUR_PRICE', 'PRESET_VOCAB', 'CPT_SEQ_LEN', 'SCRATCH_SEQ_LEN', '
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
     "Bad input or a failed stage: the message names the file, the position and what was expected."
+
+def first_line(e: BaseException) -> str:
+    "The first line of a library's error (at most 200 characters, its type's name when empty): what a message quotes."
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 # %% ../nbs/00_core.ipynb #85fc66bd
 def max_procs() -> int:

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from .core import (LegalnbError, atomic_write, foreign_files, format_duration, jsonl_records, read_json,
                           refuse_foreign_files, refuse_overwriting_inputs, jsonl_record, check_num_proc, model_folder)
 from .core import Output, flag_settings, followed, libc, run_writing, trim_memory, record_written
-from .core import CPT_SEQ_LEN
+from .core import CPT_SEQ_LEN, first_line
 from .sources import parse_celex, parse_date
 from .hub import dataset_card, card_configs, hub_dataset_folder, is_hub_dataset, open_hub_dataset
 from .hub import fetch_if_asked, parse_hub_dataset
@@ -616,9 +616,6 @@ def mix_format(src: MixSource) -> tuple[str, list[str]]:
         raise LegalnbError(f'--mix {src.name}: {p} {what}; expected {_MIX_FORMS}')
     return next(iter(kinds.items()))
 
-# %% ../nbs/02_corpus.ipynb #8a2300a0
-def _first_line(e: Exception) -> str: return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-
 # %% ../nbs/02_corpus.ipynb #34c18476
 def _from_disk(src: MixSource):
     "The Dataset a save_to_disk folder holds (a DatasetDict's train split) as an iterable one, memory-mapped."
@@ -641,7 +638,7 @@ def open_mix(src: MixSource):
                datasets.load_dataset(kind, data_files=files, split='train', streaming=True))
     except LegalnbError: raise
     except Exception as e: raise LegalnbError(f'--mix {src.name}: {src.path}: cannot be read as {kind} '
-                                              f'({_first_line(e)}); expected {_MIX_FORMS}') from None
+                                              f'({first_line(e)}); expected {_MIX_FORMS}') from None
     if ds.column_names is not None and 'text' not in ds.column_names:
         raise LegalnbError(f'--mix {src.name}: {src.path} has no "text" column (it has {", ".join(ds.column_names)}); '
                            'each record needs its text in "text"')
@@ -655,7 +652,7 @@ def mix_records(src: MixSource, start: int = 0) -> Iterator[tuple[int, dict]]:
         try: rec = next(it)
         except StopIteration: return
         except Exception as e: raise LegalnbError(f'--mix {src.name}: {src.path}: cannot be read at record {i} '
-                                                  f'({_first_line(e)})') from None
+                                                  f'({first_line(e)})') from None
         if not isinstance(rec.get('text'), (str, type(None))) or 'text' not in rec:
             got = 'has no "text"' if 'text' not in rec else f'has "text": {json.dumps(rec["text"], default=str)[:40]}'
             raise LegalnbError(f'--mix {src.name}: {src.path}, record {i} {got}; expected a string')

@@ -15,8 +15,9 @@ import torch
 from fastcore.basics import patch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from .core import (LegalnbError, PRECISIONS, CommandParser, atomic_write, command_parser, cuda_capability,
-                          flag_settings, format_duration, jsonl_records, loader_workers, model_folder, read_json, refuse_foreign_files,
-                          refuse_overwriting_inputs, resolve_device, resolve_precision, usable_cores)
+                          first_line, flag_settings, format_duration, jsonl_records, loader_workers, model_folder,
+                          read_json, refuse_foreign_files, refuse_overwriting_inputs, resolve_device,
+                          resolve_precision, usable_cores)
 from .presets import (BATCH_LR_RULES, PRESET_NAMES, Preset, accum_at, batch_lr_factor, get_preset, lora_steps,
                              packed_accumulation, parse_batch_schedule, steps_holding)
 from .metrics import (MetricsFile, metric_lines, notify, parse_report_to, check_trackers, report_to_flag,
@@ -92,8 +93,6 @@ def build_tiny_model(out: str | Path, arch: str = 'llama', texts: Sequence[str] 
     return Path(out)
 
 # %% ../nbs/06_hf.ipynb #aa36ded8
-def _first_line(e: Exception) -> str: return (str(e).strip().splitlines() or [type(e).__name__])[0]
-
 def hf_config(path: str | Path) -> dict:
     "The config.json of a `save_pretrained` folder (or org/name in the Hugging Face cache), checked in one line."
     path = model_folder(path)
@@ -132,7 +131,7 @@ def load_hf_model(path: str | Path, dtype: str | torch.dtype = 'auto',
         what = 'tokenizer'; tok = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
         what = 'model'; model = None if tokenizer_only else AutoModelForCausalLM.from_pretrained(path, **kw)
     except Exception as e:   # transformers, tokenizers and safetensors raise many types: all mean a damaged folder
-        raise LegalnbError(f'{path}: the {what} could not be loaded ({_first_line(e)}); '
+        raise LegalnbError(f'{path}: the {what} could not be loaded ({first_line(e)}); '
                            'expected a folder written by save_pretrained') from None
     finally:
         if bar: hf_logging.enable_progress_bar()
