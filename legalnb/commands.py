@@ -55,7 +55,7 @@ COMMANDS = {
     'compare':      Command('legalnb.compare:compare_main', 'legalnb.compare:compare_parser',
                             'train several models on the same data and budget, and compare'),
     'export':       Command('legalnb.export:export_main', 'legalnb.export:ExportConfig',
-                            'a trained model as a Hugging Face folder with its model card; pushed to the Hub on request',
+                            'a trained model as a Hugging Face folder and model card; --push-to-hub uploads it',
                             'legalnb.export:export_run'),
     'estimate':     Command('legalnb.calculator:estimate_main', 'legalnb.calculator:EstimateConfig',
                             'time and cost of a training plan, checked against physics'),

@@ -23,7 +23,7 @@ from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, 
                    refuse_foreign_files, refuse_overwriting_inputs, resolve_device, resolve_precision)
 from .core import GPU_HOUR_PRICE, Output, flag_settings, refuse_oversized, refuse_unowned, run_writing
 from .core import hub_cache, hub_snapshot, is_hub_name, model_folder
-from .hub import fetch_if_asked, hub_dataset_folder, is_hub_dataset, open_hub_dataset, parse_hub_dataset
+from .hub import fetch_if_asked, hub_dataset_folder, is_hub_dataset, parse_hub_dataset
 from .models import decoder_of, load_native, model_kind, native_tokenizer, refuse_pickled_weights
 from .export import legalnb_remote_code
 from .heldout import (EVAL_FORMAT, heldout_path, decade_of, read_heldout, _DTYPES, HF_DEFAULT_CONTEXT,
@@ -34,21 +34,21 @@ from .heldout import (EVAL_FORMAT, heldout_path, decade_of, read_heldout, _DTYPE
                              GENERAL_GROUPS, FIGURES, document_rows, citation_marks, resample_counts,
                              unit_sums, bootstrap_estimate, GENERAL_BUILTIN, _GENERAL_MODULES, general_texts,
                              _general_texts, write_general_texts, GENERAL_LANG, _general_doc, _general_file,
-                             _NO_MIX, mix_heldout, general_lang, _mix_list)   # below the trainers: they score too
+                             _NO_MIX, mix_heldout, general_lang, _mix_list,
+                             hub_general)   # below the trainers: they score too
 
 # %% auto #0
-__all__ = ['ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'GENERAL_HUB_CHARS', 'GENERAL_AUTO', 'REPORT_FILES',
-           'LM_EVAL_TASKS', 'LM_EVAL_FILES', 'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS',
-           'EVALUATE_OUTPUTS', 'lora_base', 'load_eval_model', 'model_tokenizer', 'as_model', 'fit_prompt',
-           'generate_ids', 'TextStream', 'generate', 'extract_citations', 'citation_items', 'score_citations',
-           'LookupModel', 'summarize_citations', 'opening', 'generate_samples', 'rouge_l', 'rouge_openings',
-           'score_rouge', 'add_intervals', 'read_general', 'hub_general', 'general_sources', 'read_generals',
-           'cap_general', 'mixed_corpus_of', 'choose_general', 'score_general', 'EvaluateConfig',
-           'check_evaluate_settings', 'evaluate', 'capped_note', 'format_table', 'md_cell', 'report_markdown',
-           'write_evaluation', 'evaluation_lines', 'write_lm_eval_tasks', 'run_harness', 'suite_tasks', 'suite_manager',
-           'harness_scores', 'written_by_evaluate', 'clear_other_modes', 'score_model', 'evaluate_command',
-           'evaluate_parser', 'fetch_for_evaluate', 'evaluate_writing', 'evaluate_main', 'GenerateConfig',
-           'generate_command', 'generate_main']
+__all__ = ['ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'GENERAL_AUTO', 'REPORT_FILES', 'LM_EVAL_TASKS',
+           'LM_EVAL_FILES', 'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'EVALUATE_OUTPUTS',
+           'lora_base', 'load_eval_model', 'model_tokenizer', 'as_model', 'fit_prompt', 'generate_ids', 'TextStream',
+           'generate', 'extract_citations', 'citation_items', 'score_citations', 'LookupModel', 'summarize_citations',
+           'opening', 'generate_samples', 'rouge_l', 'rouge_openings', 'score_rouge', 'add_intervals', 'read_general',
+           'general_sources', 'read_generals', 'cap_general', 'mixed_corpus_of', 'choose_general', 'score_general',
+           'EvaluateConfig', 'check_evaluate_settings', 'evaluate', 'capped_note', 'format_table', 'md_cell',
+           'report_markdown', 'write_evaluation', 'evaluation_lines', 'write_lm_eval_tasks', 'run_harness',
+           'suite_tasks', 'suite_manager', 'harness_scores', 'written_by_evaluate', 'clear_other_modes', 'score_model',
+           'evaluate_command', 'evaluate_parser', 'fetch_for_evaluate', 'evaluate_writing', 'evaluate_main',
+           'GenerateConfig', 'generate_command', 'generate_main']
 
 # %% ../nbs/11_evaluate.ipynb #1bfc7a49
 def _hf_tokenizer(*folders: Path, trust: bool = False):
@@ -449,22 +449,6 @@ def read_general(source: str | Path) -> list[dict]:
                            '(built in: Python\'s docstrings)')
     return _general_file(p, p.stem)
 
-# %% ../nbs/11_evaluate.ipynb #6f87e20d
-GENERAL_HUB_CHARS = 2_000_000   # characters of a Hub dataset --general reads (~500k tokens): its first records
-
-def hub_general(spec: str) -> list[dict]:
-    "The first records of a Hub dataset in the cache, GENERAL_HUB_CHARS characters, as general documents of one "
-    "source named after it (FineWeb-2's fra_Latn: fineweb-2-fra_Latn)."
-    ds = parse_hub_dataset(spec, '--general')
-    rows, revision = open_hub_dataset(ds, flag='--general')
-    name, docs, chars = ds.repo.split('/')[1] + (f'-{ds.config}' if ds.config else ''), [], 0
-    for i, rec in enumerate(rows):
-        if chars >= GENERAL_HUB_CHARS: break
-        if (d := _general_doc(rec, f'--general {ds.spec}, record {i}', name, f'{name}:{i}')): docs.append(d)
-        chars += len(rec.get('text') or '')
-    if not docs: raise LegalnbError(f'--general {ds.spec}: no record with text (revision {revision})')
-    return docs
-
 # %% ../nbs/11_evaluate.ipynb #9826cb93
 def general_sources(general) -> list[str]:
     "--general as a list of sources (JSON-lines files, mixed corpus folders, python-docs); [] for none."
@@ -570,7 +554,7 @@ class EvaluateConfig:
     harness: bool = False          # also score the model with lm-evaluation-harness on those tasks
     progress: bool = True          # progress bar in tokens on stderr
     rouge: int = 20                # held-out openings continued greedily for ROUGE-L (0: none)
-    general: list[str] = None      # general text, each source apart: JSONL, mixed corpus, python-docs, auto, hf:ORG/NAME
+    general: list[str] = None      # general text, each source apart: JSONL, mixed corpus, python-docs, auto, hf:...
     bootstrap: int = BOOTSTRAP     # bootstrap resamples of the held-out acts per interval (0: none)
     max_tokens: int = None         # score at most N tokens, over every document (and N of --general)
     general_max_tokens: int = None  # score at most N tokens of each --general source (default: --max-tokens)

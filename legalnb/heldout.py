@@ -19,14 +19,16 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .core import LegalnbError, atomic_write, jsonl_records, read_json
+from .hub import open_hub_dataset, parse_hub_dataset
 
 # %% auto #0
 __all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'LEVEL', 'BOOTSTRAP', 'BOOTSTRAP_MAX', 'MAX_NEW_TOKENS', 'MIN_ACTS',
-           'GROUPS', 'GENERAL_GROUPS', 'FIGURES', 'GENERAL_BUILTIN', 'GENERAL_LANG', 'heldout_path', 'decade_of',
-           'read_heldout', 'EvalModel', 'document_windows', 'position_buckets', 'bucket_label', 'is_cut',
-           'document_batches', 'score_documents', 'metrics', 'grouped', 'fair_shares', 'cap_documents', 'uncapped',
-           'cap_record', 'check_new_tokens', 'document_rows', 'citation_marks', 'resample_counts', 'unit_sums',
-           'bootstrap_estimate', 'general_texts', 'write_general_texts', 'general_lang', 'mix_heldout']
+           'GROUPS', 'GENERAL_GROUPS', 'FIGURES', 'GENERAL_BUILTIN', 'GENERAL_LANG', 'GENERAL_HUB_CHARS',
+           'heldout_path', 'decade_of', 'read_heldout', 'EvalModel', 'document_windows', 'position_buckets',
+           'bucket_label', 'is_cut', 'document_batches', 'score_documents', 'metrics', 'grouped', 'fair_shares',
+           'cap_documents', 'uncapped', 'cap_record', 'check_new_tokens', 'document_rows', 'citation_marks',
+           'resample_counts', 'unit_sums', 'bootstrap_estimate', 'general_texts', 'write_general_texts', 'general_lang',
+           'hub_general', 'mix_heldout']
 
 # %% ../nbs/04f_heldout.ipynb #76359c74
 EVAL_FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
@@ -380,6 +382,22 @@ def _general_file(p: Path, source: str, prefix: str = '') -> list[dict]:
     "The general documents of one JSON-lines file, all of one source."
     docs = [d for n, _, _, rec in jsonl_records(p) if (d := _general_doc(rec, f'{p}, line {n}', source, prefix))]
     if not docs: raise LegalnbError(f'{p}: no general text; expected one {{"text": "...", "lang": "fr"}} per line')
+    return docs
+
+# %% ../nbs/04f_heldout.ipynb #cae91884
+GENERAL_HUB_CHARS = 2_000_000   # characters of a Hub dataset --general reads (~500k tokens): its first records
+
+def hub_general(spec: str) -> list[dict]:
+    "The first records of a Hub dataset in the cache, GENERAL_HUB_CHARS characters, as general documents of one "
+    "source named after it (FineWeb-2's fra_Latn: fineweb-2-fra_Latn)."
+    ds = parse_hub_dataset(spec, '--general')
+    rows, revision = open_hub_dataset(ds, flag='--general')
+    name, docs, chars = ds.repo.split('/')[1] + (f'-{ds.config}' if ds.config else ''), [], 0
+    for i, rec in enumerate(rows):
+        if chars >= GENERAL_HUB_CHARS: break
+        if (d := _general_doc(rec | {'id': str(i)}, f'--general {ds.spec}, record {i}', name, f'{name}:')): docs.append(d)
+        chars += len(rec.get('text') or '')
+    if not docs: raise LegalnbError(f'--general {ds.spec}: no record with text (revision {revision})')
     return docs
 
 # %% ../nbs/04f_heldout.ipynb #a5e1c0f1

@@ -970,7 +970,7 @@ class FinetuneConfig:
     eval_share: float = None      # share held out for evaluation (CPT: val/ rows sized as --eval-tokens; SFT 0.05)
     eval_steps: int = None        # steps between evaluations (default: at every checkpoint)
     eval_tokens: int = None       # CPT: tokens an evaluation scores (default: 0.15 x step tokens x eval steps)
-    general: str = None           # CPT: general text to watch too: a JSON-lines file or a corpus built with --mix
+    general: str = None           # CPT: general text to watch too: a JSON-lines file, a corpus built with --mix, hf:...
     max_forgetting: float = None  # CPT: stop (exit 3) when general bits per byte rose measurably more over step 0
     max_forgetting_share: float = None  # the same, as a share of step 0's value (0.05: a twentieth worse)
     attention: Literal['sdpa', 'eager', 'flash_attention_2'] = 'sdpa'  # attention backend
@@ -1321,7 +1321,8 @@ def finetune(cfg: FinetuneConfig,              # the run's settings: model, data
     "Continued pretraining or SFT of a local model on `data` with the transformers Trainer; returns the run summary."
     from transformers import Trainer
     from transformers.trainer_utils import get_last_checkpoint
-    fetch_if_asked(cfg.download, cfg.model)   # --download: the Hub's copy into the cache first
+    fetch_if_asked(cfg.download, cfg.model)   # --download: the Hub's copies into the cache first
+    if cfg.download and is_hub_dataset(cfg.general or ''): hub_dataset_folder(parse_hub_dataset(cfg.general), True)
     c, data, out, model = cfg, Path(cfg.data), Path(cfg.out), model_folder(cfg.model)   # org/name: its HF snapshot
     overrides = cfg.training_overrides() | overrides
     run = _start_run(cfg, model, preset, command, overrides)

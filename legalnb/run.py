@@ -467,8 +467,8 @@ def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None)
                         [final.output, *([stages[-1].output] if top.get('baseline') else [])],
                         work/OUTPUTS['evaluate']))
     if 'export' in plan:   # last: the model as a Hugging Face folder with its card (eval/ read), pushed on request
-        if hf: raise LegalnbError(f'export: a Hugging Face model\'s run ({work/"run"/"final"}) is a Hugging Face folder '
-                                  'already; drop export: and push it with `hf upload`')
+        if hf: raise LegalnbError(f'export: a Hugging Face model\'s run ({work/"run"/"final"}) is a Hugging Face '
+                                  'folder already; drop export: and push it with `hf upload`')
         stages.append(Stage('export', _paths('export', final.output.parent, out=work/'export'), sec['export'],
                             [work/OUTPUTS['evaluate']], work/OUTPUTS['export']))
     return stages, top

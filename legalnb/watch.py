@@ -11,7 +11,8 @@ from pathlib import Path
 from fastcore.basics import patch
 
 from .core import LegalnbError, read_json
-from .heldout import (BOOTSTRAP, LEVEL, EvalModel, _general_file, bootstrap_estimate, cap_documents,
+from .hub import is_hub_dataset
+from .heldout import (BOOTSTRAP, LEVEL, EvalModel, _general_file, hub_general, bootstrap_estimate, cap_documents,
                              document_rows, fair_shares, metrics, mix_heldout, read_heldout, score_documents)
 
 # %% auto #0
@@ -54,7 +55,9 @@ def mixed_sets(corpus: Path | None) -> list[ValidationSet]:
 
 # %% ../nbs/04g_watch.ipynb #5f3ee1a3
 def general_set(path: str | Path) -> list[ValidationSet]:
-    "--general: a JSON-lines file of general text (one set, named by its stem) or a mixed corpus (a set per source)."
+    "--general: a JSON-lines file of general text (one set, named by its stem), a mixed corpus (a set per source) or "
+    "a Hub dataset (hf:org/name[:config], its first records)."
+    if is_hub_dataset(path): return [ValidationSet((docs := hub_general(str(path)))[0]['source'], docs)]
     p = Path(path)
     if p.is_dir(): return mixed_sets(p) or mix_heldout(p)   # mix_heldout says why a folder has none
     if not p.is_file():

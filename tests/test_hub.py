@@ -217,3 +217,20 @@ def test_a_plan_downloads_what_it_names_and_ends_with_a_push(hub, env, web, tmp_
     hub.requests.clear()   # up to date: every stage skipped, nothing asked of the Hub
     p = legalnb(['run', plan, *tiny], env)
     assert p.returncode == 0 and 'export: skipped, up to date' in p.stdout and not hub.requests, p.stderr[-2000:]
+
+
+def test_evaluate_scores_general_text_of_the_hub(hub, env, web, run_folder, tmp_path):
+    "evaluate --general hf:...: fetched with --download (the card and that config's files only), scored apart."
+    held = tmp_path/'heldout.jsonl'
+    held.write_text(''.join(json.dumps(dict(celex=f'3201{i}R000{i}', lang='en', doc_type='regulation',
+                                            text=f'Article {i}\nThe Member States shall report.')) + '\n'
+                            for i in range(1, 4)))
+    argv = ['evaluate', run_folder, '--data', held, '--out', tmp_path/'eval', '--general', 'hf:legal-org/web-2:fra_Latn',
+            '--citations', '0', '--samples', '0', '--rouge', '0', '--bootstrap', '0', '--device', 'cpu', '--no-progress']
+    err = error_line(legalnb(argv, env))
+    assert 'no dataset legal-org/web-2 in the Hugging Face cache' in err and not hub.requests, err
+    p = legalnb([*argv, '--download'], env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert fetched(hub) == {'README.md', 'data/fra_Latn/train/000_00000.parquet'}
+    g = json.loads((tmp_path/'eval'/'eval.json').read_text())['general']
+    assert g['source'] == 'hf:legal-org/web-2:fra_Latn' and g['overall']['docs'] == 60 and set(g['by_language']) == {'fr'}
