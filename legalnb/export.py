@@ -426,6 +426,7 @@ def export_model(model: str | Path,            # run folder (legalnb train --out
                  corpus_dir: str | Path | None = None,  # the model card's corpus (default: WORK/corpus of a run)
                  license: str = CARD_LICENSE,  # the model card's licence
                  price: float = GPU_HOUR_PRICE,  # dollars a GPU-hour, for the card's cost line
+                 name: str | None = None,      # what the card calls the model and loads (default: `out`'s name)
                 ) -> list[str]:                # the files written into `out`
     "Write a native legalnb model as a folder that transformers' Auto classes load without legalnb."
     from legalnb.corpus import find_eos
@@ -449,7 +450,7 @@ def export_model(model: str | Path,            # run folder (legalnb train --out
     card_sources(model, eval_dir, corpus_dir)   # a wrong --eval or --corpus stops before the model is read
     def write(tmp: Path) -> list[str]:
         names = writer(native, tmp, eos) + export_tokenizer(tok, eos, native.config.max_seq_len, tmp)
-        card = model_card(model, names, eval_dir, corpus_dir, license, price, name=out.name)
+        card = model_card(model, names, eval_dir, corpus_dir, license, price, name=name or out.name)
         card.save(tmp/CARD); check_card(tmp/CARD, card)
         return names + [CARD]
     names = _staged(out, write)
@@ -522,7 +523,7 @@ def export_command(cfg: ExportConfig) -> int:
     "`legalnb export` from its config: the folder written (and pushed), and how to load it printed."
     api = check_push(cfg.push_to_hub) if cfg.push_to_hub else None   # the name and the token, before any work
     files = export_model(cfg.model, cfg.out, cfg.tokenizer, cfg.overwrite, cfg.eval, cfg.corpus, cfg.license,
-                         cfg.price_per_hour)
+                         cfg.price_per_hour, cfg.push_to_hub)   # pushed: the card names the repository
     remote = any(f.endswith('.py') for f in files)   # modelling code: transformers runs it only if trusted
     print(f'wrote {cfg.out}: {", ".join(files)}')
     trust = ', trust_remote_code=True' if remote else ''

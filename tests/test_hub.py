@@ -165,6 +165,7 @@ def test_export_pushes_the_folder_and_refuses_someone_elses_repository(hub, env,
     pushed = hub.files('legal-org/legal-resonance')
     assert set(pushed) == written | {'.gitattributes'} and 'README.md' in pushed and 'model.safetensors' in pushed
     assert pushed['model.safetensors'] == (out/'model.safetensors').read_bytes()
+    assert "from_pretrained('legal-org/legal-resonance', trust_remote_code=True)" in pushed['README.md'].decode()
     assert hub.repos[('model', 'legal-org/legal-resonance')].private
     p = legalnb(['export', run_folder, '--out', out, '--push-to-hub', 'legal-org/legal-resonance', '--revision', 'v2'],
                 env)   # again, to a branch: legalnb made the repository, so no --overwrite is needed
