@@ -395,7 +395,8 @@ def hub_general(spec: str) -> list[dict]:
     name, docs, chars = ds.repo.split('/')[1] + (f'-{ds.config}' if ds.config else ''), [], 0
     for i, rec in enumerate(rows):
         if chars >= GENERAL_HUB_CHARS: break
-        if (d := _general_doc(rec | {'id': str(i)}, f'--general {ds.spec}, record {i}', name, f'{name}:')): docs.append(d)
+        where = f'--general {ds.spec}, record {i}'
+        if (d := _general_doc(rec | {'id': str(i)}, where, name, f'{name}:')): docs.append(d)
         chars += len(rec.get('text') or '')
     if not docs: raise LegalnbError(f'--general {ds.spec}: no record with text (revision {revision})')
     return docs
