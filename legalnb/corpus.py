@@ -34,10 +34,10 @@ __all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'FLO
            'encode_stream', 'RowPacker', 'shard_dtype', 'npy_header_bytes', 'file_sha256', 'EmptyShard', 'write_shard',
            'act_key', 'act_number', 'check_val_docs', 'named_acts', 'HeldOut', 'choose_heldout', 'heldout_acts',
            'MixSource', 'parse_mix', 'check_mix', 'mix_rows', 'mix_files', 'mix_format', 'open_mix', 'mix_records',
-           'mix_sources', 'mix_sha256', 'lang_code', 'config_language', 'hub_languages', 'hub_record', 'fetch_mix',
-           'mix_sample', 'write_mix_heldout', 'MixPiece', 'mix_pieces', 'mix_asked', 'mix_plan', 'check_mix_size',
-           'mix_summary', 'Piece', 'iter_pieces', 'batch_pieces', 'CorpusConfig', 'build_corpus', 'shard_bounds',
-           'build_corpus_run', 'build_corpus_main', 'summary']
+           'mix_sources', 'mix_sha256', 'lang_code', 'config_language', 'hub_languages', 'hub_record',
+           'fetch_for_corpus', 'fetch_mix', 'mix_sample', 'write_mix_heldout', 'MixPiece', 'mix_pieces', 'mix_asked',
+           'mix_plan', 'check_mix_size', 'mix_summary', 'Piece', 'iter_pieces', 'batch_pieces', 'CorpusConfig',
+           'build_corpus', 'shard_bounds', 'build_corpus_run', 'build_corpus_main', 'summary']
 
 # %% ../nbs/02_corpus.ipynb #530136c6
 def iter_selected(path: str | Path, start: int = 0, line: int = 0) -> Iterator[tuple[int, int, int, dict]]:
@@ -757,6 +757,12 @@ def hub_record(src: MixSource) -> dict:
     revision = hub_dataset_folder(replace(ds, config=configs[0])).name
     return dict(repo=ds.repo, **({'configs': configs} if src.configs else {'config': ds.config}), split=ds.split,
                 rows=ds.rows, revision=revision)
+
+def fetch_for_corpus(cfg):
+    "--download (a CorpusConfig's): its tokenizer (org/name) and its Hub --mix sources fetched into the cache."
+    if not cfg.download: return
+    fetch_if_asked(True, cfg.tokenizer if isinstance(cfg.tokenizer, str) else None, weights=False)
+    fetch_mix(cfg.mix or [], cfg.mix_languages)
 
 def fetch_mix(specs: Iterable[str], languages: str = 'source'):
     "--download: the Hub sources among --mix fetched into the cache (per language with --mix-languages match)."
@@ -1599,9 +1605,7 @@ def _build_and_report(cfg: CorpusConfig) -> int:
 
 def build_corpus_run(cfg: CorpusConfig) -> int:
     "Run `legalnb build-corpus` from its config, its --out folder locked and recorded; the exit code."
-    if cfg.download:   # the Hub's copies into the cache first; the build reads the cache
-        fetch_if_asked(True, cfg.tokenizer if isinstance(cfg.tokenizer, str) else None, weights=False)
-        fetch_mix(cfg.mix or [], cfg.mix_languages)
+    fetch_for_corpus(cfg)   # --download: the Hub's copies into the cache first; the build reads the cache
     return run_writing(lambda out: _build_and_report(replace(cfg, out=out)), dict(out=cfg.out),
                        'legalnb build-corpus', [Output(check=False)])   # the manifests decide what may be there
 

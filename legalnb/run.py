@@ -1003,14 +1003,11 @@ def _what_runs(stages: list[Stage], work: Path, opts: dict) -> tuple[int, int, l
 def fetch_inputs(stages: list[Stage]):
     "--download: what the stages read from the Hugging Face Hub and is not in its cache, fetched before any runs "
     "(a model's tokenizer, hf: datasets of --mix and --general); each stage then reads the cache, offline."
-    from legalnb.corpus import fetch_mix
+    from legalnb.corpus import fetch_for_corpus
     from legalnb.evaluate import fetch_for_evaluate
     for s in stages:
-        c = s.config
-        if s.kind == 'build-corpus':
-            fetch_if_asked(True, c.tokenizer if isinstance(c.tokenizer, str) else None, weights=False)
-            fetch_mix(c.mix or [], c.mix_languages)
-        elif s.kind == 'evaluate': fetch_for_evaluate(replace(c, download=True))
+        if s.kind == 'build-corpus': fetch_for_corpus(replace(s.config, download=True))
+        elif s.kind == 'evaluate': fetch_for_evaluate(replace(s.config, download=True))
 
 # %% ../nbs/14_run.ipynb #21a541dc
 def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> dict:
