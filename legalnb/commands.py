@@ -4,13 +4,15 @@
 
 # %% ../nbs/13_commands.ipynb #c0a13e02
 from __future__ import annotations
-import argparse, functools, importlib
+import argparse, datetime, functools, importlib, inspect, json
 from dataclasses import is_dataclass
 from typing import Callable, NamedTuple
 from .core import LegalnbError, _parser_of, flag_settings
 
 # %% auto #0
-__all__ = ['COMMANDS', 'Command', 'command_main', 'command_flags', 'command_settings', 'command_run', 'command_config']
+__all__ = ['COMMANDS', 'Command', 'command_main', 'command_flags', 'command_settings', 'command_run', 'command_config',
+           'command_actions', 'command_options', 'shown', 'is_scalar', 'read_value', 'command_values',
+           'add_dotted_flags', 'command_words']
 
 # %% ../nbs/13_commands.ipynb #2b84d0a8
 class Command(NamedTuple):
@@ -104,3 +106,115 @@ def command_config(name: str, settings: dict):
     c = COMMANDS[name]
     make = _named(c.config or c.flags)
     return make(**settings) if isinstance(make, type) and is_dataclass(make) else make(settings)
+
+# %% ../nbs/13_commands.ipynb #a63a4798
+def command_actions(name: str) -> list[argparse.Action]:
+    "The actions of `legalnb NAME`'s parser, its flags and positionals (the one place their list is read)."
+    return [a for a in command_flags(name)._actions if not isinstance(a, argparse._HelpAction)]
+
+# %% ../nbs/13_commands.ipynb #9939d342
+def command_options(name: str) -> dict[str, argparse.Action]:
+    "`legalnb NAME`'s flags by option string ('--seq-len' -> its action), and its positionals by name ('inputs')."
+    return {s: a for a in command_actions(name) for s in a.option_strings or [a.dest]}
+
+# %% ../nbs/13_commands.ipynb #3eb49c64
+def shown(value) -> str:
+    "A plan's value as an error message shows it: a list, a mapping, true, 3."
+    if isinstance(value, bool) or value is None: return json.dumps(value)
+    return 'a list' if isinstance(value, list) else 'a mapping' if isinstance(value, dict) else str(value)
+
+def is_scalar(value) -> bool:
+    "One plain value (text, a number, a date): what a flag's word can be."
+    return isinstance(value, (str, int, float, datetime.date)) and not isinstance(value, bool)
+
+# %% ../nbs/13_commands.ipynb #27f9efe8
+def _switch(action: argparse.Action, value) -> bool | None:
+    "A switch's value from true or false: --x/--no-x's, --lora's (true) or --full's (false); None: sets nothing."
+    if not isinstance(value, bool): raise LegalnbError(f'expected true or false, got {shown(value)}')
+    if isinstance(action, argparse.BooleanOptionalAction): return value
+    return action.const if value else not action.const if isinstance(action.const, bool) else None
+
+def read_value(action: argparse.Action, value):
+    "A value by name as the flag `action` reads its words: typed, checked against its choices and its count."
+    if action.nargs == 0: return _switch(action, value)
+    if value is True and action.nargs == '?': return action.const   # bare: the flag's own value (--against)
+    many = action.nargs in ('+', '*') or isinstance(action.nargs, int)
+    if not (is_scalar(value) or many and isinstance(value, list)):
+        raise LegalnbError(f'expected {"a value or a list of values" if many else "one value"}, got {shown(value)}')
+    items = value if isinstance(value, list) else [value]
+    if bad := [v for v in items if not is_scalar(v)]:
+        raise LegalnbError(f'expected a value or a list of values, got a list holding {shown(bad[0])}')
+    if not items: raise LegalnbError('expected at least one value, got an empty list')
+    if isinstance(action.nargs, int) and len(items) != action.nargs:
+        raise LegalnbError(f'expected {action.nargs} values, got {len(items)}')
+    typed = []
+    for v in items:
+        try: v = action.type(str(v)) if callable(action.type) else str(v)
+        except (ValueError, TypeError, argparse.ArgumentTypeError, LegalnbError) as e:
+            raise LegalnbError(str(e)) from None
+        if action.choices is not None and v not in action.choices:
+            raise LegalnbError(f'expected one of {", ".join(map(str, action.choices))}, got {v}')
+        typed.append(v)
+    return typed if many else typed[0]
+
+# %% ../nbs/13_commands.ipynb #bc7e49e7
+def command_values(name: str,                # the command: 'select', 'build-corpus', 'train'
+                   values: dict,             # values by name: a plan's section, legalnb run's own paths
+                   where: str = ''           # where the section sits, for messages: 'plan.yaml: stage2.'
+                  ) -> dict:
+    "`legalnb NAME`'s settings from `values` (its flags' names, or a positional's): each typed as its flag reads it; "
+    "None left out. An unknown key or a bad value is one line naming `where`NAME.KEY."
+    options = command_options(name)
+    out = {}
+    for key, value in values.items():
+        if value is None: continue
+        action = options.get(key) or options.get('--' + str(key).replace('_', '-'))
+        if action is None:
+            raise LegalnbError(f'{where}{name}.{key}: `legalnb {name}` has no flag --{str(key).replace("_", "-")}; '
+                               f'see legalnb {name} --help')
+        try: typed = read_value(action, value)
+        except LegalnbError as e: raise LegalnbError(f'{where}{name}.{key}: {e}') from None
+        if typed is not None or action.nargs != 0: out[action.dest] = typed
+    return out
+
+# %% ../nbs/13_commands.ipynb #08cf4d45
+def _copied(action: argparse.Action) -> dict:
+    "The keywords that make `action` again (its kind, type, choices, count...), for a parser of another command."
+    takes = inspect.signature(type(action).__init__).parameters
+    return {k: getattr(action, k) for k in ('nargs', 'const', 'type', 'choices', 'metavar') if k in takes}
+
+def add_dotted_flags(parser: argparse.ArgumentParser, name: str, section: str | None = None):
+    "Add `legalnb NAME`'s flags to `parser` as --SECTION.FLAG (SECTION: NAME), their values under 'SECTION.DEST' and "
+    "only when given; a switch --x also as --SECTION.no-x."
+    section = section or name
+    for a in command_actions(name):
+        if not a.option_strings: continue   # positionals: legalnb run sets them
+        dest, hide = f'{section}.{a.dest}', argparse.SUPPRESS
+        if isinstance(a, argparse.BooleanOptionalAction):
+            for s in a.option_strings:
+                parser.add_argument(f'--{section}.{s[2:]}', dest=dest, action='store_const', default=hide, help=hide,
+                                    const=not s.startswith('--no-'))
+        else: parser.add_argument(*[f'--{section}.{s[2:]}' for s in a.option_strings], dest=dest, action=type(a),
+                                  default=hide, help=hide, **_copied(a))
+
+# %% ../nbs/13_commands.ipynb #dc78069e
+def _word(value) -> str:
+    "A typed value as a flag's word: 2000 for 2000.0, 0.0003, a=1 for an override pair."
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15: return str(int(value))
+    if isinstance(value, tuple): return '='.join(map(str, value))
+    return str(value)
+
+def command_words(name: str, settings: dict) -> list[str]:
+    "`legalnb NAME`'s settings as the command would be typed: positionals first (by its parser's order), then flags."
+    options, words, flags = command_options(name), [], []
+    for key, value in settings.items():
+        a = options.get(key) or options.get('--' + key.replace('_', '-'))
+        if a is None or value is None: continue
+        if not a.option_strings: words += [_word(v) for v in value] if isinstance(value, list) else [_word(value)]
+        elif isinstance(value, bool) and a.nargs == 0:
+            if isinstance(a, argparse.BooleanOptionalAction): flags.append(a.option_strings[0 if value else 1])
+            else: flags += [s for s, b in options.items() if b.dest == a.dest and _switch(b, True) == value][:1]
+        else:
+            flags.append(a.option_strings[0])
+            flags += [_word(v) for v in value] if isinstance(value, (list, dict)) else [_word(value)]
+    return words + flags
