@@ -203,7 +203,7 @@ def quickstart(cfg: QuickstartConfig) -> dict:
     "A sample corpus through `legalnb run` (a tiny model trained and evaluated), report.md and loss.png; the summary."
     from legalnb.sample import sample_main
     from legalnb.evaluate import generate
-    from legalnb.run import run_plan
+    from legalnb.run import RunConfig, plan_of, run_plan
     from legalnb.widgets import plot_metrics
     with ExitStack() as held:   # the folder: locked, and what the quickstart writes recorded, to the end
         wd = prepare_workdir(held.enter_context(output_folder(cfg.workdir, 'legalnb quickstart', flag='--workdir',
@@ -212,12 +212,11 @@ def quickstart(cfg: QuickstartConfig) -> dict:
         t0 = time.perf_counter()
         if sample_main([str(wd/'sample'), '--docs', str(cfg.docs)]):
             raise LegalnbError('quickstart: the sample stage failed; see its messages above')
-        sample_s, plan = time.perf_counter() - t0, quickstart_plan(cfg)
-        top = dict(input=[str(wd/'sample')], out=str(wd), preset='none', model=DEFAULT_MODEL, size='small',
-                   baseline=None if cfg.baseline == 'none' else cfg.baseline)
-        opts = dict(yes=True, resume=False, max_cost=None, deadline=None, price_per_hour=GPU_HOUR_PRICE, stage_to=None,
-                    argv=[], ours=('sample', 'compare', '.legalnb-quickstart'), hold=held.enter_context)
-        done = run_plan(plan, top, [], opts)
+        sample_s, sections = time.perf_counter() - t0, quickstart_plan(cfg)
+        plan = plan_of(sections)
+        plan.run = RunConfig(input=[str(wd/'sample')], out=str(wd), preset='none', yes=True,
+                             baseline=None if cfg.baseline == 'none' else cfg.baseline)
+        done = run_plan(plan, hold=held.enter_context, ours=('sample', 'compare', '.legalnb-quickstart'))
         summary = read_json(wd/'run'/'summary.json', 'a run summary')
         r = read_json(wd/'eval'/'eval.json', 'an evaluation')
         print(f'\n[report] val loss {summary["val_loss"]:.3f}, perplexity {summary["val_ppl"]:.1f} '
@@ -226,7 +225,7 @@ def quickstart(cfg: QuickstartConfig) -> dict:
                           device=cfg.device)
         print(f'{QUICKSTART_PROMPT}{sample}\n', flush=True)
         plot_metrics(wd/'run'/'metrics.jsonl').save(wd/'loss.png')
-        if cfg.compare: _compare(wd, plan['train'], cfg.seq_len)
+        if cfg.compare: _compare(wd, sections['train'], cfg.seq_len)
         write_quickstart_report(wd, done['stages'], summary, sample, cfg.vocab_size, sample_s, r)
         return summary
 

@@ -160,7 +160,8 @@ def read_value(action: argparse.Action, value):
 # %% ../nbs/13_commands.ipynb #bc7e49e7
 def command_values(name: str,                # the command: 'select', 'build-corpus', 'train'
                    values: dict,             # values by name: a plan's section, legalnb run's own paths
-                   where: str = ''           # where the section sits, for messages: 'plan.yaml: stage2.'
+                   where: str = '',          # where the section sits, for messages: 'plan.yaml: stage2.'
+                   positional: bool = False  # its positionals may be given too (legalnb run's own paths)
                   ) -> dict:
     "`legalnb NAME`'s settings from `values` (its flags' names, or a positional's): each typed as its flag reads it; "
     "None left out. An unknown key or a bad value is one line naming `where`NAME.KEY."
@@ -169,7 +170,7 @@ def command_values(name: str,                # the command: 'select', 'build-cor
     for key, value in values.items():
         if value is None: continue
         action = options.get(key) or options.get('--' + str(key).replace('_', '-'))
-        if action is None:
+        if action is None or not (action.option_strings or positional):
             raise LegalnbError(f'{where}{name}.{key}: `legalnb {name}` has no flag --{str(key).replace("_", "-")}; '
                                f'see legalnb {name} --help')
         try: typed = read_value(action, value)

@@ -4,30 +4,33 @@
 
 # %% ../nbs/14_run.ipynb #7f0c9df4
 from __future__ import annotations
-import argparse, datetime, functools, hashlib, json, math, os, re, shlex, shutil, sys, time
+import argparse, functools, hashlib, json, math, os, re, shlex, shutil, sys, time
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from .core import LegalnbError, atomic_write, command_parser
-from .commands import command_config, command_flags, command_run
+from typing import Callable, Iterable, NamedTuple
+from .commands import (add_dotted_flags, command_config, command_flags, command_options, command_run, command_values,
+                       command_words, is_scalar, shown)
 from .core import format_duration
-from .core import GPU_HOUR_PRICE, read_json, parse_number
+from .core import GPU_HOUR_PRICE, read_json
 from .core import PRESET_VOCAB, SCRATCH_SEQ_LEN, VAL_SHARE
 from .models import DEFAULT_MODEL
 from .hub import fetch_if_asked, is_hub_dataset
 
 # %% auto #0
-__all__ = ['STAGES', 'OUTPUTS', 'TOP', 'RECORDS', 'RUN_DEFAULTS', 'PLAN_TEMPLATE', 'PLAN_DEPTH', 'PLAN_VALUES', 'TRAINING',
-           'RECORD_FIELDS', 'WORK_NAMES', 'StageRow', 'write_plan', 'stage_parser', 'stage_flags', 'flag_words',
-           'stage_settings', 'plan_loader', 'read_plan', 'check_mix_section', 'mix_flags', 'check_plan_keys',
-           'check_top_values', 'wrong_value', 'check_plan_values', 'cli_overrides', 'Stage', 'build_stages',
-           'check_plan', 'fingerprint', 'read_record', 'write_record', 'why_stale', 'parse_deadline', 'BudgetGuard',
-           'machine_lines', 'training_estimate', 'confirm', 'staged_files', 'stage_split', 'fetch_inputs', 'run_plan',
-           'selection_result', 'reference_lines', 'stage_rows', 'stage_table', 'write_run_report', 'RunConfig',
-           'run_parser', 'run_main']
+__all__ = ['STAGES', 'SECTIONS', 'OUTPUTS', 'TOP', 'RECORDS', 'STAGE_DEFAULTS', 'PLAN_TEMPLATE', 'PLAN_DEPTH', 'PLAN_VALUES',
+           'DOTTED', 'LATER', 'TRAINING', 'OWNED_KEYS', 'RECORD_FIELDS', 'WORK_NAMES', 'StageRow', 'RunConfig',
+           'RunPlan', 'write_plan', 'plan_loader', 'read_plan', 'plan_of', 'check_mix_section', 'mix_flags',
+           'check_plan_keys', 'check_top_values', 'run_parser', 'read_command_line', 'Stage', 'Top', 'resolve_top',
+           'build_stages', 'check_plan', 'fingerprint', 'read_record', 'write_record', 'why_stale', 'parse_deadline',
+           'BudgetGuard', 'machine_lines', 'training_estimate', 'confirm', 'staged_files', 'stage_split', 'Budget',
+           'budget_of', 'with_command_line', 'fetch_inputs', 'run_plan', 'selection_result', 'reference_lines',
+           'stage_rows', 'stage_table', 'write_run_report', 'run_main']
 
 # %% ../nbs/14_run.ipynb #79e39887
 STAGES = ('download', 'parse', 'select', 'build-corpus', 'split', 'train', 'evaluate')   # train: finetune (HF model)
+SECTIONS = (*STAGES, 'finetune', 'export')   # a plan's sections: the flags of these commands
 OUTPUTS = {'download': 'download/download.json', 'parse': 'parsed.jsonl', 'select': 'selected.jsonl',
            'build-corpus': 'corpus/manifest.json',
            'split': 'split/split.json', 'train': 'run/summary.json', 'finetune': 'run/finetune.json',
@@ -35,22 +38,60 @@ OUTPUTS = {'download': 'download/download.json', 'parse': 'parsed.jsonl', 'selec
                                                                          # checksum is the next one's input
 TOP = ('input', 'out', 'preset', 'model', 'size', 'baseline')   # plan keys outside the stage sections
 RECORDS = '.legalnb-run'                             # the per-stage records, inside the work folder
+STAGE_DEFAULTS = dict(select=dict(target_tokens='2B'), evaluate=dict(general='auto'),   # what legalnb run fills in
+                      **{'build-corpus': dict(train_tokenizer=PRESET_VOCAB, val_docs=VAL_SHARE)})
 
-RUN_DEFAULTS = dict(out='work', preset='fast', model=DEFAULT_MODEL, size='small',   # what a plan leaves out
-                    target_tokens='2B', train_tokenizer=PRESET_VOCAB, val_docs=VAL_SHARE, general='auto')
+# %% ../nbs/14_run.ipynb #a1b2c3d4
+@dataclass
+class RunConfig:
+    "parse -> select -> build-corpus -> split -> train (or finetune) -> evaluate from one plan; resumable per stage."
+    plan: str = None            # the plan (YAML): `legalnb run --write-plan > plan.yaml` gives one
+    input: list[str] = None     # Formex folders and JSONL files (instead of the plan's input:)
+    out: str = None             # the work folder (instead of the plan's out:)
+    preset: str = 'fast'        # fast, full, aggressive (legalnb.presets) or none
+    model: str = DEFAULT_MODEL  # resonance, gpt, or a Hugging Face model: folder or org/name (finetune)
+    size: str = 'small'         # the native model's size: small, medium, large, xlarge
+    baseline: str = None        # native: also train this model (gpt) at the same size; report against it
+    write_plan: bool = False    # print a commented plan to start from, and run nothing
+    yes: bool = False           # start training without asking (required when stdin is not a terminal)
+    resume: bool = False        # continue a training the budget guard stopped (or a crash interrupted)
+    max_cost: float = None      # budget guard: stop cleanly when the forecast cost passes these dollars
+    deadline: str = None        # budget guard: stop cleanly when the forecast end passes HH:MM or 90m, 2h
+    price_per_hour: float = GPU_HOUR_PRICE  # dollars per GPU-hour, for --max-cost
+    stage_to: str = None        # copy the training data (split; corpus for an HF model) here, verified
+    download: bool = False      # fetch from the Hugging Face Hub first what the plan names there and is not cached:
+                                # the model (org/name), hf: datasets of mix: and evaluate.general
 
+    def __post_init__(self):
+        if self.max_cost is not None and not self.max_cost > 0:
+            raise LegalnbError(f'--max-cost must be more than 0, got {self.max_cost:g}')
+        if not self.price_per_hour > 0:
+            raise LegalnbError(f'--price-per-hour must be more than 0, got {self.price_per_hour:g}')
+
+# %% ../nbs/14_run.ipynb #b634845e
+@dataclass
+class RunPlan:
+    "What `legalnb run` runs, read once: its own settings, and each section's settings typed by its command's flags."
+    run: RunConfig = field(default_factory=RunConfig)   # the plan's top-level values, the command line's flags on top
+    sections: dict[str, dict] = field(default_factory=dict)   # 'select', 'stage2.train' -> its command's settings
+    mix: list[str] = field(default_factory=list)   # the plan's mix: as build-corpus --mix values, paths resolved
+    base: Path = Path('.')      # the folder the plan's relative paths start from
+    argv: list[str] = field(default_factory=list)   # the command line, for the line that continues a stopped run
+
+    def section(self, name: str) -> dict:
+        "A copy of section `name`'s settings ({} when the plan has none)."
+        return dict(self.sections.get(name) or {})
+
+# %% ../nbs/14_run.ipynb #edb5f34b
 PLAN_TEMPLATE = '''\
-# legalnb run plan: every stage's flags in one file; `legalnb run PLAN.yaml`. Any flag on the command line
-# (--seq-len 64, --max-steps 10, --device cpu ...) overrides this file and goes to every stage that has it.
+# legalnb run plan: every stage's flags in one file; `legalnb run PLAN.yaml`. Any stage's flag on the command line
+# (--build-corpus.seq-len 64, --train.max-steps 10, --train.device cpu ...) overrides this file.
 # Paths are relative to this file's folder.
 input: {input}    # Formex folders and/or JSONL files (legalnb parse)
 # download:              # fetch acts from EUR-Lex first (legalnb download, into download/): then input: may go
 #   types: [regulation, directive]   # or celex: [32016R0679, 32024R0903]; since: 2015-01-01; languages: [en, fr]
 out: {out}               # work folder: every stage's output, the stage records (.legalnb-run/), report.md
-preset: {preset}            # fast, full, aggressive (legalnb.presets, shown with its provenance), or none
-model: {model}        # a native model (resonance, gpt), or a Hugging Face model folder or org/name in its
-                        # cache (hf download org/name): then finetune
-size: {size}             # native: small, medium, large, xlarge
+{top}
 # baseline: gpt          # native: also train this model at the same size on the same data (baseline/), and report
 #                        # the run against it (gpt:num_heads=2 sets a shape field); an HF model: against its base
 
@@ -84,83 +125,20 @@ evaluate:
 #   finetune: {{lr: 1.0e-5, max_steps: 500}}   # a Hugging Face model's own finetune flags instead, from run/final
 '''
 
-def write_plan(input: list[str] | None = None, out: str | None = None, preset: str | None = None,
-               model: str | None = None, size: str | None = None) -> str:
-    "A commented plan to start from, with the values given filled in."
-    given = {k: v for k, v in dict(out=out, preset=preset, model=model, size=size).items() if v}
-    d = RUN_DEFAULTS | given
-    return PLAN_TEMPLATE.format(**d, tokens=d['target_tokens'], bpe=d['train_tokenizer'],
-                                input=json.dumps(input or ['eurlex/formex']),
-                                citations=command_flags('evaluate').get_default('citations'))
+def _top_lines(cfg: RunConfig) -> str:
+    "The plan's preset:, model: and size: lines: RunConfig's values, each with its flag's comment."
+    from fastcore.docments import docments
+    doc = docments(RunConfig)
+    return '\n'.join(f'{k + ": " + str(getattr(cfg, k)):<24} # {doc[k]}' for k in ('preset', 'model', 'size'))
 
-# %% ../nbs/14_run.ipynb #b7150321
-def stage_parser(kind: str) -> argparse.ArgumentParser:
-    "The parser of the command a stage runs, its kind: `legalnb select` for select-2, `legalnb train` for the baseline."
-    return command_flags(kind)
-
-def stage_flags(kind: str) -> dict[str, argparse.Action]:
-    "The flags of `legalnb KIND` ('--seq-len' -> its argparse action)."
-    return {s: a for a in stage_parser(kind)._actions for s in a.option_strings
-            if s.startswith('--') and s != '--help'}
-
-def _positionals(kind: str) -> dict[str, argparse.Action]:
-    "The positional arguments of `legalnb KIND` by name ('inputs' -> its action)."
-    return {a.dest: a for a in stage_parser(kind)._actions if not a.option_strings}
-
-def flag_words(kind: str, key: str, value, where: str = '',
-               positional: bool = False) -> tuple[argparse.Action, str | None, list[str]] | None:
-    "What a plan's `key: value` sets in `legalnb KIND`: the action, its option string (None: a positional) and the "
-    "value as words; None when it sets nothing. An unknown key names the section and the key."
-    if value is None: return None
-    words = [*map(str, value)] if isinstance(value, list) else [str(value)]
-    if positional and (action := _positionals(kind).get(key)) is not None: return action, None, words
-    flags, flag = stage_flags(kind), '--' + str(key).replace('_', '-')
-    if flag not in flags:
-        raise LegalnbError(f'{where}{kind}.{key}: `legalnb {kind}` has no flag {flag}; see legalnb {kind} --help')
-    if isinstance(value, bool):   # a switch: --x, its --no-x, or --lora's other side --full
-        neg = '--no-' + flag[2:]
-        flag = flag if value else neg if neg in flags else '--full' if flag == '--lora' else None
-        return (flags[flag], flag, []) if flag else None
-    return flags[flag], flag, words
-
-def _argv(kind: str, section: dict, where: str = '', positional: bool = False) -> list[str]:
-    "A plan section as `legalnb KIND` would be typed: what a stage's record keeps (its argv), made at that edge only."
-    argv = []
-    for key, value in section.items():
-        if got := flag_words(kind, key, value, where, positional): argv += [got[1]] * bool(got[1]) + got[2]
-    return argv
-
-# %% ../nbs/14_run.ipynb #5e77a9c1
-_COUNTS = {None: 'expected one argument', '?': 'expected at most one argument', '+': 'expected at least one argument'}
-
-def _defaults(p: argparse.ArgumentParser) -> argparse.Namespace:
-    "The settings a parser gives when no flag is given (as `parse_args` fills them, flags left out stay out)."
-    ns = argparse.Namespace(**{a.dest: a.default for a in p._actions
-                               if a.dest is not argparse.SUPPRESS and a.default is not argparse.SUPPRESS})
-    for k, v in p._defaults.items(): ns.__dict__.setdefault(k, v)
-    return ns
-
-def stage_settings(kind: str, *sections: dict) -> dict:
-    "`legalnb KIND`'s settings from values by name (run's own first, with positionals; then the plan's): each read by "
-    "its flag's own action (type, choices, nargs, switches) as argparse reads it, the others defaulted. No argv."
-    p, seen = stage_parser(kind), []
-    ns = _defaults(p)
-    for i, section in enumerate(sections):
-        for key, value in section.items():
-            if not (got := flag_words(kind, key, value, positional=i == 0)): continue
-            action, flag, words = got
-            if action.nargs in _COUNTS and (len(words) != 1 if action.nargs is None else
-                                            len(words) > 1 if action.nargs == '?' else not words):
-                p.error(f'argument {flag or action.dest}: {_COUNTS[action.nargs]}')
-            try: action(p, ns, p._get_values(action, words), flag)
-            except argparse.ArgumentError as e: p.error(str(e))
-            seen.append(action)
-    for a in p._actions:
-        if a not in seen and isinstance(a.default, str) and getattr(ns, a.dest, None) is a.default:
-            setattr(ns, a.dest, p._get_value(a, a.default))   # a default written as text, read by its type
-    if missing := [argparse._get_action_name(a) for a in p._actions if a.required and a not in seen]:
-        p.error(f'the following arguments are required: {", ".join(missing)}')
-    return vars(ns)
+def write_plan(cfg: RunConfig = RunConfig()) -> str:
+    "A commented plan to start from: `cfg`'s values (RunConfig's defaults, the flags given on top) and legalnb run's."
+    s = STAGE_DEFAULTS
+    return PLAN_TEMPLATE.format(input=json.dumps(cfg.input or ['eurlex/formex']), out=cfg.out or 'work',
+                                top=_top_lines(cfg), tokens=s['select']['target_tokens'],
+                                bpe=s['build-corpus']['train_tokenizer'], val_docs=s['build-corpus']['val_docs'],
+                                citations=command_flags('evaluate').get_default('citations'),
+                                general=s['evaluate']['general'])
 
 # %% ../nbs/14_run.ipynb #95a5228b
 PLAN_DEPTH = 32          # nesting levels a plan may have: it needs three (stage2: train: flag: value)
@@ -195,10 +173,9 @@ def plan_loader() -> type:
 
 
 # %% ../nbs/14_run.ipynb #236fc93a
-def read_plan(path: str | Path | dict | None) -> tuple[dict, Path]:
-    "The plan in a YAML file (or given as a dict, or an empty one) and the folder its relative paths start from."
-    if path is None: return {}, Path('.')
-    if isinstance(path, dict): return check_plan_keys(dict(path), 'plan'), Path('.')
+def read_plan(path: str | Path | None) -> RunPlan:
+    "The plan in a YAML file (none: an empty one), read and typed; its relative paths start from its folder."
+    if path is None: return RunPlan()
     import yaml
     path = Path(path)
     try: raw = yaml.load(path.read_text(encoding='utf-8'), Loader=plan_loader()) or {}
@@ -210,7 +187,23 @@ def read_plan(path: str | Path | dict | None) -> tuple[dict, Path]:
                            f'{getattr(e, "problem", None) or e})') from None
     except LegalnbError as e: raise LegalnbError(f'{path}: {e}') from None   # beyond the loader's bounds
     if not isinstance(raw, dict): raise LegalnbError(f'{path}: expected a mapping (input:, out:, parse:, ...)')
-    return check_plan_keys(raw, path), path.parent
+    return plan_of(raw, path.parent, str(path))
+
+def plan_of(raw: dict,                 # a plan's mapping: read from YAML, or written in Python
+            base: Path = Path('.'),    # the folder its relative paths start from
+            where: str = 'plan'        # what messages call it: the plan's file
+           ) -> RunPlan:
+    "A plan's mapping as a RunPlan: its keys checked, each section typed by its command's flags, mix: resolved."
+    raw = check_plan_keys(dict(raw), where)
+    sections = {s: command_values(s, raw[s], f'{where}: ') for s in SECTIONS if s in raw}
+    if 'stage2' in raw:   # stage2: {} is a second stage with legalnb run's defaults
+        sections['stage2'] = {}
+        sections |= {f'stage2.{k}': command_values(k, v, f'{where}: stage2.') for k, v in raw['stage2'].items()}
+    top = {k: raw[k] for k in TOP if raw.get(k) is not None}
+    if 'input' in top: top['input'] = [str(p) for p in (top['input'] if isinstance(top['input'], list) else
+                                                        [top['input']])]
+    top = {k: v if k == 'input' else str(v) for k, v in top.items()}
+    return RunPlan(RunConfig(**top), sections, mix_flags(raw.get('mix') or {}, base), base)
 
 def check_mix_section(raw: dict, path):
     "Refuse a `mix:` section that is not NAME: {path: PATH, share: SHARE} (or NAME: PATH:SHARE) per source."
@@ -238,11 +231,11 @@ def mix_flags(section: dict, base: Path) -> list[str]:
 
 def check_plan_keys(raw: dict, path) -> dict:
     "A plan's keys and sections as `legalnb run` reads them; an unknown one named with where it is (`path`)."
-    sections = {*TOP, *STAGES, 'finetune', 'stage2', 'mix', 'export'}
+    sections = {*TOP, *SECTIONS, 'stage2', 'mix'}
     if bad := sorted(map(str, set(raw) - sections)):
         raise LegalnbError(f'{path}: unknown key(s) {", ".join(bad)}; a plan has {", ".join(sorted(sections))} '
                            '(legalnb run --write-plan prints one)')
-    for k in {*STAGES, 'finetune', 'stage2', 'export'} & set(raw):
+    for k in {*SECTIONS, 'stage2'} & set(raw):
         if raw[k] is None: raw[k] = {}
         if not isinstance(raw[k], dict): raise LegalnbError(f'{path}: {k}: expected a mapping of flag: value')
     check_mix_section(raw, path)
@@ -253,223 +246,206 @@ def check_plan_keys(raw: dict, path) -> dict:
                                'finetune: (a Hugging Face model), the flags of each')
         if v is None: raw['stage2'][k] = {}
         elif not isinstance(v, dict): raise LegalnbError(f'{path}: stage2.{k}: expected a mapping of flag: value')
-    check_plan_values(raw, path)
     return raw
 
 # %% ../nbs/14_run.ipynb #d6e13a1e
-def _shown(value) -> str:
-    "A YAML value as an error message shows it: a list, a mapping, true, 3, many."
-    if isinstance(value, bool) or value is None: return json.dumps(value)
-    return 'a list' if isinstance(value, list) else 'a mapping' if isinstance(value, dict) else str(value)
-
-def _scalar(value) -> bool: return isinstance(value, (str, int, float, datetime.date)) and not isinstance(value, bool)
-
 def check_top_values(raw: dict, path):
     "Refuse top-level values of the wrong kind: input a path or a list of paths, the others one path or name."
     for k in (k for k in TOP if raw.get(k) is not None):
         v = raw[k]
         if k == 'input' and isinstance(v, list):
-            if bad := [x for x in v if not _scalar(x)]:
+            if bad := [x for x in v if not is_scalar(x)]:
                 raise LegalnbError(f'{path}: input: expected a path or a list of paths, got a list holding '
-                                   f'{_shown(bad[0])}')
-        elif not _scalar(v):
+                                   f'{shown(bad[0])}')
+        elif not is_scalar(v):
             what = 'a path or a list of paths' if k == 'input' else 'a path' if k in ('out', 'model') else 'a name'
-            raise LegalnbError(f'{path}: {k}: expected {what}, got {_shown(v)}')
-
-def wrong_value(action: argparse.Action, value) -> str | None:
-    "Why a plan's `value` cannot be the flag `action` (a switch: true or false; a number: a number...), or None."
-    if action.nargs == 0: return None if isinstance(value, bool) else f'expected true or false, got {_shown(value)}'
-    many = action.nargs in ('+', '*') or isinstance(action.nargs, int)
-    if isinstance(value, bool) and action.nargs == '?': return None   # bare: the flag's own value (--against)
-    if not many and not _scalar(value): return f'expected one value, got {_shown(value)}'
-    if many and not isinstance(value, list) and not _scalar(value):
-        return f'expected a value or a list of values, got {_shown(value)}'
-    for v in value if isinstance(value, list) else [value]:
-        if not _scalar(v): return f'expected a value or a list of values, got a list holding {_shown(v)}'
-        try: v = action.type(str(v)) if callable(action.type) else str(v)
-        except (ValueError, TypeError, argparse.ArgumentTypeError, LegalnbError) as e: return str(e)
-        if action.choices is not None and v not in action.choices:
-            return f'expected one of {", ".join(map(str, action.choices))}, got {v}'
-
-def check_plan_values(raw: dict, path):
-    "Check every value of the plan's stage sections against the flag it sets, naming the key; unknown keys later."
-    sections = [('', s, raw[s]) for s in (*STAGES, 'finetune', 'export') if raw.get(s)]
-    sections += [('stage2.', s, v) for s, v in (raw.get('stage2') or {}).items() if v]
-    for where, stage, section in sections:
-        flags = stage_flags(stage)
-        for key, value in section.items():
-            action = flags.get('--' + str(key).replace('_', '-'))
-            if action and value is not None and (why := wrong_value(action, value)):
-                raise LegalnbError(f'{path}: {where}{stage}.{key}: {why}')
+            raise LegalnbError(f'{path}: {k}: expected {what}, got {shown(v)}')
 
 # %% ../nbs/14_run.ipynb #1788a77b
-def cli_overrides(rest: list[str]) -> dict[str, dict]:
-    "Stage flags from the command line (`--seq-len 64 --device cpu`), each for every stage that has it."
-    every = {s: stage_flags(s) for s in STAGES}
-    found, i = {}, 0
-    while i < len(rest):
-        tok = rest[i]; i += 1
-        name = tok.split('=', 1)[0]
-        owners = [s for s, fl in every.items() if name in fl]
-        if not owners and 'finetune' not in every:   # finetune's flags load transformers: only when needed
-            every['finetune'] = stage_flags('finetune')
-            owners = [s for s, fl in every.items() if name in fl]
-        if not tok.startswith('--') or not owners:
-            raise LegalnbError(f'unrecognized argument {tok}: neither a flag of legalnb run nor of any stage '
-                               f'({", ".join((*STAGES, "finetune"))}); see legalnb run --help')
-        action = every[owners[0]][name]
-        key = name[2:].replace('-', '_')
-        if '=' in tok: value = tok.split('=', 1)[1]
-        elif action.nargs == 0:   # a switch: --x, --no-x
-            value = not name.startswith('--no-') or action.option_strings[0] == name
-            if name.startswith('--no-') and action.option_strings[0] != name: key = key[3:]
-        else:
-            vals = []
-            while i < len(rest) and (not rest[i].startswith('--')): vals.append(rest[i]); i += 1
-            if not vals: raise LegalnbError(f'{name}: expected a value; see legalnb run --help')
-            value = vals if action.nargs in ('+', '*') else vals[0] if len(vals) == 1 else None
-            if value is None: raise LegalnbError(f'{name}: expected one value, got {" ".join(vals)}')
-        for s in owners: found.setdefault(s, {})[key] = value
-    return found
+DOTTED = (*SECTIONS, 'stage2.select', 'stage2.train')   # the sections whose flags `legalnb run` takes dotted
+LATER = ('finetune', 'stage2.finetune')   # finetune's flags load transformers: added when a word names them
+
+@functools.cache
+def run_parser(sections: tuple[str, ...] = tuple(s for s in DOTTED if s not in LATER)) -> argparse.ArgumentParser:
+    "`legalnb run`'s parser: its own flags (RunConfig's; those not given left out) and --SECTION.FLAG for `sections`."
+    p = command_parser(RunConfig, 'legalnb run', suppress=True, skip=('plan',))
+    p.usage = 'legalnb run [PLAN.yaml] [flags of legalnb run] [--STAGE.FLAG VALUE ...]'
+    p.epilog = ('PLAN.yaml, the first word, is the plan (`legalnb run --write-plan` prints one to start from); '
+                'without it, give --input and --out. Any flag of a stage (parse, select, build-corpus, split, '
+                'train, finetune, evaluate, export; stage2.select, stage2.train, stage2.finetune) may be given '
+                'dotted with its section, e.g. --train.lr 3e-4 --build-corpus.seq-len 2048 --train.no-progress: it '
+                'overrides the plan (legalnb STAGE --help lists them).')
+    for s in sections: add_dotted_flags(p, s.rpartition('.')[2], s)
+    return p
+
+def _stage_owners(flag: str) -> list[str]:
+    "The stages whose command has `flag` (--seq-len: build-corpus and train); finetune's looked up only if needed."
+    owners = [s for s in STAGES if flag in command_options(s)]
+    return owners or ['finetune'] * (flag in command_options('finetune'))
+
+def _dotted(words: list[str]) -> list[str]:
+    "The command line with each undotted stage flag (--seq-len 64: earlier releases') as --STAGE.FLAG for every "
+    "stage that has it, said once; the others as they are (an unknown one is then refused by the parser)."
+    out, moved, i = [], [], 0
+    while i < len(words):
+        w = words[i]; i += 1
+        name = w.split('=', 1)[0]
+        owners = _stage_owners(name) if w.startswith('--') and '.' not in name and \
+            name not in command_options('run') else []
+        if not owners: out.append(w); continue
+        values = [w.split('=', 1)[1]] if '=' in w else []
+        while '=' not in w and i < len(words) and not words[i].startswith('--'): values.append(words[i]); i += 1
+        for s in owners: out += [f'--{s}.{name[2:]}', *values]
+        moved.append(f'{name} as {" and ".join(f"--{s}.{name[2:]}" for s in owners)}')
+    if moved: print(f'legalnb run: read {"; ".join(moved)}; write stage flags dotted (undotted ones go in the '
+                    'next release)', file=sys.stderr)
+    return out
+
+def read_command_line(words: list[str]) -> tuple[dict, dict[str, dict]]:
+    "`legalnb run`'s flags (after PLAN.yaml): its own settings given, and each section's dotted settings, typed."
+    words = _dotted(list(map(str, words)))
+    named = {s for s in LATER if any(w.startswith(f'--{s}.') for w in words)}
+    ns = vars(run_parser(tuple(s for s in DOTTED if s not in LATER or s in named)).parse_args(words))
+    sections = {}
+    for key in [k for k in ns if '.' in k]:
+        section, _, dest = key.rpartition('.')
+        sections.setdefault(section, {})[dest] = ns.pop(key)
+    return ns, sections
 
 # %% ../nbs/14_run.ipynb #7925e23d
 TRAINING = ('train', 'finetune')   # the kinds of stage that train a model (the question, the budget guard, --resume)
 
 @dataclass
 class Stage:
-    "One stage of a run: the command it runs (its kind), its values, typed settings and config, its input and output."
+    "One stage of a run: the command it runs (its kind), its settings and config, its input and output."
     kind: str           # the command it runs: parse, select, build-corpus, split, train, finetune, evaluate
-    args: dict          # the values legalnb run sets (positionals by name, paths inside the work folder)
-    flags: dict         # the plan's section for it, the command line's flags on top (a key a flag's name)
+    settings: dict      # its command's settings, typed: legalnb run's paths, the plan's section, the command line's
     inputs: list[Path]  # what it reads (the first stage: the user's folders and files)
     output: Path        # the file whose checksum says it finished
     second: bool = False     # a second stage's (stage2:): select-2, build-corpus-2, split-2, train-2, finetune-2
     baseline: bool = False   # the same-size model the run is reported against (a `legalnb train`)
-    where: str = ''          # where its flags sit in the plan, for messages: 'stage2.', 'baseline.'
-    settings: dict = field(init=False, repr=False)   # its command's flags, typed and defaulted, read once
-
-    def __post_init__(self):   # read here, once: every later step reads `settings` and `config`, never text
-        for key, value in self.flags.items(): flag_words(self.kind, key, value, self.where)   # unknown: named
-        try: self.settings = stage_settings(self.kind, self.args, self.flags)
-        except LegalnbError as e: raise LegalnbError(f'{self.name}: {e}') from None
 
     @property
     def name(self) -> str:
         "What its record and messages call it: its kind, with -2 in the second stage; baseline for the baseline."
         return 'baseline' if self.baseline else self.kind + '-2' * self.second
 
+    def get(self, key: str):
+        "Setting `key`: the stage's own, else its flag's default (a default written as text read by the flag's type)."
+        if key in self.settings: return self.settings[key]
+        a = command_options(self.kind)['--' + key.replace('_', '-')]
+        d = getattr(a, 'shown_default', a.default)
+        return a.type(d) if isinstance(d, str) and callable(a.type) else d
+
     @functools.cached_property
     def config(self):
         "Its command's config, made once from its settings by the command table (`XConfig(**settings)`)."
-        try: return command_config(self.kind, self.settings)
+        try: return command_config(self.kind, dict(self.settings))
         except LegalnbError as e: raise LegalnbError(f'{self.name}: {e}') from None
 
     @property
     def argv(self) -> list[str]:
-        "Its values as `legalnb KIND` would be typed: what its record keeps (a record of an earlier legalnb matches)."
-        return _argv(self.kind, self.args, positional=True) + _argv(self.kind, self.flags)
+        "Its settings as `legalnb KIND` would be typed: what its record keeps (made here, at that edge only)."
+        return command_words(self.kind, self.settings)
 
 # %% ../nbs/14_run.ipynb #3d790346
-def _top_values(plan: dict, base: Path, cli: dict) -> dict:
-    "The plan's top-level values with the command line's on top, paths from the plan's folder, defaults filled."
-    top = {k: plan.get(k) for k in TOP} | {k: v for k, v in cli.pop('_top', {}).items() if v is not None}
-    if not top.get('input') and 'download' not in plan:
+class Top(NamedTuple):
+    "The plan's top-level values resolved: paths from the plan's folder (the shell's for flags), defaults filled."
+    input: list[Path]; out: Path; preset: str; model: str; size: str; hf: bool; baseline: str | None
+
+def resolve_top(plan: RunPlan) -> Top:
+    "The work folder, the inputs and the model of `plan`; a Hugging Face model: its folder."
+    r, base = plan.run, plan.base
+    if not r.input and 'download' not in plan.sections:
         raise LegalnbError('input is required: --input DIR... or `input:` in the plan (or a download: section)')
-    if not top.get('out'): raise LegalnbError('out is required: --out WORK or `out:` in the plan')
+    if not r.out: raise LegalnbError('out is required: --out WORK or `out:` in the plan')
     rel = lambda p: Path(p) if Path(p).is_absolute() else base/p
-    given = top['input'] if isinstance(top['input'], list) else [top['input']] if top['input'] else []
-    inputs = [rel(p) for p in given]
-    work, preset = rel(top['out']), top.get('preset') or RUN_DEFAULTS['preset']
-    model, size = top.get('model') or RUN_DEFAULTS['model'], top.get('size') or RUN_DEFAULTS['size']
-    hf = (folder := _hf_model(model, base)) is not None
-    if hf: model = folder
-    if hf and preset == 'none': raise LegalnbError('preset none: a Hugging Face model trains from a cpt preset '
-                                                   '(fast, full or aggressive)')
-    return top | dict(input=inputs, out=work, preset=preset, model=model, size=size, hf=hf)
+    hf = (folder := _hf_model(r.model, base)) is not None
+    if hf and r.preset == 'none': raise LegalnbError('preset none: a Hugging Face model trains from a cpt preset '
+                                                     '(fast, full or aggressive)')
+    return Top([rel(p) for p in r.input or []], rel(r.out), r.preset, folder if hf else r.model, r.size, hf, r.baseline)
 
 # %% ../nbs/14_run.ipynb #8b4a3f50
-def _sections(plan: dict, cli: dict, top: dict) -> dict:
-    "Each stage's settings: the plan's section, the command line's on top, legalnb run's defaults under both."
+OWNED_KEYS = {'download': ('out',), 'parse': ('out',), 'select': ('out',), 'build-corpus': ('out',),   # run's own
+              'split': ('out',), 'train': ('data', 'out'), 'finetune': ('out',), 'evaluate': ('out',),
+              'export': ('out', 'model')}
+
+def _sections(plan: RunPlan, top: Top) -> dict:
+    "Each stage's settings: the plan's section with the command line's on top, legalnb run's defaults under both."
     from legalnb.presets import get_preset
-    work, preset, model, size, hf = (top[k] for k in ('out', 'preset', 'model', 'size', 'hf'))
-    sec = {s: dict(plan.get(s) or {}) | cli.get(s, {}) for s in (*STAGES, 'finetune')}
-    sec['export'] = dict(plan.get('export') or {})   # the plan's only: its flags (--overwrite) are not the stages'
-    for s, owned in (('download', 'out'), ('parse', 'out'), ('select', 'out'), ('build-corpus', 'out'),
-                     ('split', 'out'), ('train', 'data'), ('train', 'out'), ('finetune', 'out'), ('evaluate', 'out'),
-                     ('export', 'out'), ('export', 'model')):
-        if s in plan and owned in (plan[s] or {}):
-            raise LegalnbError(f'{s}.{owned}: set by legalnb run (inside the work folder {work}); '
+    sec = {s: plan.section(s) for s in SECTIONS}
+    for s, keys in OWNED_KEYS.items():
+        if owned := next((k for k in keys if k in sec[s]), None):
+            raise LegalnbError(f'{s}.{owned}: set by legalnb run (inside the work folder {top.out}); '
                                'drop it from the plan')
-    if 'top' not in sec['select']:   # top alone: no token budget
-        sec['select'].setdefault('target_tokens', RUN_DEFAULTS['target_tokens'])
+    if 'top' not in sec['select']: sec['select'] = _typed('select', **STAGE_DEFAULTS['select']) | sec['select']
     b = sec['build-corpus']
-    if hf: b.setdefault('tokenizer', model)
-    elif 'tokenizer' not in b: b.setdefault('train_tokenizer', RUN_DEFAULTS['train_tokenizer'])
-    if 'seq_len' not in b and preset == 'none': b['seq_len'] = SCRATCH_SEQ_LEN   # no preset: the trainer's defaults
+    if top.hf: b.setdefault('tokenizer', top.model)
+    elif 'tokenizer' not in b: b.setdefault('train_tokenizer', STAGE_DEFAULTS['build-corpus']['train_tokenizer'])
+    if 'seq_len' not in b and top.preset == 'none': b['seq_len'] = SCRATCH_SEQ_LEN   # no preset: the trainer's
     if 'seq_len' not in b:
-        p = get_preset('cpt' if hf else 'scratch', preset, None if hf else size, model=None if hf else model)
-        b['seq_len'] = p.seq_len
-    b.setdefault('val_docs', RUN_DEFAULTS['val_docs']); b.setdefault('progress', False)
+        b['seq_len'] = get_preset('cpt' if top.hf else 'scratch', top.preset, None if top.hf else top.size,
+                                  model=None if top.hf else top.model).seq_len
+    b.setdefault('val_docs', STAGE_DEFAULTS['build-corpus']['val_docs']); b.setdefault('progress', False)
+    if plan.mix:   # the sources mixed in by weight: build-corpus's --mix
+        if b.get('mix'): raise LegalnbError('mix: and build-corpus.mix both name mixed sources; name them in mix: only')
+        b['mix'] = plan.mix
     return sec
 
-# %% ../nbs/14_run.ipynb #f873def1
-def _paths(kind: str, *positional: Path, **flags: Path) -> dict:
-    "legalnb run's own values of a stage: its positional (by the command's name for it) and path flags, as text."
+def _typed(kind: str, *positional: Path, **values) -> dict:
+    "Settings legalnb run gives stage `kind`: its positional (by the command's name for it) and values by name, typed."
     own = {}
     if positional:
-        action = next(iter(_positionals(kind).values()))
+        action = next(a for a in command_options(kind).values() if not a.option_strings)
         own[action.dest] = [str(p) for p in positional] if action.nargs in ('+', '*') else str(positional[0])
-    return own | {k: str(v) for k, v in flags.items()}
+    return command_values(kind, own | {k: str(v) if isinstance(v, Path) else v for k, v in values.items()},
+                          positional=True)
 
-def build_stages(plan: dict, base: Path, cli: dict, stage_to: str | None = None) -> tuple[list[Stage], dict]:
-    "The stages of a plan with the command line's flags on top, and the plan's top-level values."
-    top = _top_values(plan, base, cli)
-    sec = _sections(plan, cli, top)
-    inputs, work, preset, model, size, hf = (top[k] for k in ('input', 'out', 'preset', 'model', 'size', 'hf'))
-    b = sec['build-corpus']
-    if plan.get('mix'):   # the sources mixed in by weight: build-corpus's --mix
-        if b.get('mix'): raise LegalnbError('mix: and build-corpus.mix both name mixed sources; name them in mix: only')
-        b['mix'] = mix_flags(plan['mix'], base)
-    data = Path(stage_to)/'split' if stage_to and not hf else work/'split'
-    fetched = [Stage('download', _paths('download', out=work/'download'), sec['download'] | {'progress': False}, [],
-                     work/OUTPUTS['download'])] if 'download' in plan else []   # EUR-Lex first: parse reads it
-    read = [work/'download', *inputs] if fetched else inputs
-    stages = [*fetched, Stage('parse', _paths('parse', *read, out=work/'parsed.jsonl'),
-                              sec['parse'] | {'progress': False},
-                              [work/OUTPUTS['download'], *inputs] if fetched else inputs, work/OUTPUTS['parse']),
-              Stage('select', _paths('select', work/'parsed.jsonl', out=work/'selected.jsonl',
-                                     report=work/'selection.json'), sec['select'],
+# %% ../nbs/14_run.ipynb #f873def1
+def build_stages(plan: RunPlan, stage_to: str | None = None) -> tuple[list[Stage], Top]:
+    "The stages of a plan (its sections, the command line's on top), and its top-level values resolved."
+    top = resolve_top(plan)
+    sec = _sections(plan, top)
+    work, b = top.out, sec['build-corpus']
+    data = Path(stage_to)/'split' if stage_to and not top.hf else work/'split'
+    fetched = [Stage('download', _typed('download', out=work/'download', progress=False) | sec['download'], [],
+                     work/OUTPUTS['download'])] if 'download' in plan.sections else []   # EUR-Lex first: parse reads it
+    read = [work/'download', *top.input] if fetched else top.input
+    stages = [*fetched, Stage('parse', _typed('parse', *read, out=work/'parsed.jsonl', progress=False) | sec['parse'],
+                              [work/OUTPUTS['download'], *top.input] if fetched else top.input, work/OUTPUTS['parse']),
+              Stage('select', _typed('select', work/'parsed.jsonl', out=work/'selected.jsonl',
+                                     report=work/'selection.json') | sec['select'],
                     [work/'parsed.jsonl'], work/OUTPUTS['select']),
-              Stage('build-corpus', _paths('build-corpus', work/'selected.jsonl', out=work/'corpus'), b,
+              Stage('build-corpus', _typed('build-corpus', work/'selected.jsonl', out=work/'corpus') | b,
                     [work/'selected.jsonl'], work/OUTPUTS['build-corpus']),
-              Stage('split', _paths('split', work/'corpus', out=work/'split'), sec['split'],
+              Stage('split', _typed('split', work/'corpus', out=work/'split') | sec['split'],
                     [work/'corpus'/'manifest.json'], work/OUTPUTS['split'])]
-    if hf:
+    if top.hf:
         corpus = Path(stage_to)/'corpus' if stage_to else work/'corpus'   # --stage-to: a verified copy
-        t = sec['finetune'] | {'model': model, 'data': str(corpus), 'preset': preset}
-        stages.append(Stage('finetune', _paths('finetune', out=work/'run'), t, [work/'corpus'/'manifest.json'],
-                            work/OUTPUTS['finetune']))
+        t = _typed('finetune', out=work/'run') | sec['finetune'] | _typed('finetune', model=top.model, data=corpus,
+                                                                          preset=top.preset)
+        stages.append(Stage('finetune', t, [work/'corpus'/'manifest.json'], work/OUTPUTS['finetune']))
     else:
-        t = {'preset': None if preset == 'none' else preset, 'model': model, 'size': size} | sec['train']
-        stages.append(Stage('train', _paths('train', data=data, out=work/'run'), t, [work/'split'/'split.json'],
+        t = _typed('train', preset=None if top.preset == 'none' else top.preset, model=top.model,
+                   size=top.size) | sec['train']
+        stages.append(Stage('train', _typed('train', data=data, out=work/'run') | t, [work/'split'/'split.json'],
                             work/OUTPUTS['train']))
         stages[-1].config   # the run as resolved (preset, flags): a bad value is refused here
-    if plan.get('stage2') is not None: stages += _second_stage(plan['stage2'], t, b, work, stage_to, stages[-1])
-    final, against = stages[-1], {'against': model} if hf else {}   # a Hugging Face model: against its base
-    if top.get('baseline'):
-        if hf: raise LegalnbError(f'baseline {top["baseline"]}: a Hugging Face model is reported against its base '
-                                  f'({model}); drop baseline')
-        stages.append(_baseline_stage(top['baseline'], _first(stages, 'train'), t, data, work))
-        against = {'against': str(stages[-1].output.parent)}
-    e = {'general': RUN_DEFAULTS['general'], **against} | sec['evaluate'] | {'data': str(work/'corpus'/'heldout.jsonl'),
-                                                                   'progress': False}
-    stages.append(Stage('evaluate', _paths('evaluate', final.output.parent, out=work/'eval'), e,
-                        [final.output, *([stages[-1].output] if top.get('baseline') else [])],
+    if 'stage2' in plan.sections: stages += _second_stage(plan, t, b, work, stage_to, stages[-1])
+    final, against = stages[-1], {'against': top.model} if top.hf else {}   # a Hugging Face model: against its base
+    if top.baseline:
+        if top.hf: raise LegalnbError(f'baseline {top.baseline}: a Hugging Face model is reported against its base '
+                                      f'({top.model}); drop baseline')
+        stages.append(_baseline_stage(top.baseline, _first(stages, 'train'), t, data, work))
+        against = {'against': stages[-1].output.parent}
+    e = _typed('evaluate', final.output.parent, out=work/'eval', **STAGE_DEFAULTS['evaluate'], **against) \
+        | sec['evaluate'] | _typed('evaluate', data=work/'corpus'/'heldout.jsonl', progress=False)
+    stages.append(Stage('evaluate', e, [final.output, *([stages[-1].output] if top.baseline else [])],
                         work/OUTPUTS['evaluate']))
-    if 'export' in plan:   # last: the model as a Hugging Face folder with its card (eval/ read), pushed on request
-        if hf: raise LegalnbError(f'export: a Hugging Face model\'s run ({work/"run"/"final"}) is a Hugging Face '
-                                  'folder already; drop export: and push it with `hf upload`')
-        stages.append(Stage('export', _paths('export', final.output.parent, out=work/'export'), sec['export'],
+    if 'export' in plan.sections:   # last: the model as a Hugging Face folder with its card (eval/ read), pushed
+        if top.hf: raise LegalnbError(f'export: a Hugging Face model\'s run ({work/"run"/"final"}) is a Hugging Face '
+                                      'folder already; drop export: and push it with `hf upload`')
+        stages.append(Stage('export', _typed('export', final.output.parent, out=work/'export') | sec['export'],
                             [work/OUTPUTS['evaluate']], work/OUTPUTS['export']))
     return stages, top
 
@@ -493,34 +469,37 @@ def _baseline_stage(spec: str, train: Stage, t: dict, data: Path, work: Path) ->
     has = {f.name for f in fields(get_model(name).config_class)}
     flags = {k: v for k, v in t.items() if k != 'model_overrides' and (k not in SHAPE_FLAGS or k in has)}
     flags |= {k: getattr(cfg, k) for k in _SAME_SCHEDULE} | {'model': name}
-    if shape: flags['model_overrides'] = [kv.strip() for kv in shape.split(',') if kv.strip()]
-    return Stage('train', _paths('train', data=data, out=work/'baseline'), flags, [work/'split'/'split.json'],
-                 work/'baseline'/'summary.json', baseline=True, where='baseline.')
+    if shape:
+        try: flags |= command_values('train', {'model_overrides': [kv.strip() for kv in shape.split(',') if kv.strip()]})
+        except LegalnbError as e: raise LegalnbError(f'baseline {spec!r}: {e}') from None
+    return Stage('train', _typed('train', data=data, out=work/'baseline') | flags, [work/'split'/'split.json'],
+                 work/'baseline'/'summary.json', baseline=True)
 
 # %% ../nbs/14_run.ipynb #4345d916
-def _second_stage(s2: dict, first: dict, b: dict, work: Path, stage_to: str | None, trained: Stage) -> list[Stage]:
+def _second_stage(plan: RunPlan, first: dict, b: dict, work: Path, stage_to: str | None,
+                  trained: Stage) -> list[Stage]:
     "select-2 (the best documents), build-corpus-2, then split-2 and train-2 (native) or finetune-2 (Hugging Face)."
     own = trained.kind
     other = 'train' if own == 'finetune' else 'finetune'
-    if other in s2:
+    if f'stage2.{other}' in plan.sections:
         by = 'a Hugging Face model is fine-tuned by legalnb finetune' if own == 'finetune' else \
              'a native model is trained by legalnb train'
         raise LegalnbError(f'stage2.{other}: {by}; use stage2.{own}')
-    sel = dict(s2.get('select') or {})
-    if 'top' not in sel:   # the N best documents, or the best up to a budget
-        sel.setdefault('target_tokens', RUN_DEFAULTS['target_tokens'])
-    select = Stage('select', _paths('select', work/'parsed.jsonl', out=work/'selected-2.jsonl',
-                                    report=work/'selection-2.json'), sel,
-                   [work/'parsed.jsonl'], work/'selected-2.jsonl', second=True, where='stage2.')
-    rest = (_second_finetune(dict(s2.get(own) or {}), first, b, work, stage_to) if own == 'finetune' else
-            _second_train(dict(s2.get(own) or {}), first, b, work, stage_to, trained.config.max_steps))
+    sel = plan.section('stage2.select')
+    if 'top' not in sel: sel = _typed('select', **STAGE_DEFAULTS['select']) | sel   # the best up to a budget
+    select = Stage('select', _typed('select', work/'parsed.jsonl', out=work/'selected-2.jsonl',
+                                    report=work/'selection-2.json') | sel,
+                   [work/'parsed.jsonl'], work/'selected-2.jsonl', second=True)
+    mine = plan.section(f'stage2.{own}')
+    rest = (_second_finetune(mine, first, b, work, stage_to) if own == 'finetune' else
+            _second_train(mine, first, b, work, stage_to, trained.config.max_steps))
     return [select, *rest]
 
 # %% ../nbs/14_run.ipynb #83e26e99
 def _same_acts(work: Path) -> dict:
-    "build-corpus flags that hold out, in the second corpus, the first corpus's held-out acts and only them (by name): "
-    "a share of the second selection could reach acts the first run trained on."
-    return {'val_docs': 0, 'val_acts': str(work/'corpus'/'manifest.json'), 'val_min_acts': 0}
+    "build-corpus settings that hold out, in the second corpus, the first corpus's held-out acts and only them (by "
+    "name): a share of the second selection could reach acts the first run trained on."
+    return _typed('build-corpus', val_docs=0, val_acts=work/'corpus'/'manifest.json', val_min_acts=0)
 
 # %% ../nbs/14_run.ipynb #16f28873
 def _second_train(own: dict, first: dict, b: dict, work: Path, stage_to: str | None, steps: int) -> list[Stage]:
@@ -533,16 +512,15 @@ def _second_train(own: dict, first: dict, b: dict, work: Path, stage_to: str | N
     else: start = work/'run'/'model'
     # the first corpus's held-out acts by name, and no others: never trained on by either run
     c = ({k: v for k, v in b.items() if k != 'train_tokenizer'}
-         | {'tokenizer': str(work/'corpus'/'tokenizer.json'), **_same_acts(work)})
+         | _typed('build-corpus', tokenizer=work/'corpus'/'tokenizer.json') | _same_acts(work))
     data = Path(stage_to)/'split-2' if stage_to else work/'split-2'
-    return [Stage('build-corpus', _paths('build-corpus', work/'selected-2.jsonl', out=work/'corpus-2'), c,
+    return [Stage('build-corpus', _typed('build-corpus', work/'selected-2.jsonl', out=work/'corpus-2') | c,
                   [work/'selected-2.jsonl', work/'corpus'/'tokenizer.json', work/'corpus'/'manifest.json'],
                   work/'corpus-2'/'manifest.json', second=True),
-            Stage('split', _paths('split', work/'corpus-2', out=work/'split-2'), {},
+            Stage('split', _typed('split', work/'corpus-2', out=work/'split-2'),
                   [work/'corpus-2'/'manifest.json'], work/'split-2'/'split.json', second=True),
-            Stage('train', _paths('train', data=data, out=work/'run-2', init_from=start), t,
-                  [work/'split-2'/'split.json', work/OUTPUTS['train']], work/'run-2'/'summary.json', second=True,
-                  where='stage2.')]
+            Stage('train', _typed('train', data=data, out=work/'run-2', init_from=start) | t,
+                  [work/'split-2'/'split.json', work/OUTPUTS['train']], work/'run-2'/'summary.json', second=True)]
 
 # %% ../nbs/14_run.ipynb #b1b79b7d
 def _second_finetune(own: dict, first: dict, b: dict, work: Path, stage_to: str | None) -> list[Stage]:
@@ -555,13 +533,12 @@ def _second_finetune(own: dict, first: dict, b: dict, work: Path, stage_to: str 
                            'finetune-2 cannot start from; fine-tune fully (drop finetune.lora) or merge the adapter '
                            'into its base first and run from the merged model')
     corpus = Path(stage_to)/'corpus-2' if stage_to else work/'corpus-2'   # --stage-to: a verified copy
-    t = first | own | {'model': str(work/'run'/'final'), 'data': str(corpus)}   # transformers: a fresh AdamW
-    return [Stage('build-corpus', _paths('build-corpus', work/'selected-2.jsonl', out=work/'corpus-2'),
-                  b | _same_acts(work), [work/'selected-2.jsonl', work/'corpus'/'manifest.json'],
+    t = first | own | _typed('finetune', model=work/'run'/'final', data=corpus, out=work/'run-2')   # a fresh AdamW
+    return [Stage('build-corpus', _typed('build-corpus', work/'selected-2.jsonl', out=work/'corpus-2') | b
+                  | _same_acts(work), [work/'selected-2.jsonl', work/'corpus'/'manifest.json'],
                   work/'corpus-2'/'manifest.json', second=True),
-            Stage('finetune', _paths('finetune', out=work/'run-2'), t,
-                  [work/'corpus-2'/'manifest.json', work/OUTPUTS['finetune']], work/'run-2'/'finetune.json',
-                  second=True, where='stage2.')]
+            Stage('finetune', t, [work/'corpus-2'/'manifest.json', work/OUTPUTS['finetune']], work/'run-2'/'finetune.json',
+                  second=True)]
 
 # %% ../nbs/14_run.ipynb #beaa6c2c
 def _hf_model(model: str, base: Path) -> str | None:
@@ -577,16 +554,16 @@ def _hf_model(model: str, base: Path) -> str | None:
                        f'folder (no {p/"config.json"})')
 
 # %% ../nbs/14_run.ipynb #334a4823
-def check_plan(stages: list[Stage], top: dict) -> dict:
+def check_plan(stages: list[Stage], top: Top) -> dict:
     "The values that must agree across stages, read from the stages' parsed settings and configs (each stage's own "
     "flags were checked when it was read); one line naming the fields."
-    b = _first(stages, 'build-corpus').settings
-    seq_len, val_docs, vocab = b['seq_len'], b['val_docs'], b['train_tokenizer']
+    b = _first(stages, 'build-corpus')
+    seq_len, val_docs, vocab = b.get('seq_len'), b.get('val_docs'), b.get('train_tokenizer')
     if val_docs == 0:
         raise LegalnbError('build-corpus.val_docs is 0, and evaluate (and the validation loss) scores held-out acts: '
                            'set build-corpus.val_docs (0.01 holds out acts with 1% of the text)')
     info = dict(seq_len=seq_len)
-    if top['hf']: return info | _check_finetune(_first(stages, 'finetune'), b, top)
+    if top.hf: return info | _check_finetune(_first(stages, 'finetune'), b, top)
     cfg = _first(stages, 'train').config
     if vocab is not None and cfg.vocab_size is not None and vocab > cfg.vocab_size:
         raise LegalnbError(f'build-corpus.train_tokenizer {vocab} and train.vocab_size {cfg.vocab_size}: the model '
@@ -598,36 +575,35 @@ def check_plan(stages: list[Stage], top: dict) -> dict:
     s = cfg.seq_warmup_start
     if cfg.seq_warmup_steps and (s > seq_len or seq_len % s):
         raise LegalnbError(f'build-corpus.seq_len {seq_len:,} and train.seq_warmup_start {s:,} (preset '
-                           f'{top["preset"]}): the warm-up cuts rows into pieces of seq_warmup_start tokens; set '
+                           f'{top.preset}): the warm-up cuts rows into pieces of seq_warmup_start tokens; set '
                            f'train.seq_warmup_steps 0, or a seq_warmup_start that divides {seq_len:,}')
     from legalnb.presets import get_preset
-    if top['preset'] != 'none' and get_preset('scratch', top['preset'], top['size'],
-                                              model=top['model']).gpus > max(1, _gpus()):
-        raise LegalnbError(f'preset {top["preset"]} needs more GPUs than this machine has ({_gpus()})')
+    if top.preset != 'none' and get_preset('scratch', top.preset, top.size, model=top.model).gpus > max(1, _gpus()):
+        raise LegalnbError(f'preset {top.preset} needs more GPUs than this machine has ({_gpus()})')
     return info | dict(cfg=cfg)
 
 # %% ../nbs/14_run.ipynb #3c1f0e52
-def _check_finetune(f: Stage, b: dict, top: dict) -> dict:
-    "What a Hugging Face model asks of the corpus (`b`: build-corpus's settings) and of the finetune stage `f`."
+def _check_finetune(f: Stage, b: Stage, top: Top) -> dict:
+    "What a Hugging Face model asks of the corpus (`b`: the build-corpus stage) and of the finetune stage `f`."
     from legalnb.hf import hf_config
     from legalnb.presets import get_preset
-    if b['train_tokenizer'] is not None:
-        raise LegalnbError(f'build-corpus.train_tokenizer and model {top["model"]}: a Hugging Face model reads its '
+    if b.get('train_tokenizer') is not None:
+        raise LegalnbError(f'build-corpus.train_tokenizer and model {top.model}: a Hugging Face model reads its '
                            'own tokenizer; drop train_tokenizer (the tokenizer is the model\'s)')
-    cfg = hf_config(top['model'])
-    tok, mv = b['tokenizer'], cfg.get('vocab_size')
-    if tok and mv and Path(tok).resolve() != Path(top['model']).resolve():
+    cfg = hf_config(top.model)
+    tok, mv = b.get('tokenizer'), cfg.get('vocab_size')
+    if tok and mv and Path(tok).resolve() != Path(top.model).resolve():
         from legalnb.corpus import load_tokenizer, vocab_size_of
         if (v := vocab_size_of(load_tokenizer(tok))) > mv:
-            raise LegalnbError(f'build-corpus.tokenizer {tok} has {v:,} tokens and model {top["model"]} a '
+            raise LegalnbError(f'build-corpus.tokenizer {tok} has {v:,} tokens and model {top.model} a '
                                f'vocabulary of {mv:,}: drop build-corpus.tokenizer (the model\'s own is used)')
     ctx = cfg.get('max_position_embeddings') or cfg.get('n_positions')
-    if ctx and b['seq_len'] > ctx:
-        raise LegalnbError(f'build-corpus.seq_len {b["seq_len"]:,} is longer than the context of model '
-                           f'{top["model"]} (max_position_embeddings {ctx:,}): lower seq_len')
-    p, gpus = get_preset('cpt', top['preset']), _gpus()
-    if p.gpus > max(1, gpus) and not f.settings['force_single']:
-        raise LegalnbError(f'preset {top["preset"]} (cpt) is sized for {p.gpus} GPUs and this machine has '
+    if ctx and b.get('seq_len') > ctx:
+        raise LegalnbError(f'build-corpus.seq_len {b.get("seq_len"):,} is longer than the context of model '
+                           f'{top.model} (max_position_embeddings {ctx:,}): lower seq_len')
+    p, gpus = get_preset('cpt', top.preset), _gpus()
+    if p.gpus > max(1, gpus) and not f.get('force_single'):
+        raise LegalnbError(f'preset {top.preset} (cpt) is sized for {p.gpus} GPUs and this machine has '
                            f'{gpus}: set finetune.force_single (or --force-single), or a preset for 1 GPU')
     return {}
 
@@ -890,43 +866,60 @@ def _run_stage(s: Stage):
     elif code: raise LegalnbError(f'the {s.name} stage failed; see its messages above')
 
 # %% ../nbs/14_run.ipynb #7ff1c3f8
-def _ask_once(opts: dict, what: str):
-    "The question before training, once per `legalnb run`: the answer covers a second stage's training too."
-    if opts.get('confirmed'): return
-    if not confirm(opts['yes']): raise LegalnbError(f'{what} not started: not confirmed (--yes skips the question)')
-    opts['confirmed'] = True
+@dataclass
+class Budget:
+    "The budget guard's limits for one `legalnb run`, and its question before training (asked once a run)."
+    max_cost: float | None    # --max-cost: dollars
+    deadline: float | None    # --deadline: the time, in seconds since the epoch
+    price: float              # --price-per-hour: dollars per GPU-hour
+    yes: bool                 # --yes: no question
+    confirmed: bool = False   # the answer covers a second stage's training too
+
+    def guard(self) -> BudgetGuard:
+        "A budget guard for one training stage of the run."
+        return BudgetGuard(self.max_cost, self.deadline, self.price, max(1, _gpus()))
+
+    def ask(self, what: str):
+        "The question before training, once per `legalnb run`; not confirmed: refused."
+        if self.confirmed: return
+        if not confirm(self.yes): raise LegalnbError(f'{what} not started: not confirmed (--yes skips the question)')
+        self.confirmed = True
+
+def budget_of(r: RunConfig) -> Budget:
+    "The run's budget from its flags (--deadline read now: 90m is 90 minutes from here)."
+    return Budget(r.max_cost, parse_deadline(r.deadline) if r.deadline else None, r.price_per_hour, r.yes)
 
 # %% ../nbs/14_run.ipynb #b173fe8a
-def _train(s: Stage, work: Path, top: dict, opts: dict, resuming: bool) -> dict:
+def _train(s: Stage, work: Path, top: Top, budget: Budget, resuming: bool) -> dict:
     "The training stage: machine, estimate, provenance, confirmation, then train under the budget guard."
     from legalnb.presets import get_preset
     man = read_json(work/'corpus'/'manifest.json', 'a corpus manifest')
     cfg = replace(s.config, resume='latest') if resuming else replace(s.config, overwrite=s.output.parent.exists())
-    why = 'no preset: the trainer\'s defaults and the train flags' if top['preset'] == 'none' else get_preset(
-        'scratch', top['preset'], top['size'], model=cfg.model).why
-    e = training_estimate(cfg, man['seq_len'], man['vocab_size'], opts['price_per_hour'])
+    why = 'no preset: the trainer\'s defaults and the train flags' if top.preset == 'none' else get_preset(
+        'scratch', top.preset, top.size, model=cfg.model).why
+    e = training_estimate(cfg, man['seq_len'], man['vocab_size'], budget.price)
     print('\n'.join(machine_lines(work)))
-    print(f"preset {top['preset']} (scratch, {cfg.model} {top['size']}): {why}")
+    print(f"preset {top.preset} (scratch, {cfg.model} {top.size}): {why}")
     print(cfg.describe(max(1, _gpus()), man['seq_len']))
     print('estimate:\n' + '\n'.join('  ' + l for l in e.table().splitlines()))
-    if e.cost is not None and opts['max_cost'] is not None and e.cost > opts['max_cost']:
-        print(f"! the estimate, ${e.cost:,.2f}, already passes --max-cost ${opts['max_cost']:,.2f}: the budget guard "
+    if e.cost is not None and budget.max_cost is not None and e.cost > budget.max_cost:
+        print(f"! the estimate, ${e.cost:,.2f}, already passes --max-cost ${budget.max_cost:,.2f}: the budget guard "
               'stops the run as soon as the measured steps agree')
-    if e.seconds is not None and opts['deadline'] is not None and time.time() + e.seconds > opts['deadline']:
+    if e.seconds is not None and budget.deadline is not None and time.time() + e.seconds > budget.deadline:
         print('! the estimate already ends after --deadline: the budget guard stops the run as soon as the measured '
               'steps agree')
-    _ask_once(opts, 'training')
-    guard = BudgetGuard(opts['max_cost'], opts['deadline'], opts['price_per_hour'], max(1, _gpus()))
+    budget.ask('training')
+    guard = budget.guard()
     if resuming: print(f'{s.name}: resuming {s.output.parent} from its newest checkpoint')
     summary = command_run(s.kind)(cfg, [guard])   # legalnb.train.train, from the command table
     summary.update(estimate_s=e.seconds, forecast=guard.forecast)
     return summary
 
 # %% ../nbs/14_run.ipynb #c6695f08
-def _finetune(s: Stage, again: bool, opts: dict) -> dict:
+def _finetune(s: Stage, again: bool, budget: Budget) -> dict:
     "The finetune stage (resumed when `again`) under the budget guard: {} when it finished, the stop record when "
     "the guard ended it."
-    guard = BudgetGuard(opts['max_cost'], opts['deadline'], opts['price_per_hour'], max(1, _gpus()))
+    guard = budget.guard()
     settings = s.settings | {'resume': True} if again else s.settings   # legalnb.hf.finetune_command, by the table
     rc = command_run(s.kind)(**settings, command=shlex.join([*s.argv, *(['--resume'] if again else [])]),
                              sinks=[guard])
@@ -935,26 +928,26 @@ def _finetune(s: Stage, again: bool, opts: dict) -> dict:
     return {}
 
 # %% ../nbs/14_run.ipynb #f97c9ea6
-def _before_finetune(s: Stage, top: dict, opts: dict):
+def _before_finetune(s: Stage, top: Top, budget: Budget):
     "The finetune stage's preamble: the machine, the preset's provenance, the calculator's command, the question."
     from legalnb.presets import get_preset
-    p = get_preset('cpt', top['preset'])
-    print('\n'.join(machine_lines(top['out'])))
-    print(f"preset {top['preset']} (cpt, {Path(top['model']).name}): {p.why}")
-    print(f"estimate: legalnb estimate --preset cpt/{top['preset']} --params N --gpu GPU (N: the model's parameters)")
+    p = get_preset('cpt', top.preset)
+    print('\n'.join(machine_lines(top.out)))
+    print(f"preset {top.preset} (cpt, {Path(top.model).name}): {p.why}")
+    print(f"estimate: legalnb estimate --preset cpt/{top.preset} --params N --gpu GPU (N: the model's parameters)")
     if s.second:
         print(f"{s.name}: from {s.settings['model']} (the first run's weights) with a fresh AdamW (transformers "
               'does not carry the optimizer state)')
-    _ask_once(opts, 'fine-tuning')
+    budget.ask('fine-tuning')
 
 # %% ../nbs/14_run.ipynb #e9073346
-def _stopped_message(summary: dict, opts: dict) -> str:
+def _stopped_message(summary: dict, plan: RunPlan) -> str:
     "What the budget guard says when it stops a run: how far it got, and the command that continues it."
-    f, again = summary.get('forecast') or {}, [a for a in opts['argv'] if a != '--resume']
+    f, again = summary.get('forecast') or {}, [a for a in plan.argv if a != '--resume']
     for flag in ('--max-cost', '--deadline'):   # the budget flags go; the larger one the forecast needs comes in
         while flag in again: i = again.index(flag); del again[i:i + 2]
-    need = (['--max-cost', f"{math.ceil(f.get('cost', 0) * 1.2 + 1)}"] if opts['max_cost'] is not None else []) + (
-        ['--deadline', f"{math.ceil(f.get('left_s', 0) / 60 * 1.2 + 1)}m"] if opts['deadline'] is not None else [])
+    need = (['--max-cost', f"{math.ceil(f.get('cost', 0) * 1.2 + 1)}"] if plan.run.max_cost is not None else []) + (
+        ['--deadline', f"{math.ceil(f.get('left_s', 0) / 60 * 1.2 + 1)}m"] if plan.run.deadline is not None else [])
     who = '' if summary['stopped'].startswith('forgetting guard') else 'budget guard: '   # it names itself
     return (f"{who}{summary['stopped']}.\nstopped cleanly at step {summary['step']:,} of "
             f"{summary['max_steps']:,} ({summary['step'] / summary['max_steps']:.0%}) after "
@@ -975,26 +968,33 @@ def _ours(rel: Path) -> bool:
                                                                   '.split.', '.report.md', '.loss.png', '.export.'))
 
 # %% ../nbs/14_run.ipynb #58e10146
-def _from_the_shell(top_cli: dict) -> dict:
-    "The command line's paths from the shell's folder (a plan's paths start from the plan's folder)."
-    here = lambda v: os.path.abspath(v) if v else v
-    return dict(top_cli, input=top_cli.get('input') and [here(v) for v in top_cli['input']],
-                out=here(top_cli.get('out')),
-                model=here(top_cli['model']) if top_cli.get('model') and Path(top_cli['model']).exists()
-                else top_cli.get('model'))
+def with_command_line(plan: RunPlan, argv: list[str]) -> RunPlan:
+    "`plan` with `legalnb run`'s command line (after PLAN.yaml) on top: its own flags' values (paths from the shell's "
+    "folder), then each section's dotted settings over the plan's."
+    given, dotted = read_command_line(argv)
+    if plan.base != Path('.'):   # a plan's paths start from its folder; the command line's from the shell's
+        here = os.path.abspath
+        given |= {k: [here(p) for p in given[k]] if k == 'input' else here(given[k]) for k in ('input', 'out')
+                  if given.get(k)}
+        if given.get('model') and Path(given['model']).exists(): given['model'] = here(given['model'])
+    sections = dict(plan.sections)
+    for name, values in dotted.items():
+        if name.startswith('stage2.'): sections.setdefault('stage2', {})   # --stage2.X: a second stage
+        sections[name] = sections.get(name, {}) | values
+    return replace(plan, run=replace(plan.run, **given), sections=sections, argv=[*plan.argv, *argv])
 
 # %% ../nbs/14_run.ipynb #68fe724e
-def _what_runs(stages: list[Stage], work: Path, opts: dict) -> tuple[int, int, list[str]]:
+def _what_runs(stages: list[Stage], work: Path, resume: bool) -> tuple[int, int, list[str]]:
     "The first stage to run, the training to run or resume first, and why each stage is stale ('' when up to date)."
     names = [s.name for s in stages]
     trainers = [i for i, s in enumerate(stages) if s.kind in TRAINING]
     reasons = [why_stale(s, read_record(work, s.name)) for s in stages]
     t = next((i for i in trainers if reasons[i]), trainers[-1])   # the training to run (or resume) first
     first = next((i for i, r in enumerate(reasons) if r), len(stages))
-    if opts['resume'] and reasons[t] != 'interrupted: resuming':
+    if resume and reasons[t] != 'interrupted: resuming':
         raise LegalnbError(f'--resume continues a stopped or interrupted training, and {work} holds none ('
                            f'{stages[t].name}: {reasons[t] or "finished"}); drop --resume')
-    if opts['resume'] and first < t:
+    if resume and first < t:
         raise LegalnbError(f'--resume continues the training, but {names[first]} must run again first '
                            f'({reasons[first]}); drop --resume')
     return first, t, reasons
@@ -1010,25 +1010,26 @@ def fetch_inputs(stages: list[Stage]):
         elif s.kind == 'evaluate': fetch_for_evaluate(replace(s.config, download=True))
 
 # %% ../nbs/14_run.ipynb #21a541dc
-def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> dict:
+def run_plan(plan: RunPlan,                      # what to run: `read_plan` and `with_command_line`, or `plan_of`
+             hold: Callable | None = None,       # takes the work folder's lock to hold past the run (ExitStack's
+                                                 # enter_context); None: the caller holds the folder
+             ours: Iterable[str] = ()            # the caller's own names in the work folder (the quickstart's)
+            ) -> dict:
     "Check the plan, then run the stages that are not up to date; the training summary (or the stop) and the stages."
     from legalnb.core import output_folder, refuse_unowned, remove_owned
-    raw, base = read_plan(plan)
-    if base != Path('.'): top_cli = _from_the_shell(top_cli)
-    cli = cli_overrides(rest); cli['_top'] = top_cli
-    if opts.get('download'): fetch_if_asked(True, top_cli.get('model') or raw.get('model'))   # before it is resolved
-    stages, top = build_stages(raw, base, cli, opts['stage_to'])
-    if opts.get('download'): fetch_inputs(stages)
+    r, budget = plan.run, budget_of(plan.run)
+    if r.download: fetch_if_asked(True, r.model)   # before it is resolved
+    stages, top = build_stages(plan, r.stage_to)
+    if r.download: fetch_inputs(stages)
     check_plan(stages, top)
-    work, names = top['out'], [s.name for s in stages]
-    ours = lambda rel: _ours(rel) or rel.parts[0] in opts.get('ours', ())
-    if hold := opts.get('hold'): hold(output_folder(work, 'legalnb run', ours))   # locked and recorded to the end
-    else: refuse_unowned(work, ours)   # the caller holds the folder
-    for s in stages if opts.get('stage_to') else ():   # a copy trained on holds only copies legalnb made: checked now
-        if s.kind in TRAINING:
-            refuse_unowned(Path(s.settings['data']), flag='--stage-to')
-    first, t, reasons = _what_runs(stages, work, opts)
-    if first <= t and not opts['yes'] and not sys.stdin.isatty(): confirm(False)   # refused before any stage runs
+    work, names = top.out, [s.name for s in stages]
+    mine = lambda rel: _ours(rel) or rel.parts[0] in ours
+    if hold: hold(output_folder(work, 'legalnb run', mine))   # locked and recorded to the end
+    else: refuse_unowned(work, mine)
+    for s in stages if r.stage_to else ():   # a copy trained on holds only copies legalnb made: checked now
+        if s.kind in TRAINING: refuse_unowned(Path(s.settings['data']), flag='--stage-to')
+    first, t, reasons = _what_runs(stages, work, r.resume)
+    if first <= t and not r.yes and not sys.stdin.isatty(): confirm(False)   # refused before any stage runs
     summary = None
     for i, s in enumerate(stages):
         rec = read_record(work, s.name)
@@ -1046,18 +1047,18 @@ def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> di
         if s.kind == 'split': remove_owned(work, s.output.parent.name)   # a new folder (legalnb's only)
         if s.kind == 'train':
             split_dir = Path(s.settings['data'])
-            if opts['stage_to']: stage_split(work/split_dir.name, split_dir)
+            if r.stage_to: stage_split(work/split_dir.name, split_dir)
             from legalnb.checkpoint import list_checkpoints
-            got = _train(s, work, top, opts, resuming and bool(list_checkpoints(s.output.parent)))
+            got = _train(s, work, top, budget, resuming and bool(list_checkpoints(s.output.parent)))
             if got.get('stopped'): return dict(stopped=got, stages=stages, work=work)
             if not s.baseline: summary = got
         elif s.kind == 'finetune':
-            _before_finetune(s, top, opts)
+            _before_finetune(s, top, budget)
             out, data = Path(s.settings['out']), Path(s.settings['data'])   # run/, corpus/ (or -2)
             again = resuming and any(out.glob('checkpoint-*'))
             if not again: remove_owned(work, out.name)
-            if opts['stage_to']: stage_split(work/data.name, data)
-            summary = _finetune(s, again, opts)
+            if r.stage_to: stage_split(work/data.name, data)
+            summary = _finetune(s, again, budget)
             if summary.get('stopped'): return dict(stopped=summary, stages=stages, work=work)
         else: _run_stage(s)
         est = {'estimate_s': summary.get('estimate_s')} if s.kind == 'train' and not s.baseline else {}
@@ -1143,11 +1144,11 @@ def stage_table(rows: list[StageRow]) -> list[str]:
     return ['| stage | output | result | time |', '|---|---|---|---|', *(f'| {" | ".join(r)} |' for r in rows)]
 
 # %% ../nbs/14_run.ipynb #fc1fb649
-def write_run_report(work: Path, stages: list[Stage], top: dict) -> Path:
+def write_run_report(work: Path, stages: list[Stage], top: Top) -> Path:
     "Write report.md in the work folder: what each stage made and took, estimate against measurement, evaluation."
     from legalnb.evaluate import evaluation_lines
-    text = ['# legalnb run', '', f'Work folder `{work.name}`; model {Path(top["model"]).name} '
-            f'{"" if top["hf"] else top["size"]}, preset {top["preset"]}.', '', '## What each stage made', '',
+    text = ['# legalnb run', '', f'Work folder `{work.name}`; model {Path(top.model).name} '
+            f'{"" if top.hf else top.size}, preset {top.preset}.', '', '## What each stage made', '',
             *stage_table(stage_rows(work, stages))]
     s = read_json(work/'run'/'summary.json', 'a run summary') if (work/'run'/'summary.json').exists() else None
     r = read_json(work/'eval'/'eval.json', 'an evaluation') if (work/'eval'/'eval.json').exists() else None
@@ -1163,7 +1164,7 @@ def write_run_report(work: Path, stages: list[Stage], top: dict) -> Path:
                      'no time (no GPU: the calculator times GPUs)'), '', '![loss](loss.png)']
     if r: text += ['', '## On acts it never saw', '', *evaluation_lines(r)]
     if r: text += ['', *reference_lines(work/'eval', 'a same-size baseline' if (work/'baseline').exists() else
-                                        'its base' if top['hf'] else 'a reference')]
+                                        'its base' if top.hf else 'a reference')]
     with atomic_write(work/'report.md') as tmp: tmp.write_text('\n'.join(text) + '\n', encoding='utf-8')
     if s:
         from legalnb.widgets import plot_metrics
@@ -1171,55 +1172,18 @@ def write_run_report(work: Path, stages: list[Stage], top: dict) -> Path:
     return work/'report.md'
 
 # %% ../nbs/14_run.ipynb #b56eb5b9
-@dataclass
-class RunConfig:
-    "parse -> select -> build-corpus -> split -> train (or finetune) -> evaluate from one plan; resumable per stage."
-    plan: str = None            # the plan (YAML): `legalnb run --write-plan > plan.yaml` gives one
-    input: list[str] = None     # Formex folders and JSONL files (instead of the plan's input:)
-    out: str = None             # the work folder (instead of the plan's out:)
-    preset: str = None          # fast, full, aggressive or none (default: the plan's, else fast)
-    model: str = None           # resonance, gpt, or a Hugging Face model: folder or org/name (finetune)
-    size: str = None            # the native model's size: small, medium, large, xlarge
-    baseline: str = None        # native: also train this model (gpt) at the same size; report against it
-    write_plan: bool = False    # print a commented plan to start from, and run nothing
-    yes: bool = False           # start training without asking (required when stdin is not a terminal)
-    resume: bool = False        # continue a training the budget guard stopped (or a crash interrupted)
-    max_cost: float = None      # budget guard: stop cleanly when the forecast cost passes these dollars
-    deadline: str = None        # budget guard: stop cleanly when the forecast end passes HH:MM or 90m, 2h
-    price_per_hour: float = GPU_HOUR_PRICE  # dollars per GPU-hour, for --max-cost
-    stage_to: str = None        # copy the training data (split; corpus for an HF model) here, verified
-    download: bool = False      # fetch from the Hugging Face Hub first what the plan names there and is not cached:
-                                # the model (org/name), hf: datasets of mix: and evaluate.general
-
-@functools.cache
-def run_parser():
-    "`legalnb run`'s parser (PLAN.yaml, the first word, is read before it); unknown flags go to the stages."
-    p = command_parser(RunConfig, 'legalnb run', skip=('plan',))
-    p.usage = 'legalnb run [PLAN.yaml] [flags of legalnb run] [flags of any stage]'
-    p.epilog = ('PLAN.yaml, the first word, is the plan (`legalnb run --write-plan` prints one to start from); '
-                'without it, give --input and --out. '
-                'Every flag of parse, select, build-corpus, split, train, finetune and evaluate may also be given '
-                '(e.g. --seq-len 64 --max-steps 10 --device cpu): it overrides the plan for every stage that has it.')
-    return p
-
 def run_main(argv: list[str]) -> int:
-    "`legalnb run [PLAN.yaml] [--input DIR... --out WORK] [stage flags]`; exit 3 when the budget guard stopped it."
+    "`legalnb run [PLAN.yaml] [--input DIR... --out WORK] [--STAGE.FLAG ...]`; exit 3 when a guard stopped it."
     argv = list(map(str, argv))
-    plan = argv[0] if argv and not argv[0].startswith('-') else None   # the plan is the first word, if any
-    a, rest = run_parser().parse_known_args(argv[1:] if plan else argv)
-    if a.write_plan: print(write_plan(a.input, a.out, a.preset, a.model, a.size), end=''); return 0
-    if a.max_cost is not None and not a.max_cost > 0:
-        raise LegalnbError(f'--max-cost must be more than 0, got {a.max_cost:g}')
-    if not a.price_per_hour > 0: raise LegalnbError(f'--price-per-hour must be more than 0, got {a.price_per_hour:g}')
+    path = argv[0] if argv and not argv[0].startswith('-') else None   # the plan is the first word, if any
+    plan = with_command_line(read_plan(path), argv[1:] if path else argv)
+    plan = replace(plan, argv=argv)
+    if plan.run.write_plan: print(write_plan(plan.run), end=''); return 0
     t0 = time.perf_counter()
-    opts = dict(yes=a.yes, resume=a.resume, max_cost=a.max_cost, price_per_hour=a.price_per_hour,
-                deadline=parse_deadline(a.deadline) if a.deadline else None, stage_to=a.stage_to, argv=argv,
-                download=a.download)
-    top = dict(input=a.input, out=a.out, preset=a.preset, model=a.model, size=a.size, baseline=a.baseline)
     with ExitStack() as held:   # the work folder stays locked, and what the run writes is recorded, past the report
-        done = run_plan(plan, top, rest, opts | dict(hold=held.enter_context))
+        done = run_plan(plan, hold=held.enter_context)
         if 'stopped' in done:
-            print(_stopped_message(done['stopped'], opts)); return 3
+            print(_stopped_message(done['stopped'], plan)); return 3
         report = write_run_report(done['work'], done['stages'], done['top'])
     print(f'\nlegalnb run done in {format_duration(time.perf_counter() - t0)}: {report}')
     return 0
