@@ -473,5 +473,6 @@ def test_max_tokens_with_against_scores_both_models_on_the_same_text(quickstart_
 
 
 def test_max_tokens_is_a_plan_key():
-    from legalnb.run import _argv
-    assert _argv('evaluate', {'max_tokens': 20000}, '') == ['--max-tokens', '20000']
+    from legalnb.commands import command_values, command_words
+    s = command_values('evaluate', {'max_tokens': '20k'})
+    assert s == {'max_tokens': 20000} and command_words('evaluate', s) == ['--max-tokens', '20000']

@@ -114,12 +114,12 @@ def test_a_folder_here_of_the_same_name_wins_over_the_cache(cache, tmp_path, mon
 
 def test_a_plan_names_a_cached_model(cache):
     from legalnb.core import LegalnbError
-    from legalnb.run import build_stages
-    stages, top = build_stages({'input': ['formex'], 'out': 'work', 'model': NAME}, Path('.'), {})
+    from legalnb.run import build_stages, plan_of
+    stages, top = build_stages(plan_of({'input': ['formex'], 'out': 'work', 'model': NAME}))
     finetune = next(s for s in stages if s.name == 'finetune')
-    assert top['hf'] and finetune.argv[finetune.argv.index('--model') + 1] == str(snapshot(cache))
+    assert top.hf and finetune.argv[finetune.argv.index('--model') + 1] == str(snapshot(cache))
     with pytest.raises(LegalnbError, match='download it with `hf download legal-org/absent`'):
-        build_stages({'input': ['formex'], 'out': 'work', 'model': 'legal-org/absent'}, Path('.'), {})
+        build_stages(plan_of({'input': ['formex'], 'out': 'work', 'model': 'legal-org/absent'}))
 
 
 def test_build_corpus_takes_a_cached_models_tokenizer_by_name(cache, tiny_llama):

@@ -170,18 +170,18 @@ def test_a_plan_mix_section_becomes_build_corpus_flags(tmp_path):
     from legalnb.run import build_stages, read_plan, write_plan
     plan = tmp_path/'plan.yaml'
     plan.write_text('input: [formex]\nout: work\nmix:\n  general: {path: gen.jsonl, share: 0.05}\n  web: web/:0.02\n')
-    stages, _ = build_stages(*read_plan(plan), {})
+    stages, _ = build_stages(read_plan(plan))
     b = next(s for s in stages if s.name == 'build-corpus')
     assert b.settings['mix'] == [f'general={tmp_path/"gen.jsonl"}:0.05', f'web={tmp_path/"web"}:0.02']
     assert '# mix:' in write_plan() and 'build-corpus.mix_languages: match' in write_plan()
     plan.write_text('input: [formex]\nout: work\nbuild-corpus: {mix_languages: match}\nmix:\n  general: g.jsonl:0.05\n')
-    stages, _ = build_stages(*read_plan(plan), {})
+    stages, _ = build_stages(read_plan(plan))
     assert next(s for s in stages if s.name == 'build-corpus').config.mix_languages == 'match'
     for text, expect in (('mix:\n  general: {path: g.jsonl, weight: 0.05}\n', 'mix.general.weight: unknown'),
                          ('mix:\n  general: {path: g.jsonl}\n', 'mix.general: no share:'),
                          ('mix:\n  general: g.jsonl:2\n', 'mix.general: --mix general=')):
         plan.write_text('input: [formex]\nout: work\n' + text)
-        with pytest.raises(Exception, match=expect.replace('.', r'\.')): build_stages(*read_plan(plan), {})
+        with pytest.raises(Exception, match=expect.replace('.', r'\.')): build_stages(read_plan(plan))
 
 
 def test_split_by_rows_keeps_the_mixed_rows_on_the_training_side(work, tmp_path):

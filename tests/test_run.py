@@ -318,21 +318,22 @@ def test_the_estimate_before_training_prices_a_batch_schedule():
 
 def test_a_native_second_stage_of_the_top_documents_has_no_token_budget():
     "stage2: {select: {top: 5}}: select-2 takes the 5 best documents, with no --target-tokens (2B when neither is set)."
-    from legalnb.run import build_stages, stage_parser
-    stages, _ = build_stages({'input': ['formex'], 'out': 'work', 'stage2': {'select': {'top': 5}}}, Path('.'), {})
+    from legalnb.commands import command_flags
+    from legalnb.run import build_stages, plan_of
+    stages, _ = build_stages(plan_of({'input': ['formex'], 'out': 'work', 'stage2': {'select': {'top': 5}}}))
     select2 = next(s for s in stages if s.name == 'select-2')
     assert '--target-tokens' not in select2.argv and select2.argv[-2:] == ['--top', '5'], select2.argv
-    assert stage_parser('select').parse_args(select2.argv).top == 5
-    stages, _ = build_stages({'input': ['formex'], 'out': 'work', 'stage2': {}}, Path('.'), {})
-    assert next(s for s in stages if s.name == 'select-2').argv[-2:] == ['--target-tokens', '2B']
+    assert command_flags('select').parse_args(select2.argv).top == 5
+    stages, _ = build_stages(plan_of({'input': ['formex'], 'out': 'work', 'stage2': {}}))
+    assert next(s for s in stages if s.name == 'select-2').argv[-2:] == ['--target-tokens', '2000000000']
 
 def test_a_plans_select_section_keeps_languages_types_and_dates(tmp_path):
     "select: {languages, types, since, until} in a YAML plan (issue 38): the keys are legalnb select's flags, typed."
     from datetime import date
-    from legalnb.run import build_stages
+    from legalnb.run import build_stages, plan_of
     plan = yaml.safe_load('input: [formex]\nout: work\nselect:\n  languages: [en, de]\n  types: regulation,directive\n'
                           '  since: 2015-01-01\n  until: 2020-12-31\n  top: 10\nstage2: {select: {languages: fr}}')
-    stages, _ = build_stages(plan, Path('.'), {})
+    stages, _ = build_stages(plan_of(plan))
     sel, sel2 = (next(s for s in stages if s.name == n) for n in ('select', 'select-2'))
     assert sel.argv[sel.argv.index('--languages'):][:3] == ['--languages', 'en', 'de'], sel.argv
     got = sel.settings
@@ -340,9 +341,9 @@ def test_a_plans_select_section_keeps_languages_types_and_dates(tmp_path):
         [['en'], ['de']], [['regulation', 'directive']], date(2015, 1, 1), date(2020, 12, 31), 10)
     assert sel2.settings['languages'] == [['fr']]
     with pytest.raises(Exception, match="select.langs: `legalnb select` has no flag --langs"):
-        build_stages({'input': ['formex'], 'out': 'work', 'select': {'langs': ['en']}}, Path('.'), {})
-    with pytest.raises(Exception, match="--since: expected a date as yyyy-mm-dd, such as 2015-01-01, got '2015'"):
-        build_stages({'input': ['formex'], 'out': 'work', 'select': {'since': 2015}}, Path('.'), {})
+        build_stages(plan_of({'input': ['formex'], 'out': 'work', 'select': {'langs': ['en']}}))
+    with pytest.raises(Exception, match="select.since: expected a date as yyyy-mm-dd, such as 2015-01-01, got '2015'"):
+        build_stages(plan_of({'input': ['formex'], 'out': 'work', 'select': {'since': 2015}}))
     from legalnb.run import selection_result   # report.md's line for the select stage names the filters
     from legalnb.scoring import SelectConfig, select_documents, synthetic_documents
     from legalnb.sources import write_jsonl
@@ -407,7 +408,7 @@ def test_each_command_parser_is_built_once_in_a_run(monkeypatch, tmp_path):
         built[prog] += 1
         return real(func, prog, *args, **kwargs)
     for module in (core, evaluate, hf, run, train): monkeypatch.setattr(module, 'command_parser', counting)
-    stages, top = run.build_stages({'input': ['formex'], 'out': str(tmp_path/'work'), 'baseline': 'gpt'}, Path('.'), {})
+    stages, top = run.build_stages(run.plan_of({'input': ['formex'], 'out': str(tmp_path/'work'), 'baseline': 'gpt'}))
     run.check_plan(stages, top)
     train.config_from_args(next(s for s in stages if s.name == 'train').argv)
     assert built == Counter({f'legalnb {c}': 1 for c in ('parse', 'select', 'build-corpus', 'split', 'train', 'evaluate')})

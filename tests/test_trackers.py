@@ -133,14 +133,14 @@ def test_report_to_flags_plans_and_missing_packages(split_dir, tmp_path, capsys,
     assert main(['train', *run_args(split_dir, tmp_path/'r', '--report-to', 'comet')]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--report-to: 'comet' is not a tracker: choose none, or one or more of" in err
-    from legalnb.run import build_stages, cli_overrides, read_plan
+    from legalnb.run import build_stages, plan_of, read_command_line
     plan = {'input': str(tmp_path), 'out': str(tmp_path/'w'), 'train': {'report_to': ['tensorboard', 'mlflow']}}
-    raw, base = read_plan(plan)
-    train_stage = next(s for s in build_stages(raw, base, {})[0] if s.name == 'train')
+    train_stage = next(s for s in build_stages(plan_of(plan))[0] if s.name == 'train')
     assert train_stage.config.report_to == 'tensorboard,mlflow' and '--report-to' in train_stage.argv
     with pytest.raises(LegalnbError, match="plan: train.report_to: 'comet' is not a tracker"):
-        read_plan({'input': str(tmp_path), 'train': {'report_to': 'comet'}})
-    assert cli_overrides(['--report-to', 'tensorboard', 'wandb'])['train'] == {'report_to': ['tensorboard', 'wandb']}
+        plan_of({'input': str(tmp_path), 'train': {'report_to': 'comet'}})
+    assert read_command_line(['--train.report-to', 'tensorboard', 'wandb'])[1]['train'] == {
+        'report_to': ['tensorboard', 'wandb']}
     monkeypatch.setitem(sys.modules, 'trackio', None)   # as Python sees a package that is not installed
     assert main(['train', *run_args(split_dir, tmp_path/'r', '--report-to', 'trackio')]) == 2
     err = capsys.readouterr().err.strip()
