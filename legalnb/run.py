@@ -8,11 +8,11 @@ import argparse, datetime, functools, hashlib, json, math, os, re, shlex, shutil
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from .core import LegalnbError, atomic_write, command_parser
+from .core import LegalnbError, atomic_write
+from .options import command_parser
 from .commands import command_config, command_flags, command_run
-from .core import format_duration
-from .core import GPU_HOUR_PRICE, read_json, parse_number
-from .core import PRESET_VOCAB, SCRATCH_SEQ_LEN, VAL_SHARE
+from .core import (format_duration, GPU_HOUR_PRICE, read_json, parse_number, PRESET_VOCAB, SCRATCH_SEQ_LEN,
+                          VAL_SHARE)
 from .models import DEFAULT_MODEL
 from .hub import fetch_if_asked, is_hub_dataset
 
@@ -567,7 +567,7 @@ def _second_finetune(own: dict, first: dict, b: dict, work: Path, stage_to: str 
 def _hf_model(model: str, base: Path) -> str | None:
     "The folder of a Hugging Face `model`: a folder (from the plan's), or org/name's snapshot in the Hugging Face "
     "cache; None for a registered architecture."
-    from legalnb.core import hub_snapshot, is_hub_name
+    from legalnb.hub import hub_snapshot, is_hub_name
     from legalnb.models import MODELS
     if model in MODELS: return None
     p = Path(model) if Path(model).is_absolute() else base/model
@@ -808,7 +808,7 @@ def confirm(yes: bool, what: str = 'start training') -> bool:
 def staged_files(src: Path) -> dict[str, Path]:
     "What training reads from a split (or corpus) folder, by its path in a copy: every file, links followed, and "
     "each row file's document starts (a split links into the corpus; its doc_starts/ go beside the copied rows)."
-    from legalnb.core import bookkeeping
+    from legalnb.locks import bookkeeping
     from legalnb.data import doc_starts_file
     if rows := sorted(src.rglob('rows.json')):
         raise LegalnbError(f'--stage-to: {rows[0]} lists row ranges of files elsewhere; --stage-to copies splits '
@@ -845,7 +845,7 @@ def stage_split(split: Path, dest: Path, progress: bool = True) -> Path:
     "Copy what training reads from `split` (shards, their document starts, manifest, tokenizer) to `dest`, each "
     "file's content checked by SHA-256 (the manifest's, or computed once from the source); `dest`."
     from tqdm.auto import tqdm
-    from legalnb.core import output_folder, remove_owned
+    from legalnb.locks import output_folder, remove_owned
     with output_folder(dest, 'legalnb run --stage-to', flag='--stage-to') as dest:
         files, known = staged_files(split), _known_sha256(split)
         done = read_record(dest, 'staged').get('files') or {}
@@ -1012,7 +1012,7 @@ def fetch_inputs(stages: list[Stage]):
 # %% ../nbs/14_run.ipynb #21a541dc
 def run_plan(plan: str | None, top_cli: dict, rest: list[str], opts: dict) -> dict:
     "Check the plan, then run the stages that are not up to date; the training summary (or the stop) and the stages."
-    from legalnb.core import output_folder, refuse_unowned, remove_owned
+    from legalnb.locks import output_folder, refuse_unowned, remove_owned
     raw, base = read_plan(plan)
     if base != Path('.'): top_cli = _from_the_shell(top_cli)
     cli = cli_overrides(rest); cli['_top'] = top_cli

@@ -17,9 +17,10 @@ import yaml
 from fastcore.basics import adict, patch
 from tqdm.auto import tqdm
 
-from .core import (LegalnbError, atomic_write, jsonl_records, parse_count, parse_number,
-                          refuse_overwriting_inputs, usable_cores, check_num_proc)
-from .core import flag_settings, holder_alive
+from .core import LegalnbError, atomic_write, jsonl_records, parse_count, parse_number
+from .locks import refuse_overwriting_inputs, holder_alive
+from .machine import usable_cores, check_num_proc
+from .options import flag_settings
 from .sources import Document, DOC_TYPES, EU_LANGUAGES, write_jsonl, record_fields, skip_reason, _pool, in_order
 from .sources import iso_date, language_codes, type_names
 
