@@ -240,7 +240,7 @@ def _listed(value, what: str, example: str) -> list[str]:
     return found
 
 def language_codes(text: str) -> list[str]:
-    "ISO 639-1 codes of official EU languages from 'en,de' (a flag type: core's parser names the flag)."
+    "ISO 639-1 codes of official EU languages from 'en,de' (a flag type: command_parser names the flag)."
     codes = _listed(text, 'ISO 639-1 language codes', 'en,de')
     if bad := [c for c in codes if c not in EU_LANGUAGES]:
         raise LegalnbError(f'{bad[0]!r} is not the ISO 639-1 code of an official EU language; '
@@ -255,7 +255,7 @@ def type_names(text: str) -> list[str]:
     return names
 
 def iso_date(text: str) -> date:
-    "A date from 'yyyy-mm-dd' (a flag type: core's parser names the flag); a `date` is kept as it is."
+    "A date from 'yyyy-mm-dd' (a flag type: command_parser names the flag); a `date` is kept as it is."
     if isinstance(text, date): return text
     if re.fullmatch(r'\d{4}-\d{2}-\d{2}', str(text).strip()):
         try: return date.fromisoformat(str(text).strip())
