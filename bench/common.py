@@ -2,7 +2,7 @@
 documented function as the script's command.
 
 A bench script declares its flags once, as the parameters of its `main` function with a comment on each (the
-docments style of `legalnb.core.command_parser`, the same helper the `legalnb` commands use), and ends with
+docments style of `legalnb.options.command_parser`, the same helper the `legalnb` commands use), and ends with
 `if __name__ == '__main__': sys.exit(run(main))`. Each prints `header(__file__)` first, then its table.
 """
 from __future__ import annotations
@@ -12,7 +12,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Callable
 
-from legalnb.core import LegalnbError, command_parser
+from legalnb.core import LegalnbError
+from legalnb.options import command_parser
 from legalnb.core import markdown_table as core_markdown_table
 
 

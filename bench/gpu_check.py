@@ -78,7 +78,7 @@ by the process that forks the checks is 19 s. Everything else is preloaded once 
 `--out` is a new folder or one this script wrote: it is locked while the checks run, what the script writes there
 is recorded in `.legalnb-owned.json`, and a folder holding anything else (a `report.md`, `logs/`, `work/` of the
 user's, a file instead of a folder) is refused in one line before anything is deleted or written. Its own earlier
-`logs/` and `work/` are deleted only when the records say it wrote every file in them (`legalnb.core.remove_owned`).
+`logs/` and `work/` are deleted only when the records say it wrote every file in them (`legalnb.locks.remove_owned`).
 """
 from __future__ import annotations
 import time
@@ -148,7 +148,8 @@ if __name__ == '__main__':
     WHEELS = bootstrap(sys.argv[1:])
 
 from common import cpu_name, hardware, markdown_table, memory_gib, run   # noqa: E402  (after the wheels)
-from legalnb.core import LegalnbError, atomic_write, format_duration, output_folder, remove_owned   # noqa: E402
+from legalnb.core import LegalnbError, atomic_write, format_duration   # noqa: E402
+from legalnb.locks import output_folder, remove_owned   # noqa: E402
 
 GIB = 2 ** 30
 PACKAGES = ('torch', 'numpy', 'transformers', 'peft', 'accelerate', 'tokenizers', 'safetensors', 'fastcore',
@@ -193,7 +194,7 @@ class Ctx:
     @functools.cached_property
     def precision(self) -> str:
         "The precision the trainer resolves 'auto' to here: bf16 on cc >= 8.0, fp16 below, fp32 on the CPU."
-        from legalnb.core import cuda_capability, resolve_precision
+        from legalnb.machine import cuda_capability, resolve_precision
         return resolve_precision('auto', None if self.dry else cuda_capability())
 
     @functools.cached_property

@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from common import header, markdown_table, run
-from legalnb.core import LegalnbError, cuda_capability, resolve_precision
+from legalnb.core import LegalnbError
+from legalnb.machine import cuda_capability, resolve_precision
 from legalnb.models import get_model
 from legalnb.metrics import read_metrics
 from legalnb.train import TrainConfig, train, model_config, make_optimizer, autocast_for

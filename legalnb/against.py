@@ -9,12 +9,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from .core import (GPU_HOUR_PRICE, LegalnbError, atomic_write, format_duration, markdown_table, read_json,
-                          refuse_foreign_files, refuse_overwriting_inputs, refuse_unowned)
-from .core import flag_settings
-from .core import model_folder
-from .core import (bookkeeping, cuda_capability, hub_cache, output_folder, resolve_device,
-                          resolve_precision)
+from .core import GPU_HOUR_PRICE, LegalnbError, atomic_write, format_duration, markdown_table, read_json
+from .hub import model_folder, hub_cache
+from .locks import refuse_foreign_files, refuse_overwriting_inputs, refuse_unowned, bookkeeping, output_folder
+from .machine import cuda_capability, resolve_device, resolve_precision
+from .options import flag_settings
 from .models import model_kind
 from .evaluate import (AGAINST_FILES, BOOTSTRAP, GENERAL_GROUPS, GROUPS, HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS,
                               REPORT_FILES, RETAINED_FILES, EvaluateConfig, bootstrap_estimate, cap_documents,

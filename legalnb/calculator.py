@@ -8,8 +8,9 @@ import json, math, statistics, time
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Literal
 from fastcore.basics import patch
-from .core import LegalnbError, PRECISIONS, flag_settings, format_duration, parse_count, parse_number, read_json
-from .core import PRESET_VOCAB
+from .core import LegalnbError, format_duration, parse_count, parse_number, read_json, PRESET_VOCAB
+from .machine import PRECISIONS
+from .options import flag_settings
 from .models import DEFAULT_MODEL, MODELS
 from .presets import (parse_batch_schedule, micro_steps_before, steps_holding,
                              GPU, PRESETS, STRATEGIES, TASKS, find_gpu, get_preset, gpu_precision, human, lora_steps,

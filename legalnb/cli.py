@@ -10,11 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 from fastcore.docments import docments
-from .core import GPU_HOUR_PRICE, LegalnbError, atomic_write, command_parser, resolve_precision
+from .core import GPU_HOUR_PRICE, LegalnbError, atomic_write
+from .machine import resolve_precision
+from .options import command_parser
 from .commands import COMMANDS, command_main, command_settings
-from .core import HUB_OFFLINE_MARK, flag_settings, format_duration, read_json
-from .core import output_folder, record_written, remove_owned
-from .core import PRESET_VOCAB
+from .core import format_duration, read_json, PRESET_VOCAB
+from .hub import HUB_OFFLINE_MARK
+from .locks import output_folder, record_written, remove_owned
+from .options import flag_settings
 from .models import DEFAULT_MODEL
 
 # %% auto #0

@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse, datetime, functools, importlib, inspect, json
 from dataclasses import is_dataclass
 from typing import Callable, NamedTuple
-from .core import LegalnbError, _parser_of, flag_settings
+from .core import LegalnbError
+from .options import _parser_of, flag_settings
 
 # %% auto #0
 __all__ = ['COMMANDS', 'Command', 'command_main', 'command_flags', 'command_settings', 'command_run', 'command_config',
@@ -67,7 +68,7 @@ COMMANDS = {
                             'a SLURM batch script: train (torchrun) or finetune (accelerate) on several nodes'),
     'quickstart':   Command('legalnb.cli:quickstart_main', 'legalnb.cli:QuickstartConfig',
                             'sample -> select -> corpus -> train a tiny model -> report'),
-    'own':          Command('legalnb.core:own_main', 'legalnb.core:OwnConfig',
+    'own':          Command('legalnb.options:own_main', 'legalnb.locks:OwnConfig',
                             "record a folder an older legalnb wrote (no records yet) as legalnb's"),
 }
 

@@ -12,9 +12,10 @@ from typing import Iterator, Literal
 
 from fastcore.basics import patch
 from fastcore.docments import docments
-from .core import (LegalnbError, atomic_write, command_parser, format_duration, markdown_table,
-                          parse_number, read_json, refuse_foreign_files, refuse_overwriting_inputs, run_writing)
-from .core import Output, flag_settings, resolve_device
+from .core import LegalnbError, atomic_write, format_duration, markdown_table, parse_number, read_json
+from .locks import refuse_foreign_files, refuse_overwriting_inputs
+from .machine import resolve_device
+from .options import command_parser, run_writing, Output, flag_settings
 from .models import MODELS, get_model
 from .train import TrainConfig, open_split
 
@@ -77,7 +78,7 @@ def seconds_per_step(name: str, size: str, overrides: dict, vocab: int, seq_len:
     "Measured seconds of one bare training step (forward, backward, AdamW) of a model: 1 untimed, mean of 3."
     import torch
     from legalnb.calculator import calibrate
-    from legalnb.core import cuda_capability, resolve_precision
+    from legalnb.machine import cuda_capability, resolve_precision
     from legalnb.train import autocast_for
     spec, dev = get_model(name), torch.device(device)
     model = spec.build(spec.config(size, vocab, seq_len, **overrides)).to(dev)

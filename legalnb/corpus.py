@@ -18,13 +18,15 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from fastcore.basics import patch
 from tqdm import tqdm
-from .core import (LegalnbError, atomic_write, foreign_files, format_duration, jsonl_records, read_json,
-                          refuse_foreign_files, refuse_overwriting_inputs, jsonl_record, check_num_proc, model_folder)
-from .core import Output, flag_settings, followed, libc, run_writing, trim_memory, record_written
-from .core import CPT_SEQ_LEN, first_line
+from .core import (LegalnbError, atomic_write, format_duration, jsonl_records, read_json, jsonl_record,
+                          CPT_SEQ_LEN, first_line)
+from .hub import model_folder
+from .locks import foreign_files, refuse_foreign_files, refuse_overwriting_inputs, followed, record_written
+from .machine import check_num_proc, libc, trim_memory
+from .options import Output, flag_settings, run_writing
 from .sources import parse_celex, parse_date
-from .hub import dataset_card, card_configs, hub_dataset_folder, is_hub_dataset, open_hub_dataset
-from .hub import fetch_if_asked, parse_hub_dataset
+from .hub import (dataset_card, card_configs, hub_dataset_folder, is_hub_dataset, open_hub_dataset,
+                         fetch_if_asked, parse_hub_dataset)
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'FLOOR_ROOM', 'MIX_HELDOUT', 'MIX_MAX_SHARE',
@@ -896,7 +898,7 @@ def _fill_mix_shard(stream: _MixStream, flow: Iterator, want: int, flush: int, a
     while stream.open: next(flow)
 
 # %% ../nbs/02_corpus.ipynb #a5e1c0d3
-from .core import say_once
+from .machine import say_once
 
 MIX_MAX_PASSES = 16   # a source read more often than this is refused: repeated text past ~16 epochs adds almost
                       # nothing (Muennighoff et al., "Scaling Data-Constrained Language Models", arXiv 2305.16264)

@@ -14,9 +14,10 @@ import numpy as np
 import torch
 from fastcore.basics import patch
 from tqdm.auto import tqdm
-from .core import LegalnbError, loader_workers, read_json, refuse_overwriting_inputs
-from .core import Output, bookkeeping, flag_settings, followed, run_writing
-from .core import CPT_SEQ_LEN, PRESET_VOCAB, VAL_SHARE
+from .core import LegalnbError, read_json, CPT_SEQ_LEN, PRESET_VOCAB, VAL_SHARE
+from .locks import refuse_overwriting_inputs, bookkeeping, followed
+from .machine import loader_workers
+from .options import Output, flag_settings, run_writing
 from .models import DEFAULT_MODEL, get_model
 
 # %% auto #0

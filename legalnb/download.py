@@ -18,7 +18,8 @@ from tqdm.auto import tqdm
 from urllib3.util.retry import Retry
 
 from . import __version__
-from .core import LegalnbError, Output, atomic_write, flag_settings, run_writing
+from .core import LegalnbError, atomic_write
+from .options import Output, flag_settings, run_writing
 from .sources import CELEX_TYPES, EU_LANGUAGES, MANIFEST, parse_celex, read_manifest
 from .sources import _listed, iso_date, language_codes, type_names
 

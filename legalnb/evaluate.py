@@ -19,11 +19,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .core import (LegalnbError, atomic_write, command_parser, cuda_capability, jsonl_records, read_json,
-                   refuse_foreign_files, refuse_overwriting_inputs, resolve_device, resolve_precision)
-from .core import GPU_HOUR_PRICE, Output, flag_settings, refuse_oversized, refuse_unowned, run_writing
-from .core import hub_cache, hub_snapshot, is_hub_name, model_folder
-from .hub import fetch_if_asked, hub_dataset_folder, is_hub_dataset, parse_hub_dataset
+from .core import LegalnbError, atomic_write, jsonl_records, read_json, GPU_HOUR_PRICE
+from .hub import (hub_cache, hub_snapshot, is_hub_name, model_folder, fetch_if_asked, hub_dataset_folder,
+                         is_hub_dataset, parse_hub_dataset)
+from .locks import refuse_foreign_files, refuse_overwriting_inputs, refuse_unowned
+from .machine import cuda_capability, resolve_device, resolve_precision, refuse_oversized
+from .options import command_parser, Output, flag_settings, run_writing
 from .models import decoder_of, load_native, model_kind, native_tokenizer, refuse_pickled_weights
 from .export import legalnb_remote_code
 from .heldout import (EVAL_FORMAT, heldout_path, decade_of, read_heldout, _DTYPES, HF_DEFAULT_CONTEXT,

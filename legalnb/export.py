@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 
-from .core import LegalnbError, refuse_foreign_files, refuse_overwriting_inputs, read_json
-from .core import GPU_HOUR_PRICE, format_duration, is_hub_name, markdown_table
-from .core import Output, flag_settings, followed, run_writing, record_as, recorded_by
+from .core import LegalnbError, read_json, GPU_HOUR_PRICE, format_duration, markdown_table
+from .locks import refuse_foreign_files, refuse_overwriting_inputs, followed, record_as, recorded_by
+from .options import Output, flag_settings, run_writing
 from .models import MODELS
-from .hub import LEGALNB_TAG, check_push, push_folder
+from .hub import LEGALNB_TAG, check_push, is_hub_name, push_folder
 
 # %% auto #0
 __all__ = ['CARD', 'CARD_LICENSE', 'SHARED_FILES', 'EXPORT_FILES', 'TRUST_HINT', 'export_tokenizer', 'stage_flags_of',

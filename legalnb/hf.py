@@ -14,10 +14,12 @@ import numpy as np
 import torch
 from fastcore.basics import patch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
-from .core import (LegalnbError, PRECISIONS, CommandParser, atomic_write, command_parser, cuda_capability,
-                          first_line, flag_settings, format_duration, jsonl_records, loader_workers, model_folder,
-                          read_json, refuse_foreign_files, refuse_overwriting_inputs, resolve_device,
-                          resolve_precision, usable_cores)
+from .core import LegalnbError, atomic_write, first_line, format_duration, jsonl_records, read_json
+from .hub import model_folder
+from .locks import refuse_foreign_files, refuse_overwriting_inputs
+from .machine import (PRECISIONS, cuda_capability, loader_workers, resolve_device, resolve_precision,
+                             usable_cores)
+from .options import CommandParser, command_parser, flag_settings
 from .presets import (BATCH_LR_RULES, PRESET_NAMES, Preset, accum_at, batch_lr_factor, get_preset, lora_steps,
                              packed_accumulation, parse_batch_schedule, steps_holding)
 from .metrics import (MetricsFile, metric_lines, notify, parse_report_to, check_trackers, report_to_flag,
@@ -1413,7 +1415,7 @@ def finetune_parser() -> CommandParser:
 # %% ../nbs/06_hf.ipynb #39582589
 def finetune_main(argv: list[str]) -> int:
     "`legalnb finetune ARGV`; under a launcher, the process group is taken down before the process exits."
-    from legalnb.core import Output, run_writing
+    from legalnb.options import Output, run_writing
     main_rank = int(os.environ.get('RANK', 0)) == 0   # rank 0 locks and records --out (under a launcher)
     args = dict(vars(finetune_parser().parse_args(argv)), command=shlex.join(argv))
     if main_rank and all(args.get(k) for k in ('model', 'data', 'out')):   # an input as --out, a file: said first

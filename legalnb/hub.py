@@ -4,17 +4,85 @@
 
 # %% ../nbs/00c_hub.ipynb #1e070f7d
 from __future__ import annotations
-import os, re, sys
+import hashlib, json, os, re, shutil, sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .core import HUB_OFFLINE_MARK, MODEL_FILES, LegalnbError, first_line, hub_snapshot, is_hub_name
+from .core import LegalnbError, first_line
 
 # %% auto #0
-__all__ = ['HUB_PREFIX', 'DATA_FILES', 'TEXT_FIELDS', 'LANG_FIELDS', 'LEGALNB_TAG', 'hub_online', 'hub_errors', 'fetch_model',
-           'fetch_if_asked', 'HubDataset', 'is_hub_dataset', 'parse_hub_dataset', 'card_files', 'card_configs',
-           'dataset_card', 'hub_dataset_folder', 'open_hub_dataset', 'check_push', 'made_by_legalnb', 'push_folder']
+__all__ = ['MODEL_FILES', 'HUB_OFFLINE_MARK', 'HUB_PREFIX', 'DATA_FILES', 'TEXT_FIELDS', 'LANG_FIELDS', 'LEGALNB_TAG',
+           'hub_cache', 'hub_cache_at', 'is_hub_name', 'hub_snapshot', 'model_folder', 'add_to_hub_cache', 'hub_online',
+           'hub_errors', 'fetch_model', 'fetch_if_asked', 'HubDataset', 'is_hub_dataset', 'parse_hub_dataset',
+           'card_files', 'card_configs', 'dataset_card', 'hub_dataset_folder', 'open_hub_dataset', 'check_push',
+           'made_by_legalnb', 'push_folder']
+
+# %% ../nbs/00c_hub.ipynb #6ef34d8e
+MODEL_FILES = ['model*.safetensors', 'adapter_model.safetensors', 'model.safetensors.index.json', 'config.json',
+               'adapter_config.json', 'generation_config.json', 'tokenizer.json', 'tokenizer_config.json',
+               'special_tokens_map.json', 'added_tokens.json', 'tokenizer.model', 'vocab.json', 'merges.txt',
+               'vocab.txt', 'chat_template.jinja', 'chat_template.json']   # what legalnb reads: no pickles, no Python
+HUB_OFFLINE_MARK = 'LEGALNB_HUB_OFFLINE'   # set beside HF_HUB_OFFLINE=1 when the legalnb command, not the user, set it
+
+def hub_cache() -> Path:
+    "The Hugging Face cache `hf download` fills, as huggingface_hub read it at import ($HF_HUB_CACHE, $HF_HOME/hub)."
+    from huggingface_hub import constants
+    return Path(constants.HF_HUB_CACHE)
+
+@contextmanager
+def hub_cache_at(folder: str | Path):
+    "Use `folder` as the Hugging Face cache inside the block (huggingface_hub reads $HF_HOME once, at import)."
+    from huggingface_hub import constants
+    saved, constants.HF_HUB_CACHE = constants.HF_HUB_CACHE, str(folder)
+    try: yield Path(folder)
+    finally: constants.HF_HUB_CACHE = saved
+
+def is_hub_name(name: str) -> bool:
+    "Whether `name` reads as a model's name on the Hugging Face Hub, org/name (a relative path of two parts may too)."
+    name = str(name)
+    return bool(re.fullmatch(r'[\w-][\w.-]*/[\w-][\w.-]*', name)) and '--' not in name and '..' not in name
+
+def hub_snapshot(name: str, repo_type: str = 'model',   # 'dataset': a dataset's
+                 files: list[str] = MODEL_FILES) -> Path:   # the patterns of the files legalnb reads
+    "The folder of `name` (org/name) in the Hugging Face cache, found without the network."
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
+    cache, what = hub_cache(), 'model' if repo_type == 'model' else repo_type
+    how = f'`hf download {name}{"" if repo_type == "model" else " --repo-type " + repo_type}` or --download'
+    try: return Path(snapshot_download(name, repo_type=repo_type, local_files_only=True, allow_patterns=files))
+    except IncompleteSnapshotError:
+        raise LegalnbError(f'{name}: its download into the Hugging Face cache {cache} is incomplete; run {how} '
+                           'again') from None
+    except LocalEntryNotFoundError:
+        raise LegalnbError(f'{name}: no such folder, and no {what} {name} in the Hugging Face cache {cache}; download '
+                           f'it with {how} (HF_HOME decides where it goes), or give a {what} folder') from None
+
+def model_folder(model: str | Path) -> Path:
+    "The folder of `model`: a folder here (it wins over the cache), else org/name's snapshot in the Hugging Face cache."
+    p = Path(model)
+    return hub_snapshot(str(model)) if not p.exists() and is_hub_name(str(model)) else p
+
+# %% ../nbs/00c_hub.ipynb #c2770792
+def add_to_hub_cache(folder: str | Path,               # a model folder (save_pretrained), or a dataset's files
+                     name: str,                        # its name on the Hub, org/name
+                     cache: str | Path | None = None,  # the cache (default: `hub_cache()`)
+                     repo_type: str = 'model',         # 'dataset': laid out as a dataset's
+                    ) -> Path:                         # the snapshot folder
+    "Put `folder` into a Hugging Face cache as `hf download` lays a repository out (blobs, refs/main, "
+    "snapshots/COMMIT)."
+    from huggingface_hub.file_download import repo_folder_name
+    repo = Path(cache or hub_cache())/repo_folder_name(repo_id=name, repo_type=repo_type)
+    files = {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(Path(folder).rglob('*')) if p.is_file()}
+    commit = hashlib.sha1(json.dumps({str(k): v for k, v in files.items()}).encode()).hexdigest()
+    for rel, digest in files.items():
+        blob, link = repo/'blobs'/digest, repo/'snapshots'/commit/rel
+        blob.parent.mkdir(parents=True, exist_ok=True); link.parent.mkdir(parents=True, exist_ok=True)
+        if not blob.exists(): shutil.copyfile(Path(folder)/rel, blob)
+        if not link.is_symlink(): link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo/'refs').mkdir(parents=True, exist_ok=True); (repo/'refs'/'main').write_text(commit)
+    return repo/'snapshots'/commit
 
 # %% ../nbs/00c_hub.ipynb #c4c2ab35
 @contextmanager

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from fastcore.basics import patch
-from .core import LegalnbError, atomic_write, model_folder, read_json, refuse_oversized
-from .core import PRESET_VOCAB
+from .core import LegalnbError, atomic_write, read_json, PRESET_VOCAB
+from .hub import model_folder
+from .machine import refuse_oversized
 
 # %% auto #0
 __all__ = ['DEFAULT_MODEL', 'MODELS', 'CONFIG_CONTRACT', 'MODEL_CONTRACT', 'MAX_LAYERS', 'MAX_CONTEXT', 'MAX_PARAMS',

@@ -7,8 +7,8 @@ from __future__ import annotations
 import functools, math, re, sys
 from dataclasses import dataclass, replace
 from fastcore.basics import patch
-from .core import LegalnbError, PRECISIONS, resolve_precision
-from .core import CPT_SEQ_LEN, PRESET_VOCAB, SCRATCH_SEQ_LEN
+from .core import LegalnbError, CPT_SEQ_LEN, PRESET_VOCAB, SCRATCH_SEQ_LEN
+from .machine import PRECISIONS, resolve_precision
 from collections.abc import Mapping
 from .models import MODELS, get_model
 
@@ -72,7 +72,7 @@ def find_gpu(name: str) -> GPU:
 def gpu_precision(precision: str,       # 'auto', 'bf16', 'fp16' or 'fp32'
                   gpu: GPU | None       # the card the run is sized for; None: no GPU
                  ) -> str:
-    "`core.resolve_precision` for a card of the table: 'bf16', 'fp16' or 'fp32'."
+    "`machine.resolve_precision` for a card of the table: 'bf16', 'fp16' or 'fp32'."
     return resolve_precision(precision, gpu.compute_capability if gpu else None)
 
 def peak_tflops(gpu: GPU, precision: str = 'auto') -> float:

@@ -8,13 +8,12 @@ import argparse, functools, hashlib, json, math, os, re, shlex, shutil, sys, tim
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from .core import LegalnbError, atomic_write, command_parser
 from typing import Callable, Iterable, NamedTuple
+from .core import LegalnbError, atomic_write
+from .options import command_parser
 from .commands import (add_dotted_flags, command_config, command_flags, command_options, command_run, command_values,
                        command_words, is_scalar, shown)
-from .core import format_duration
-from .core import GPU_HOUR_PRICE, read_json
-from .core import PRESET_VOCAB, SCRATCH_SEQ_LEN, VAL_SHARE
+from .core import format_duration, GPU_HOUR_PRICE, read_json, PRESET_VOCAB, SCRATCH_SEQ_LEN, VAL_SHARE
 from .models import DEFAULT_MODEL
 from .hub import fetch_if_asked, is_hub_dataset
 
@@ -544,7 +543,7 @@ def _second_finetune(own: dict, first: dict, b: dict, work: Path, stage_to: str 
 def _hf_model(model: str, base: Path) -> str | None:
     "The folder of a Hugging Face `model`: a folder (from the plan's), or org/name's snapshot in the Hugging Face "
     "cache; None for a registered architecture."
-    from legalnb.core import hub_snapshot, is_hub_name
+    from legalnb.hub import hub_snapshot, is_hub_name
     from legalnb.models import MODELS
     if model in MODELS: return None
     p = Path(model) if Path(model).is_absolute() else base/model
@@ -784,7 +783,7 @@ def confirm(yes: bool, what: str = 'start training') -> bool:
 def staged_files(src: Path) -> dict[str, Path]:
     "What training reads from a split (or corpus) folder, by its path in a copy: every file, links followed, and "
     "each row file's document starts (a split links into the corpus; its doc_starts/ go beside the copied rows)."
-    from legalnb.core import bookkeeping
+    from legalnb.locks import bookkeeping
     from legalnb.data import doc_starts_file
     if rows := sorted(src.rglob('rows.json')):
         raise LegalnbError(f'--stage-to: {rows[0]} lists row ranges of files elsewhere; --stage-to copies splits '
@@ -821,7 +820,7 @@ def stage_split(split: Path, dest: Path, progress: bool = True) -> Path:
     "Copy what training reads from `split` (shards, their document starts, manifest, tokenizer) to `dest`, each "
     "file's content checked by SHA-256 (the manifest's, or computed once from the source); `dest`."
     from tqdm.auto import tqdm
-    from legalnb.core import output_folder, remove_owned
+    from legalnb.locks import output_folder, remove_owned
     with output_folder(dest, 'legalnb run --stage-to', flag='--stage-to') as dest:
         files, known = staged_files(split), _known_sha256(split)
         done = read_record(dest, 'staged').get('files') or {}
@@ -1016,7 +1015,7 @@ def run_plan(plan: RunPlan,                      # what to run: `read_plan` and 
              ours: Iterable[str] = ()            # the caller's own names in the work folder (the quickstart's)
             ) -> dict:
     "Check the plan, then run the stages that are not up to date; the training summary (or the stop) and the stages."
-    from legalnb.core import output_folder, refuse_unowned, remove_owned
+    from legalnb.locks import output_folder, refuse_unowned, remove_owned
     r, budget = plan.run, budget_of(plan.run)
     if r.download: fetch_if_asked(True, r.model)   # before it is resolved
     stages, top = build_stages(plan, r.stage_to)

@@ -15,7 +15,9 @@ from typing import Iterator
 from xml.sax.saxutils import escape
 from fastcore.basics import patch
 
-from .core import LegalnbError, Output, flag_settings, followed, run_writing
+from .core import LegalnbError
+from .locks import followed
+from .options import Output, flag_settings, run_writing
 from .sources import _QUOTES, _quote_mark, celex_from_number, formex_text
 
 # %% auto #0

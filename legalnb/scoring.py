@@ -17,9 +17,10 @@ import yaml
 from fastcore.basics import adict, patch
 from tqdm.auto import tqdm
 
-from .core import (LegalnbError, atomic_write, jsonl_records, parse_count, parse_number,
-                          refuse_overwriting_inputs, usable_cores, check_num_proc)
-from .core import flag_settings, holder_alive
+from .core import LegalnbError, atomic_write, jsonl_records, parse_count, parse_number
+from .locks import refuse_overwriting_inputs, holder_alive
+from .machine import usable_cores, check_num_proc
+from .options import flag_settings
 from .sources import Document, DOC_TYPES, EU_LANGUAGES, write_jsonl, record_fields, skip_reason, _pool, in_order
 from .sources import iso_date, language_codes, type_names
 
@@ -976,17 +977,16 @@ def _select_folder(where: Path) -> Iterator[Path]:
 
 # %% ../nbs/01_scoring.ipynb #399399fd
 def top_count(text: str) -> int:
-    "A number of documents of at least 1 from '10000', '10,000' or '10K' (a flag type: core's parser names the flag)."
+    "A number of documents of at least 1 from '10000', '10,000' or '10K' (a flag type: command_parser names the flag)."
     if (n := parse_number(text)) < 1 or n != int(n):
         raise LegalnbError(f'expected a whole number of documents of at least 1, such as 10000 or 10K, got {text!r}')
     return int(n)
 
 def token_target(text: str) -> int:
-    "A token budget of at least 1 from '2,000,000', '2e9', '500M' or '2B' (a flag type: core's parser names the flag)."
+    "A token budget of at least 1 from '2,000,000', '2e9', '500M' or '2B' (a flag type: command_parser names the flag)."
     if (n := parse_count(text)) < 1:
         raise LegalnbError(f'expected at least 1 token, such as 2,000,000, 2e9, 500M, got {text!r}')
     return n
-
 
 # %% ../nbs/01_scoring.ipynb #f026edda
 @dataclass

@@ -19,9 +19,10 @@ from xml.sax.saxutils import escape
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 
-from .core import (LegalnbError, _missing_parents, atomic_write, jsonl_records, refuse_overwriting_inputs,
-                          usable_cores, check_num_proc)
-from .core import Output, flag_settings, followed, run_writing, trim_memory
+from .core import LegalnbError, _missing_parents, atomic_write, jsonl_records
+from .locks import refuse_overwriting_inputs, followed
+from .machine import usable_cores, check_num_proc, trim_memory
+from .options import Output, flag_settings, run_writing
 
 # %% auto #0
 __all__ = ['DOC_TYPES', 'FIRST_YEAR', 'CELEX_TYPES', 'LEGAL_VALUES', 'TITLE_WORDS', 'EU_LANGUAGES', 'FORMEX_BLOCKS',
@@ -239,7 +240,7 @@ def _listed(value, what: str, example: str) -> list[str]:
     return found
 
 def language_codes(text: str) -> list[str]:
-    "ISO 639-1 codes of official EU languages from 'en,de' (a flag type: core's parser names the flag)."
+    "ISO 639-1 codes of official EU languages from 'en,de' (a flag type: command_parser names the flag)."
     codes = _listed(text, 'ISO 639-1 language codes', 'en,de')
     if bad := [c for c in codes if c not in EU_LANGUAGES]:
         raise LegalnbError(f'{bad[0]!r} is not the ISO 639-1 code of an official EU language; '
@@ -254,7 +255,7 @@ def type_names(text: str) -> list[str]:
     return names
 
 def iso_date(text: str) -> date:
-    "A date from 'yyyy-mm-dd' (a flag type: core's parser names the flag); a `date` is kept as it is."
+    "A date from 'yyyy-mm-dd' (a flag type: command_parser names the flag); a `date` is kept as it is."
     if isinstance(text, date): return text
     if re.fullmatch(r'\d{4}-\d{2}-\d{2}', str(text).strip()):
         try: return date.fromisoformat(str(text).strip())
@@ -1354,7 +1355,7 @@ def _parse_or_resume(job: tuple) -> tuple[dict, bool, str | None]:
 @contextmanager
 def _exclusive(lock: Path):
     "Hold the lock file `lock` (a second parse of the same output waits), and remove it when done."
-    from legalnb.core import open_lock   # (here, not above: this cell is the only user)
+    from legalnb.locks import open_lock   # (here, not above: this cell is the only user)
     lock.parent.mkdir(parents=True, exist_ok=True)
     while True:   # the holder removes the file before letting go: a waiter that got a removed file tries again
         fd = open_lock(lock, 'legalnb parse')   # never through a link at the lock's path

@@ -14,9 +14,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from fastcore.basics import patch
-from .core import (LegalnbError, atomic_write, read_json, format_duration, parse_number, PRECISIONS, DEVICES,
-                          resolve_precision, cuda_capability, command_parser, refuse_overwriting_inputs,
-                          loader_workers, usable_cores, resolve_device)
+from .core import LegalnbError, atomic_write, read_json, format_duration, parse_number
+from .locks import refuse_overwriting_inputs
+from .machine import (PRECISIONS, DEVICES, resolve_precision, cuda_capability, loader_workers, usable_cores,
+                             resolve_device)
+from .options import command_parser
 from .models import DEFAULT_MODEL, shape_flags
 from .presets import (seq_len_at, BATCH_LR_RULES, parse_batch_schedule, accum_at, micro_steps_before,
                              batch_lr_factor)
@@ -769,7 +771,7 @@ RUN_LISTED = 'checkpoints/, metrics.jsonl, summary.json, model/ and tb/'   # the
 def run_folder(cfg: TrainConfig):
     "The trainer's guard on `cfg.out` (rank 0): locked while it trains; what it writes there (RUN_OUTPUTS) must be "
     "legalnb's, and is recorded; a link is replaced in `cfg.out` by the folder it leads to."
-    from legalnb.core import output_folder
+    from legalnb.locks import output_folder
     if int(os.environ.get('RANK', 0)) != 0: yield; return   # the other ranks: rank 0 holds the folder
     ours = lambda rel: rel.parts[0] in (*RUN_OUTPUTS, *TRACKER_FILES)   # the trackers' files too (tb/ is both)
     with output_folder(cfg.out, 'legalnb train', ours, strict=False,

@@ -14,7 +14,8 @@ import torch
 
 from legalnb.against import compare_evaluations, retained, run_facts, verdict, NO_DIFFERENCE
 from legalnb.cli import main
-from legalnb.core import OWNED as RECORD, LegalnbError
+from legalnb.core import LegalnbError
+from legalnb.locks import OWNED as RECORD
 from legalnb.corpus import train_tokenizer
 from legalnb.evaluate import (AGAINST_FILES, LN2, REPORT_FILES, RETAINED_FILES, EvalModel, bootstrap_estimate, evaluate,
                               evaluate_main, general_texts, read_general, read_heldout, write_general_texts)

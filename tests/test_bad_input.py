@@ -653,7 +653,7 @@ def legalnb(*argv, timeout: int = 300) -> subprocess.CompletedProcess:
 
 def lock_holder(folder: Path, command: str) -> subprocess.Popen:
     "A process that takes the lock of `folder` through legalnb and holds it until it is killed."
-    code = (f'import time\nfrom legalnb.core import folder_lock\nwith folder_lock({str(folder)!r}, {command!r}):\n'
+    code = (f'import time\nfrom legalnb.locks import folder_lock\nwith folder_lock({str(folder)!r}, {command!r}):\n'
             '    print("locked", flush=True); time.sleep(600)')
     p = subprocess.Popen([sys.executable, '-c', code], env=ENV, stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline() == 'locked\n'
@@ -812,7 +812,7 @@ def test_overwrite_deletes_what_its_help_says_and_nothing_else(base, tmp_path, c
 
 def test_a_run_folder_from_before_the_records_is_refused_with_the_way_out_then_resumes(base, tmp_path, capsys):
     "2. Owned: a run an older legalnb wrote (no records) is refused by `train --resume`; `legalnb own` lets it resume."
-    from legalnb.core import OWNED
+    from legalnb.locks import OWNED
     w = tmp_path/'w'
     shutil.copytree(base, w, symlinks=True)
     for record in (w/'run').rglob(OWNED): record.unlink()            # as every run folder was before the records
@@ -846,7 +846,7 @@ def lock_link(lock_rel: str, target_rel: str = 'precious.txt'):
 def record_listing(rel: str, entry: str):
     "A setup step: the ownership record of `w/rel` also lists `entry` ('{w}' is the case's folder)."
     def setup(w: Path):
-        from legalnb.core import OWNED
+        from legalnb.locks import OWNED
         (w/'precious.txt').write_text(PRECIOUS)
         rec = json.loads((w/rel/OWNED).read_text())
         rec['files'][entry.format(w=w)] = 'legalnb train'
@@ -872,7 +872,7 @@ LOCK_CASES = [  # 1. a link at the lock path: refused, its target byte for byte,
 def listed_around(entry: str):
     "A setup step: the user's file `w/proj/entry` (in a folder of theirs) is listed by a record in `w/proj`."
     def setup(w: Path):
-        from legalnb.core import OWNED
+        from legalnb.locks import OWNED
         (w/'proj'/entry).parent.mkdir(parents=True); (w/'proj'/entry).write_text(PRECIOUS)
         (w/'proj'/OWNED).write_text(json.dumps(dict(format='legalnb.owned/1', files={entry: 'legalnb run'})))
     return setup
@@ -903,7 +903,7 @@ RECORD_CASES = [  # 2. records that vouch too much: one line, nothing deleted
 
 def linked_tb(w: Path):
     "A setup step: run/tb is a link to the user's folder outside/tb, recorded as legalnb's (as `legalnb own` would)."
-    from legalnb.core import record_as
+    from legalnb.locks import record_as
     (w/'outside'/'tb').mkdir(parents=True); (w/'outside'/'tb'/'events.out').write_text(PRECIOUS)
     (w/'run'/'tb').symlink_to(w/'outside'/'tb'); record_as(w/'run', ['tb'], 'legalnb own')
 
@@ -924,7 +924,7 @@ def test_round_three_locks_and_records(name, argv, setup, expect, base, tmp_path
 
 def test_own_lists_only_the_files_named_in_a_folder_that_holds_others(base, tmp_path, capsys):
     "2. `legalnb own F --files ...` records only those, so the user's files there stay theirs."
-    from legalnb.core import owned_files
+    from legalnb.locks import owned_files
     run = tmp_path/'run'
     shutil.copytree(base/'run', run, symlinks=True)
     for record in run.rglob('.legalnb-owned.json'): record.unlink()
@@ -990,7 +990,7 @@ def test_round_three_a_tampered_parse_batch_is_parsed_again(name, tamper, expect
 def test_round_three_a_lock_held_by_a_killed_unreaped_process_is_taken_over(tmp_path):
     "A writer killed but not yet reaped by its parent (a zombie: `kill(pid, 0)` still succeeds) holds no lock."
     import socket
-    from legalnb.core import folder_lock, lock_path
+    from legalnb.locks import folder_lock, lock_path
     zombie = subprocess.Popen(['sleep', '60']); zombie.kill()
     state = lambda: Path(f'/proc/{zombie.pid}/stat').read_text().rsplit(')', 1)[1].split()[0]
     for _ in range(500):
@@ -1280,7 +1280,7 @@ def test_round_four_damaged_files(name, argv, setup, expect, base, tmp_path, cap
 
 def test_export_replaces_its_own_run_s_export_and_another_s_with_overwrite(base, tmp_path, capsys):
     "5. Exporting the same run again needs no flag; another run's needs --overwrite, then the record names it."
-    from legalnb.core import recorded_by
+    from legalnb.locks import recorded_by
     run2 = tmp_path/'run2'
     shutil.copytree(base/'run', run2, symlinks=True)
     hf = tmp_path/'hf'

@@ -202,7 +202,7 @@ def test_help_lists_every_flag_it_had():
 
 
 def test_one_home_for_numbers_durations_and_precision():
-    "The calculator's own parse_count, duration and resolve_precision are gone: core's are the only ones."
+    "The calculator's own parse_count, duration and resolve_precision are gone: core's (and machine's) are the only ones."
     for gone in ('duration', '_int_count', 'estimate_parser', 'plan_from_args', '_SUFFIX'):
         assert not hasattr(calculator, gone), gone
     assert calculator.parse_count is core.parse_count and calculator.format_duration is core.format_duration

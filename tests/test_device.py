@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from conftest import ENV, make_split, shape
-from legalnb import core
+from legalnb import machine
+from legalnb.core import LegalnbError
 from legalnb.cli import main
-from legalnb.core import NvidiaGpu, cuda_unusable, nvidia_gpus, resolve_device
+from legalnb.machine import NvidiaGpu, cuda_unusable, nvidia_gpus, resolve_device
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason='simulates a GPU that torch cannot use')
 
@@ -52,7 +53,7 @@ def gpu_machine(tmp_path, monkeypatch):
     "This process on a machine whose driver shows an H100 (the fake nvidia-smi first on PATH); its PATH."
     path = fake_smi(tmp_path/'bin', f"cat <<'EOF'\n{SMI}EOF")
     monkeypatch.setenv('PATH', path); monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
-    monkeypatch.setattr(core, '_SAID', set())
+    monkeypatch.setattr(machine, '_SAID', set())
     return path
 
 
@@ -66,13 +67,13 @@ def test_no_nvidia_smi_and_no_proc_files_is_no_gpu(tmp_path, monkeypatch, capsys
     monkeypatch.setenv('PATH', str(tmp_path))   # no nvidia-smi anywhere
     assert nvidia_gpus(tmp_path/'no-proc') == []
     assert resolve_device('auto') == torch.device('cpu') and capsys.readouterr().err == ''
-    with pytest.raises(core.LegalnbError, match='--device cuda: no CUDA GPU is visible; use --device cpu'):
+    with pytest.raises(LegalnbError, match='--device cuda: no CUDA GPU is visible; use --device cpu'):
         resolve_device('cuda')
 
 
 def test_a_hung_nvidia_smi_is_no_gpu_after_the_timeout(tmp_path, monkeypatch):
     monkeypatch.setenv('PATH', fake_smi(tmp_path/'bin', 'exec sleep 60'))
-    monkeypatch.setattr(core, 'NVIDIA_SMI_TIMEOUT', 0.5)
+    monkeypatch.setattr(machine, 'NVIDIA_SMI_TIMEOUT', 0.5)
     t = time.perf_counter()
     assert nvidia_gpus(tmp_path/'no-proc') == [] and time.perf_counter() - t < 5
 

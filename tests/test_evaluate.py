@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from legalnb.core import OWNED, LegalnbError
+from legalnb.core import LegalnbError
+from legalnb.locks import OWNED
 from legalnb.corpus import train_tokenizer
 from legalnb.evaluate import (EVAL_FORMAT, REPORT_FILES, EvalModel, LookupModel, citation_items, document_windows,
                               EvaluateConfig, evaluate, evaluate_main, extract_citations, generate, generate_ids,

@@ -5,7 +5,8 @@ import json, os, subprocess, sys, sysconfig, textwrap
 import pytest
 import torch
 
-from legalnb.core import OWNED, LegalnbError
+from legalnb.core import LegalnbError
+from legalnb.locks import OWNED
 from legalnb.corpus import train_tokenizer
 from legalnb.export import EXPORT_FILES, export_main, export_model
 from legalnb.gpt import GPTConfig, GPTLanguageModel

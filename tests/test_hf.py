@@ -11,7 +11,7 @@ from legalnb.hf import (LoraSettings, PackedCollator, TINY_ARCHS, add_lora, buil
                         encode_examples, load_hf_model, lora_target_modules, merge_adapter, pack_examples, packs_without_leakage,
                         right_size_length, sft_dataset, tiny_config, training_args_from_preset, write_demo_shards,
                         write_launch_configs)
-from legalnb import core, hf
+from legalnb import core, hf, machine
 from legalnb.core import LegalnbError
 from legalnb.sources import write_jsonl
 
@@ -177,7 +177,7 @@ def test_training_args_from_preset_say_why(capsys, tmp_path):
     assert args.gradient_accumulation_steps == 64 and args.max_steps == 40_000
     assert (args.save_steps, args.save_total_limit) == (2000, 3), "the workflow's every 2,000 steps, keeping 3"
     args = training_args_from_preset(p, tmp_path, verbose=False)
-    assert args.dataloader_num_workers == min(4, core.usable_cores()) and args.dataloader_prefetch_factor == 4
+    assert args.dataloader_num_workers == min(4, machine.usable_cores()) and args.dataloader_prefetch_factor == 4
     assert args.bf16 == (torch.cuda.is_available() and torch.cuda.get_device_capability(0) >= (8, 0))
     assert training_args_from_preset(replace(p, precision='fp32'), tmp_path, verbose=False).bf16 is False
 
@@ -374,7 +374,7 @@ def test_users_files_in_the_run_folder_are_refused_and_kept(folder, capsys):
 
 def test_one_precision_rule_and_one_jsonl_reader():
     assert not hasattr(hf, 'hardware_precision') and 'hardware_precision' not in hf.__all__
-    assert hf.resolve_precision is core.resolve_precision and hf.jsonl_records is core.jsonl_records
+    assert hf.resolve_precision is machine.resolve_precision and hf.jsonl_records is core.jsonl_records
 
 
 def test_finetune_help_keeps_every_flag(capsys):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from legalnb.cli import main
-from legalnb.core import add_to_hub_cache
+from legalnb.hub import add_to_hub_cache
 
 NAME = 'legal-org/tiny-llama'
 QUICK = ['--citations', '0', '--samples', '0', '--rouge', '0', '--bootstrap', '0', '--general', 'none', '--device', 'cpu',

@@ -1,7 +1,7 @@
 "Presets and the GPU table: the issue's values, lookups by device name, refusals that name the valid choices."
 import math, subprocess, sys
 import pytest
-from legalnb import core, presets
+from legalnb import machine, presets
 from legalnb.core import LegalnbError
 from legalnb.presets import GPUS, PRESETS, SIZE_BATCHES, Preset, find_gpu, get_preset, gpu_precision, peak_tflops
 
@@ -67,12 +67,12 @@ def test_refusals_name_the_choices():
         Preset('cpt', 'full', 2e-5, 40_000, 4096, 64, 2, 16, 'auto', 1000, 4, None, 'deepspeed-zero3', '')
 
 
-def test_one_precision_rule_from_core():
-    "presets keeps the GPU table; the precision rule and PRECISIONS are core's (no second copy)."
-    assert presets.PRECISIONS is core.PRECISIONS and presets.resolve_precision is core.resolve_precision
+def test_one_precision_rule_from_machine():
+    "presets keeps the GPU table; the precision rule and PRECISIONS are machine's (no second copy)."
+    assert presets.PRECISIONS is machine.PRECISIONS and presets.resolve_precision is machine.resolve_precision
     assert 'PRECISIONS' not in presets.__all__ and 'resolve_precision' not in presets.__all__
     for key, gpu in GPUS.items():
-        assert gpu_precision('auto', gpu) == core.resolve_precision('auto', gpu.compute_capability), key
+        assert gpu_precision('auto', gpu) == machine.resolve_precision('auto', gpu.compute_capability), key
     assert gpu_precision('auto', None) == 'fp32'
     with pytest.raises(LegalnbError, match="precision must be one of auto, bf16, fp16, fp32, got 'int8'"):
         peak_tflops(GPUS['h100-sxm'], 'int8')

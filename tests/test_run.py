@@ -399,15 +399,15 @@ def test_each_command_parser_is_built_once_in_a_run(monkeypatch, tmp_path):
     "Planning a run reads every stage's flags, checks them and resolves the training config: each command's parser is "
     "built once for all of it (it was up to five times for `legalnb train`)."
     from collections import Counter
-    from legalnb import commands, core, evaluate, hf, run, train
-    for cached in (commands.command_flags, core._parser_of, train.train_parser, hf.finetune_parser, evaluate.evaluate_parser,
+    from legalnb import commands, evaluate, hf, options, run, train
+    for cached in (commands.command_flags, options._parser_of, train.train_parser, hf.finetune_parser, evaluate.evaluate_parser,
                    run.run_parser):
         cached.cache_clear()
-    built, real = Counter(), core.command_parser
+    built, real = Counter(), options.command_parser
     def counting(func, prog, *args, **kwargs):
         built[prog] += 1
         return real(func, prog, *args, **kwargs)
-    for module in (core, evaluate, hf, run, train): monkeypatch.setattr(module, 'command_parser', counting)
+    for module in (options, evaluate, hf, run, train): monkeypatch.setattr(module, 'command_parser', counting)
     stages, top = run.build_stages(run.plan_of({'input': ['formex'], 'out': str(tmp_path/'work'), 'baseline': 'gpt'}))
     run.check_plan(stages, top)
     train.config_from_args(next(s for s in stages if s.name == 'train').argv)

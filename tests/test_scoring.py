@@ -249,7 +249,7 @@ def test_a_failed_select_into_a_new_folder_leaves_no_folder(tmp_path, capsys):
 
 def test_select_flags_are_kept():
     "Every flag `legalnb select` had before it was declared as a function is still there."
-    from legalnb.core import command_parser
+    from legalnb.options import command_parser
     from legalnb.scoring import SelectConfig
     want = set(json.loads((Path(__file__).parent/'fixtures'/'cli_flags.json').read_text())['select'])
     have = {o for a in command_parser(SelectConfig, 'legalnb select')._actions for o in a.option_strings}

@@ -21,7 +21,7 @@ def legalnb(*args) -> subprocess.CompletedProcess:
 
 def tree_digest(folder: Path) -> str:
     "One hash over the names and bytes of every file under `folder` (legalnb's record of what it wrote left out)."
-    from legalnb.core import bookkeeping
+    from legalnb.locks import bookkeeping
     h = hashlib.sha256()
     for p in sorted(folder.rglob('*')):
         if p.is_file() and not bookkeeping(p.name): h.update(str(p.relative_to(folder)).encode() + b'\0' + p.read_bytes())
@@ -325,7 +325,7 @@ def test_sample_folder_mode_follows_the_umask(tmp_path):
 
 def test_sample_and_parse_flags_are_kept():
     "Every flag the commands had before they were declared as functions is still there."
-    from legalnb.core import command_parser
+    from legalnb.options import command_parser
     from legalnb.sources import ParseConfig
     from legalnb.sample import SampleConfig
     want = json.loads((Path(__file__).parent/'fixtures'/'cli_flags.json').read_text())

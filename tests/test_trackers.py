@@ -160,7 +160,7 @@ def hf_work(tmp_path_factory):
 def test_finetune_reports_to_tensorboard_and_a_resume_continues_its_mlflow_and_wandb_runs(hf_work, tmp_path,
                                                                                           monkeypatch, capsys):
     wandb = pytest.importorskip('wandb')
-    from legalnb.core import Output, run_writing
+    from legalnb.options import Output, run_writing
     from legalnb.hf import _run_file, finetune_command, finetune_parser
     out = tmp_path/'run'
     flags = ['--model', str(hf_work/'model'), '--data', str(hf_work/'sft.jsonl'), '--out', str(out), '--max-steps', '4',
@@ -238,7 +238,7 @@ def test_a_damaged_trackers_json_or_tracker_environment_is_one_line_before_anyth
 def test_finetune_killed_after_a_checkpoint_and_resumed_is_one_run_in_tensorboard(hf_work, tmp_path, capsys):
     "The first try fails at step 3, after its checkpoint at step 2 and its log of step 3 (a deterministic kill); the "
     "resumed try logs step 3 again: TensorBoard's reader shows each step once. A damaged trackers.json is refused first."
-    from legalnb.core import Output, run_writing
+    from legalnb.options import Output, run_writing
     from legalnb.hf import _run_file, finetune_command, finetune_parser
     out = tmp_path/'run'
     flags = ['--model', str(hf_work/'model'), '--data', str(hf_work/'sft.jsonl'), '--out', str(out), '--max-steps', '4',
