@@ -76,6 +76,7 @@ SELECT DISTINCT ?celex ?date ?lang ?format ?manif WHERE {{
 class Offer(dict):
     "One manifestation CELLAR offers: celex, lang (ISO 639-1), format, uri (its canonical CELLAR URI), date."
 
+# %% ../nbs/00b_download.ipynb #62396388
 def offers(answer, where: str = 'the SPARQL endpoint') -> list[Offer]:
     "The manifestations of a SPARQL JSON answer; a value of the wrong kind is one error naming the row."
     rows = answer.get('results', {}).get('bindings') if isinstance(answer, dict) else None
@@ -91,6 +92,7 @@ def offers(answer, where: str = 'the SPARQL endpoint') -> list[Offer]:
         found.append(Offer(celex=celex, lang=lang, format=fmt, uri=uri, date=get('date')[:10] or None))
     return found
 
+# %% ../nbs/00b_download.ipynb #7781b6cb
 def choose(found: list[Offer], formats: tuple = FORMATS) -> list[Offer]:
     "Per act and language the offer in the first format of `formats` (the lowest URI of several), sorted."
     best = {}
@@ -144,6 +146,7 @@ class ZipLimits:
     total: int = 2 << 30
     ratio: float = 200.0
 
+# %% ../nbs/00b_download.ipynb #8295ba04
 def _member(info: zipfile.ZipInfo) -> PurePosixPath:
     "A member's path inside its folder, or an error naming why it would leave it."
     name = info.filename.replace('\\', '/')
@@ -185,6 +188,7 @@ def _sha256(path: Path) -> str:
         while block := f.read(1 << 20): h.update(block)
     return h.hexdigest()
 
+# %% ../nbs/00b_download.ipynb #c0c8d211
 def _get(s: requests.Session, url: str, headers: dict, timeout: float, hops: int = 5) -> requests.Response:
     "The streamed answer to GET `url`, redirects followed on the same host only (CELLAR's 303s)."
     for _ in range(hops + 1):
@@ -196,6 +200,7 @@ def _get(s: requests.Session, url: str, headers: dict, timeout: float, hops: int
         url = to
     raise LegalnbError(f'more than {hops} redirects')
 
+# %% ../nbs/00b_download.ipynb #806ad239
 def _body(s: requests.Session, url: str, headers: dict, timeout: float, dest: Path, limit: int) -> str:
     "Stream the body at `url` into `dest`; its content type. A short body, a status not 200: an error."
     with _get(s, url, headers, timeout) as r:
@@ -212,6 +217,7 @@ def _body(s: requests.Session, url: str, headers: dict, timeout: float, dest: Pa
             raise LegalnbError(f'the body ended after {n:,} of {int(want):,} bytes')
         return r.headers.get('Content-Type', '')
 
+# %% ../nbs/00b_download.ipynb #497c974d
 def _check_type(fmt: str, ctype: str, path: Path):
     "Refuse a body that is not what `fmt` asked: a zip for Formex, an (X)HTML page otherwise."
     head = path.read_bytes()[:4096] if path.stat().st_size else b''
@@ -320,12 +326,14 @@ class DownloadConfig:
             if not re.match(r'https?://[^\s/]+', url):
                 raise LegalnbError(f'{flag}: expected an http(s) URL, got {url!r}')
 
+# %% ../nbs/00b_download.ipynb #9d02da02
 def _celex(c: str, where: str) -> str:
     c = str(c).strip().upper()
     try: parse_celex(c)
     except LegalnbError as e: raise LegalnbError(f'{where}: {e}') from None
     return c
 
+# %% ../nbs/00b_download.ipynb #f641ad81
 def _celex_lines(path: Path) -> list[str]:
     "The CELEX numbers of a file, one a line; a bad one names its line."
     try: lines = path.read_text(encoding='utf-8').splitlines()
@@ -405,6 +413,7 @@ def download_command(cfg: DownloadConfig) -> int:
     for f in m['failed'][:20]: print(f'  failed: {f["celex"]} {f["lang"]}: {f["reason"]}')
     return 1 if m['failed'] else 0
 
+# %% ../nbs/00b_download.ipynb #6f1bf76e
 def download_run(cfg: DownloadConfig) -> int:
     "`legalnb download` with its folder locked and recorded; `--dry-run` asks the endpoint and writes nothing."
     if cfg.dry_run:
@@ -413,5 +422,6 @@ def download_run(cfg: DownloadConfig) -> int:
     return run_writing(lambda out: download_command(replace(cfg, out=out)), {'out': cfg.out}, 'legalnb download',
                        [Output()])
 
+# %% ../nbs/00b_download.ipynb #8703be6a
 def download_main(argv: list[str]) -> int:
     return download_run(DownloadConfig(**flag_settings(DownloadConfig, 'legalnb download', argv)))

@@ -142,6 +142,7 @@ def open_root(self: _Writer, tag: str) -> str:
     return (f'<?xml version="1.0" encoding="UTF-8"?>\n<{tag} xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
             f'xsi:noNamespaceSchemaLocation="http://formex.publications.europa.eu/schema/{_SCHEMA[self.fmx]}">')
 
+# %% ../nbs/00a_sample.ipynb #e5871491
 @patch
 def no_doc(self: _Writer) -> str:
     "The act's number: Formex 4 writes number, year, series; Formex 6 series, year, number."
@@ -150,6 +151,7 @@ def no_doc(self: _Writer) -> str:
     if self.fmx == 4: return f'<NO.DOC FORMAT="NY" TYPE="OJ">{number}{year}{series}</NO.DOC>'
     return f'<NO.DOC FORMAT="YN" TYPE="OJ">{series}{year}{number}</NO.DOC>'
 
+# %% ../nbs/00a_sample.ipynb #1f4e5e5f
 @patch
 def bib_instance(self: _Writer, wrapper_file: str, seq: str) -> str:
     a, LG = self.act, self.lang.upper()
@@ -173,6 +175,7 @@ def preamble(self: _Writer) -> str:
     return (''.join(out) + '</GR.CONSID>'
             + f'<PREAMBLE.FINAL><P>{escape(w["adopted"][self.t])}</P></PREAMBLE.FINAL></PREAMBLE>')
 
+# %% ../nbs/00a_sample.ipynb #376f7a8f
 @patch
 def article(self: _Writer, n: int, paragraphs: list[list[str]]) -> str:
     "An article: its heading, then one ALINEA, or numbered PARAGs when it has several paragraphs."
@@ -182,6 +185,7 @@ def article(self: _Writer, n: int, paragraphs: list[list[str]]) -> str:
     return head + ''.join(f'<PARAG IDENTIFIER="{n:03d}.{i:03d}"><NO.PARAG>{i}.</NO.PARAG><ALINEA>{t}</ALINEA></PARAG>'
                           for i, t in enumerate(texts, 1)) + '</ARTICLE>'
 
+# %% ../nbs/00a_sample.ipynb #e007fc98
 @patch
 def enacting_terms(self: _Writer) -> str:
     sentences = self.w['sentences']
@@ -383,6 +387,7 @@ def amended(act: SampleAct, rng: random.Random, share: float = 1 / 7, new_articl
     return replace(act, articles=articles, recitals=[swap(i, 6) for i in act.recitals],
                    deadline=act.deadline + timedelta(days=rng.randint(100, 700)))
 
+# %% ../nbs/00a_sample.ipynb #ae538524
 def sample_versions(act: SampleAct, lang: str, rng: random.Random) -> list[tuple[SampleAct, date]]:
     "One to five consolidated versions of an act, each amending the one before, dated after the act (before 2026)."
     out, day = [], act.day
@@ -392,6 +397,7 @@ def sample_versions(act: SampleAct, lang: str, rng: random.Random) -> list[tuple
         act = amended(out[-1][0] if out else act, rng, share=1 / 20); out.append((act, day))   # a few articles amended
     return out
 
+# %% ../nbs/00a_sample.ipynb #550e8d5b
 @patch
 def consolidated(self: _Writer, day: date, uid: str) -> list[tuple[str, str]]:
     "(path, XML) of a consolidated version dated `day`: a Formex `CONS.ACT` (its text in `CONS.DOC`) and its wrapper."
@@ -419,6 +425,7 @@ def consolidated(self: _Writer, day: date, uid: str) -> list[tuple[str, str]]:
 # %% ../nbs/00a_sample.ipynb #ee1c07dc
 def _uid(rng: random.Random) -> str: return str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
+# %% ../nbs/00a_sample.ipynb #760d74d7
 def _copy(act: SampleAct, seed: int, used: set) -> SampleAct:
     "The act published again under another number, a sentence in fifty replaced: a near-duplicate of it."
     rng = random.Random(f'{seed}/{act.celex}/copy')
@@ -475,6 +482,7 @@ def _replace_folder(new: Path, dest: Path):
         finally: shutil.rmtree(old, ignore_errors=True)
     else: raise LegalnbError(f'{dest}: could not replace it; is another process writing it?')
 
+# %% ../nbs/00a_sample.ipynb #b739f5dc
 def _write_publications(tmp: Path, docs: int, seed: int, dump: dict | None = None) -> dict:
     "Write the sample's publications and its `sample.json` into the folder `tmp`; return the manifest."
     manifest = dict(seed=seed, docs=docs, **({'dump': dump} if dump else {}), publications=[])
@@ -562,6 +570,7 @@ class SampleConfig:
 
     def __post_init__(self): check_sample(self.docs, self.xhtml, self.versions, self.copies)
 
+# %% ../nbs/00a_sample.ipynb #85fad11f
 def sample_command(cfg: SampleConfig) -> int:
     "`legalnb sample` from its config: the sample written, and what it holds printed."
     pubs = write_sample(cfg.out, cfg.docs, cfg.seed, cfg.xhtml, cfg.versions, cfg.copies)['publications']
@@ -572,10 +581,12 @@ def sample_command(cfg: SampleConfig) -> int:
           + ('; ' + ', '.join(f'{k} {n}' for k, n in kinds.items()) if len(kinds) > 1 else ''))
     return 0
 
+# %% ../nbs/00a_sample.ipynb #85b4f0e7
 def sample_run(cfg: SampleConfig) -> int:
     "`legalnb sample` with its folder locked and recorded (a link: the folder it leads to)."
     return run_writing(lambda out: sample_command(replace(cfg, out=out)), {'out': cfg.out}, 'legalnb sample',
                        [Output(flag='')])
 
+# %% ../nbs/00a_sample.ipynb #d03c94b8
 def sample_main(argv: list[str]) -> int:
     return sample_run(SampleConfig(**flag_settings(SampleConfig, 'legalnb sample', argv)))
