@@ -25,6 +25,7 @@ def rng_state() -> dict:
             'torch': torch.get_rng_state(),
             'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
+# %% ../nbs/04e_checkpoint.ipynb #bb6a5cd9
 def set_rng_state(s: dict):
     "Restore the generators saved by `rng_state`."
     version, words, gauss = s['python']; random.setstate((version, tuple(words.tolist()), gauss))
@@ -33,6 +34,7 @@ def set_rng_state(s: dict):
     torch.set_rng_state(s['torch'])
     if s.get('cuda') is not None and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s['cuda'])
 
+# %% ../nbs/04e_checkpoint.ipynb #8eeadb25
 def seed_everything(seed: int):
     "Seed python, numpy and torch (every device) from one number."
     random.seed(seed); np.random.seed(seed % 2**32); torch.manual_seed(seed)
