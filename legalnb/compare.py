@@ -106,7 +106,7 @@ class CompareConfig:
     "Train several models on the same data, tokens and budget with a small learning-rate sweep each; compare them."
     data: str = None                 # split folder from `legalnb split` (train/, val/, tokenizer.json)
     models: str = 'resonance,gpt'    # registered models to compare, comma-separated
-    size: str = 'small'              # named size of every model
+    size: str = TrainConfig.size     # named size of every model
     dim: int = None                  # override the width (every model with a `dim`)
     num_layers: int = None           # override the number of blocks
     budget: str = '2M'               # per run, in --budget-kind units: 2M tokens, 1e15 FLOPs, 600 s

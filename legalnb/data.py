@@ -20,11 +20,11 @@ from .core import CPT_SEQ_LEN, PRESET_VOCAB, VAL_SHARE
 from .models import DEFAULT_MODEL, get_model
 
 # %% auto #0
-__all__ = ['ROWS_INDEX', 'ID_CAP', 'CHUNK_TOKENS', 'TOKENS_PER_PARAM', 'MAX_GOOD_EPOCHS', 'SPLIT_MODES', 'read_npy_header',
-           'open_rows', 'Segment', 'manifest_path', 'read_manifest', 'mixed_shards', 'data_files', 'list_sources',
-           'find_segments', 'by_source', 'PretokenizedDataset', 'shift_pair', 'doc_starts_file', 'read_doc_starts',
-           'doc_start_mask', 'StepSampler', 'mixed_order', 'source_groups', 'make_loader', 'FileCheck',
-           'ValidationReport', 'validate', 'recommend', 'format_recommendations', 'split', 'split_sides',
+__all__ = ['ROWS_INDEX', 'PREFETCH_FACTOR', 'ID_CAP', 'CHUNK_TOKENS', 'TOKENS_PER_PARAM', 'MAX_GOOD_EPOCHS', 'SPLIT_MODES',
+           'read_npy_header', 'open_rows', 'Segment', 'manifest_path', 'read_manifest', 'mixed_shards', 'data_files',
+           'list_sources', 'find_segments', 'by_source', 'PretokenizedDataset', 'shift_pair', 'doc_starts_file',
+           'read_doc_starts', 'doc_start_mask', 'StepSampler', 'mixed_order', 'source_groups', 'make_loader',
+           'FileCheck', 'ValidationReport', 'validate', 'recommend', 'format_recommendations', 'split', 'split_sides',
            'train_val_folders', 'held_out_rows', 'ValidateConfig', 'validate_command', 'validate_main', 'SplitConfig',
            'split_command', 'split_run', 'split_main']
 
@@ -474,11 +474,13 @@ def source_groups(ds) -> list[int] | None:
 
 
 # %% ../nbs/03_data.ipynb #ddc1e4e7
+PREFETCH_FACTOR = 4   # batches each loader worker reads ahead (TrainConfig.prefetch_factor's default)
+
 def make_loader(ds: PretokenizedDataset,   # the rows
                 sampler: StepSampler,      # the order: one list of rows per step
                 num_workers: int | None = None,  # reader processes (0: in the training process; None: loader_workers())
                 pin_memory: bool | None = None,  # page-locked batches for faster copies; default: with CUDA
-                prefetch_factor: int = 4,  # batches each worker reads ahead (ignored without workers)
+                prefetch_factor: int = PREFETCH_FACTOR,  # batches each worker reads ahead (ignored without workers)
                 ) -> torch.utils.data.DataLoader:
     "A DataLoader of `(input_ids, targets[, doc_starts])` batches (batch_size, seq_len) in the sampler's step order."
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory and torch.cuda.is_available()

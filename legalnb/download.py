@@ -23,9 +23,10 @@ from .sources import CELEX_TYPES, EU_LANGUAGES, MANIFEST, parse_celex, read_mani
 from .sources import _listed, iso_date, language_codes, type_names
 
 # %% auto #0
-__all__ = ['CELLAR', 'SPARQL', 'NOTICE', 'FORMATS', 'TMP', 'LANG3', 'MAX_ANSWER', 'NOTICE_TEXT', 'sparql_query', 'Offer',
-           'offers', 'choose', 'session', 'ask', 'ZipLimits', 'extract_zip', 'fetch', 'fetch_again', 'DownloadConfig',
-           'find_offers', 'dry_run_lines', 'download', 'download_command', 'download_run', 'download_main']
+__all__ = ['CELLAR', 'SPARQL', 'NOTICE', 'FORMATS', 'TMP', 'LANG3', 'RETRIES', 'BACKOFF', 'RETRY_AFTER_MAX', 'MAX_ANSWER',
+           'NOTICE_TEXT', 'sparql_query', 'Offer', 'offers', 'choose', 'session', 'ask', 'ZipLimits', 'extract_zip',
+           'fetch', 'fetch_again', 'DownloadConfig', 'find_offers', 'dry_run_lines', 'download', 'download_command',
+           'download_run', 'download_main']
 
 # %% ../nbs/00b_download.ipynb #55703f02
 CELLAR = 'http://publications.europa.eu/resource/'                # the canonical URIs of CELLAR's resources
@@ -107,7 +108,12 @@ class _Retry(Retry):
         after = super().get_retry_after(response)
         return None if after is None else min(after, self.backoff_max)
 
-def session(retries: int = 5, backoff: float = 1.0, backoff_max: float = 120) -> requests.Session:
+RETRIES = 5             # tries again after a 429, a 5xx or a lost connection
+BACKOFF = 1.0           # seconds before the first retry, doubled each time
+RETRY_AFTER_MAX = 120   # the most seconds a server's Retry-After is waited
+
+def session(retries: int = RETRIES, backoff: float = BACKOFF, backoff_max: float = RETRY_AFTER_MAX
+            ) -> requests.Session:
     "An HTTP session that names legalnb and retries 429, 5xx and lost connections politely."
     s = requests.Session()
     retry = _Retry(total=retries, backoff_factor=backoff, backoff_max=backoff_max, allowed_methods=None,
@@ -295,9 +301,9 @@ class DownloadConfig:
     consolidated: bool = False               # their consolidated versions too
     formats: list[str] = None                # formats by preference (default: fmx4,xhtml,html)
     concurrency: int = 4                     # requests at a time
-    retries: int = 5                         # tries again after a 429, a 5xx or a lost connection
-    backoff: float = 1.0                     # seconds before the first retry, doubled each time
-    retry_after_max: float = 120             # the most seconds a server's Retry-After is waited
+    retries: int = RETRIES                   # tries again after a 429, a 5xx or a lost connection
+    backoff: float = BACKOFF                 # seconds before the first retry, doubled each time
+    retry_after_max: float = RETRY_AFTER_MAX  # the most seconds a server's Retry-After is waited
     timeout: float = 60                      # seconds a request may wait for the server
     sparql: str = None                       # the SPARQL endpoint (default: $LEGALNB_CELLAR_SPARQL, else CELLAR's)
     resource: str = None                     # where CELLAR's resources are fetched (default: $LEGALNB_CELLAR_RESOURCE)

@@ -22,13 +22,13 @@ from .core import LegalnbError, atomic_write, jsonl_records, read_json
 from .hub import open_hub_dataset, parse_hub_dataset
 
 # %% auto #0
-__all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'LEVEL', 'BOOTSTRAP', 'BOOTSTRAP_MAX', 'MAX_NEW_TOKENS', 'MIN_ACTS',
-           'GROUPS', 'GENERAL_GROUPS', 'FIGURES', 'GENERAL_BUILTIN', 'GENERAL_LANG', 'GENERAL_HUB_CHARS',
-           'heldout_path', 'decade_of', 'read_heldout', 'EvalModel', 'document_windows', 'position_buckets',
-           'bucket_label', 'is_cut', 'document_batches', 'score_documents', 'metrics', 'grouped', 'fair_shares',
-           'cap_documents', 'uncapped', 'cap_record', 'check_new_tokens', 'document_rows', 'citation_marks',
-           'resample_counts', 'unit_sums', 'bootstrap_estimate', 'general_texts', 'write_general_texts', 'general_lang',
-           'hub_general', 'mix_heldout']
+__all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'BATCH_TOKENS', 'LN2', 'LEVEL', 'BOOTSTRAP', 'BOOTSTRAP_MAX', 'MAX_NEW_TOKENS',
+           'MIN_ACTS', 'GROUPS', 'GENERAL_GROUPS', 'FIGURES', 'GENERAL_BUILTIN', 'GENERAL_CHARS', 'GENERAL_LANG',
+           'GENERAL_HUB_CHARS', 'heldout_path', 'decade_of', 'read_heldout', 'EvalModel', 'document_windows',
+           'position_buckets', 'bucket_label', 'is_cut', 'document_batches', 'score_documents', 'metrics', 'grouped',
+           'fair_shares', 'cap_documents', 'uncapped', 'cap_record', 'check_new_tokens', 'document_rows',
+           'citation_marks', 'resample_counts', 'unit_sums', 'bootstrap_estimate', 'general_texts',
+           'write_general_texts', 'general_lang', 'hub_general', 'mix_heldout']
 
 # %% ../nbs/04f_heldout.ipynb #76359c74
 EVAL_FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
@@ -152,7 +152,9 @@ def is_cut(doc: dict) -> bool:
     return doc.get('whole', doc['text']) != doc['text']
 
 # %% ../nbs/04f_heldout.ipynb #c94214df
-def document_batches(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384, eos: bool = True):
+BATCH_TOKENS = 16384   # tokens per forward pass of a scorer (rows x window length): every scorer's default
+
+def document_batches(lm: EvalModel, docs: list[dict], batch_tokens: int = BATCH_TOKENS, eos: bool = True):
     "Tokens per document and padded batches (inputs, targets with -100 where not scored, document of each row)."
     encs = lm.tokenizer.encode_batch_fast([d['text'] for d in docs], add_special_tokens=False)
     seqs = [np.array([lm.prefix_id] + e.ids + ([lm.eos_id] if eos and not is_cut(d) else []), dtype=np.int64)
@@ -170,7 +172,7 @@ def document_batches(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384,
 
 # %% ../nbs/04f_heldout.ipynb #a9b25246
 @torch.no_grad()
-def score_documents(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384, eos: bool = True,
+def score_documents(lm: EvalModel, docs: list[dict], batch_tokens: int = BATCH_TOKENS, eos: bool = True,
                     progress: bool = False) -> dict:
     "Summed NLL (nats) and tokens per document and per position bucket, over rolling windows."
     tokens, batches = document_batches(lm, docs, batch_tokens, eos)
@@ -335,7 +337,9 @@ _GENERAL_MODULES = ('argparse', 'bisect', 'calendar', 'configparser', 'csv', 'da
                     'mailbox', 'optparse', 'pathlib', 'pickle', 'pprint', 'random', 'shlex', 'shutil', 'smtplib',
                     'statistics', 'string', 'tarfile', 'tempfile', 'textwrap', 'threading', 'zipfile')
 
-def general_texts(max_chars: int = 3000) -> list[dict]:  # characters per module at most
+GENERAL_CHARS = 3000   # characters per module at most in the built-in general texts
+
+def general_texts(max_chars: int = GENERAL_CHARS) -> list[dict]:
     "A general-text set built offline: docstrings of Python standard-library modules (PSF-2.0), one record per module."
     return [dict(g) for g in _general_texts(max_chars)]
 
@@ -360,7 +364,7 @@ def _general_texts(max_chars: int) -> tuple[dict, ...]:   # parsed once per proc
     return tuple(out)
 
 # %% ../nbs/04f_heldout.ipynb #55f6aaad
-def write_general_texts(path: str | Path, max_chars: int = 3000) -> Path:
+def write_general_texts(path: str | Path, max_chars: int = GENERAL_CHARS) -> Path:
     "Write the built-in general-text set as JSON lines, the form `--general` reads."
     with atomic_write(path) as tmp:
         tmp.write_text(''.join(json.dumps(g, ensure_ascii=False) + '\n' for g in general_texts(max_chars)),

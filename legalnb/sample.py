@@ -19,7 +19,7 @@ from .core import LegalnbError, Output, flag_settings, followed, run_writing
 from .sources import _QUOTES, _quote_mark, celex_from_number, formex_text
 
 # %% auto #0
-__all__ = ['SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS', 'OJ_NAMES', 'SampleAct', 'plan_act',
+__all__ = ['SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS', 'OJ_NAMES', 'SAMPLE_DOCS', 'SampleAct', 'plan_act',
            'sample_publications', 'formex_to_xhtml', 'amended', 'sample_versions', 'dump_publications', 'check_sample',
            'write_sample', 'sample_general', 'SampleConfig', 'sample_command', 'sample_run', 'sample_main']
 
@@ -483,6 +483,8 @@ def _replace_folder(new: Path, dest: Path):
     else: raise LegalnbError(f'{dest}: could not replace it; is another process writing it?')
 
 # %% ../nbs/00a_sample.ipynb #b739f5dc
+SAMPLE_DOCS = 200   # publications in a sample by default
+
 def _write_publications(tmp: Path, docs: int, seed: int, dump: dict | None = None) -> dict:
     "Write the sample's publications and its `sample.json` into the folder `tmp`; return the manifest."
     manifest = dict(seed=seed, docs=docs, **({'dump': dump} if dump else {}), publications=[])
@@ -497,7 +499,7 @@ def _write_publications(tmp: Path, docs: int, seed: int, dump: dict | None = Non
     (tmp/'sample.json').write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + '\n', encoding='utf-8')
     return manifest
 
-def write_sample(out: str | Path, docs: int = 200, seed: int = 0,
+def write_sample(out: str | Path, docs: int = SAMPLE_DOCS, seed: int = 0,
                  xhtml: float = 0,     # share of the publications written as OJ XHTML instead of Formex
                  versions: float = 0,  # share of the acts with one to five consolidated versions (Formex CONS.ACT)
                  copies: float = 0     # share of the acts published again under another number, with small edits
@@ -562,7 +564,7 @@ def sample_general(docs: int, seed: int = 0, langs: tuple[str, ...] = ('en', 'fr
 class SampleConfig:
     "Write a deterministic synthetic corpus of Formex (and XHTML) publications."
     out: str              # folder to write (an earlier sample there is replaced)
-    docs: int = 200       # number of publications
+    docs: int = SAMPLE_DOCS  # number of publications
     seed: int = 0         # random seed: the same seed writes the same bytes
     xhtml: float = 0      # share of publications written as OJ XHTML instead of Formex (a CELLAR dump)
     versions: float = 0   # share of acts with consolidated versions (Formex CONS.ACT)

@@ -24,16 +24,17 @@ from .sources import Document, DOC_TYPES, EU_LANGUAGES, write_jsonl, record_fiel
 from .sources import iso_date, language_codes, type_names
 
 # %% auto #0
-__all__ = ['PRIORITY_TOPICS', 'RULES', 'CHARS_PER_TOKEN', 'SCAN_RANGE', 'PREFER', 'SHINGLE_WORDS', 'NUM_PERM', 'LSH_WEIGHTS',
-           'NEAR_DUP_MAX', 'BAND_BUCKET', 'SPILL_FILES', 'SELECT_RECORD', 'SELECT_BUCKET', 'ScoringRules', 'Facts',
-           'facts_of', 'Rule', 'Recency', 'DocType', 'Length', 'topic_flags', 'Subject', 'LanguageBonus', 'Score',
-           'rule_points', 'score_document', 'estimate_tokens', 'split_long_text', 'tokenizer_counter', 'FilterTally',
-           'DocumentFilter', 'Candidate', 'year_band', 'Candidates', 'as_candidates', 'gc_paused', 'scan_documents',
-           'act_of', 'acts_of', 'prefer_versions', 'language_quotas', 'rank', 'choose_documents', 'split_by_share',
-           'document_quotas', 'with_score', 'copy_selected', 'write_selected', 'shingle_hashes', 'minhash', 'lsh_bands',
-           'near_duplicates', 'near_duplicate_share', 'minhash_of', 'synthetic_documents', 'top_count', 'token_target',
-           'SelectConfig', 'chosen_rules', 'select_documents', 'selection_report', 'report_table',
-           'write_selection_report', 'plot_report', 'select_run', 'select_main']
+__all__ = ['PRIORITY_TOPICS', 'RULES', 'CHARS_PER_TOKEN', 'SCAN_RANGE', 'PREFER', 'PREFERRED', 'SHINGLE_WORDS', 'NUM_PERM',
+           'LSH_WEIGHTS', 'NEAR_DUP', 'NEAR_DUP_MAX', 'BAND_BUCKET', 'SPILL_FILES', 'SELECT_RECORD', 'SELECT_BUCKET',
+           'ScoringRules', 'Facts', 'facts_of', 'Rule', 'Recency', 'DocType', 'Length', 'topic_flags', 'Subject',
+           'LanguageBonus', 'Score', 'rule_points', 'score_document', 'estimate_tokens', 'split_long_text',
+           'tokenizer_counter', 'FilterTally', 'DocumentFilter', 'Candidate', 'year_band', 'Candidates',
+           'as_candidates', 'gc_paused', 'scan_documents', 'act_of', 'acts_of', 'prefer_versions', 'language_quotas',
+           'rank', 'choose_documents', 'split_by_share', 'document_quotas', 'with_score', 'copy_selected',
+           'write_selected', 'shingle_hashes', 'minhash', 'lsh_bands', 'near_duplicates', 'near_duplicate_share',
+           'minhash_of', 'synthetic_documents', 'top_count', 'token_target', 'SelectConfig', 'chosen_rules',
+           'select_documents', 'selection_report', 'report_table', 'write_selection_report', 'plot_report',
+           'select_run', 'select_main']
 
 # %% ../nbs/01_scoring.ipynb #718167de
 PRIORITY_TOPICS = ('data protection', 'gdpr', 'privacy', 'consumer rights', 'environment', 'climate',
@@ -562,6 +563,7 @@ def scan_documents(path: Path, rules: ScoringRules, count_tokens: Callable[[str]
     return found.take(keep), _scan_counters(len(found), flags[keep], state['bad'])
 
 PREFER = ('both', 'consolidated', 'original')
+PREFERRED = 'consolidated'   # the default of --prefer
 
 # %% ../nbs/01_scoring.ipynb #42ce9133
 def act_of(celex: str) -> str:
@@ -588,7 +590,7 @@ def _act_groups(found: Candidates) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return index[order], starts, consolidated[order]
 
 # %% ../nbs/01_scoring.ipynb #ec1bf71e
-def prefer_versions(found: Candidates | list[Candidate], prefer: str = 'consolidated',
+def prefer_versions(found: Candidates | list[Candidate], prefer: str = PREFERRED,
                     counters: Counter | None = None   # where to count the versions seen (`versions.acts`, ...)
                     ) -> tuple[Candidates, int]:
     "Keep the versions of each act (per language) that `prefer` asks for; return them and how many were dropped."
@@ -745,6 +747,7 @@ def minhash(text: str, num_perm: int = NUM_PERM):
 
 # %% ../nbs/01_scoring.ipynb #b65e4e9f
 LSH_WEIGHTS = (0.05, 0.95)   # a missed pair stays in the selection; a false one only costs a comparison of signatures
+NEAR_DUP = 0.8               # the default near-duplicate threshold: 8-word shingles' Jaccard >= this
 NEAR_DUP_MAX = 0.99          # the highest threshold datasketch's LSH bands with 128 permutations (at 0.997: one band)
 
 def lsh_bands(threshold: float, num_perm: int = NUM_PERM) -> tuple[int, int]:
@@ -884,7 +887,7 @@ def _near_duplicate_ranked(src: Path, ranked: Path, n: int, threshold: float, nu
                          seconds=round(time.perf_counter() - t0, 3))
 
 # %% ../nbs/01_scoring.ipynb #3c1c43e3
-def near_duplicates(src: Path, found: Candidates, threshold: float = 0.8,
+def near_duplicates(src: Path, found: Candidates, threshold: float = NEAR_DUP,
                     num_proc: int = 1,          # processes computing signatures
                     workdir: str | Path | None = None,  # where the signatures are kept while they are compared
                     num_perm: int = NUM_PERM) -> tuple[np.ndarray, dict]:
@@ -897,7 +900,7 @@ def near_duplicates(src: Path, found: Candidates, threshold: float = 0.8,
     return drop, report
 
 # %% ../nbs/01_scoring.ipynb #8082131a
-def near_duplicate_share(path: str | Path, threshold: float = 0.8) -> dict:
+def near_duplicate_share(path: str | Path, threshold: float = NEAR_DUP) -> dict:
     "The documents of a JSONL that are near-duplicates of another of its documents (exact Jaccard of 8-word shingles)."
     from datasketch import MinHashLSH
     shingles, langs, celex = [], [], []
@@ -1023,8 +1026,8 @@ class SelectConfig:
     rules: str | None = None               # YAML or JSON file naming the scoring rules it changes
     tokenizer: str | None = None           # tokenizer.json to count tokens with; without it, characters / 4
     tolerance: float = 0.02                # allowed gap between a language's selected and target share
-    prefer: Literal['both', 'consolidated', 'original'] = 'consolidated'  # versions of one act to keep
-    near_dup: float = 0.8                  # drop near-duplicates: 8-word shingles Jaccard >= this (0: off)
+    prefer: Literal[PREFER] = PREFERRED    # versions of one act to keep
+    near_dup: float = NEAR_DUP             # drop near-duplicates: 8-word shingles Jaccard >= this (0: off)
     num_proc: int | None = None            # processes scoring and comparing documents (default: all cores)
     strict: bool = False                   # stop at the first line that cannot be read
 

@@ -47,6 +47,8 @@ SHAPE_FLAGS = ('dim', 'num_layers', *shape_flags())  # shortcuts of model_overri
 
 # %% ../nbs/05_train.ipynb #870ea58e
 from .presets import wsd_decay_start, wsd_factor, moved_decay   # the schedule arithmetic both trainers share
+from .checkpoint import KEEP_CHECKPOINTS   # TrainConfig defaults that the checkpoint and data stages own
+from .data import PREFETCH_FACTOR
 
 # %% ../nbs/05_train.ipynb #a6da8542
 @dataclass
@@ -85,7 +87,7 @@ class TrainConfig:
     strategy: Literal[NATIVE_STRATEGIES] = 'ddp'  # several ranks: ddp (full replicas) or fsdp (sharded: large sizes)
     activation_checkpointing: bool = False  # recompute block activations in backward to save memory
     save_every: int = 2000              # checkpoint every N optimizer steps (and at the end)
-    keep: int = 3                       # newest checkpoints kept; older ones are deleted
+    keep: int = KEEP_CHECKPOINTS        # newest checkpoints kept; older ones are deleted
     eval_every: int = 500               # validation loss every N steps (0: only at the end)
     eval_batches: int = 20              # micro-batches of the val split per evaluation
     eval_tokens: int | None = None      # tokens an evaluation scores (None: 0.15 x step tokens x eval_every)
@@ -96,7 +98,7 @@ class TrainConfig:
     seed: int = 1337                    # seeds model init, data order and every RNG
     num_workers: int | None = None      # DataLoader worker processes per rank (None: 4, at most the machine's cores)
     pin_memory: bool = True             # page-locked host batches for async copies (CUDA only)
-    prefetch_factor: int = 4            # batches each worker prepares ahead
+    prefetch_factor: int = PREFETCH_FACTOR  # batches each worker prepares ahead
     vocab_size: int | None = None       # override the manifest's vocabulary size (data without a manifest)
     device: Literal[DEVICES] = 'auto'   # auto: cuda when a GPU is visible
     cpu_threads: int | None = None      # torch's CPU threads (None: torch's default); 1 suits tiny models on a busy CPU
@@ -244,7 +246,7 @@ def _preset_fields(name: str, size: str, model: str) -> dict:
 
 @classmethod
 def from_preset(cls, name: str,  # preset name: fast, full, aggressive
-                size: str = 'small', # model size (picks micro-batch and accumulation)
+                size: str = TrainConfig.size,  # model size (picks micro-batch and accumulation)
                 **overrides) -> TrainConfig:
     "A config from preset `name` for `size` of the model `overrides` name (DEFAULT_MODEL), `overrides` on top."
     return cls(**{**_preset_fields(name, size, overrides.get('model', cls.model)), 'size': size, 'preset': name,

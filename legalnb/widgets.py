@@ -140,7 +140,7 @@ SCALING = {'tokens': 'same tokens, more GPUs', 'batch': 'same per-GPU batch'}  #
 
 class PresetPicker:
     "Widgets to choose a preset, GPU and price, with the calculator's estimate updated live as values change."
-    out: str = 'run'   # output folder of the config handed back: set it on a picker, `picker.out = 'runs/cpt'`
+    out: str = TrainConfig.out   # output folder of the config it returns: set it on a picker, `picker.out = 'runs/cpt'`
     def __init__(self, task: str = 'cpt',          # 'cpt', 'lora' or 'scratch'
                  preset: str = 'fast',             # 'fast', 'full' or 'aggressive'
                  gpu: str = 'h100-sxm',            # a presets.GPUS key
@@ -150,7 +150,7 @@ class PresetPicker:
                  examples: int = 63_000,           # fine-tuning examples (lora)
                  seq_len: int = 1536,              # tokens per example (lora)
                  model: str = DEFAULT_MODEL,         # a registered architecture, legalnb.models.MODELS (scratch)
-                 size: str = 'small',              # named size of that model (scratch)
+                 size: str = TrainConfig.size,     # named size of that model (scratch)
                  scaling: str = 'tokens',          # other GPU counts: 'tokens' (time falls) or 'batch' (data grows)
                  calibration=None):                # a GPU check's report.json (or GpuCheck): measured memory and MFU
         if scaling not in SCALING: raise LegalnbError(f"scaling must be 'tokens' or 'batch', got {scaling!r}")
