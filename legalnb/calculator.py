@@ -72,11 +72,13 @@ def global_batch(self: Plan) -> int:
     "Sequences per optimizer step across all GPUs (LoRA: examples, packed or not; otherwise rows of seq_len)."
     return self.micro_batch * self.grad_accum * self.gpus
 
+# %% ../nbs/08_calculator.ipynb #ddfeaaa2
 @patch(as_prop=True)
 def lora(self: Plan) -> bool:
     "A LoRA run: the base frozen, adapters trained (task 'lora', or LoRA parameters given)."
     return self.task == 'lora' or self.lora_params is not None
 
+# %% ../nbs/08_calculator.ipynb #9a0a295f
 @patch(as_prop=True)
 def compute_precision(self: Plan) -> str:
     "The precision the run computes in on its GPU: `precision` with 'auto' resolved (fp32 without a GPU)."
@@ -128,11 +130,13 @@ def sci(x: float) -> str:
     "Two significant digits in e-notation: 1.875e18 -> '1.9e18'."
     return f'{x:.2g}'.replace('e+', 'e')
 
+# %% ../nbs/08_calculator.ipynb #7ffe5361
 def attention_flops_per_token(plan: Plan) -> float:
     "A transformer's attention FLOPs per token, 12·layers·seq·d (PaLM), for a plan without its model's own count."
     if plan.mixing_flops_per_token is not None or not (plan.layers and plan.d_model and plan.seq_len): return 0.0
     return 12 * plan.layers * plan.seq_len * plan.d_model
 
+# %% ../nbs/08_calculator.ipynb #c8760e9f
 def flops_per_token(plan: Plan) -> tuple[float, str, str]:
     "Training FLOPs per token, its formula and the formula with numbers: (7.5e8, '6·N', '6 × 125M')."
     N, T = plan.params, plan.lora_params
@@ -145,6 +149,7 @@ def flops_per_token(plan: Plan) -> tuple[float, str, str]:
         v, f, n = v + att, f'{f} + 12·layers·seq·d', f'{n} + {shape}'
     return (v, f, n) if f in ('6·N', '4·N') else (v, f'({f})', f'({n})')
 
+# %% ../nbs/08_calculator.ipynb #ebf978a1
 def mfu_of(flops: float, seconds: float, gpus: int, peak: float) -> float:
     "Model FLOPs utilisation: FLOPs ÷ (seconds × GPUs × peak TFLOP/s × 1e12)."
     return flops / (seconds * gpus * peak * 1e12)
@@ -180,6 +185,7 @@ def run_seconds(plan: Plan, steps: int, tokens: float | None) -> tuple[float | N
                    f'{on}{peak:,.0f} TFLOP/s: {format_duration(s)}')
     return None, None
 
+# %% ../nbs/08_calculator.ipynb #e4f1096e
 def run_cost(plan: Plan, seconds: float | None) -> tuple[float | None, str | None]:
     "Cost at `price_per_hour` per GPU-hour, with the arithmetic (None when price or time is unknown)."
     if seconds is None or plan.price_per_hour is None: return None, None
@@ -429,6 +435,7 @@ def _memory_cell(m: Memory) -> str:
     "The memory row of the table: total per GPU and whether it fits."
     return f'{m.total / GIB:.1f} GiB per GPU' + ('' if m.fits is None else (' (fits)' if m.fits else ' (does NOT fit)'))
 
+# %% ../nbs/08_calculator.ipynb #841c3a46
 def _batch_cell(p: Plan) -> str:
     "The batch row: LoRA counts examples (packed or not), CPT and scratch count rows of seq_len tokens."
     made = f'{p.micro_batch} micro × {p.grad_accum} accumulation × {p.gpus} GPU'
@@ -452,6 +459,7 @@ def table(self: Estimate) -> str:
     if m: out += ['', 'memory:'] + [f'  {l}' for l in m.lines]
     return '\n'.join(out + ([''] + ['warnings:'] + [f'  ! {w}' for w in self.warnings] if self.warnings else []))
 
+# %% ../nbs/08_calculator.ipynb #b048c8a9
 @patch
 def to_json(self: Estimate) -> dict:
     "The estimate as a JSON-ready dict (steps, tokens, hours, cost, implied_mfu, warnings, ...)."

@@ -12,8 +12,8 @@ import torch
 from .core import LegalnbError, read_json
 
 # %% auto #0
-__all__ = ['rng_state', 'set_rng_state', 'seed_everything', 'checkpoint_step', 'list_checkpoints', 'save_checkpoint',
-           'find_checkpoint', 'load_checkpoint', 'load_for_resume']
+__all__ = ['KEEP_CHECKPOINTS', 'rng_state', 'set_rng_state', 'seed_everything', 'checkpoint_step', 'list_checkpoints',
+           'save_checkpoint', 'find_checkpoint', 'load_checkpoint', 'load_for_resume']
 
 # %% ../nbs/04e_checkpoint.ipynb #9c5da80d
 def rng_state() -> dict:
@@ -25,6 +25,7 @@ def rng_state() -> dict:
             'torch': torch.get_rng_state(),
             'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
+# %% ../nbs/04e_checkpoint.ipynb #bb6a5cd9
 def set_rng_state(s: dict):
     "Restore the generators saved by `rng_state`."
     version, words, gauss = s['python']; random.setstate((version, tuple(words.tolist()), gauss))
@@ -33,6 +34,7 @@ def set_rng_state(s: dict):
     torch.set_rng_state(s['torch'])
     if s.get('cuda') is not None and torch.cuda.is_available(): torch.cuda.set_rng_state_all(s['cuda'])
 
+# %% ../nbs/04e_checkpoint.ipynb #8eeadb25
 def seed_everything(seed: int):
     "Seed python, numpy and torch (every device) from one number."
     random.seed(seed); np.random.seed(seed % 2**32); torch.manual_seed(seed)
@@ -62,9 +64,11 @@ def _save_file(obj, path: Path):
     with open(path, 'wb') as f: torch.save(obj, f); f.flush(); os.fsync(f.fileno())
 
 # %% ../nbs/04e_checkpoint.ipynb #8215ee35
+KEEP_CHECKPOINTS = 3   # newest checkpoints a run keeps (TrainConfig.keep's default)
+
 def save_checkpoint(run_dir: str | Path,  # the run folder (checkpoints/ is created in it)
                     state: dict,          # model, optimizer, scheduler, scaler, rng, data, step, elapsed, configs
-                    keep: int = 3,        # newest checkpoints kept
+                    keep: int = KEEP_CHECKPOINTS,  # newest checkpoints kept
                     shards: Path | None = None) -> Path:  # FSDP: the folder of sharded weights, moved in as sharded/
     "Write `state` atomically as checkpoints/step-N, then delete all but the newest `keep` older ones."
     ck = Path(run_dir)/'checkpoints'; ck.mkdir(parents=True, exist_ok=True)

@@ -255,6 +255,7 @@ def _lines(groups: list[list[str]], indent: str = '    ') -> str:
     "Shell words as one command: each group (a flag and its value) on a continued line."
     return f' \\\n{indent}'.join(' '.join(g) for g in groups)
 
+# %% ../nbs/15_cli.ipynb #f42dcd28
 def _flag_groups(flags: str) -> list[list[str]]:
     "`--a 1 --b --c x` as [['--a', '1'], ['--b'], ['--c', 'x']]."
     groups = []
@@ -263,6 +264,7 @@ def _flag_groups(flags: str) -> list[list[str]]:
         else: groups[-1].append(w)
     return groups
 
+# %% ../nbs/15_cli.ipynb #fcdce5b1
 @dataclass
 class SlurmConfig:
     "A SLURM batch script that runs `legalnb COMMAND ARGS` on `nodes` machines with `gpus_per_node` GPUs each."
@@ -370,6 +372,7 @@ def write_job(path: str | Path, text: str, overwrite: bool = False) -> Path:
     with atomic_write(path) as tmp: tmp.write_text(text)
     return path
 
+# %% ../nbs/15_cli.ipynb #5d3f0dc3
 def slurm_parser() -> argparse.ArgumentParser:
     "The flags of `legalnb slurm`: `SlurmConfig`'s (-o FILE for --output); the command's own flags follow `--`."
     p, helps = command_parser(SlurmConfig, 'legalnb slurm', skip=('output', 'overwrite')), docments(SlurmConfig)
@@ -380,6 +383,7 @@ def slurm_parser() -> argparse.ArgumentParser:
     p.add_argument('--overwrite', action='store_true', help=helps['overwrite'])
     return p
 
+# %% ../nbs/15_cli.ipynb #9292c774
 def slurm_main(argv: list[str]) -> int:
     "`legalnb slurm COMMAND [FLAGS] [-o FILE] -- ARGS`: write (or print) the batch script that runs the command."
     argv = list(map(str, argv)); cut = argv.index('--') if '--' in argv else len(argv)

@@ -107,7 +107,7 @@ class CompareConfig:
     "Train several models on the same data, tokens and budget with a small learning-rate sweep each; compare them."
     data: str = None                 # split folder from `legalnb split` (train/, val/, tokenizer.json)
     models: str = 'resonance,gpt'    # registered models to compare, comma-separated
-    size: str = 'small'              # named size of every model
+    size: str = TrainConfig.size     # named size of every model
     dim: int = None                  # override the width (every model with a `dim`)
     num_layers: int = None           # override the number of blocks
     budget: str = '2M'               # per run, in --budget-kind units: 2M tokens, 1e15 FLOPs, 600 s
@@ -197,6 +197,7 @@ def load_or_plan(cfg: CompareConfig, device: str) -> dict:
     _write_json(out/PLAN, plan)
     return plan
 
+# %% ../nbs/12_compare.ipynb #b411b9c0
 def _ours(plan: dict):
     "Is this path (relative to --out) one that legalnb compare writes?"
     names = {PLAN, STATE, REPORT, RESULTS, *PLOTS} | {r['name'] for r in plan['runs']}
@@ -320,6 +321,7 @@ def comparison_table(result: dict, timing: bool = True) -> str:
         rows.append(row)
     return markdown_table(cols, rows)
 
+# %% ../nbs/12_compare.ipynb #8aecce2b
 def sweep_table(result: dict) -> str:
     "Every run of the sweep: model, learning rate, steps, final held-out loss (or what stopped it)."
     rows = [[r['model'], f"{r['lr']:.3g}", f"{r['steps']:,}",
@@ -328,6 +330,7 @@ def sweep_table(result: dict) -> str:
             for r in result['runs']]
     return markdown_table(['model', 'lr', 'steps', 'val loss', 'best'], rows)
 
+# %% ../nbs/12_compare.ipynb #b67ede97
 def sweep_notes(result: dict) -> list[str]:
     "A line for each model whose best learning rate is an end of its sweep: the optimum may lie beyond it."
     notes = []
@@ -440,11 +443,13 @@ def from_settings(cls: CompareConfig, settings: dict) -> CompareConfig:
     shapes = {k: v for k, v in settings.items() if k not in own and k not in RUN_FLAGS}
     return cls(**{k: v for k, v in settings.items() if k in own}, train=train, shapes=shapes)
 
+# %% ../nbs/12_compare.ipynb #96dfdfe9
 def compare_run(cfg: CompareConfig) -> int:
     "`legalnb compare` from its config, with --out locked and recorded while it runs."
     return run_writing(lambda out: compare_command(replace(cfg, out=out)), dict(out=cfg.out), 'legalnb compare',
                        [Output(check=False)])   # its plan and the runs' names decide what may be there
 
+# %% ../nbs/12_compare.ipynb #a71727b8
 def compare_main(argv: list[str]) -> int:
     "`legalnb compare --data SPLIT [--models resonance,gpt] [--budget 2M] ...`."
     return compare_run(CompareConfig.from_settings(flag_settings(compare_parser(), 'legalnb compare', argv)))

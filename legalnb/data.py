@@ -21,11 +21,11 @@ from .options import Output, flag_settings, run_writing
 from .models import DEFAULT_MODEL, get_model
 
 # %% auto #0
-__all__ = ['ROWS_INDEX', 'ID_CAP', 'CHUNK_TOKENS', 'TOKENS_PER_PARAM', 'MAX_GOOD_EPOCHS', 'SPLIT_MODES', 'read_npy_header',
-           'open_rows', 'Segment', 'manifest_path', 'read_manifest', 'mixed_shards', 'data_files', 'list_sources',
-           'find_segments', 'by_source', 'PretokenizedDataset', 'shift_pair', 'doc_starts_file', 'read_doc_starts',
-           'doc_start_mask', 'StepSampler', 'mixed_order', 'source_groups', 'make_loader', 'FileCheck',
-           'ValidationReport', 'validate', 'recommend', 'format_recommendations', 'split', 'split_sides',
+__all__ = ['ROWS_INDEX', 'PREFETCH_FACTOR', 'ID_CAP', 'CHUNK_TOKENS', 'TOKENS_PER_PARAM', 'MAX_GOOD_EPOCHS', 'SPLIT_MODES',
+           'read_npy_header', 'open_rows', 'Segment', 'manifest_path', 'read_manifest', 'mixed_shards', 'data_files',
+           'list_sources', 'find_segments', 'by_source', 'PretokenizedDataset', 'shift_pair', 'doc_starts_file',
+           'read_doc_starts', 'doc_start_mask', 'StepSampler', 'mixed_order', 'source_groups', 'make_loader',
+           'FileCheck', 'ValidationReport', 'validate', 'recommend', 'format_recommendations', 'split', 'split_sides',
            'train_val_folders', 'held_out_rows', 'ValidateConfig', 'validate_command', 'validate_main', 'SplitConfig',
            'split_command', 'split_run', 'split_main']
 
@@ -60,6 +60,7 @@ def _check_rows(path: Path, shape: tuple, dtype) -> None:
         raise LegalnbError(f'{path}: {np.dtype(dtype)} dtype: token ids must be integers '
                            '(uint16, uint32, int32, int64)')
 
+# %% ../nbs/03_data.ipynb #eb00c9cb
 def _open_pt(path: Path) -> np.ndarray:
     "A `.pt` file holding one 2-D integer tensor, memory-mapped, as a numpy view."
     try: t = torch.load(path, mmap=True, weights_only=True, map_location='cpu')
@@ -95,10 +96,12 @@ class Segment:
     @property
     def rows(self) -> int: return self.stop - self.start
 
+# %% ../nbs/03_data.ipynb #537d0037
 ROWS_INDEX = 'rows.json'  # the index file `split` writes when it cuts inside files
 
 def _whole(v, lo: int) -> bool: return type(v) is int and v >= lo
 
+# %% ../nbs/03_data.ipynb #a1651119
 def _manifest_at(p: Path) -> dict:
     "The corpus manifest at `p` with the fields this stage reads checked; one line naming the file and field if not."
     man = read_json(p, 'a corpus manifest (a JSON object, as legalnb build-corpus writes)')
@@ -123,6 +126,7 @@ def _manifest_at(p: Path) -> dict:
                 raise LegalnbError(f'{p}: {field}[{i}] "rows" must be a whole number >= 0, got {json.dumps(s["rows"])}')
     return man
 
+# %% ../nbs/03_data.ipynb #90904ae7
 def manifest_path(folder: str | Path) -> Path | None:
     "The corpus `manifest.json` that describes `folder`: its own, or its parent's for a split or a corpus's `val/`."
     folder = Path(folder)
@@ -130,10 +134,12 @@ def manifest_path(folder: str | Path) -> Path | None:
     parent = [up] if (folder.parent/'split.json').is_file() or (folder.name == 'val' and up.is_file()) else []
     return next((p for p in (folder/'manifest.json', *parent) if p.is_file()), None)
 
+# %% ../nbs/03_data.ipynb #4b647297
 def read_manifest(folder: str | Path) -> dict | None:
     "The manifest that describes `folder` (see `manifest_path`), checked; None when there is none."
     return _manifest_at(p) if (p := manifest_path(folder)) else None
 
+# %% ../nbs/03_data.ipynb #2764f154
 def mixed_shards(man: dict | None) -> list[dict]:
     "The shard records of a manifest's mixed sources (build-corpus --mix), each with its source's `source` name."
     return [dict(s, source=x['name']) for x in (man or {}).get('mix', []) for s in x.get('shards', [])]
@@ -214,6 +220,7 @@ def _manifest_folder(path) -> Path:
     "The folder whose manifest describes `path` (a folder, or the file's own folder)."
     return Path(path) if Path(path).is_dir() else Path(path).parent
 
+# %% ../nbs/03_data.ipynb #7c76cf26
 def by_source(segs: list[Segment], man: dict | None) -> tuple[list[Segment], list[str]]:
     "The segments with the legal ones first, then each mixed source's in the manifest's order; each one's source."
     names = {Path(s['file']).name: s['source'] for s in mixed_shards(man)}  # a split links a shard by its own name
@@ -222,6 +229,7 @@ def by_source(segs: list[Segment], man: dict | None) -> tuple[list[Segment], lis
     ranked = sorted(range(len(segs)), key=lambda i: order[of[i]])   # stable: each source's files keep their order
     return [segs[i] for i in ranked], [of[i] for i in ranked]
 
+# %% ../nbs/03_data.ipynb #e008a209
 class PretokenizedDataset(torch.utils.data.Dataset):
     "Token rows from `.npy`/`.pt` files as `(input_ids, targets)` int64 pairs (and document starts, if asked)."
     def __init__(self,
@@ -274,6 +282,7 @@ def file_rows(self: PretokenizedDataset, file: Path) -> np.ndarray:
         while len(self._cache) > self.cache_size: self._cache.popitem(last=False)
     return self._cache[file]
 
+# %% ../nbs/03_data.ipynb #a56ef338
 @patch
 def _locate(self: PretokenizedDataset, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     "For global row numbers: the segment holding each and the row's number inside its file."
@@ -284,11 +293,13 @@ def _locate(self: PretokenizedDataset, rows: np.ndarray) -> tuple[np.ndarray, np
     k = np.searchsorted(self.ends, rows, side='right')  # binary search in the cumulative sizes
     return k, rows + self.offsets[k]
 
+# %% ../nbs/03_data.ipynb #18050c83
 @patch
 def __getstate__(self: PretokenizedDataset) -> dict:
     "Pickle without open memory maps (DataLoader workers reopen their own)."
     return {**self.__dict__, '_cache': OrderedDict(), '_starts': OrderedDict()}
 
+# %% ../nbs/03_data.ipynb #c7c3813f
 @patch
 def __len__(self: PretokenizedDataset) -> int: return int(self.ends[-1]) if len(self.ends) else 0
 
@@ -318,6 +329,7 @@ def doc_starts_file(file: str | Path) -> Path:
     real = Path(file).resolve()  # a split's link -> the corpus's shard
     return real.parent/'doc_starts'/f'{real.stem}.npy'
 
+# %% ../nbs/03_data.ipynb #632c4e31
 def read_doc_starts(file: str | Path, rows: int, row_len: int) -> np.ndarray | None:
     "The document starts of a row file (increasing flat token offsets, memory-mapped); None when it has none."
     if not (f := doc_starts_file(file)).is_file(): return None
@@ -331,6 +343,7 @@ def read_doc_starts(file: str | Path, rows: int, row_len: int) -> np.ndarray | N
                            f'[0, {rows * row_len:,}) (its rows x row_len); build the corpus again')
     return starts
 
+# %% ../nbs/03_data.ipynb #9777cacd
 def doc_start_mask(starts: np.ndarray | None,  # increasing flat token offsets in a file (None: unknown)
                    rows: np.ndarray,           # row numbers in that file
                    row_len: int) -> np.ndarray:
@@ -400,6 +413,7 @@ def permutation(self: StepSampler, epoch: int) -> np.ndarray:
                              np.random.default_rng([self.seed, epoch]).permutation(self.num_rows))
     return self._perm[1]
 
+# %% ../nbs/03_data.ipynb #5fb05dd7
 @patch
 def batch(self: StepSampler, step: int) -> list[int]:
     "This rank's row indices for global step `step`."
@@ -407,6 +421,7 @@ def batch(self: StepSampler, step: int) -> list[int]:
     first = k * self.global_batch + self.rank * self.batch_size
     return self.permutation(epoch)[np.arange(first, first + self.batch_size) % self.num_rows].tolist()
 
+# %% ../nbs/03_data.ipynb #e0e83606
 @patch
 def batches(self: StepSampler, start_step: int | None = None, stop_step: int | None = None) -> Iterator[list[int]]:
     "Batches of global steps `start_step` (default: the current position) to `stop_step` (default: max_steps; endless)"
@@ -421,15 +436,18 @@ def set_position(self: StepSampler, step: int) -> None:
     if step < 0: raise LegalnbError(f'step must be >= 0, got {step}')
     self.step = step
 
+# %% ../nbs/03_data.ipynb #6e2474de
 @patch
 def __iter__(self: StepSampler) -> Iterator[list[int]]: return self.batches()
 
+# %% ../nbs/03_data.ipynb #4d0f0c69
 @patch
 def __len__(self: StepSampler) -> int:
     "Steps left to max_steps (an endless sampler has no length)."
     if self.max_steps is None: raise TypeError('an endless StepSampler has no length; pass max_steps')
     return max(0, self.max_steps - self.step)
 
+# %% ../nbs/03_data.ipynb #969660e8
 @patch
 def state_dict(self: StepSampler) -> dict:
     "The arguments that rebuild this order at its position: `StepSampler(**state, rank=r)` (rank is the process's own)."
@@ -437,6 +455,7 @@ def state_dict(self: StepSampler) -> dict:
                 drop_last=self.drop_last, start_step=self.step, max_steps=self.max_steps,
                 **({'groups': self.groups} if self.groups else {}))
 
+# %% ../nbs/03_data.ipynb #fd223a59
 @patch(as_prop=True)
 def epoch(self: StepSampler) -> int: return self.step // self.steps_per_epoch
 
@@ -456,11 +475,13 @@ def source_groups(ds) -> list[int] | None:
 
 
 # %% ../nbs/03_data.ipynb #ddc1e4e7
+PREFETCH_FACTOR = 4   # batches each loader worker reads ahead (TrainConfig.prefetch_factor's default)
+
 def make_loader(ds: PretokenizedDataset,   # the rows
                 sampler: StepSampler,      # the order: one list of rows per step
                 num_workers: int | None = None,  # reader processes (0: in the training process; None: loader_workers())
                 pin_memory: bool | None = None,  # page-locked batches for faster copies; default: with CUDA
-                prefetch_factor: int = 4,  # batches each worker reads ahead (ignored without workers)
+                prefetch_factor: int = PREFETCH_FACTOR,  # batches each worker reads ahead (ignored without workers)
                 ) -> torch.utils.data.DataLoader:
     "A DataLoader of `(input_ids, targets[, doc_starts])` batches (batch_size, seq_len) in the sampler's step order."
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory and torch.cuda.is_available()
@@ -767,11 +788,13 @@ def split_sides(folder: str | Path) -> tuple[Path, Path]:
                                f'`legalnb split CORPUS --out {folder}` (train/ and val/)')
     return folder/'train', folder/'val'
 
+# %% ../nbs/03_data.ipynb #8cb0bc19
 def train_val_folders(data: str | Path) -> tuple[Path, Path]:
     "Where the training rows and the held-out rows of `data` are: a split's train/ and val/, else `data` and its val/."
     data = Path(data)
     return split_sides(data) if (data/'train').is_dir() else (data, data/'val')
 
+# %% ../nbs/03_data.ipynb #3c197c2e
 def held_out_rows(folder: Path) -> bool:
     "Whether `folder` holds rows to evaluate on: row files, or the `rows.json` index of a split cut by rows."
     return folder.is_dir() and (any(folder.glob('*.npy')) or any(folder.glob('*.pt')) or (folder/ROWS_INDEX).is_file())
@@ -783,6 +806,7 @@ def _report_text(rep: ValidationReport, as_json: bool, with_recommend: bool) -> 
     if as_json: return json.dumps({**rep.to_json(), **({'recommend': recs} if recs else {})})
     return f'legalnb validate {rep.path}\n{rep.summary()}' + (f'\n\n{format_recommendations(recs)}' if recs else '')
 
+# %% ../nbs/03_data.ipynb #b216505c
 @dataclass
 class ValidateConfig:
     "Check pretokenized .npy/.pt files and print their statistics; exit 1 naming each bad file."
@@ -792,6 +816,7 @@ class ValidateConfig:
     vocab_size: int | None = None   # ids must be below it; default: manifest.json's vocab_size
     progress: bool = True           # a progress bar in tokens (only on a terminal)
 
+# %% ../nbs/03_data.ipynb #a0d7ee48
 def validate_command(cfg: ValidateConfig) -> int:
     "`legalnb validate` from its config: the statistics printed, each bad file named; exit 1 if any."
     rep = validate(cfg.path, vocab_size=cfg.vocab_size, progress=cfg.progress)   # checks --vocab-size
@@ -799,6 +824,7 @@ def validate_command(cfg: ValidateConfig) -> int:
     for prob in rep.problems: print(f'legalnb validate: bad file {prob}', file=sys.stderr)
     return 0 if rep.ok else 1
 
+# %% ../nbs/03_data.ipynb #cc468127
 def validate_main(argv: list[str]) -> int:
     return validate_command(ValidateConfig(**flag_settings(ValidateConfig, 'legalnb validate', argv)))
 
@@ -820,6 +846,7 @@ class SplitConfig:
     def __post_init__(self):
         if self.out is None: raise LegalnbError('--out is required: a new folder for train/ and val/, e.g. --out split')
 
+# %% ../nbs/03_data.ipynb #a856c18c
 def split_command(cfg: SplitConfig) -> int:
     "`legalnb split` from its config: train/ and val/ made, and what went where printed."
     info = split(cfg.path, cfg.out, val_ratio=cfg.val_ratio, seed=cfg.seed, by=cfg.by)
@@ -832,10 +859,12 @@ def split_command(cfg: SplitConfig) -> int:
     print(f'({how}; no data copied; linked: {", ".join(info["linked"]) or "nothing"})')
     return 0
 
+# %% ../nbs/03_data.ipynb #1c2238ae
 def split_run(cfg: SplitConfig) -> int:
     "`legalnb split` with its --out locked and recorded (a link: the folder it leads to; new or empty)."
     return run_writing(lambda out: split_command(replace(cfg, out=out)), {'out': cfg.out}, 'legalnb split',
                        [Output(check=False)])
 
+# %% ../nbs/03_data.ipynb #196e0a5e
 def split_main(argv: list[str]) -> int:
     return split_run(SplitConfig(**flag_settings(SplitConfig, 'legalnb split', argv)))

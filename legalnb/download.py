@@ -24,9 +24,10 @@ from .sources import CELEX_TYPES, EU_LANGUAGES, MANIFEST, parse_celex, read_mani
 from .sources import _listed, iso_date, language_codes, type_names
 
 # %% auto #0
-__all__ = ['CELLAR', 'SPARQL', 'NOTICE', 'FORMATS', 'TMP', 'LANG3', 'MAX_ANSWER', 'NOTICE_TEXT', 'sparql_query', 'Offer',
-           'offers', 'choose', 'session', 'ask', 'ZipLimits', 'extract_zip', 'fetch', 'fetch_again', 'DownloadConfig',
-           'find_offers', 'dry_run_lines', 'download', 'download_command', 'download_run', 'download_main']
+__all__ = ['CELLAR', 'SPARQL', 'NOTICE', 'FORMATS', 'TMP', 'LANG3', 'RETRIES', 'BACKOFF', 'RETRY_AFTER_MAX', 'MAX_ANSWER',
+           'NOTICE_TEXT', 'sparql_query', 'Offer', 'offers', 'choose', 'session', 'ask', 'ZipLimits', 'extract_zip',
+           'fetch', 'fetch_again', 'DownloadConfig', 'find_offers', 'dry_run_lines', 'download', 'download_command',
+           'download_run', 'download_main']
 
 # %% ../nbs/00b_download.ipynb #55703f02
 CELLAR = 'http://publications.europa.eu/resource/'                # the canonical URIs of CELLAR's resources
@@ -77,6 +78,7 @@ SELECT DISTINCT ?celex ?date ?lang ?format ?manif WHERE {{
 class Offer(dict):
     "One manifestation CELLAR offers: celex, lang (ISO 639-1), format, uri (its canonical CELLAR URI), date."
 
+# %% ../nbs/00b_download.ipynb #62396388
 def offers(answer, where: str = 'the SPARQL endpoint') -> list[Offer]:
     "The manifestations of a SPARQL JSON answer; a value of the wrong kind is one error naming the row."
     rows = answer.get('results', {}).get('bindings') if isinstance(answer, dict) else None
@@ -92,6 +94,7 @@ def offers(answer, where: str = 'the SPARQL endpoint') -> list[Offer]:
         found.append(Offer(celex=celex, lang=lang, format=fmt, uri=uri, date=get('date')[:10] or None))
     return found
 
+# %% ../nbs/00b_download.ipynb #7781b6cb
 def choose(found: list[Offer], formats: tuple = FORMATS) -> list[Offer]:
     "Per act and language the offer in the first format of `formats` (the lowest URI of several), sorted."
     best = {}
@@ -106,7 +109,12 @@ class _Retry(Retry):
         after = super().get_retry_after(response)
         return None if after is None else min(after, self.backoff_max)
 
-def session(retries: int = 5, backoff: float = 1.0, backoff_max: float = 120) -> requests.Session:
+RETRIES = 5             # tries again after a 429, a 5xx or a lost connection
+BACKOFF = 1.0           # seconds before the first retry, doubled each time
+RETRY_AFTER_MAX = 120   # the most seconds a server's Retry-After is waited
+
+def session(retries: int = RETRIES, backoff: float = BACKOFF, backoff_max: float = RETRY_AFTER_MAX
+            ) -> requests.Session:
     "An HTTP session that names legalnb and retries 429, 5xx and lost connections politely."
     s = requests.Session()
     retry = _Retry(total=retries, backoff_factor=backoff, backoff_max=backoff_max, allowed_methods=None,
@@ -145,6 +153,7 @@ class ZipLimits:
     total: int = 2 << 30
     ratio: float = 200.0
 
+# %% ../nbs/00b_download.ipynb #8295ba04
 def _member(info: zipfile.ZipInfo) -> PurePosixPath:
     "A member's path inside its folder, or an error naming why it would leave it."
     name = info.filename.replace('\\', '/')
@@ -186,6 +195,7 @@ def _sha256(path: Path) -> str:
         while block := f.read(1 << 20): h.update(block)
     return h.hexdigest()
 
+# %% ../nbs/00b_download.ipynb #c0c8d211
 def _get(s: requests.Session, url: str, headers: dict, timeout: float, hops: int = 5) -> requests.Response:
     "The streamed answer to GET `url`, redirects followed on the same host only (CELLAR's 303s)."
     for _ in range(hops + 1):
@@ -197,6 +207,7 @@ def _get(s: requests.Session, url: str, headers: dict, timeout: float, hops: int
         url = to
     raise LegalnbError(f'more than {hops} redirects')
 
+# %% ../nbs/00b_download.ipynb #806ad239
 def _body(s: requests.Session, url: str, headers: dict, timeout: float, dest: Path, limit: int) -> str:
     "Stream the body at `url` into `dest`; its content type. A short body, a status not 200: an error."
     with _get(s, url, headers, timeout) as r:
@@ -213,6 +224,7 @@ def _body(s: requests.Session, url: str, headers: dict, timeout: float, dest: Pa
             raise LegalnbError(f'the body ended after {n:,} of {int(want):,} bytes')
         return r.headers.get('Content-Type', '')
 
+# %% ../nbs/00b_download.ipynb #497c974d
 def _check_type(fmt: str, ctype: str, path: Path):
     "Refuse a body that is not what `fmt` asked: a zip for Formex, an (X)HTML page otherwise."
     head = path.read_bytes()[:4096] if path.stat().st_size else b''
@@ -290,9 +302,9 @@ class DownloadConfig:
     consolidated: bool = False               # their consolidated versions too
     formats: list[str] = None                # formats by preference (default: fmx4,xhtml,html)
     concurrency: int = 4                     # requests at a time
-    retries: int = 5                         # tries again after a 429, a 5xx or a lost connection
-    backoff: float = 1.0                     # seconds before the first retry, doubled each time
-    retry_after_max: float = 120             # the most seconds a server's Retry-After is waited
+    retries: int = RETRIES                   # tries again after a 429, a 5xx or a lost connection
+    backoff: float = BACKOFF                 # seconds before the first retry, doubled each time
+    retry_after_max: float = RETRY_AFTER_MAX  # the most seconds a server's Retry-After is waited
     timeout: float = 60                      # seconds a request may wait for the server
     sparql: str = None                       # the SPARQL endpoint (default: $LEGALNB_CELLAR_SPARQL, else CELLAR's)
     resource: str = None                     # where CELLAR's resources are fetched (default: $LEGALNB_CELLAR_RESOURCE)
@@ -321,12 +333,14 @@ class DownloadConfig:
             if not re.match(r'https?://[^\s/]+', url):
                 raise LegalnbError(f'{flag}: expected an http(s) URL, got {url!r}')
 
+# %% ../nbs/00b_download.ipynb #9d02da02
 def _celex(c: str, where: str) -> str:
     c = str(c).strip().upper()
     try: parse_celex(c)
     except LegalnbError as e: raise LegalnbError(f'{where}: {e}') from None
     return c
 
+# %% ../nbs/00b_download.ipynb #f641ad81
 def _celex_lines(path: Path) -> list[str]:
     "The CELEX numbers of a file, one a line; a bad one names its line."
     try: lines = path.read_text(encoding='utf-8').splitlines()
@@ -406,6 +420,7 @@ def download_command(cfg: DownloadConfig) -> int:
     for f in m['failed'][:20]: print(f'  failed: {f["celex"]} {f["lang"]}: {f["reason"]}')
     return 1 if m['failed'] else 0
 
+# %% ../nbs/00b_download.ipynb #6f1bf76e
 def download_run(cfg: DownloadConfig) -> int:
     "`legalnb download` with its folder locked and recorded; `--dry-run` asks the endpoint and writes nothing."
     if cfg.dry_run:
@@ -414,5 +429,6 @@ def download_run(cfg: DownloadConfig) -> int:
     return run_writing(lambda out: download_command(replace(cfg, out=out)), {'out': cfg.out}, 'legalnb download',
                        [Output()])
 
+# %% ../nbs/00b_download.ipynb #8703be6a
 def download_main(argv: list[str]) -> int:
     return download_run(DownloadConfig(**flag_settings(DownloadConfig, 'legalnb download', argv)))

@@ -66,22 +66,26 @@ def head_dim(self: GPTConfig) -> int:
     "Channels per attention head."
     return self.dim // self.num_heads
 
+# %% ../nbs/04a_gpt.ipynb #826de650
 @patch(as_prop=True)
 def kv_heads(self: GPTConfig) -> int:
     "Key/value heads actually used (num_kv_heads, or num_heads when it is None)."
     return self.num_kv_heads or self.num_heads
 
+# %% ../nbs/04a_gpt.ipynb #662d1875
 @patch(as_prop=True)
 def hidden_dim(self: GPTConfig) -> int:
     "Width of the SwiGLU MLP's hidden layer: mlp_ratio * dim rounded up to a multiple of mlp_multiple_of."
     m = self.mlp_multiple_of
     return m * math.ceil(self.mlp_ratio * self.dim / m)
 
+# %% ../nbs/04a_gpt.ipynb #28dc0add
 @patch
 def to_dict(self: GPTConfig) -> dict:
     "A JSON-ready dict of the fields."
     return asdict(self)
 
+# %% ../nbs/04a_gpt.ipynb #6a9e76b7
 @patch(cls_method=True)
 def from_dict(cls: GPTConfig, d: dict) -> GPTConfig:
     "Build a config from `to_dict()` output; unknown keys are an error that names them."
@@ -281,17 +285,20 @@ def num_params(self: GPTLanguageModel, non_embedding: bool = False) -> int:
     n = sum(p.numel() for p in self.parameters())   # .parameters() yields a shared tensor once
     return n - self.tok_emb.weight.numel() if non_embedding else n
 
+# %% ../nbs/04a_gpt.ipynb #33790959
 @patch
 def matmul_params(self: GPTConfig) -> int:
     "Weights used in matrix products per token: QKV, attention output, the MLP's three matrices and the LM head."
     D, hd, H, G = self.dim, self.head_dim, self.num_heads, self.kv_heads
     return self.num_layers * (D * (H + 2 * G) * hd + H * hd * D + 3 * D * self.hidden_dim) + self.vocab_size * D
 
+# %% ../nbs/04a_gpt.ipynb #d2cafddf
 @patch
 def matmul_flops_per_token(self: GPTConfig) -> float:
     "Training (forward + backward) FLOPs per token in the weights' matrix products: 6 * N_matmul (Kaplan et al. 2020)."
     return 6.0 * self.matmul_params()
 
+# %% ../nbs/04a_gpt.ipynb #b04ac94c
 @patch
 def flops_per_token(self: GPTConfig, seq_len: int) -> float:
     "Training FLOPs per token at `seq_len`: 6 * N_matmul + 6 * num_layers * seq_len * d_attn (causal attention)."

@@ -22,13 +22,13 @@ from .core import LegalnbError, atomic_write, jsonl_records, read_json
 from .hub import open_hub_dataset, parse_hub_dataset
 
 # %% auto #0
-__all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'LN2', 'LEVEL', 'BOOTSTRAP', 'BOOTSTRAP_MAX', 'MAX_NEW_TOKENS', 'MIN_ACTS',
-           'GROUPS', 'GENERAL_GROUPS', 'FIGURES', 'GENERAL_BUILTIN', 'GENERAL_LANG', 'GENERAL_HUB_CHARS',
-           'heldout_path', 'decade_of', 'read_heldout', 'EvalModel', 'document_windows', 'position_buckets',
-           'bucket_label', 'is_cut', 'document_batches', 'score_documents', 'metrics', 'grouped', 'fair_shares',
-           'cap_documents', 'uncapped', 'cap_record', 'check_new_tokens', 'document_rows', 'citation_marks',
-           'resample_counts', 'unit_sums', 'bootstrap_estimate', 'general_texts', 'write_general_texts', 'general_lang',
-           'hub_general', 'mix_heldout']
+__all__ = ['EVAL_FORMAT', 'HF_DEFAULT_CONTEXT', 'BATCH_TOKENS', 'LN2', 'LEVEL', 'BOOTSTRAP', 'BOOTSTRAP_MAX', 'MAX_NEW_TOKENS',
+           'MIN_ACTS', 'GROUPS', 'GENERAL_GROUPS', 'FIGURES', 'GENERAL_BUILTIN', 'GENERAL_CHARS', 'GENERAL_LANG',
+           'GENERAL_HUB_CHARS', 'heldout_path', 'decade_of', 'read_heldout', 'EvalModel', 'document_windows',
+           'position_buckets', 'bucket_label', 'is_cut', 'document_batches', 'score_documents', 'metrics', 'grouped',
+           'fair_shares', 'cap_documents', 'uncapped', 'cap_record', 'check_new_tokens', 'document_rows',
+           'citation_marks', 'resample_counts', 'unit_sums', 'bootstrap_estimate', 'general_texts',
+           'write_general_texts', 'general_lang', 'hub_general', 'mix_heldout']
 
 # %% ../nbs/04f_heldout.ipynb #76359c74
 EVAL_FORMAT = 'legalnb.eval/2'   # the schema of eval.json: a reader checks it before it trusts the fields
@@ -44,11 +44,13 @@ def heldout_path(data: str | Path) -> Path:
                                            '(a JSONL file, or a folder holding heldout.jsonl)')
     return p
 
+# %% ../nbs/04f_heldout.ipynb #dd4a29f3
 def decade_of(date) -> str:
     "The decade of an ISO date, for grouping: '2016-04-27' -> '2010s'; 'unknown' without a date."
     m = re.match(r'\s*(\d{4})-', str(date or ''))
     return f'{int(m.group(1)) // 10 * 10}s' if m else 'unknown'
 
+# %% ../nbs/04f_heldout.ipynb #892c3cce
 def read_heldout(data: str | Path) -> list[dict]:
     "The documents of a held-out JSONL file (celex, lang, doc_type, band, text); blank texts are skipped."
     path, docs = heldout_path(data), []
@@ -117,6 +119,7 @@ def document_windows(n: int,          # tokens to predict in the document (its t
 # %% ../nbs/04f_heldout.ipynb #1bb6d845
 def _short(n: int) -> str: return f'{n // 1024}k' if n >= 1024 and n % 1024 == 0 else str(n)
 
+# %% ../nbs/04f_heldout.ipynb #51f1937e
 def position_buckets(context: int) -> list[tuple[int, int]]:
     "Token-position buckets up to `context`: 0-64, 64-256, 256-1k, 1k-4k, ... (x4 each), the last ending at `context`."
     edges = [0, 64]
@@ -124,6 +127,7 @@ def position_buckets(context: int) -> list[tuple[int, int]]:
     edges = [e for e in edges if e < context] + [context]
     return list(zip(edges, edges[1:]))
 
+# %% ../nbs/04f_heldout.ipynb #33a9dfe0
 def bucket_label(lo: int, hi: int) -> str: return f'{_short(lo)}-{_short(hi)}'
 
 # %% ../nbs/04f_heldout.ipynb #55dbffa5
@@ -133,6 +137,7 @@ def _autocast(lm: EvalModel):
         return torch.autocast('cuda', _DTYPES[lm.precision])
     return nullcontext()
 
+# %% ../nbs/04f_heldout.ipynb #16c25e99
 def _groups(lengths: list[int], budget: int) -> Iterator[list[int]]:
     "Indices longest first, in batches whose rows x longest row stay within `budget` tokens (one row at least)."
     batch = []
@@ -141,11 +146,15 @@ def _groups(lengths: list[int], budget: int) -> Iterator[list[int]]:
         batch.append(i)
     if batch: yield batch
 
+# %% ../nbs/04f_heldout.ipynb #613331cd
 def is_cut(doc: dict) -> bool:
     "Was this document cut by a cap (its text goes on: no end-of-document token is scored)?"
     return doc.get('whole', doc['text']) != doc['text']
 
-def document_batches(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384, eos: bool = True):
+# %% ../nbs/04f_heldout.ipynb #c94214df
+BATCH_TOKENS = 16384   # tokens per forward pass of a scorer (rows x window length): every scorer's default
+
+def document_batches(lm: EvalModel, docs: list[dict], batch_tokens: int = BATCH_TOKENS, eos: bool = True):
     "Tokens per document and padded batches (inputs, targets with -100 where not scored, document of each row)."
     encs = lm.tokenizer.encode_batch_fast([d['text'] for d in docs], add_special_tokens=False)
     seqs = [np.array([lm.prefix_id] + e.ids + ([lm.eos_id] if eos and not is_cut(d) else []), dtype=np.int64)
@@ -161,8 +170,9 @@ def document_batches(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384,
             yield torch.from_numpy(x), torch.from_numpy(y), torch.tensor([wins[k][0] for k in group])
     return [len(s) - 1 for s in seqs], batches()
 
+# %% ../nbs/04f_heldout.ipynb #a9b25246
 @torch.no_grad()
-def score_documents(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384, eos: bool = True,
+def score_documents(lm: EvalModel, docs: list[dict], batch_tokens: int = BATCH_TOKENS, eos: bool = True,
                     progress: bool = False) -> dict:
     "Summed NLL (nats) and tokens per document and per position bucket, over rolling windows."
     tokens, batches = document_batches(lm, docs, batch_tokens, eos)
@@ -214,6 +224,7 @@ def fair_shares(sizes: list[int], budget: int) -> list[int]:
         out[i] = min(sizes[i], left // (len(sizes) - j)); left -= out[i]
     return out
 
+# %% ../nbs/04f_heldout.ipynb #6b6e25eb
 def _opening_text(text: str, offsets: list[tuple[int, int]], keep: int) -> str:
     "The text of the first `keep` tokens, ended before the last whitespace within them (a re-encoding adds none)."
     end = offsets[keep - 1][1]
@@ -235,16 +246,17 @@ def cap_documents(tokenizer,             # a `tokenizers.Tokenizer` (EvalModel.t
     return [dict(d, text=d['text'] if keep >= size else _opening_text(d['text'], e.offsets, min(keep, len(e.ids))),
                  whole=d['text']) for d, e, size, keep in zip(docs, encs, sizes, fair_shares(sizes, max_tokens))]
 
+# %% ../nbs/04f_heldout.ipynb #e1e5f025
 def uncapped(docs: list[dict]) -> list[dict]:
     "The documents as they were before `cap_documents`."
     return [{k: v for k, v in d.items() if k != 'whole'} | {'text': d['whole']} if 'whole' in d else d for d in docs]
 
+# %% ../nbs/04f_heldout.ipynb #9f703a9a
 def cap_record(lm: EvalModel, docs: list[dict], scored: int, max_tokens: int | None, eos: bool = True) -> dict:
     "What a cap left out: the cap, the tokens scored and those the whole documents have, the documents cut."
     whole = lm.tokenizer.encode_batch_fast([d.get('whole', d['text']) for d in docs], add_special_tokens=False)
     return dict(max_tokens=max_tokens, tokens_scored=scored, tokens_available=sum(len(e.ids) + eos for e in whole),
                 docs_cut=sum(map(is_cut, docs)))
-
 
 # %% ../nbs/04f_heldout.ipynb #04cd2bd7
 LEVEL = 0.95       # the coverage of every interval
@@ -258,6 +270,8 @@ def check_new_tokens(n: int):
     if n < 1: raise LegalnbError(f'--max-new-tokens must be at least 1, got {n}')
     if n > MAX_NEW_TOKENS:
         raise LegalnbError(f'--max-new-tokens must be at most {MAX_NEW_TOKENS:,} (tokens per continuation), got {n:,}')
+
+# %% ../nbs/04f_heldout.ipynb #4415ba48
 MIN_ACTS = 5       # fewer acts than this: no interval (two acts would give an 'interval' that is just their values)
 GROUPS = {'by_language': 'lang', 'by_doc_type': 'doc_type', 'by_year_band': 'band'}   # report key: document field
 GENERAL_GROUPS = {'by_language': 'lang', 'by_source': 'source'}                     # ... and of the general text
@@ -271,6 +285,7 @@ def document_rows(docs: list[dict], scores: dict) -> list[dict]:
     return [dict(celex=d['celex'], lang=d['lang'], doc_type=d['doc_type'], band=d['band'], nll=n, tokens=t, bytes=b)
             for d, n, t, b in zip(docs, scores['doc_nll'], scores['doc_tokens'], scores['doc_bytes'])]
 
+# %% ../nbs/04f_heldout.ipynb #316c8170
 def citation_marks(docs: list[dict], items: list[dict], right: list[bool]) -> list[dict]:
     "Per citation item: its act, language, type, decade, kind, position and whether greedy decoding got it right."
     return [dict(celex=docs[it['doc']]['celex'], lang=docs[it['doc']]['lang'], doc_type=docs[it['doc']]['doc_type'],
@@ -282,6 +297,7 @@ def resample_counts(units: int, iters: int = BOOTSTRAP, seed: int = 0) -> np.nda
     "(iters, units): how often each unit is drawn in each bootstrap resample (`units` draws with replacement)."
     return np.random.default_rng(seed).multinomial(units, np.full(units, 1 / units), size=iters)
 
+# %% ../nbs/04f_heldout.ipynb #19429d7a
 def unit_sums(rows: list[dict], figure: str, units: list[str]) -> tuple[np.ndarray, np.ndarray]:
     "Per unit (act) of `units`, the sums of the figure's numerator (scaled) and denominator over its rows."
     num_f, den_f, scale = FIGURES[figure]
@@ -290,6 +306,7 @@ def unit_sums(rows: list[dict], figure: str, units: list[str]) -> tuple[np.ndarr
         i = at[r['celex']]; num[i] += r[num_f] * scale; den[i] += r[den_f] if den_f else 1
     return num, den
 
+# %% ../nbs/04f_heldout.ipynb #e561a8d4
 def bootstrap_estimate(stat: Callable,     # the figures of the runs -> the number: lambda a: a, lambda a, b: a - b
                        runs: list[list[dict]],       # the rows of each evaluation, on the same acts
                        figure: str,                  # a key of FIGURES: bits_per_byte, accuracy, rouge_l, ratio
@@ -320,10 +337,13 @@ _GENERAL_MODULES = ('argparse', 'bisect', 'calendar', 'configparser', 'csv', 'da
                     'mailbox', 'optparse', 'pathlib', 'pickle', 'pprint', 'random', 'shlex', 'shutil', 'smtplib',
                     'statistics', 'string', 'tarfile', 'tempfile', 'textwrap', 'threading', 'zipfile')
 
-def general_texts(max_chars: int = 3000) -> list[dict]:  # characters per module at most
+GENERAL_CHARS = 3000   # characters per module at most in the built-in general texts
+
+def general_texts(max_chars: int = GENERAL_CHARS) -> list[dict]:
     "A general-text set built offline: docstrings of Python standard-library modules (PSF-2.0), one record per module."
     return [dict(g) for g in _general_texts(max_chars)]
 
+# %% ../nbs/04f_heldout.ipynb #f9b6eeb6
 @functools.lru_cache(maxsize=4)
 def _general_texts(max_chars: int) -> tuple[dict, ...]:   # parsed once per process: 33 modules take a second or two
     import ast, importlib.util, platform
@@ -343,7 +363,8 @@ def _general_texts(max_chars: int) -> tuple[dict, ...]:   # parsed once per proc
                             source=f'docstrings of the {name} module of Python {platform.python_version()}'))
     return tuple(out)
 
-def write_general_texts(path: str | Path, max_chars: int = 3000) -> Path:
+# %% ../nbs/04f_heldout.ipynb #55f6aaad
+def write_general_texts(path: str | Path, max_chars: int = GENERAL_CHARS) -> Path:
     "Write the built-in general-text set as JSON lines, the form `--general` reads."
     with atomic_write(path) as tmp:
         tmp.write_text(''.join(json.dumps(g, ensure_ascii=False) + '\n' for g in general_texts(max_chars)),

@@ -25,6 +25,7 @@ def notify(callbacks: Iterable, event: str, record: dict):
         fn = getattr(cb, event, None)
         if fn is not None: fn(record)
 
+# %% ../nbs/04c_metrics.ipynb #0fb92a5d
 class MetricsFile:
     "Append every record to a JSON-lines file, one object per line with an `event` key."
     def __init__(self, path: str | Path): self.path = Path(path); self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -37,6 +38,7 @@ class MetricsFile:
     def on_end(self, r: dict): self._write('end', r)
     def on_stop(self, r: dict): self._write('stop', r)
 
+# %% ../nbs/04c_metrics.ipynb #9bc5645c
 def metric_lines(path: str | Path) -> list[tuple[str, dict]]:
     "Each line of a metrics file with its record; a torn last line (a crash in mid-write) is left out."
     lines = Path(path).read_text(encoding='utf-8', errors='replace').split('\n')
@@ -51,6 +53,7 @@ def metric_lines(path: str | Path) -> list[tuple[str, dict]]:
                                'move the file away to resume (a new one is started)')
     return found
 
+# %% ../nbs/04c_metrics.ipynb #796c2521
 def read_metrics(path: str | Path, event: str = 'step') -> list[dict]:
     "The records of one `event` kind from a metrics.jsonl file."
     return [r for _, r in metric_lines(path) if r.get('event') == event]
@@ -110,6 +113,7 @@ def wandb_logged_in(env: dict | None = None) -> bool:
     try: return netrc.netrc(env.get('NETRC')).authenticators(host) is not None
     except (OSError, netrc.NetrcParseError): return False
 
+# %% ../nbs/04c_metrics.ipynb #0793008e
 def tracker_environment(out: str | Path,          # the run folder
                         names: Sequence[str],     # the trackers of the run
                         env: dict | None = None   # the environment as it is (default: os.environ)
@@ -129,6 +133,7 @@ def tracker_environment(out: str | Path,          # the run folder
     if 'trackio' in names: want['TRACKIO_DIR'] = str(out/'trackio')
     return {k: v for k, v in want.items() if not env.get(k)}
 
+# %% ../nbs/04c_metrics.ipynb #d4b115f3
 @contextmanager
 def environment(values: dict[str, str]) -> Iterator[None]:
     "The environment variables `values` set inside the block, each back as it was after it."
@@ -171,6 +176,7 @@ def mlflow_run(run_id: str | None, name: str) -> str:
     exp_id = found.experiment_id if found else client.create_experiment(experiment)
     return client.create_run(exp_id, run_name=name).info.run_id
 
+# %% ../nbs/04c_metrics.ipynb #a5fefd84
 def tracker_runs(out: str | Path, names: Sequence[str], resume: bool) -> dict:
     "The run name and tracker ids of the run in `out` (its trackers.json): kept when `resume`, else new; written."
     path = Path(out)/'trackers.json'
@@ -183,6 +189,7 @@ def tracker_runs(out: str | Path, names: Sequence[str], resume: bool) -> dict:
         with atomic_write(path) as tmp: tmp.write_text(json.dumps(ids, indent=1) + '\n')
     return ids
 
+# %% ../nbs/04c_metrics.ipynb #988c9b8f
 def wandb_run(ids: dict, config: dict | None = None):
     "Start (or continue) the W&B run `ids` names, where and how the environment says, passed explicitly: W&B reads "
     "the environment once a process, and a second run in the same process (a notebook, `legalnb run`) must not "
@@ -192,6 +199,7 @@ def wandb_run(ids: dict, config: dict | None = None):
     return wandb.init(project=e.get('WANDB_PROJECT') or 'legalnb', id=ids['wandb'], name=ids['name'], resume='allow',
                       dir=e.get('WANDB_DIR'), mode=e.get('WANDB_MODE') or None, config=config, allow_val_change=True)
 
+# %% ../nbs/04c_metrics.ipynb #72acc104
 def run_environment(ids: dict, names: Sequence[str]) -> dict[str, str]:
     "The environment variables that make W&B and MLflow (and transformers' integrations) continue the runs `ids` name."
     env = dict(WANDB_RUN_ID=ids['wandb'], WANDB_RESUME='allow') if 'wandb' in names else {}
@@ -207,6 +215,7 @@ def check_wandb_key(env: dict | None = None):
         raise LegalnbError('WANDB_MODE=online, but W&B has no key (no WANDB_API_KEY, no entry in ~/.netrc): run '
                            '`wandb login`, or set WANDB_MODE=offline (`wandb sync` uploads the run later)')
 
+# %% ../nbs/04c_metrics.ipynb #f2884634
 def check_mlflow_server(uri: str | None,            # MLFLOW_TRACKING_URI (only http and https are asked)
                         timeout: float | None = None):  # seconds (default MLFLOW_ANSWER_S)
     "Refuse, in one line, an MLflow server that does not answer within `timeout` seconds; any HTTP answer will do."
@@ -223,6 +232,7 @@ def check_mlflow_server(uri: str | None,            # MLFLOW_TRACKING_URI (only 
         raise LegalnbError(f'MLFLOW_TRACKING_URI {uri}: {why} within {timeout:g} s; start the server (mlflow '
                            'server), fix the address, or unset it to log into OUT/mlruns') from None
 
+# %% ../nbs/04c_metrics.ipynb #79ca729a
 def check_tracker_setup(out: str | Path,        # the run folder
                         names: Sequence[str],   # the trackers of the run
                         resume: bool = False,   # its trackers.json will be continued
@@ -255,6 +265,7 @@ def tracker_lines(names: Sequence[str], ids: dict) -> list[str]:
         lines.append(f"trackio: run {ids['name']} in {where} (TRACKIO_DIR={where} trackio show --project legalnb)")
     return lines
 
+# %% ../nbs/04c_metrics.ipynb #7f75e623
 def close_open_runs(ids: dict, failed: bool):
     "End the runs of `ids` a tracker library still holds open; after a failure, mark a run MLflow still has as running."
     status = 'FAILED' if failed else 'FINISHED'
@@ -268,6 +279,7 @@ def close_open_runs(ids: dict, failed: bool):
     if (trackio := sys.modules.get('trackio')) and (run := trackio.context_vars.current_run.get()) is not None:
         if getattr(run, 'name', None) == ids.get('name'): trackio.finish()
 
+# %% ../nbs/04c_metrics.ipynb #362fb512
 @contextmanager
 def tracking(out: str | Path,           # the run folder
              names: Sequence[str],      # the trackers (parse_report_to)

@@ -828,6 +828,7 @@ def num_params(self: ResonanceLanguageModel, non_embedding: bool = False) -> int
     if non_embedding: n -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel()
     return n
 
+# %% ../nbs/04_resonance.ipynb #c8e2352b
 @patch
 def matmul_params(self: ResonanceConfig) -> int:
     "Weights used in matrix products per token: projections, MLP and the LM head."
@@ -840,11 +841,13 @@ def matmul_params(self: ResonanceConfig) -> int:
             + (self.filter_heads > 1) * (self.num_layers - len(self.attention_layers) - n_lin - len(self.delta_layers))
             * 16 * D * (1 + self.filter_heads))     # input-dependent filters: the rank-16 mixing weights
 
+# %% ../nbs/04_resonance.ipynb #28f1ef35
 @patch
 def matmul_flops_per_token(self: ResonanceConfig) -> float:
     "Training (forward + backward) matmul FLOPs per token: 6 * N_matmul (Kaplan et al. 2020); use for MFU."
     return 6.0 * self.matmul_params()
 
+# %% ../nbs/04_resonance.ipynb #c195b8f5
 @patch
 def flops_per_token(self: ResonanceConfig, seq_len: int) -> float:
     "Training FLOPs per token at `seq_len`: 6*N_matmul + 3 * (FFT mixing + filter generation) / L per resonance "

@@ -21,7 +21,7 @@ from .options import Output, flag_settings, run_writing
 from .sources import _QUOTES, _quote_mark, celex_from_number, formex_text
 
 # %% auto #0
-__all__ = ['SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS', 'OJ_NAMES', 'SampleAct', 'plan_act',
+__all__ = ['SAMPLE_SUBJECTS', 'SAMPLE_LANGUAGES', 'SAMPLE_LANG_WEIGHTS', 'OJ_NAMES', 'SAMPLE_DOCS', 'SampleAct', 'plan_act',
            'sample_publications', 'formex_to_xhtml', 'amended', 'sample_versions', 'dump_publications', 'check_sample',
            'write_sample', 'sample_general', 'SampleConfig', 'sample_command', 'sample_run', 'sample_main']
 
@@ -144,6 +144,7 @@ def open_root(self: _Writer, tag: str) -> str:
     return (f'<?xml version="1.0" encoding="UTF-8"?>\n<{tag} xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
             f'xsi:noNamespaceSchemaLocation="http://formex.publications.europa.eu/schema/{_SCHEMA[self.fmx]}">')
 
+# %% ../nbs/00a_sample.ipynb #e5871491
 @patch
 def no_doc(self: _Writer) -> str:
     "The act's number: Formex 4 writes number, year, series; Formex 6 series, year, number."
@@ -152,6 +153,7 @@ def no_doc(self: _Writer) -> str:
     if self.fmx == 4: return f'<NO.DOC FORMAT="NY" TYPE="OJ">{number}{year}{series}</NO.DOC>'
     return f'<NO.DOC FORMAT="YN" TYPE="OJ">{series}{year}{number}</NO.DOC>'
 
+# %% ../nbs/00a_sample.ipynb #1f4e5e5f
 @patch
 def bib_instance(self: _Writer, wrapper_file: str, seq: str) -> str:
     a, LG = self.act, self.lang.upper()
@@ -175,6 +177,7 @@ def preamble(self: _Writer) -> str:
     return (''.join(out) + '</GR.CONSID>'
             + f'<PREAMBLE.FINAL><P>{escape(w["adopted"][self.t])}</P></PREAMBLE.FINAL></PREAMBLE>')
 
+# %% ../nbs/00a_sample.ipynb #376f7a8f
 @patch
 def article(self: _Writer, n: int, paragraphs: list[list[str]]) -> str:
     "An article: its heading, then one ALINEA, or numbered PARAGs when it has several paragraphs."
@@ -184,6 +187,7 @@ def article(self: _Writer, n: int, paragraphs: list[list[str]]) -> str:
     return head + ''.join(f'<PARAG IDENTIFIER="{n:03d}.{i:03d}"><NO.PARAG>{i}.</NO.PARAG><ALINEA>{t}</ALINEA></PARAG>'
                           for i, t in enumerate(texts, 1)) + '</ARTICLE>'
 
+# %% ../nbs/00a_sample.ipynb #e007fc98
 @patch
 def enacting_terms(self: _Writer) -> str:
     sentences = self.w['sentences']
@@ -385,6 +389,7 @@ def amended(act: SampleAct, rng: random.Random, share: float = 1 / 7, new_articl
     return replace(act, articles=articles, recitals=[swap(i, 6) for i in act.recitals],
                    deadline=act.deadline + timedelta(days=rng.randint(100, 700)))
 
+# %% ../nbs/00a_sample.ipynb #ae538524
 def sample_versions(act: SampleAct, lang: str, rng: random.Random) -> list[tuple[SampleAct, date]]:
     "One to five consolidated versions of an act, each amending the one before, dated after the act (before 2026)."
     out, day = [], act.day
@@ -394,6 +399,7 @@ def sample_versions(act: SampleAct, lang: str, rng: random.Random) -> list[tuple
         act = amended(out[-1][0] if out else act, rng, share=1 / 20); out.append((act, day))   # a few articles amended
     return out
 
+# %% ../nbs/00a_sample.ipynb #550e8d5b
 @patch
 def consolidated(self: _Writer, day: date, uid: str) -> list[tuple[str, str]]:
     "(path, XML) of a consolidated version dated `day`: a Formex `CONS.ACT` (its text in `CONS.DOC`) and its wrapper."
@@ -421,6 +427,7 @@ def consolidated(self: _Writer, day: date, uid: str) -> list[tuple[str, str]]:
 # %% ../nbs/00a_sample.ipynb #ee1c07dc
 def _uid(rng: random.Random) -> str: return str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
+# %% ../nbs/00a_sample.ipynb #760d74d7
 def _copy(act: SampleAct, seed: int, used: set) -> SampleAct:
     "The act published again under another number, a sentence in fifty replaced: a near-duplicate of it."
     rng = random.Random(f'{seed}/{act.celex}/copy')
@@ -477,6 +484,9 @@ def _replace_folder(new: Path, dest: Path):
         finally: shutil.rmtree(old, ignore_errors=True)
     else: raise LegalnbError(f'{dest}: could not replace it; is another process writing it?')
 
+# %% ../nbs/00a_sample.ipynb #b739f5dc
+SAMPLE_DOCS = 200   # publications in a sample by default
+
 def _write_publications(tmp: Path, docs: int, seed: int, dump: dict | None = None) -> dict:
     "Write the sample's publications and its `sample.json` into the folder `tmp`; return the manifest."
     manifest = dict(seed=seed, docs=docs, **({'dump': dump} if dump else {}), publications=[])
@@ -491,7 +501,7 @@ def _write_publications(tmp: Path, docs: int, seed: int, dump: dict | None = Non
     (tmp/'sample.json').write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + '\n', encoding='utf-8')
     return manifest
 
-def write_sample(out: str | Path, docs: int = 200, seed: int = 0,
+def write_sample(out: str | Path, docs: int = SAMPLE_DOCS, seed: int = 0,
                  xhtml: float = 0,     # share of the publications written as OJ XHTML instead of Formex
                  versions: float = 0,  # share of the acts with one to five consolidated versions (Formex CONS.ACT)
                  copies: float = 0     # share of the acts published again under another number, with small edits
@@ -556,7 +566,7 @@ def sample_general(docs: int, seed: int = 0, langs: tuple[str, ...] = ('en', 'fr
 class SampleConfig:
     "Write a deterministic synthetic corpus of Formex (and XHTML) publications."
     out: str              # folder to write (an earlier sample there is replaced)
-    docs: int = 200       # number of publications
+    docs: int = SAMPLE_DOCS  # number of publications
     seed: int = 0         # random seed: the same seed writes the same bytes
     xhtml: float = 0      # share of publications written as OJ XHTML instead of Formex (a CELLAR dump)
     versions: float = 0   # share of acts with consolidated versions (Formex CONS.ACT)
@@ -564,6 +574,7 @@ class SampleConfig:
 
     def __post_init__(self): check_sample(self.docs, self.xhtml, self.versions, self.copies)
 
+# %% ../nbs/00a_sample.ipynb #85fad11f
 def sample_command(cfg: SampleConfig) -> int:
     "`legalnb sample` from its config: the sample written, and what it holds printed."
     pubs = write_sample(cfg.out, cfg.docs, cfg.seed, cfg.xhtml, cfg.versions, cfg.copies)['publications']
@@ -574,10 +585,12 @@ def sample_command(cfg: SampleConfig) -> int:
           + ('; ' + ', '.join(f'{k} {n}' for k, n in kinds.items()) if len(kinds) > 1 else ''))
     return 0
 
+# %% ../nbs/00a_sample.ipynb #85b4f0e7
 def sample_run(cfg: SampleConfig) -> int:
     "`legalnb sample` with its folder locked and recorded (a link: the folder it leads to)."
     return run_writing(lambda out: sample_command(replace(cfg, out=out)), {'out': cfg.out}, 'legalnb sample',
                        [Output(flag='')])
 
+# %% ../nbs/00a_sample.ipynb #d03c94b8
 def sample_main(argv: list[str]) -> int:
     return sample_run(SampleConfig(**flag_settings(SampleConfig, 'legalnb sample', argv)))

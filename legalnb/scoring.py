@@ -25,16 +25,17 @@ from .sources import Document, DOC_TYPES, EU_LANGUAGES, write_jsonl, record_fiel
 from .sources import iso_date, language_codes, type_names
 
 # %% auto #0
-__all__ = ['PRIORITY_TOPICS', 'RULES', 'CHARS_PER_TOKEN', 'SCAN_RANGE', 'PREFER', 'SHINGLE_WORDS', 'NUM_PERM', 'LSH_WEIGHTS',
-           'NEAR_DUP_MAX', 'BAND_BUCKET', 'SPILL_FILES', 'SELECT_RECORD', 'SELECT_BUCKET', 'ScoringRules', 'Facts',
-           'facts_of', 'Rule', 'Recency', 'DocType', 'Length', 'topic_flags', 'Subject', 'LanguageBonus', 'Score',
-           'rule_points', 'score_document', 'estimate_tokens', 'split_long_text', 'tokenizer_counter', 'FilterTally',
-           'DocumentFilter', 'Candidate', 'year_band', 'Candidates', 'as_candidates', 'gc_paused', 'scan_documents',
-           'act_of', 'acts_of', 'prefer_versions', 'language_quotas', 'rank', 'choose_documents', 'split_by_share',
-           'document_quotas', 'with_score', 'copy_selected', 'write_selected', 'shingle_hashes', 'minhash', 'lsh_bands',
-           'near_duplicates', 'near_duplicate_share', 'minhash_of', 'synthetic_documents', 'top_count', 'token_target',
-           'SelectConfig', 'chosen_rules', 'select_documents', 'selection_report', 'report_table',
-           'write_selection_report', 'plot_report', 'select_run', 'select_main']
+__all__ = ['PRIORITY_TOPICS', 'RULES', 'CHARS_PER_TOKEN', 'SCAN_RANGE', 'PREFER', 'PREFERRED', 'SHINGLE_WORDS', 'NUM_PERM',
+           'LSH_WEIGHTS', 'NEAR_DUP', 'NEAR_DUP_MAX', 'BAND_BUCKET', 'SPILL_FILES', 'SELECT_RECORD', 'SELECT_BUCKET',
+           'ScoringRules', 'Facts', 'facts_of', 'Rule', 'Recency', 'DocType', 'Length', 'topic_flags', 'Subject',
+           'LanguageBonus', 'Score', 'rule_points', 'score_document', 'estimate_tokens', 'split_long_text',
+           'tokenizer_counter', 'FilterTally', 'DocumentFilter', 'Candidate', 'year_band', 'Candidates',
+           'as_candidates', 'gc_paused', 'scan_documents', 'act_of', 'acts_of', 'prefer_versions', 'language_quotas',
+           'rank', 'choose_documents', 'split_by_share', 'document_quotas', 'with_score', 'copy_selected',
+           'write_selected', 'shingle_hashes', 'minhash', 'lsh_bands', 'near_duplicates', 'near_duplicate_share',
+           'minhash_of', 'synthetic_documents', 'top_count', 'token_target', 'SelectConfig', 'chosen_rules',
+           'select_documents', 'selection_report', 'report_table', 'write_selection_report', 'plot_report',
+           'select_run', 'select_main']
 
 # %% ../nbs/01_scoring.ipynb #718167de
 PRIORITY_TOPICS = ('data protection', 'gdpr', 'privacy', 'consumer rights', 'environment', 'climate',
@@ -50,12 +51,14 @@ def _pairs(name: str, value) -> list[tuple[int, int]]:
                            f'got {value!r}')
     return bands
 
+# %% ../nbs/01_scoring.ipynb #a6ee368a
 def _strings(name: str, value) -> list[str]:
     "Check a list of non-empty strings; return them in lower case."
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v.strip() for v in value):
         raise LegalnbError(f'scoring rules: {name} must be a list of non-empty strings, got {value!r}')
     return [v.lower() for v in value]
 
+# %% ../nbs/01_scoring.ipynb #ea6d7cd5
 def _like(value) -> field:
     "A dataclass field whose default is a fresh copy of `value` (a list or dict: never shared between instances)."
     return field(default_factory=lambda: copy.deepcopy(value))
@@ -124,11 +127,13 @@ class Facts(NamedTuple):
     start: str = ''              # the start of the text that the topic search reads
     celex: str = ''
 
+# %% ../nbs/01_scoring.ipynb #eedbec7e
 def facts_of(doc: Document, rules: ScoringRules) -> Facts:
     "The `Facts` of `doc` under `rules`."
     return Facts(doc.date, doc.doc_type, len(doc.text), doc.lang, doc.subjects, doc.title,
                  doc.text[:rules.subject_scan_chars], doc.celex)
 
+# %% ../nbs/01_scoring.ipynb #a8696199
 class Rule:
     "A quality rule: `points` for a batch of documents' `Facts` under the rules' settings, the most it can give "
     "(`highest`) and what it rewards in words (`line`, printed by the report); `name` is its part of a `Score`."
@@ -138,6 +143,7 @@ class Rule:
     def line(self, rules: ScoringRules) -> str: raise NotImplementedError
     def __repr__(self) -> str: return f'{type(self).__name__}()'
 
+# %% ../nbs/01_scoring.ipynb #1db55a17
 class Recency(Rule):
     "The act's year: the points of the first band whose start year it reaches; 0 when older or undated."
     name = 'recency'
@@ -175,6 +181,7 @@ def _re2_literals(topics: Iterable[str]) -> str:
     "An RE2 pattern matching any of `topics` as written (every character but letters and digits escaped)."
     return '|'.join(''.join(c if c.isalnum() else f'\\x{{{ord(c):x}}}' for c in topic) for topic in topics)
 
+# %% ../nbs/01_scoring.ipynb #ad7e31f8
 def _find_topics(texts: list[str], topics: list[str]) -> list[bool]:
     "For each text, whether `any(topic in text.lower() for topic in topics)`; RE2 finds all topics in one pass."
     import pyarrow as pa, pyarrow.compute as pc
@@ -194,6 +201,7 @@ def topic_flags(docs: list[tuple[list[str], str, str]], rules: ScoringRules) -> 
     for i, hit in zip(rest, _find_topics(starts, topics)): flags[i] = hit
     return flags
 
+# %% ../nbs/01_scoring.ipynb #f01cb540
 class Subject(Rule):
     "`priority_points` when a priority topic appears in the subjects, the title or the start of the text, else 0."
     name = 'subject'
@@ -224,10 +232,12 @@ class Score(adict):
     def total(self) -> int: return sum(self.values())
     def __str__(self) -> str: return ' + '.join(f'{name} {p}' for name, p in self.items()) + f' = {self.total}'
 
+# %% ../nbs/01_scoring.ipynb #82979b62
 def rule_points(docs: list[Facts], rules: ScoringRules, by: list[Rule] = RULES) -> list[list[int]]:
     "Each rule's points for a batch of documents, rule by rule (one list a rule)."
     return [r.points(docs, rules) for r in by]
 
+# %% ../nbs/01_scoring.ipynb #4db238b0
 def score_document(doc: Document, rules: ScoringRules | None = None, by: list[Rule] = RULES) -> Score:
     "Score `doc` with `rules` (the defaults when None), keeping each rule's points."
     rules = rules or ScoringRules()
@@ -554,6 +564,7 @@ def scan_documents(path: Path, rules: ScoringRules, count_tokens: Callable[[str]
     return found.take(keep), _scan_counters(len(found), flags[keep], state['bad'])
 
 PREFER = ('both', 'consolidated', 'original')
+PREFERRED = 'consolidated'   # the default of --prefer
 
 # %% ../nbs/01_scoring.ipynb #42ce9133
 def act_of(celex: str) -> str:
@@ -580,7 +591,7 @@ def _act_groups(found: Candidates) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return index[order], starts, consolidated[order]
 
 # %% ../nbs/01_scoring.ipynb #ec1bf71e
-def prefer_versions(found: Candidates | list[Candidate], prefer: str = 'consolidated',
+def prefer_versions(found: Candidates | list[Candidate], prefer: str = PREFERRED,
                     counters: Counter | None = None   # where to count the versions seen (`versions.acts`, ...)
                     ) -> tuple[Candidates, int]:
     "Keep the versions of each act (per language) that `prefer` asks for; return them and how many were dropped."
@@ -625,6 +636,7 @@ def rank(c: Candidate) -> tuple:
     "Sort key, best first: higher score, then CELEX, then language (then input position, for documents without CELEX)."
     return (-c.score, c.celex, c.lang, c.offset)
 
+# %% ../nbs/01_scoring.ipynb #9be223e8
 def choose_documents(found: Candidates | list[Candidate], quotas: dict[str, float], target: float, threshold: int,
                      top: int | None = None,   # take at most this many documents (None: no limit)
                      unit: Literal['tokens', 'docs'] = 'tokens'  # what `quotas` and `target` count
@@ -639,6 +651,7 @@ def choose_documents(found: Candidates | list[Candidate], quotas: dict[str, floa
     chosen = np.fromiter(_take_best(rows, len(ranked), quotas, target, top, unit, why), np.int64)
     return found.take(chosen), why
 
+# %% ../nbs/01_scoring.ipynb #5179b2ce
 def _take_best(ranked: Iterable[tuple[int, str, int]],  # (id, language, tokens) of eligible candidates, best first
               n: int, quotas: dict[str, float], target: float, top: int | None,
               unit: Literal['tokens', 'docs'], why: Counter) -> Iterator[int]:
@@ -660,6 +673,7 @@ def split_by_share(weights: dict[str, int], n: int) -> dict[str, int]:
     for k in sorted(weights, key=lambda k: (-(n * weights[k] % total), k))[:n - sum(parts.values())]: parts[k] += 1
     return parts
 
+# %% ../nbs/01_scoring.ipynb #3e1914d6
 def document_quotas(input_tokens: dict[str, int], eligible: Candidates | list[Candidate], top: int) -> dict[str, int]:
     "Documents per language of `top`: its input share, capped by its eligible ones, plus what short ones leave."
     eligible = as_candidates(eligible)
@@ -667,6 +681,7 @@ def document_quotas(input_tokens: dict[str, int], eligible: Candidates | list[Ca
     have = Counter(dict(zip(langs, np.bincount(eligible.lang, minlength=len(langs)).tolist())))
     return _document_quotas(input_tokens, have, (langs[c] for c in eligible.lang[eligible.rank_order()].tolist()), top)
 
+# %% ../nbs/01_scoring.ipynb #e3a7378c
 def _document_quotas(input_tokens: dict[str, int], have: Counter, ranked_langs: Iterable[str],
                      top: int) -> dict[str, int]:
     "`document_quotas` from the eligible documents per language (`have`) and their languages best first."
@@ -685,6 +700,7 @@ def with_score(line: bytes, score: int, tokens: int, rewrite: bool = False) -> b
     rec = json.loads(line); rec.update(score=score, tokens=tokens)
     return json.dumps(rec, ensure_ascii=False).encode() + b'\n'
 
+# %% ../nbs/01_scoring.ipynb #32929c3e
 def copy_selected(src: Path, dest: Path, chosen: Candidates | Iterable[Candidate], rewrite: bool = False) -> int:
     "Copy the chosen documents' lines from `src` to the file `dest` in input order, adding score and tokens."
     chosen = as_candidates(chosen)
@@ -692,6 +708,7 @@ def copy_selected(src: Path, dest: Path, chosen: Candidates | Iterable[Candidate
     return _copy_lines(src, dest, zip(*(chosen.cols[c][k].tolist() for c in ('offset', 'size', 'score', 'tokens'))),
                        rewrite)
 
+# %% ../nbs/01_scoring.ipynb #9e392133
 def _copy_lines(src: Path, dest: Path, lines: Iterable[tuple[int, int, int, int]], rewrite: bool) -> int:
     "Copy the lines of `src` at (offset, size) to `dest` with their (score, tokens) added."
     n = 0
@@ -700,6 +717,7 @@ def _copy_lines(src: Path, dest: Path, lines: Iterable[tuple[int, int, int, int]
             w.write(with_score(os.pread(f.fileno(), size, offset), score, tokens, rewrite)); n += 1
     return n
 
+# %% ../nbs/01_scoring.ipynb #2f4c3b5d
 def write_selected(src: Path, out: str | Path, chosen: Candidates | Iterable[Candidate], rewrite: bool = False) -> int:
     "`copy_selected` to `out`, atomically."
     with atomic_write(out) as tmp: return copy_selected(src, tmp, chosen, rewrite)
@@ -720,6 +738,7 @@ def shingle_hashes(text: str, k: int = SHINGLE_WORDS) -> np.ndarray:
     for j in range(min(k, len(words))): h = h * _ROLL + hashed[j:j + n]   # (n,): shingle i's words i..i+k-1, in order
     return (h ^ (h >> np.uint64(32))).astype(np.uint32)
 
+# %% ../nbs/01_scoring.ipynb #ecc64305
 def minhash(text: str, num_perm: int = NUM_PERM):
     "The `datasketch.MinHash` of a text's shingles (hashes go in as they are; datasketch mixes them before permuting)."
     from datasketch import MinHash
@@ -727,7 +746,9 @@ def minhash(text: str, num_perm: int = NUM_PERM):
     for i in range(0, len(h), 1 << 11): m.update_batch(h[i:i + (1 << 11)].tolist())   # (2048, num_perm): 1 MB at a time
     return m
 
+# %% ../nbs/01_scoring.ipynb #b65e4e9f
 LSH_WEIGHTS = (0.05, 0.95)   # a missed pair stays in the selection; a false one only costs a comparison of signatures
+NEAR_DUP = 0.8               # the default near-duplicate threshold: 8-word shingles' Jaccard >= this
 NEAR_DUP_MAX = 0.99          # the highest threshold datasketch's LSH bands with 128 permutations (at 0.997: one band)
 
 def lsh_bands(threshold: float, num_perm: int = NUM_PERM) -> tuple[int, int]:
@@ -867,7 +888,7 @@ def _near_duplicate_ranked(src: Path, ranked: Path, n: int, threshold: float, nu
                          seconds=round(time.perf_counter() - t0, 3))
 
 # %% ../nbs/01_scoring.ipynb #3c1c43e3
-def near_duplicates(src: Path, found: Candidates, threshold: float = 0.8,
+def near_duplicates(src: Path, found: Candidates, threshold: float = NEAR_DUP,
                     num_proc: int = 1,          # processes computing signatures
                     workdir: str | Path | None = None,  # where the signatures are kept while they are compared
                     num_perm: int = NUM_PERM) -> tuple[np.ndarray, dict]:
@@ -880,7 +901,7 @@ def near_duplicates(src: Path, found: Candidates, threshold: float = 0.8,
     return drop, report
 
 # %% ../nbs/01_scoring.ipynb #8082131a
-def near_duplicate_share(path: str | Path, threshold: float = 0.8) -> dict:
+def near_duplicate_share(path: str | Path, threshold: float = NEAR_DUP) -> dict:
     "The documents of a JSONL that are near-duplicates of another of its documents (exact Jaccard of 8-word shingles)."
     from datasketch import MinHashLSH
     shingles, langs, celex = [], [], []
@@ -1005,13 +1026,14 @@ class SelectConfig:
     rules: str | None = None               # YAML or JSON file naming the scoring rules it changes
     tokenizer: str | None = None           # tokenizer.json to count tokens with; without it, characters / 4
     tolerance: float = 0.02                # allowed gap between a language's selected and target share
-    prefer: Literal['both', 'consolidated', 'original'] = 'consolidated'  # versions of one act to keep
-    near_dup: float = 0.8                  # drop near-duplicates: 8-word shingles Jaccard >= this (0: off)
+    prefer: Literal[PREFER] = PREFERRED    # versions of one act to keep
+    near_dup: float = NEAR_DUP             # drop near-duplicates: 8-word shingles Jaccard >= this (0: off)
     num_proc: int | None = None            # processes scoring and comparing documents (default: all cores)
     strict: bool = False                   # stop at the first line that cannot be read
 
     def __post_init__(self): _check_selection(self)   # checked once, when the config is made
 
+# %% ../nbs/01_scoring.ipynb #0d976d14
 def _check_selection(cfg: SelectConfig):
     "Refuse settings that cannot give a selection, naming the setting, before any file is read."
     if cfg.target_tokens is not None and (not isinstance(cfg.target_tokens, int) or cfg.target_tokens <= 0):
@@ -1031,6 +1053,7 @@ def _check_selection(cfg: SelectConfig):
         raise LegalnbError('--target-tokens or --top is required: a token budget such as 2M, or a number of '
                            'documents such as 10K; see legalnb select --help')
 
+# %% ../nbs/01_scoring.ipynb #64c0e0e8
 def chosen_rules(cfg: SelectConfig) -> ScoringRules:
     "The scoring rules a selection uses: the `--rules` file's (or the defaults), with `--threshold` over them."
     rules = ScoringRules.load(cfg.rules) if cfg.rules else ScoringRules()

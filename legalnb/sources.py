@@ -114,6 +114,7 @@ class Celex:
         if self.corrigendum is not None: s += f'R({self.corrigendum:02d})'
         return s + (f'-{self.consolidated:%Y%m%d}' if self.consolidated else '')
 
+# %% ../nbs/00_sources.ipynb #e69a7c43
 def _full_year(s: str) -> str:
     "The 10-character form of an old 8-character CELEX (`302L0058` -> `32002L0058`, `395L0046` -> `31995L0046`)."
     m = _OLD_CELEX.fullmatch(s)
@@ -131,6 +132,7 @@ def parse_celex(s: str) -> Celex:
     return Celex(m['sector'], int(m['year']), m['type'], m['number'], int(corr) if corr else None,
                  parse_date(cons, f'CELEX {s}') if cons else None)
 
+# %% ../nbs/00_sources.ipynb #19918ea1
 def base_celex(celex: str | Celex) -> str:
     "The CELEX of the act a consolidated text consolidates (`02016R0679-20160504` -> `32016R0679`); else ''."
     c = celex if isinstance(celex, Celex) else parse_celex(celex)
@@ -181,6 +183,7 @@ def _plain(s: str) -> str:
 _TITLE_TYPE = {_plain(w): t for t, words in TITLE_WORDS.items() for w in words.split()}
 _TITLE_STEMS = sorted(_TITLE_TYPE, key=len, reverse=True)   # longest first: `direktiivi` before `direktiv`
 
+# %% ../nbs/00_sources.ipynb #95e409d9
 def _word_type(word: str) -> str | None:
     "The type a title word names: as is, ending a compound (`Durchführungsverordnung`) or inflected (`rendelete`)."
     if word in _TITLE_TYPE: return _TITLE_TYPE[word]
@@ -206,12 +209,14 @@ def _doc_type(value, celex: str) -> str:
     try: return doc_type_from_celex(celex) if celex else 'other'
     except LegalnbError: return 'other'
 
+# %% ../nbs/00_sources.ipynb #26720863
 def _json_kind(value) -> str:
     "What a JSON value is, in JSON's words: 'a number 42', 'a list', 'true'."
     if isinstance(value, bool): return str(value).lower()
     if isinstance(value, (int, float)): return f'a number ({value!r})' if value == value else 'NaN'
     return {list: 'a list', dict: 'an object'}.get(type(value), type(value).__name__)
 
+# %% ../nbs/00_sources.ipynb #f3f617a8
 def _subjects(value, where: str = '') -> list[str]:
     "Subjects as a list of strings: from a list, or from one string separated by `;`."
     items = value.split(';') if type(value) is str else (value or [])
@@ -221,6 +226,7 @@ def _subjects(value, where: str = '') -> list[str]:
     raise LegalnbError(f'{where}: "subjects" must be a list of strings or one string separated by ";", '
                        f'got {_json_kind(value)}')
 
+# %% ../nbs/00_sources.ipynb #7b42d35e
 def check_language(lang, where: str = '') -> str:
     "`lang` in lower case if it is one of `EU_LANGUAGES`, else an error that names `where` and lists them."
     code = lang.strip().lower() if isinstance(lang, str) else None
@@ -247,6 +253,7 @@ def language_codes(text: str) -> list[str]:
                            f'expected some of {", ".join(EU_LANGUAGES)}')
     return codes
 
+# %% ../nbs/00_sources.ipynb #c191bd4d
 def type_names(text: str) -> list[str]:
     "Document types from 'regulation,directive': the Document contract's `doc_type` values (a flag type)."
     names = _listed(text, 'document types', 'regulation,directive')
@@ -254,6 +261,7 @@ def type_names(text: str) -> list[str]:
         raise LegalnbError(f'{bad[0]!r} is not a document type; expected some of {", ".join(DOC_TYPES)}')
     return names
 
+# %% ../nbs/00_sources.ipynb #5cfe1f4c
 def iso_date(text: str) -> date:
     "A date from 'yyyy-mm-dd' (a flag type: command_parser names the flag); a `date` is kept as it is."
     if isinstance(text, date): return text
@@ -281,12 +289,14 @@ def record_fields(rec: dict, where: str = '') -> tuple[str, str, str, str, date 
     return (celex, ' '.join(title.split()), text, lang, parse_date(rec.get('date'), where),
             _doc_type(rec.get('doc_type'), celex), _subjects(rec.get('subjects'), where))
 
+# %% ../nbs/00_sources.ipynb #74f4c8bf
 def document_from_record(rec: dict, where: str = '', source: str = '') -> Document:
     "A `Document` from one JSON record, with the defaults above; `where` names the record in errors."
     fields = record_fields(rec, where)
     return Document(*fields, str(rec.get('source') or source), str(rec.get('base_celex') or '') or _base_of(fields[0]),
                     str(rec.get('cellar') or ''))
 
+# %% ../nbs/00_sources.ipynb #c59aa02f
 def _base_of(celex: str) -> str:
     "The base act of a consolidated CELEX (`0...-yyyymmdd`), else ''; a CELEX that does not parse has none."
     try: return base_celex(celex) if celex[:1] == '0' else ''
@@ -352,6 +362,7 @@ def _quote_mark(el: ET.Element) -> str:
     try: return chr(int(el.get('CODE', ''), 16))
     except ValueError: return '“' if el.tag == 'QUOT.START' else '”'
 
+# %% ../nbs/00_sources.ipynb #c0ff04bc
 def _unpaired_quotes(note: ET.Element, moved: frozenset = frozenset()) -> str:
     "Quotation marks inside a footnote whose partner lies outside it (they belong to the main text), unless `moved`."
     marks = [q for q in note.iter() if q.tag in _QUOTES]
@@ -359,6 +370,7 @@ def _unpaired_quotes(note: ET.Element, moved: frozenset = frozenset()) -> str:
     partner = lambda q: q.get('REF.END' if q.tag == 'QUOT.START' else 'REF.START')
     return ''.join(_quote_mark(q) for q in marks if partner(q) not in ids and q.get('ID') not in moved)
 
+# %% ../nbs/00_sources.ipynb #75c6ef69
 def _closing_marks(root: ET.Element) -> tuple[dict, frozenset]:
     "Closing marks in a footnote whose opening mark is outside it: ({id(element holding both): marks}, their IDs)."
     ends = {}
@@ -448,6 +460,7 @@ def _formex_celex(roots: list, doc_type: str, path: Path, corrigendum: bool = Fa
     if not (year and number and year.strip().isdigit() and number.strip().isdigit()): return ''
     return celex_from_number(year, number, doc_type)
 
+# %% ../nbs/00_sources.ipynb #9086fa4a
 def _consolidation(act: ET.Element, path: Path) -> tuple[str, date | None, str]:
     "(CELEX `0YYYYTNNNN-YYYYMMDD`, date of the version, legal value) of a consolidated text, from its `INFO.CONSLEG`."
     info = _first([act], './INFO.CONSLEG', './CONS.DOC/INFO.CONSLEG')
@@ -458,6 +471,7 @@ def _consolidation(act: ET.Element, path: Path) -> tuple[str, date | None, str]:
                            f'(e.g. "2016R0679" and "20160504"), got {ref!r} and {start!r}') from None
     return str(celex), celex.consolidated, info.get('LEG.VAL', '')
 
+# %% ../nbs/00_sources.ipynb #1f205798
 def _formex_title(wrapper: ET.Element | None, act: ET.Element) -> str:
     "The act's title on one line: the wrapper's, else the act's own `TITLE`."
     titles = (wrapper.iter('TITLE') if wrapper is not None else [])
@@ -521,12 +535,14 @@ def _wrapper_name(p: Path, root: ET.Element) -> str:
     ref = _first([root], 'BIB.INSTANCE/DOCUMENT.REF', 'CONS.DOC/BIB.INSTANCE/DOCUMENT.REF')
     return ref.get('FILE', p.name) if ref is not None else p.name
 
+# %% ../nbs/00_sources.ipynb #c2159cfd
 def _number_key(root: ET.Element, bib: str) -> tuple | None:
     "(year, number, language) of a wrapper (`bib='BIB.DOC'`) or an act (`'BIB.INSTANCE'`)."
     no = root.find(f'{bib}/NO.DOC')
     return None if no is None else (no.findtext('YEAR', '').strip(), no.findtext('NO.CURRENT', '').strip(),
                                     root.findtext('.//LG.DOC', '').strip())
 
+# %% ../nbs/00_sources.ipynb #ddfc6b6c
 def _publication(group: list, wrapper: ET.Element | None
                  ) -> tuple[Path, ET.Element, ET.Element | None, list[ET.Element]]:
     "(act path, act, wrapper, annexes in order) from the parsed files of one publication."
@@ -544,6 +560,7 @@ def _formex_parts(files: list[Path]) -> list[tuple[Path, ET.Element]]:
     "(path, root) of each Formex file, without tables of contents (`PUBLICATION`) and other XML; bad XML raises."
     return [(p, r) for p in files if (r := read_formex_file(p)).tag != 'PUBLICATION' and _FORMEX_NAME.fullmatch(r.tag)]
 
+# %% ../nbs/00_sources.ipynb #2dde6e93
 def _groups(parts: list[tuple[Path, ET.Element]]) -> Iterator[tuple[list, ET.Element | None]]:
     "The (files, wrapper) of each publication among the parsed Formex files of one folder."
     wrappers, others = [x for x in parts if x[1].tag == 'DOC'], [x for x in parts if x[1].tag != 'DOC']
@@ -558,6 +575,7 @@ def _groups(parts: list[tuple[Path, ET.Element]]) -> Iterator[tuple[list, ET.Ele
         by_act = by_number.get(_number_key(act, 'BIB.INSTANCE')) if act is not None else None
         yield group, by_name.get(name) or by_act
 
+# %% ../nbs/00_sources.ipynb #8da768dc
 def _publications(files: list[Path]) -> Iterator[tuple[Path, ET.Element, ET.Element | None, list[ET.Element]]]:
     "Group the Formex files of one folder into (act path, act, wrapper, annexes) publications."
     for group, wrapper in _groups(_formex_parts(files)): yield _publication(group, wrapper)
@@ -567,6 +585,7 @@ def _visible(p: Path, root: Path) -> bool:
     "True unless a part of `p` below `root` is hidden (`.ipynb_checkpoints`, temporary files)."
     return not any(part.startswith('.') for part in p.relative_to(root).parts)
 
+# %% ../nbs/00_sources.ipynb #5beba547
 def _formex_folders(path: Path) -> list[list[Path]]:
     "The Formex files to read together, folder by folder: of a folder tree, or of one file (its folder's, if a DOC)."
     if path.is_file():
@@ -624,6 +643,7 @@ def _stems(names: list[str]) -> list[str]:
 
 _MONTH_STEMS = {lang: _stems(names.split()) for lang, names in MONTHS.items()}
 
+# %% ../nbs/00_sources.ipynb #2064a9d6
 def _day(word: str) -> int | None:
     "A day of the month as titles write it: `13`, `13.`, `13ης`, `13th`."
     m = re.fullmatch(r'(\d{1,2})\D{0,3}', word)
@@ -672,14 +692,17 @@ def html_root(path: str | Path, raw: bytes) -> lxml.etree._Element:
     if root is None: raise LegalnbError(f'{path}: an empty HTML file')
     return root
 
+# %% ../nbs/00_sources.ipynb #e2838818
 def _text_of(el) -> str:
     "The text of an element on one line."
     return ' '.join(''.join(el.itertext()).split())
 
+# %% ../nbs/00_sources.ipynb #994f0707
 def _classes(el) -> set[str]:
     "The classes of an element without the OJ's `oj-` prefix (CONVEX wrote `doc-ti` before 2016, `oj-doc-ti` after)."
     return {c.removeprefix('oj-') for c in (el.get('class') or '').split()}
 
+# %% ../nbs/00_sources.ipynb #fd64b225
 class Page:
     "A parsed HTML or XHTML page, its elements indexed by class (without the `oj-` prefix)."
     def __init__(self, path: str | Path, raw: bytes):
@@ -716,6 +739,7 @@ class _Html(_Blocks):
     def __init__(self, notes: list | None, skip: set, calls: set, note_texts: set):
         super().__init__(notes); self.skip, self.calls, self.note_texts = skip, calls, note_texts
 
+# %% ../nbs/00_sources.ipynb #78acf451
 def _walk_html(el, out: _Html, flat: bool = False):
     "Append the text of an HTML element to `out`, block by block (`_walk` for HTML)."
     tag = el.tag
@@ -739,6 +763,7 @@ def _walk_html(el, out: _Html, flat: bool = False):
     if block: out.add(' ') if flat else out.end()
     out.add(el.tail)
 
+# %% ../nbs/00_sources.ipynb #f0f01322
 def _drop_call(tail: str, out: _Html):
     "Leave out a footnote call as Formex leaves out `NOTE`: `Committee (1),` -> `Committee,`; `Treaty (<a>1</a>),` too."
     if out.buf and out.buf[-1].rstrip().endswith('(') and tail.lstrip().startswith(')'):   # brackets outside the link
@@ -925,6 +950,7 @@ def metadata_facts(meta: dict, lang: str) -> dict:
                 title=mine.get('title') or meta.get('title') or '',
                 subjects=subjects or _subjects(meta.get('subjects')))
 
+# %% ../nbs/00_sources.ipynb #780ecf0b
 _READERS = {'oj': oj_facts, 'consolidated': consolidated_facts, 'eurlex': eurlex_facts}
 
 def read_html(path: str | Path, raw: bytes | None = None,
@@ -957,6 +983,7 @@ def read_html(path: str | Path, raw: bytes | None = None,
                    list(more.get('subjects') or []), str(path), _base_of(celex))
     return doc, len(found[1])
 
+# %% ../nbs/00_sources.ipynb #10c952c3
 def html_document(path: str | Path, meta: dict | None = None, notes: bool = False) -> Document:
     "The `Document` of one XHTML or HTML file (see `read_html`)."
     return read_html(path, None, meta, notes)[0]
@@ -1112,6 +1139,7 @@ def _skipped(source, e: LegalnbError | str, reason: str | None = None) -> tuple:
     "The item for something that could not be read: ('skip', source, reason, error)."
     return 'skip', str(source), reason or skip_reason(str(e)), str(e)
 
+# %% ../nbs/00_sources.ipynb #3963da3c
 def _read_formex_files(files: list[Path], notes: bool) -> list[tuple]:
     "The publications in one folder's Formex files: ('doc', Document, footnotes) or ('skip', source, reason, error)."
     try: parts = _formex_parts(files)
@@ -1125,6 +1153,7 @@ def _read_formex_files(files: list[Path], notes: bool) -> list[tuple]:
         except LegalnbError as e: out.append(_skipped(group[0][0], e))
     return out
 
+# %% ../nbs/00_sources.ipynb #08fda2ba
 def _jsonl_items(path: Path) -> Iterator[tuple]:
     "('doc', Document, 0) for each good line of a JSONL file, ('skip', 'file, line n', reason, error) for a bad one."
     for n, _, _, rec in jsonl_records(path, errors='yield'):
@@ -1133,6 +1162,7 @@ def _jsonl_items(path: Path) -> Iterator[tuple]:
             yield 'doc', document_from_record(rec, f'{path}, line {n}', str(path)), 0
         except LegalnbError as e: yield _skipped(f'{path}, line {n}', e)
 
+# %% ../nbs/00_sources.ipynb #1764ab66
 def _metadata(files: list[Path]) -> dict | None:
     "The metadata file among a folder's files (`meta.json` first), as a dict; None when there is none or it is broken."
     for p in sorted(files, key=lambda p: p.name != 'meta.json'):
@@ -1141,6 +1171,7 @@ def _metadata(files: list[Path]) -> dict | None:
         if isinstance(meta, dict): return meta
     return None
 
+# %% ../nbs/00_sources.ipynb #17eb6673
 def _read_unit(files: list[Path], notes: bool, counts: Counter) -> list[tuple]:
     "The items of one folder's files (or part of them), in order: Formex publications, pages, JSON lines, the rest."
     kinds = {p: file_kind(p) for p in files}
@@ -1159,12 +1190,14 @@ def _read_unit(files: list[Path], notes: bool, counts: Counter) -> list[tuple]:
             out.append(_skipped(p, f'{p}: {what}, not a document legalnb reads (Formex, XHTML/HTML, JSON lines)', kind))
     return out
 
+# %% ../nbs/00_sources.ipynb #f5aab216
 def _read_batch(job: tuple[list[tuple[Path, list[Path]]], bool]) -> tuple[list[tuple], Counter]:
     "The items of one batch of files, and the files counted by kind (`files.formex`, `files.html`, ...)."
     batch, notes = job
     counts = Counter()
     return [_provenance(item, files[0]) for _, files in batch for item in _read_unit(files, notes, counts)], counts
 
+# %% ../nbs/00_sources.ipynb #ebedc2a2
 MANIFEST = 'download.json'   # what `legalnb download` fetched into a folder, item by item
 
 def read_manifest(folder: str | Path) -> dict | None:
@@ -1179,6 +1212,7 @@ def read_manifest(folder: str | Path) -> dict | None:
                            'legalnb download again into this folder to write it anew')
     return m
 
+# %% ../nbs/00_sources.ipynb #2a6dacac
 @functools.lru_cache(maxsize=64)
 def _fetched(root: Path, stamp: int) -> dict:
     "The items of the download manifest in `root` by path (`stamp`: its modification time, so a new one is read)."
@@ -1193,6 +1227,7 @@ def fetched_from(path: str | Path) -> dict | None:
             return next((items[k] for k in ('/'.join(rel[:i]) for i in range(len(rel), 0, -1)) if k in items), None)
     return None
 
+# %% ../nbs/00_sources.ipynb #8bd650f2
 def _provenance(item: tuple, path: Path) -> tuple:
     "A document read from a downloaded folder, with the CELLAR URI it came from (and the CELEX, if the file has none)."
     if item[0] == 'doc' and (e := fetched_from(path)):
@@ -1207,17 +1242,20 @@ class _OneProcess:
     def __exit__(self, *exc): pass
     def apply_async(self, f, args): return _Done(f(*args))
 
+# %% ../nbs/00_sources.ipynb #4a3db3de
 class _Done:
     "A result computed already, with the `get()` of a pool's result."
     def __init__(self, value): self.value = value
     def get(self): return self.value
 
+# %% ../nbs/00_sources.ipynb #95855a05
 def _pool(procs: int):
     "A pool of `procs` worker processes (forked where the system can, so nothing is imported again); one: this process."
     if procs <= 1: return _OneProcess()
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context('fork' if 'fork' in methods else None).Pool(procs)
 
+# %% ../nbs/00_sources.ipynb #4ac81a21
 def in_order(pool, f, jobs: Iterable, ahead: int) -> Iterator:
     "`f(job)` for each job, computed by `pool`, given back in the jobs' order; never more than `ahead` jobs handed out."
     waiting = deque()
@@ -1226,6 +1264,7 @@ def in_order(pool, f, jobs: Iterable, ahead: int) -> Iterator:
         if len(waiting) >= ahead: yield waiting.popleft().get()
     while waiting: yield waiting.popleft().get()
 
+# %% ../nbs/00_sources.ipynb #105a2c52
 def _procs_for(batches: Iterator, num_proc: int) -> tuple[int, Iterator]:
     "Processes worth starting for these batches (one when there is a single batch), and the batches again."
     first = list(itertools.islice(batches, 2))
@@ -1244,6 +1283,7 @@ def read_items(paths: str | Path | Iterable[str | Path], skip: Iterable[str | Pa
             yield from items
             bar.update(sum(v for k, v in counts.items() if k.startswith('files.')))
 
+# %% ../nbs/00_sources.ipynb #c77af20a
 def read_documents(paths: str | Path | Iterable[str | Path], skip: Iterable[str | Path] = ()) -> Iterator[Document]:
     "Stream `Document`s from folders and files of any kind legalnb reads; the first broken one raises, empty input too."
     n = 0
@@ -1254,6 +1294,7 @@ def read_documents(paths: str | Path | Iterable[str | Path], skip: Iterable[str 
         n += 1; yield item[1]
     if n == 0: raise _nothing_found(paths)
 
+# %% ../nbs/00_sources.ipynb #b28d8b40
 def _nothing_found(paths) -> LegalnbError:
     "The error for inputs that hold no document at all."
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
@@ -1560,12 +1601,16 @@ class ParseConfig:
     def __post_init__(self):
         if self.batch_files < 1: raise LegalnbError(f'--batch-files must be at least 1, got {self.batch_files}')
 
+# %% ../nbs/00_sources.ipynb #93a4e544
 def parse_command(cfg: ParseConfig):
     "`legalnb parse` from its config: the documents read into `cfg.out`, and a summary printed."
     counts = parse_documents(cfg.inputs, cfg.out, None if cfg.progress else False, cfg.strict, cfg.num_proc, cfg.notes,
                              cfg.batch_files)
     print(format_parse_summary(counts, cfg.out))
 
+# %% ../nbs/00_sources.ipynb #4fe0377f
 def parse_run(cfg: ParseConfig) -> int: return run_writing(lambda: parse_command(cfg), {}, 'legalnb parse')
+
+# %% ../nbs/00_sources.ipynb #3ba26434
 def parse_main(argv: list[str]) -> int:
     return parse_run(ParseConfig(**flag_settings(ParseConfig, 'legalnb parse', argv)))

@@ -49,6 +49,8 @@ SHAPE_FLAGS = ('dim', 'num_layers', *shape_flags())  # shortcuts of model_overri
 
 # %% ../nbs/05_train.ipynb #870ea58e
 from .presets import wsd_decay_start, wsd_factor, moved_decay   # the schedule arithmetic both trainers share
+from .checkpoint import KEEP_CHECKPOINTS   # TrainConfig defaults that the checkpoint and data stages own
+from .data import PREFETCH_FACTOR
 
 # %% ../nbs/05_train.ipynb #a6da8542
 @dataclass
@@ -87,7 +89,7 @@ class TrainConfig:
     strategy: Literal[NATIVE_STRATEGIES] = 'ddp'  # several ranks: ddp (full replicas) or fsdp (sharded: large sizes)
     activation_checkpointing: bool = False  # recompute block activations in backward to save memory
     save_every: int = 2000              # checkpoint every N optimizer steps (and at the end)
-    keep: int = 3                       # newest checkpoints kept; older ones are deleted
+    keep: int = KEEP_CHECKPOINTS        # newest checkpoints kept; older ones are deleted
     eval_every: int = 500               # validation loss every N steps (0: only at the end)
     eval_batches: int = 20              # micro-batches of the val split per evaluation
     eval_tokens: int | None = None      # tokens an evaluation scores (None: 0.15 x step tokens x eval_every)
@@ -98,7 +100,7 @@ class TrainConfig:
     seed: int = 1337                    # seeds model init, data order and every RNG
     num_workers: int | None = None      # DataLoader worker processes per rank (None: 4, at most the machine's cores)
     pin_memory: bool = True             # page-locked host batches for async copies (CUDA only)
-    prefetch_factor: int = 4            # batches each worker prepares ahead
+    prefetch_factor: int = PREFETCH_FACTOR  # batches each worker prepares ahead
     vocab_size: int | None = None       # override the manifest's vocabulary size (data without a manifest)
     device: Literal[DEVICES] = 'auto'   # auto: cuda when a GPU is visible
     cpu_threads: int | None = None      # torch's CPU threads (None: torch's default); 1 suits tiny models on a busy CPU
@@ -121,6 +123,7 @@ def _invalid(name: str, what: str):
     e = LegalnbError(f'TrainConfig.{name}{what}'); e.field, e.what = name, what
     raise e
 
+# %% ../nbs/05_train.ipynb #292a3090
 def _trackers(report_to: str, tensorboard: bool, wandb: bool) -> str:
     "The trackers of a run, comma-joined ('none' for none): --report-to's, and the older --tensorboard and --wandb."
     try: names = parse_report_to(report_to)
@@ -129,6 +132,7 @@ def _trackers(report_to: str, tensorboard: bool, wandb: bool) -> str:
     check_trackers(names)   # a missing package: refused now, in one line, not after the data is read
     return ','.join(names) or 'none'
 
+# %% ../nbs/05_train.ipynb #d2a65877
 def _typed(f: dataclasses.Field, v, name: str | None = None, text: bool = True):
     "The value `v` of field `f` as the field's type: numbers from text ('1e-3', '2,000'), whole numbers for ints."
     name = name or f.name                      # the field to name in an error
@@ -153,6 +157,7 @@ def _typed(f: dataclasses.Field, v, name: str | None = None, text: bool = True):
     if v != int(v): _invalid(name, f': expected a whole number, got {v!r}')
     return int(v)
 
+# %% ../nbs/05_train.ipynb #3b9e4d77
 _SET_ELSEWHERE = {'vocab_size': 'vocab_size', 'checkpointing': 'activation_checkpointing'}  # TrainConfig fields
 
 def _model_overrides(model: str, size: str, overrides: dict, shortcuts: dict) -> dict:
@@ -175,7 +180,6 @@ def _model_overrides(model: str, size: str, overrides: dict, shortcuts: dict) ->
         except LegalnbError as e: _invalid(field_name, f'{where}{e.what}')
     return typed
 
-
 # %% ../nbs/05_train.ipynb #7ad2d9a8
 _dataclass_init = TrainConfig.__init__
 
@@ -186,6 +190,7 @@ def _init(self, *args, **kwargs):
     _dataclass_init(self, *args, **kwargs)
 TrainConfig.__init__ = _init
 
+# %% ../nbs/05_train.ipynb #f99e621b
 @patch
 def check_fields(self: TrainConfig, shortcuts: dict):
     "Every field as its type, the trackers checked, and the model's overrides with the `shortcuts` given (dim=...)."
@@ -194,6 +199,7 @@ def check_fields(self: TrainConfig, shortcuts: dict):
     self.report_to = _trackers(self.report_to, self.tensorboard, self.wandb)
     self.model_overrides = _model_overrides(self.model, self.size, self.model_overrides, shortcuts)
 
+# %% ../nbs/05_train.ipynb #dddf38ce
 @patch
 def check_values(self: TrainConfig):
     "Refuse values out of range or in conflict, naming the field."
@@ -242,13 +248,14 @@ def _preset_fields(name: str, size: str, model: str) -> dict:
 
 @classmethod
 def from_preset(cls, name: str,  # preset name: fast, full, aggressive
-                size: str = 'small', # model size (picks micro-batch and accumulation)
+                size: str = TrainConfig.size,  # model size (picks micro-batch and accumulation)
                 **overrides) -> TrainConfig:
     "A config from preset `name` for `size` of the model `overrides` name (DEFAULT_MODEL), `overrides` on top."
     return cls(**{**_preset_fields(name, size, overrides.get('model', cls.model)), 'size': size, 'preset': name,
                   **overrides})
 TrainConfig.from_preset = from_preset
 
+# %% ../nbs/05_train.ipynb #15164eb3
 @classmethod
 def from_yaml(cls, path: str | Path, **overrides) -> TrainConfig:
     "A config from a YAML file of field: value pairs (a `preset:` key is applied first); errors name the file."
@@ -465,6 +472,7 @@ class Dist:
     @property
     def main(self) -> bool: return self.rank == 0
 
+# %% ../nbs/05_train.ipynb #a9958148
 def setup_distributed(device: str = 'auto') -> Dist:
     "Read the torchrun environment, join the process group if there is one, pick the device."
     world, rank, local = (int(os.environ.get(k, d)) for k, d in (('WORLD_SIZE', 1), ('RANK', 0), ('LOCAL_RANK', 0)))
@@ -476,6 +484,7 @@ def setup_distributed(device: str = 'auto') -> Dist:
         dist.init_process_group('nccl' if cuda else 'gloo', **({'device_id': dev} if cuda else {}))
     return Dist(rank, world, local, dev, launched)
 
+# %% ../nbs/05_train.ipynb #b82aa3c2
 def all_mean(x: torch.Tensor, d: Dist) -> torch.Tensor:
     "Mean of `x` over all ranks (itself when there is one rank)."
     if d.world_size > 1: x = x.clone(); dist.all_reduce(x); x /= d.world_size
@@ -501,6 +510,7 @@ def open_split(folder: str | Path,              # a split folder: train/, val/ (
         raise LegalnbError(f'{folder/"val"}: rows of {val_ds.seq_len} tokens, train has {train_ds.seq_len}')
     return train_ds, val_ds
 
+# %% ../nbs/05_train.ipynb #56c0ced6
 def train_loader(ds, cfg: TrainConfig, d: Dist, start_step: int = 0):
     "Micro-batches for this rank from optimizer step `start_step` on, in the sampler's order."
     from legalnb.data import StepSampler, make_loader, source_groups
@@ -515,6 +525,7 @@ def train_loader(ds, cfg: TrainConfig, d: Dist, start_step: int = 0):
     loader.generator = torch.Generator().manual_seed(cfg.seed)  # worker seeds from here, not the global RNG
     return loader
 
+# %% ../nbs/05_train.ipynb #43a0dda0
 def val_loader(ds, cfg: TrainConfig, d: Dist):
     "The first `eval_batches` micro-batches of the val split for this rank, the same at every evaluation."
     from legalnb.data import StepSampler, make_loader
@@ -531,16 +542,17 @@ def unpack_batch(batch) -> tuple:
     x, y, *rest = batch
     return x, y, (rest[0] if rest else None)
 
+# %% ../nbs/05_train.ipynb #c1aac54f
 def takes_doc_starts(model: torch.nn.Module) -> bool:
     "Whether the model's forward accepts `doc_starts`, the (B, L) bool mask of document starts in each row."
     return 'doc_starts' in inspect.signature(model.forward).parameters
 
+# %% ../nbs/05_train.ipynb #9d899f8b
 def model_loss(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, starts: torch.Tensor | None,
                doc_starts: bool) -> torch.Tensor:
     "The mean loss of `net` on a batch; document starts go to models that take them (`doc_starts`)."
     if starts is not None and doc_starts: return net(x, y, doc_starts=starts.to(x.device, non_blocking=True))[1]
     return net(x, y)[1]
-
 
 # %% ../nbs/05_train.ipynb #ab45bb56
 def resolve_batch(cfg: TrainConfig,  # the run's config
@@ -574,6 +586,7 @@ def model_config(cfg: TrainConfig, vocab_size: int, seq_len: int):
     saved = saved_model_config(cfg)
     return mc if saved is None else predated(mc, saved, cfg.model_overrides)
 
+# %% ../nbs/05_train.ipynb #6fa72c4a
 def saved_model_config(cfg: TrainConfig) -> dict | None:
     "The model config of the checkpoint `--resume` or `--init-from` names; None without one, or where none reads "
     "(`resume` and `init_weights` then say why)."
@@ -586,6 +599,7 @@ def saved_model_config(cfg: TrainConfig) -> dict | None:
         return {k: v for k, v in read_json(path/'config.json', 'a model folder').items() if k != 'architecture'}
     except (LegalnbError, KeyError, TypeError, AttributeError): return None
 
+# %% ../nbs/05_train.ipynb #e2a2e173
 def predated(mc,               # the model config this run builds
              saved: dict,      # a checkpoint's model config
              overrides: dict,  # the run's model_overrides
@@ -598,12 +612,12 @@ def predated(mc,               # the model config this run builds
     except (LegalnbError, TypeError): return mc    # check_resume names what differs
     return dataclasses.replace(mc, **{k: getattr(then, k) for k in absent})
 
+# %% ../nbs/05_train.ipynb #512c1293
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     "AdamW with weight decay where the architecture's spec says (matrices, not norms or filters), fused."
     from legalnb.models import get_model
     groups = get_model(cfg.model).param_groups(model, cfg.weight_decay)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type in ('cuda', 'cpu'))
-
 
 # %% ../nbs/05_train.ipynb #46ca6c5c
 def check_resume(saved: dict,  # the model config stored in the checkpoint
@@ -616,6 +630,7 @@ def check_resume(saved: dict,  # the model config stored in the checkpoint
     if diff: raise LegalnbError(f'{path}: checkpoint is from another model ({", ".join(diff)}); pass the --model, '
                                 '--size and overrides (--dim, --num-layers, ...) it was trained with, or a new --out')
 
+# %% ../nbs/05_train.ipynb #a35027ab
 def upgraded_config(saved: dict) -> dict:
     "A TrainConfig dict from a checkpoint, in today's fields: no `model` is DEFAULT_MODEL, old shape keys overrides."
     saved = dict(saved)
@@ -623,6 +638,7 @@ def upgraded_config(saved: dict) -> dict:
     over = {k: v for k, v in over.items() if v is not None}
     return {'model': DEFAULT_MODEL, **saved, 'model_overrides': {**saved.get('model_overrides', {}), **over}}
 
+# %% ../nbs/05_train.ipynb #a9e3fb7a
 RESUME_MAY_CHANGE = ('max_steps', 'epochs', 'save_every', 'keep', 'eval_every', 'eval_batches', 'log_every', 'progress',
                      'tensorboard', 'wandb', 'report_to', 'resume', 'overwrite', 'out', 'data', 'device', 'cpu_threads',
                      'num_workers', 'pin_memory', 'prefetch_factor', 'compile',
@@ -654,6 +670,7 @@ def evaluate_loss(model: torch.nn.Module, loader: Iterable, d: Dist, precision: 
     model.train(was)
     return all_mean(total / max(n, 1), d).item()
 
+# %% ../nbs/05_train.ipynb #01ba269e
 def val_bytes_per_token(data: str | Path,  # the split folder (its tokenizer.json decodes the rows)
                         val_ds, cfg: TrainConfig) -> float | None:
     "UTF-8 bytes per token of the val rows the trainer evaluates on; None when the split has no tokenizer.json."
@@ -666,10 +683,12 @@ def val_bytes_per_token(data: str | Path,  # the split folder (its tokenizer.jso
     nbytes = sum(len(tok.decode(row.tolist(), skip_special_tokens=True).encode('utf-8')) for y in targets for row in y)
     return nbytes / sum(y.numel() for y in targets) if nbytes else None
 
+# %% ../nbs/05_train.ipynb #397cd73f
 def bits_per_byte(loss: float | None, bytes_per_token: float | None) -> float | None:
     "Bits per byte from a loss in nats per token: loss / ln 2 / bytes per token (tokenizer-independent)."
     return None if loss is None or not bytes_per_token else loss / math.log(2) / bytes_per_token
 
+# %% ../nbs/05_train.ipynb #b9521164
 def peak_flops(device: torch.device, precision: str) -> float | None:
     "Dense peak FLOP/s of the GPU `device` at `precision`, or None (CPU, or a GPU the table lacks)."
     if device.type != 'cuda': return None
@@ -686,6 +705,7 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
     fully_shard(model)  # the root: embeddings, final norm, head (a tied head stays one tensor)
     return model
 
+# %% ../nbs/05_train.ipynb #3c4d2dea
 def save_shards(run: Run, step: int) -> Path:
     "Every rank writes its shards of the weights and optimizer (torch.distributed.checkpoint) into one folder."
     import torch.distributed.checkpoint as dcp
@@ -698,6 +718,7 @@ def save_shards(run: Run, step: int) -> Path:
     dist.barrier()
     return folder
 
+# %% ../nbs/05_train.ipynb #309861fe
 def load_shards(run: Run, folder: Path):
     "Read the shards `save_shards` wrote back into the sharded model and optimizer, in place."
     import torch.distributed.checkpoint as dcp
@@ -710,6 +731,7 @@ def load_shards(run: Run, folder: Path):
         raise LegalnbError(f'{folder}: the sharded weights do not load ({why}); resume an older checkpoint') from None
     set_state_dict(run.model, run.opt, model_state_dict=state['model'], optim_state_dict=state['optimizer'])
 
+# %% ../nbs/05_train.ipynb #8c3ffd57
 def consolidated_model(run: Run) -> torch.nn.Module | None:
     "The trained model as one module on rank 0 (gathered from the shards under FSDP); None on the other ranks."
     if not run.sharded: return run.model if run.d.main else None
@@ -719,7 +741,6 @@ def consolidated_model(run: Run) -> torch.nn.Module | None:
     model = run.spec.build(run.model_config)  # on the CPU, where the gathered weights are
     model.load_state_dict(full)
     return model
-
 
 # %% ../nbs/05_train.ipynb #e3008452
 @dataclass
@@ -999,6 +1020,7 @@ def end_interval(run: Run, step: int):
     if do_save: save_run(run, step)
     run.interval = Interval.start(d.device)
 
+# %% ../nbs/05_train.ipynb #614a1c95
 def stop_requested(run: Run, rec: dict) -> str | None:
     "Why a callback's `should_stop(record)` ends the run after this log interval (every rank agrees), else None."
     r = dict(rec, elapsed_s=run.elapsed0 + time.perf_counter() - run.t_start, start=run.start, max_steps=run.max_steps)
@@ -1009,6 +1031,7 @@ def stop_requested(run: Run, rec: dict) -> str | None:
         if flag.item() and why is None: why = 'stopped by rank 0'
     return why
 
+# %% ../nbs/05_train.ipynb #bf8c67bd
 def save_run(run: Run, step: int):
     "Checkpoint the run at `step`: rank 0 writes it all, or under FSDP every rank writes its shards first."
     state = run.state(step) if run.d.main else None
@@ -1016,7 +1039,6 @@ def save_run(run: Run, step: int):
     elif run.d.main: shards = None; state.update(model=run.model.state_dict(), optimizer=run.opt.state_dict())
     if run.d.main: save_checkpoint(run.out, state, run.cfg.keep, shards)
     if run.d.world_size > 1: dist.barrier()
-
 
 # %% ../nbs/05_train.ipynb #03708371
 def watch_for(run: Run) -> Watch | None:
@@ -1047,6 +1069,7 @@ def evaluation(run: Run, step: int) -> dict:
     run.eval_s += time.perf_counter() - t0
     return r
 
+# %% ../nbs/05_train.ipynb #b525c196
 def watched_model(run: Run):
     "The model being trained as evaluation scores it (`EvalModel`: rolling windows of its row length), no copy."
     from legalnb.corpus import find_eos, load_tokenizer
@@ -1054,6 +1077,7 @@ def watched_model(run: Run):
     tok = load_tokenizer(Path(run.cfg.data)/'tokenizer.json')
     return EvalModel(run.model, tok, run.train_ds.seq_len, find_eos(tok), kind='native', precision=run.precision)
 
+# %% ../nbs/05_train.ipynb #b8a46380
 def source_values(r: dict) -> dict[str, float]:
     "The sources' pooled bits per byte of an eval record: {'legal': 1.23, 'wiki': 2.34}."
     return {k[:-4]: v for k, v in r.items() if k.endswith('/bpb') and k.count('/') == 1}
@@ -1216,6 +1240,7 @@ def _override(text: str) -> tuple[str, object]:
     try: return name, json.loads(value)
     except ValueError: return name, value
 
+# %% ../nbs/05_train.ipynb #c46e74d8
 def _flag_int(name: str):
     "A converter for a shape flag: a whole number from text such as 512, 1,024 or 2e3."
     def convert(text: str) -> int:
@@ -1224,6 +1249,7 @@ def _flag_int(name: str):
     convert.__name__ = name
     return convert
 
+# %% ../nbs/05_train.ipynb #d24e6c19
 def _shape_help(name: str, doc: dict) -> str:
     "The help of a shape flag: its field's comment (dim, num_layers), or the models that have it (num_heads: gpt)."
     from legalnb.models import MODELS
@@ -1258,10 +1284,12 @@ def train_parser() -> argparse.ArgumentParser:
     return _train_parser(shape_flags())
 train_parser.cache_clear = _train_parser.cache_clear   # as a functools.cache'd parser has
 
+# %% ../nbs/05_train.ipynb #4c0c79a9
 def config_from_args(argv: list[str]) -> TrainConfig:
     "The TrainConfig that `legalnb train ARGV` runs: defaults < preset < YAML < flags; a bad value names its flag."
     return config_from_settings(vars(train_parser().parse_args(list(map(str, argv)))))
 
+# %% ../nbs/05_train.ipynb #550d0752
 def config_from_settings(settings: dict) -> TrainConfig:
     "The TrainConfig of `legalnb train`'s parsed flags (those given; the others left out): a bad value names its flag."
     given = dict(settings)

@@ -94,7 +94,9 @@ def sample_sets(sets: list[ValidationSet], tokenizer, eval_tokens: int, eos: boo
     return out
 
 # %% ../nbs/04g_watch.ipynb #38d45d48
-def score_sets(lm: EvalModel, sets: list[ValidationSet], batch_tokens: int = 16384) -> dict[str, list[dict]]:
+from .heldout import BATCH_TOKENS   # the scorers' default batch
+
+def score_sets(lm: EvalModel, sets: list[ValidationSet], batch_tokens: int = BATCH_TOKENS) -> dict[str, list[dict]]:
     "Each set's per-document rows (act, language, NLL, tokens, bytes): what the figures and the intervals read."
     return {s.name: document_rows(s.docs, score_documents(lm, s.docs, batch_tokens)) for s in sets}
 

@@ -78,6 +78,7 @@ def figure(self: LiveLossPlot) -> Figure:
     if curves: draw_sources(fig.add_subplot(2, 1, 2), curves)
     return fig
 
+# %% ../nbs/09_widgets.ipynb #baa5feb9
 @patch
 def png(self: LiveLossPlot) -> bytes:
     "The current figure as PNG bytes."
@@ -85,6 +86,7 @@ def png(self: LiveLossPlot) -> bytes:
     self.figure().savefig(buf, format='png', dpi=90)
     return buf.getvalue()
 
+# %% ../nbs/09_widgets.ipynb #5cdada9a
 @patch
 def show(self: LiveLossPlot):
     "Display the figure, replacing the previous frame in the notebook."
@@ -93,16 +95,17 @@ def show(self: LiveLossPlot):
     if self.handle is None: self.handle = display(img, display_id=True)
     else: self.handle.update(img)
 
+# %% ../nbs/09_widgets.ipynb #57ae3b84
 @patch
 def save(self: LiveLossPlot, path) -> None:
     "Write the figure to an image file (PNG by its extension)."
     self.figure().savefig(path, dpi=110)
 
+# %% ../nbs/09_widgets.ipynb #b70e839e
 @patch
 def _repr_png_(self: LiveLossPlot) -> bytes:
     "A cell ending in a LiveLossPlot shows its figure (no matplotlib backend needed)."
     return self.png()
-
 
 # %% ../nbs/09_widgets.ipynb #10026025
 def source_curves(evals: list[dict]) -> dict[str, list[tuple[int, float]]]:
@@ -137,7 +140,7 @@ SCALING = {'tokens': 'same tokens, more GPUs', 'batch': 'same per-GPU batch'}  #
 
 class PresetPicker:
     "Widgets to choose a preset, GPU and price, with the calculator's estimate updated live as values change."
-    out: str = 'run'   # output folder of the config handed back: set it on a picker, `picker.out = 'runs/cpt'`
+    out: str = TrainConfig.out   # output folder of the config it returns: set it on a picker, `picker.out = 'runs/cpt'`
     def __init__(self, task: str = 'cpt',          # 'cpt', 'lora' or 'scratch'
                  preset: str = 'fast',             # 'fast', 'full' or 'aggressive'
                  gpu: str = 'h100-sxm',            # a presets.GPUS key
@@ -147,7 +150,7 @@ class PresetPicker:
                  examples: int = 63_000,           # fine-tuning examples (lora)
                  seq_len: int = 1536,              # tokens per example (lora)
                  model: str = DEFAULT_MODEL,         # a registered architecture, legalnb.models.MODELS (scratch)
-                 size: str = 'small',              # named size of that model (scratch)
+                 size: str = TrainConfig.size,     # named size of that model (scratch)
                  scaling: str = 'tokens',          # other GPU counts: 'tokens' (time falls) or 'batch' (data grows)
                  calibration=None):                # a GPU check's report.json (or GpuCheck): measured memory and MFU
         if scaling not in SCALING: raise LegalnbError(f"scaling must be 'tokens' or 'batch', got {scaling!r}")
@@ -196,6 +199,7 @@ def chosen(self: PresetPicker, name: str | None = None):
     if self.task.value != 'scratch': return get_preset(self.task.value, name)
     return get_preset('scratch', name, self.size.value, model=self.model.value)
 
+# %% ../nbs/09_widgets.ipynb #38fc5a99
 def scale_to_gpus(p, gpus: int,   # a Preset, and the GPUs it is to run on
                   scaling: str    # 'tokens': keep the run's tokens; 'batch': keep each GPU's batch
                  ) -> dict:
@@ -205,6 +209,7 @@ def scale_to_gpus(p, gpus: int,   # a Preset, and the GPUs it is to run on
     accum = max(1, round(rows / (p.micro_batch * gpus)))    # fewer micro-batches each when more GPUs share a step
     return dict(grad_accum=accum, steps=p.steps and math.ceil(p.steps * rows / (p.micro_batch * accum * gpus)))
 
+# %% ../nbs/09_widgets.ipynb #5be59fea
 @patch
 def plan(self: PresetPicker, name: str | None = None):
     "The calculator `Plan` for the current widget values (for preset `name`, default the chosen one)."
@@ -220,6 +225,7 @@ def plan(self: PresetPicker, name: str | None = None):
                    lora_params=self.params.value * 1e9 * LORA_SHARE)
     return self.calibrated(plan_for(task, p.name, **kw))
 
+# %% ../nbs/09_widgets.ipynb #2ddb1203
 def _measured_key(task: str, model: str) -> str:
     "The architecture a GPU check measured for this task: the registered model from scratch, else the HF Llama."
     return model if task == 'scratch' else 'hf-llama'
@@ -230,6 +236,7 @@ def calibrated(self: PresetPicker, plan):
     if self.calibration is None: return plan
     return self.calibration.calibrate(plan, _measured_key(self.task.value, self.model.value))[0]
 
+# %% ../nbs/09_widgets.ipynb #9000bba9
 @patch
 def measured_mfu(self: PresetPicker, task: str, preset: str, model: str, size: str) -> float | None:
     "The MFU in percent the GPU check measured for this choice (nearest sequence length), for the slider; None without."
@@ -238,6 +245,7 @@ def measured_mfu(self: PresetPicker, task: str, preset: str, model: str, size: s
     m = self.calibration.nearest(_measured_key(task, model), p.seq_len)
     return None if m is None or m.mfu is None else min(80.0, max(5.0, round(100 * m.mfu, 1)))
 
+# %% ../nbs/09_widgets.ipynb #47029aaa
 @patch
 def judge(self: PresetPicker, name: str | None = None) -> tuple[Estimate | None, str | None]:
     "The estimate of preset `name` (default the chosen one), or None and why the plan is refused."
@@ -254,6 +262,7 @@ def _preset_note(p) -> str:
             'steps, the tokens per step unchanged' if p.seq_warmup_steps else '')
     return f'{p.seq_len:,}-token rows, {p.tokens_per_step:,} tokens per step{warm}'
 
+# %% ../nbs/09_widgets.ipynb #f085faf5
 @patch
 def scaling_note(self: PresetPicker) -> str:
     "Which GPU scaling the estimate shows, and what it keeps."
@@ -266,6 +275,7 @@ def scaling_note(self: PresetPicker) -> str:
     more = 'the same examples in fewer steps' if plan.lora else f'the run feeds {n / p.gpus:g}× the data'
     return head + f'{plan.micro_batch} × {plan.grad_accum} sequences per GPU per step as before; {more}'
 
+# %% ../nbs/09_widgets.ipynb #78338ec1
 @patch
 def refresh(self: PresetPicker, change=None):
     "Recompute the estimate, its headline and table (or the refusal) and the plot of every preset."
@@ -291,6 +301,7 @@ def duration_unit(seconds: float) -> tuple[str, float]:
         if seconds < below: return unit, length
     return 'd', 86400
 
+# %% ../nbs/09_widgets.ipynb #30ddba77
 @patch
 def figure(self: PresetPicker) -> Figure:
     "Time and cost of every preset of the task on the chosen GPUs; the chosen one in colour, refused ones marked."
@@ -311,6 +322,7 @@ def figure(self: PresetPicker) -> Figure:
     fig.suptitle(f'{self.task.value} presets on {self.gpus.value} × {GPUS[self.gpu.value].name}', fontsize=9)
     return fig
 
+# %% ../nbs/09_widgets.ipynb #a2351160
 @patch
 def png(self: PresetPicker) -> bytes:
     "The plot beside the table, as PNG bytes."
