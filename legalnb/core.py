@@ -27,6 +27,7 @@ def _umask() -> int:
     "The process umask (read by setting it and putting it back)."
     m = os.umask(0o22); os.umask(m); return m
 
+# %% ../nbs/00_core.ipynb #86b4d5fd
 def _missing_parents(folder: Path) -> list[Path]:
     "The folders that `folder.mkdir(parents=True)` would create, outermost first."
     return [p for p in reversed([folder, *folder.parents]) if not p.exists()]
@@ -67,6 +68,7 @@ def _unique_keys(pairs: list[tuple]) -> dict:
 
 _decode_json = json.JSONDecoder(object_pairs_hook=_unique_keys).decode
 
+# %% ../nbs/00_core.ipynb #ad6a1105
 def jsonl_record(path: str | Path, n: int, raw: bytes) -> dict:
     "The JSON object on line `n` of `path` (its bytes `raw`); a bad line raises one line naming the file and line."
     try: line = raw.decode('utf-8-sig' if n == 1 else 'utf-8')   # a byte-order mark may open the file
@@ -81,6 +83,7 @@ def jsonl_record(path: str | Path, n: int, raw: bytes) -> dict:
         raise LegalnbError(f'{path}, line {n}: expected a JSON object (a document), got {type(rec).__name__}')
     return rec
 
+# %% ../nbs/00_core.ipynb #09306329
 def jsonl_records(path: str | Path,   # a JSON-lines file
                   start: int = 0,     # byte offset to read from (a resumed reader)
                   line: int = 0,      # the number of the line before `start`
@@ -98,6 +101,7 @@ def jsonl_records(path: str | Path,   # a JSON-lines file
                 rec = e
             yield n, offset, len(raw), rec
 
+# %% ../nbs/00_core.ipynb #24a9246b
 def read_json(path: str | Path,      # a JSON file: a manifest, an index, a report
               what: str = 'a JSON object',  # what the file should hold, for the error message
               kind: type = dict):   # the type the top-level value must have
@@ -134,12 +138,14 @@ def parse_number(text: str | float) -> float:
     if not math.isfinite(value): raise LegalnbError(f'expected a finite number such as {NUMBER_EXAMPLES}, got {text!r}')
     return value
 
+# %% ../nbs/00_core.ipynb #573bee01
 def parse_count(text: str | int) -> int:
     "A whole count (tokens, steps, parameters) from '2,000,000', '2e9', '500M' or '2B'; must be >= 0."
     value = parse_number(text)
     if value < 0: raise LegalnbError(f'expected a count of 0 or more, got {text!r}')
     return int(round(value))
 
+# %% ../nbs/00_core.ipynb #49d053d7
 def format_duration(seconds: float | None) -> str:
     "A duration in the unit a person would use: '950 ms', '42 s', '7.1 min', '3.2 h', '2.5 d'; '-' when unknown."
     if seconds is None or not math.isfinite(seconds): return '-'

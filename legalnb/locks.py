@@ -33,6 +33,7 @@ def refuse_overwriting_inputs(inputs: Iterable[str | Path],  # files or folders 
                 raise LegalnbError(f'{flag} {o} is also an input; writing it would destroy what is read: '
                                    f'choose another {flag}')
 
+# %% ../nbs/00_locks.ipynb #003d24fd
 OWNED = '.legalnb-owned.json'   # in an output folder: what legalnb wrote there (relative path -> command)
 OWNED_FORMAT = 'legalnb.owned/1'
 OWN_COMMAND = 'legalnb own'   # the files the user recorded as legalnb's (`legalnb own`)
@@ -42,7 +43,7 @@ def bookkeeping(name: str) -> bool:
     "Whether a file name is legalnb's bookkeeping (an ownership record, a lock, their temporary files), not an output."
     return name == OWNED or name.startswith(f'.{OWNED}.') or name.endswith(LOCK)
 
-
+# %% ../nbs/00_locks.ipynb #1ec4d5c7
 def foreign_files(folder: str | Path,           # the output folder a command is about to write into
                   ours: Callable[[Path], bool]    # is this file (relative to folder) one the command writes?
                  ) -> list[Path]:
@@ -52,6 +53,7 @@ def foreign_files(folder: str | Path,           # the output folder a command is
     files = (p.relative_to(folder) for p in folder.rglob('*') if not p.is_dir() and not bookkeeping(p.name))
     return sorted(p for p in files if not ours(p))
 
+# %% ../nbs/00_locks.ipynb #35795607
 def refuse_foreign_files(folder: str | Path, ours: Callable[[Path], bool], flag: str = '--out'):
     "Raise, naming a few, if `folder` holds files the command did not write (they would be overwritten or deleted)."
     if (found := foreign_files(folder, ours)):
@@ -447,6 +449,7 @@ def others_files(folder: Path) -> list[Path]:
         dirs[:] = [d for d in dirs if not d.startswith('.')]
     return sorted(found)
 
+# %% ../nbs/00_locks.ipynb #a40865bb
 # what legalnb's commands, transformers and the trackers write: a file of another kind is the user's
 _WRITTEN_SUFFIXES = {'.json', '.jsonl', '.npy', '.safetensors', '.pt', '.pth', '.bin', '.md', '.png', '.yaml', '.txt',
                      '.slurm', '.log', '.model', '.jinja', '.csv'}
@@ -460,6 +463,7 @@ def unknown_files(folder: Path) -> list[Path]:
             and rel.suffix.lower() not in _WRITTEN_SUFFIXES and not _WRITTEN_NAME.fullmatch(rel.name)
             and not any(d in _TRACKER_FOLDERS for d in rel.parts[:-1])]
 
+# %% ../nbs/00_locks.ipynb #063a6f2c
 def _listed(real: Path, folder: str, files: list[str]) -> Callable[[Path], bool]:
     "The rule `record_written` takes for the files and folders `--files` names (relative to `folder`, inside it)."
     rels = []
@@ -471,12 +475,14 @@ def _listed(real: Path, folder: str, files: list[str]) -> Callable[[Path], bool]
         rels.append(rel)
     return lambda rel: any(rel == p or p in rel.parents for p in rels)
 
+# %% ../nbs/00_locks.ipynb #a4d672f1
 @dataclass
 class OwnConfig:
     "Record every file now in `folder` as legalnb's, so that its commands may resume, replace or delete them."
     folder: str               # a folder an earlier legalnb wrote, before it kept records of what it writes
     files: list[str] = None   # only these files or folders of it (a folder that also holds others')
 
+# %% ../nbs/00_locks.ipynb #2376386e
 def own_command(cfg: OwnConfig) -> int:
     "`legalnb own` from its config: the files of `cfg.folder` (or those `cfg.files` names) recorded as legalnb's."
     folder, files = cfg.folder, cfg.files

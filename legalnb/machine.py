@@ -58,6 +58,7 @@ class NvidiaGpu(NamedTuple):
     def __str__(self) -> str:
         return f'{self.name} (driver {self.driver or "?"}, CUDA {self.cuda or "?"})'
 
+# %% ../nbs/00_machine.ipynb #4710d1f4
 NVIDIA_SMI_TIMEOUT = 5   # seconds: a driver that hangs must not hang a command
 
 def parse_nvidia_smi(text: str) -> list[NvidiaGpu]:
@@ -66,6 +67,7 @@ def parse_nvidia_smi(text: str) -> list[NvidiaGpu]:
     names = re.findall(r'^\|\s+\d+\s+(.+?)\s+(?:On|Off)\s+\|', text, re.M)   # "|   0  NVIDIA H100 ...  On  |"
     return [NvidiaGpu(n, driver and driver[1], cuda and cuda[1]) for n in names]
 
+# %% ../nbs/00_machine.ipynb #6c69e14f
 def _proc_gpus(proc: Path) -> list[NvidiaGpu]:
     "The GPUs the kernel module lists in /proc/driver/nvidia (its version there; the CUDA version is not)."
     try:
@@ -100,6 +102,7 @@ def torch_variant(driver_cuda: str | None) -> str | None:
     same = [v for v, c in known.items() if c[0] == d[0]]   # CUDA minor-version compatibility: 12.x runs on any 12.x
     return min(same, key=known.get) if same else None
 
+# %% ../nbs/00_machine.ipynb #fa7f3372
 def torch_install(variant: str | None) -> str:
     "What to run for a torch of `variant` (None: the driver is older than every build)."
     if variant is None:
@@ -107,6 +110,7 @@ def torch_install(variant: str | None) -> str:
         return f"update the NVIDIA driver (PyTorch's builds need CUDA {oldest} or later)"
     return f'make install TORCH_VARIANT={variant} (or pip install torch --index-url {TORCH_INDEX}/{variant})'
 
+# %% ../nbs/00_machine.ipynb #984c432b
 def cuda_unusable(gpu: NvidiaGpu,          # the GPU the driver shows
                   torch_version: str,      # torch.__version__
                   torch_cuda: str | None   # torch.version.cuda: the CUDA torch was built for (None: a CPU build)

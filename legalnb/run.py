@@ -188,6 +188,7 @@ def read_plan(path: str | Path | None) -> RunPlan:
     if not isinstance(raw, dict): raise LegalnbError(f'{path}: expected a mapping (input:, out:, parse:, ...)')
     return plan_of(raw, path.parent, str(path))
 
+# %% ../nbs/14_run.ipynb #2243da76
 def plan_of(raw: dict,                 # a plan's mapping: read from YAML, or written in Python
             base: Path = Path('.'),    # the folder its relative paths start from
             where: str = 'plan'        # what messages call it: the plan's file
@@ -204,6 +205,7 @@ def plan_of(raw: dict,                 # a plan's mapping: read from YAML, or wr
     top = {k: v if k == 'input' else str(v) for k, v in top.items()}
     return RunPlan(RunConfig(**top), sections, mix_flags(raw.get('mix') or {}, base), base)
 
+# %% ../nbs/14_run.ipynb #20d0b048
 def check_mix_section(raw: dict, path):
     "Refuse a `mix:` section that is not NAME: {path: PATH, share: SHARE} (or NAME: PATH:SHARE) per source."
     if raw.get('mix') is None: return
@@ -217,6 +219,7 @@ def check_mix_section(raw: dict, path):
         if missing := [k for k in ('path', 'share') if v.get(k) is None]:
             raise LegalnbError(f'{path}: mix.{name}: no {missing[0]}:; a source has path: and share:')
 
+# %% ../nbs/14_run.ipynb #82d5344e
 def mix_flags(section: dict, base: Path) -> list[str]:
     "A plan's `mix:` section as build-corpus's `--mix NAME=PATH:SHARE` values, checked, paths from the plan's folder."
     from legalnb.corpus import parse_mix
@@ -228,6 +231,7 @@ def mix_flags(section: dict, base: Path) -> list[str]:
         except LegalnbError as e: raise LegalnbError(f'mix.{name}: {e}') from None
     return out
 
+# %% ../nbs/14_run.ipynb #7f6145ab
 def check_plan_keys(raw: dict, path) -> dict:
     "A plan's keys and sections as `legalnb run` reads them; an unknown one named with where it is (`path`)."
     sections = {*TOP, *SECTIONS, 'stage2', 'mix'}
@@ -277,11 +281,13 @@ def run_parser(sections: tuple[str, ...] = tuple(s for s in DOTTED if s not in L
     for s in sections: add_dotted_flags(p, s.rpartition('.')[2], s)
     return p
 
+# %% ../nbs/14_run.ipynb #79514541
 def _stage_owners(flag: str) -> list[str]:
     "The stages whose command has `flag` (--seq-len: build-corpus and train); finetune's looked up only if needed."
     owners = [s for s in STAGES if flag in command_options(s)]
     return owners or ['finetune'] * (flag in command_options('finetune'))
 
+# %% ../nbs/14_run.ipynb #6e6c6b6a
 def _dotted(words: list[str]) -> list[str]:
     "The command line with each undotted stage flag (--seq-len 64: earlier releases') as --STAGE.FLAG for every "
     "stage that has it, said once; the others as they are (an unknown one is then refused by the parser)."
@@ -625,6 +631,7 @@ def fingerprint(path: Path) -> str | None:
             st = p.stat(); h.update(f'{p.relative_to(path)}\0{st.st_size}\0{st.st_mtime_ns}\n'.encode())
     return h.hexdigest()
 
+# %% ../nbs/14_run.ipynb #1f751a4d
 RECORD_FIELDS = dict(argv='a list of strings', inputs='a list of checksums', finished='true or false',
                      output='a checksum')   # what a stage record's fields hold (None: not yet)
 
@@ -644,10 +651,12 @@ def read_record(work: Path, stage: str) -> dict:
                            f'legalnb run runs {stage} again')
     return rec
 
+# %% ../nbs/14_run.ipynb #69983c81
 def write_record(work: Path, stage: str, rec: dict):
     "Write a stage's record atomically."
     with atomic_write(work/RECORDS/f'{stage}.json') as tmp: tmp.write_text(json.dumps(rec, indent=1) + '\n')
 
+# %% ../nbs/14_run.ipynb #aabb94fd
 def _flags(argv: list[str]) -> dict:
     "An argv as flag -> value(s), for saying which setting changed."
     out, key = {}, '(positional)'
@@ -741,6 +750,7 @@ def machine_lines(work: Path) -> list[str]:
     return [f'machine: {n} GPU(s){": " + ", ".join(gpus) if gpus else " (training on the CPU)"}; '
             f'{os.cpu_count()} CPU cores; {free:,.1f} GiB free at {probe}']
 
+# %% ../nbs/14_run.ipynb #9a0574f9
 def training_estimate(cfg, seq_len: int, vocab: int, price: float,
                       gpu: str | None = 'auto'):   # 'auto': the GPU this process sees (none with --device cpu)
     "The calculator's estimate of a native run as configured (40% MFU on the GPU; no time on a CPU)."
@@ -772,6 +782,7 @@ def training_estimate(cfg, seq_len: int, vocab: int, price: float,
                            'train.activation_checkpointing')
     return e
 
+# %% ../nbs/14_run.ipynb #6ead6fbf
 def confirm(yes: bool, what: str = 'start training') -> bool:
     "Ask before the expensive stage: --yes skips the question; without a terminal --yes is required."
     if yes: return True
