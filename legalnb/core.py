@@ -4,15 +4,15 @@
 
 # %% ../nbs/00_core.ipynb #c05bf6d8
 from __future__ import annotations
-import json, math, os, tempfile
+import functools, json, math, os, tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Literal
 
 # %% auto #0
-__all__ = ['GPU_HOUR_PRICE', 'PRESET_VOCAB', 'CPT_SEQ_LEN', 'SCRATCH_SEQ_LEN', 'VAL_SHARE', 'NUMBER_EXAMPLES', 'LegalnbError',
-           'first_line', 'atomic_write', 'jsonl_record', 'jsonl_records', 'read_json', 'parse_number', 'parse_count',
-           'format_duration', 'markdown_table']
+__all__ = ['YAML_DEPTH', 'YAML_VALUES', 'GPU_HOUR_PRICE', 'PRESET_VOCAB', 'CPT_SEQ_LEN', 'SCRATCH_SEQ_LEN', 'VAL_SHARE',
+           'NUMBER_EXAMPLES', 'LegalnbError', 'first_line', 'atomic_write', 'jsonl_record', 'jsonl_records',
+           'read_json', 'yaml_loader', 'read_yaml', 'parse_number', 'parse_count', 'format_duration', 'markdown_table']
 
 # %% ../nbs/00_core.ipynb #7b8e827b
 class LegalnbError(Exception):
@@ -116,6 +116,56 @@ def read_json(path: str | Path,      # a JSON file: a manifest, an index, a repo
     except ValueError as e: raise LegalnbError(f'{path}: {e}; expected {what}') from None
     if not isinstance(value, kind): raise LegalnbError(f'{path}: expected {what}, got a JSON {type(value).__name__}')
     return value
+
+# %% ../nbs/00_core.ipynb #0805eb44
+YAML_DEPTH = 32          # nesting levels a user's YAML may have: a plan needs three (stage2: train: flag: value)
+YAML_VALUES = 10_000     # values it may hold with its aliases (*name) expanded: a real plan holds a few hundred
+
+@functools.cache
+def yaml_loader() -> type:
+    "PyYAML's safe loader, bounded: nesting deeper than YAML_DEPTH or aliases expanding past YAML_VALUES: refused."
+    import yaml
+    class BoundedLoader(yaml.SafeLoader):
+        def __init__(self, stream):
+            super().__init__(stream)
+            self.depth, self.sizes = 0, {}   # id(node) -> its values with aliases expanded (an alias is its anchor)
+
+        def compose_node(self, parent, index):   # refused while composing: before any value is built or expanded
+            line, alias = self.peek_event().start_mark.line + 1, self.check_event(yaml.AliasEvent)
+            if self.depth >= YAML_DEPTH:
+                raise LegalnbError(f'line {line}: nested deeper than {YAML_DEPTH} levels; expected a mapping of '
+                                   'sections of key: value')
+            self.depth += 1
+            try: node = super().compose_node(parent, index)
+            finally: self.depth -= 1
+            if not alias:   # an alias is its anchor's size; an anchor not finished (used inside itself): unbounded
+                kids = ([] if isinstance(node, yaml.ScalarNode) else node.value if isinstance(node, yaml.SequenceNode)
+                        else [n for pair in node.value for n in pair])
+                self.sizes[id(node)] = 1 + sum(self.sizes[id(k)] for k in kids)
+            if self.sizes.get(id(node), YAML_VALUES + 1) > YAML_VALUES:
+                raise LegalnbError(f'line {line}: its aliases (*name) expand to more than {YAML_VALUES:,} values; '
+                                   'a plan holds a few hundred: write the values out')
+            return node
+    return BoundedLoader
+
+# %% ../nbs/00_core.ipynb #5841372e
+def read_yaml(path: str | Path,   # a YAML file a user wrote
+              what: str           # what it should be, for messages: 'expected a plan (YAML)'
+             ) -> dict:
+    "The mapping in a YAML file, read by `yaml_loader`; one line naming the file (and the line) when it is not one."
+    import yaml
+    path = Path(path)
+    try: raw = yaml.load(path.read_text(encoding='utf-8'), Loader=yaml_loader())
+    except OSError as e: raise LegalnbError(f'{path}: cannot be read ({e.strerror}); {what}') from None
+    except UnicodeDecodeError: raise LegalnbError(f'{path}: not UTF-8 text; {what}') from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, 'problem_mark', None)
+        raise LegalnbError(f'{path}: not valid YAML ({f"line {mark.line + 1}: " if mark else ""}'
+                           f'{getattr(e, "problem", None) or e})') from None
+    except LegalnbError as e: raise LegalnbError(f'{path}: {e}') from None   # beyond the loader's bounds
+    if raw is None: return {}
+    if not isinstance(raw, dict): raise LegalnbError(f'{path}: expected a mapping, got {type(raw).__name__}; {what}')
+    return raw
 
 # %% ../nbs/00_core.ipynb #a287d3e6
 GPU_HOUR_PRICE = 2.50   # dollars per GPU-hour: the on-demand H100 price legalnb's users report paying (every default)

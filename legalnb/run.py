@@ -9,7 +9,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple
-from .core import LegalnbError, atomic_write
+from .core import LegalnbError, atomic_write, read_yaml
 from .options import command_parser
 from .commands import (add_dotted_flags, command_config, command_flags, command_options, command_run, command_values,
                        command_words, is_scalar, shown)
@@ -18,14 +18,14 @@ from .models import DEFAULT_MODEL
 from .hub import fetch_if_asked, is_hub_dataset
 
 # %% auto #0
-__all__ = ['STAGES', 'SECTIONS', 'OUTPUTS', 'TOP', 'RECORDS', 'STAGE_DEFAULTS', 'PLAN_TEMPLATE', 'PLAN_DEPTH', 'PLAN_VALUES',
-           'DOTTED', 'LATER', 'TRAINING', 'OWNED_KEYS', 'RECORD_FIELDS', 'WORK_NAMES', 'StageRow', 'RunConfig',
-           'RunPlan', 'write_plan', 'plan_loader', 'read_plan', 'plan_of', 'check_mix_section', 'mix_flags',
-           'check_plan_keys', 'check_top_values', 'run_parser', 'read_command_line', 'Stage', 'Top', 'resolve_top',
-           'build_stages', 'check_plan', 'fingerprint', 'read_record', 'write_record', 'why_stale', 'parse_deadline',
-           'BudgetGuard', 'machine_lines', 'training_estimate', 'confirm', 'staged_files', 'stage_split', 'Budget',
-           'budget_of', 'with_command_line', 'fetch_inputs', 'run_plan', 'selection_result', 'reference_lines',
-           'stage_rows', 'stage_table', 'write_run_report', 'run_main']
+__all__ = ['STAGES', 'SECTIONS', 'OUTPUTS', 'TOP', 'RECORDS', 'STAGE_DEFAULTS', 'PLAN_TEMPLATE', 'DOTTED', 'LATER', 'TRAINING',
+           'OWNED_KEYS', 'RECORD_FIELDS', 'WORK_NAMES', 'StageRow', 'RunConfig', 'RunPlan', 'write_plan', 'read_plan',
+           'plan_of', 'check_mix_section', 'mix_flags', 'check_plan_keys', 'check_top_values', 'run_parser',
+           'read_command_line', 'Stage', 'Top', 'resolve_top', 'build_stages', 'check_plan', 'fingerprint',
+           'read_record', 'write_record', 'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines',
+           'training_estimate', 'confirm', 'staged_files', 'stage_split', 'Budget', 'budget_of', 'with_command_line',
+           'fetch_inputs', 'run_plan', 'selection_result', 'reference_lines', 'stage_rows', 'stage_table',
+           'write_run_report', 'run_main']
 
 # %% ../nbs/14_run.ipynb #79e39887
 STAGES = ('download', 'parse', 'select', 'build-corpus', 'split', 'train', 'evaluate')   # train: finetune (HF model)
@@ -139,54 +139,13 @@ def write_plan(cfg: RunConfig = RunConfig()) -> str:
                                 citations=command_flags('evaluate').get_default('citations'),
                                 general=s['evaluate']['general'])
 
-# %% ../nbs/14_run.ipynb #95a5228b
-PLAN_DEPTH = 32          # nesting levels a plan may have: it needs three (stage2: train: flag: value)
-PLAN_VALUES = 10_000     # values a plan may hold with its aliases (*name) expanded: a real one holds a few hundred
-
-@functools.cache
-def plan_loader() -> type:
-    "PyYAML's safe loader, bounded: nesting deeper than PLAN_DEPTH or aliases expanding past PLAN_VALUES: refused."
-    import yaml
-    class PlanLoader(yaml.SafeLoader):
-        def __init__(self, stream):
-            super().__init__(stream)
-            self.depth, self.sizes = 0, {}   # id(node) -> its values with aliases expanded (an alias is its anchor)
-
-        def compose_node(self, parent, index):   # refused while composing: before any value is built or expanded
-            line, alias = self.peek_event().start_mark.line + 1, self.check_event(yaml.AliasEvent)
-            if self.depth >= PLAN_DEPTH:
-                raise LegalnbError(f'line {line}: nested deeper than {PLAN_DEPTH} levels; a plan is a mapping of '
-                                   'sections of flag: value')
-            self.depth += 1
-            try: node = super().compose_node(parent, index)
-            finally: self.depth -= 1
-            if not alias:   # an alias is its anchor's size; an anchor not finished (used inside itself): unbounded
-                kids = ([] if isinstance(node, yaml.ScalarNode) else node.value if isinstance(node, yaml.SequenceNode)
-                        else [n for pair in node.value for n in pair])
-                self.sizes[id(node)] = 1 + sum(self.sizes[id(k)] for k in kids)
-            if self.sizes.get(id(node), PLAN_VALUES + 1) > PLAN_VALUES:
-                raise LegalnbError(f'line {line}: its aliases (*name) expand to more than {PLAN_VALUES:,} values; '
-                                   'a plan holds a few hundred: write the values out')
-            return node
-    return PlanLoader
-
-
 # %% ../nbs/14_run.ipynb #236fc93a
 def read_plan(path: str | Path | None) -> RunPlan:
-    "The plan in a YAML file (none: an empty one), read and typed; its relative paths start from its folder."
+    "The plan in a YAML file (none: an empty one), read by the bounded loader (`core.read_yaml`: no alias bombs) and "
+    "typed; its relative paths start from its folder."
     if path is None: return RunPlan()
-    import yaml
-    path = Path(path)
-    try: raw = yaml.load(path.read_text(encoding='utf-8'), Loader=plan_loader()) or {}
-    except OSError as e: raise LegalnbError(f'{path}: cannot be read ({e.strerror}); expected a plan (YAML)') from None
-    except UnicodeDecodeError: raise LegalnbError(f'{path}: not UTF-8 text; expected a plan (YAML)') from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, 'problem_mark', None)
-        raise LegalnbError(f'{path}: not valid YAML ({f"line {mark.line + 1}: " if mark else ""}'
-                           f'{getattr(e, "problem", None) or e})') from None
-    except LegalnbError as e: raise LegalnbError(f'{path}: {e}') from None   # beyond the loader's bounds
-    if not isinstance(raw, dict): raise LegalnbError(f'{path}: expected a mapping (input:, out:, parse:, ...)')
-    return plan_of(raw, path.parent, str(path))
+    raw = read_yaml(path, 'expected a plan (input:, out:, parse:, ...; legalnb run --write-plan prints one)')
+    return plan_of(raw, Path(path).parent, str(path))
 
 # %% ../nbs/14_run.ipynb #2243da76
 def plan_of(raw: dict,                 # a plan's mapping: read from YAML, or written in Python

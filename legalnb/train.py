@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from fastcore.basics import patch
-from .core import LegalnbError, atomic_write, read_json, format_duration, parse_number
+from .core import LegalnbError, atomic_write, read_json, read_yaml, format_duration, parse_number
 from .locks import refuse_overwriting_inputs
 from .machine import (PRECISIONS, DEVICES, resolve_precision, cuda_capability, loader_workers, usable_cores,
                              resolve_device)
@@ -259,17 +259,8 @@ TrainConfig.from_preset = from_preset
 @classmethod
 def from_yaml(cls, path: str | Path, **overrides) -> TrainConfig:
     "A config from a YAML file of field: value pairs (a `preset:` key is applied first); errors name the file."
-    import yaml
     path = Path(path)
-    try: raw = yaml.safe_load(path.read_text(encoding='utf-8')) or {}
-    except OSError as e:
-        raise LegalnbError(f'{path}: cannot be read ({e.strerror}); --config expects a YAML file') from None
-    except UnicodeDecodeError: raise LegalnbError(f'{path}: not UTF-8 text; --config expects a YAML file') from None
-    except yaml.YAMLError as e:
-        where = f'line {e.problem_mark.line + 1}: ' if getattr(e, 'problem_mark', None) else ''
-        raise LegalnbError(f'{path}: not valid YAML ({where}{getattr(e, "problem", None) or e})') from None
-    if not isinstance(raw, dict):
-        raise LegalnbError(f'{path}: expected a mapping of TrainConfig fields, got {type(raw).__name__}')
+    raw = read_yaml(path, '--config expects a YAML mapping of TrainConfig fields')   # bounded: as a plan is read
     unknown = sorted(map(str, set(raw) - {f.name for f in fields(cls)} - {'dim', 'num_layers', *shape_flags()}))
     if unknown:
         raise LegalnbError(f'{path}: unknown TrainConfig field(s) {", ".join(unknown)}; see legalnb train --help')

@@ -273,7 +273,11 @@ TRAIN_CASES = [  # TRAIN_RUN: the flags of the base's run/ (set by the walrus in
     ('train config not yaml', ['train', '--config', '{w}/bad.yaml', '--out', '{w}/new'], write('bad.yaml', 'lr: [0.1\n'),
      '{w}/bad.yaml: not valid YAML'),
     ('train config a list', ['train', '--config', '{w}/bad.yaml', '--out', '{w}/new'], write('bad.yaml', '- lr\n'),
-     '{w}/bad.yaml: expected a mapping of TrainConfig fields, got list'),
+     '{w}/bad.yaml: expected a mapping, got list; --config expects a YAML mapping of TrainConfig fields'),
+    ('train config alias bomb', ['train', '--config', '{w}/bad.yaml', '--out', '{w}/new'],
+     write('bad.yaml', 'x: [&a [1, 1, 1, 1, 1, 1, 1, 1, 1], ' + ', '.join(f'&{b} [{", ".join([f"*{a}"] * 9)}]'
+                                                             for a, b in zip('abcdefgh', 'bcdefghi')) + ']\n'),
+     '{w}/bad.yaml: line 1: its aliases (*name) expand to more than 10,000 values'),
     ('train config bool as text', ['train', '--config', '{w}/bad.yaml', '--out', '{w}/new'],
      write('bad.yaml', 'progress: maybe\n'), "{w}/bad.yaml: progress: expected true or false, got 'maybe'"),
     ('train data missing', ['train', '--data', '{w}/nowhere', '--out', '{w}/new'], nothing, '{w}/nowhere: no such folder'),
