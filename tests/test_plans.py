@@ -4,6 +4,8 @@ README's command lines that a stage no longer has, fails here."""
 import contextlib, io, json, os, re, shlex
 from pathlib import Path
 
+import pytest
+
 from legalnb.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,3 +60,29 @@ def test_every_notebook_plan_and_the_quickstarts_are_read_and_agree(tmp_path):
     stages, top = build_stages(qs)
     check_plan(stages, top)
     assert next(s for s in stages if s.kind == 'train').config.max_steps == QuickstartConfig().steps
+
+
+def test_a_new_config_field_is_a_plan_key_and_a_dotted_flag_with_no_edit_to_run(monkeypatch):
+    "A field added to a stage's config dataclass: settable from a plan and from `legalnb run --STAGE.FIELD` at once."
+    from dataclasses import dataclass
+    from legalnb import commands, data, options, run
+    from legalnb.data import SplitConfig
+
+    @dataclass
+    class SplitWithShuffle(SplitConfig):
+        shuffle_seed: int = 7   # a new field: the seed of a shuffle before the split
+
+    def clear():
+        for f in (commands.command_flags, options._parser_of, run.run_parser): f.cache_clear()
+    monkeypatch.setattr(data, 'SplitConfig', SplitWithShuffle)   # where the command table finds split's flags
+    clear()
+    try:
+        plan = run.plan_of({'input': ['formex'], 'out': 'work', 'split': {'shuffle_seed': '3k'}})
+        assert plan.sections['split'] == {'shuffle_seed': 3000}
+        plan = run.with_command_line(plan, ['--split.shuffle-seed', '5'])
+        split = next(s for s in run.build_stages(plan)[0] if s.kind == 'split')
+        assert split.config.shuffle_seed == 5 and split.argv[-2:] == ['--shuffle-seed', '5']
+        with pytest.raises(Exception, match="split.shuffle_seed: expected a whole number, got 'x'"):
+            run.plan_of({'split': {'shuffle_seed': 'x'}})
+    finally:
+        monkeypatch.undo(); clear()
