@@ -15,7 +15,7 @@ import torch
 from fastcore.basics import patch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from .core import (LegalnbError, PRECISIONS, CommandParser, atomic_write, command_parser, cuda_capability,
-                          first_line, flag_settings, format_duration, jsonl_records, loader_workers, model_folder,
+                          first_line, flag_settings, format_duration, jsonl_records, loader_workers,
                           read_json, refuse_foreign_files, refuse_overwriting_inputs, resolve_device,
                           resolve_precision, usable_cores)
 from .presets import (BATCH_LR_RULES, PRESET_NAMES, Preset, accum_at, batch_lr_factor, get_preset, lora_steps,
@@ -25,6 +25,7 @@ from .metrics import (MetricsFile, metric_lines, notify, parse_report_to, check_
 from .watch import ForgettingGuard, Watch, eval_share_line, eval_tokens_for, sample_sets, validation_sets
 from .models import refuse_pickled_weights   # no loader sees a pickle
 from .hub import fetch_if_asked, fetch_model, hub_dataset_folder, is_hub_dataset, parse_hub_dataset
+from .hub import ModelRef, resolve_model
 
 # %% auto #0
 __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', 'STRATEGY_FILES', 'FILES_PER_MICRO_BATCH',
@@ -93,9 +94,9 @@ def build_tiny_model(out: str | Path, arch: str = 'llama', texts: Sequence[str] 
     return Path(out)
 
 # %% ../nbs/06_hf.ipynb #aa36ded8
-def hf_config(path: str | Path) -> dict:
+def hf_config(path: str | Path | ModelRef) -> dict:
     "The config.json of a `save_pretrained` folder (or org/name in the Hugging Face cache), checked in one line."
-    path = model_folder(path)
+    path = resolve_model(path).folder   # a ModelRef: as it was resolved
     if not (path/'config.json').is_file():
         raise LegalnbError(f'{path}: not a model folder (no config.json); expected a folder written by save_pretrained')
     cfg = read_json(path/'config.json', 'a model config written by save_pretrained')
@@ -109,13 +110,14 @@ def _json_or_empty(path: Path) -> dict:
     except (OSError, ValueError): return {}
     return found if isinstance(found, dict) else {}
 
-def load_hf_model(path: str | Path, dtype: str | torch.dtype = 'auto',
+def load_hf_model(path: str | Path | ModelRef, dtype: str | torch.dtype = 'auto',
                attention: str | None = None,   # 'sdpa', 'eager' or 'flash_attention_2' (None: transformers' default)
                quantization=None,              # a transformers BitsAndBytesConfig (QLoRA's 4-bit weights), or None
                tokenizer_only: bool = False):  # return (None, tokenizer) without loading the weights
     "(model, tokenizer) from a `save_pretrained` folder or org/name in the Hugging Face cache; nothing is downloaded."
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    path = model_folder(path); cfg = hf_config(path); refuse_pickled_weights(path)
+    ref = resolve_model(path)   # org/name: its snapshot; a ModelRef: as it was resolved
+    path, cfg = ref.folder, hf_config(ref); refuse_pickled_weights(path)
     for name, found in (('config.json', cfg), ('tokenizer_config.json', _json_or_empty(path/'tokenizer_config.json'))):
         if found.get('auto_map'):   # transformers would ask on a terminal, and run the folder's Python on a yes
             raise LegalnbError(f'{path/name}: its auto_map names Python code ({", ".join(sorted(found["auto_map"]))}); '
@@ -858,11 +860,11 @@ def packs_here(model) -> bool:
     return hasattr(sys.modules[type(model).__module__], 'create_causal_mask')
 
 # %% ../nbs/06_hf.ipynb #291c2408
-def _layer_class(model: str | Path | None) -> str:
+def _layer_class(model: str | Path | ModelRef | None) -> str:
     "The decoder layer class of the model at `model` (what FSDP wraps), from its config alone, found as every command "
     "finds a model: a folder here, else org/name in the Hugging Face cache (one line naming `hf download`), no network."
     from transformers import AutoConfig, AutoModelForCausalLM
-    folder = model_folder(model) if model else None
+    folder = resolve_model(model).folder if model else None
     if folder is None or not (folder/'config.json').is_file(): return 'LlamaDecoderLayer'   # a path the nodes see
     try: cls = AutoModelForCausalLM._model_mapping[type(AutoConfig.from_pretrained(folder, local_files_only=True,
                                                                                     trust_remote_code=False))]
@@ -1090,7 +1092,7 @@ class FinetuneRun:
 
 # %% ../nbs/06_hf.ipynb #aaebf7fe
 def _start_run(cfg: FinetuneConfig,       # the run's settings
-               model: Path,               # the model folder (org/name resolved to its snapshot)
+               model: ModelRef,           # the model, resolved (org/name: its snapshot)
                preset: Preset | None,     # a Preset to train with as it is (None: cfg's, with its flags)
                command: str | None,       # the flags to repeat in a refusal's launch command
                overrides: dict):          # TrainingArguments
@@ -1098,7 +1100,7 @@ def _start_run(cfg: FinetuneConfig,       # the run's settings
     from transformers.trainer_utils import get_last_checkpoint
     from legalnb.data import train_val_folders
     c, data, out = cfg, Path(cfg.data), Path(cfg.out)
-    check_run_folder(model, data, out)
+    check_run_folder(model.folder, data, out)
     task, p = 'cpt' if data.is_dir() else 'lora', preset or c.preset_to_run()
     use_lora = task == 'lora' if c.lora is None else c.lora
     if c.qlora and not use_lora: raise LegalnbError('--qlora trains a LoRA adapter on 4-bit weights; drop --full')
@@ -1116,13 +1118,13 @@ def _start_run(cfg: FinetuneConfig,       # the run's settings
     shards = CausalLMShards(train_val_folders(data)[0]) if task == 'cpt' else None   # a split: its train/
     found, world = hf_config(model), _world_size()
     if p.strategy != 'single' and world == 1 and not c.force_single:
-        refuse_single_process(p, model, command or f'--model {model} --data {data} --out {out}')
+        refuse_single_process(p, model, command or f'--model {model.folder} --data {data} --out {out}')
     _, tok = load_hf_model(model, tokenizer_only=True)
     summary = dict(task='continued pretraining' if task == 'cpt' else 'sft', mode='lora' if use_lora else 'full',
                    preset=f'{p.task}/{p.name}', qlora=c.qlora,
                    qlora_bits=c.qlora_bits if c.qlora else None, attention=c.attention, batch_schedule=c.batch_schedule,
                    batch_lr_rule=c.batch_lr_rule if sched else None)
-    summary.update(base=str(Path(model).resolve()), device=resolve_device('auto').type)  # --against
+    summary.update(base=str(model.folder.resolve()), device=resolve_device('auto').type)  # --against
     return FinetuneRun(task, p, p.steps, use_lora, sched, last, world, world == 1 or os.environ.get('RANK') == '0',
                        found, tok, summary, examples, shards)
 
@@ -1323,7 +1325,7 @@ def finetune(cfg: FinetuneConfig,              # the run's settings: model, data
     from transformers.trainer_utils import get_last_checkpoint
     fetch_if_asked(cfg.download, cfg.model)   # --download: the Hub's copies into the cache first
     if cfg.download and is_hub_dataset(cfg.general or ''): hub_dataset_folder(parse_hub_dataset(cfg.general), True)
-    c, data, out, model = cfg, Path(cfg.data), Path(cfg.out), model_folder(cfg.model)   # org/name: its HF snapshot
+    c, data, out, model = cfg, Path(cfg.data), Path(cfg.out), resolve_model(cfg.model)   # org/name: its snapshot
     overrides = cfg.training_overrides() | overrides
     run = _start_run(cfg, model, preset, command, overrides)
     if run.task == 'lora' and not c.packing: overrides.setdefault('train_sampling_strategy', 'group_by_length')
