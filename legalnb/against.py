@@ -650,10 +650,11 @@ def reference_evaluation(cfg: EvaluateConfig, docs: list[dict], gdocs: list[dict
     key = reference_key(cfg, docs, gdocs)
     path = cache/f'reference-{key[:32]}.json'
     if (r := _kept(path, key)) is not None:
-        r['model']['name'], r['data']['source'] = _name(cfg.model), str(cfg.data)
+        name = _name(cfg.model)
+        r['model']['name'], r['data']['source'] = name, str(cfg.data)
         if gdocs: r['general'].update(source=', '.join(general_sources(cfg.general)))
         if gdocs and chosen: r['general']['chosen'] = chosen
-        print(f'reference {_name(cfg.model)}: its evaluation reused from {path} (the same weights, held-out data, windows '
+        print(f'reference {name}: its evaluation reused from {path} (the same weights, held-out data, windows '
               'and settings; nothing scored again)', file=sys.stderr)
         return r
     r = score_model(cfg, docs, gdocs, manager, chosen)
@@ -666,8 +667,8 @@ def reference_evaluation(cfg: EvaluateConfig, docs: list[dict], gdocs: list[dict
     except (OSError, LegalnbError) as e:   # the comparison stands without it: the next one scores the base again
         print(f'reference {_name(cfg.model)}: scored; not kept for reuse ({str(e).splitlines()[0]})', file=sys.stderr)
         return r
-    print(f'reference {_name(cfg.model)}: scored, and kept in {path} for the next --against with the same weights, data, '
-          'windows and settings', file=sys.stderr)
+    print(f'reference {_name(cfg.model)}: scored, and kept in {path} for the next --against with the same weights, '
+          'data, windows and settings', file=sys.stderr)
     return r
 
 # %% ../nbs/11a_against.ipynb #284ee15d
@@ -692,7 +693,8 @@ def against_command(cfg: EvaluateConfig) -> int:
     write_against(c, out)
     clear_other_modes(out, lambda p: str(p) in (*REPORT_FILES, *AGAINST_FILES) or p.parts[0] == 'reference')
     if cfg.json: print(json.dumps(c, indent=1, ensure_ascii=False))
-    else: print(f"{model.name} against {ref.name}: {c['windows']}\n" + (f"{note}\n" if (note := capped_note(mine)) else '')
+    else: print(f"{model.name} against {ref.name}: {c['windows']}\n"
+                + (f"{note}\n" if (note := capped_note(mine)) else '')
                 + f"\n{against_table(c)}\n\n"
                 + (f'general capabilities maintained:\n{t}\n\n' if (t := kept_table(c)) else '')
                 + f"wrote {out/'against.md'}, "
