@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Callable
 
 from .core import GPU_HOUR_PRICE, LegalnbError, atomic_write, format_duration, markdown_table, read_json
-from .hub import model_folder, hub_cache
+from .hub import ModelRef, hub_cache
 from .locks import refuse_foreign_files, refuse_overwriting_inputs, refuse_unowned, bookkeeping, output_folder
 from .machine import cuda_capability, resolve_device, resolve_precision
 from .options import flag_settings
-from .models import model_kind
+from .models import model_ref
 from .evaluate import (AGAINST_FILES, BOOTSTRAP, GENERAL_GROUPS, GROUPS, HF_DEFAULT_CONTEXT, LEVEL, MIN_ACTS,
                               REPORT_FILES, RETAINED_FILES, EvaluateConfig, bootstrap_estimate, cap_documents,
                               capped_note, clear_other_modes, evaluate, evaluate_command, evaluate_writing,
-                              lora_base, model_tokenizer, read_general, read_heldout, score_model, suite_manager,
+                              model_tokenizer, read_general, read_heldout, score_model, suite_manager,
                               write_evaluation, written_by_evaluate)
 from .evaluate import evaluate_parser
 from .evaluate import (EVAL_FORMAT, GENERAL_AUTO, cap_general, choose_general, general_sources,
@@ -503,17 +503,22 @@ def _init_from(model_dir: Path) -> str | None:
         return (cfg.get('config', cfg) or {}).get('init_from')
     return None
 
-def reference_of(model: str | Path, base: str | Path | None = None) -> Path:
+def _name(model: str | Path | ModelRef) -> str:
+    "A model as the user named it (a ModelRef: its name)."
+    return model.name if isinstance(model, ModelRef) else str(model)
+
+def reference_of(model: str | Path | ModelRef, base: str | Path | None = None) -> Path:
     "A model's default reference: a LoRA adapter's base, a fine-tuned model's base, a native run's --init-from."
-    kind, folder = model_kind(model)
-    if kind == 'lora': return lora_base(folder, base)
+    ref = model_ref(model, base)
+    kind, folder, model = ref.kind, ref.folder, ref.name
+    if kind == 'lora': return ref.base
     if kind == 'hf':
         for f in (folder/'finetune.json', folder.parent/'finetune.json'):
             if f.is_file() and (b := read_json(f, 'a finetune summary').get('base')): return Path(b)
         raise LegalnbError(f'{model}: a Hugging Face model with no recorded base (legalnb finetune records it in '
                            'finetune.json); pass --against REFERENCE')
     if init := _init_from(folder):
-        try: model_kind(init); return Path(init)
+        try: model_ref(init); return Path(init)
         except LegalnbError:
             raise LegalnbError(f'{model}: started from the checkpoint {init}, not a model folder; pass --against '
                                'REFERENCE (e.g. the run that wrote it)') from None
@@ -521,42 +526,42 @@ def reference_of(model: str | Path, base: str | Path | None = None) -> Path:
                        'same-size baseline (legalnb run --baseline gpt, or legalnb train --model gpt on the same '
                        'split)')
 
-def declared_context(model: str | Path, base: str | Path | None = None) -> int | None:
+def declared_context(model: str | Path | ModelRef, base: str | Path | None = None) -> int | None:
     "The longest input a model folder's config.json declares (as evaluate would use it), read without the weights."
-    kind, folder = model_kind(model)
-    cfg = read_json((lora_base(folder, base) if kind == 'lora' else folder)/'config.json', 'a model config')
-    if kind == 'native': return cfg.get('max_seq_len')
+    ref = model_ref(model, base)
+    cfg = read_json(ref.weights/'config.json', 'a model config')
+    if ref.kind == 'native': return cfg.get('max_seq_len')
     top = next((cfg[k] for k in ('max_position_embeddings', 'n_positions', 'max_sequence_length', 'seq_length')
                 if isinstance(cfg.get(k), int)), None)
     return top and min(top, HF_DEFAULT_CONTEXT)
 
 # %% ../nbs/11a_against.ipynb #a045a296
-def _prepare(paths: list[Path], cfg: EvaluateConfig) -> tuple[list[dict], list[dict] | None, int | None, object]:
-    "Checks before any model loads: the data, the general text, the output folder; the shared context, lm-eval tasks."
-    for p in paths: model_kind(p)
+def _prepare(refs: list[ModelRef], cfg: EvaluateConfig) -> tuple[list[dict], list[dict] | None, int | None, object]:
+    "Checks before any model loads (the models resolved by the caller, once): the data, the general text, the output "
+    "folder; the shared context, lm-eval tasks."
     docs = read_heldout(cfg.data)
     gdocs, gmax = read_generals(cfg.general), cfg.general_max_tokens or cfg.max_tokens
-    refuse_overwriting_inputs([*paths, cfg.data], [cfg.out])
+    refuse_overwriting_inputs([*(r.name for r in refs), cfg.data], [cfg.out])
     refuse_foreign_files(cfg.out, written_by_evaluate, '--out')
     refuse_unowned(cfg.out, written_by_evaluate, '--out')   # a file of the user's in --out is not replaced
     if cfg.max_tokens or (gdocs and gmax):   # cut once, by the first model's tokenizer: every model scores the same
-        tok = model_tokenizer(paths[0], None if cfg.retained else cfg.tokenizer, cfg.base, cfg.trust_remote_code)
+        tok = model_tokenizer(refs[0], None if cfg.retained else cfg.tokenizer, trust_remote_code=cfg.trust_remote_code)
         if cfg.max_tokens: docs = cap_documents(tok, docs, cfg.max_tokens, cfg.eos)
         if gdocs and gmax: gdocs = cap_general(tok, gdocs, gmax, cfg.eos)   # each general source its own N
-    known = [c for p in paths if (c := declared_context(p, cfg.base if p == paths[0] else None))]
+    known = [c for r in refs if (c := declared_context(r))]
     manager = None
     if cfg.lm_eval_tasks:
-        if any(model_kind(p)[0] == 'native' for p in paths):
+        if any(r.kind == 'native' for r in refs):
             raise LegalnbError('--lm-eval-tasks scores Hugging Face models and finetune outputs; a native run is '
                                'among the models')
         manager = suite_manager(cfg.lm_eval_tasks, cfg.trust_remote_code)   # indexed once, every name checked
     return docs, gdocs, cfg.context or (min(known) if known else None), manager
 
 # %% ../nbs/11a_against.ipynb #33df7939
-def _is_base(model: Path, ref: Path, cfg: EvaluateConfig) -> bool:
+def _is_base(model: ModelRef, ref: ModelRef, cfg: EvaluateConfig) -> bool:
     "Is the reference what the model started from (then its change on general text is forgetting)?"
     if cfg.against == 'base': return True
-    try: return reference_of(model, cfg.base).resolve() == model_folder(ref).resolve()   # org/name: its snapshot
+    try: return model_ref(reference_of(model)).folder.resolve() == ref.folder.resolve()   # org/name: its snapshot
     except LegalnbError: return False
 
 # %% ../nbs/11a_against.ipynb #b1efd816
@@ -564,7 +569,7 @@ def cached_suites(cfg: EvaluateConfig) -> EvaluateConfig:
     "--general auto for a Hugging Face model with no mixed corpus: the lm-eval suites of the held-out languages whose "
     "data is on this machine instead of python-docs (one line says so); the settings as they are otherwise."
     if general_sources(cfg.general) != [GENERAL_AUTO] or cfg.lm_eval_tasks or cfg.model is None: return cfg
-    if mixed_corpus_of(cfg.data) is not None or model_kind(cfg.model)[0] == 'native': return cfg
+    if mixed_corpus_of(cfg.data) is not None or model_ref(cfg.model, cfg.base).kind == 'native': return cfg
     langs = sorted({d['lang'] for d in read_heldout(cfg.data)})
     if not (tasks := [t for t in language_suites(langs) if suite_cached(t)]): return cfg
     print(f'general ability: the lm-eval suites {", ".join(tasks)} of the held-out languages, cached on this machine '
@@ -609,9 +614,9 @@ def _code_version(tasks: bool) -> dict:
 # %% ../nbs/11a_against.ipynb #47b695a1
 def reference_key(cfg: EvaluateConfig, docs: list[dict], gdocs: list[dict] | None) -> str:
     "The key of a reference's evaluation: its files, the documents as scored, the windows, the settings, the code."
-    kind, folder = model_kind(cfg.model)
-    files = files_checksum(folder, *([lora_base(folder, cfg.base)] if kind == 'lora' else []))
-    tok = model_tokenizer(cfg.model, cfg.tokenizer, cfg.base, cfg.trust_remote_code).to_str()
+    ref = model_ref(cfg.model, cfg.base)
+    files = files_checksum(ref.folder, *([ref.base] if ref.kind == 'lora' else []))
+    tok = model_tokenizer(ref, cfg.tokenizer, trust_remote_code=cfg.trust_remote_code).to_str()
     dev = resolve_device(cfg.device)
     prec = resolve_precision(cfg.precision, cuda_capability(dev) if dev.type == 'cuda' else None)
     settings = {k: getattr(cfg, k) for k in ('context', 'batch_tokens', 'citations', 'samples', 'max_new_tokens',
@@ -644,10 +649,11 @@ def reference_evaluation(cfg: EvaluateConfig, docs: list[dict], gdocs: list[dict
     key = reference_key(cfg, docs, gdocs)
     path = cache/f'reference-{key[:32]}.json'
     if (r := _kept(path, key)) is not None:
-        r['model']['name'], r['data']['source'] = str(cfg.model), str(cfg.data)
+        name = _name(cfg.model)
+        r['model']['name'], r['data']['source'] = name, str(cfg.data)
         if gdocs: r['general'].update(source=', '.join(general_sources(cfg.general)))
         if gdocs and chosen: r['general']['chosen'] = chosen
-        print(f'reference {cfg.model}: its evaluation reused from {path} (the same weights, held-out data, windows '
+        print(f'reference {name}: its evaluation reused from {path} (the same weights, held-out data, windows '
               'and settings; nothing scored again)', file=sys.stderr)
         return r
     r = score_model(cfg, docs, gdocs, manager, chosen)
@@ -658,10 +664,10 @@ def reference_evaluation(cfg: EvaluateConfig, docs: list[dict], gdocs: list[dict
                 tmp.write_text(json.dumps(dict(format=REFERENCE_CACHE_FORMAT, key=key, evaluation=r),
                                           ensure_ascii=False), encoding='utf-8')
     except (OSError, LegalnbError) as e:   # the comparison stands without it: the next one scores the base again
-        print(f'reference {cfg.model}: scored; not kept for reuse ({str(e).splitlines()[0]})', file=sys.stderr)
+        print(f'reference {_name(cfg.model)}: scored; not kept for reuse ({str(e).splitlines()[0]})', file=sys.stderr)
         return r
-    print(f'reference {cfg.model}: scored, and kept in {path} for the next --against with the same weights, data, '
-          'windows and settings', file=sys.stderr)
+    print(f'reference {_name(cfg.model)}: scored, and kept in {path} for the next --against with the same weights, '
+          'data, windows and settings', file=sys.stderr)
     return r
 
 # %% ../nbs/11a_against.ipynb #284ee15d
@@ -671,8 +677,8 @@ def against_command(cfg: EvaluateConfig) -> int:
     if cfg.model is None: raise LegalnbError('--against compares MODEL with a reference: give MODEL')
     if cfg.export_lm_eval or cfg.harness:
         raise LegalnbError('--export-lm-eval and --harness score one model; with --against use --lm-eval-tasks')
-    model = Path(cfg.model)
-    ref = reference_of(model, cfg.base) if cfg.against == 'base' else Path(cfg.against)
+    model = model_ref(Path(cfg.model), cfg.base)   # each model resolved once: every step below takes it
+    ref = model_ref(reference_of(model) if cfg.against == 'base' else Path(cfg.against))
     general, chosen = choose_general(cfg.general, cfg.data)
     cfg = replace(cfg, general=general)
     docs, gdocs, ctx, manager = _prepare([model, ref], cfg)
@@ -680,13 +686,14 @@ def against_command(cfg: EvaluateConfig) -> int:
     mine = score_model(replace(cfg, model=model, context=ctx), docs, gdocs, manager, chosen)
     theirs = reference_evaluation(replace(cfg, model=ref, context=ctx, base=None, tokenizer=None), docs, gdocs, manager,
                                   chosen)
-    c = compare_evaluations(mine, theirs, cfg.bootstrap, cfg.seed, (str(model), str(ref)), _is_base(model, ref, cfg))
+    c = compare_evaluations(mine, theirs, cfg.bootstrap, cfg.seed, (model.name, ref.name), _is_base(model, ref, cfg))
     out = Path(cfg.out)
     write_evaluation(mine, out, written_by_evaluate); write_evaluation(theirs, out/'reference')
     write_against(c, out)
     clear_other_modes(out, lambda p: str(p) in (*REPORT_FILES, *AGAINST_FILES) or p.parts[0] == 'reference')
     if cfg.json: print(json.dumps(c, indent=1, ensure_ascii=False))
-    else: print(f"{model} against {ref}: {c['windows']}\n" + (f"{note}\n" if (note := capped_note(mine)) else '')
+    else: print(f"{model.name} against {ref.name}: {c['windows']}\n"
+                + (f"{note}\n" if (note := capped_note(mine)) else '')
                 + f"\n{against_table(c)}\n\n"
                 + (f'general capabilities maintained:\n{t}\n\n' if (t := kept_table(c)) else '')
                 + f"wrote {out/'against.md'}, "
@@ -699,7 +706,7 @@ def retained_command(cfg: EvaluateConfig) -> int:
     if cfg.model is not None or cfg.against is not None:
         raise LegalnbError('--retained BASE FAST FULL compares three models: drop MODEL and --against')
     if cfg.export_lm_eval or cfg.harness: raise LegalnbError('--export-lm-eval and --harness score one model')
-    paths = [_run_folder(Path(p)) for p in cfg.retained]
+    paths = [model_ref(_run_folder(Path(p))) for p in cfg.retained]   # each resolved once, its own base
     general, chosen = choose_general(cfg.general, cfg.data)
     cfg = replace(cfg, base=None, tokenizer=None, general=general)   # each run its own base and tokenizer
     docs, gdocs, ctx, manager = _prepare(paths, cfg)

@@ -20,23 +20,22 @@ from fastcore.basics import patch
 from tqdm import tqdm
 from .core import (LegalnbError, atomic_write, format_duration, jsonl_records, read_json, jsonl_record,
                           CPT_SEQ_LEN, first_line)
-from .hub import model_folder
 from .locks import foreign_files, refuse_foreign_files, refuse_overwriting_inputs, followed, record_written
 from .machine import check_num_proc, libc, trim_memory
 from .options import Output, flag_settings, run_writing
 from .sources import parse_celex, parse_date
-from .hub import (dataset_card, card_configs, hub_dataset_folder, is_hub_dataset, open_hub_dataset,
-                         fetch_if_asked, parse_hub_dataset)
+from .hub import dataset_card, card_configs, hub_dataset_folder, is_hub_dataset, open_hub_dataset
+from .hub import ModelRef, fetch_if_asked, parse_hub_dataset, resolve_model
 
 # %% auto #0
 __all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'FLOOR_ROOM', 'MIX_HELDOUT', 'MIX_MAX_SHARE',
            'MIX_LANGUAGES', 'MIX_RESERVED', 'MIX_MAX_ENTRIES', 'MIX_DEPTH', 'MIX_SAMPLE', 'MIX_MAX_PASSES',
-           'MANIFEST_FORMAT', 'KEY', 'SHARDS', 'iter_selected', 'load_tokenizer', 'train_tokenizer', 'find_eos',
-           'configured_eos', 'special_ids', 'vocab_size_of', 'tokenizer_sha256', 'split_text', 'encode_texts',
-           'encode_stream', 'RowPacker', 'shard_dtype', 'npy_header_bytes', 'file_sha256', 'EmptyShard', 'write_shard',
-           'act_key', 'act_number', 'check_val_docs', 'named_acts', 'HeldOut', 'choose_heldout', 'heldout_acts',
-           'MixSource', 'parse_mix', 'check_mix', 'mix_rows', 'mix_files', 'mix_format', 'open_mix', 'mix_records',
-           'mix_sources', 'mix_sha256', 'lang_code', 'config_language', 'hub_languages', 'hub_record',
+           'MANIFEST_FORMAT', 'KEY', 'SHARDS', 'iter_selected', 'tokenizer_place', 'load_tokenizer', 'train_tokenizer',
+           'find_eos', 'configured_eos', 'special_ids', 'vocab_size_of', 'tokenizer_sha256', 'split_text',
+           'encode_texts', 'encode_stream', 'RowPacker', 'shard_dtype', 'npy_header_bytes', 'file_sha256', 'EmptyShard',
+           'write_shard', 'act_key', 'act_number', 'check_val_docs', 'named_acts', 'HeldOut', 'choose_heldout',
+           'heldout_acts', 'MixSource', 'parse_mix', 'check_mix', 'mix_rows', 'mix_files', 'mix_format', 'open_mix',
+           'mix_records', 'mix_sources', 'mix_sha256', 'lang_code', 'config_language', 'hub_languages', 'hub_record',
            'fetch_for_corpus', 'fetch_mix', 'mix_sample', 'write_mix_heldout', 'MixPiece', 'mix_pieces', 'mix_asked',
            'mix_plan', 'check_mix_size', 'mix_summary', 'Piece', 'iter_pieces', 'batch_pieces', 'CorpusConfig',
            'build_corpus', 'shard_bounds', 'build_corpus_run', 'build_corpus_main', 'summary']
@@ -59,12 +58,19 @@ def _with_text(path: Path, n: int, rec: dict) -> dict:
 
 
 # %% ../nbs/02_corpus.ipynb #f117f0cf
+def tokenizer_place(path) -> Path | object:
+    "Where a tokenizer setting reads from: a tokenizer.json as it is, a folder or org/name resolved once "
+    "(`hub.resolve_model`: the model's tokenizer folder, the Hugging Face cache's snapshot); a loaded one as it is."
+    if isinstance(path, ModelRef): return path.tokenizer
+    if not isinstance(path, (str, Path)): return path   # a loaded tokenizer
+    return Path(path) if str(path).endswith('.json') else resolve_model(path).tokenizer
+
 def load_tokenizer(path) -> Tokenizer:
     "A `tokenizers.Tokenizer` from a tokenizer.json file, a tokenizer or model folder (or org/name in the Hugging Face "
-    "cache), or a loaded (fast) tokenizer."
+    "cache, or a `hub.ModelRef`), or a loaded (fast) tokenizer."
     if isinstance(path, Tokenizer): return path
     if hasattr(path, 'backend_tokenizer'): return path.backend_tokenizer  # transformers fast tokenizer
-    p = Path(path) if str(path).endswith('.json') else model_folder(path)   # org/name: the Hugging Face cache's
+    p = Path(tokenizer_place(path))   # org/name: the Hugging Face cache's
     f = p/'tokenizer.json' if p.is_dir() else p
     if not f.is_file():
         raise LegalnbError(f'{p}: no tokenizer there: expected a tokenizer.json file or a folder holding one '
@@ -111,7 +117,9 @@ def find_eos(tok: Tokenizer, eos: str | None = None) -> int:
     raise LegalnbError(f'tokenizer has no end-of-document token {eos or EOS_CANDIDATES}: pass the EOS token with --eos')
 
 def configured_eos(path) -> str | None:
-    "The `eos_token` of a saved tokenizer folder's tokenizer_config.json, if it names one."
+    "The `eos_token` of a saved tokenizer folder's tokenizer_config.json (a `hub.ModelRef`: its tokenizer's), if it "
+    "names one."
+    path = path.tokenizer if isinstance(path, ModelRef) else path
     f = Path(path)/'tokenizer_config.json' if isinstance(path, (str, Path)) else None
     try: eos = json.loads(f.read_text()).get('eos_token')
     except (AttributeError, OSError, ValueError): return None
@@ -1418,10 +1426,11 @@ def build_corpus(cfg: CorpusConfig,   # the build's settings: `legalnb build-cor
     # read when first needed
     held = cache(lambda: choose_heldout(selected, val_docs, cfg.seed, cfg.val_after, cfg.val_min_acts, named)
                         if _holds_out(args) else None)
-    tok = _get_tokenizer(selected, out, cfg.tokenizer, cfg.train_tokenizer, key, held)
+    given = tokenizer_place(cfg.tokenizer) if cfg.tokenizer is not None else None   # org/name: resolved once
+    tok = _get_tokenizer(selected, out, given, cfg.train_tokenizer, key, held)
     key['tokenizer_sha256'] = tokenizer_sha256(tok)
     if (m := _up_to_date(out, key)): return m
-    eos_id, work = find_eos(tok, cfg.eos or configured_eos(cfg.tokenizer)), _work_folder(out, key)
+    eos_id, work = find_eos(tok, cfg.eos or configured_eos(given)), _work_folder(out, key)
     held()  # a --val-docs that leaves no training act is refused before anything is written
     opt = dict(num_proc=cfg.num_proc, batch_chars=batch_chars, flush_tokens=flush_tokens, progress=cfg.progress,
                on_shard=on_shard, command=_command_line(args, out) if _path_like(cfg.tokenizer) else None,

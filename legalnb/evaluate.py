@@ -20,12 +20,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .core import LegalnbError, atomic_write, jsonl_records, read_json, GPU_HOUR_PRICE
-from .hub import (hub_cache, hub_snapshot, is_hub_name, model_folder, fetch_if_asked, hub_dataset_folder,
-                         is_hub_dataset, parse_hub_dataset)
+from .hub import ModelRef, fetch_if_asked, hub_dataset_folder, is_hub_dataset, parse_hub_dataset
 from .locks import refuse_foreign_files, refuse_overwriting_inputs, refuse_unowned
 from .machine import cuda_capability, resolve_device, resolve_precision, refuse_oversized
 from .options import command_parser, Output, flag_settings, run_writing
-from .models import decoder_of, load_native, model_kind, native_tokenizer, refuse_pickled_weights
+from .models import decoder_of, load_native, model_ref, native_tokenizer, refuse_pickled_weights
 from .export import legalnb_remote_code
 from .heldout import (EVAL_FORMAT, heldout_path, decade_of, read_heldout, _DTYPES, HF_DEFAULT_CONTEXT,
                              EvalModel, document_windows, _short, position_buckets, bucket_label, _autocast,
@@ -41,9 +40,9 @@ from .heldout import (EVAL_FORMAT, heldout_path, decade_of, read_heldout, _DTYPE
 # %% auto #0
 __all__ = ['ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'GENERAL_AUTO', 'REPORT_FILES', 'LM_EVAL_TASKS',
            'LM_EVAL_FILES', 'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'EVALUATE_OUTPUTS',
-           'lora_base', 'load_eval_model', 'model_tokenizer', 'as_model', 'fit_prompt', 'generate_ids', 'TextStream',
-           'generate', 'extract_citations', 'citation_items', 'score_citations', 'LookupModel', 'summarize_citations',
-           'opening', 'generate_samples', 'rouge_l', 'rouge_openings', 'score_rouge', 'add_intervals', 'read_general',
+           'load_eval_model', 'model_tokenizer', 'as_model', 'fit_prompt', 'generate_ids', 'TextStream', 'generate',
+           'extract_citations', 'citation_items', 'score_citations', 'LookupModel', 'summarize_citations', 'opening',
+           'generate_samples', 'rouge_l', 'rouge_openings', 'score_rouge', 'add_intervals', 'read_general',
            'general_sources', 'read_generals', 'cap_general', 'mixed_corpus_of', 'choose_general', 'score_general',
            'EvaluateConfig', 'check_evaluate_settings', 'evaluate', 'capped_note', 'format_table', 'md_cell',
            'report_markdown', 'write_evaluation', 'evaluation_lines', 'write_lm_eval_tasks', 'run_harness',
@@ -72,22 +71,6 @@ def _hf_tokenizer(*folders: Path, trust: bool = False):
     raise LegalnbError(f'{folders[0]}: no tokenizer files (tokenizer.json, tokenizer_config.json); '
                        'save the tokenizer beside the model with save_pretrained, or pass --tokenizer FOLDER')
 
-def lora_base(adapter: Path, base: str | Path | None = None) -> Path:
-    "The base model of a LoRA adapter: `base`, else the one adapter_config.json names (a folder, nearby, or cached)."
-    if base is not None:
-        if not (model_folder(base)/'config.json').is_file():   # org/name: its snapshot in the Hugging Face cache
-            raise LegalnbError(f'--base {base}: not a model folder (no config.json)')
-        return model_folder(base)
-    name = read_json(adapter/'adapter_config.json', 'a LoRA adapter config').get('base_model_name_or_path') or ''
-    for p in (Path(name), adapter/name, adapter.parent/name, adapter.parent.parent/name):
-        if name and (p/'config.json').is_file(): return p
-    hub = ''
-    if is_hub_name(name):   # a name on the Hub: the Hugging Face cache's copy
-        try: return hub_snapshot(name)
-        except LegalnbError: hub = f' (or `hf download {name}`: the Hugging Face cache {hub_cache()} has none)'
-    raise LegalnbError(f'{adapter/"adapter_config.json"}: its base model {name!r} is not a local model folder; '
-                       f'pass --base BASE_MODEL_FOLDER{hub}')
-
 def _hf_footprint(model_dir: Path, trust: bool, dtype: torch.dtype) -> tuple[int, int]:
     "Parameters and bytes of a Hugging Face model at `dtype`, from its config.json alone (built on the meta device)."
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -106,7 +89,7 @@ def _hf_context(config, tok) -> int:
     raise LegalnbError('the model config gives no context length; pass --context N')
 
 # %% ../nbs/11_evaluate.ipynb #07f30948
-def load_eval_model(path: str | Path,                  # run folder, finetune output, HF model folder or org/name
+def load_eval_model(path: str | Path | ModelRef,       # run folder, finetune output, HF model folder or org/name
                     tokenizer: str | Path | None = None,  # tokenizer.json (native) or tokenizer folder; default: found
                     base: str | Path | None = None,    # LoRA: the base model folder (default: the adapter's)
                     context: int | None = None,        # window length (default: the model's context)
@@ -114,7 +97,8 @@ def load_eval_model(path: str | Path,                  # run folder, finetune ou
                     precision: str = 'auto',           # 'auto': bf16 on GPUs that have it, fp32 on the CPU
                     trust_remote_code: bool = False) -> EvalModel:  # run a Hugging Face folder's own code (auto_map)
     "Load a native run, a Hugging Face model folder or a LoRA finetune output (merged into its base), all local."
-    kind, folder = model_kind(path)
+    ref = model_ref(path, base)   # a ModelRef: as it was resolved (its LoRA base with it)
+    kind, folder = ref.kind, ref.folder
     dev = resolve_device(device)   # auto on the CPU while the driver shows a GPU: one line says why
     prec = resolve_precision(precision, cuda_capability(dev) if dev.type == 'cuda' else None)
     if kind == 'native':
@@ -126,10 +110,10 @@ def load_eval_model(path: str | Path,                  # run folder, finetune ou
         top, spec = module.config.max_seq_len, dict(tokenizer=tok, eos_id=find_eos(tok))
     else:
         from transformers import AutoModelForCausalLM
-        model_dir = lora_base(folder, base) if kind == 'lora' else folder
+        model_dir = ref.weights   # a LoRA adapter's base
         refuse_pickled_weights(model_dir)   # a LoRA's base too: no loader sees a pickle
         trust = legalnb_remote_code(model_dir, trust_remote_code)   # refused here unless legalnb's or trusted
-        hf_tok = _hf_tokenizer(*([Path(tokenizer)] if tokenizer else [folder, model_dir]), trust=trust_remote_code)
+        hf_tok = _hf_tokenizer(Path(tokenizer) if tokenizer else ref.tokenizer, trust=trust_remote_code)
         if hf_tok.eos_token_id is None:
             raise LegalnbError(f'{folder}: the tokenizer has no eos_token; set one in tokenizer_config.json')
         refuse_oversized(model_dir/'config.json', *_hf_footprint(model_dir, trust, _DTYPES[prec]))
@@ -146,24 +130,22 @@ def load_eval_model(path: str | Path,                  # run folder, finetune ou
     if context is not None and not 2 <= context <= top:
         raise LegalnbError(f'--context {context}: the model takes 2 to {top:,} tokens')
     default = top if kind == 'native' else min(top, HF_DEFAULT_CONTEXT)
-    return EvalModel(module.to(dev).eval(), context=context or default, kind=kind, name=str(path), precision=prec,
+    return EvalModel(module.to(dev).eval(), context=context or default, kind=kind, name=ref.name, precision=prec,
                      **spec)
 
 # %% ../nbs/11_evaluate.ipynb #0bc9887e
-def model_tokenizer(path: str | Path, tokenizer: str | Path | None = None, base: str | Path | None = None,
-                    trust_remote_code: bool = False):
+def model_tokenizer(path: str | Path | ModelRef, tokenizer: str | Path | None = None,
+                    base: str | Path | None = None, trust_remote_code: bool = False):
     "The `tokenizers.Tokenizer` that `load_eval_model` would give a model folder, read without the weights."
-    kind, folder = model_kind(path)
-    if kind == 'native': return native_tokenizer(folder, tokenizer)
-    model_dir = lora_base(folder, base) if kind == 'lora' else folder
-    folders = [Path(tokenizer)] if tokenizer else [folder, model_dir]
-    return _hf_tokenizer(*folders, trust=trust_remote_code).backend_tokenizer
+    ref = model_ref(path, base)
+    if ref.kind == 'native': return native_tokenizer(ref.folder, tokenizer)
+    return _hf_tokenizer(Path(tokenizer) if tokenizer else ref.tokenizer, trust=trust_remote_code).backend_tokenizer
 
 # %% ../nbs/11_evaluate.ipynb #f3db27e9
 def as_model(model, tokenizer=None, **load) -> EvalModel:
     "An EvalModel from an EvalModel, a folder (`load_eval_model`), or an nn.Module with its tokenizer."
     if isinstance(model, EvalModel): return model
-    if isinstance(model, (str, Path)): return load_eval_model(model, tokenizer, **load)
+    if isinstance(model, (str, Path, ModelRef)): return load_eval_model(model, tokenizer, **load)
     if not isinstance(model, nn.Module):
         raise LegalnbError(f'expected a model folder or an nn.Module, got {type(model).__name__}')
     from legalnb.corpus import find_eos, load_tokenizer
@@ -982,19 +964,19 @@ def _export_tasks(docs: list[dict], cfg: EvaluateConfig):
           file=sys.stderr if cfg.json else sys.stdout)
 
 # %% ../nbs/11_evaluate.ipynb #32c8c5f9
-def _check_target(cfg: EvaluateConfig):
+def _check_target(cfg: EvaluateConfig) -> tuple[ModelRef, object]:
     "Before the model loads: the suites exist, the harness gets a model it scores, --out is neither input nor not "
-    "ours; lm-eval's task manager for the suites, every name checked (None without)."
+    "ours; the model resolved (once: scoring takes it) and lm-eval's task manager for the suites (None without)."
     model, tasks, trust = cfg.model, cfg.lm_eval_tasks, cfg.trust_remote_code
     if tasks: suite_tasks(tasks, trust)   # a missing task file fails before the model loads
-    if (cfg.harness or tasks) and model_kind(model)[0] == 'native':
+    ref = model_ref(model, cfg.base)
+    if (cfg.harness or tasks) and ref.kind == 'native':
         raise LegalnbError(f'--harness and --lm-eval-tasks score Hugging Face models and finetune outputs; {model} is '
                            'a native run')
-    model_kind(model)
     refuse_overwriting_inputs([model, cfg.data], [cfg.out])
     refuse_foreign_files(cfg.out, written_by_evaluate, '--out')
     refuse_unowned(cfg.out, written_by_evaluate, '--out')   # an eval.json of the user's is not replaced
-    return suite_manager(tasks, trust) if tasks else None   # every task name known before scoring
+    return ref, suite_manager(tasks, trust) if tasks else None   # every task name known before scoring
 
 # %% ../nbs/11_evaluate.ipynb #9ea7af08
 def score_model(cfg: EvaluateConfig, docs: list[dict], gdocs: list[dict] | None, manager=None,
@@ -1029,9 +1011,9 @@ def evaluate_command(cfg: EvaluateConfig) -> int:
         if cfg.export_lm_eval: return 0
         raise LegalnbError('MODEL is required: a run folder (legalnb train --out), a Hugging Face model folder '
                            'or a finetune output')
-    manager = _check_target(cfg)
+    ref, manager = _check_target(cfg)
     if chosen: print(chosen, file=sys.stderr)
-    r = score_model(cfg, docs, gdocs, manager, chosen)
+    r = score_model(replace(cfg, model=ref), docs, gdocs, manager, chosen)
     files = write_evaluation(r, cfg.out, written_by_evaluate)
     clear_other_modes(Path(cfg.out), lambda p: str(p) in REPORT_FILES)
     if cfg.json: print(_json_text(r))

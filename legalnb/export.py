@@ -102,8 +102,8 @@ def card_sources(model: str | Path,                 # the run folder or model fo
                 ) -> dict:
     "What the card is made of, each None where the files do not have it: `model` (folder), `run`, `work`, `config`, "
     "`summary`, `train` (settings), `manifest`, `selection`, `eval` and `against`."
-    from legalnb.models import model_kind
-    folder = model_kind(model)[1]
+    from legalnb.models import model_ref
+    folder = model_ref(model).folder   # a ModelRef: as export resolved it
     run = next((q for q in (folder, folder.parent) if (q/'summary.json').is_file()), None)
     work = run.parent if run is not None and (run.parent/'.legalnb-run').is_dir() else None
     flags = stage_flags_of(work, run) if work else {}
@@ -430,8 +430,9 @@ def export_model(model: str | Path,            # run folder (legalnb train --out
                 ) -> list[str]:                # the files written into `out`
     "Write a native legalnb model as a folder that transformers' Auto classes load without legalnb."
     from legalnb.corpus import find_eos
-    from legalnb.models import load_native, model_kind, native_tokenizer, saved_architecture
-    kind, folder = model_kind(model)
+    from legalnb.models import load_native, model_ref, native_tokenizer, saved_architecture
+    ref = model_ref(model)   # resolved once: the card reads the same folder
+    kind, folder = ref.kind, ref.folder
     if kind != 'native':
         raise LegalnbError(f'{model}: already a Hugging Face folder ({kind}); export takes a legalnb run '
                            'or model folder')
@@ -447,10 +448,10 @@ def export_model(model: str | Path,            # run folder (legalnb train --out
         raise LegalnbError(f'{folder/"config.json"}: model {arch!r} has no Hugging Face export (ModelSpec.hf_export)')
     native, tok = load_native(folder).eval(), native_tokenizer(folder, tokenizer)
     eos = find_eos(tok)
-    card_sources(model, eval_dir, corpus_dir)   # a wrong --eval or --corpus stops before the model is read
+    card_sources(ref, eval_dir, corpus_dir)   # a wrong --eval or --corpus stops before the model is read
     def write(tmp: Path) -> list[str]:
         names = writer(native, tmp, eos) + export_tokenizer(tok, eos, native.config.max_seq_len, tmp)
-        card = model_card(model, names, eval_dir, corpus_dir, license, price, name=name or out.name)
+        card = model_card(ref, names, eval_dir, corpus_dir, license, price, name=name or out.name)
         card.save(tmp/CARD); check_card(tmp/CARD, card)
         return names + [CARD]
     names = _staged(out, write)

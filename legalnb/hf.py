@@ -15,7 +15,6 @@ import torch
 from fastcore.basics import patch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 from .core import LegalnbError, atomic_write, first_line, format_duration, jsonl_records, read_json
-from .hub import model_folder
 from .locks import refuse_foreign_files, refuse_overwriting_inputs
 from .machine import (PRECISIONS, cuda_capability, loader_workers, resolve_device, resolve_precision,
                              usable_cores)
@@ -27,6 +26,7 @@ from .metrics import (MetricsFile, metric_lines, notify, parse_report_to, check_
 from .watch import ForgettingGuard, Watch, eval_share_line, eval_tokens_for, sample_sets, validation_sets
 from .models import refuse_pickled_weights   # no loader sees a pickle
 from .hub import fetch_if_asked, fetch_model, hub_dataset_folder, is_hub_dataset, parse_hub_dataset
+from .hub import ModelRef, resolve_model
 
 # %% auto #0
 __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', 'STRATEGY_FILES', 'FILES_PER_MICRO_BATCH',
@@ -34,15 +34,15 @@ __all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', '
            'hf_config', 'load_hf_model', 'doc_positions', 'CausalLMShards', 'write_demo_shards', 'check_corpus_fits',
            'read_examples', 'demo_examples', 'encode_example', 'LengthChoice', 'right_size_length', 'truncate_example',
            'encode_examples', 'pack_examples', 'PackedCollator', 'packs_without_leakage', 'sft_dataset',
-           'lora_target_modules', 'LoraSettings', 'add_lora', 'merge_adapter', 'plan_training_args', 'format_plan',
-           'training_args_from_preset', 'deepspeed_zero3_config', 'write_launch_configs', 'launch_environment',
-           'launch_plugin', 'launch_commands', 'launch_flags', 'check_run_folder', 'trainer_records', 'start_metrics',
-           'watched', 'hf_watch', 'split_off', 'qlora_unavailable', 'quantization_4bit', 'quantization_for',
-           'packs_here', 'refuse_single_process', 'training_rows', 'unpack_4bit_on_cpu', 'FinetuneConfig',
-           'FinetuneRun', 'fit_workers_to_open_files', 'purge_resumed_tensorboard', 'LRSchedule', 'step_trainer',
-           'budget_decay', 'finetune', 'finetune_command', 'finetune_parser', 'finetune_main', 'FetchConfig',
-           'fetch_command', 'fetch_main', 'ScheduledBatches', 'StepCollator', 'check_resumed_schedule',
-           'scheduled_trainer']
+           'lora_target_modules', 'LoraSettings', 'add_lora', 'merge_adapter', 'StepPlan', 'plan_steps',
+           'plan_training_args', 'format_plan', 'training_args_from_preset', 'deepspeed_zero3_config',
+           'write_launch_configs', 'launch_environment', 'launch_plugin', 'launch_commands', 'launch_flags',
+           'check_run_folder', 'trainer_records', 'start_metrics', 'watched', 'hf_watch', 'split_off',
+           'qlora_unavailable', 'quantization_4bit', 'quantization_for', 'packs_here', 'refuse_single_process',
+           'training_rows', 'unpack_4bit_on_cpu', 'FinetuneConfig', 'FinetuneRun', 'fit_workers_to_open_files',
+           'purge_resumed_tensorboard', 'LRSchedule', 'step_trainer', 'budget_decay', 'finetune', 'finetune_command',
+           'finetune_parser', 'finetune_main', 'FetchConfig', 'fetch_command', 'fetch_main', 'ScheduledBatches',
+           'StepCollator', 'check_resumed_schedule', 'scheduled_trainer']
 
 # %% ../nbs/06_hf.ipynb #c3d5eafa
 _SUBJECTS = ('the Commission', 'each Member State', 'the competent authority', 'the controller', 'the Agency',
@@ -95,9 +95,9 @@ def build_tiny_model(out: str | Path, arch: str = 'llama', texts: Sequence[str] 
     return Path(out)
 
 # %% ../nbs/06_hf.ipynb #aa36ded8
-def hf_config(path: str | Path) -> dict:
+def hf_config(path: str | Path | ModelRef) -> dict:
     "The config.json of a `save_pretrained` folder (or org/name in the Hugging Face cache), checked in one line."
-    path = model_folder(path)
+    path = resolve_model(path).folder   # a ModelRef: as it was resolved
     if not (path/'config.json').is_file():
         raise LegalnbError(f'{path}: not a model folder (no config.json); expected a folder written by save_pretrained')
     cfg = read_json(path/'config.json', 'a model config written by save_pretrained')
@@ -111,13 +111,14 @@ def _json_or_empty(path: Path) -> dict:
     except (OSError, ValueError): return {}
     return found if isinstance(found, dict) else {}
 
-def load_hf_model(path: str | Path, dtype: str | torch.dtype = 'auto',
+def load_hf_model(path: str | Path | ModelRef, dtype: str | torch.dtype = 'auto',
                attention: str | None = None,   # 'sdpa', 'eager' or 'flash_attention_2' (None: transformers' default)
                quantization=None,              # a transformers BitsAndBytesConfig (QLoRA's 4-bit weights), or None
                tokenizer_only: bool = False):  # return (None, tokenizer) without loading the weights
     "(model, tokenizer) from a `save_pretrained` folder or org/name in the Hugging Face cache; nothing is downloaded."
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    path = model_folder(path); cfg = hf_config(path); refuse_pickled_weights(path)
+    ref = resolve_model(path)   # org/name: its snapshot; a ModelRef: as it was resolved
+    path, cfg = ref.folder, hf_config(ref); refuse_pickled_weights(path)
     for name, found in (('config.json', cfg), ('tokenizer_config.json', _json_or_empty(path/'tokenizer_config.json'))):
         if found.get('auto_map'):   # transformers would ask on a terminal, and run the folder's Python on a yes
             raise LegalnbError(f'{path/name}: its auto_map names Python code ({", ".join(sorted(found["auto_map"]))}); '
@@ -455,22 +456,48 @@ def _warmup(preset, steps: int) -> tuple[int | float, str]:
     if w <= cap: return preset.warmup_steps, why
     return cap, f'capped: {w:,} warm-up steps (--warmup-steps or the preset) are more than 10% of the {steps:,} steps'
 
+@dataclass(frozen=True)
+class StepPlan:
+    "A finetune run's step arithmetic: its optimizer steps, gradient accumulation and warm-up (with why)."
+    steps: int              # optimizer steps (-1: none set, one pass over the data)
+    accum: int              # gradient accumulation (a batch schedule's: its first)
+    warmup: int | float     # warm-up steps (< 1: a fraction of the steps), at most a tenth of the run
+    warmup_why: str         # why that warm-up
+
+def plan_steps(preset: Preset,                 # the task's preset, the flags applied (`preset_to_run`)
+               world: int = 1,                 # data-parallel processes
+               per_row: float = 1.0,           # examples (SFT) or preset sequences (CPT) in a training row
+               rows: int | None = None,        # training rows (with a batch schedule: one pass over them)
+               examples: int | None = None,    # SFT: training examples (one pass at the preset's global batch)
+               sched: Sequence = (),           # a batch schedule's (from step, accumulation) pairs
+               grad_accum: int | None = None,  # --grad-accum
+               fixed_steps: int | None = None, # the steps asked for (None: from the data, else the preset's)
+              ) -> StepPlan:
+    "The steps, the gradient accumulation and the warm-up of a run of `preset` on `world` processes, from the data "
+    "once it is known: the one place finetune's step arithmetic is done."
+    if fixed_steps: steps = fixed_steps
+    elif sched and rows is not None: steps = steps_holding(math.ceil(rows / (preset.micro_batch * world)), sched)
+    elif examples is not None: steps = lora_steps(preset, examples)   # the calculator's
+    else: steps = preset.steps or -1
+    accum = (sched[0][1] if sched else grad_accum or (packed_accumulation(preset, per_row, preset.micro_batch, world)
+                                                      if preset.global_batch else preset.grad_accum))
+    return StepPlan(steps, accum, *_warmup(preset, steps))
+
 # %% ../nbs/06_hf.ipynb #47bba0dd
 def _step_rows(preset, out: str | Path, examples_per_row: float, world: int) -> dict[str, tuple]:
     "The steps, the learning rate and its schedule, the batch: from the preset, for `world` processes."
-    accum = (packed_accumulation(preset, examples_per_row, preset.micro_batch, world) if preset.global_batch
-             else preset.grad_accum)
-    steps, global_batch = preset.steps or -1, preset.global_batch or accum * preset.micro_batch * world
+    plan = plan_steps(preset, world, examples_per_row)
+    steps, accum = plan.steps, plan.accum
+    global_batch = preset.global_batch or accum * preset.micro_batch * world
     unit = 'examples' if preset.task == 'lora' else f'sequences of {preset.seq_len} tokens'
     per_row = '' if examples_per_row == 1 else (f' x {examples_per_row:.2f} examples per row' if preset.task == 'lora'
                                                 else f' rows x {examples_per_row:.3g} of a sequence each')
-    warmup, warmup_why = _warmup(preset, steps)
     return {
         'output_dir': (str(out), 'checkpoints and the final model go here'),
         'max_steps': (steps, 'optimizer steps' if preset.steps else 'none set: one pass over the examples'),
         'num_train_epochs': (1, 'one pass over the data when max_steps is not set'),
         'learning_rate': (preset.lr, 'peak learning rate'),
-        'warmup_steps': (warmup, warmup_why),
+        'warmup_steps': (plan.warmup, plan.warmup_why),
         'lr_scheduler_type': ('cosine', 'cosine decay after warmup'),
         'per_device_train_batch_size': (preset.micro_batch, 'micro batch per process (packed rows for SFT)'),
         'gradient_accumulation_steps': (accum, f'global batch {global_batch} {unit} ~ micro {preset.micro_batch}'
@@ -860,11 +887,11 @@ def packs_here(model) -> bool:
     return hasattr(sys.modules[type(model).__module__], 'create_causal_mask')
 
 # %% ../nbs/06_hf.ipynb #291c2408
-def _layer_class(model: str | Path | None) -> str:
+def _layer_class(model: str | Path | ModelRef | None) -> str:
     "The decoder layer class of the model at `model` (what FSDP wraps), from its config alone, found as every command "
     "finds a model: a folder here, else org/name in the Hugging Face cache (one line naming `hf download`), no network."
     from transformers import AutoConfig, AutoModelForCausalLM
-    folder = model_folder(model) if model else None
+    folder = resolve_model(model).folder if model else None
     if folder is None or not (folder/'config.json').is_file(): return 'LlamaDecoderLayer'   # a path the nodes see
     try: cls = AutoModelForCausalLM._model_mapping[type(AutoConfig.from_pretrained(folder, local_files_only=True,
                                                                                     trust_remote_code=False))]
@@ -1080,19 +1107,14 @@ class FinetuneRun:
     per_row: float = 1.0       # examples (SFT) or preset sequences (CPT) in a row
     choice: LengthChoice | None = None   # SFT: the length chosen
 
-    def one_pass(self, rows: int) -> int:
-        "Scheduled steps that take `rows` rows once."
-        return steps_holding(math.ceil(rows / (self.preset.micro_batch * self.world)), self.sched)
-
-    def accumulation(self, overrides: dict) -> int:
-        "The gradient accumulation: a schedule's first, the one asked for, or sized for the preset's global batch."
-        p = self.preset
-        return (self.sched[0][1] if self.sched else overrides.get('gradient_accumulation_steps')
-                or packed_accumulation(p, self.per_row, p.micro_batch, self.world))
+    def plan(self, overrides: dict, rows: int | None = None, examples: int | None = None) -> StepPlan:
+        "The run's steps and accumulation (`plan_steps`) for `rows` training rows (`examples` of SFT)."
+        return plan_steps(self.preset, self.world, self.per_row, rows, examples, self.sched,
+                          overrides.get('gradient_accumulation_steps'), self.fixed_steps)
 
 # %% ../nbs/06_hf.ipynb #aaebf7fe
 def _start_run(cfg: FinetuneConfig,       # the run's settings
-               model: Path,               # the model folder (org/name resolved to its snapshot)
+               model: ModelRef,           # the model, resolved (org/name: its snapshot)
                preset: Preset | None,     # a Preset to train with as it is (None: cfg's, with its flags)
                command: str | None,       # the flags to repeat in a refusal's launch command
                overrides: dict):          # TrainingArguments
@@ -1100,7 +1122,7 @@ def _start_run(cfg: FinetuneConfig,       # the run's settings
     from transformers.trainer_utils import get_last_checkpoint
     from legalnb.data import train_val_folders
     c, data, out = cfg, Path(cfg.data), Path(cfg.out)
-    check_run_folder(model, data, out)
+    check_run_folder(model.folder, data, out)
     task, p = 'cpt' if data.is_dir() else 'lora', preset or c.preset_to_run()
     use_lora = task == 'lora' if c.lora is None else c.lora
     if c.qlora and not use_lora: raise LegalnbError('--qlora trains a LoRA adapter on 4-bit weights; drop --full')
@@ -1118,13 +1140,13 @@ def _start_run(cfg: FinetuneConfig,       # the run's settings
     shards = CausalLMShards(train_val_folders(data)[0]) if task == 'cpt' else None   # a split: its train/
     found, world = hf_config(model), _world_size()
     if p.strategy != 'single' and world == 1 and not c.force_single:
-        refuse_single_process(p, model, command or f'--model {model} --data {data} --out {out}')
+        refuse_single_process(p, model, command or f'--model {model.folder} --data {data} --out {out}')
     _, tok = load_hf_model(model, tokenizer_only=True)
     summary = dict(task='continued pretraining' if task == 'cpt' else 'sft', mode='lora' if use_lora else 'full',
                    preset=f'{p.task}/{p.name}', qlora=c.qlora,
                    qlora_bits=c.qlora_bits if c.qlora else None, attention=c.attention, batch_schedule=c.batch_schedule,
                    batch_lr_rule=c.batch_lr_rule if sched else None)
-    summary.update(base=str(Path(model).resolve()), device=resolve_device('auto').type)  # --against
+    summary.update(base=str(model.folder.resolve()), device=resolve_device('auto').type)  # --against
     return FinetuneRun(task, p, p.steps, use_lora, sched, last, world, world == 1 or os.environ.get('RANK') == '0',
                        found, tok, summary, examples, shards)
 
@@ -1135,8 +1157,9 @@ def _prepare_shards(run: FinetuneRun, data: Path, eval_share: float, overrides: 
     run.train, run.evald, held = training_rows(data, shards, eval_share, overrides.get('seed', 0))
     if len(shards.rows.sources) > 1: overrides.setdefault('train_sampling_strategy', 'sequential')   # weighted order
     run.per_row = shards.seq_len / p.seq_len if p.seq_len else 1.0   # the preset's batch is in tokens
-    accum = run.accumulation(overrides)   # a schedule's: its first
-    if run.sched: run.preset = replace(p, steps=run.fixed_steps or run.one_pass(len(run.train)))
+    plan = run.plan(overrides, rows=len(run.train) if run.sched else None)
+    accum = plan.accum   # a schedule's: its first
+    if run.sched: run.preset = replace(p, steps=plan.steps)
     if run.main and run.per_row != 1 and not run.sched:
         print(f'rows of {shards.seq_len} tokens, preset sequences of {p.seq_len}: accumulation {accum}, so a step '
               f'sees {shards.seq_len * p.micro_batch * accum * run.world:,} tokens ({shards.seq_len} x batch '
@@ -1153,9 +1176,8 @@ def _prepare_examples(run: FinetuneRun, max_length, percentile, packing: bool, e
     run.train, run.evald, run.choice = [items[i] for i in keep], [items[i] for i in held] or None, choice
     train = run.train
     if packing: run.rows = pack_examples(train, choice.max_length); run.per_row = len(train) / len(run.rows)
-    steps = run.fixed_steps or (run.one_pass(len(run.rows or train)) if run.sched
-                                else lora_steps(p, len(train)))   # the calculator's
-    accum = run.accumulation(overrides)
+    plan = run.plan(overrides, rows=len(run.rows or train), examples=len(train))
+    steps, accum = plan.steps, plan.accum
     if run.main and not run.sched:
         print(f'{len(train)} examples ({len(held)} held out for evaluation) in {len(run.rows or train)} rows '
               f'({run.per_row:.2f} per row): accumulation {accum}, so a step sees ~{p.global_batch} examples; '
@@ -1184,7 +1206,7 @@ def _batching(run: FinetuneRun, net, attention, make_args, args, overrides: dict
         return default_data_collator, 'packed shards' + ', positions restart at documents' * run.shards.boundaries, args
     if run.rows is not None and not packs_here(net):
         run.rows, overrides['train_sampling_strategy'] = None, 'group_by_length'
-        if run.sched: run.preset = replace(run.preset, steps=run.fixed_steps or run.one_pass(len(run.train)))
+        if run.sched: run.preset = replace(run.preset, steps=run.plan(overrides, rows=len(run.train)).steps)
         args = make_args(1.0)   # one example per row now
         if run.main: print(f'{type(net).__name__} mixes packed examples: padded, length-grouped batches instead')
     if run.rows is not None:
@@ -1325,7 +1347,7 @@ def finetune(cfg: FinetuneConfig,              # the run's settings: model, data
     from transformers.trainer_utils import get_last_checkpoint
     fetch_if_asked(cfg.download, cfg.model)   # --download: the Hub's copies into the cache first
     if cfg.download and is_hub_dataset(cfg.general or ''): hub_dataset_folder(parse_hub_dataset(cfg.general), True)
-    c, data, out, model = cfg, Path(cfg.data), Path(cfg.out), model_folder(cfg.model)   # org/name: its HF snapshot
+    c, data, out, model = cfg, Path(cfg.data), Path(cfg.out), resolve_model(cfg.model)   # org/name: its snapshot
     overrides = cfg.training_overrides() | overrides
     run = _start_run(cfg, model, preset, command, overrides)
     if run.task == 'lora' and not c.packing: overrides.setdefault('train_sampling_strategy', 'group_by_length')

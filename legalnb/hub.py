@@ -9,14 +9,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .core import LegalnbError, first_line
+from collections.abc import Collection
+from .core import LegalnbError, first_line, read_json
 
 # %% auto #0
-__all__ = ['MODEL_FILES', 'HUB_OFFLINE_MARK', 'HUB_PREFIX', 'DATA_FILES', 'TEXT_FIELDS', 'LANG_FIELDS', 'LEGALNB_TAG',
-           'hub_cache', 'hub_cache_at', 'is_hub_name', 'hub_snapshot', 'model_folder', 'add_to_hub_cache', 'hub_online',
-           'hub_errors', 'fetch_model', 'fetch_if_asked', 'HubDataset', 'is_hub_dataset', 'parse_hub_dataset',
-           'card_files', 'card_configs', 'dataset_card', 'hub_dataset_folder', 'open_hub_dataset', 'check_push',
-           'made_by_legalnb', 'push_folder']
+__all__ = ['MODEL_FILES', 'HUB_OFFLINE_MARK', 'TOKENIZER_FILES', 'HUB_PREFIX', 'DATA_FILES', 'TEXT_FIELDS', 'LANG_FIELDS',
+           'LEGALNB_TAG', 'hub_cache', 'hub_cache_at', 'is_hub_name', 'hub_snapshot', 'model_folder',
+           'add_to_hub_cache', 'hub_online', 'hub_errors', 'fetch_model', 'fetch_if_asked', 'ModelRef', 'resolve_model',
+           'HubDataset', 'is_hub_dataset', 'parse_hub_dataset', 'card_files', 'card_configs', 'dataset_card',
+           'hub_dataset_folder', 'open_hub_dataset', 'check_push', 'made_by_legalnb', 'push_folder']
 
 # %% ../nbs/00c_hub.ipynb #6ef34d8e
 MODEL_FILES = ['model*.safetensors', 'adapter_model.safetensors', 'model.safetensors.index.json', 'config.json',
@@ -147,6 +148,82 @@ def fetch_if_asked(download: bool,       # --download
     "--download: fetch each org/name given that is not a folder here; without it (or for a folder) nothing."
     for n in names:
         if download and n and not Path(n).exists() and is_hub_name(str(n)): fetch_model(str(n), weights=weights)
+
+# %% ../nbs/00c_hub.ipynb #daec166e
+TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'tokenizer.model')   # a saved transformers tokenizer
+
+@dataclass(frozen=True)
+class ModelRef:
+    "A model name resolved: what it is, where its files are, the LoRA adapter's base and where its tokenizer is."
+    name: str                       # what the user typed
+    kind: str | None                # 'native', 'hf' or 'lora'; None: no model there (a tokenizer's folder, no folder)
+    folder: Path | None             # its folder (a finetune output's final/, a run's model/); None: an architecture
+    base: Path | None = None        # 'lora': the base model's folder
+    tokenizer: Path | None = None   # the folder the tokenizer is read from (a native run's: found by its loader)
+
+    @property
+    def weights(self) -> Path | None:
+        "The folder whose config.json and weights load: a LoRA adapter's base, else the model's own folder."
+        return self.base if self.kind == 'lora' else self.folder
+
+# %% ../nbs/00c_hub.ipynb #4d432200
+def _located(name: str | Path, relative_to: str | Path) -> Path:
+    "The folder `name` names: a path here (from `relative_to`; it wins over the cache), else org/name's snapshot in "
+    "the Hugging Face cache (one line naming `hf download` when it is not there)."
+    p = Path(name) if Path(name).is_absolute() else Path(relative_to)/name
+    return model_folder(name) if not p.exists() and is_hub_name(str(name)) else p
+
+def _layout(p: Path) -> tuple[str | None, Path]:
+    "What folder `p` holds, by its files (it, else its final/): ('lora', adapter), ('native', model folder), "
+    "('hf', folder); (None, p) when no model."
+    def config(q):
+        try: return read_json(q/'config.json', 'a model config') if (q/'config.json').is_file() else {}
+        except LegalnbError: return {}
+    for q in (p, p/'final') if p.is_dir() else ():
+        if (q/'adapter_config.json').is_file(): return 'lora', q
+        if (q/'model'/'model.safetensors').is_file(): return 'native', q/'model'
+        cfg = config(q)
+        if 'model_type' in cfg: return 'hf', q
+        if cfg and (q/'model.safetensors').is_file(): return 'native', q   # a model.save() folder
+    return None, p
+
+def _adapter_base(adapter: Path, base: str | Path | None, relative_to: str | Path) -> Path:
+    "The base model of a LoRA adapter: `base`, else the one adapter_config.json names (a folder, nearby, or cached)."
+    if base is not None:
+        if not ((found := _located(base, relative_to))/'config.json').is_file():
+            raise LegalnbError(f'--base {base}: not a model folder (no config.json)')
+        return found
+    name = read_json(adapter/'adapter_config.json', 'a LoRA adapter config').get('base_model_name_or_path') or ''
+    for p in (Path(name), adapter/name, adapter.parent/name, adapter.parent.parent/name):
+        if name and (p/'config.json').is_file(): return p
+    hub = ''
+    if is_hub_name(name):   # a name on the Hub: the Hugging Face cache's copy
+        try: return hub_snapshot(name)
+        except LegalnbError: hub = f' (or `hf download {name}`: the Hugging Face cache {hub_cache()} has none)'
+    raise LegalnbError(f'{adapter/"adapter_config.json"}: its base model {name!r} is not a local model folder; '
+                       f'pass --base BASE_MODEL_FOLDER{hub}')
+
+def _tokenizer_folder(kind: str | None, *folders: Path) -> Path:
+    "The first of `folders` with a saved tokenizer (a native model's: tokenizer.json); else the first."
+    names = ('tokenizer.json',) if kind == 'native' else TOKENIZER_FILES
+    return next((f for f in folders if any((f/n).is_file() for n in names)), folders[0])
+
+# %% ../nbs/00c_hub.ipynb #323a2654
+def resolve_model(name: str | Path | ModelRef,         # an architecture, a folder, or org/name (Hugging Face cache)
+                  base: str | Path | None = None,       # a LoRA adapter's base (default: the one its config names)
+                  relative_to: str | Path = Path('.'),  # the folder a relative path is read from (a plan's)
+                  architectures: Collection[str] = ()   # the registered native architectures the name may be
+                 ) -> ModelRef:
+    "What `name` names, resolved once: a registered architecture (no folder), or a folder here or in the Hugging "
+    "Face cache, its kind read from its files; a LoRA adapter's base found (or refused in one line)."
+    if isinstance(name, ModelRef): return name
+    if str(name) in architectures: return ModelRef(str(name), 'native', None)
+    kind, folder = _layout(_located(name, relative_to))
+    if kind == 'lora':
+        found = _adapter_base(folder, base, relative_to)
+        return ModelRef(str(name), kind, folder, found, _tokenizer_folder(kind, folder, found))
+    if kind == 'native': return ModelRef(str(name), kind, folder, None, _tokenizer_folder(kind, folder, folder.parent))
+    return ModelRef(str(name), kind, folder, None, _tokenizer_folder(kind, folder) if kind else folder)
 
 # %% ../nbs/00c_hub.ipynb #ad1e7207
 HUB_PREFIX = 'hf:'

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from fastcore.basics import patch
 from .core import LegalnbError, atomic_write, read_json, PRESET_VOCAB
-from .hub import model_folder
+from .hub import ModelRef, resolve_model
 from .machine import refuse_oversized
 
 # %% auto #0
@@ -19,7 +19,7 @@ __all__ = ['DEFAULT_MODEL', 'MODELS', 'CONFIG_CONTRACT', 'MODEL_CONTRACT', 'MAX_
            'PICKLED_WEIGHTS', 'RemoteCode', 'ModelSpec', 'shape_flags', 'get_model', 'check_contract', 'register',
            'size_table', 'check_config_sizes', 'model_footprint', 'load_weights', 'refuse_nonfinite',
            'saved_architecture', 'spec_of', 'save_model', 'load_saved', 'load_model', 'load_native',
-           'refuse_pickled_weights', 'model_kind', 'native_tokenizer', 'next_token', 'recurrent_decoder',
+           'refuse_pickled_weights', 'model_ref', 'model_kind', 'native_tokenizer', 'next_token', 'recurrent_decoder',
            'transformers_decoder', 'decoder_of']
 
 # %% ../nbs/02a_models.ipynb #823bc6e4
@@ -341,20 +341,27 @@ def refuse_pickled_weights(folder: str | Path):
                                f'torch.load(..., weights_only=True) then safetensors.torch.save_file(state, "{safe}"), '
                                'or save_pretrained(..., safe_serialization=True)')
 
-def model_kind(path: str | Path) -> tuple[str, Path]:
+def model_ref(path: str | Path | ModelRef,        # a run, model or finetune folder, org/name, or a ModelRef
+              base: str | Path | None = None) -> ModelRef:  # a LoRA adapter's base (default: the one it names)
+    "The model at `path` resolved once (`hub.resolve_model`) and checked: a model there, its weights not pickled; "
+    "one line otherwise."
+    ref = resolve_model(path, base)
+    if ref.kind is None:
+        p = ref.folder
+        if not p.is_dir(): raise LegalnbError(f'{p}: no such folder; expected a run folder (legalnb train --out), '
+                                              'a Hugging Face model folder or a legalnb finetune output')
+        for q in (p, p/'final'):
+            if (q/'config.json').is_file() or (q/'adapter_config.json').is_file(): refuse_pickled_weights(q)
+            _model_config(q)   # a damaged config.json: one line that names it
+        raise LegalnbError(f'{p}: not a model: expected RUN/model/ (legalnb train), config.json with a model_type '
+                           '(save_pretrained) or adapter_config.json (legalnb finetune --lora)')
+    if ref.folder is not None: refuse_pickled_weights(ref.folder)
+    return ref
+
+def model_kind(path: str | Path | ModelRef, base: str | Path | None = None) -> tuple[str, Path]:
     "What a folder holds: ('native', RUN/model), ('hf', folder) or ('lora', adapter); a finetune output's final/ too."
-    p = model_folder(path)   # org/name: its snapshot in the Hugging Face cache
-    if not p.is_dir(): raise LegalnbError(f'{p}: no such folder; expected a run folder (legalnb train --out), '
-                                          'a Hugging Face model folder or a legalnb finetune output')
-    for q in (p, p/'final'):
-        if (q/'config.json').is_file() or (q/'adapter_config.json').is_file(): refuse_pickled_weights(q)
-        if (q/'adapter_config.json').is_file(): return 'lora', q
-        if (q/'model'/'model.safetensors').is_file(): return 'native', q/'model'
-        cfg = _model_config(q)
-        if 'model_type' in cfg: return 'hf', q
-        if cfg and (q/'model.safetensors').is_file(): return 'native', q   # a model.save() folder
-    raise LegalnbError(f'{p}: not a model: expected RUN/model/ (legalnb train), config.json with a model_type '
-                       '(save_pretrained) or adapter_config.json (legalnb finetune --lora)')
+    ref = model_ref(path, base)
+    return ref.kind, ref.folder
 
 # %% ../nbs/02a_models.ipynb #33833bfa
 def _run_data(run: Path) -> list[Path]:
