@@ -506,16 +506,15 @@ def _second_finetune(own: dict, first: dict, b: dict, work: Path, stage_to: str 
 
 # %% ../nbs/14_run.ipynb #beaa6c2c
 def _hf_model(model: str, base: Path) -> str | None:
-    "The folder of a Hugging Face `model`: a folder (from the plan's), or org/name's snapshot in the Hugging Face "
-    "cache; None for a registered architecture."
-    from legalnb.hub import hub_snapshot, is_hub_name
+    "The folder of a Hugging Face `model`, resolved once (`hub.resolve_model`: a folder from the plan's, or "
+    "org/name's snapshot in the Hugging Face cache); None for a registered architecture."
+    from legalnb.hub import resolve_model
     from legalnb.models import MODELS
-    if model in MODELS: return None
-    p = Path(model) if Path(model).is_absolute() else base/model
-    if (p/'config.json').is_file(): return str(p)
-    if not p.exists() and is_hub_name(model): return str(hub_snapshot(model))   # else one line: `hf download` it
+    ref = resolve_model(model, relative_to=base, architectures=MODELS)   # org/name not cached: `hf download` it
+    if ref.folder is None: return None
+    if ref.kind == 'hf': return str(ref.folder)
     raise LegalnbError(f'model {model!r}: neither a registered model ({", ".join(MODELS)}) nor a Hugging Face model '
-                       f'folder (no {p/"config.json"})')
+                       f'folder (no {ref.folder/"config.json"} with a model_type)')
 
 # %% ../nbs/14_run.ipynb #334a4823
 def check_plan(stages: list[Stage], top: Top) -> dict:
