@@ -46,6 +46,7 @@ def verdict(change: float | None, ci: list | None, lower_is_better: bool = True)
     if ci[0] <= 0 <= ci[1]: return NO_DIFFERENCE
     return 'better' if (change < 0) == lower_is_better else 'worse'
 
+# %% ../nbs/11a_against.ipynb #74704ceb
 def change(runs: list[list[dict]],           # [model rows, reference rows], on the same acts
            figure: str,                      # bits_per_byte, accuracy, rouge_l or ratio
            where: Callable | None = None,    # the rows of one group (a language, a type, a decade)
@@ -57,6 +58,7 @@ def change(runs: list[list[dict]],           # [model rows, reference rows], on 
     return dict(model=m, model_ci=m_ci, reference=r, reference_ci=r_ci, change=d, change_ci=d_ci,
                 verdict=verdict(d, d_ci, lower_is_better))
 
+# %% ../nbs/11a_against.ipynb #13eac595
 def forgetting(model: dict, reference: dict, iters: int = BOOTSTRAP, seed: int = 0) -> dict:
     "The change on general text (two evaluations' `general`): overall, per language and per source, paired by unit."
     runs = [model['documents'], reference['documents']]
@@ -66,6 +68,7 @@ def forgetting(model: dict, reference: dict, iters: int = BOOTSTRAP, seed: int =
                     for k in model.get(key, {})}
     return out
 
+# %% ../nbs/11a_against.ipynb #78296d41
 def kept(runs: list[list[dict]],        # [model rows, reference rows] of one suite's metric (higher is better)
          iters: int = BOOTSTRAP, seed: int = 0) -> dict:
     "The share of the reference's score the model keeps (model / reference), its interval paired over the items."
@@ -260,6 +263,7 @@ def _fmt(v: float | None, ci: list | None = None, kind: str = 'bpb', sign: bool 
          'num': lambda x: f'{x:{s}.4f}'}[kind]
     return f(v) + (f' [{f(ci[0])}, {f(ci[1])}]' if ci else '')
 
+# %% ../nbs/11a_against.ipynb #6cb0f187
 _FORGETTING = {'worse': 'forgot', 'better': 'gained'}   # the verdicts of a change on general text
 
 def _general_changes(f: dict | None) -> list[tuple[str, dict]]:
@@ -290,11 +294,13 @@ def against_rows(c: dict, groups: tuple[str, ...] = tuple(GROUPS)) -> list[list[
         for k, m in ms.items(): add(task, f'{k} (lm-eval, over items)', m, 'num')
     return rows
 
+# %% ../nbs/11a_against.ipynb #c210299c
 def against_table(c: dict, groups: tuple[str, ...] = tuple(GROUPS)) -> str:
     "The comparison as a table (markdown, padded: it reads as plain text too)."
     return markdown_table(['', 'model [95% interval]', 'reference [95% interval]', 'change [95% interval]', 'verdict'],
                           against_rows(c, groups))
 
+# %% ../nbs/11a_against.ipynb #a01f392c
 def kept_table(c: dict) -> str | None:
     "General capabilities maintained: each lm-eval score's share kept (model / reference) with its interval; None."
     who = 'base' if c.get('reference_is_base', True) else 'reference'
@@ -391,6 +397,7 @@ def against_figure(c: dict):
 # %% ../nbs/11a_against.ipynb #f1487872
 def _name(m: dict) -> str: return Path(m['name']).name or m['name']
 
+# %% ../nbs/11a_against.ipynb #7d48e327
 def _capabilities(c: dict) -> list[str]:
     "The section on general capabilities: the share kept per suite, or the suites that would measure it."
     if (t := kept_table(c)):
@@ -424,6 +431,7 @@ def against_markdown(c: dict) -> str:
     md += ['The two models\' own evaluations: [eval.md](eval.md) and [reference/eval.md](reference/eval.md).', '']
     return '\n'.join(md)
 
+# %% ../nbs/11a_against.ipynb #daa7d5a1
 def against_lines(c: dict, folder: str = 'eval') -> list[str]:
     "Report lines for `legalnb run` and the quickstart: the change per language, forgetting, the plot."
     return [f"`{_name(c['model'])}` against `{_name(c['reference'])}` ({c['reference']['kind']}, "
@@ -434,6 +442,7 @@ def against_lines(c: dict, folder: str = 'eval') -> list[str]:
             f'![the change against the reference]({folder}/against.png)', '',
             f'Per type and decade, and the continuations of both models: `{folder}/against.md`.']
 
+# %% ../nbs/11a_against.ipynb #6e9c1d17
 def write_against(c: dict, out: str | Path) -> list[Path]:
     "against.json, against.md and against.png in `out`, each written atomically."
     out = Path(out)
@@ -464,6 +473,7 @@ def retained_table(r: dict, facts: dict | None = None) -> str:
         text += '\n\n' + markdown_table(['run', 'model', 'training time', 'cost', 'general text bits/byte'], runs)
     return text
 
+# %% ../nbs/11a_against.ipynb #879d91ce
 def retained_figure(r: dict):
     "retained.png: the share kept per language with its interval, beside the seeds' claim of 75-80%."
     from matplotlib.figure import Figure
@@ -481,6 +491,7 @@ def retained_figure(r: dict):
     ax.legend(fontsize=7, loc='lower right')
     return fig
 
+# %% ../nbs/11a_against.ipynb #a18f59ce
 def write_retained(r: dict, out: str | Path, facts: dict) -> list[Path]:
     "retained.json (with each run's time and cost), retained.md and retained.png in `out`."
     out, r = Path(out), r | dict(facts=facts)
@@ -503,10 +514,12 @@ def _init_from(model_dir: Path) -> str | None:
         return (cfg.get('config', cfg) or {}).get('init_from')
     return None
 
+# %% ../nbs/11a_against.ipynb #d0b77484
 def _name(model: str | Path | ModelRef) -> str:
     "A model as the user named it (a ModelRef: its name)."
     return model.name if isinstance(model, ModelRef) else str(model)
 
+# %% ../nbs/11a_against.ipynb #060dd5c2
 def reference_of(model: str | Path | ModelRef, base: str | Path | None = None) -> Path:
     "A model's default reference: a LoRA adapter's base, a fine-tuned model's base, a native run's --init-from."
     ref = model_ref(model, base)
@@ -526,6 +539,7 @@ def reference_of(model: str | Path | ModelRef, base: str | Path | None = None) -
                        'same-size baseline (legalnb run --baseline gpt, or legalnb train --model gpt on the same '
                        'split)')
 
+# %% ../nbs/11a_against.ipynb #bcd1dc55
 def declared_context(model: str | Path | ModelRef, base: str | Path | None = None) -> int | None:
     "The longest input a model folder's config.json declares (as evaluate would use it), read without the weights."
     ref = model_ref(model, base)

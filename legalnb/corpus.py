@@ -116,6 +116,7 @@ def find_eos(tok: Tokenizer, eos: str | None = None) -> int:
         if (i := tok.token_to_id(name)) is not None: return i
     raise LegalnbError(f'tokenizer has no end-of-document token {eos or EOS_CANDIDATES}: pass the EOS token with --eos')
 
+# %% ../nbs/02_corpus.ipynb #0bc5315e
 def configured_eos(path) -> str | None:
     "The `eos_token` of a saved tokenizer folder's tokenizer_config.json (a `hub.ModelRef`: its tokenizer's), if it "
     "names one."
@@ -125,14 +126,17 @@ def configured_eos(path) -> str | None:
     except (AttributeError, OSError, ValueError): return None
     return eos.get('content') if isinstance(eos, dict) else eos
 
+# %% ../nbs/02_corpus.ipynb #aa5bb09a
 def special_ids(tok: Tokenizer) -> dict[str, int]:
     "Every special token of the tokenizer and its id."
     return {t.content: i for i, t in sorted(tok.get_added_tokens_decoder().items()) if t.special}
 
+# %% ../nbs/02_corpus.ipynb #72ce929a
 def vocab_size_of(tok: Tokenizer) -> int:
     "The number of ids a model needs: the largest id + 1 (added tokens may leave gaps, so not just the count)."
     return max(tok.get_vocab(with_added_tokens=True).values()) + 1
 
+# %% ../nbs/02_corpus.ipynb #b69eba1b
 def tokenizer_sha256(tok: Tokenizer) -> str:
     "A fingerprint of the tokenizer (its JSON serialisation)."
     return hashlib.sha256(tok.to_str().encode()).hexdigest()
@@ -158,6 +162,7 @@ def encode_texts(tok: Tokenizer, texts: list[str]) -> list[np.ndarray]:
     "Token ids of each text (no special tokens added) as uint32 arrays."
     return [np.array(e.ids, dtype=np.uint32) for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
 
+# %% ../nbs/02_corpus.ipynb #e41e4261
 _worker_tok = None  # the tokenizer of a worker process, loaded once by `_init_worker`
 
 def _init_worker(tok_json: str, parent: int):
@@ -167,14 +172,17 @@ def _init_worker(tok_json: str, parent: int):
     os.environ['TOKENIZERS_PARALLELISM'] = 'false'
     _worker_tok = Tokenizer.from_str(tok_json)
 
+# %% ../nbs/02_corpus.ipynb #b51b1a19
 def _encode_in_worker(texts: list[str]) -> list[np.ndarray]: return encode_texts(_worker_tok, texts)
 
+# %% ../nbs/02_corpus.ipynb #7e40a57e
 def _die_with(parent: int):
     "Have Linux kill this worker when the build process dies, so a killed build leaves no orphan workers."
     try: ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError): return  # not Linux: workers end when their queue closes
     if os.getppid() != parent: os._exit(1)  # the parent died before prctl took effect
 
+# %% ../nbs/02_corpus.ipynb #7235b435
 def _mp_context():
     "fork where the OS has it (works from notebooks and unguarded scripts; workers only run the tokenizer), else spawn."
     return mp.get_context('fork' if 'fork' in mp.get_all_start_methods() else 'spawn')
@@ -262,6 +270,7 @@ def npy_header_bytes(dtype, shape: tuple[int, ...], size: int = 128) -> bytes:
     if pad < 0: raise ValueError(f'shape {shape} does not fit a {size}-byte header')
     return b'\x93NUMPY\x01\x00' + (size - 10).to_bytes(2, 'little') + d.encode('latin1') + b' ' * pad + b'\n'
 
+# %% ../nbs/02_corpus.ipynb #b8304b68
 def file_sha256(path: str | Path) -> str:
     "The SHA-256 of a file, read in 4 MB blocks."
     h = hashlib.sha256()
@@ -269,9 +278,11 @@ def file_sha256(path: str | Path) -> str:
         while block := f.read(1 << 22): h.update(block)
     return h.hexdigest()
 
+# %% ../nbs/02_corpus.ipynb #313c2822
 class EmptyShard(LegalnbError):
     "A shard that got no rows: the stream of rows ended before it."
 
+# %% ../nbs/02_corpus.ipynb #0cb94aa0
 def write_shard(dest: str | Path, blocks: Iterable[np.ndarray], row_len: int, vocab_size: int,
                 empty: str | Callable[[], str] | None = None) -> dict:  # why a shard got no rows, what to do
     "Write blocks of rows to a .npy shard atomically, checking every id < vocab_size; return its rows and sha256."
@@ -372,11 +383,13 @@ def chars(self: _ActDays, keys: Iterable[str] | None = None) -> int:
     return sum(self.db.execute('SELECT coalesce(sum(chars), 0) FROM acts WHERE key = ?', (k,)).fetchone()[0]
                for k in set(keys))
 
+# %% ../nbs/02_corpus.ipynb #7e19bfe9
 @patch
 def by_number(self: _ActDays) -> Iterator[tuple[str, int]]:
     "(name, characters) of every act in the order of their numbers: a seeded random order."
     self._flush(); yield from self.db.execute('SELECT key, chars FROM acts ORDER BY n')
 
+# %% ../nbs/02_corpus.ipynb #455cf3af
 @patch
 def smallest(self: _ActDays, k: int) -> list[tuple[str, int]]:
     "(name, characters) of the `k` acts with the fewest characters (ties: by number)."
@@ -479,6 +492,7 @@ def _refuse_over_half(selected, val_docs: float, share: float, why: str):
                            f'than half ({why}); ask for fewer acts or a smaller share, lower --val-min-acts, or select '
                            'more acts (a larger --target-tokens in `legalnb select`)')
 
+# %% ../nbs/02_corpus.ipynb #4bf48c50
 def _refuse_all(selected, val_docs: float, after: date | None, late: set, held: set, n_acts: int):
     "Refuse a --val-after that holds out nothing, and a hold-out that leaves no act for training."
     if after and not late:
@@ -488,6 +502,7 @@ def _refuse_all(selected, val_docs: float, after: date | None, late: set, held: 
         raise LegalnbError(f'{what} holds out all {n_acts:,} acts of {selected} and leaves none for training; hold out '
                            f'fewer (a share such as 0.1, a count below {n_acts:,}, or a later --val-after)')
 
+# %% ../nbs/02_corpus.ipynb #e3edeafa
 def heldout_acts(selected: str | Path, val_docs: float, seed: int = 0, val_after: date | str | None = None,
                  min_acts: int = VAL_MIN_ACTS, named: Iterable[str] = ()) -> tuple[set[str], int]:
     "The acts held out of a selection and how many acts have text in it: `choose_heldout`'s first two answers."
@@ -531,6 +546,7 @@ class MixSource:
     @property
     def spec(self) -> str: return f'{self.name}={self.path}:{self.share:g}'
 
+# %% ../nbs/02_corpus.ipynb #879f59e4
 def parse_mix(spec: str) -> MixSource:
     "A MixSource from `NAME=PATH:SHARE` (general=wiki.jsonl:0.05); one line naming --mix when it is not one."
     name, eq, rest = str(spec).partition('=')
@@ -547,6 +563,7 @@ def parse_mix(spec: str) -> MixSource:
                            f'got {value:g}')
     return MixSource(name, path, value)
 
+# %% ../nbs/02_corpus.ipynb #9a42de44
 def check_mix(sources: list[MixSource]) -> list[MixSource]:
     "The sources, once their names differ and their shares leave room for the legal text (sum at most MIX_MAX_SHARE)."
     names = [s.name for s in sources]
@@ -557,6 +574,7 @@ def check_mix(sources: list[MixSource]) -> list[MixSource]:
                            'is the legal text); lower them')
     return sources
 
+# %% ../nbs/02_corpus.ipynb #18caa7e6
 def mix_rows(legal_rows: int, shares: list[float]) -> list[int]:
     "Rows of each source: share / (1 - sum of shares) x the legal training rows (at least one; at most 9x the legal)."
     rest = 1 - sum(shares)
@@ -611,6 +629,7 @@ def mix_files(src: MixSource) -> list[Path]:
         level = deeper
     return sorted(files)
 
+# %% ../nbs/02_corpus.ipynb #3f383dbe
 def mix_format(src: MixSource) -> tuple[str, list[str]]:
     "How `datasets` reads a source: ('disk', []) for a save_to_disk folder, else the builder and the files, sorted."
     if is_hub_dataset(src.path): return 'hub', []   # a dataset of the Hub, read from the Hugging Face cache
@@ -742,6 +761,7 @@ def _hub_part(ds, lang: str | None):
     rows, _ = open_hub_dataset(ds)
     return rows.map(lambda r: {'lang': lang}) if lang and 'lang' not in (rows.column_names or []) else rows
 
+# %% ../nbs/02_corpus.ipynb #21942782
 def _from_hub(src: MixSource):
     "A Hub source's records: its one config, or its configs' in turn (`configs`), each with text and, where known, "
     "lang."
@@ -751,6 +771,7 @@ def _from_hub(src: MixSource):
     parts = tuple(_hub_part(replace(ds, config=c), lang) for c, lang in src.configs)   # a tuple: not sharded
     return datasets.IterableDataset.from_generator(_in_turn, gen_kwargs=dict(parts=parts))
 
+# %% ../nbs/02_corpus.ipynb #c7eaaff4
 def _in_turn(parts: tuple):
     "The records of each part in turn until every part is read through (datasets' interleave_datasets sleeps 5 s "
     "each time a reader of Parquet parts closes: a mixed source is read through once a pass)."
@@ -760,6 +781,7 @@ def _in_turn(parts: tuple):
             try: yield next(it)
             except StopIteration: its.remove(it)
 
+# %% ../nbs/02_corpus.ipynb #780a2974
 def hub_record(src: MixSource) -> dict:
     "What the manifest says of a Hub source: repository, config(s), split, rows read, revision (the snapshot's commit)."
     ds = parse_hub_dataset(src.path)
@@ -768,12 +790,14 @@ def hub_record(src: MixSource) -> dict:
     return dict(repo=ds.repo, **({'configs': configs} if src.configs else {'config': ds.config}), split=ds.split,
                 rows=ds.rows, revision=revision)
 
+# %% ../nbs/02_corpus.ipynb #080c1260
 def fetch_for_corpus(cfg):
     "--download (a CorpusConfig's): its tokenizer (org/name) and its Hub --mix sources fetched into the cache."
     if not cfg.download: return
     fetch_if_asked(True, cfg.tokenizer if isinstance(cfg.tokenizer, str) else None, weights=False)
     fetch_mix(cfg.mix or [], cfg.mix_languages)
 
+# %% ../nbs/02_corpus.ipynb #2bf6f3e4
 def fetch_mix(specs: Iterable[str], languages: str = 'source'):
     "--download: the Hub sources among --mix fetched into the cache (per language with --mix-languages match)."
     for s in (parse_mix(x) for x in specs):
@@ -853,6 +877,7 @@ class MixPiece:
     lang: str      # the document's language ('und' when the source has none)
     chars: int = 0 # the document's characters (counted against its language's plan when its last piece is packed)
 
+# %% ../nbs/02_corpus.ipynb #95fd6f59
 def _takes(plan: dict, taken: dict, lang: str, key: float, passes: int) -> bool:
     "Whether a pass takes a document: its language is planned and not full (unless all are), its key in the pass's "
     "window."
@@ -878,6 +903,7 @@ def mix_pieces(src: MixSource, held: set[int], plan: dict, seed: int, start: int
         if idle > 1 / least + 1: raise LegalnbError(f'--mix {src.name}: {src.path}: no training document')
         start, passes = 0, passes + 1
 
+# %% ../nbs/02_corpus.ipynb #4fdc9efb
 class _MixStream:
     "One source's encoded pieces fed to its packer, and the point to resume from after the last whole document."
     def __init__(self, encoded, packer: RowPacker, resume: dict):
@@ -896,6 +922,7 @@ class _MixStream:
                 self.open = not m.last
                 yield m
 
+# %% ../nbs/02_corpus.ipynb #07801ef5
 def _fill_mix_shard(stream: _MixStream, flow: Iterator, want: int, flush: int, acc: dict) -> Iterator[np.ndarray]:
     "Yield exactly `want` rows; then pack the rest of the document in hand (the next shard starts with it)."
     packer, got = stream.packer, 0
@@ -931,6 +958,7 @@ def mix_asked(src: MixSource, held: dict, legal: dict[str, int], languages: str 
                  ' of the training tokens asked); those languages get no general text')
     return asked
 
+# %% ../nbs/02_corpus.ipynb #8508946f
 def mix_plan(held: dict, asked: dict[str, float], tokens: int) -> dict[str, dict]:
     "Per language the source has: the tokens to train on, the characters that give them, the share of it each pass "
     "takes."
@@ -944,6 +972,7 @@ def mix_plan(held: dict, asked: dict[str, float], tokens: int) -> dict[str, dict
                        passes=round(want / have[l], 3))
     return plan
 
+# %% ../nbs/02_corpus.ipynb #d25172b8
 def check_mix_size(src: MixSource, plan: dict, rows: int, row_len: int, vocab: int, free: int):
     "Refuse a source read more than MIX_MAX_PASSES times, or whose rows do not fit in `free` bytes, before it is "
     "written."
@@ -1009,6 +1038,7 @@ def _mix_resume(out: Path, m: dict | None, specs: list[str]) -> list[dict]:
                          shards=_verified_prefix(out, x.get('shards', [])) if held else []))
     return recs
 
+# %% ../nbs/02_corpus.ipynb #1adaea0e
 def _mix_files(m: dict) -> set[str]:
     "The files a build's mixed sources have or will have (the shard in progress included), relative to the corpus."
     names = set()
@@ -1018,11 +1048,13 @@ def _mix_files(m: dict) -> set[str]:
         names |= {f for s in x['shards'] for f in (s['file'], s.get('doc_starts'))}
     return names
 
+# %% ../nbs/02_corpus.ipynb #f7cee296
 def _mix_languages(x: dict, per_lang: Counter, total: int) -> dict:
     "Per language of a source: the asked and realised shares of the training tokens, and its tokens."
     return {l: dict(asked_share=round(x['asked'].get(l, 0), 6), realised_share=round(per_lang.get(l, 0) / total, 6),
                     tokens=per_lang.get(l, 0)) for l in sorted({*x['asked'], *per_lang})}
 
+# %% ../nbs/02_corpus.ipynb #e1d1fb6a
 def _mix_manifest(partial: dict, row_len: int) -> dict:
     "The manifest's `mix`: per source its origin, rows, tokens, asked and realised share, shards, held-out slice."
     if not partial.get('mix'): return {}
@@ -1042,6 +1074,7 @@ def _mix_manifest(partial: dict, row_len: int) -> dict:
                         heldout=x['heldout']))
     return dict(mix_sha256=partial['mix_sha256'], mix=mix)   # the sources' fingerprint: a rerun is up to date
 
+# %% ../nbs/02_corpus.ipynb #b140ac24
 def _shares_line(langs: dict, most: int = 12) -> str:
     "'en 2.50% -> 2.48%, fr ...': each language's asked and realised share, the largest first."
     top = sorted(langs.items(), key=lambda kv: -kv[1]['asked_share'] - kv[1]['realised_share'])
@@ -1080,6 +1113,7 @@ class Piece:
     lang: str      # the document's language
     pos: float     # approximate byte offset in the file where this piece ends (decides shard boundaries)
 
+# %% ../nbs/02_corpus.ipynb #dc5859ab
 def iter_pieces(selected: Path, max_chars: int, offset: int = 0, line: int = 0, skip: int = 0,
                 keep: Callable[[dict], bool] | None = None) -> Iterator[tuple[Piece, str]]:
     "Yield `(Piece, text)` for every piece of every document from byte `offset`, skipping `skip` pieces of the first."
@@ -1093,6 +1127,7 @@ def iter_pieces(selected: Path, max_chars: int, offset: int = 0, line: int = 0, 
             pos = start + (end - start) * done / max(len(text), 1)
             yield Piece(ln, start, end, i, i == len(parts) - 1, lang, pos), part
 
+# %% ../nbs/02_corpus.ipynb #47e5a94d
 def batch_pieces(pieces: Iterable[tuple[Piece, str]], batch_chars: int) -> Iterator[tuple[list[Piece], list[str]]]:
     "Group pieces into batches of about `batch_chars` characters."
     metas, texts, size = [], [], 0
@@ -1130,6 +1165,7 @@ class _Stream:
         self.bar.set_postfix_str(f'{docs / dt:,.0f} docs/s, {tokens / dt:,.0f} tok/s', refresh=False)
         self.bar.update(int(pos) - self.bar.n)
 
+# %% ../nbs/02_corpus.ipynb #95e141dd
 def _fill_shard(stream: _Stream, pieces: Iterator[Piece], bound: float | None, acc: dict) -> Iterator[np.ndarray]:
     "Yield the rows of one shard: pack pieces until the stream passes byte `bound` (None: to the end) and the shard "
     "has a row (a piece longer than a shard's bytes leaves the next shard too few tokens before its bound)."
@@ -1139,6 +1175,7 @@ def _fill_shard(stream: _Stream, pieces: Iterator[Piece], bound: float | None, a
         if bound is not None and m.pos >= bound and (rows or packer.pending >= packer.row_len): break
     yield _take_into(packer, acc)
 
+# %% ../nbs/02_corpus.ipynb #cdb8d3a0
 def _take_into(packer: RowPacker, acc: dict, max_rows: int | None = None) -> np.ndarray:
     "Take the complete rows (at most `max_rows`) from the packer, adding their languages and document starts to `acc`."
     rows, per_lang, starts = packer.take(max_rows)
@@ -1153,6 +1190,7 @@ def _records(recs) -> bool:
     "Is this a list of file records (dicts naming a `file`)?"
     return isinstance(recs, list) and all(isinstance(s, dict) and isinstance(s.get('file'), str) for s in recs)
 
+# %% ../nbs/02_corpus.ipynb #1aba7bab
 def _own_manifest(path: Path) -> dict | None:
     "The manifest (finished or partial) a build wrote at `path`; None when it is missing, broken or another tool's."
     try: m = read_json(path)
@@ -1164,11 +1202,13 @@ def _own_manifest(path: Path) -> dict | None:
                                               for x in mix)
     return m if ok and (held is None or _records([held])) else None
 
+# %% ../nbs/02_corpus.ipynb #c8788d0e
 def _read_key(path: Path) -> dict:
     "The build key (arguments, input and tokenizer checksums) stored in a manifest; {} if there is none."
     m = _own_manifest(path)
     return {k: m[k] for k in KEY if k in m} if m else {}   # mix_sha256: only in a build with --mix
 
+# %% ../nbs/02_corpus.ipynb #2b3aa6fd
 def _verified(out: Path, rec: dict) -> bool:
     "Does a finished file (a shard and its document starts, or heldout.jsonl) still match its checksum?"
     files = [(rec['file'], rec.get('sha256'))]
@@ -1176,6 +1216,7 @@ def _verified(out: Path, rec: dict) -> bool:
         files.append((rec.get('doc_starts', ''), rec.get('doc_starts_sha256')))
     return all((out/f).is_file() and file_sha256(out/f) == sha for f, sha in files)
 
+# %% ../nbs/02_corpus.ipynb #cb52c8ff
 def _verified_prefix(out: Path, recs: list[dict]) -> list[dict]:
     "The records of `recs` up to the first one whose files no longer verify."
     done = []
@@ -1184,6 +1225,7 @@ def _verified_prefix(out: Path, recs: list[dict]) -> list[dict]:
         done.append(rec)
     return done
 
+# %% ../nbs/02_corpus.ipynb #74454908
 def _resume_state(out: Path, key: dict) -> dict:
     "What an interrupted build with the same key finished and still verifies: shards, heldout.jsonl, val shards."
     m = _own_manifest(out/'manifest.partial.json') if _read_key(out/'manifest.partial.json') == key else None
@@ -1278,6 +1320,7 @@ def _check_paths(selected: Path, out: Path):
     _check_text(selected)
     refuse_foreign_files(out, _own_files(out))
 
+# %% ../nbs/02_corpus.ipynb #f005792b
 def _check_text(selected: Path):
     "Refuse a selection without documents, or whose documents all have an empty text."
     docs = 0
@@ -1288,6 +1331,7 @@ def _check_text(selected: Path):
     raise LegalnbError(f'{selected}: no text to tokenize: all {docs:,} documents have an empty "text"; check what '
                        '`legalnb parse` read')
 
+# %% ../nbs/02_corpus.ipynb #a1ae64e6
 def _get_tokenizer(selected: Path, out: Path, tokenizer, vocab_size, key: dict, held: Callable) -> Tokenizer:
     "Load the tokenizer, or train one on the training side (reusing the one an earlier build of the same key saved)."
     if tokenizer is not None: return load_tokenizer(tokenizer)
@@ -1300,6 +1344,7 @@ def _get_tokenizer(selected: Path, out: Path, tokenizer, vocab_size, key: dict, 
     acts = held()[0]  # held-out acts stay unseen, by the tokenizer too
     return train_tokenizer((r['text'] for *_, r in iter_selected(selected) if act_key(r) not in acts), vocab_size)
 
+# %% ../nbs/02_corpus.ipynb #23b54fb5
 def _up_to_date(out: Path, key: dict) -> dict | None:
     "The manifest of a complete build with the same key whose files all verify, else None."
     if _read_key(out/'manifest.json') != key: return None
@@ -1314,17 +1359,20 @@ def _beside(out: Path, what: str) -> Path:
     out = Path(os.path.abspath(out))
     return out.with_name(f'.{out.name}.{what}')
 
+# %% ../nbs/02_corpus.ipynb #4c7d2560
 def _work_folder(out: Path, key: dict) -> Path:
     "`out` when it is new, empty or this build's own unfinished run; else the hidden sibling that will replace it."
     if not out.exists() or not any(out.iterdir()): return out
     if not (out/'manifest.json').exists() and _read_key(out/'manifest.partial.json') == key: return out
     return _beside(out, 'rebuild')
 
+# %% ../nbs/02_corpus.ipynb #29e257a9
 def _in_words(e: Exception) -> str:
     "The message of a LegalnbError, or an OSError as 'path: reason'."
     if isinstance(e, OSError): return f'{e.filename}: {e.strerror}' if e.filename else str(e)
     return str(e)
 
+# %% ../nbs/02_corpus.ipynb #85b660d3
 @contextmanager
 def _undone_on_error(work: Path, out: Path):
     "On bad input or an OS error, remove what the block wrote to `work` and restore its partial manifest; name `out`."
@@ -1361,6 +1409,7 @@ def _command_line(args: dict, out: Path) -> str:
              *(['--mix-languages', args['mix_languages']] if args.get('mix_languages', 'source') != 'source' else [])]
     return shlex.join(map(str, words))
 
+# %% ../nbs/02_corpus.ipynb #7a032af9
 def _start(work: Path, key: dict, tok: Tokenizer, command: str | None) -> dict:
     "Keep the verified files of this same build, or clear the folder; record the build and save its tokenizer."
     done = _resume_state(work, key)
@@ -1380,15 +1429,18 @@ def _start(work: Path, key: dict, tok: Tokenizer, command: str | None) -> dict:
         with atomic_write(saved) as tmp: tok.save(str(tmp))
     return done
 
+# %% ../nbs/02_corpus.ipynb #8379b27b
 def _partial(command: str | None, key: dict, done: dict) -> dict:
     "The partial manifest: the build's key and command, then the finished files with where each part continues."
     return dict(format=MANIFEST_FORMAT, command=command, **key, **done)
 
+# %% ../nbs/02_corpus.ipynb #1e2ab8ca
 def _exchange(a: Path, b: Path) -> bool:
     "Swap two folders in one atomic step (Linux renameat2 with RENAME_EXCHANGE); False where that is not possible."
     if not hasattr(lib := libc(), 'renameat2'): return False
     return lib.renameat2(-100, os.fsencode(a), -100, os.fsencode(b), 2) == 0  # -100: AT_FDCWD, 2: RENAME_EXCHANGE
 
+# %% ../nbs/02_corpus.ipynb #a153d5fe
 def _swap(new: Path, out: Path):
     "Put the finished rebuild `new` in the place of `out`, then delete the old corpus (through the trash sibling)."
     if (found := foreign_files(out, _own_files(out))):  # the user added files during the rebuild: keep both
@@ -1399,6 +1451,7 @@ def _swap(new: Path, out: Path):
     else: os.rename(out, trash); os.rename(new, out)
     shutil.rmtree(trash)
 
+# %% ../nbs/02_corpus.ipynb #ff927d51
 def _recover(out: Path):
     "Finish a swap that was killed: the old corpus back if `out` is missing, and an old corpus half deleted gone."
     trash = _beside(out, 'trash')
@@ -1442,10 +1495,12 @@ def build_corpus(cfg: CorpusConfig,   # the build's settings: `legalnb build-cor
     if work != out: _swap(work, out)
     return m
 
+# %% ../nbs/02_corpus.ipynb #64ad7aff
 def _path_like(tokenizer) -> bool:
     "Whether a tokenizer setting is a path or name (which a command line can repeat), not a tokenizer object."
     return tokenizer is None or isinstance(tokenizer, (str, Path))
 
+# %% ../nbs/02_corpus.ipynb #54c62917
 def _build_args(cfg: CorpusConfig, selected: Path, val_docs: float, named: list[str], sources: list) -> dict:
     "The settings a build's manifest records (and compares, to reuse or resume a build): those that make its bytes."
     tokenizer = cfg.tokenizer if _path_like(cfg.tokenizer) else type(cfg.tokenizer).__name__
@@ -1457,6 +1512,7 @@ def _build_args(cfg: CorpusConfig, selected: Path, val_docs: float, named: list[
                 **(dict(mix=[s.spec for s in sources], mix_heldout=cfg.mix_heldout, mix_seed=cfg.seed,
                        mix_languages=cfg.mix_languages) if sources else {}))
 
+# %% ../nbs/02_corpus.ipynb #8086c471
 def _fresh() -> dict:
     "The resume point of a build that has not started."
     return dict(offset=0, line=0, skip=0, documents_read=0, skipped_empty=0,
@@ -1620,10 +1676,12 @@ def build_corpus_run(cfg: CorpusConfig) -> int:
     return run_writing(lambda out: _build_and_report(replace(cfg, out=out)), dict(out=cfg.out),
                        'legalnb build-corpus', [Output(check=False)])   # the manifests decide what may be there
 
+# %% ../nbs/02_corpus.ipynb #d664cc5c
 def build_corpus_main(argv: list[str]) -> int:
     "`legalnb build-corpus ARGV`: the flags parsed into a `CorpusConfig` (checked there), then the build."
     return build_corpus_run(CorpusConfig(**flag_settings(CorpusConfig, 'legalnb build-corpus', argv)))
 
+# %% ../nbs/02_corpus.ipynb #e4eac98d
 def summary(m: dict, seconds: float, out) -> str:
     "A human summary of a manifest."
     langs = ', '.join(f'{k} {v:,}' for k, v in m['tokens_per_lang'].items())
@@ -1633,6 +1691,7 @@ def summary(m: dict, seconds: float, out) -> str:
             f"{m['tokens'] / max(seconds, 1e-9):,.0f} tokens/s -> {Path(out)/'manifest.json'}" + _heldout_summary(m)
             + mix_summary(m))
 
+# %% ../nbs/02_corpus.ipynb #2c047e61
 def _heldout_summary(m: dict) -> str:
     "The held-out line of the summary ('' without held-out acts)."
     if not (h := m.get('heldout')): return ''
@@ -1644,6 +1703,7 @@ def _heldout_summary(m: dict) -> str:
             + f"-> heldout.jsonl, {h['rows']:,} rows ({h['tokens']:,} tokens) -> val/"
             + _share_words(m) + f"\n  held-out acts: {', '.join(acts[:30])}" + more)
 
+# %% ../nbs/02_corpus.ipynb #fbbd36ef
 def _share_words(m: dict) -> str:
     "The share of the selection held out, in tokens (of the rows) and characters, the share asked, and why they differ."
     h = m['heldout']

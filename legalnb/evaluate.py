@@ -71,6 +71,7 @@ def _hf_tokenizer(*folders: Path, trust: bool = False):
     raise LegalnbError(f'{folders[0]}: no tokenizer files (tokenizer.json, tokenizer_config.json); '
                        'save the tokenizer beside the model with save_pretrained, or pass --tokenizer FOLDER')
 
+# %% ../nbs/11_evaluate.ipynb #fc500612
 def _hf_footprint(model_dir: Path, trust: bool, dtype: torch.dtype) -> tuple[int, int]:
     "Parameters and bytes of a Hugging Face model at `dtype`, from its config.json alone (built on the meta device)."
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -81,6 +82,7 @@ def _hf_footprint(model_dir: Path, trust: bool, dtype: torch.dtype) -> tuple[int
     tensors = {id(t): t for t in [*m.parameters(), *m.buffers()]}.values()
     return sum(p.numel() for p in m.parameters()), sum(t.numel() * t.element_size() for t in tensors)
 
+# %% ../nbs/11_evaluate.ipynb #1a6f98cf
 def _hf_context(config, tok) -> int:
     "The longest input a transformers model takes."
     for name in ('max_position_embeddings', 'n_positions', 'max_sequence_length', 'seq_length'):
@@ -163,10 +165,12 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int, generator: torch
     if 0 < top_k < logits.numel(): logits = logits.masked_fill(logits < torch.topk(logits, top_k).values[-1], -math.inf)
     return int(torch.multinomial(logits.softmax(-1), 1, generator=generator))
 
+# %% ../nbs/11_evaluate.ipynb #83d27d04
 def fit_prompt(ids: list[int], context: int, max_new_tokens: int) -> list[int]:
     "The prompt's last `context - max_new_tokens` tokens (at least half the context): all of it in one window."
     return list(ids)[-max(context // 2, context - max_new_tokens, 1):]
 
+# %% ../nbs/11_evaluate.ipynb #6a0f5c93
 @torch.no_grad()
 def generate_ids(lm: EvalModel, ids: list[int], max_new_tokens: int, temperature: float = 0.8, top_k: int = 50,
                  seed: int = 0, on_token: Callable[[int], None] | None = None, stop_at_eos: bool = True,
@@ -189,6 +193,7 @@ def generate_ids(lm: EvalModel, ids: list[int], max_new_tokens: int, temperature
         if on_token: on_token(t)
     return new
 
+# %% ../nbs/11_evaluate.ipynb #7fca5618
 class TextStream:
     "Token ids in, text pieces out as they come; a piece that ends inside a multi-byte character waits for the rest."
     def __init__(self, lm: EvalModel, anchor: int, write: Callable[[str], None]):
@@ -261,6 +266,7 @@ def citation_items(docs: list[dict], limit: int | None = 500, seed: int = 0) -> 
         items = [items[j] for j in sorted(random.Random(seed).sample(range(len(items)), limit))]
     return items
 
+# %% ../nbs/11_evaluate.ipynb #2c11b5c0
 def _item_tokens(lm: EvalModel, enc, text: str, c: dict) -> tuple[list[int], list[int]]:
     "The document's own tokens before a reference's number, and the number's; encoded apart where a token straddles."
     starts = [o[0] for o in enc.offsets]
@@ -270,6 +276,7 @@ def _item_tokens(lm: EvalModel, enc, text: str, c: dict) -> tuple[list[int], lis
     ctx, whole = lm.encode(text[:c['start']]), lm.encode(text[:c['end']])
     return ctx, whole[len(ctx):] if whole[:len(ctx)] == ctx else lm.encode(text[c['start']:c['end']])
 
+# %% ../nbs/11_evaluate.ipynb #e0d58241
 def _extends_number(lm: EvalModel) -> torch.Tensor:
     "Per token id: its text starts with a digit or '/', so predicted after a number it would make it longer."
     n = lm.tokenizer.get_vocab_size(with_added_tokens=True)
@@ -372,6 +379,7 @@ def rouge_l(reference: str, generated: str) -> float:
     from rouge_score.rouge_scorer import RougeScorer
     return RougeScorer(['rougeL'], tokenizer=_Words()).score(reference, generated)['rougeL'].fmeasure
 
+# %% ../nbs/11_evaluate.ipynb #d6ca88d2
 def _tail(text: str, chars: int) -> str:
     "The last `chars` characters of `text`, from the start of a word."
     if len(text) <= chars: return text
@@ -386,6 +394,7 @@ def rouge_openings(docs: list[dict], n: int = 20, seed: int = 0) -> list[dict]:
     return [dict(doc=found[j][0], prompt=_tail(found[j][1][0], ROUGE_PROMPT_CHARS), reference=found[j][1][1])
             for j in pick]
 
+# %% ../nbs/11_evaluate.ipynb #a956ace1
 def score_rouge(lm: EvalModel, docs: list[dict], openings: list[dict], max_new_tokens: int = 64,
                 progress: bool = False) -> list[dict]:   # a bar over the openings on stderr
     "Per opening: its act and groups, the greedy continuation (cut to the true text's length) and its ROUGE-L."
@@ -625,22 +634,26 @@ def _ci(ci: list | None, digits: int = 3) -> str:
     "An interval as '[1.201, 1.268]'; '-' when there is none (a single act)."
     return f'[{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]' if ci else '-'
 
+# %% ../nbs/11_evaluate.ipynb #7aef6015
 def _cells(m: dict) -> str:
     return (f'{m["docs"]:>6,} {m["tokens"]:>12,} {m["loss"]:>7.3f} {m["perplexity"]:>10.2f} {m["bits_per_byte"]:>9.3f} '
             f'{_ci(m.get("bits_per_byte_ci")):>16}')
 
+# %% ../nbs/11_evaluate.ipynb #5e3f1acb
 def _pct(c: dict) -> str:
     if not c['items']: return 'no items'
     ci = c.get('accuracy_ci')
     return f'{c["right"]:,}/{c["items"]:,} exact ({c["accuracy"]:.1%}' + (
         f', 95% interval {ci[0]:.1%} to {ci[1]:.1%})' if ci else ')')
 
+# %% ../nbs/11_evaluate.ipynb #e0ac9af1
 def _general_lines(g: dict) -> list[str]:
     "The general text's rows: overall, then per language and per source where there are several."
     rows = [(f'{title} {k}', m) for title, key in (('general', 'by_language'), ('general src', 'by_source'))
             if len(g.get(key, {})) > 1 for k, m in g[key].items()]
     return [f'{label:<20} {_cells(m)}' for label, m in [('general text', g['overall']), *rows]]
 
+# %% ../nbs/11_evaluate.ipynb #00eabe3f
 def capped_note(r: dict) -> str | None:
     "'capped sample: 20,000 of 335,112 held-out tokens scored (--max-tokens 20000)', or None for a whole evaluation."
     c, gc = r['data'].get('cap'), r.get('general', {}).get('cap')
@@ -651,6 +664,7 @@ def capped_note(r: dict) -> str | None:
          (f' (at most {gc["max_tokens"]:,} a source)' if gc.get('per_source') else '')) if gc else ''
     return f'capped sample: {law}{g}; the figures are on this sample, not on the whole held-out set'
 
+# %% ../nbs/11_evaluate.ipynb #27122a56
 def format_table(r: dict) -> str:
     "The evaluation as a fixed-width table: overall, per language, type and decade, by position, citations."
     head = f'{"":<20} {"docs":>6} {"tokens":>12} {"loss":>7} {"perplexity":>10} {"bits/byte":>9}'
@@ -1042,12 +1056,14 @@ def fetch_for_evaluate(cfg: EvaluateConfig):
     for g in general_sources(cfg.general):
         if is_hub_dataset(g): hub_dataset_folder(parse_hub_dataset(g, '--general'), download=True)
 
+# %% ../nbs/11_evaluate.ipynb #d2a2de4e
 def evaluate_writing(command: Callable[[EvaluateConfig], int], cfg: EvaluateConfig) -> int:
     "`command(cfg)` with --out and --export-lm-eval locked, checked and recorded (a link: the folder it leads to)."
     fetch_for_evaluate(cfg)
     folders = dict(out=cfg.out, export_lm_eval=cfg.export_lm_eval)
     return run_writing(lambda **given: command(replace(cfg, **given)), folders, 'legalnb evaluate', EVALUATE_OUTPUTS)
 
+# %% ../nbs/11_evaluate.ipynb #8c6bbe8c
 def evaluate_main(argv: list[str]) -> int:
     "`legalnb evaluate RUN_OR_MODEL --data HELDOUT [--json] [--out DIR]`: one model (`against_main` takes the rest)."
     cfg = EvaluateConfig(**flag_settings(evaluate_parser(), 'legalnb evaluate', argv))
@@ -1076,6 +1092,7 @@ class GenerateConfig:
         check_new_tokens(self.max_new_tokens)
         if self.temperature < 0 or self.top_k < 0: raise LegalnbError('--temperature and --top-k must be 0 or more')
 
+# %% ../nbs/11_evaluate.ipynb #b7bef72f
 def generate_command(cfg: GenerateConfig) -> int:
     "`legalnb generate` from its config: the prompt, then its continuation printed piece by piece."
     fetch_if_asked(cfg.download, cfg.model, cfg.base)
@@ -1088,5 +1105,6 @@ def generate_command(cfg: GenerateConfig) -> int:
     write('\n')
     return 0
 
+# %% ../nbs/11_evaluate.ipynb #9a46cc1a
 def generate_main(argv: list[str]) -> int:
     return generate_command(GenerateConfig(**flag_settings(GenerateConfig, 'legalnb generate', argv)))

@@ -131,14 +131,17 @@ def _figure(v: float | None, ci: list | None = None, pct: bool = False, sign: bo
     f = (lambda x: f'{100 * x:{s}.1f}' + (' pts' if sign else '%')) if pct else (lambda x: f'{x:{s}.3f}')
     return f(v) + (f' [{f(ci[0])}, {f(ci[1])}]' if ci else '')
 
+# %% ../nbs/10_export.ipynb #bb9bfa89
 def _count(v) -> str:
     "A count as people read it: 1,234,567."
     return f'{v:,}' if isinstance(v, (int, float)) else str(v)
 
+# %% ../nbs/10_export.ipynb #4345448a
 def _facts(*parts: tuple[str, object]) -> str:
     "'a 1, b 2': the parts whose value is known, joined."
     return ', '.join(f'{label} {v}'.strip() for label, v in parts if v not in (None, '', '-'))
 
+# %% ../nbs/10_export.ipynb #7bf9575d
 def _counts(*parts: tuple[object, str]) -> str:
     "'14 documents, 12 acts': the counts that are known, joined."
     return ', '.join(f'{_count(n)} {noun}' for n, noun in parts if n is not None)
@@ -155,6 +158,7 @@ def _mix_lines(m: dict) -> list[str]:
     return ['', 'Mixed in beside the legal text (general text against forgetting):', '',
             markdown_table(['source', 'Hub dataset', 'asked share', 'share of training rows', 'tokens'], rows)]
 
+# %% ../nbs/10_export.ipynb #6fa29fae
 def _selection_line(s: dict | None) -> list[str]:
     "The selection report's headline: documents read and kept, tokens, the target filled, what was dropped why."
     if not s: return []
@@ -200,6 +204,7 @@ def _architecture_line(src: dict) -> str:
     params = f", {s['params']:,} parameters" if s.get('params') else ''
     return f'Architecture: {saved_architecture(cfg)}{params}' + (f' ({shape})' if shape else '') + '.'
 
+# %% ../nbs/10_export.ipynb #27147915
 def _compute_line(s: dict, price: float) -> str | None:
     "Wall time, device and GPUs, and on a GPU the GPU-hours and their cost at `price` dollars an hour."
     if not s or s.get('elapsed_s') is None: return None
@@ -320,12 +325,14 @@ def eval_results(ev: dict | None) -> list:
         add('bits_per_byte', f'bits per byte ({lang})', g.get('bits_per_byte'), dataset_config=lang)
     return found
 
+# %% ../nbs/10_export.ipynb #f96a5cad
 def base_model(src: dict) -> str | None:
     "The Hub model the run started from (--init-from org/name, not a local folder); None: trained from scratch, "
     "or from a local run."
     init = (src['train'] or {}).get('init_from')
     return init if init and is_hub_name(init) and not Path(init).exists() else None
 
+# %% ../nbs/10_export.ipynb #6e5e1cb4
 def card_metadata(src: dict, name: str, license: str = CARD_LICENSE):
     "The card's YAML block (`ModelCardData`): licence, languages, mixed Hub datasets, tags, the scores as model-index."
     from huggingface_hub import ModelCardData
@@ -385,6 +392,7 @@ def export_files() -> tuple[str, ...]:
 
 EXPORT_FILES = export_files()   # the built-in architectures'
 
+# %% ../nbs/10_export.ipynb #ce8b2e7c
 def _staged(out: Path, write) -> list[str]:
     "Run `write(folder)` on a temporary folder beside `out`, then move its files into `out`; nothing left on failure."
     created = not out.exists()
@@ -520,6 +528,7 @@ class ExportConfig:
         if (self.private or self.revision) and not self.push_to_hub:
             raise LegalnbError('--private and --revision go with --push-to-hub org/name')
 
+# %% ../nbs/10_export.ipynb #4d935307
 def export_command(cfg: ExportConfig) -> int:
     "`legalnb export` from its config: the folder written (and pushed), and how to load it printed."
     api = check_push(cfg.push_to_hub) if cfg.push_to_hub else None   # the name and the token, before any work
@@ -538,10 +547,12 @@ def export_command(cfg: ExportConfig) -> int:
           + (f', revision={cfg.revision!r}' if api and cfg.revision else '') + ')')
     return 0
 
+# %% ../nbs/10_export.ipynb #aed6506d
 def export_run(cfg: ExportConfig) -> int:
     "`legalnb export` with its --out locked and recorded (a link: the folder it leads to); only its own files replaced."
     return run_writing(lambda out: export_command(replace(cfg, out=out)), {'out': cfg.out}, 'legalnb export',
                        [Output(ours=lambda p: str(p) in export_files())])
 
+# %% ../nbs/10_export.ipynb #17ed7385
 def export_main(argv: list[str]) -> int:
     return export_run(ExportConfig(**flag_settings(ExportConfig, 'legalnb export', argv)))

@@ -105,6 +105,7 @@ def hf_config(path: str | Path | ModelRef) -> dict:
         raise LegalnbError(f'{path}/config.json: no "model_type"; expected a config written by save_pretrained')
     return cfg
 
+# %% ../nbs/06_hf.ipynb #aaecef84
 def _json_or_empty(path: Path) -> dict:
     "A JSON object file's content; {} when it is missing or not an object (load_hf_model reports a damaged one)."
     try: found = json.loads(path.read_text(encoding='utf-8'))
@@ -201,6 +202,7 @@ def _is_chat(msgs) -> bool:
     return isinstance(msgs, list) and bool(msgs) and all(
         isinstance(m, dict) and isinstance(m.get('role'), str) and isinstance(m.get('content'), str) for m in msgs)
 
+# %% ../nbs/06_hf.ipynb #21876931
 def _check_example(ex, where: str) -> dict:
     "`ex` if it is a prompt/response pair or a list of chat messages, else a LegalnbError naming `where`."
     if isinstance(ex, dict) and isinstance(ex.get('prompt'), str) and isinstance(ex.get('response'), str): return ex
@@ -237,11 +239,13 @@ def _plain(tokenizer, text: str, bos: bool = False) -> list[int]:
     head = [tokenizer.bos_token_id] if bos and tokenizer.bos_token_id is not None else []
     return head + tokenizer(text, add_special_tokens=False).input_ids
 
+# %% ../nbs/06_hf.ipynb #cda727f8
 def _render(tokenizer, msgs: list[dict], generation_prompt: bool) -> list[int]:
     "Token ids of a conversation prefix in the tokenizer's chat template."
     return list(tokenizer.apply_chat_template(msgs, tokenize=True, return_dict=True,
                                               add_generation_prompt=generation_prompt)['input_ids'])
 
+# %% ../nbs/06_hf.ipynb #962b25fe
 def _turns(ex: dict) -> list[dict]:
     "The example as chat messages (a prompt/response pair is one user and one assistant turn)."
     if 'messages' in ex: return ex['messages']
@@ -456,6 +460,7 @@ def _warmup(preset, steps: int) -> tuple[int | float, str]:
     if w <= cap: return preset.warmup_steps, why
     return cap, f'capped: {w:,} warm-up steps (--warmup-steps or the preset) are more than 10% of the {steps:,} steps'
 
+# %% ../nbs/06_hf.ipynb #840d0bd5
 @dataclass(frozen=True)
 class StepPlan:
     "A finetune run's step arithmetic: its optimizer steps, gradient accumulation and warm-up (with why)."
@@ -464,6 +469,7 @@ class StepPlan:
     warmup: int | float     # warm-up steps (< 1: a fraction of the steps), at most a tenth of the run
     warmup_why: str         # why that warm-up
 
+# %% ../nbs/06_hf.ipynb #18c94376
 def plan_steps(preset: Preset,                 # the task's preset, the flags applied (`preset_to_run`)
                world: int = 1,                 # data-parallel processes
                per_row: float = 1.0,           # examples (SFT) or preset sequences (CPT) in a training row
@@ -651,6 +657,7 @@ def write_launch_configs(out: str | Path, gpus_per_node: int = 4, nodes: int = 1
         paths[strategy] = out/name
     return paths
 
+# %% ../nbs/06_hf.ipynb #bc4d52c1
 def launch_environment(launch_args: Sequence[str]) -> dict[str, str]:
     "The environment `accelerate launch LAUNCH_ARGS script` gives each process (accelerate's own launcher code)."
     from accelerate.commands.launch import launch_command_parser, _validate_launch_command
@@ -662,6 +669,7 @@ def launch_environment(launch_args: Sequence[str]) -> dict[str, str]:
     args.deepspeed_fields_from_accelerate_config = ','.join(fields + ['mixed_precision'] * bool(mp_from_config))
     return prepare_deepspeed_cmd_env(args)[1]
 
+# %% ../nbs/06_hf.ipynb #0ab261ba
 def launch_plugin(launch_args: Sequence[str]):
     "Accelerate's FSDP or DeepSpeed plugin (None for DDP) built as each process of that launch builds it."
     from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
@@ -702,6 +710,7 @@ def _losses(trainer) -> list[float]:
     "The training losses the Trainer logged, in order."
     return [h['loss'] for h in trainer.state.log_history if 'loss' in h]
 
+# %% ../nbs/06_hf.ipynb #0364534f
 def _run_file(rel: Path) -> bool:
     "Whether a file (relative to the run folder) is one a finetune run writes."
     return (rel.parts[0] in ('final', 'launch', 'finetune.json', 'metrics.jsonl', *TRACKER_FILES)
@@ -774,6 +783,7 @@ def trainer_records(sinks: Sequence = (),   # objects with on_step / on_eval / o
             notify(self.sinks, 'on_stop' if self.stopped else 'on_end', end)
     return TrainerRecords()
 
+# %% ../nbs/06_hf.ipynb #d19b86eb
 def start_metrics(path: Path, resume_step: int | None) -> MetricsFile:
     "A MetricsFile at `path`: a new run starts it empty; a resumed one keeps the records up to its checkpoint."
     if path.exists():
@@ -1454,6 +1464,7 @@ class FetchConfig:
     name: str                 # org/name of a model, or hf:org/name[:config][@split] of a dataset
     revision: str = None      # a model's branch, tag or commit (default: main)
 
+# %% ../nbs/06_hf.ipynb #9bbc0cf8
 def fetch_command(cfg: FetchConfig) -> int:
     "`legalnb fetch`: the snapshot downloaded and checked as a model folder is; where it is, printed."
     if is_hub_dataset(cfg.name):
@@ -1468,6 +1479,7 @@ def fetch_command(cfg: FetchConfig) -> int:
     print(f'{cfg.name}: revision {folder.name} in {folder}; --model {use} reads it')
     return 0
 
+# %% ../nbs/06_hf.ipynb #09d54598
 def fetch_main(argv: list[str]) -> int:
     return fetch_command(FetchConfig(**flag_settings(FetchConfig, 'legalnb fetch', argv)))
 

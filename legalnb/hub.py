@@ -31,6 +31,7 @@ def hub_cache() -> Path:
     from huggingface_hub import constants
     return Path(constants.HF_HUB_CACHE)
 
+# %% ../nbs/00c_hub.ipynb #6c2e6eac
 @contextmanager
 def hub_cache_at(folder: str | Path):
     "Use `folder` as the Hugging Face cache inside the block (huggingface_hub reads $HF_HOME once, at import)."
@@ -39,11 +40,13 @@ def hub_cache_at(folder: str | Path):
     try: yield Path(folder)
     finally: constants.HF_HUB_CACHE = saved
 
+# %% ../nbs/00c_hub.ipynb #a528b855
 def is_hub_name(name: str) -> bool:
     "Whether `name` reads as a model's name on the Hugging Face Hub, org/name (a relative path of two parts may too)."
     name = str(name)
     return bool(re.fullmatch(r'[\w-][\w.-]*/[\w-][\w.-]*', name)) and '--' not in name and '..' not in name
 
+# %% ../nbs/00c_hub.ipynb #44673a81
 def hub_snapshot(name: str, repo_type: str = 'model',   # 'dataset': a dataset's
                  files: list[str] = MODEL_FILES) -> Path:   # the patterns of the files legalnb reads
     "The folder of `name` (org/name) in the Hugging Face cache, found without the network."
@@ -59,6 +62,7 @@ def hub_snapshot(name: str, repo_type: str = 'model',   # 'dataset': a dataset's
         raise LegalnbError(f'{name}: no such folder, and no {what} {name} in the Hugging Face cache {cache}; download '
                            f'it with {how} (HF_HOME decides where it goes), or give a {what} folder') from None
 
+# %% ../nbs/00c_hub.ipynb #dd8f3184
 def model_folder(model: str | Path) -> Path:
     "The folder of `model`: a folder here (it wins over the cache), else org/name's snapshot in the Hugging Face cache."
     p = Path(model)
@@ -173,6 +177,7 @@ def _located(name: str | Path, relative_to: str | Path) -> Path:
     p = Path(name) if Path(name).is_absolute() else Path(relative_to)/name
     return model_folder(name) if not p.exists() and is_hub_name(str(name)) else p
 
+# %% ../nbs/00c_hub.ipynb #4b662cbf
 def _layout(p: Path) -> tuple[str | None, Path]:
     "What folder `p` holds, by its files (it, else its final/): ('lora', adapter), ('native', model folder), "
     "('hf', folder); (None, p) when no model."
@@ -187,6 +192,7 @@ def _layout(p: Path) -> tuple[str | None, Path]:
         if cfg and (q/'model.safetensors').is_file(): return 'native', q   # a model.save() folder
     return None, p
 
+# %% ../nbs/00c_hub.ipynb #684c816f
 def _adapter_base(adapter: Path, base: str | Path | None, relative_to: str | Path) -> Path:
     "The base model of a LoRA adapter: `base`, else the one adapter_config.json names (a folder, nearby, or cached)."
     if base is not None:
@@ -203,6 +209,7 @@ def _adapter_base(adapter: Path, base: str | Path | None, relative_to: str | Pat
     raise LegalnbError(f'{adapter/"adapter_config.json"}: its base model {name!r} is not a local model folder; '
                        f'pass --base BASE_MODEL_FOLDER{hub}')
 
+# %% ../nbs/00c_hub.ipynb #a6e0c4fd
 def _tokenizer_folder(kind: str | None, *folders: Path) -> Path:
     "The first of `folders` with a saved tokenizer (a native model's: tokenizer.json); else the first."
     names = ('tokenizer.json',) if kind == 'native' else TOKENIZER_FILES

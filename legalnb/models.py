@@ -31,6 +31,7 @@ def _resolve(ref: Any) -> Any:
     except (ImportError, AttributeError) as e:
         raise LegalnbError(f'model registry: cannot import {ref!r} ({e}); expected "package.module:Name"') from None
 
+# %% ../nbs/02a_models.ipynb #a2b17c0b
 @dataclass(frozen=True)
 class RemoteCode:
     "What an architecture's Hugging Face export adds for transformers' trust_remote_code (`legalnb export`)."
@@ -39,6 +40,7 @@ class RemoteCode:
     files: Callable[[], dict[str, str]]  # () -> {file name: Python source}: the exact files, recognised by content
     earlier: tuple = ()                 # ({file name: sha256}, ...): the files earlier versions wrote, still trusted
 
+# %% ../nbs/02a_models.ipynb #3c5782d5
 _LAZY = ('config_class', 'model_class', 'sizes', 'no_decay', 'hf_export', 'long_context', 'decoder', 'remote_code')
 
 @dataclass(eq=False, repr=False)
@@ -81,11 +83,13 @@ def config(self: ModelSpec,
         raise LegalnbError(f'model {self.name!r} has no field {", ".join(unknown)}; its fields: {", ".join(known)}')
     return self.config_class(**{**self.sizes[size], 'vocab_size': vocab_size, 'max_seq_len': seq_len, **overrides})
 
+# %% ../nbs/02a_models.ipynb #a63080c6
 @patch
 def build(self: ModelSpec, config) -> Any:
     "A freshly initialised model of this architecture."
     return self.model_class(config)
 
+# %% ../nbs/02a_models.ipynb #f160b0ad
 @patch
 def param_groups(self: ModelSpec, model, weight_decay: float) -> list[dict]:
     "AdamW's parameter groups: decayed parameters with `weight_decay`, the `no_decay` ones with 0."
@@ -93,22 +97,26 @@ def param_groups(self: ModelSpec, model, weight_decay: float) -> list[dict]:
     return [{'params': [p for n, p in named if not self.no_decay(n, p)], 'weight_decay': weight_decay},
             {'params': [p for n, p in named if self.no_decay(n, p)], 'weight_decay': 0.0}]
 
+# %% ../nbs/02a_models.ipynb #0d5ad765
 @patch
 def flops_per_token(self: ModelSpec, config, seq_len: int) -> float:
     "Training FLOPs per token at `seq_len`, the token mixing (attention or FFT) included."
     return config.flops_per_token(seq_len)
 
+# %% ../nbs/02a_models.ipynb #bc6c4acd
 @patch
 def matmul_flops_per_token(self: ModelSpec, config) -> float:
     "Training FLOPs per token of the weights' matrix products (6 N_matmul): the numerator of MFU."
     return config.matmul_flops_per_token()
 
+# %% ../nbs/02a_models.ipynb #f2f909c7
 @patch
 def count_params(self: ModelSpec, size: str, vocab_size: int, seq_len: int) -> int:
     "Parameters of a named size (embeddings and position tables included), counted on the meta device."
     import torch
     with torch.device('meta'): return self.build(self.config(size, vocab_size, seq_len)).num_params()
 
+# %% ../nbs/02a_models.ipynb #f85f7678
 @patch
 def load(self: ModelSpec, directory: str | Path, map_location='cpu') -> Any:
     "A model saved by its `save(directory)`."
@@ -134,11 +142,13 @@ def shape_flags() -> tuple[str, ...]:
     "Every registered model's shape flags, each once (`legalnb train` and `legalnb compare` offer them)."
     return tuple(dict.fromkeys(f for spec in MODELS.values() for f in spec.shape_flags))
 
+# %% ../nbs/02a_models.ipynb #dc6f22d5
 def get_model(name: str) -> ModelSpec:
     "The spec of a registered architecture."
     if name not in MODELS: raise LegalnbError(f'unknown model {name!r}; choose from {", ".join(MODELS)}')
     return MODELS[name]
 
+# %% ../nbs/02a_models.ipynb #2c17d72f
 CONFIG_CONTRACT = ('to_dict', 'from_dict', 'matmul_flops_per_token', 'flops_per_token')   # and the two fields
 MODEL_CONTRACT = ('forward', 'num_params', 'generate', 'save', 'load')
 
@@ -157,6 +167,7 @@ def check_contract(spec: ModelSpec):
         raise LegalnbError(f'model {spec.name!r} does not meet the contract of legalnb.models: it lacks '
                            f'{", ".join(missing)}; see "The contract" in the models notebook')
 
+# %% ../nbs/02a_models.ipynb #b04befd0
 def register(spec: ModelSpec,         # the new architecture
              replace: bool = False,   # allow replacing a registered spec of the same name
             ) -> ModelSpec:
@@ -200,6 +211,7 @@ def check_config_sizes(cfg: dict, path: str | Path):
                 raise LegalnbError(f'{path}: {k} {v:,} is beyond {top:,} {what}, more than any language model has; '
                                    'the config is damaged or not a model\'s')
 
+# %% ../nbs/02a_models.ipynb #4d51a5bd
 def model_footprint(directory: str | Path) -> tuple[int, int]:
     "Parameters and bytes (float32 weights and buffers) of the model saved in `directory`, from its config.json "
     "alone: checked against the ceilings, then built on the meta device, which allocates nothing."
@@ -222,6 +234,7 @@ def model_footprint(directory: str | Path) -> tuple[int, int]:
                            'model\'s')
     return params, sum(t.numel() * 4 for t in tensors)
 
+# %% ../nbs/02a_models.ipynb #01249237
 def load_weights(model, state: dict, weights: Path, config: Path):
     "Load `state` into `model`, refusing in one line a tensor whose shape `config` does not give (another model's)."
     own = model.state_dict()
@@ -232,6 +245,7 @@ def load_weights(model, state: dict, weights: Path, config: Path):
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected: raise LegalnbError(f'{weights}: missing {missing}, unexpected {unexpected}')
 
+# %% ../nbs/02a_models.ipynb #c1662a9d
 def refuse_nonfinite(model, weights: str | Path):
     "Refuse weights holding NaN or infinite values, naming the first such tensor (a diverged or damaged run)."
     import torch
@@ -246,6 +260,7 @@ def saved_architecture(config: dict) -> str:
     "The architecture a saved config.json records; `DEFAULT_MODEL` for folders saved before it was recorded."
     return config.get('architecture', DEFAULT_MODEL)
 
+# %% ../nbs/02a_models.ipynb #41bb47f9
 def _class_name(ref) -> str: return ref if isinstance(ref, str) else f'{ref.__module__}:{ref.__qualname__}'
 
 def spec_of(model_class: type) -> ModelSpec:
@@ -257,6 +272,7 @@ def spec_of(model_class: type) -> ModelSpec:
     if spec is None: raise LegalnbError(f'{model_class.__name__} is not the model class of a registered architecture')
     return spec
 
+# %% ../nbs/02a_models.ipynb #4127c3b1
 def _tied(model) -> dict[str, str]:
     "Each tied tensor's later names -> its first name (a head tied to the embedding: lm_head.weight -> tok_emb.weight)."
     first, tied = {}, {}
@@ -276,6 +292,7 @@ def save_model(model, directory: str | Path) -> Path:
     with atomic_write(directory/'config.json') as tmp: tmp.write_text(json.dumps(config, indent=1))
     return directory
 
+# %% ../nbs/02a_models.ipynb #17faddd1
 def _config_class(cls, spec: ModelSpec) -> type:
     "The spec's config class; for a model class defined in a notebook (`__main__`), that notebook's class of its name."
     own = getattr(cls.__init__, '__globals__', {}) if cls.__module__ == '__main__' else {}
@@ -325,10 +342,12 @@ def load_native(path: str | Path) -> nn.Module:
     refuse_nonfinite(model, Path(path)/'model.safetensors')
     return model
 
+# %% ../nbs/02a_models.ipynb #cd225451
 def _model_config(folder: Path) -> dict:
     "The config.json of a folder, {} when there is none."
     return read_json(folder/'config.json', 'a model config') if (folder/'config.json').is_file() else {}
 
+# %% ../nbs/02a_models.ipynb #6cbc7c10
 PICKLED_WEIGHTS = {'pytorch_model.bin': 'model.safetensors', 'pytorch_model.bin.index.json': 'model.safetensors',
                    'adapter_model.bin': 'adapter_model.safetensors'}   # pickled weights -> the safetensors name
 
@@ -341,6 +360,7 @@ def refuse_pickled_weights(folder: str | Path):
                                f'torch.load(..., weights_only=True) then safetensors.torch.save_file(state, "{safe}"), '
                                'or save_pretrained(..., safe_serialization=True)')
 
+# %% ../nbs/02a_models.ipynb #cb0777f5
 def model_ref(path: str | Path | ModelRef,        # a run, model or finetune folder, org/name, or a ModelRef
               base: str | Path | None = None) -> ModelRef:  # a LoRA adapter's base (default: the one it names)
     "The model at `path` resolved once (`hub.resolve_model`) and checked: a model there, its weights not pickled; "
@@ -358,6 +378,7 @@ def model_ref(path: str | Path | ModelRef,        # a run, model or finetune fol
     if ref.folder is not None: refuse_pickled_weights(ref.folder)
     return ref
 
+# %% ../nbs/02a_models.ipynb #02c1bb6f
 def model_kind(path: str | Path | ModelRef, base: str | Path | None = None) -> tuple[str, Path]:
     "What a folder holds: ('native', RUN/model), ('hf', folder) or ('lora', adapter); a finetune output's final/ too."
     ref = model_ref(path, base)
@@ -412,6 +433,7 @@ def recurrent_decoder(model, ids, positions: int):
     logits, state = model.prefill(ids)                  # (B, L, V) and the state after the last token
     return logits[:, -1], lambda new: model.step(new, state)
 
+# %% ../nbs/02a_models.ipynb #86d07c69
 def _cache_name(model) -> str:
     "The keyword a transformers model's forward takes its cache by: `cache` (transformers 5.24), else the older name."
     import inspect
@@ -428,6 +450,7 @@ def transformers_decoder(model, ids, positions: int):
         return o.logits[:, -1]
     return out.logits[:, -1], step
 
+# %% ../nbs/02a_models.ipynb #5290a135
 def decoder_of(model) -> Callable | None:
     "How `model` generates with a state: its registered spec's `decoder`, a transformers model's cache, else None."
     import sys
@@ -436,4 +459,3 @@ def decoder_of(model) -> Callable | None:
         if _class_name(object.__getattribute__(spec, 'model_class')) == name: return spec.decoder
     hf = sys.modules.get('transformers')
     return transformers_decoder if hf is not None and isinstance(model, hf.PreTrainedModel) else None
-

@@ -138,16 +138,19 @@ def tokens_per_step(self: Preset) -> int | None:
     "Tokens per optimizer step (global batch × sequence length), or None when either is unknown."
     return self.global_batch * self.seq_len if self.global_batch and self.seq_len else None
 
+# %% ../nbs/04d_presets.ipynb #0631971b
 @patch(as_prop=True)
 def total_tokens(self: Preset) -> int | None:
     "Tokens seen over the whole run (steps × tokens per step), or None when unknown."
     return self.steps * self.tokens_per_step if self.steps and self.tokens_per_step else None
 
+# %% ../nbs/04d_presets.ipynb #990d7fce
 @patch(as_prop=True)
 def epochs(self: Preset) -> float | None:
     "Passes over the corpus the preset was tuned for, or None when unknown."
     return self.total_tokens / self.corpus_tokens if self.total_tokens and self.corpus_tokens else None
 
+# %% ../nbs/04d_presets.ipynb #c71b88b6
 @patch
 def warmup_for(self: Preset, total_steps: int) -> int:
     "Warm-up in steps for a run of `total_steps` (a ratio < 1 becomes ceil(total × ratio))."
@@ -196,6 +199,7 @@ def parse_batch_schedule(text: str | None,              # 'FROM_STEP:GRAD_ACCUM,
     if any(a < 1 for _, a in pairs): raise LegalnbError(f'{flag} {text!r}: every accumulation must be >= 1')
     return pairs
 
+# %% ../nbs/04d_presets.ipynb #52187855
 def accum_at(step: int,                          # optimizer step, counted from 0
              schedule: list[tuple[int, int]],    # parse_batch_schedule's pairs ([]: no schedule)
              default: int = 1                    # the accumulation without a schedule
@@ -203,18 +207,21 @@ def accum_at(step: int,                          # optimizer step, counted from 
     "The gradient accumulation at `step`: the last pair that starts at or before it."
     return next((a for s, a in reversed(schedule) if s <= step), default)
 
+# %% ../nbs/04d_presets.ipynb #ddd38c05
 def micro_steps_before(step: int, schedule: list[tuple[int, int]], default: int = 1) -> int:
     "Micro-batches in the optimizer steps before `step`: where step `step` starts in the data order."
     if not schedule: return step * default
     bounds = [s for s, _ in schedule][1:] + [math.inf]
     return sum(a * max(0, min(step, end) - s) for (s, a), end in zip(schedule, bounds))
 
+# %% ../nbs/04d_presets.ipynb #f8b6663e
 def steps_holding(micro_batches: int, schedule: list[tuple[int, int]]) -> int:
     "The fewest optimizer steps of `schedule` whose accumulations hold `micro_batches` micro-batches."
     for (s, a), end in zip(schedule, [s for s, _ in schedule][1:] + [math.inf]):
         if micro_batches <= (end - s) * a: return s + math.ceil(micro_batches / a)
         micro_batches -= (end - s) * a
 
+# %% ../nbs/04d_presets.ipynb #2c1c5f85
 def batch_lr_factor(accum: int,             # the accumulation now
                     base: int,              # the accumulation the learning rate was given for (the schedule's first)
                     rule: str = 'sqrt'      # sqrt, linear or none
@@ -231,6 +238,7 @@ def wsd_decay_start(steps: int,         # the step the decay ends at: the run's 
     "The first step of a warm-up-stable-decay schedule's decay: the last `decay_ratio` of `steps`, at least one step."
     return steps - min(steps, max(1, round(decay_ratio * steps)))
 
+# %% ../nbs/04d_presets.ipynb #9b1a8a7a
 def wsd_factor(step: int,        # optimizer step, counted from 0
                warmup: int,      # warm-up steps: (step + 1) / warmup of the peak, so step 0 never runs at 0
                decay_from: int,  # the first step of the decay
@@ -242,6 +250,7 @@ def wsd_factor(step: int,        # optimizer step, counted from 0
     if step < decay_from: return up
     return min(up, 1 - (1 - floor) * min(1.0, (step + 1 - decay_from) / max(1, decay_end - decay_from)))
 
+# %% ../nbs/04d_presets.ipynb #b3fe59b0
 def moved_decay(step: int,         # the step now (the decay cannot start in the past)
                 budget_end: int,   # the last step the budget pays for, as forecast
                 steps: int,        # the run's planned steps
