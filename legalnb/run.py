@@ -11,21 +11,21 @@ from pathlib import Path
 from typing import Callable, Iterable, NamedTuple
 from .core import LegalnbError, atomic_write, read_yaml
 from .options import command_parser
-from .commands import (add_dotted_flags, command_config, command_flags, command_options, command_run, command_values,
+from .commands import (add_dotted_flags, command_actions, command_config, command_flags, command_options, command_run, command_values,
                        command_words, is_scalar, shown)
 from .core import format_duration, GPU_HOUR_PRICE, read_json, PRESET_VOCAB, SCRATCH_SEQ_LEN, VAL_SHARE
 from .models import DEFAULT_MODEL
 from .hub import fetch_if_asked, is_hub_dataset
 
 # %% auto #0
-__all__ = ['STAGES', 'SECTIONS', 'OUTPUTS', 'TOP', 'RECORDS', 'STAGE_DEFAULTS', 'PLAN_TEMPLATE', 'DOTTED', 'LATER', 'TRAINING',
-           'OWNED_KEYS', 'RECORD_FIELDS', 'WORK_NAMES', 'StageRow', 'RunConfig', 'RunPlan', 'write_plan', 'read_plan',
-           'plan_of', 'check_mix_section', 'mix_flags', 'check_plan_keys', 'check_top_values', 'run_parser',
-           'read_command_line', 'Stage', 'Top', 'resolve_top', 'build_stages', 'check_plan', 'fingerprint',
-           'read_record', 'write_record', 'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines',
-           'training_estimate', 'confirm', 'staged_files', 'stage_split', 'Budget', 'budget_of', 'with_command_line',
-           'fetch_inputs', 'run_plan', 'selection_result', 'reference_lines', 'stage_rows', 'stage_table',
-           'write_run_report', 'run_main']
+__all__ = ['STAGES', 'SECTIONS', 'OUTPUTS', 'TOP', 'RECORDS', 'STAGE_DEFAULTS', 'OWNED_KEYS', 'PLAN_HEAD', 'PLAN_SECTIONS',
+           'RUN_SETS', 'PLAN_HINTS', 'DOTTED', 'LATER', 'TRAINING', 'RECORD_FIELDS', 'WORK_NAMES', 'StageRow',
+           'RunConfig', 'RunPlan', 'section_lines', 'write_plan', 'read_plan', 'plan_of', 'check_mix_section',
+           'mix_flags', 'check_plan_keys', 'check_top_values', 'run_parser', 'read_command_line', 'Stage', 'Top',
+           'resolve_top', 'build_stages', 'check_plan', 'fingerprint', 'read_record', 'write_record', 'why_stale',
+           'parse_deadline', 'BudgetGuard', 'machine_lines', 'training_estimate', 'confirm', 'staged_files',
+           'stage_split', 'Budget', 'budget_of', 'with_command_line', 'fetch_inputs', 'run_plan', 'selection_result',
+           'reference_lines', 'stage_rows', 'stage_table', 'write_run_report', 'run_main']
 
 # %% ../nbs/14_run.ipynb #79e39887
 STAGES = ('download', 'parse', 'select', 'build-corpus', 'split', 'train', 'evaluate')   # train: finetune (HF model)
@@ -39,6 +39,9 @@ TOP = ('input', 'out', 'preset', 'model', 'size', 'baseline')   # plan keys outs
 RECORDS = '.legalnb-run'                             # the per-stage records, inside the work folder
 STAGE_DEFAULTS = dict(select=dict(target_tokens='2B'), evaluate=dict(general='auto'),   # what legalnb run fills in
                       **{'build-corpus': dict(train_tokenizer=PRESET_VOCAB, val_docs=VAL_SHARE)})
+OWNED_KEYS = {'download': ('out',), 'parse': ('out',), 'select': ('out',), 'build-corpus': ('out',),   # run's own
+              'split': ('out',), 'train': ('data', 'out'), 'finetune': ('out',), 'evaluate': ('out',),
+              'export': ('out', 'model')}
 
 # %% ../nbs/14_run.ipynb #a1b2c3d4
 @dataclass
@@ -82,10 +85,11 @@ class RunPlan:
         return dict(self.sections.get(name) or {})
 
 # %% ../nbs/14_run.ipynb #edb5f34b
-PLAN_TEMPLATE = '''\
-# legalnb run plan: every stage's flags in one file; `legalnb run PLAN.yaml`. Any stage's flag on the command line
-# (--build-corpus.seq-len 64, --train.max-steps 10, --train.device cpu ...) overrides this file.
-# Paths are relative to this file's folder.
+PLAN_HEAD = '''\
+# legalnb run plan: every stage's settings in one file; `legalnb run PLAN.yaml`. Any of them on the command line,
+# dotted with its section (--build-corpus.seq-len 64, --train.max-steps 10, --train.device cpu), overrides this file.
+# Paths are relative to this file's folder. Each section lists its command's flags: the lines not commented out are
+# the values legalnb run sets for you; the others show the command's default (legalnb STAGE --help says more).
 input: {input}    # Formex folders and/or JSONL files (legalnb parse)
 # download:              # fetch acts from EUR-Lex first (legalnb download, into download/): then input: may go
 #   types: [regulation, directive]   # or celex: [32016R0679, 32024R0903]; since: 2015-01-01; languages: [en, fr]
@@ -93,28 +97,10 @@ out: {out}               # work folder: every stage's output, the stage records 
 {top}
 # baseline: gpt          # native: also train this model at the same size on the same data (baseline/), and report
 #                        # the run against it (gpt:num_heads=2 sets a shape field); an HF model: against its base
-
-parse: {{}}                # flags of `legalnb parse`: strict, notes, num_proc
-select:
-  target_tokens: {tokens}      # the token budget the selection fills (2M, 500M, 2B); or top: N, the N best documents
-  # languages: [en]      # keep only these languages (ISO 639-1); types: [regulation, directive]; since:, until: a date
-build-corpus:
-  train_tokenizer: {bpe} # a byte-level BPE of this size (or tokenizer: PATH; an HF model's own is used for it)
-  # shards: 16          # default: up to 16, as many as the selection's rows fill
-  val_docs: {val_docs}         # hold out acts with 1% of the text: the validation loss and `evaluate` score them
-  # seq_len: 8192        # default: the preset's row length
 # mix:                   # general text mixed in by weight (replay), packed beside the legal rows (build-corpus --mix)
 #   general: {{path: fineweb/, share: 0.05}}   # 5% of the training tokens: a JSONL, Parquet or Arrow file or folder,
 #                        # or a save_to_disk folder; a seeded 50k-token sample is held out (build-corpus.mix_heldout)
 #                        # build-corpus.mix_languages: match gives each legal language general text in its own
-split: {{}}
-train: {{}}                # flags of `legalnb train`: max_steps, dim, num_layers, batch_size, device, save_every ...
-finetune: {{}}             # flags of `legalnb finetune` (a Hugging Face model): max_steps, lr, force_single ...
-#                        # both: report_to: [tensorboard, mlflow] sends the run to trackers (files in run/)
-evaluate:
-  citations: {citations}
-  general: {general}   # general text, for forgetting: auto (the mix's held-out slices, else python-docs), or your
-                        # JSONL files and corpora (each reported apart). against: the base, or baseline/
 # export:                # last: the model as a Hugging Face folder (export/) with its model card, pushed on request
 #   push_to_hub: your-org/legal-model   # private: true; revision: a branch; license: cc-by-4.0 (the card's)
 # stage2:                # two-stage training: a second run, from the first one's weights, on the best documents only
@@ -123,21 +109,60 @@ evaluate:
 #                                                         # carries AdamW), from run/model
 #   finetune: {{lr: 1.0e-5, max_steps: 500}}   # a Hugging Face model's own finetune flags instead, from run/final
 '''
+PLAN_SECTIONS = {'parse': 'legalnb parse', 'select': 'legalnb select', 'build-corpus': 'legalnb build-corpus',
+                 'split': 'legalnb split', 'train': 'legalnb train: a native model',
+                 'finetune': 'legalnb finetune: a Hugging Face model (model: a folder or org/name)',
+                 'evaluate': 'legalnb evaluate: on the held-out acts, against the base or the baseline'}
+RUN_SETS = {'select': ('report',), 'train': ('model', 'size', 'preset', 'resume', 'init_from'),   # and OWNED_KEYS:
+            'finetune': ('model', 'data', 'preset', 'resume'), 'evaluate': ('data', 'progress')}   # what legalnb run
+                                                              # sets whatever the plan says, left out of a written one
+PLAN_HINTS = {'build-corpus': {'seq_len': "legalnb run: the preset's row length"},   # its defaults that are not the
+              'evaluate': {'against': 'legalnb run: the base of an HF model, or baseline/'}}   # command's own
+
+# %% ../nbs/14_run.ipynb #9e24e7d5
+def _yaml_value(value) -> str:
+    "A value as a plan line writes it: 2B, [en, de], true, 0.01."
+    import yaml
+    return yaml.safe_dump(value, default_flow_style=True, width=10**6).removesuffix('\n...\n').strip()
+
+def _comment(line: str, note: str) -> str:
+    "A plan line with its comment beside it, wrapped at 120 columns."
+    import textwrap
+    if not note: return line
+    first = f'{line:<24} # '
+    parts = textwrap.wrap(note, max(40, 120 - len(first)))
+    return '\n'.join([first + parts[0], *(' ' * (len(first) - 2) + '# ' + p for p in parts[1:])])
+
+def section_lines(kind: str, values: dict) -> list[str]:
+    "A plan section of `legalnb KIND`: `values` set; every other flag of its config commented out, with its default "
+    "and its help: what the command's own fields say, so a new field shows up here with no edit."
+    lines, seen = [_comment(f'{kind}:', PLAN_SECTIONS[kind])], set()
+    for a in command_actions(kind):
+        if not a.option_strings or a.dest in seen or a.dest in OWNED_KEYS.get(kind, ()) + RUN_SETS.get(kind, ()):
+            continue
+        seen.add(a.dest)
+        note = ' '.join((a.help or '').split()).replace('%%', '%')
+        if hint := PLAN_HINTS.get(kind, {}).get(a.dest): note = f'{hint}; {note}'
+        if a.dest in values: lines.append(_comment(f'  {a.dest}: {_yaml_value(values[a.dest])}', note))
+        else:
+            d = getattr(a, 'shown_default', a.default)
+            shown = '' if d is None or d is argparse.SUPPRESS or hint else ' ' + _yaml_value(d)
+            lines.append(_comment(f'  # {a.dest}:{shown}', note))
+    return lines
 
 def _top_lines(cfg: RunConfig) -> str:
     "The plan's preset:, model: and size: lines: RunConfig's values, each with its flag's comment."
     from fastcore.docments import docments
     doc = docments(RunConfig)
-    return '\n'.join(f'{k + ": " + str(getattr(cfg, k)):<24} # {doc[k]}' for k in ('preset', 'model', 'size'))
+    return '\n'.join(_comment(f'{k}: {getattr(cfg, k)}', doc[k]) for k in ('preset', 'model', 'size'))
 
 def write_plan(cfg: RunConfig = RunConfig()) -> str:
-    "A commented plan to start from: `cfg`'s values (RunConfig's defaults, the flags given on top) and legalnb run's."
-    s = STAGE_DEFAULTS
-    return PLAN_TEMPLATE.format(input=json.dumps(cfg.input or ['eurlex/formex']), out=cfg.out or 'work',
-                                top=_top_lines(cfg), tokens=s['select']['target_tokens'],
-                                bpe=s['build-corpus']['train_tokenizer'], val_docs=s['build-corpus']['val_docs'],
-                                citations=command_flags('evaluate').get_default('citations'),
-                                general=s['evaluate']['general'])
+    "A commented plan to start from: `cfg`'s values (RunConfig's defaults, the flags given on top), then each "
+    "section with legalnb run's values and the command's other flags, from the commands' own fields."
+    head = PLAN_HEAD.format(input=json.dumps(cfg.input or ['eurlex/formex']), out=cfg.out or 'work',
+                            top=_top_lines(cfg))
+    sections = ['\n'.join(section_lines(k, STAGE_DEFAULTS.get(k, {}))) for k in PLAN_SECTIONS]
+    return head + '\n' + '\n\n'.join(sections) + '\n'
 
 # %% ../nbs/14_run.ipynb #236fc93a
 def read_plan(path: str | Path | None) -> RunPlan:
@@ -330,10 +355,6 @@ def resolve_top(plan: RunPlan) -> Top:
     return Top([rel(p) for p in r.input or []], rel(r.out), r.preset, folder if hf else r.model, r.size, hf, r.baseline)
 
 # %% ../nbs/14_run.ipynb #8b4a3f50
-OWNED_KEYS = {'download': ('out',), 'parse': ('out',), 'select': ('out',), 'build-corpus': ('out',),   # run's own
-              'split': ('out',), 'train': ('data', 'out'), 'finetune': ('out',), 'evaluate': ('out',),
-              'export': ('out', 'model')}
-
 def _sections(plan: RunPlan, top: Top) -> dict:
     "Each stage's settings: the plan's section with the command line's on top, legalnb run's defaults under both."
     from legalnb.presets import get_preset
