@@ -82,6 +82,7 @@ def test_a_new_config_field_is_a_plan_key_and_a_dotted_flag_with_no_edit_to_run(
         plan = run.with_command_line(plan, ['--split.shuffle-seed', '5'])
         split = next(s for s in run.build_stages(plan)[0] if s.kind == 'split')
         assert split.config.shuffle_seed == 5 and split.argv[-2:] == ['--shuffle-seed', '5']
+        assert '  # shuffle_seed: 7' in run.write_plan()   # and in the plan --write-plan prints
         with pytest.raises(Exception, match="split.shuffle_seed: expected a whole number, got 'x'"):
             run.plan_of({'split': {'shuffle_seed': 'x'}})
     finally:
