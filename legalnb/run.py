@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Callable, Iterable, NamedTuple
 from .core import LegalnbError, atomic_write, read_yaml
 from .options import command_parser
-from .commands import (add_dotted_flags, command_actions, command_config, command_flags, command_options, command_run, command_values,
-                       command_words, is_scalar, shown)
+from .commands import (add_dotted_flags, command_actions, command_config, command_flags, command_options,
+                              command_run, command_values, command_words, is_scalar, shown)
 from .core import format_duration, GPU_HOUR_PRICE, read_json, PRESET_VOCAB, SCRATCH_SEQ_LEN, VAL_SHARE
 from .models import DEFAULT_MODEL
 from .hub import fetch_if_asked, is_hub_dataset
@@ -455,7 +455,8 @@ def _baseline_stage(spec: str, train: Stage, t: dict, data: Path, work: Path) ->
     flags = {k: v for k, v in t.items() if k != 'model_overrides' and (k not in SHAPE_FLAGS or k in has)}
     flags |= {k: getattr(cfg, k) for k in _SAME_SCHEDULE} | {'model': name}
     if shape:
-        try: flags |= command_values('train', {'model_overrides': [kv.strip() for kv in shape.split(',') if kv.strip()]})
+        pairs = [kv.strip() for kv in shape.split(',') if kv.strip()]
+        try: flags |= command_values('train', {'model_overrides': pairs})
         except LegalnbError as e: raise LegalnbError(f'baseline {spec!r}: {e}') from None
     return Stage('train', _typed('train', data=data, out=work/'baseline') | flags, [work/'split'/'split.json'],
                  work/'baseline'/'summary.json', baseline=True)
@@ -522,8 +523,8 @@ def _second_finetune(own: dict, first: dict, b: dict, work: Path, stage_to: str 
     return [Stage('build-corpus', _typed('build-corpus', work/'selected-2.jsonl', out=work/'corpus-2') | b
                   | _same_acts(work), [work/'selected-2.jsonl', work/'corpus'/'manifest.json'],
                   work/'corpus-2'/'manifest.json', second=True),
-            Stage('finetune', t, [work/'corpus-2'/'manifest.json', work/OUTPUTS['finetune']], work/'run-2'/'finetune.json',
-                  second=True)]
+            Stage('finetune', t, [work/'corpus-2'/'manifest.json', work/OUTPUTS['finetune']],
+                  work/'run-2'/'finetune.json', second=True)]
 
 # %% ../nbs/14_run.ipynb #beaa6c2c
 def _hf_model(model: str, base: Path) -> str | None:
