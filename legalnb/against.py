@@ -255,7 +255,9 @@ def run_facts(path: str | Path, price_per_hour: float = GPU_HOUR_PRICE) -> dict:
     return dict(seconds=seconds, device=device or None, gpus=gpus if on_gpu else 0, cost=cost, trained=True)
 
 # %% ../nbs/11a_against.ipynb #71a3e5b4
-def _fmt(v: float | None, ci: list | None = None, kind: str = 'bpb', sign: bool = False) -> str:
+_FIGURE_KIND = 'bpb'   # how a figure of the tables is written when not told: bits per byte (else 'pct', 'num')
+
+def _fmt(v: float | None, ci: list | None = None, kind: str = _FIGURE_KIND, sign: bool = False) -> str:
     "A figure with its interval: '1.234 [1.201, 1.268]', '12.0% [8.0%, 16.0%]', '+4.0 pts [...]'; '-' for none."
     if v is None: return '-'
     s = '+' if sign else ''
@@ -275,7 +277,7 @@ def _general_changes(f: dict | None) -> list[tuple[str, dict]]:
 def against_rows(c: dict, groups: tuple[str, ...] = tuple(GROUPS)) -> list[list[str]]:
     "The rows of the comparison table: figure and group, model, reference, change (each with its interval), verdict."
     rows = []
-    def add(label, figure, ch, kind='bpb', verdict=None):
+    def add(label, figure, ch, kind=_FIGURE_KIND, verdict=None):
         if ch['model'] is None and ch['reference'] is None: return
         rows.append([f'{figure}: {label}', _fmt(ch['model'], ch['model_ci'], kind),
                      _fmt(ch['reference'], ch['reference_ci'], kind), _fmt(ch['change'], ch['change_ci'], kind, True),
@@ -456,7 +458,7 @@ def write_against(c: dict, out: str | Path) -> list[Path]:
 # %% ../nbs/11a_against.ipynb #d4a432b1
 def retained_table(r: dict, facts: dict | None = None) -> str:
     "The share of the full run's gain the fast run kept, per language and for citations; then each run's time, cost."
-    def row(label, s, kind='bpb'):
+    def row(label, s, kind=_FIGURE_KIND):
         return [label, _fmt(s['base'], None, kind), _fmt(s['fast'], None, kind), _fmt(s['full'], None, kind),
                 '-' if s['share'] is None else f"{s['share']:.0%}" + (
                     f" [{s['share_ci'][0]:.0%}, {s['share_ci'][1]:.0%}]" if s['share_ci'] else ''), s['note'] or '']

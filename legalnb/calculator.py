@@ -12,6 +12,7 @@ from .core import LegalnbError, format_duration, parse_count, parse_number, read
 from .machine import PRECISIONS
 from .options import flag_settings
 from .models import DEFAULT_MODEL, MODELS
+from .presets import BATCH_LR_RULE, DEFAULT_SCHEDULE, QLORA_BITS, WSD_DECAY_RATIO   # the trainers' defaults
 from .presets import (parse_batch_schedule, micro_steps_before, steps_holding,
                              GPU, PRESETS, STRATEGIES, TASKS, find_gpu, get_preset, gpu_precision, human, lora_steps,
                              peak_tflops)
@@ -59,7 +60,7 @@ class Plan:
     strategy: str = 'single'             # 'single' | 'ddp' | 'deepspeed-zero3' | 'fsdp' (the last two shard states)
     task: str | None = None              # 'cpt' | 'lora' | 'scratch' (plan_for sets it): 'lora' counts examples, 4·N
     qlora: bool = False                  # LoRA on a 4-bit NF4 base (bitsandbytes, double quantisation): QLoRA memory
-    qlora_bits: int = 4                  # with qlora: 4 (NF4) or 8 (LLM.int8) bits per frozen base weight
+    qlora_bits: int = QLORA_BITS         # with qlora: 4 (NF4) or 8 (LLM.int8) bits per frozen base weight
     activation_bytes: float | None = None  # bytes kept for backward per token per unit of width per layer, measured
                                          # (a GPU check, `GpuCheck.calibrate`); None: the HF Llama's ACTIVATION_BYTES
     activation_source: str | None = None # where activation_bytes was measured, named in the arithmetic
@@ -196,7 +197,7 @@ def run_cost(plan: Plan, seconds: float | None) -> tuple[float | None, str | Non
 def scale_lr(lr: float,         # learning rate tuned at `old_batch`
              old_batch: int,    # global batch it was tuned at
              new_batch: int,    # global batch of the new run
-             rule: str = 'sqrt' # 'sqrt' (Adam) or 'linear' (SGD)
+             rule: str = BATCH_LR_RULE  # 'sqrt' (Adam) or 'linear' (SGD)
             ) -> float:
     "The learning rate for `new_batch` by the square-root or linear scaling rule."
     if rule not in ('sqrt', 'linear'): raise LegalnbError(f"rule must be 'sqrt' or 'linear', got {rule!r}")
@@ -784,8 +785,8 @@ class EstimateConfig:
     qlora_bits: Literal[4, 8] = None   # --qlora's bits per base weight: 4 (NF4) or 8 (LLM.int8)
     calibration: str = None        # a GPU check's report.json (make gpu-check): measured MFU, activation bytes
     json: bool = False             # print one JSON object instead of the table
-    schedule: Literal['cosine', 'wsd'] = 'cosine'  # the learning-rate schedule: cosine, or wsd (its decay start shown)
-    decay_ratio: float = 0.2       # wsd: the last share of the steps, decaying to the floor
+    schedule: Literal['cosine', 'wsd'] = DEFAULT_SCHEDULE  # the lr schedule: cosine, or wsd (its decay start shown)
+    decay_ratio: float = WSD_DECAY_RATIO  # wsd: the last share of the steps, decaying to the floor
 
     def __post_init__(self):   # every check of the flags, before anything is computed
         if sum(v is not None for v in (self.sec_per_step, self.tokens_per_sec, self.mfu)) > 1:
@@ -820,7 +821,7 @@ def plan(self: EstimateConfig) -> Plan:
 # %% ../nbs/08_calculator.ipynb #efd87bf1
 from .presets import wsd_decay_start
 
-def schedule_line(steps: int, schedule: str = 'cosine', decay_ratio: float = 0.2) -> str:
+def schedule_line(steps: int, schedule: str = DEFAULT_SCHEDULE, decay_ratio: float = WSD_DECAY_RATIO) -> str:
     "The learning-rate schedule of a run of `steps`, as the trainers will run it: where a wsd decay starts."
     if schedule != 'wsd': return f'schedule: cosine over {steps:,} steps (warm-up, then down to the floor)'
     start = wsd_decay_start(steps, decay_ratio)

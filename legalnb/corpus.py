@@ -28,17 +28,18 @@ from .hub import dataset_card, card_configs, hub_dataset_folder, is_hub_dataset,
 from .hub import ModelRef, fetch_if_asked, parse_hub_dataset, resolve_model
 
 # %% auto #0
-__all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'VAL_MIN_ACTS', 'FLOOR_ROOM', 'MIX_HELDOUT', 'MIX_MAX_SHARE',
-           'MIX_LANGUAGES', 'MIX_RESERVED', 'MIX_MAX_ENTRIES', 'MIX_DEPTH', 'MIX_SAMPLE', 'MIX_MAX_PASSES',
-           'MANIFEST_FORMAT', 'KEY', 'SHARDS', 'iter_selected', 'tokenizer_place', 'load_tokenizer', 'train_tokenizer',
-           'find_eos', 'configured_eos', 'special_ids', 'vocab_size_of', 'tokenizer_sha256', 'split_text',
-           'encode_texts', 'encode_stream', 'RowPacker', 'shard_dtype', 'npy_header_bytes', 'file_sha256', 'EmptyShard',
-           'write_shard', 'act_key', 'act_number', 'check_val_docs', 'named_acts', 'HeldOut', 'choose_heldout',
-           'heldout_acts', 'MixSource', 'parse_mix', 'check_mix', 'mix_rows', 'mix_files', 'mix_format', 'open_mix',
-           'mix_records', 'mix_sources', 'mix_sha256', 'lang_code', 'config_language', 'hub_languages', 'hub_record',
-           'fetch_for_corpus', 'fetch_mix', 'mix_sample', 'write_mix_heldout', 'MixPiece', 'mix_pieces', 'mix_asked',
-           'mix_plan', 'check_mix_size', 'mix_summary', 'Piece', 'iter_pieces', 'batch_pieces', 'CorpusConfig',
-           'build_corpus', 'shard_bounds', 'build_corpus_run', 'build_corpus_main', 'summary']
+__all__ = ['SPECIAL_TOKENS', 'MIN_VOCAB', 'EOS_CANDIDATES', 'MAX_CHARS', 'VAL_MIN_ACTS', 'FLOOR_ROOM', 'MIX_HELDOUT',
+           'MIX_MAX_SHARE', 'MIX_LANGUAGES', 'DEFAULT_MIX_LANGUAGES', 'MIX_RESERVED', 'MIX_MAX_ENTRIES', 'MIX_DEPTH',
+           'MIX_SAMPLE', 'MIX_MAX_PASSES', 'MANIFEST_FORMAT', 'KEY', 'SHARDS', 'iter_selected', 'tokenizer_place',
+           'load_tokenizer', 'train_tokenizer', 'find_eos', 'configured_eos', 'special_ids', 'vocab_size_of',
+           'tokenizer_sha256', 'split_text', 'encode_texts', 'encode_stream', 'RowPacker', 'shard_dtype',
+           'npy_header_bytes', 'file_sha256', 'EmptyShard', 'write_shard', 'act_key', 'act_number', 'check_val_docs',
+           'named_acts', 'HeldOut', 'choose_heldout', 'heldout_acts', 'MixSource', 'parse_mix', 'check_mix', 'mix_rows',
+           'mix_files', 'mix_format', 'open_mix', 'mix_records', 'mix_sources', 'mix_sha256', 'lang_code',
+           'config_language', 'hub_languages', 'hub_record', 'fetch_for_corpus', 'fetch_mix', 'mix_sample',
+           'write_mix_heldout', 'MixPiece', 'mix_pieces', 'mix_asked', 'mix_plan', 'check_mix_size', 'mix_summary',
+           'Piece', 'iter_pieces', 'batch_pieces', 'CorpusConfig', 'build_corpus', 'shard_bounds', 'build_corpus_run',
+           'build_corpus_main', 'summary']
 
 # %% ../nbs/02_corpus.ipynb #530136c6
 def iter_selected(path: str | Path, start: int = 0, line: int = 0) -> Iterator[tuple[int, int, int, dict]]:
@@ -142,6 +143,8 @@ def tokenizer_sha256(tok: Tokenizer) -> str:
     return hashlib.sha256(tok.to_str().encode()).hexdigest()
 
 # %% ../nbs/02_corpus.ipynb #b65c6f22
+MAX_CHARS = 100_000   # characters: a document longer than this is cut at paragraph breaks into pieces
+
 def _cut(text: str, start: int, end: int) -> int:
     "Where to end the piece that starts at `start`: before the last whitespace of a break in (start, end], else `end`."
     if (i := text.rfind('\n\n', start + 1, end + 1)) > start: return i + 1
@@ -149,7 +152,7 @@ def _cut(text: str, start: int, end: int) -> int:
         if (i := text.rfind(sep, start + 1, end + 1)) > start: return i
     return end
 
-def split_text(text: str, max_chars: int = 100_000) -> list[str]:
+def split_text(text: str, max_chars: int = MAX_CHARS) -> list[str]:
     "Cut `text` into pieces of at most `max_chars` characters at paragraph breaks, line breaks or spaces."
     pieces, start = [], 0
     while len(text) - start > max_chars:
@@ -532,6 +535,7 @@ def _rule_words(rule: dict) -> str:
 MIX_HELDOUT = 50_000   # tokens of each --mix source held out for forgetting: a seeded sample of it (~1 min of scoring)
 MIX_MAX_SHARE = 0.9    # the most the --mix sources may take of the training tokens together: the rest is the legal text
 MIX_LANGUAGES = ('source', 'match')   # --mix-languages: a source's languages as it has them, or the legal corpus's
+DEFAULT_MIX_LANGUAGES = 'source'      # --mix-languages when not given (and in records written before it existed)
 MIX_RESERVED = ('legal', 'shard')   # 'legal' names the corpus's own rows; 'shard_*.npy' are its shard files
 _MIX_NAME = re.compile(r'[A-Za-z0-9][A-Za-z0-9_-]*')
 
@@ -689,7 +693,7 @@ def mix_records(src: MixSource, start: int = 0) -> Iterator[tuple[int, dict]]:
 
 # %% ../nbs/02_corpus.ipynb #a48d05f5
 def mix_sources(specs: Iterable[str | MixSource], heldout: int = MIX_HELDOUT,
-                languages: str = 'source') -> list[MixSource]:
+                languages: str = DEFAULT_MIX_LANGUAGES) -> list[MixSource]:
     "Parse and check --mix sources: names, shares, and that each opens and holds a record with a text."
     if heldout < 0: raise LegalnbError(f'--mix-heldout must be 0 or more tokens, got {heldout}')
     if languages not in MIX_LANGUAGES:
@@ -798,7 +802,7 @@ def fetch_for_corpus(cfg):
     fetch_mix(cfg.mix or [], cfg.mix_languages)
 
 # %% ../nbs/02_corpus.ipynb #2bf6f3e4
-def fetch_mix(specs: Iterable[str], languages: str = 'source'):
+def fetch_mix(specs: Iterable[str], languages: str = DEFAULT_MIX_LANGUAGES):
     "--download: the Hub sources among --mix fetched into the cache (per language with --mix-languages match)."
     for s in (parse_mix(x) for x in specs):
         if not is_hub_dataset(s.path): continue
@@ -810,7 +814,7 @@ def fetch_mix(specs: Iterable[str], languages: str = 'source'):
 MIX_SAMPLE = 20_000   # tokens of each source's seeded sample that are encoded to learn its tokens per character
 
 def mix_sample(src: MixSource, tok: Tokenizer, tokens: int, seed: int = 0,
-               max_chars: int = 100_000) -> tuple[list[dict], Counter]:
+               max_chars: int = MAX_CHARS) -> tuple[list[dict], Counter]:
     "One read of the whole source: the documents of smallest seeded key, `tokens` or more, and its characters per "
     "language."
     heap, have, chars = [], 0, Counter()   # heap of (-key, record, document): the largest key on top
@@ -837,7 +841,7 @@ def _per_char(sample: list[dict]) -> dict[str, float]:
 
 # %% ../nbs/02_corpus.ipynb #a5e1c0d2
 def write_mix_heldout(src: MixSource, out: Path, tok: Tokenizer, budget: int, seed: int = 0,
-                      max_chars: int = 100_000) -> dict:
+                      max_chars: int = MAX_CHARS) -> dict:
     "Write a seeded sample of the whole source, `budget` tokens, to mix/NAME/heldout.jsonl; its record and the "
     "source's sizes."
     sample, chars = mix_sample(src, tok, max(budget, MIX_SAMPLE), seed, max_chars)
@@ -943,7 +947,8 @@ def _have(held: dict) -> dict[str, float]:
     ratio = held['tokens_per_char']
     return {l: c * ratio.get(l, ratio['*']) for l, c in held['chars_per_lang'].items()}
 
-def mix_asked(src: MixSource, held: dict, legal: dict[str, int], languages: str = 'source') -> dict[str, float]:
+def mix_asked(src: MixSource, held: dict, legal: dict[str, int],
+              languages: str = DEFAULT_MIX_LANGUAGES) -> dict[str, float]:
     "Each language's asked share of the training tokens: the source's share split by its languages, or by the legal "
     "ones."
     have = _have(held)
@@ -988,7 +993,8 @@ def check_mix_size(src: MixSource, plan: dict, rows: int, row_len: int, vocab: i
 # %% ../nbs/02_corpus.ipynb #30354ebd
 def _build_mix(out, tok, partial, eos_id, vocab, row_len, shards, opt):
     "Pack each source into mix/NAME/: its share of the training rows, per language as planned, in legal-sized shards."
-    legal, how = sum(r['rows'] for r in partial['shards']), partial['args'].get('mix_languages', 'source')
+    legal = sum(r['rows'] for r in partial['shards'])
+    how = partial['args'].get('mix_languages', DEFAULT_MIX_LANGUAGES)
     legal_langs = sum((Counter(r['tokens_per_lang']) for r in partial['shards']), Counter())
     asked = [mix_asked(s, rec['heldout'], legal_langs, how) for s, rec in zip(opt['mix'], partial['mix'])]
     rows = mix_rows(legal, [s.share if how == 'source' else sum(a[l] for l in a if _have(rec['heldout']).get(l))
@@ -1068,7 +1074,7 @@ def _mix_manifest(partial: dict, row_len: int) -> dict:
                         realised_share=round(rows / total, 6), rows=rows,
                         documents=sum(r['documents'] for r in x['shards']), documents_read=last['documents_read'],
                         passes=last['passes'] + 1, tokens_per_lang=dict(sorted(per_lang.items())),
-                        languages_from=partial['args'].get('mix_languages', 'source'),
+                        languages_from=partial['args'].get('mix_languages', DEFAULT_MIX_LANGUAGES),
                         languages=_mix_languages(x, per_lang, total * row_len), plan=x['plan'],
                         shards=[{k: v for k, v in r.items() if k != 'next'} for r in x['shards']],
                         heldout=x['heldout']))
@@ -1094,7 +1100,7 @@ def mix_summary(m: dict) -> str:
                      f"mix/{x['name']}/, "
                      f"asked {x['asked_share']:.1%} of the training tokens, realised {x['realised_share']:.2%}{again}; "
                      f"held out {h['documents']:,} documents ({h['tokens']:,} tokens) -> {h['file']}"
-                     + (f"\n  languages ({x.get('languages_from', 'source')}), asked -> realised: "
+                     + (f"\n  languages ({x.get('languages_from', DEFAULT_MIX_LANGUAGES)}), asked -> realised: "
                         f"{_shares_line(x['languages'])}" if x.get('languages') else '')
                      + (f"; held out: {held}" if held else ''))
     return ''.join(lines)
@@ -1276,7 +1282,7 @@ class CorpusConfig:
     tokenizer: str | Tokenizer | None = None  # tokenizer.json, a tokenizer folder, org/name (HF cache), or a tokenizer
     num_proc: int = 1                   # encoding worker processes (1: encode here, on the tokenizer's threads)
     eos: str | None = None              # end-of-document token; default: the first of EOS_CANDIDATES found
-    max_chars: int = 100_000            # documents longer than this are split at paragraph breaks
+    max_chars: int = MAX_CHARS          # documents longer than this are split at paragraph breaks
     val_docs: float = 0                 # hold out whole acts: a share (0.01) or a count (50) of acts; 0: none
     seed: int = 0                       # which acts --val-docs holds out
     val_min_acts: int = VAL_MIN_ACTS    # the fewest acts --val-docs holds out (all but one of fewer)
@@ -1284,7 +1290,7 @@ class CorpusConfig:
     val_acts: str | None = None         # also hold out the acts a file names (a manifest.json, or CELEX lines)
     mix: list[str] | None = None        # more sources NAME=PATH:SHARE, each SHARE of the training tokens
     mix_heldout: int = MIX_HELDOUT      # tokens of each --mix source held out (untrained): a sample drawn with --seed
-    mix_languages: Literal['source', 'match'] = 'source'  # --mix text per language: as the source has it, or 'match'
+    mix_languages: Literal['source', 'match'] = DEFAULT_MIX_LANGUAGES  # --mix languages: the source's own, or 'match'
                                         # the legal corpus's languages in its proportions
     progress: bool = True               # show a progress bar (only on a terminal)
     download: bool = False              # fetch --tokenizer (org/name) and hf: --mix datasets not here from the Hub
@@ -1406,7 +1412,8 @@ def _command_line(args: dict, out: Path) -> str:
              *[w for spec in args.get('mix', []) for w in ('--mix', spec)],
              *(['--mix-heldout', args['mix_heldout']] if args.get('mix_heldout', MIX_HELDOUT) != MIX_HELDOUT else []),
              *(['--seed', args['mix_seed']] if args.get('mix_seed') and not args.get('val_docs') else []),
-             *(['--mix-languages', args['mix_languages']] if args.get('mix_languages', 'source') != 'source' else [])]
+             *(['--mix-languages', args['mix_languages']]
+               if args.get('mix_languages', DEFAULT_MIX_LANGUAGES) != DEFAULT_MIX_LANGUAGES else [])]
     return shlex.join(map(str, words))
 
 # %% ../nbs/02_corpus.ipynb #7a032af9

@@ -36,10 +36,12 @@ from .heldout import (EVAL_FORMAT, heldout_path, decade_of, read_heldout, _DTYPE
                              _general_texts, write_general_texts, GENERAL_LANG, _general_doc, _general_file,
                              _NO_MIX, mix_heldout, general_lang, _mix_list,
                              hub_general)   # below the trainers: they score too
+from .heldout import BATCH_TOKENS   # every scorer's tokens per forward pass
 
 # %% auto #0
-__all__ = ['ACT_REF', 'ARTICLE_REF', 'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'GENERAL_AUTO', 'REPORT_FILES', 'LM_EVAL_TASKS',
-           'LM_EVAL_FILES', 'PROMPT_CHARS', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'EVALUATE_OUTPUTS',
+__all__ = ['TEMPERATURE', 'TOP_K', 'GENERATE_NEW_TOKENS', 'ACT_REF', 'ARTICLE_REF', 'CITATIONS', 'ROUGE_NEW_TOKENS',
+           'ROUGE_CHARS', 'ROUGE_PROMPT_CHARS', 'GENERAL_AUTO', 'REPORT_FILES', 'LM_EVAL_TASKS', 'LM_EVAL_FILES',
+           'PROMPT_CHARS', 'HARNESS_BATCH', 'AGAINST_FILES', 'RETAINED_FILES', 'RUN_DIRS', 'EVALUATE_OUTPUTS',
            'load_eval_model', 'model_tokenizer', 'as_model', 'fit_prompt', 'generate_ids', 'TextStream', 'generate',
            'extract_citations', 'citation_items', 'score_citations', 'LookupModel', 'summarize_citations', 'opening',
            'generate_samples', 'rouge_l', 'rouge_openings', 'score_rouge', 'add_intervals', 'read_general',
@@ -171,9 +173,13 @@ def fit_prompt(ids: list[int], context: int, max_new_tokens: int) -> list[int]:
     return list(ids)[-max(context // 2, context - max_new_tokens, 1):]
 
 # %% ../nbs/11_evaluate.ipynb #6a0f5c93
+TEMPERATURE = 0.8   # sampling when not told: the logits divided by it (0: greedy; below 1 sharper, above 1 flatter)
+TOP_K = 50          # and only the K most likely tokens drawn from (0: all)
+
 @torch.no_grad()
-def generate_ids(lm: EvalModel, ids: list[int], max_new_tokens: int, temperature: float = 0.8, top_k: int = 50,
-                 seed: int = 0, on_token: Callable[[int], None] | None = None, stop_at_eos: bool = True,
+def generate_ids(lm: EvalModel, ids: list[int], max_new_tokens: int, temperature: float = TEMPERATURE,
+                 top_k: int = TOP_K, seed: int = 0, on_token: Callable[[int], None] | None = None,
+                 stop_at_eos: bool = True,
                  state: bool = True) -> list[int]:  # False: recompute the whole window for every token (the reference)
     "Up to `max_new_tokens` token ids after `ids` (the last `context` of them are the input)."
     g, ids, new, step = torch.Generator().manual_seed(seed), list(ids), [], None
@@ -212,12 +218,14 @@ class TextStream:
         if (text := self.text) != self.shown: self.write(text[len(self.shown):]); self.shown = text
 
 # %% ../nbs/11_evaluate.ipynb #55848a9d
+GENERATE_NEW_TOKENS = 200   # tokens `legalnb generate` adds at most when not told (its --max-new-tokens)
+
 def generate(model,                        # an EvalModel, a model folder, or an nn.Module (with `tokenizer`)
              tokenizer=None,               # tokenizer.json or folder, for a folder or module (default: found)
              prompt: str = '',             # the text to continue
-             max_new_tokens: int = 200,    # tokens at most; generation also stops at the end-of-document token
-             temperature: float = 0.8,     # 0: greedy; below 1 sharper, above 1 flatter
-             top_k: int = 50,              # sample among the K most likely tokens (0: all)
+             max_new_tokens: int = GENERATE_NEW_TOKENS,  # tokens at most; generation also stops at end of document
+             temperature: float = TEMPERATURE,  # 0: greedy; below 1 sharper, above 1 flatter
+             top_k: int = TOP_K,           # sample among the K most likely tokens (0: all)
              seed: int = 0,                # the same seed and settings give the same text
              stream: Callable[[str], None] | None = None,  # called with each new piece of text
              fit: bool = False,            # keep only the prompt's end that leaves room for the continuation
@@ -259,7 +267,9 @@ def extract_citations(text: str) -> list[dict]:
     return sorted(found, key=lambda c: c['start'])
 
 # %% ../nbs/11_evaluate.ipynb #89977f98
-def citation_items(docs: list[dict], limit: int | None = 500, seed: int = 0) -> list[dict]:
+CITATIONS = 500   # citation items scored at most when not told: a seeded sample of the held-out references
+
+def citation_items(docs: list[dict], limit: int | None = CITATIONS, seed: int = 0) -> list[dict]:
     "Every reference in the documents, with its document's index; a seeded sample of `limit` of them, in order."
     items = [dict(doc=i, **c) for i, d in enumerate(docs) for c in extract_citations(d['text'])]
     if limit is not None and len(items) > limit:
@@ -285,7 +295,8 @@ def _extends_number(lm: EvalModel) -> torch.Tensor:
 
 # %% ../nbs/11_evaluate.ipynb #108f9e53
 @torch.no_grad()
-def score_citations(lm: EvalModel, docs: list[dict], items: list[dict], batch_tokens: int = 16384) -> list[bool]:
+def score_citations(lm: EvalModel, docs: list[dict], items: list[dict],
+                    batch_tokens: int = BATCH_TOKENS) -> list[bool]:
     "Per item: does greedy decoding reproduce every token of the number, and then stop the number?"
     encs = dict(zip(sorted({it['doc'] for it in items}),
                     lm.tokenizer.encode_batch_fast([docs[i]['text'] for i in sorted({it['doc'] for it in items})],
@@ -344,6 +355,8 @@ def summarize_citations(lm: EvalModel, docs: list[dict], items: list[dict], righ
     return out
 
 # %% ../nbs/11_evaluate.ipynb #4a06df52
+ROUGE_NEW_TOKENS = 64   # tokens generated per held-out opening (samples and ROUGE-L) when not told
+
 _OPENING = re.compile(r'^(?:article|artikel|artículo|articolo|artigo)\s+(?:1|premier|1\.º)[ \t]*$', re.M | re.I)
 _RECITAL = re.compile(r'^\(1\)(?=\s)', re.M)
 
@@ -354,7 +367,7 @@ def opening(text: str, reference_chars: int = 300) -> tuple[str, str] | None:
     cut = m.end() + (m.re is _OPENING and m.end() < len(text))   # keep the line break after a heading
     return (text[:cut], text[cut:cut + reference_chars]) if text[cut:].strip() else None
 
-def generate_samples(lm: EvalModel, docs: list[dict], n: int = 3, max_new_tokens: int = 64,
+def generate_samples(lm: EvalModel, docs: list[dict], n: int = 3, max_new_tokens: int = ROUGE_NEW_TOKENS,
                      seed: int = 0) -> list[dict]:
     "Continuations of `n` held-out openings (a seeded choice), beside the text that really follows."
     found = [(i, o) for i, d in enumerate(docs) if (o := opening(d['text']))]
@@ -395,7 +408,7 @@ def rouge_openings(docs: list[dict], n: int = 20, seed: int = 0) -> list[dict]:
             for j in pick]
 
 # %% ../nbs/11_evaluate.ipynb #a956ace1
-def score_rouge(lm: EvalModel, docs: list[dict], openings: list[dict], max_new_tokens: int = 64,
+def score_rouge(lm: EvalModel, docs: list[dict], openings: list[dict], max_new_tokens: int = ROUGE_NEW_TOKENS,
                 progress: bool = False) -> list[dict]:   # a bar over the openings on stderr
     "Per opening: its act and groups, the greedy continuation (cut to the true text's length) and its ROUGE-L."
     rows = []
@@ -513,7 +526,7 @@ def choose_general(general, data) -> tuple[object, str | None]:
                                "the corpus's languages")
 
 # %% ../nbs/11_evaluate.ipynb #20830c6d
-def score_general(lm: EvalModel, docs: list[dict], batch_tokens: int = 16384, eos: bool = True,
+def score_general(lm: EvalModel, docs: list[dict], batch_tokens: int = BATCH_TOKENS, eos: bool = True,
                   source: str | None = None, progress: bool = False) -> dict:
     "Loss, perplexity and bits per byte of general text, overall, per language and per source; its rows (intervals)."
     s = score_documents(lm, docs, batch_tokens, eos, progress)
@@ -533,10 +546,10 @@ class EvaluateConfig:
     tokenizer: str = None          # tokenizer.json (native) or tokenizer folder; default: found
     base: str = None               # LoRA: the base model folder or org/name (default: the adapter's)
     context: int = None            # window length in tokens (default: the model's context)
-    batch_tokens: int = 16384      # tokens per forward pass (rows x window length)
-    citations: int = 500           # citation items at most (a seeded sample of the references)
+    batch_tokens: int = BATCH_TOKENS  # tokens per forward pass (rows x window length)
+    citations: int = CITATIONS     # citation items at most (a seeded sample of the references)
     samples: int = 3               # generated continuations of held-out openings
-    max_new_tokens: int = 64       # tokens per continuation
+    max_new_tokens: int = ROUGE_NEW_TOKENS  # tokens per continuation
     seed: int = 0                  # seeds the citation sample, the openings, the sampling, the bootstrap
     eos: bool = True               # score the end-of-document token (--no-eos: as lm-eval does)
     device: Literal['auto', 'cuda', 'cpu'] = 'auto'  # 'auto': the GPU when there is one
@@ -824,7 +837,7 @@ def _task_yaml(task: str, data: Path, **spec) -> str:
 
 def write_lm_eval_tasks(data,                      # held-out JSONL or folder, or a list of documents
                    out: str | Path,           # folder for the task files
-                   citations: int = 500,      # citation items at most (the same seeded sample as evaluate)
+                   citations: int = CITATIONS,  # citation items at most (the same seeded sample as evaluate)
                    seed: int = 0) -> list[Path]:
     "Write the held-out set as lm-eval tasks: a rolling perplexity task over the documents and the citation task."
     docs, out = (data if isinstance(data, list) else read_heldout(data)), Path(out)
@@ -850,9 +863,11 @@ def write_lm_eval_tasks(data,                      # held-out JSONL or folder, o
     return [out/n for n in files]
 
 # %% ../nbs/11_evaluate.ipynb #a2100f58
+HARNESS_BATCH = 8   # lm-eval's batch size when not told
+
 def run_harness(model,                        # an EvalModel of a Hugging Face model or finetune output, or its folder
                 tasks: str | Path,            # the folder export_lm_eval wrote
-                batch_size: int = 8,          # lm-eval's batch size
+                batch_size: int = HARNESS_BATCH,  # lm-eval's batch size
                 **load) -> dict:              # load_eval_model's options for a folder
     "Score a Hugging Face model on the exported tasks with lm-eval's HFLM, in-process; {task: {metric: value}}."
     lm = as_model(model, **load)
@@ -920,7 +935,8 @@ def _per_item(value, metric: str) -> tuple[float, float] | None:
     return None   # perplexities are exponentials of ratios: their bits per byte says the same
 
 # %% ../nbs/11_evaluate.ipynb #d4e2f41d
-def harness_scores(lm: EvalModel, tasks: list[str], batch_size: int = 8, iters: int = BOOTSTRAP, seed: int = 0,
+def harness_scores(lm: EvalModel, tasks: list[str], batch_size: int = HARNESS_BATCH, iters: int = BOOTSTRAP,
+                   seed: int = 0,
                    task_manager=None,  # `suite_manager(tasks)` to reuse (it indexes every task lm-eval ships)
                    trust_remote_code: bool = False) -> dict:  # let lm-eval run the code a task YAML names
     "Every task's metrics from lm-eval on a Hugging Face model, with intervals over its items and the per-item rows."
@@ -1075,9 +1091,9 @@ class GenerateConfig:
     "Continue a prompt with a trained model, streaming the text as it comes."
     model: str                  # run folder, finetune output, HF model folder, or org/name (HF cache)
     prompt: str = None          # the text to continue (required)
-    max_new_tokens: int = 200   # tokens at most; generation stops earlier at the end-of-document token
-    temperature: float = 0.8    # 0: greedy; below 1 sharper, above 1 flatter
-    top_k: int = 50             # sample among the K most likely tokens (0: all)
+    max_new_tokens: int = GENERATE_NEW_TOKENS  # tokens at most; generation stops earlier at the end-of-document token
+    temperature: float = TEMPERATURE  # 0: greedy; below 1 sharper, above 1 flatter
+    top_k: int = TOP_K          # sample among the K most likely tokens (0: all)
     seed: int = 0               # the same seed and settings give the same text
     tokenizer: str = None       # tokenizer.json (native) or tokenizer folder; default: found
     base: str = None            # LoRA: the base model folder or org/name (default: the adapter's)

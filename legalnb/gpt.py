@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 from fastcore.basics import patch
 
 from .core import LegalnbError
-from .models import load_saved, save_model
+from .models import MAX_SEQ_LEN, load_saved, save_model
 from .models import next_token   # the one sampling rule of every model
 
 # %% auto #0
@@ -33,7 +33,7 @@ class GPTConfig:
     num_layers: int = 4           # transformer blocks, each attention then an MLP
     num_heads: int = 4            # query heads; head_dim = dim / num_heads must be even (RoPE rotates pairs)
     num_kv_heads: int | None = None  # key/value heads, grouped-query attention (Ainslie et al. 2023); None: num_heads
-    max_seq_len: int = 32768      # longest context in tokens: the KV cache's length and the generation crop
+    max_seq_len: int = MAX_SEQ_LEN  # longest context in tokens: the KV cache's length and the generation crop
     mlp_ratio: float = 8 / 3      # SwiGLU hidden width / dim: 3 matrices at 8/3 cost what GELU's 2 cost at 4 (8 D²)
     mlp_multiple_of: int = 64     # the MLP width is rounded up to a multiple of this (tensor-core friendly shapes)
     rope_theta: float = 10000.0   # RoPE base: channel pair i turns by theta^(-2i/head_dim) radians per token

@@ -27,9 +27,13 @@ from .watch import ForgettingGuard, Watch, eval_share_line, eval_tokens_for, sam
 from .models import refuse_pickled_weights   # no loader sees a pickle
 from .hub import fetch_if_asked, fetch_model, hub_dataset_folder, is_hub_dataset, parse_hub_dataset
 from .hub import ModelRef, resolve_model
+# the defaults FinetuneConfig shares with the native trainer's TrainConfig (and the estimates)
+from .presets import BATCH_LR_RULE, DEFAULT_PRESET, DEFAULT_SCHEDULE, QLORA_BITS, WSD_DECAY_RATIO
+from .metrics import REPORT_TO
 
 # %% auto #0
-__all__ = ['TINY_ARCHS', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', 'STRATEGY_FILES', 'FILES_PER_MICRO_BATCH',
+__all__ = ['TINY_ARCHS', 'TINY_HIDDEN', 'LORA_SCOPE', 'CHECKPOINT_EVERY', 'CHECKPOINTS_KEPT', 'WARMUP_CAP', 'EXAMPLES_PER_ROW',
+           'STRATEGY_FILES', 'GPUS_PER_NODE', 'NODES', 'LAUNCH_PRECISION', 'LAYER_CLS', 'FILES_PER_MICRO_BATCH',
            'FILES_RESERVED', 'WSD_FLOOR', 'legal_sentences', 'train_tiny_tokenizer', 'tiny_config', 'build_tiny_model',
            'hf_config', 'load_hf_model', 'doc_positions', 'CausalLMShards', 'write_demo_shards', 'check_corpus_fits',
            'read_examples', 'demo_examples', 'encode_example', 'LengthChoice', 'right_size_length', 'truncate_example',
@@ -71,8 +75,9 @@ def train_tiny_tokenizer(texts: Iterable[str], vocab_size: int = 384):
 
 # %% ../nbs/06_hf.ipynb #f3921f4b
 TINY_ARCHS = ('llama', 'mistral', 'qwen2', 'gpt2')
+TINY_HIDDEN = 48   # a tiny test model's width (hidden size): small enough for a CPU test
 
-def tiny_config(arch: str, vocab_size: int, hidden: int = 48, layers: int = 2, max_len: int = 2048):
+def tiny_config(arch: str, vocab_size: int, hidden: int = TINY_HIDDEN, layers: int = 2, max_len: int = 2048):
     "A transformers config of family `arch` with `hidden` width and `layers` layers, small enough for a CPU test."
     from transformers import AutoConfig
     if arch not in TINY_ARCHS: raise LegalnbError(f'arch must be one of {TINY_ARCHS}, got {arch!r}')
@@ -85,7 +90,7 @@ def tiny_config(arch: str, vocab_size: int, hidden: int = 48, layers: int = 2, m
 
 def build_tiny_model(out: str | Path, arch: str = 'llama', texts: Sequence[str] | None = None, seed: int = 0,
                      dtype: torch.dtype = torch.float32,   # bfloat16 writes a checkpoint like most hubs
-                     hidden: int = 48) -> Path:            # the model's width
+                     hidden: int = TINY_HIDDEN) -> Path:   # the model's width
     "Write a tiny randomly initialised causal LM and its tokenizer to `out`, like a user's `save_pretrained` folder."
     from transformers import AutoModelForCausalLM
     tok = train_tiny_tokenizer(texts or legal_sentences(300, seed))
@@ -390,6 +395,7 @@ def sft_dataset(items: list[dict], max_length: int, tokenizer, model=None,
     return items, pad, 'length-grouped'
 
 # %% ../nbs/06_hf.ipynb #f458d0e6
+LORA_SCOPE = 'all'   # the layers LoRA adapts when not told: every linear layer of the blocks ('attention': those)
 _ATTENTION_NAMES = {'q_proj', 'k_proj', 'v_proj', 'o_proj', 'c_attn', 'query_key_value', 'qkv_proj', 'Wqkv', 'out_proj',
                     'dense', 'c_proj'}
 
@@ -398,7 +404,7 @@ def _in_attention(name: str) -> bool:
     parent = name.rsplit('.', 2)[-2] if name.count('.') else ''
     return 'attn' in parent or 'attention' in parent
 
-def lora_target_modules(model, scope: str = 'all') -> list[str]:
+def lora_target_modules(model, scope: str = LORA_SCOPE) -> list[str]:
     "Names of the linear / Conv1D layers in `model`'s decoder blocks ('all'), or only its attention ones."
     from transformers.pytorch_utils import Conv1D
     if scope not in ('all', 'attention'): raise LegalnbError(f"scope must be 'all' or 'attention', got {scope!r}")
@@ -424,7 +430,7 @@ class LoraSettings:
     r: int = 16               # rank of the update matrices
     alpha: int = 32           # scaling: the update is multiplied by alpha / r
     dropout: float = 0.05     # dropout on the adapter's input
-    scope: str = 'all'        # 'all' linear layers of the blocks, or 'attention' only
+    scope: str = LORA_SCOPE   # 'all' linear layers of the blocks, or 'attention' only
 
 def add_lora(model, settings: LoraSettings | None = None, targets: Sequence[str] | None = None):
     "`model` wrapped with a trainable LoRA adapter (base weights frozen) on `targets` (detected when None)."
@@ -544,8 +550,10 @@ def _loop_rows(preset, steps: int, evaluation: bool, cuda: bool) -> dict[str, tu
         'optim': ('adamw_torch_fused' if cuda else 'adamw_torch', 'fused AdamW kernel on GPUs')}
 
 # %% ../nbs/06_hf.ipynb #2104a603
+EXAMPLES_PER_ROW = 1.0   # packed rows' examples (SFT) or preset sequences (CPT) each, when not measured: one
+
 def plan_training_args(preset, out: str | Path,
-                       examples_per_row: float = 1.0,   # SFT: mean examples per packed row; CPT: row / preset seq_len
+                       examples_per_row: float = EXAMPLES_PER_ROW,  # SFT: examples per row; CPT: row / preset seq_len
                        evaluation: bool = False,        # an evaluation split exists: evaluate at every checkpoint
                        batch_schedule: str | None = None,  # FROM_STEP:GRAD_ACCUM pairs: accumulated inside each step
                        **overrides) -> dict[str, tuple]:
@@ -560,7 +568,7 @@ def plan_training_args(preset, out: str | Path,
         'include_num_input_tokens_seen': ('non_padding', 'count the tokens trained on, for tokens/s'),
         'use_cpu': (cap is None, 'no GPU: train on the CPU (several processes talk through gloo)'),
         'ddp_find_unused_parameters': (False, 'every trainable parameter is used: skip the extra graph walk'),
-        'report_to': ('none', 'no experiment tracker unless asked'),
+        'report_to': (REPORT_TO, 'no experiment tracker unless asked'),
         'seed': (0, 'reproducible order and initialisation'),
     }
     if sched := parse_batch_schedule(batch_schedule):   # ScheduledTrainer: one batch per step, split in its steps
@@ -592,7 +600,8 @@ def format_plan(plan: dict[str, tuple]) -> str:
     return '\n'.join(f'{k:<{w}} = {v!r:<24} # {why}' for k, (v, why) in plan.items() if k != 'output_dir')
 
 # %% ../nbs/06_hf.ipynb #73c9d849
-def training_args_from_preset(preset, out: str | Path, verbose: bool = True, examples_per_row: float = 1.0,
+def training_args_from_preset(preset, out: str | Path, verbose: bool = True,
+                              examples_per_row: float = EXAMPLES_PER_ROW,
                               evaluation: bool = False, batch_schedule: str | None = None, **overrides):
     "transformers `TrainingArguments` for `preset` on this machine (printing what each sets and why)."
     from transformers import TrainingArguments
@@ -620,6 +629,10 @@ def deepspeed_zero3_config() -> dict:
 
 # %% ../nbs/06_hf.ipynb #abf42f64
 STRATEGY_FILES = {'ddp': 'ddp.yaml', 'fsdp': 'fsdp.yaml', 'deepspeed-zero3': 'deepspeed-zero3.yaml'}
+GPUS_PER_NODE = 4                   # launch configs and commands when not told: GPUs of a node (the presets' 4),
+NODES = 1                           # nodes,
+LAUNCH_PRECISION = 'bf16'           # mixed precision (bf16 tensor cores: A100, H100),
+LAYER_CLS = 'LlamaDecoderLayer'     # and the decoder layer FSDP wraps (the common one, where no model says)
 
 def _accelerate_config(strategy: str, processes: int, machines: int, precision: str, layer_cls: str,
                        ds_json: Path) -> dict:
@@ -644,8 +657,8 @@ def _accelerate_config(strategy: str, processes: int, machines: int, precision: 
     else: raise LegalnbError(f'strategy must be one of {", ".join(STRATEGY_FILES)}, got {strategy!r}')
     return cfg
 
-def write_launch_configs(out: str | Path, gpus_per_node: int = 4, nodes: int = 1, precision: str = 'bf16',
-                         layer_cls: str = 'LlamaDecoderLayer') -> dict[str, Path]:
+def write_launch_configs(out: str | Path, gpus_per_node: int = GPUS_PER_NODE, nodes: int = NODES,
+                         precision: str = LAUNCH_PRECISION, layer_cls: str = LAYER_CLS) -> dict[str, Path]:
     "Write accelerate configs for DDP, FSDP and DeepSpeed ZeRO-3 (and the ZeRO-3 JSON) to `out`; return the paths."
     import yaml
     out = Path(out); ds_json = out/'ds_zero3.json'
@@ -681,7 +694,8 @@ def launch_plugin(launch_args: Sequence[str]):
     finally: os.environ.clear(); os.environ.update(before)
 
 # %% ../nbs/06_hf.ipynb #8519eb32
-def launch_commands(config: str | Path, script_args: str, gpus_per_node: int = 4, nodes: int = 1) -> list[str]:
+def launch_commands(config: str | Path, script_args: str, gpus_per_node: int = GPUS_PER_NODE,
+                    nodes: int = NODES) -> list[str]:
     "The accelerate and torchrun command lines that start `legalnb finetune script_args` on `nodes` nodes."
     run = f'-m legalnb.cli finetune {script_args}'
     if nodes == 1:
@@ -692,7 +706,7 @@ def launch_commands(config: str | Path, script_args: str, gpus_per_node: int = 4
                   for r in range(nodes)]
     return accelerate + [f'torchrun --nnodes={nodes} --nproc_per_node={gpus_per_node} {rdzv} {run}']
 
-def launch_flags(strategy: str, processes: int, precision: str = 'bf16', layer_cls: str = 'LlamaDecoderLayer') -> str:
+def launch_flags(strategy: str, processes: int, precision: str = LAUNCH_PRECISION, layer_cls: str = LAYER_CLS) -> str:
     "`accelerate launch` flags for `strategy` on `processes` GPUs of one node: the configs above, with no file needed."
     mp, on = {'fp32': 'no'}.get(precision, precision), f'--num_processes {processes}'
     if strategy == 'ddp': return f'--multi_gpu {on} --mixed_precision {mp}'
@@ -902,11 +916,11 @@ def _layer_class(model: str | Path | ModelRef | None) -> str:
     "finds a model: a folder here, else org/name in the Hugging Face cache (one line naming `hf download`), no network."
     from transformers import AutoConfig, AutoModelForCausalLM
     folder = resolve_model(model).folder if model else None
-    if folder is None or not (folder/'config.json').is_file(): return 'LlamaDecoderLayer'   # a path the nodes see
+    if folder is None or not (folder/'config.json').is_file(): return LAYER_CLS   # a path the nodes see
     try: cls = AutoModelForCausalLM._model_mapping[type(AutoConfig.from_pretrained(folder, local_files_only=True,
                                                                                     trust_remote_code=False))]
-    except Exception: return 'LlamaDecoderLayer'   # unknown here: the common one (the printed command shows it)
-    return sorted(getattr(cls, '_no_split_modules', None) or ['LlamaDecoderLayer'])[0]
+    except Exception: return LAYER_CLS   # unknown here: the common one (the printed command shows it)
+    return sorted(getattr(cls, '_no_split_modules', None) or [LAYER_CLS])[0]
 
 # %% ../nbs/06_hf.ipynb #8228066d
 def refuse_single_process(p: Preset, model: str | Path, command: str):
@@ -982,14 +996,14 @@ class FinetuneConfig:
     model: str = None             # save_pretrained folder, or org/name in the Hugging Face cache (a folder here wins)
     data: str = None              # corpus folder of shard_*.npy (continued pretraining), or examples JSONL (SFT)
     out: str = None               # run folder: checkpoints, final/, metrics.jsonl, finetune.json
-    preset: Literal[PRESET_NAMES] = 'fast'  # the task's preset (see legalnb.presets)
+    preset: Literal[PRESET_NAMES] = DEFAULT_PRESET  # the task's preset (see legalnb.presets)
     max_steps: int = None         # optimizer steps (default: the preset's; LoRA: one pass over the examples)
     lr: float = None              # peak learning rate (default: the preset's)
     batch_size: int = None        # micro batch per GPU (the accumulation follows, keeping the global batch)
     grad_accum: int = None        # gradient accumulation steps (default: sized for the preset's global batch)
     warmup_steps: float = None    # warmup steps (< 1: a fraction of the steps; at most a tenth of the run)
-    schedule: Literal['cosine', 'wsd'] = 'cosine'  # cosine to 0, or wsd: flat, then linear to lr/10 (a budget anneals)
-    decay_ratio: float = 0.2      # wsd: the last share of the steps, decaying to the floor
+    schedule: Literal['cosine', 'wsd'] = DEFAULT_SCHEDULE  # cosine to 0; wsd: flat, then to lr/10 (a budget anneals)
+    decay_ratio: float = WSD_DECAY_RATIO  # wsd: the last share of the steps, decaying to the floor
     save_steps: int = None        # steps between checkpoints (default: 2,000, or a fifth of a shorter run)
     workers: int = None           # DataLoader worker processes (default 4, at most the machine's cores)
     logging_steps: int = None     # steps between loss logs
@@ -1014,12 +1028,12 @@ class FinetuneConfig:
     max_forgetting_share: float = None  # the same, as a share of step 0's value (0.05: a twentieth worse)
     attention: Literal['sdpa', 'eager', 'flash_attention_2'] = 'sdpa'  # attention backend
     qlora: bool = False           # LoRA on 4-bit NF4 base weights (bitsandbytes: CUDA, or CPUs from 0.48)
-    qlora_bits: Literal[4, 8] = 4  # --qlora's base weights: 4 bits (NF4) or 8 (LLM.int8)
+    qlora_bits: Literal[4, 8] = QLORA_BITS  # --qlora's base weights: 4 bits (NF4) or 8 (LLM.int8)
     force_single: bool = False    # train a multi-GPU preset on this one process anyway
     batch_schedule: str = None    # FROM_STEP:GRAD_ACCUM pairs, e.g. 0:64,500:32,1500:16 (instead of --grad-accum)
-    batch_lr_rule: Literal[BATCH_LR_RULES] = 'sqrt'  # lr at a scheduled batch: x sqrt(accum/first), x accum/first
+    batch_lr_rule: Literal[BATCH_LR_RULES] = BATCH_LR_RULE  # scheduled batch lr: x sqrt(accum/first), accum/first or 1
     lora: bool = None             # True: LoRA adapter (SFT's default), False: full fine-tuning (CPT's default)
-    report_to: str = 'none'       # experiment trackers: tensorboard, wandb, mlflow, trackio (comma-separated)
+    report_to: str = REPORT_TO    # experiment trackers: tensorboard, wandb, mlflow, trackio (comma-separated)
     download: bool = False        # fetch --model (org/name) from the Hugging Face Hub when it is not here or cached
 
     def __post_init__(self):
@@ -1282,7 +1296,7 @@ WSD_FLOOR = 0.1   # wsd's floor as a share of the peak (the native trainer's min
 
 class LRSchedule:
     "A finetune step's learning rate as a share of the peak: warm-up from 1/warmup (never 0), then cosine or WSD."
-    def __init__(self, kind: str, warmup: int, steps: int, decay_ratio: float = 0.2):
+    def __init__(self, kind: str, warmup: int, steps: int, decay_ratio: float = WSD_DECAY_RATIO):
         self.kind, self.warmup, self.steps, self.decay_ratio = kind, warmup, steps, decay_ratio
         self.decay, self.why = None, None   # a decay a budget moved (first step, end step), and why
     def __call__(self, step: int) -> float:
@@ -1303,7 +1317,7 @@ def step_trainer():
                 return super().create_scheduler(num_training_steps, optimizer)
             lam = LRSchedule('wsd' if kind == 'warmup_stable_decay' else 'cosine',
                              self.args.get_warmup_steps(num_training_steps), num_training_steps,
-                             (self.args.lr_scheduler_kwargs or {}).get('decay_ratio', 0.2))
+                             (self.args.lr_scheduler_kwargs or {}).get('decay_ratio', WSD_DECAY_RATIO))
             self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, lam)
             self._created_lr_scheduler = True
             return self.lr_scheduler
@@ -1523,7 +1537,7 @@ class StepCollator:
 # %% ../nbs/06_hf.ipynb #5dd33689
 def check_resumed_schedule(checkpoint: str | Path,   # a checkpoint-* folder of the run
                            schedule: str | None,     # the --batch-schedule given now
-                           lr_rule: str = 'sqrt'):   # the --batch-lr-rule given now
+                           lr_rule: str = BATCH_LR_RULE):   # the --batch-lr-rule given now
     "Refuse to resume `checkpoint` under another batch schedule than its own (the rows and the lr follow it)."
     state = read_json(Path(checkpoint)/'trainer_state.json', 'the Trainer state of a checkpoint')
     saved = (state.get('stateful_callbacks') or {}).get('ScheduleRecord') or {}
@@ -1537,7 +1551,7 @@ def check_resumed_schedule(checkpoint: str | Path,   # a checkpoint-* folder of 
 # %% ../nbs/06_hf.ipynb #36ae56c9
 def scheduled_trainer(schedule: str,          # FROM_STEP:GRAD_ACCUM pairs, e.g. '0:64,500:32,1500:16'
                       micro: int,             # rows per micro-batch per process
-                      lr_rule: str = 'sqrt',  # how the lr follows the batch (BATCH_LR_RULES)
+                      lr_rule: str = BATCH_LR_RULE,  # how the lr follows the batch (BATCH_LR_RULES)
                       pad_id: int = 0,        # the tokenizer's pad id: micro-batches are stacked to a step's longest
                       **kwargs):              # the Trainer's own arguments (model, args, datasets, collator ...)
     "A transformers `Trainer` whose step `k` accumulates `accum_at(k)` micro-batches of `micro` rows (its own "
@@ -1584,4 +1598,3 @@ def scheduled_trainer(schedule: str,          # FROM_STEP:GRAD_ACCUM pairs, e.g.
 
     callbacks = [*(kwargs.pop('callbacks', None) or ()), ScheduleRecord()]
     return ScheduledTrainer(**kwargs, callbacks=callbacks)
-

@@ -14,7 +14,7 @@ from .core import LegalnbError, first_line, read_json
 
 # %% auto #0
 __all__ = ['MODEL_FILES', 'HUB_OFFLINE_MARK', 'TOKENIZER_FILES', 'HUB_PREFIX', 'DATA_FILES', 'TEXT_FIELDS', 'LANG_FIELDS',
-           'LEGALNB_TAG', 'hub_cache', 'hub_cache_at', 'is_hub_name', 'hub_snapshot', 'model_folder',
+           'MIX_FLAG', 'LEGALNB_TAG', 'hub_cache', 'hub_cache_at', 'is_hub_name', 'hub_snapshot', 'model_folder',
            'add_to_hub_cache', 'hub_online', 'hub_errors', 'fetch_model', 'fetch_if_asked', 'ModelRef', 'resolve_model',
            'HubDataset', 'is_hub_dataset', 'parse_hub_dataset', 'card_files', 'card_configs', 'dataset_card',
            'hub_dataset_folder', 'open_hub_dataset', 'check_push', 'made_by_legalnb', 'push_folder']
@@ -259,7 +259,9 @@ def is_hub_dataset(source) -> bool: return str(source).startswith(HUB_PREFIX)
 # %% ../nbs/00c_hub.ipynb #77717345
 _HUB_SPEC = re.compile(r'hf:([\w.-]+/[\w.-]+)(?::([\w.+-]+))?(?:@([\w.-]+)(?:\[:(\d+)\])?)?(?:#(.*))?')
 
-def parse_hub_dataset(spec: str, flag: str = '--mix') -> HubDataset:
+MIX_FLAG = '--mix'   # the flag that names a Hub dataset (the corpus mix): the default in its one-line errors
+
+def parse_hub_dataset(spec: str, flag: str = MIX_FLAG) -> HubDataset:
     "A HubDataset from `hf:org/name[:config][@split[[:N]]][#text=F,lang=F]`; one line naming `flag` when it is not one."
     example = f'{flag} hf:HuggingFaceFW/fineweb-2:fra_Latn@train[:100000]'
     if not (m := _HUB_SPEC.fullmatch(str(spec))) or not is_hub_name(m[1]):
@@ -326,7 +328,7 @@ def hub_dataset_folder(ds: HubDataset, download: bool = False) -> Path:
     return hub_snapshot(ds.repo, 'dataset', files)
 
 # %% ../nbs/00c_hub.ipynb #ae07bd32
-def open_hub_dataset(ds: HubDataset, download: bool = False, flag: str = '--mix'):
+def open_hub_dataset(ds: HubDataset, download: bool = False, flag: str = MIX_FLAG):
     "(records streamed as a `datasets` IterableDataset with `text` and, where found, `lang`; the revision read)."
     import datasets
     folder = hub_dataset_folder(ds, download)

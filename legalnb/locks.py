@@ -12,10 +12,14 @@ from typing import Callable, Iterable, Iterator
 from .core import LegalnbError, _missing_parents, atomic_write, read_json
 
 # %% auto #0
-__all__ = ['OWNED', 'OWNED_FORMAT', 'OWN_COMMAND', 'LOCK', 'refuse_overwriting_inputs', 'bookkeeping', 'foreign_files',
-           'refuse_foreign_files', 'folder_files', 'everyones', 'owned_files', 'unowned_stamps', 'record_written',
-           'remove_owned', 'recorded_by', 'record_as', 'open_lock', 'lock_path', 'holder_alive', 'folder_lock',
-           'followed', 'refuse_unowned', 'output_folder', 'others_files', 'unknown_files', 'OwnConfig', 'own_command']
+__all__ = ['OUT_FLAG', 'OWNED', 'OWNED_FORMAT', 'OWN_COMMAND', 'LOCK', 'refuse_overwriting_inputs', 'bookkeeping',
+           'foreign_files', 'refuse_foreign_files', 'folder_files', 'everyones', 'owned_files', 'unowned_stamps',
+           'record_written', 'remove_owned', 'recorded_by', 'record_as', 'open_lock', 'lock_path', 'holder_alive',
+           'folder_lock', 'followed', 'refuse_unowned', 'output_folder', 'others_files', 'unknown_files', 'OwnConfig',
+           'own_command']
+
+# %% ../nbs/00_locks.ipynb #d4d1f71a
+OUT_FLAG = '--out'   # the flag that names a command's output folder: the default in every refusal message
 
 # %% ../nbs/00_locks.ipynb #b5ff26f1
 def _same(a: Path, b: Path) -> bool:
@@ -25,7 +29,7 @@ def _same(a: Path, b: Path) -> bool:
 
 def refuse_overwriting_inputs(inputs: Iterable[str | Path],  # files or folders the command reads
                               outputs: Iterable[str | Path], # files or folders it will write
-                              flag: str = '--out'):          # the flag that names the outputs, for the message
+                              flag: str = OUT_FLAG):         # the flag that names the outputs, for the message
     "Raise if any output is one of the inputs: writing it would destroy what is read."
     for o in map(Path, outputs):
         for i in map(Path, inputs):
@@ -54,7 +58,7 @@ def foreign_files(folder: str | Path,           # the output folder a command is
     return sorted(p for p in files if not ours(p))
 
 # %% ../nbs/00_locks.ipynb #35795607
-def refuse_foreign_files(folder: str | Path, ours: Callable[[Path], bool], flag: str = '--out'):
+def refuse_foreign_files(folder: str | Path, ours: Callable[[Path], bool], flag: str = OUT_FLAG):
     "Raise, naming a few, if `folder` holds files the command did not write (they would be overwritten or deleted)."
     if (found := foreign_files(folder, ours)):
         names = ', '.join(map(str, found[:3])) + (f' and {len(found) - 3} more' if len(found) > 3 else '')
@@ -193,7 +197,7 @@ def _write_record(folder: Path, files: dict[str, str], made: dict[str, str | Non
 # %% ../nbs/00_locks.ipynb #4efa4ee8
 def remove_owned(folder: str | Path,   # an output folder
                  rel: str | Path,      # the file or subfolder of it to delete
-                 flag: str = '--out'): # the flag that named the folder, for the message
+                 flag: str = OUT_FLAG): # the flag that named the folder, for the message
     "Delete `folder/rel` (a file or a folder) when legalnb wrote every file in it; else refuse, naming one it did not."
     folder, rel = Path(folder), Path(rel)
     target = folder/rel
@@ -315,7 +319,7 @@ def _held_by_other(lock: Path) -> dict | None:
 @contextmanager
 def folder_lock(folder: str | Path,   # the output folder to lock (it need not exist yet)
                 command: str,         # what holds it, for the message of a process that is refused
-                flag: str = '--out'   # how the user named the folder, for messages
+                flag: str = OUT_FLAG  # how the user named the folder, for messages
                ) -> Iterator[dict]:
     "Hold the lock of `folder` while the block runs; refuse in one line while another process holds it. Yields the "
     "record of an earlier holder that died without releasing it ({} if none)."
@@ -393,7 +397,7 @@ def _refuse_nested_writers(real: Path, name: str):
 # %% ../nbs/00_locks.ipynb #4f2668d2
 def refuse_unowned(folder: str | Path,                    # the output folder
                    ours: Callable[[Path], bool] | None = None,  # the files the command writes or deletes; None: all
-                   flag: str = '--out',                   # how the user named the folder
+                   flag: str = OUT_FLAG,                  # how the user named the folder
                    strict: bool = True,                   # refuse every file legalnb did not write, not only ours
                    what: str = '',                        # what the command would do to them, for the message
                    shown: str | Path | None = None):      # the folder as the user wrote it (default: `folder`)
@@ -416,7 +420,7 @@ def refuse_unowned(folder: str | Path,                    # the output folder
 def output_folder(folder: str | Path,                    # the folder the command writes (new or not)
                   command: str,                          # the command, for the records and the lock
                   ours: Callable[[Path], bool] | None = None,  # the files it writes or deletes there; None: all
-                  flag: str = '--out',                   # how the user named it
+                  flag: str = OUT_FLAG,                  # how the user named it
                   strict: bool = True,                   # refuse every file legalnb did not write, not only ours
                   what: str = '',                        # what it would do to the files `ours` matches (message)
                   check: bool = True) -> Iterator[Path]: # False: the command checks the folder itself (lock, record)

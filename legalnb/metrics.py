@@ -12,8 +12,8 @@ from typing import Iterable, Iterator, Sequence
 from .core import LegalnbError, atomic_write, read_json
 
 # %% auto #0
-__all__ = ['TRACKERS', 'TRACKER_FILES', 'TRACKER_HELP', 'TRACKER_IDS', 'MLFLOW_ANSWER_S', 'notify', 'MetricsFile', 'metric_lines',
-           'read_metrics', 'parse_report_to', 'check_trackers', 'report_to_flag', 'wandb_logged_in',
+__all__ = ['TRACKERS', 'TRACKER_FILES', 'REPORT_TO', 'TRACKER_HELP', 'TRACKER_IDS', 'MLFLOW_ANSWER_S', 'notify', 'MetricsFile',
+           'metric_lines', 'read_metrics', 'parse_report_to', 'check_trackers', 'report_to_flag', 'wandb_logged_in',
            'tracker_environment', 'environment', 'kept_tracker_runs', 'mlflow_run', 'tracker_runs', 'wandb_run',
            'run_environment', 'check_wandb_key', 'check_mlflow_server', 'check_tracker_setup', 'tracker_lines',
            'close_open_runs', 'tracking']
@@ -64,6 +64,7 @@ TRACKERS = {'tensorboard': 'tensorboard', 'wandb': 'wandb', 'mlflow': 'mlflow-sk
 # and deepspeed imports it whenever both are installed, so every Hugging Face model load would: off unless asked for
 os.environ.setdefault('MLFLOW_DISABLE_TELEMETRY', 'true')
 TRACKER_FILES = ('trackers.json', 'tb', 'mlruns', 'wandb', 'trackio')   # what they write into a run folder
+REPORT_TO = 'none'   # the --report-to default of both trainers (TrainConfig, FinetuneConfig): no tracker
 
 def parse_report_to(value: str | Sequence[str] | None) -> tuple[str, ...]:
     "The trackers a --report-to value names ('tensorboard,wandb', or a list of names); 'none' or nothing: ()."

@@ -15,10 +15,10 @@ from .hub import ModelRef, resolve_model
 from .machine import refuse_oversized
 
 # %% auto #0
-__all__ = ['DEFAULT_MODEL', 'MODELS', 'CONFIG_CONTRACT', 'MODEL_CONTRACT', 'MAX_LAYERS', 'MAX_CONTEXT', 'MAX_PARAMS',
-           'PICKLED_WEIGHTS', 'RemoteCode', 'ModelSpec', 'shape_flags', 'get_model', 'check_contract', 'register',
-           'size_table', 'check_config_sizes', 'model_footprint', 'load_weights', 'refuse_nonfinite',
-           'saved_architecture', 'spec_of', 'save_model', 'load_saved', 'load_model', 'load_native',
+__all__ = ['DEFAULT_MODEL', 'DEFAULT_SIZE', 'MODELS', 'CONFIG_CONTRACT', 'MODEL_CONTRACT', 'MAX_SEQ_LEN', 'MAX_LAYERS',
+           'MAX_CONTEXT', 'MAX_PARAMS', 'PICKLED_WEIGHTS', 'RemoteCode', 'ModelSpec', 'shape_flags', 'get_model',
+           'check_contract', 'register', 'size_table', 'check_config_sizes', 'model_footprint', 'load_weights',
+           'refuse_nonfinite', 'saved_architecture', 'spec_of', 'save_model', 'load_saved', 'load_model', 'load_native',
            'refuse_pickled_weights', 'model_ref', 'model_kind', 'native_tokenizer', 'next_token', 'recurrent_decoder',
            'transformers_decoder', 'decoder_of']
 
@@ -124,6 +124,7 @@ def load(self: ModelSpec, directory: str | Path, map_location='cpu') -> Any:
 
 # %% ../nbs/02a_models.ipynb #9797d642
 DEFAULT_MODEL = 'resonance'   # the architecture a command trains when it names none; a config.json without one
+DEFAULT_SIZE = 'small'        # the named size of it a command builds when it names none (train, run, presets)
 
 MODELS: dict[str, ModelSpec] = {
     DEFAULT_MODEL: ModelSpec(DEFAULT_MODEL, 'ResonanceNet: causal FFT mixing with damped resonance filters, O(L log L)',
@@ -182,9 +183,11 @@ def register(spec: ModelSpec,         # the new architecture
     return spec
 
 # %% ../nbs/02a_models.ipynb #4721eeed
+MAX_SEQ_LEN = 32768   # a model config's default context in tokens (GPTConfig, ResonanceConfig, size_table)
+
 def size_table(name: str,              # a registered architecture
                vocab_size: int = PRESET_VOCAB, # tokenizer vocabulary
-               seq_len: int = 32768,    # context: position table and the FLOPs' sequence length
+               seq_len: int = MAX_SEQ_LEN, # context: position table and the FLOPs' sequence length
                **overrides) -> list[dict]:
     "Shape, parameters and training FLOPs per token of every named size of a model, built on the meta device."
     import torch

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Literal
 from fastcore.docments import docments
 from .core import LegalnbError, parse_number
-from .locks import OwnConfig, output_folder, own_command
+from .locks import OUT_FLAG, OwnConfig, output_folder, own_command
 
 # %% auto #0
 __all__ = ['CommandParser', 'command_parser', 'Output', 'run_writing', 'run_command', 'flag_settings', 'own_main']
@@ -112,7 +112,7 @@ def command_parser(func: Callable,           # a function (or dataclass) whose p
 class Output:
     "An output folder of a command (`run_command`): locked while it runs, what it writes recorded, others' refused."
     arg: str = 'out'                             # the parameter that names the folder
-    flag: str = '--out'                          # how the user names it ('' for a positional folder)
+    flag: str = OUT_FLAG                         # how the user names it ('' for a positional folder)
     ours: Callable[[Path], bool] | None = None   # the files the command writes or deletes there; None: every file
     strict: bool = True                          # refuse any file legalnb did not write (False: those `ours` matches)
     what: str = ''                               # what the command does to the files `ours` matches (refusals)

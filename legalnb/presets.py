@@ -10,10 +10,11 @@ from fastcore.basics import patch
 from .core import LegalnbError, CPT_SEQ_LEN, PRESET_VOCAB, SCRATCH_SEQ_LEN
 from .machine import PRECISIONS, resolve_precision
 from collections.abc import Mapping
-from .models import MODELS, get_model
+from .models import DEFAULT_SIZE, MODELS, get_model
 
 # %% auto #0
-__all__ = ['GPUS', 'TASKS', 'PRESET_NAMES', 'STRATEGIES', 'BATCH_LR_RULES', 'PRESETS', 'SIZE_BATCHES', 'GPT3_LRS', 'LONG_CONTEXT',
+__all__ = ['GPUS', 'TASKS', 'PRESET_NAMES', 'DEFAULT_PRESET', 'STRATEGIES', 'QLORA_BITS', 'BATCH_LR_RULES', 'BATCH_LR_RULE',
+           'DEFAULT_SCHEDULE', 'WSD_DECAY_RATIO', 'PRESETS', 'SIZE_BATCHES', 'GPT3_LRS', 'LONG_CONTEXT',
            'LONG_MICRO_TOKENS', 'GPU', 'find_gpu', 'gpu_precision', 'peak_tflops', 'Preset', 'seq_len_stages',
            'seq_len_at', 'parse_batch_schedule', 'accum_at', 'micro_steps_before', 'steps_holding', 'batch_lr_factor',
            'wsd_decay_start', 'wsd_factor', 'moved_decay', 'human', 'lr_for_params', 'size_params',
@@ -86,6 +87,7 @@ def peak_tflops(gpu: GPU, precision: str = 'auto') -> float:
 # %% ../nbs/04d_presets.ipynb #8dffd052
 TASKS = ('cpt', 'lora', 'scratch')   # continued pretraining, LoRA fine-tuning, a registered model from scratch
 PRESET_NAMES = ('fast', 'full', 'aggressive')
+DEFAULT_PRESET = 'fast'   # the preset a command (finetune, run, the preset picker) takes when it names none
 STRATEGIES = ('single', 'ddp', 'deepspeed-zero3', 'fsdp')
 
 @dataclass(frozen=True)
@@ -131,6 +133,9 @@ class Preset:
             if not (start and self.seq_len and start <= self.seq_len and self.seq_len % start == 0):
                 raise LegalnbError(f'seq_warmup_start must divide seq_len {self.seq_len} (the warm-up cuts each row '
                                    f'into equal pieces), got {start!r}')
+
+# %% ../nbs/04d_presets.ipynb #604c4a30
+QLORA_BITS = 4   # --qlora's bits per frozen base weight when none are named: 4 (NF4); 8 is LLM.int8
 
 # %% ../nbs/04d_presets.ipynb #e8d3b1a8
 @patch(as_prop=True)
@@ -180,6 +185,7 @@ def seq_len_at(step: int,            # optimizer step, counted from 0
 
 # %% ../nbs/04d_presets.ipynb #6fcf3ee6
 BATCH_LR_RULES = ('sqrt', 'linear', 'none')   # how the learning rate follows a batch change (sqrt: Malladi et al. 2022)
+BATCH_LR_RULE = 'sqrt'   # the rule when none is named: lr x sqrt(accum / first accum)
 
 def parse_batch_schedule(text: str | None,              # 'FROM_STEP:GRAD_ACCUM,...', e.g. '0:64,500:32,1500:16'
                          flag: str = '--batch-schedule'  # the flag or field named in errors
@@ -224,7 +230,7 @@ def steps_holding(micro_batches: int, schedule: list[tuple[int, int]]) -> int:
 # %% ../nbs/04d_presets.ipynb #2c1c5f85
 def batch_lr_factor(accum: int,             # the accumulation now
                     base: int,              # the accumulation the learning rate was given for (the schedule's first)
-                    rule: str = 'sqrt'      # sqrt, linear or none
+                    rule: str = BATCH_LR_RULE  # sqrt, linear or none
                    ) -> float:
     "What the learning rate is multiplied by at accumulation `accum`: sqrt or linear in accum ÷ base, or 1."
     if rule not in BATCH_LR_RULES:
@@ -232,6 +238,9 @@ def batch_lr_factor(accum: int,             # the accumulation now
     return {'sqrt': math.sqrt(accum / base), 'linear': accum / base, 'none': 1.0}[rule]
 
 # %% ../nbs/04d_presets.ipynb #9d316400
+DEFAULT_SCHEDULE = 'cosine'   # the learning-rate schedule of every trainer and estimate when none is named
+WSD_DECAY_RATIO = 0.2         # wsd: the share of the steps, at the end, that decays to the floor (torchtitan's 0.2)
+
 def wsd_decay_start(steps: int,         # the step the decay ends at: the run's optimizer steps
                     decay_ratio: float  # the share of `steps` spent decaying (torchtitan decay_ratio)
                    ) -> int:
@@ -378,7 +387,7 @@ class _LongContext(Mapping):
 LONG_CONTEXT = _LongContext()
 LONG_MICRO_TOKENS = {size: micro * 8192 for size, (micro, _) in SIZE_BATCHES.items()}  # tokens per forward pass
 
-def long_context_preset(model: str, name: str, size: str = 'small') -> Preset:
+def long_context_preset(model: str, name: str, size: str = DEFAULT_SIZE) -> Preset:
     "The long-context preset `name` of `model` for a named `size`: steps and LR from its parameters."
     r = get_model(model).long_context[name]
     L, bt, tpp = r['seq_len'], r['batch_tokens'], r['tokens_per_param']
@@ -405,7 +414,7 @@ def get_preset(task: str, name: str, size: str | None = None,
     if task == 'scratch' and model in MODELS and name in (MODELS[model].long_context or {}):
         if size is not None and size not in SIZE_BATCHES:
             raise LegalnbError(f'size {size!r}: the sizes are {", ".join(SIZE_BATCHES)}')
-        return long_context_preset(model, name, size or 'small')
+        return long_context_preset(model, name, size or DEFAULT_SIZE)
     p = PRESETS[task, name]
     if size is None: return p
     if task != 'scratch' or size not in SIZE_BATCHES:

@@ -49,8 +49,11 @@ SHAPE_FLAGS = ('dim', 'num_layers', *shape_flags())  # shortcuts of model_overri
 
 # %% ../nbs/05_train.ipynb #870ea58e
 from .presets import wsd_decay_start, wsd_factor, moved_decay   # the schedule arithmetic both trainers share
-from .checkpoint import KEEP_CHECKPOINTS   # TrainConfig defaults that the checkpoint and data stages own
-from .data import PREFETCH_FACTOR
+from .checkpoint import KEEP_CHECKPOINTS   # TrainConfig defaults that earlier stages own: checkpoints, data,
+from .data import PREFETCH_FACTOR          # the model registry, the schedules and batch rules, the trackers
+from .models import DEFAULT_SIZE
+from .presets import BATCH_LR_RULE, DEFAULT_SCHEDULE, WSD_DECAY_RATIO
+from .metrics import REPORT_TO
 
 # %% ../nbs/05_train.ipynb #a6da8542
 @dataclass
@@ -59,7 +62,7 @@ class TrainConfig:
     data: str = ''                      # split folder from `legalnb split` (holds train/, val/, manifest.json)
     out: str = 'run'                    # run folder: checkpoints/, metrics.jsonl, model/, summary.json
     model: str = DEFAULT_MODEL          # architecture, a name in legalnb.models.MODELS (resonance, gpt, ...)
-    size: str = 'small'                 # named size of that architecture (small, medium, large, xlarge)
+    size: str = DEFAULT_SIZE            # named size of that architecture (small, medium, large, xlarge)
     preset: str | None = None           # preset the values came from (recorded, applied by from_preset)
     model_overrides: dict = dataclasses.field(default_factory=dict)  # model config fields to set: num_heads=8 ...
     dim: InitVar[int | None] = None              # shortcut: model_overrides['dim'], the model width
@@ -67,9 +70,9 @@ class TrainConfig:
     lr: float = 3e-4                    # peak learning rate, reached at the end of warm-up
     min_lr_ratio: float = 0.1           # floor of cosine and wsd as a fraction of lr (nanoGPT / Chinchilla use 0.1)
     warmup_steps: int = 100             # linear warm-up from 0 to lr, in optimizer steps
-    schedule: Literal[SCHEDULES] = 'cosine'  # cosine to the floor, restarts (SGDR), constant, or wsd
+    schedule: Literal[SCHEDULES] = DEFAULT_SCHEDULE  # cosine to the floor, restarts (SGDR), constant, or wsd
     restart_steps: int = 1000           # cycle length of 'restarts', in optimizer steps
-    decay_ratio: float = 0.2            # wsd: the last share of the steps, decaying linearly to the floor
+    decay_ratio: float = WSD_DECAY_RATIO  # wsd: the last share of the steps, decaying linearly to the floor
     beta1: float = 0.9                  # AdamW first-moment decay
     beta2: float = 0.95                 # AdamW second-moment decay (0.95 is steadier than 0.999 for LMs)
     weight_decay: float = 0.1           # decoupled weight decay, on matrices only
@@ -77,7 +80,7 @@ class TrainConfig:
     grad_accum: int = 1                 # micro-batches per optimizer step
     batch_tokens: int | None = None     # tokens per step, all ranks: grad_accum = it / (batch x ranks x row length)
     batch_schedule: str | None = None   # FROM_STEP:GRAD_ACCUM pairs, e.g. 0:64,500:32,1500:16 (replaces grad_accum)
-    batch_lr_rule: Literal[BATCH_LR_RULES] = 'sqrt'  # lr at a scheduled batch: x sqrt(accum/first), x accum/first, x 1
+    batch_lr_rule: Literal[BATCH_LR_RULES] = BATCH_LR_RULE  # scheduled batch lr: x sqrt(accum/first), accum/first or 1
     seq_warmup_steps: int = 0           # steps of the sequence-length warm-up (rows cut shorter, doubling to full)
     seq_warmup_start: int | None = None  # first row length of that warm-up: a divisor of the data's row length
     max_steps: int = 2000               # optimizer steps in the run
@@ -109,7 +112,7 @@ class TrainConfig:
     resume: str | None = None           # continue from 'latest' (the default of a bare --resume) or a checkpoint folder
     overwrite: bool = False             # deletes an earlier run's checkpoints/ metrics.jsonl summary.json model/ tb/
     progress: bool = True               # progress bar (a plain line per log interval when not a TTY)
-    report_to: str = 'none'             # experiment trackers: tensorboard, wandb, mlflow, trackio (comma-separated)
+    report_to: str = REPORT_TO          # experiment trackers: tensorboard, wandb, mlflow, trackio (comma-separated)
     tensorboard: bool = False           # the same as --report-to tensorboard (kept for older commands)
     wandb: bool = False                 # the same as --report-to wandb (kept for older commands)
 
@@ -266,7 +269,7 @@ def from_yaml(cls, path: str | Path, **overrides) -> TrainConfig:
         raise LegalnbError(f'{path}: unknown TrainConfig field(s) {", ".join(unknown)}; see legalnb train --help')
     given = {**raw, **overrides}
     try:
-        if given.get('preset'): return cls.from_preset(given.pop('preset'), given.pop('size', 'small'), **given)
+        if given.get('preset'): return cls.from_preset(given.pop('preset'), given.pop('size', cls.size), **given)
         return cls(**given)
     except LegalnbError as e:  # a bad value from the file: name the file and the key
         if getattr(e, 'field', None) in set(raw) - set(overrides):
@@ -1288,7 +1291,8 @@ def config_from_settings(settings: dict) -> TrainConfig:
     yml = given.pop('config', None)
     try:
         if yml: return TrainConfig.from_yaml(yml, **given)
-        if given.get('preset'): return TrainConfig.from_preset(given.pop('preset'), given.pop('size', 'small'), **given)
+        if given.get('preset'):
+            return TrainConfig.from_preset(given.pop('preset'), given.pop('size', TrainConfig.size), **given)
         return TrainConfig(**given)
     except LegalnbError as e:
         if getattr(e, 'field', None) in given: raise LegalnbError(f'--{e.field.replace("_", "-")}{e.what}') from None

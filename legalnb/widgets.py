@@ -11,7 +11,7 @@ import ipywidgets as W
 from fastcore.basics import patch
 from matplotlib.figure import Figure
 from .core import GPU_HOUR_PRICE, LegalnbError, format_duration
-from .presets import GPUS, PRESET_NAMES, TASKS, get_preset
+from .presets import DEFAULT_PRESET, GPUS, PRESET_NAMES, TASKS, get_preset
 from .models import DEFAULT_MODEL, MODELS, get_model
 from .calculator import Estimate, estimate, model_plan_fields, plan_for, read_gpu_check
 from .metrics import read_metrics
@@ -142,7 +142,7 @@ class PresetPicker:
     "Widgets to choose a preset, GPU and price, with the calculator's estimate updated live as values change."
     out: str = TrainConfig.out   # output folder of the config it returns: set it on a picker, `picker.out = 'runs/cpt'`
     def __init__(self, task: str = 'cpt',          # 'cpt', 'lora' or 'scratch'
-                 preset: str = 'fast',             # 'fast', 'full' or 'aggressive'
+                 preset: str = DEFAULT_PRESET,     # 'fast', 'full' or 'aggressive'
                  gpu: str = 'h100-sxm',            # a presets.GPUS key
                  price_per_hour: float = GPU_HOUR_PRICE,  # dollars per GPU-hour
                  params_b: float = 7.0,            # model parameters, billions (cpt and lora)
