@@ -14,7 +14,8 @@ from .options import command_parser
 from .commands import (add_dotted_flags, command_actions, command_config, command_flags, command_options,
                               command_run, command_values, command_words, is_scalar, shown)
 from .core import format_duration, GPU_HOUR_PRICE, read_json, PRESET_VOCAB, SCRATCH_SEQ_LEN, VAL_SHARE
-from .models import DEFAULT_MODEL
+from .models import DEFAULT_MODEL, DEFAULT_SIZE
+from .presets import DEFAULT_PRESET
 from .hub import fetch_if_asked, is_hub_dataset
 
 # %% auto #0
@@ -50,9 +51,9 @@ class RunConfig:
     plan: str = None            # the plan (YAML): `legalnb run --write-plan > plan.yaml` gives one
     input: list[str] = None     # Formex folders and JSONL files (instead of the plan's input:)
     out: str = None             # the work folder (instead of the plan's out:)
-    preset: str = 'fast'        # fast, full, aggressive (legalnb.presets) or none
+    preset: str = DEFAULT_PRESET  # fast, full, aggressive (legalnb.presets) or none
     model: str = DEFAULT_MODEL  # resonance, gpt, or a Hugging Face model: folder or org/name (finetune)
-    size: str = 'small'         # the native model's size: small, medium, large, xlarge
+    size: str = DEFAULT_SIZE    # the native model's size: small, medium, large, xlarge
     baseline: str = None        # native: also train this model (gpt) at the same size; report against it
     write_plan: bool = False    # print a commented plan to start from, and run nothing
     yes: bool = False           # start training without asking (required when stdin is not a terminal)
@@ -125,6 +126,7 @@ def _yaml_value(value) -> str:
     import yaml
     return yaml.safe_dump(value, default_flow_style=True, width=10**6).removesuffix('\n...\n').strip()
 
+# %% ../nbs/14_run.ipynb #6f500a91
 def _comment(line: str, note: str) -> str:
     "A plan line with its comment beside it, wrapped at 120 columns."
     import textwrap
@@ -150,6 +152,7 @@ def section_lines(kind: str, values: dict) -> list[str]:
             lines.append(_comment(f'  # {a.dest}:{shown}', note))
     return lines
 
+# %% ../nbs/14_run.ipynb #f733f0df
 def _top_lines(cfg: RunConfig) -> str:
     "The plan's preset:, model: and size: lines: RunConfig's values, each with its flag's comment."
     from fastcore.docments import docments
