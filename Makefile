@@ -72,7 +72,7 @@ quickstart: $(STAMP)
 
 # Notebooks clean and exported, README in step with index.ipynb, then tests/. The notebooks' tests run once, in
 # tests/test_run_all.py: every notebook in a fresh Jupyter kernel, the cells nbdev_test runs (`nbdev_test` runs them
-# in-process, e.g. `nbdev_test --path nbs/01_scoring.ipynb` while writing one). One torch thread per process:
+# in-process, e.g. `nbdev_test --path nbs/08_scoring.ipynb` while writing one). One torch thread per process:
 # oversubscribed torch threads made a tiny CPU model ten times slower on a 2-core machine. pytest runs the test
 # files in TEST_WORKERS processes (--dist loadfile: a file's module fixtures are made once; tests/conftest.py makes
 # each notebook of test_run_all.py a unit of its own, so the notebooks spread over the workers); most tests use one

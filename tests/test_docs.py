@@ -81,3 +81,12 @@ def test_exported_code_fits_in_120_columns():
             for i, line in enumerate(p.read_text(encoding='utf-8').splitlines(), 1)
             if len(line) > 120 and not line.startswith('__all__')]   # nbdev writes __all__ (wrapped at 120, then indented)
     assert not long, f'{len(long)} exported lines are over 120 characters: {long[:10]}'
+
+def test_the_sidebar_lists_every_notebook_in_its_numbered_order():
+    "The docs' sidebar is the notebooks' numbered order (which tests/test_imports.py makes the import order too)."
+    import yaml
+    def pages(contents):
+        for c in contents: yield from pages(c['contents']) if isinstance(c, dict) else [c]
+    listed = list(pages(yaml.safe_load((ROOT/'_quarto.yml').read_text())['website']['sidebar']['contents']))
+    numbered = sorted(p.name for p in (ROOT/'nbs').glob('[0-9]*.ipynb'))
+    assert listed == ['index.ipynb', *numbered], listed

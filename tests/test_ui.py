@@ -206,7 +206,7 @@ def test_picker_and_live_plot_in_jupyterlab(lab, browser):
         assert not errors, f'browser console errors: {errors}'
 
 
-@pytest.mark.parametrize('name', ['index.ipynb', '04_resonance.ipynb', '09_widgets.ipynb'])
+@pytest.mark.parametrize('name', ['index.ipynb', '12_resonance.ipynb', '23_widgets.ipynb'])
 def test_docs_pages_render_in_the_browser(name, browser, tmp_path):
     "The stored notebook rendered to HTML by nbconvert reads as a page: images load, no raw markup, no temp paths."
     r = subprocess.run([sys.executable, '-m', 'jupyter', 'nbconvert', '--to', 'html', '--output-dir', str(tmp_path),
