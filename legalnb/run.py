@@ -270,9 +270,8 @@ def run_parser(sections: tuple[str, ...] = tuple(s for s in DOTTED if s not in L
 
 # %% ../nbs/28_run.ipynb #79514541
 def _stage_owners(flag: str) -> list[str]:
-    "The stages whose command has `flag` (--seq-len: build-corpus and train); finetune's looked up only if needed."
-    owners = [s for s in STAGES if flag in command_options(s)]
-    return owners or ['finetune'] * (flag in command_options('finetune'))
+    "The stages whose command has `flag` (--seed: build-corpus, split, train, evaluate, finetune)."
+    return [s for s in (*STAGES, 'finetune') if flag in command_options(s)]
 
 # %% ../nbs/28_run.ipynb #6e6c6b6a
 def _dotted(words: list[str]) -> list[str]:
