@@ -201,9 +201,10 @@ def add_dotted_flags(parser: argparse.ArgumentParser, name: str, section: str | 
 
 # %% ../nbs/27_commands.ipynb #dc78069e
 def _word(value) -> str:
-    "A typed value as a flag's word: 2000 for 2000.0, 0.0003, a=1 for an override pair."
+    "A typed value as a flag's word: 2000 for 2000.0, 0.0003, a=1 for an override pair, en,de for a word's list."
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15: return str(int(value))
     if isinstance(value, tuple): return '='.join(map(str, value))
+    if isinstance(value, list): return ','.join(map(_word, value))   # one word's values (--languages en,de)
     return str(value)
 
 def command_words(name: str, settings: dict) -> list[str]:

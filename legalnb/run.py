@@ -20,13 +20,13 @@ from .hub import fetch_if_asked, is_hub_dataset
 
 # %% auto #0
 __all__ = ['STAGES', 'SECTIONS', 'OUTPUTS', 'TOP', 'RECORDS', 'STAGE_DEFAULTS', 'OWNED_KEYS', 'PLAN_HEAD', 'PLAN_SECTIONS',
-           'RUN_SETS', 'PLAN_HINTS', 'DOTTED', 'LATER', 'TRAINING', 'RECORD_FIELDS', 'WORK_NAMES', 'StageRow',
-           'RunConfig', 'RunPlan', 'section_lines', 'write_plan', 'read_plan', 'plan_of', 'check_mix_section',
-           'mix_flags', 'check_plan_keys', 'check_top_values', 'run_parser', 'read_command_line', 'Stage', 'Top',
-           'resolve_top', 'build_stages', 'check_plan', 'fingerprint', 'read_record', 'write_record', 'why_stale',
-           'parse_deadline', 'BudgetGuard', 'machine_lines', 'training_estimate', 'confirm', 'staged_files',
-           'stage_split', 'Budget', 'budget_of', 'with_command_line', 'fetch_inputs', 'run_plan', 'selection_result',
-           'reference_lines', 'stage_rows', 'stage_table', 'write_run_report', 'run_main']
+           'RUN_SETS', 'PLAN_HINTS', 'DOTTED', 'OPTIONAL', 'LATER', 'TRAINING', 'RECORD_FIELDS', 'WORK_NAMES',
+           'StageRow', 'RunConfig', 'RunPlan', 'section_lines', 'write_plan', 'read_plan', 'plan_of',
+           'check_mix_section', 'mix_flags', 'check_plan_keys', 'check_top_values', 'run_parser', 'read_command_line',
+           'Stage', 'Top', 'resolve_top', 'build_stages', 'check_plan', 'fingerprint', 'read_record', 'write_record',
+           'why_stale', 'parse_deadline', 'BudgetGuard', 'machine_lines', 'training_estimate', 'confirm',
+           'staged_files', 'stage_split', 'Budget', 'budget_of', 'with_command_line', 'fetch_inputs', 'run_plan',
+           'selection_result', 'reference_lines', 'stage_rows', 'stage_table', 'write_run_report', 'run_main']
 
 # %% ../nbs/28_run.ipynb #79e39887
 STAGES = ('download', 'parse', 'select', 'build-corpus', 'split', 'train', 'evaluate')   # train: finetune (HF model)
@@ -253,6 +253,7 @@ def check_top_values(raw: dict, path):
 
 # %% ../nbs/28_run.ipynb #1788a77b
 DOTTED = (*SECTIONS, 'stage2.select', 'stage2.train')   # the sections whose flags `legalnb run` takes dotted
+OPTIONAL = ('download', 'export', 'stage2')   # sections that add stages: the plan's to add, the command line's to set
 LATER = ('finetune', 'stage2.finetune')   # finetune's flags load transformers: added when a word names them
 
 @functools.cache
@@ -269,19 +270,20 @@ def run_parser(sections: tuple[str, ...] = tuple(s for s in DOTTED if s not in L
     return p
 
 # %% ../nbs/28_run.ipynb #79514541
-def _stage_owners(flag: str) -> list[str]:
-    "The stages whose command has `flag` (--seed: build-corpus, split, train, evaluate, finetune)."
-    return [s for s in (*STAGES, 'finetune') if flag in command_options(s)]
+def _stage_owners(flag: str, sections: Iterable[str] = ()) -> list[str]:
+    "The stages whose command has `flag` (--seed: build-corpus, split, train, evaluate, finetune); a stage the plan "
+    "adds (download:) only when `sections` has it."
+    return [s for s in (*STAGES, 'finetune') if (s not in OPTIONAL or s in sections) and flag in command_options(s)]
 
 # %% ../nbs/28_run.ipynb #6e6c6b6a
-def _dotted(words: list[str]) -> list[str]:
+def _dotted(words: list[str], sections: Iterable[str] = ()) -> list[str]:
     "The command line with each undotted stage flag (--seq-len 64: earlier releases') as --STAGE.FLAG for every "
     "stage that has it, said once; the others as they are (an unknown one is then refused by the parser)."
     out, moved, i = [], [], 0
     while i < len(words):
         w = words[i]; i += 1
         name = w.split('=', 1)[0]
-        owners = _stage_owners(name) if w.startswith('--') and '.' not in name and \
+        owners = _stage_owners(name, sections) if w.startswith('--') and '.' not in name and \
             name not in command_options('run') else []
         if not owners: out.append(w); continue
         values = [w.split('=', 1)[1]] if '=' in w else []
@@ -292,9 +294,10 @@ def _dotted(words: list[str]) -> list[str]:
                     'next release)', file=sys.stderr)
     return out
 
-def read_command_line(words: list[str]) -> tuple[dict, dict[str, dict]]:
-    "`legalnb run`'s flags (after PLAN.yaml): its own settings given, and each section's dotted settings, typed."
-    words = _dotted(list(map(str, words)))
+def read_command_line(words: list[str], sections: Iterable[str] = ()) -> tuple[dict, dict[str, dict]]:
+    "`legalnb run`'s flags (after PLAN.yaml): its own settings given, and each section's dotted settings, typed "
+    "(`sections`: the plan's, which undotted flags may reach)."
+    words = _dotted(list(map(str, words)), sections)
     named = {s for s in LATER if any(w.startswith(f'--{s}.') for w in words)}
     ns = vars(run_parser(tuple(s for s in DOTTED if s not in LATER or s in named)).parse_args(words))
     sections = {}
@@ -963,7 +966,7 @@ def _ours(rel: Path) -> bool:
 def with_command_line(plan: RunPlan, argv: list[str]) -> RunPlan:
     "`plan` with `legalnb run`'s command line (after PLAN.yaml) on top: its own flags' values (paths from the shell's "
     "folder), then each section's dotted settings over the plan's."
-    given, dotted = read_command_line(argv)
+    given, dotted = read_command_line(argv, plan.sections)
     if plan.base != Path('.'):   # a plan's paths start from its folder; the command line's from the shell's
         here = os.path.abspath
         given |= {k: [here(p) for p in given[k]] if k == 'input' else here(given[k]) for k in ('input', 'out')
@@ -971,7 +974,9 @@ def with_command_line(plan: RunPlan, argv: list[str]) -> RunPlan:
         if given.get('model') and Path(given['model']).exists(): given['model'] = here(given['model'])
     sections = dict(plan.sections)
     for name, values in dotted.items():
-        if name.startswith('stage2.'): sections.setdefault('stage2', {})   # --stage2.X: a second stage
+        if (top := name.split('.')[0]) in OPTIONAL and top not in sections:
+            raise LegalnbError(f'--{name}.{next(iter(values)).replace("_", "-")}: the plan has no {top}: section; '
+                               f'add one to the plan ({top}: {{}} takes the defaults)')
         sections[name] = sections.get(name, {}) | values
     return replace(plan, run=replace(plan.run, **given), sections=sections, argv=[*plan.argv, *argv])
 

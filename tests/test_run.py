@@ -11,11 +11,13 @@ import yaml
 from legalnb.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ['--target-tokens', '1M', '--seq-len', '32', '--train-tokenizer', '300', '--shards', '2', '--val-docs', '0.1',
-        '--dim', '16', '--num-layers', '1', '--num-frequencies', '4', '--batch-size', '4', '--batch-tokens', '128',
-        '--seq-warmup-steps', '0', '--max-steps', '20', '--eval-every', '10', '--eval-batches', '2', '--log-every', '5',
-        '--save-every', '10', '--num-workers', '0', '--cpu-threads', '1', '--device', 'cpu', '--citations', '20',
-        '--samples', '1', '--rouge', '2', '--no-progress', '--yes']
+TINY = ['--select.target-tokens', '1M', '--build-corpus.seq-len', '32', '--build-corpus.train-tokenizer', '300',
+        '--build-corpus.shards', '2', '--build-corpus.val-docs', '0.1', '--train.dim', '16', '--train.num-layers', '1',
+        '--train.num-frequencies', '4', '--train.batch-size', '4', '--train.batch-tokens', '128',
+        '--train.seq-warmup-steps', '0', '--train.max-steps', '20', '--train.eval-every', '10', '--train.eval-batches', '2',
+        '--train.log-every', '5', '--train.save-every', '10', '--train.num-workers', '0', '--train.cpu-threads', '1',
+        '--train.device', 'cpu', '--evaluate.device', 'cpu', '--evaluate.citations', '20', '--evaluate.samples', '1',
+        '--evaluate.rouge', '2', '--train.no-progress', '--yes']
 
 @pytest.fixture(autouse=True)
 def restore_threads():
@@ -73,7 +75,7 @@ def test_a_run_then_nothing_to_do_then_a_changed_seq_len(reference, sample, caps
     assert main(['run', '--input', str(sample), '--out', str(work), *TINY]) == 0
     out = capsys.readouterr().out
     assert out.count('skipped, up to date') == 6 and '[1/6]' not in out, out
-    assert main(['run', '--input', str(sample), '--out', str(work), *TINY, '--seq-len', '16']) == 0
+    assert main(['run', '--input', str(sample), '--out', str(work), *TINY, '--build-corpus.seq-len', '16']) == 0
     out = capsys.readouterr().out
     assert 'build-corpus: settings changed (--seq-len 32 -> 16): it runs, and so do the stages after it: split, ' \
            'train, evaluate' in out, out
@@ -155,7 +157,7 @@ def test_inconsistent_plans_are_refused_before_any_stage(plan, expect, sample, c
 
 def test_no_terminal_needs_yes(sample, tmp_path, capsys):
     (tmp_path/'plan.yaml').write_text(yaml.safe_dump({'input': [str(sample)], 'out': 'work'}))
-    assert main(['run', str(tmp_path/'plan.yaml'), '--seq-warmup-steps', '0']) == 2   # pytest's stdin is no terminal
+    assert main(['run', str(tmp_path/'plan.yaml'), '--train.seq-warmup-steps', '0']) == 2   # pytest's stdin is no terminal
     err = capsys.readouterr().err
     assert '--yes is required when stdin is not a terminal' in err and not (tmp_path/'work').exists()
 
@@ -197,7 +199,7 @@ def test_write_plan_is_a_plan(capsys):
 
 def test_stage_to_copies_the_split_verified_and_trains_from_it(reference, sample, tmp_path, capsys):
     work = reference[0]
-    argv = ['run', '--input', str(sample), '--out', str(work), *TINY, '--seq-len', '16']   # as the first test left it
+    argv = ['run', '--input', str(sample), '--out', str(work), *TINY, '--build-corpus.seq-len', '16']   # as the first test left it
     assert main([*argv, '--stage-to', str(tmp_path/'local')]) == 0
     out = capsys.readouterr().out
     assert 'train: settings changed (--data' in out and 'every checksum verified' in out, out
@@ -209,9 +211,9 @@ def test_stage_to_copies_the_split_verified_and_trains_from_it(reference, sample
 
 
 @pytest.mark.parametrize('flags,expect', [
-    (['--seq-len', '64'], 'build-corpus.seq_len 64 is longer than the context of model'),
-    (['--seq-len', '8', '--train-tokenizer', '300'], 'build-corpus.train_tokenizer and model'),
-    (['--seq-len', '8'], 'preset fast (cpt) is sized for 4 GPUs'),
+    (['--build-corpus.seq-len', '64'], 'build-corpus.seq_len 64 is longer than the context of model'),
+    (['--build-corpus.seq-len', '8', '--build-corpus.train-tokenizer', '300'], 'build-corpus.train_tokenizer and model'),
+    (['--build-corpus.seq-len', '8'], 'preset fast (cpt) is sized for 4 GPUs'),
 ])
 def test_a_hugging_face_plan_is_checked_against_the_model(flags, expect, sample, tmp_path, capsys):
     model = hf_folder(tmp_path, 16)
@@ -224,10 +226,10 @@ def test_a_hugging_face_plan_is_checked_against_the_model(flags, expect, sample,
 def test_a_hugging_face_model_finetunes_through_the_same_stages(sample, tmp_path, capsys):
     from legalnb.hf import build_tiny_model
     model = build_tiny_model(tmp_path/'llama', 'llama')
-    argv = ['run', '--input', str(sample), '--out', str(tmp_path/'work'), '--model', str(model), '--target-tokens', '1M',
-            '--seq-len', '32', '--shards', '2', '--val-docs', '0.1', '--force-single', '--max-steps', '2',
-            '--batch-size', '2', '--grad-accum', '1', '--workers', '0', '--citations', '10', '--samples', '1',
-            '--rouge', '2', '--device', 'cpu', '--yes']
+    argv = ['run', '--input', str(sample), '--out', str(tmp_path/'work'), '--model', str(model), '--select.target-tokens', '1M',
+            '--build-corpus.seq-len', '32', '--build-corpus.shards', '2', '--build-corpus.val-docs', '0.1', '--finetune.force-single', '--finetune.max-steps', '2',
+            '--finetune.batch-size', '2', '--finetune.grad-accum', '1', '--finetune.workers', '0', '--evaluate.citations', '10', '--evaluate.samples', '1',
+            '--evaluate.rouge', '2', '--evaluate.device', 'cpu', '--yes']
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert '[5/6] finetune' in out and 'preset fast (cpt, llama)' in out
@@ -238,10 +240,10 @@ def test_a_hugging_face_model_finetunes_through_the_same_stages(sample, tmp_path
 def test_a_hugging_face_run_stops_under_the_budget_guard_and_resumes_from_its_staged_corpus(sample, tmp_path, capsys):
     from legalnb.hf import build_tiny_model
     model, work, local = build_tiny_model(tmp_path/'llama', 'llama'), tmp_path/'work', tmp_path/'local'
-    argv = ['run', '--input', str(sample), '--out', str(work), '--model', str(model), '--target-tokens', '1M',
-            '--seq-len', '32', '--shards', '2', '--val-docs', '0.1', '--force-single', '--max-steps', '4',
-            '--logging-steps', '1', '--batch-size', '2', '--grad-accum', '1', '--workers', '0', '--citations', '10',
-            '--samples', '1', '--rouge', '2', '--device', 'cpu', '--yes', '--stage-to', str(local),
+    argv = ['run', '--input', str(sample), '--out', str(work), '--model', str(model), '--select.target-tokens', '1M',
+            '--build-corpus.seq-len', '32', '--build-corpus.shards', '2', '--build-corpus.val-docs', '0.1', '--finetune.force-single', '--finetune.max-steps', '4',
+            '--finetune.logging-steps', '1', '--finetune.batch-size', '2', '--finetune.grad-accum', '1', '--finetune.workers', '0', '--evaluate.citations', '10',
+            '--evaluate.samples', '1', '--evaluate.rouge', '2', '--evaluate.device', 'cpu', '--yes', '--stage-to', str(local),
             '--price-per-hour', '3.6e6']
     assert main([*argv, '--max-cost', '1']) == 3   # $1,000 per GPU-second: the second log's forecast passes $1
     out = capsys.readouterr().out
@@ -263,8 +265,8 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(reference, samp
     cfg = json.loads((model/'config.json').read_text()); cfg['vocab_size'] = 256
     (model/'config.json').write_text(json.dumps(cfg))
     tokenizer = reference[0]/'corpus'/'tokenizer.json'   # 300 tokens
-    assert main(['run', '--input', str(sample), '--out', str(tmp_path/'work'), '--model', str(model), '--seq-len', '8',
-                 '--tokenizer', str(tokenizer), '--force-single', '--yes']) == 2
+    assert main(['run', '--input', str(sample), '--out', str(tmp_path/'work'), '--model', str(model), '--build-corpus.seq-len', '8',
+                 '--build-corpus.tokenizer', str(tokenizer), '--finetune.force-single', '--yes']) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and 'has 300 tokens and model' in err[0] and 'a vocabulary of 256' in err[0], err
 
@@ -273,7 +275,7 @@ def test_command_line_paths_start_from_the_shell_plan_paths_from_the_plan(sample
     (tmp_path/'cwd'/'elsewhere'/'notes.txt').write_text('mine')
     (tmp_path/'plans'/'plan.yaml').write_text(yaml.safe_dump({'input': [str(sample)], 'out': 'work'}))
     monkeypatch.chdir(tmp_path/'cwd')
-    assert main(['run', str(tmp_path/'plans'/'plan.yaml'), '--out', 'elsewhere', '--seq-warmup-steps', '0']) == 2
+    assert main(['run', str(tmp_path/'plans'/'plan.yaml'), '--out', 'elsewhere', '--train.seq-warmup-steps', '0']) == 2
     err = capsys.readouterr().err
     assert f'--out {tmp_path/"cwd"/"elsewhere"} holds files legalnb did not write (notes.txt)' in err, err
 
@@ -363,9 +365,9 @@ def test_a_hugging_face_second_stage_finetunes_run_final_on_the_top_documents(sa
     plan = tmp_path/'plan.yaml'
     write = lambda steps: plan.write_text(yaml.safe_dump({'input': [str(sample)], 'out': str(work), 'model': str(model),
         'stage2': {'select': {'top': 10}, 'finetune': {'max_steps': steps, 'logging_steps': 1, 'lr': 1e-4}}}))
-    argv = ['run', str(plan), '--target-tokens', '1M', '--seq-len', '32', '--shards', '2', '--val-docs', '0.1',
-            '--force-single', '--max-steps', '2', '--batch-size', '2', '--grad-accum', '1', '--workers', '0',
-            '--citations', '10', '--samples', '1', '--rouge', '2', '--device', 'cpu', '--stage-to', str(local)]
+    argv = ['run', str(plan), '--select.target-tokens', '1M', '--build-corpus.seq-len', '32', '--build-corpus.shards', '2', '--build-corpus.val-docs', '0.1',
+            '--finetune.force-single', '--finetune.max-steps', '2', '--finetune.batch-size', '2', '--finetune.grad-accum', '1', '--finetune.workers', '0',
+            '--evaluate.citations', '10', '--evaluate.samples', '1', '--evaluate.rouge', '2', '--evaluate.device', 'cpu', '--stage-to', str(local)]
     write(2)
     rc, out = _on_a_terminal(argv, 'y', tmp_path)
     assert rc == 0 and out.count('[y/N]') == 1 and '[8/9] finetune-2' in out, out
