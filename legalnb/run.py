@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Iterable, NamedTuple
 from .core import LegalnbError, atomic_write, read_yaml
 from .options import command_parser
-from .commands import (add_dotted_flags, command_actions, command_config, command_flags, command_options,
+from .commands import (add_dotted_flags, command_actions, command_config, command_options,
                               command_run, command_values, command_words, is_scalar, shown)
 from .core import format_duration, GPU_HOUR_PRICE, read_json, PRESET_VOCAB, SCRATCH_SEQ_LEN, VAL_SHARE
 from .models import DEFAULT_MODEL, DEFAULT_SIZE
