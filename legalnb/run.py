@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Iterable, NamedTuple
 from .core import LegalnbError, atomic_write, read_yaml
 from .options import command_parser
-from .commands import (add_dotted_flags, command_actions, command_config, command_options,
+from .commands import (add_dotted_flags, command_actions, command_config, command_flags, command_options,
                               command_run, command_values, command_words, is_scalar, shown)
 from .core import format_duration, GPU_HOUR_PRICE, read_json, PRESET_VOCAB, SCRATCH_SEQ_LEN, VAL_SHARE
 from .models import DEFAULT_MODEL, DEFAULT_SIZE
@@ -342,6 +342,14 @@ class Stage:
         "Its settings as `legalnb KIND` would be typed: what its record keeps (made here, at that edge only)."
         return command_words(self.kind, self.settings)
 
+    def recorded(self, argv) -> bool:
+        "Does a record's command line give this stage's settings? Read by its command's parser: `--target-tokens 2B` "
+        "(an earlier legalnb's words) is `--target-tokens 2000000000`."
+        if argv == self.argv: return True
+        p = command_flags(self.kind)
+        try: return vars(p.parse_args(argv)) == vars(p.parse_args(self.argv))
+        except (LegalnbError, TypeError): return False
+
 # %% ../nbs/28_run.ipynb #3d790346
 class Top(NamedTuple):
     "The plan's top-level values resolved: paths from the plan's folder (the shell's for flags), defaults filled."
@@ -653,7 +661,7 @@ def _flags(argv: list[str]) -> dict:
 def why_stale(s: Stage, rec: dict) -> str | None:
     "Why stage `s` must run (its record says otherwise), or None when its outputs are up to date."
     if not rec: return 'not run yet'
-    if rec.get('argv') != s.argv:
+    if not s.recorded(rec.get('argv')):
         old, new = _flags(rec.get('argv', [])), _flags(s.argv)
         diff = [f'{k} {old.get(k, "-") or "on"} -> {new.get(k, "-") or "on"}' for k in sorted({*old, *new})
                 if old.get(k) != new.get(k)]
@@ -1037,7 +1045,7 @@ def run_plan(plan: RunPlan,                      # what to run: `read_plan` and 
             after = f', and so do the stages after it: {", ".join(names[i + 1:])}' if i < len(stages) - 1 else ''
             print(f'{s.name}: {reasons[i]}: it runs{after}')
         inputs = [fingerprint(p) for p in s.inputs]
-        resuming = rec.get('argv') == s.argv and rec.get('inputs') == inputs and not rec.get('finished')
+        resuming = s.recorded(rec.get('argv')) and rec.get('inputs') == inputs and not rec.get('finished')
         write_record(work, s.name, dict(stage=s.name, argv=s.argv, inputs=inputs, finished=False))
         print(f'\n[{i + 1}/{len(stages)}] {s.name}' + (' (resuming)' if resuming and i >= t else ''), flush=True)
         t0 = time.perf_counter()
